@@ -1,0 +1,29 @@
+// Operator schemas of the avsg namespace: the one place the torch-facing contract is declared.
+//
+// State is one int32 tensor [R, width] per buffer (layout: python/avsg/reference.py) plus an
+// int64 stats tensor [R, 4]; both are updated in place, so every op is fixed-shape and a captured
+// graph can replay it. Backends register implementations against these schemas:
+//   CPU         the AscendC kernels compiled through the CPU emulation (or the Python reference)
+//   PrivateUse1 the same kernels built by CANN (op_host/npu, only when CANN is found)
+//   Meta        shape functions, registered from python/avsg/_ops.py
+#include <torch/library.h>
+
+TORCH_LIBRARY(avsg, m) {
+    // One decode step: match topk_pos [R,T,K] against the resident entries, reserve slots for the
+    // misses. Returns (slots [R,T,K], miss_pos [R,T*K], miss_slots [R,T*K], miss_counts [R]).
+    m.def("plan(Tensor topk_pos, Tensor seq_lens, Tensor(a!) state, Tensor(b!) stats, "
+          "int capacity, int buckets, int lifetime) -> (Tensor, Tensor, Tensor, Tensor)");
+    // Same contract and same results; matching by sort + two-pointer merge (baseline).
+    m.def("plan_dual_pointer(Tensor topk_pos, Tensor seq_lens, Tensor(a!) state, Tensor(b!) stats, "
+          "int capacity, int buckets, int lifetime) -> (Tensor, Tensor, Tensor, Tensor)");
+    // Free every slot whose position is >= valid_lens[row] (MTP rejection).
+    m.def("invalidate(Tensor(a!) state, Tensor valid_lens, int capacity, int buckets) -> ()");
+    // Return the rows selected by row_mask (bool [R]) to empty.
+    m.def("reset(Tensor(a!) state, Tensor row_mask, int capacity, int buckets) -> ()");
+    // Copy the planned misses host -> buffer for every (src, dst) pair. partition is one of
+    // "miss", "request", "topk". block_size is 0 for a contiguous pool. Returns int32 [num_cores]:
+    // miss-list entries each core copied.
+    m.def("gather(Tensor miss_pos, Tensor miss_slots, Tensor miss_counts, Tensor[] src, "
+          "Tensor(a!)[] dst, Tensor? block_table, int block_size, str partition, int num_cores) "
+          "-> Tensor");
+}

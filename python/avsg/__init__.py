@@ -1,0 +1,12 @@
+"""AVSG: miss-only KV-cache offload for DeepSeek Sparse Attention on Ascend NPUs.
+
+    buf  = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T)
+    plan = buf.plan(topk_pos, seq_lens)                  # match + reserve
+    avsg.gather(plan, src=[host_kv], dst=[buffer_kv])    # copy only the misses
+    buf.invalidate(valid_lens); buf.reset(rows); buf.stats()
+"""
+from . import _ops, reference
+from .buffer import Plan, SparseKVBuffer, gather, get_num_cores, set_num_cores
+
+__all__ = ["Plan", "SparseKVBuffer", "gather", "get_num_cores", "set_num_cores", "reference"]
+__version__ = "0.1.0"

@@ -1,0 +1,118 @@
+"""Loads the op library and completes the registrations of the ``torch.ops.avsg.*`` ops.
+
+The schemas live in C++ (``op_host/avsg_ops.cpp``). This module adds:
+* fake (Meta) implementations, so ``torch.compile(fullgraph=True)`` can trace a decode step;
+* the reference as the CPU implementation, only when the library brings no CPU kernel of its own.
+
+The rest of the package calls the ops only through ``torch.ops.avsg``, so a backend swaps in
+underneath without any API change.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+from . import reference
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "gather")
+
+
+def _load_library() -> str:
+    candidates = sorted(glob.glob(os.path.join(_HERE, "_C*.so")))
+    if not candidates:
+        raise ImportError(
+            "avsg: the op library (avsg/_C*.so) is not built. Install the package with "
+            "`pip install --no-build-isolation -e .` after `pip install torch==2.13.0`.")
+    torch.ops.load_library(candidates[0])
+    return candidates[0]
+
+
+LIBRARY_PATH = _load_library()
+
+
+def has_kernel(op: str, dispatch_key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"avsg::{op}", dispatch_key)
+
+
+def _layout(capacity: int, buckets: int) -> reference.Layout:
+    return reference.Layout(capacity, buckets)
+
+
+# ------------------------------------------------------------------- fake (shape) implementations
+
+def _plan_fake(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime):
+    R, T, K = topk_pos.shape
+    return (topk_pos.new_empty((R, T, K), dtype=torch.int32),
+            topk_pos.new_empty((R, T * K), dtype=torch.int32),
+            topk_pos.new_empty((R, T * K), dtype=torch.int32),
+            topk_pos.new_empty((R,), dtype=torch.int32))
+
+
+def _gather_fake(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_size,
+                 partition, num_cores):
+    return miss_pos.new_empty((num_cores,), dtype=torch.int32)
+
+
+def _none_fake(*args):
+    return None
+
+
+torch.library.register_fake("avsg::plan")(_plan_fake)
+torch.library.register_fake("avsg::plan_dual_pointer")(_plan_fake)
+torch.library.register_fake("avsg::invalidate")(_none_fake)
+torch.library.register_fake("avsg::reset")(_none_fake)
+torch.library.register_fake("avsg::gather")(_gather_fake)
+
+
+# ---------------------------------------------------- reference CPU implementation (fallback)
+
+def _plan_ref(matcher):
+    def impl(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime):
+        return reference.plan(state, stats, topk_pos, seq_lens, _layout(capacity, buckets),
+                              lifetime, matcher=matcher)
+    return impl
+
+
+def _invalidate_ref(state, valid_lens, capacity, buckets):
+    reference.invalidate(state, _layout(capacity, buckets), valid_lens)
+
+
+def _reset_ref(state, row_mask, capacity, buckets):
+    reference.reset(state, _layout(capacity, buckets), row_mask)
+
+
+def _gather_ref(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_size,
+                partition, num_cores):
+    return reference.gather(miss_pos, miss_slots, miss_counts, src, dst, block_table,
+                            block_size if block_table is not None else None, partition, num_cores)
+
+
+_REFERENCE_IMPLS = {
+    "plan": _plan_ref("hash"),
+    "plan_dual_pointer": _plan_ref("dual_pointer"),
+    "invalidate": _invalidate_ref,
+    "reset": _reset_ref,
+    "gather": _gather_ref,
+}
+
+#: Which implementation serves each op on CPU: "kernel" (compiled) or "reference" (Python).
+CPU_BACKEND = {}
+_lib = torch.library.Library("avsg", "IMPL")  # keeps the Python registrations alive
+for _name, _impl in _REFERENCE_IMPLS.items():
+    if has_kernel(_name, "CPU"):
+        CPU_BACKEND[_name] = "kernel"
+    else:
+        _lib.impl(_name, _impl, "CPU")
+        CPU_BACKEND[_name] = "reference"
+
+
+def npu_available() -> bool:
+    """True when torch_npu imports and an NPU device is visible."""
+    try:
+        import torch_npu  # noqa: F401
+    except Exception:
+        return False
+    return hasattr(torch, "npu") and torch.npu.is_available()

@@ -1,0 +1,335 @@
+"""The public API: ``SparseKVBuffer`` (plan / invalidate / reset / stats), ``Plan`` and ``gather``.
+
+Everything here validates and then calls ``torch.ops.avsg.*``; the algorithm itself is specified in
+``reference.py``. Errors are raised before any op runs, so a rejected call never changes state.
+
+Two kinds of checks:
+* structural (dtype, shape, device, contiguity, capacity): always, ``TypeError``/``ValueError``
+  naming the argument and what was expected;
+* values (positions against ``seq_lens``, duplicates within one query token's top-k, host rows
+  inside the pool): when ``check=True``, the default on CPU. They read the data, which on an NPU
+  means a host sync, so the NPU default is ``check=False``. Unchecked, an out-of-range position is
+  treated as ``-1`` and a duplicate shares its slot; a miss whose host row lies outside the pool
+  is not copied.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, NamedTuple, Optional, Sequence, Union
+
+import torch
+
+from . import _ops  # noqa: F401  (registers the ops)
+from . import reference
+
+TensorList = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+DEFAULT_NUM_CORES = 40          # AIV cores of Ascend 910B3/B4; 910B1/B2 and A3 dies have 48
+_num_cores = int(os.environ.get("AVSG_NUM_CORES", DEFAULT_NUM_CORES))
+
+
+def set_num_cores(cores: int) -> None:
+    """Default number of cores ``gather`` splits its work over (``AVSG_NUM_CORES`` at import)."""
+    global _num_cores
+    _require_int("cores", cores, low=1)
+    _num_cores = cores
+
+
+def get_num_cores() -> int:
+    return _num_cores
+
+
+class Plan(NamedTuple):
+    """Output of ``SparseKVBuffer.plan``; every field is a fixed-shape int32 tensor.
+
+    slots        [R, T, K]  slot each selection is read from, -1 where the selection was -1
+    miss_pos     [R, T*K]   positions to fetch, ascending, then -1
+    miss_slots   [R, T*K]   slot each one goes to, then -1
+    miss_counts  [R]        number of valid entries in miss_pos
+    capacity     int        slots per row of the buffer that made the plan
+    """
+
+    slots: torch.Tensor
+    miss_pos: torch.Tensor
+    miss_slots: torch.Tensor
+    miss_counts: torch.Tensor
+    capacity: int
+
+
+# ---------------------------------------------------------------------------------- validation
+
+def _require_int(name: str, value, low: Optional[int] = None, high: Optional[int] = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if low is not None and value < low:
+        raise ValueError(f"{name}: expected >= {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{name}: expected <= {high}, got {value}")
+
+
+def _require_tensor(name: str, t, dtype: Optional[torch.dtype] = None, shape=None,
+                    device: Optional[torch.device] = None, ndim: Optional[int] = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def _check_positions(topk_pos: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    bad_len = (seq_lens < 0) | (seq_lens > reference.MAX_POSITION)
+    if bool(bad_len.any()):
+        r = int(bad_len.nonzero()[0, 0])
+        raise ValueError(f"seq_lens[{r}] = {int(seq_lens[r])}: expected "
+                         f"0 <= seq_len <= 2**24")
+    below = topk_pos < -1
+    if bool(below.any()):
+        r, t, k = (int(i) for i in below.nonzero()[0])
+        raise ValueError(f"topk_pos[row={r}, query={t}, index={k}] = {int(topk_pos[r, t, k])}: "
+                         f"only -1 may be negative (it means 'no selection')")
+    beyond = topk_pos >= seq_lens[:, None, None]
+    if bool(beyond.any()):
+        r, t, k = (int(i) for i in beyond.nonzero()[0])
+        raise ValueError(f"topk_pos[row={r}, query={t}, index={k}] = {int(topk_pos[r, t, k])} is "
+                         f"out of range: expected < seq_lens[{r}] = {int(seq_lens[r])}")
+    ordered, order = topk_pos.sort(dim=2, stable=True)
+    repeat = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)
+    if bool(repeat.any()):
+        r, t, i = (int(x) for x in repeat.nonzero()[0])
+        k0, k1 = int(order[r, t, i]), int(order[r, t, i + 1])
+        raise ValueError(f"topk_pos[row={r}, query={t}]: position {int(ordered[r, t, i])} is "
+                         f"repeated at index {k0} and index {k1}; a query token's top-k must be "
+                         f"distinct (pass check=False to let repeats share one slot)")
+
+
+# ------------------------------------------------------------------------------------ the buffer
+
+class SparseKVBuffer:
+    """A per-request device buffer of ``capacity`` KV slots for one layer (or indexer group).
+
+    Each ``plan`` matches a step's top-k positions against what the buffer holds and reserves a
+    slot for every miss; ``gather`` then copies only the misses. See ``reference.py`` for the
+    algorithm and the state layout, and README.md for the contract.
+
+    Args:
+        rows: requests in the batch (``R``).
+        capacity: slots per row (``S``); must be at least ``topk * queries_per_step``.
+        topk: selections per query token (``K``).
+        queries_per_step: query tokens per request per step (``T`` = 1 + MTP drafts).
+        lifetime: steps an entry survives without a hit before it is reclaimable (1..255).
+        device: where the state lives (and where the plan runs).
+        hash_buckets: hash buckets per row, a power of two in [max(64, capacity), 2**15];
+            default ``next_pow2(2 * capacity)``.
+        check: default of ``plan``'s value checks; ``None`` means on for CPU, off elsewhere.
+    """
+
+    def __init__(self, rows: int, capacity: int, topk: int, queries_per_step: int = 1,
+                 lifetime: int = 16, device: Union[str, torch.device] = "cpu",
+                 hash_buckets: Optional[int] = None, check: Optional[bool] = None):
+        _require_int("rows", rows, low=1)
+        _require_int("topk", topk, low=1)
+        _require_int("queries_per_step", queries_per_step, low=1)
+        _require_int("capacity", capacity, low=1, high=reference.MAX_BUCKETS)
+        if capacity < topk * queries_per_step:
+            raise ValueError(
+                f"capacity: expected >= topk * queries_per_step = {topk} * {queries_per_step} = "
+                f"{topk * queries_per_step} so every step's selections fit, got {capacity}")
+        _require_int("lifetime", lifetime, low=1, high=reference.MAX_LIFETIME)
+        if hash_buckets is None:
+            hash_buckets = reference.default_buckets(capacity)
+        _require_int("hash_buckets", hash_buckets, low=max(reference.VECTOR_INT32, capacity),
+                     high=reference.MAX_BUCKETS)
+        if hash_buckets & (hash_buckets - 1):
+            raise ValueError(f"hash_buckets: expected a power of two, got {hash_buckets}")
+        self.rows, self.capacity, self.topk = rows, capacity, topk
+        self.queries_per_step, self.lifetime = queries_per_step, lifetime
+        self.hash_buckets = hash_buckets
+        self.device = torch.device(device)
+        self.check = (self.device.type == "cpu") if check is None else bool(check)
+        self.layout = reference.Layout(capacity, hash_buckets)
+        self.state = torch.empty(rows, self.layout.width, dtype=torch.int32, device=self.device)
+        self.stats_counts = torch.zeros(rows, len(reference.STAT_NAMES), dtype=torch.int64,
+                                        device=self.device)
+        self.reset()
+
+    def __repr__(self) -> str:
+        return (f"SparseKVBuffer(rows={self.rows}, capacity={self.capacity}, topk={self.topk}, "
+                f"queries_per_step={self.queries_per_step}, lifetime={self.lifetime}, "
+                f"hash_buckets={self.hash_buckets}, device='{self.device}')")
+
+    # -------------------------------------------------------------------------------- ops
+    def plan(self, topk_pos: torch.Tensor, seq_lens: torch.Tensor, check: Optional[bool] = None,
+             matcher: str = "hash") -> Plan:
+        """Match ``topk_pos`` int32 ``[R, T, K]`` (-1 = none) against the buffer; ``seq_lens``
+        int32 ``[R]``. ``matcher="dual_pointer"`` runs the sort + merge baseline instead of the
+        hash index (same results)."""
+        shape = (self.rows, self.queries_per_step, self.topk)
+        _require_tensor("topk_pos", topk_pos, torch.int32, shape, self.device)
+        _require_tensor("seq_lens", seq_lens, torch.int32, (self.rows,), self.device)
+        if matcher not in ("hash", "dual_pointer"):
+            raise ValueError(f"matcher: expected 'hash' or 'dual_pointer', got {matcher!r}")
+        if self.check if check is None else check:
+            _check_positions(topk_pos, seq_lens)
+        op = torch.ops.avsg.plan if matcher == "hash" else torch.ops.avsg.plan_dual_pointer
+        slots, miss_pos, miss_slots, miss_counts = op(
+            topk_pos, seq_lens, self.state, self.stats_counts, self.capacity, self.hash_buckets,
+            self.lifetime)
+        return Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity)
+
+    def invalidate(self, valid_lens: torch.Tensor) -> None:
+        """Drop every entry whose position is ``>= valid_lens[row]`` (int32 ``[R]``), e.g. the
+        speculative positions of rejected MTP drafts."""
+        _require_tensor("valid_lens", valid_lens, torch.int32, (self.rows,), self.device)
+        torch.ops.avsg.invalidate(self.state, valid_lens, self.capacity, self.hash_buckets)
+
+    def reset(self, rows=None) -> None:
+        """Forget everything the given rows hold: ``None`` (all rows), a row index, a list of
+        indices, an int tensor of indices, or a bool mask ``[R]``. Statistics are kept."""
+        mask = self._row_mask(rows)
+        torch.ops.avsg.reset(self.state, mask, self.capacity, self.hash_buckets)
+
+    def _row_mask(self, rows) -> torch.Tensor:
+        if rows is None:
+            return torch.ones(self.rows, dtype=torch.bool, device=self.device)
+        if isinstance(rows, torch.Tensor) and rows.dtype == torch.bool:
+            _require_tensor("rows", rows, torch.bool, (self.rows,), self.device)
+            return rows
+        if isinstance(rows, int) and not isinstance(rows, bool):
+            rows = [rows]
+        if isinstance(rows, torch.Tensor):
+            if rows.dtype not in (torch.int32, torch.int64) or rows.dim() != 1:
+                raise TypeError("rows: expected a bool mask [R] or a 1-D int tensor of indices, "
+                                f"got dtype {rows.dtype} shape {tuple(rows.shape)}")
+            rows = rows.tolist()
+        indices = list(rows)
+        for i in indices:
+            _require_int("rows[...]", i, low=0, high=self.rows - 1)
+        mask = torch.zeros(self.rows, dtype=torch.bool)
+        mask[indices] = True
+        return mask.to(self.device)
+
+    # -------------------------------------------------------------------------- statistics
+    def stats(self) -> Dict[str, object]:
+        """Cumulative counts since creation (or ``reset_stats``): per row and in total.
+
+        lookups: valid selections looked up; hits: selections resident before the step;
+        misses: selections that were not (``lookups = hits + misses``); fetched: unique
+        positions copied. ``hit_rate = hits / lookups``.
+        """
+        counts = self.stats_counts.cpu()
+        out: Dict[str, object] = {"per_row": {name: counts[:, i].clone()
+                                              for i, name in enumerate(reference.STAT_NAMES)}}
+        for i, name in enumerate(reference.STAT_NAMES):
+            out[name] = int(counts[:, i].sum())
+        out["hit_rate"] = out["hits"] / out["lookups"] if out["lookups"] else 0.0
+        return out
+
+    def reset_stats(self) -> None:
+        self.stats_counts.zero_()
+
+    def resident(self, row: int) -> Dict[int, int]:
+        """``{pos: slot}`` for what ``row`` holds now (for inspection and tests; syncs)."""
+        slot_pos = reference.view_state(self.state, self.layout).slot_pos[row].cpu()
+        return {int(p): s for s, p in enumerate(slot_pos.tolist()) if p >= 0}
+
+
+# ----------------------------------------------------------------------------------- gather
+
+def _as_list(name: str, tensors: TensorList):
+    if isinstance(tensors, torch.Tensor):
+        return [tensors]
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise TypeError(f"{name}: expected a tensor or a non-empty list of tensors")
+    return list(tensors)
+
+
+def gather(plan: Plan, src: TensorList, dst: TensorList,
+           block_table: Optional[torch.Tensor] = None, block_size: Optional[int] = None,
+           partition: str = "miss", num_cores: Optional[int] = None,
+           check: Optional[bool] = None) -> torch.Tensor:
+    """Copy the plan's misses from the host pool(s) ``src`` into the buffer(s) ``dst``.
+
+    ``src[i]`` is a contiguous pool ``[R, max_len, ...]`` or, with ``block_table`` int32
+    ``[R, max_blocks]``, a paged pool ``[num_blocks, block_size, ...]``; ``dst[i]`` is
+    ``[R, capacity, ...]`` with the same trailing shape and dtype. Several pairs (a latent and a
+    RoPE cache, say) share one plan. ``partition`` is ``"miss"`` (default, balanced chunks),
+    ``"request"`` or ``"topk"`` (baselines). Returns int32 ``[num_cores]``: entries each core
+    copied. ``check`` (default: on when ``dst`` is on CPU) verifies host rows lie in the pool.
+    """
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan: expected avsg.Plan, got {type(plan).__name__}")
+    srcs, dsts = _as_list("src", src), _as_list("dst", dst)
+    if len(srcs) != len(dsts):
+        raise ValueError(f"src/dst: expected the same number of tensors, got {len(srcs)} and "
+                         f"{len(dsts)}")
+    if partition not in reference.PARTITIONS:
+        raise ValueError(f"partition: expected one of {reference.PARTITIONS}, got {partition!r}")
+    cores = _num_cores if num_cores is None else num_cores
+    _require_int("num_cores", cores, low=1)
+    R = plan.miss_pos.shape[0]
+    paged = block_table is not None
+    if paged:
+        _require_tensor("block_table", block_table, torch.int32, ndim=2)
+        if block_table.shape[0] != R:
+            raise ValueError(f"block_table: expected {R} rows (one per request), got "
+                             f"{block_table.shape[0]}")
+        _require_int("block_size", block_size, low=1)
+    elif block_size is not None:
+        raise ValueError("block_size: only meaningful with a block_table (paged pool)")
+    for i, (s, d) in enumerate(zip(srcs, dsts)):
+        _require_tensor(f"dst[{i}]", d)
+        _require_tensor(f"src[{i}]", s, dtype=d.dtype)
+        if d.dim() < 2 or d.shape[0] != R or d.shape[1] != plan.capacity:
+            raise ValueError(f"dst[{i}]: expected shape [{R}, {plan.capacity}, ...], got "
+                             f"{tuple(d.shape)}")
+        if d.device != plan.miss_pos.device:
+            raise ValueError(f"dst[{i}]: expected a tensor on {plan.miss_pos.device} (the "
+                             f"plan's device), got one on {d.device}")
+        if s.dim() != d.dim() or s.shape[2:] != d.shape[2:]:
+            raise ValueError(f"src[{i}]: expected shape [*, *, {', '.join(map(str, d.shape[2:]))}]"
+                             f" matching dst[{i}]'s row shape, got {tuple(s.shape)}")
+        if paged and s.shape[1] != block_size:
+            raise ValueError(f"src[{i}]: a paged pool is [num_blocks, block_size={block_size}, "
+                             f"...], got {tuple(s.shape)}")
+        if not paged and s.shape[0] != R:
+            raise ValueError(f"src[{i}]: a contiguous pool is [{R}, max_len, ...], got "
+                             f"{tuple(s.shape)}")
+    if paged and any(s.shape[0] != srcs[0].shape[0] for s in srcs):
+        raise ValueError("src: paged pools sharing one block_table need the same num_blocks")
+    if not paged and any(s.shape[1] != srcs[0].shape[1] for s in srcs):
+        raise ValueError("src: contiguous pools sharing one plan need the same max_len")
+    if (dsts[0].device.type == "cpu") if check is None else check:
+        _check_host_rows(plan, srcs[0], block_table, block_size)
+    return torch.ops.avsg.gather(plan.miss_pos, plan.miss_slots, plan.miss_counts, srcs, dsts,
+                                 block_table, block_size if paged else 0, partition, cores)
+
+
+def _check_host_rows(plan: Plan, src: torch.Tensor, block_table, block_size) -> None:
+    pos = plan.miss_pos
+    if block_table is None:
+        beyond = pos >= src.shape[1]
+        if bool(beyond.any()):
+            r, j = (int(i) for i in beyond.nonzero()[0])
+            raise ValueError(f"src: miss_pos[{r}, {j}] = {int(pos[r, j])} lies beyond the pool's "
+                             f"max_len = {src.shape[1]}")
+        return
+    block_index = torch.where(pos >= 0, pos // block_size, torch.zeros_like(pos))
+    beyond = block_index >= block_table.shape[1]
+    if bool(beyond.any()):
+        r, j = (int(i) for i in beyond.nonzero()[0])
+        raise ValueError(f"block_table: miss_pos[{r}, {j}] = {int(pos[r, j])} needs block "
+                         f"{int(block_index[r, j])} but block_table has {block_table.shape[1]} "
+                         f"columns")
+    block = block_table.gather(1, block_index.long())
+    bad = (pos >= 0) & ((block < 0) | (block >= src.shape[0]))
+    if bool(bad.any()):
+        r, j = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_table[{r}, {int(block_index[r, j])}] = {int(block[r, j])}: "
+                         f"expected a block id in [0, {src.shape[0]})")

@@ -1,0 +1,489 @@
+"""AVSG reference: the executable specification of plan, invalidate, reset and gather.
+
+Every backend (the AscendC kernels run through the CPU emulation, the same kernels on the NPU)
+must reproduce what this file computes, entry for entry and bit for bit. It is written as
+batched, data-parallel PyTorch over rows, in the pass structure the vector kernels use; the only
+sequential piece is the scalar dual-pointer baseline matcher, which is sequential by nature.
+
+Memory layout (one int32 state row per request row, one state tensor per layer)
+-------------------------------------------------------------------------------
+A buffer with ``S`` slots and ``H`` hash buckets keeps, per row, one contiguous int32 region so a
+vector core can move a row's whole state GM<->UB with a few DMA copies. Each section is padded to
+a multiple of 64 int32 (one 256-byte vector repeat); padding entries are never read or written::
+
+    [0,        H)          bucket_key   position indexed by the bucket, -1 = never used
+    [H,        2H)         bucket_slot  slot that position was given (0 for a never-used bucket)
+    [2H,       2H+Sp)      slot_pos     position held by each slot, -1 = free
+    [2H+Sp,    2H+2Sp)     slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
+    [2H+2Sp,   2H+3Sp)     stash_key    overflow index: positions no probe bucket could take
+    [2H+3Sp,   2H+4Sp)     stash_slot   their slots
+    [2H+4Sp,   2H+4Sp+8)   stash_count  entry 0 = number of stash entries in use, rest padding
+
+``Sp = roundup(S, 64)``. ``H`` is a power of two, ``64 <= H <= 2**15`` and ``H >= S``; the default
+is ``H = next_pow2(2*S)`` (load factor <= 1/2, see "Index" below). A separate int64 ``stats [R, 4]``
+tensor counts, per row: selections looked up, selections that hit, selections that missed,
+unique positions fetched.
+
+``slot_pos`` is the ground truth of residency: position ``p`` is resident in row ``r`` exactly
+when ``slot_pos[r, s] == p`` for some ``s < S``, and then for exactly one ``s``. The hash table
+and the stash are an index over it that makes the lookup a handful of vector gathers.
+
+Index (hash table + stash)
+--------------------------
+* Hash. With ``H = 2**m``, ``lo = p mod H`` and ``hi = (p >> m) mod H``::
+
+      h = (lo*A1 + hi*B1) mod H           first bucket
+      d = ((lo*A2 + hi*B2) mod H) | 1     odd stride, so the probe sequence never cycles early
+      bucket_i = (h + i*d) mod H,  i = 0 .. RETRIES      (R = 3 retries: 4 probes)
+
+  ``A1, B1, A2, B2`` are fixed odd 32-bit constants reduced mod ``H``. This is the paper's
+  multiplicative double hashing ``(a*x) mod H`` with a second limb: plain ``(a*x) mod H`` depends
+  on ``x mod H`` only, so ``x`` and ``x+H`` would always collide. Keeping both limbs and both
+  constants below ``2**15`` keeps every product below ``2**30``: int32 vector arithmetic never
+  overflows, and the A2 overflow behaviour of ``Muls``/``Add`` (undocumented) never matters.
+* Entry validity is checked against ``slot_pos``: bucket ``b`` is *valid* when
+  ``slot_pos[bucket_slot[b]] == bucket_key[b] != -1``. When a slot is given to another position,
+  or freed by invalidate/reset, every index entry pointing at it turns stale at once, with no
+  search for it: stale buckets are reclaimed lazily, by the next insert that probes them.
+  The same rule applies to stash entries.
+* Lookup of ``p``: the first valid probe bucket whose key is ``p``; failing that, the first valid
+  stash entry whose key is ``p``. The stash is scanned only in rows whose stash is non-empty.
+* Insert (the misses of one step, in miss-list order ``j``): 4 rounds; in round ``i`` every
+  miss not yet placed proposes its bucket ``bucket_i``; a proposed bucket that is free (never
+  used or stale) goes to the smallest proposing ``j``. Misses still unplaced after the 4 rounds
+  are appended to the stash in ``j`` order, after the stash drops its stale entries.
+  A scalar loop over ``j`` inside each round gives the same result, which is what the kernel does.
+* Why a stash: with 4 probes an adversary (or bad luck) can make all of a position's buckets
+  hold positions pinned by the current step. The stash (capacity ``S``, never more than one
+  valid entry per slot) makes insertion always succeed, so invariant 3 (miss-only) holds whatever
+  the collisions. With ``H >= 2S`` the stash holds a few entries at most in practice.
+
+Lifetime and allocation (per slot, not per bucket)
+--------------------------------------------------
+The paper keeps an 8-bit lifetime in the bucket metadata. Here it lives per slot: the victim
+search runs over slots, and a contiguous ``slot_life`` vector lets decay be one vector pass.
+``1 <= L <= 255`` (the paper's 8-bit field).
+
+One ``plan`` step, per row (all rows independently, all in parallel):
+
+1. **Refresh.** Decay: every slot with ``life > 0`` loses one. Look up every valid selection
+   (``0 <= pos < min(seq_len, 2**24)``; everything else is treated as ``-1``). Every hit sets its
+   slot's life to ``L``. Hit slots are now exactly the slots with ``life == L``: every other slot
+   decayed, so it is at most ``L-1``. That is the pinning of invariant 4, with no extra mask.
+2. **Classify.** The missed positions of the step, over all ``T`` query tokens, are de-duplicated
+   and sorted ascending: ``miss_pos[:M]``. ``M = miss_counts[r]``. Sorting by position orders the
+   batch's miss list by (row, pos), as the gather partition wants, and makes host reads ascend.
+3. **Allocate.** Victims are the ``M`` slots with the smallest ``(life, slot)`` among slots with
+   ``life < L``: free slots first (life -1), then reclaimable ones (0), then, if there are too few,
+   the oldest live ones. This is "decay further, oldest first, until enough are free", without
+   rewriting the survivors' lifetimes. ``miss_pos[j]`` gets the ``j``-th victim; its slot gets
+   ``slot_pos = miss_pos[j]`` and ``life = L``. There are always enough victims: the hits of the
+   step pin at most ``#distinct selections - M`` slots and ``S >= T*K >= #distinct selections``.
+   The misses are then inserted in the index as above.
+4. **Output.** ``slots[t, k]`` is the slot of ``topk_pos[t, k]`` (hit or newly reserved), ``-1``
+   where the selection was ``-1`` or out of range. ``miss_pos``/``miss_slots`` hold ``M`` entries
+   then ``-1``.
+
+MTP: the ``T`` query tokens of a row are one set of lookups against one table, so a later token
+that selects what an earlier token missed shares the reserved slot (invariant 2) and the position
+is fetched once. ``invalidate(valid_lens)`` frees every slot whose position is ``>= valid_lens``:
+speculative positions can never produce a false hit, because residency is ``slot_pos`` itself.
+
+Gather
+------
+Miss ``j`` of row ``r`` copies host row ``hr`` of every ``src`` into slot ``miss_slots[r, j]`` of the
+matching ``dst``. ``hr = pos`` for a contiguous pool ``[R, max_len, ...]`` (row ``r`` of the pool) and
+``hr = block_table[r, pos // bs] * bs + pos % bs`` for a paged pool ``[num_blocks, bs, ...]``.
+The work is split over ``C`` cores three ways (the copies are identical; only who does which differs):
+
+* ``miss`` (S3): the batch's misses in (row, pos) order, cut into ``C`` contiguous chunks;
+  chunk ``c`` is ``[c*total//C, (c+1)*total//C)``, so sizes differ by at most one.
+* ``request`` (S1): all misses of row ``r`` go to core ``r mod C``.
+* ``topk`` (S2): the fixed ``R*T*K`` miss-list entries, padding included, cut into ``C`` equal
+  chunks the same way; padding entries (hits) are no-ops, so work follows the selection layout.
+"""
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Sequence
+
+import torch
+
+RETRIES = 3
+PROBES = 1 + RETRIES
+VECTOR_INT32 = 64                      # int32 lanes in one 256-byte vector repeat
+MAX_POSITION = 1 << 24                 # positions >= this are out of range (float-exact keys)
+MAX_BUCKETS = 1 << 15                  # keeps hash products below 2**30
+MAX_LIFETIME = 255
+INT32_MAX = (1 << 31) - 1
+STASH_COUNT_PAD = 8                    # the count lives in a 32-byte tail
+
+HASH_A1 = 0x9E3779B1
+HASH_B1 = 0x85EBCA77
+HASH_A2 = 0xC2B2AE3D
+HASH_B2 = 0x27D4EB2F
+
+STAT_LOOKUPS, STAT_HITS, STAT_MISSES, STAT_FETCHED = range(4)
+STAT_NAMES = ("lookups", "hits", "misses", "fetched")
+
+PARTITIONS = ("miss", "request", "topk")
+
+
+def round_up(x: int, multiple: int) -> int:
+    return (x + multiple - 1) // multiple * multiple
+
+
+def default_buckets(capacity: int) -> int:
+    """``next_pow2(2 * capacity)``, at least one vector repeat, at most ``MAX_BUCKETS``."""
+    buckets = VECTOR_INT32
+    while buckets < 2 * capacity and buckets < MAX_BUCKETS:
+        buckets *= 2
+    return buckets
+
+
+class Layout(NamedTuple):
+    """Section offsets (in int32 elements) of one row of the state tensor."""
+
+    capacity: int
+    buckets: int
+
+    @property
+    def padded_capacity(self) -> int:
+        return round_up(self.capacity, VECTOR_INT32)
+
+    @property
+    def bucket_key(self) -> int:
+        return 0
+
+    @property
+    def bucket_slot(self) -> int:
+        return self.buckets
+
+    @property
+    def slot_pos(self) -> int:
+        return 2 * self.buckets
+
+    @property
+    def slot_life(self) -> int:
+        return 2 * self.buckets + self.padded_capacity
+
+    @property
+    def stash_key(self) -> int:
+        return 2 * self.buckets + 2 * self.padded_capacity
+
+    @property
+    def stash_slot(self) -> int:
+        return 2 * self.buckets + 3 * self.padded_capacity
+
+    @property
+    def stash_count(self) -> int:
+        return 2 * self.buckets + 4 * self.padded_capacity
+
+    @property
+    def width(self) -> int:
+        return self.stash_count + STASH_COUNT_PAD
+
+
+class StateView(NamedTuple):
+    """Named, writable views into a state tensor ``[R, Layout.width]`` (unpadded lengths)."""
+
+    bucket_key: torch.Tensor      # [R, H]
+    bucket_slot: torch.Tensor     # [R, H]
+    slot_pos: torch.Tensor        # [R, S]
+    slot_life: torch.Tensor       # [R, S]
+    stash_key: torch.Tensor       # [R, S]
+    stash_slot: torch.Tensor      # [R, S]
+    stash_count: torch.Tensor     # [R]
+
+
+def view_state(state: torch.Tensor, layout: Layout) -> StateView:
+    S, H = layout.capacity, layout.buckets
+    return StateView(
+        bucket_key=state[:, layout.bucket_key:layout.bucket_key + H],
+        bucket_slot=state[:, layout.bucket_slot:layout.bucket_slot + H],
+        slot_pos=state[:, layout.slot_pos:layout.slot_pos + S],
+        slot_life=state[:, layout.slot_life:layout.slot_life + S],
+        stash_key=state[:, layout.stash_key:layout.stash_key + S],
+        stash_slot=state[:, layout.stash_slot:layout.stash_slot + S],
+        stash_count=state[:, layout.stash_count],
+    )
+
+
+def new_state(rows: int, layout: Layout, device="cpu") -> torch.Tensor:
+    state = torch.empty(rows, layout.width, dtype=torch.int32, device=device)
+    reset(state, layout, torch.ones(rows, dtype=torch.bool, device=device))
+    return state
+
+
+def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor) -> None:
+    """Forget everything the masked rows hold (their whole state row returns to empty)."""
+    fresh = torch.empty(layout.width, dtype=torch.int32, device=state.device)
+    fresh.fill_(-1)
+    fresh[layout.bucket_slot:layout.bucket_slot + layout.buckets] = 0
+    fresh[layout.stash_slot:layout.stash_slot + layout.padded_capacity] = 0
+    fresh[layout.stash_count:] = 0
+    state[row_mask] = fresh
+
+
+def invalidate(state: torch.Tensor, layout: Layout, valid_lens: torch.Tensor) -> None:
+    """Free every slot whose position is ``>= valid_lens[row]``; its index entries go stale."""
+    v = view_state(state, layout)
+    drop = v.slot_pos >= valid_lens.to(torch.int32)[:, None]
+    v.slot_pos.masked_fill_(drop, -1)
+    v.slot_life.masked_fill_(drop, -1)
+
+
+# ----------------------------------------------------------------------------------------- index
+
+def hash_constants(buckets: int):
+    return tuple(c % buckets for c in (HASH_A1, HASH_B1, HASH_A2, HASH_B2))
+
+
+def probe_buckets(pos: torch.Tensor, buckets: int) -> torch.Tensor:
+    """Buckets probed for each position: int64 ``[..., PROBES]``. ``pos`` must be >= 0."""
+    a1, b1, a2, b2 = hash_constants(buckets)
+    m = buckets.bit_length() - 1
+    p = pos.to(torch.int64)
+    lo = p & (buckets - 1)
+    hi = (p >> m) & (buckets - 1)
+    first = (lo * a1 + hi * b1) & (buckets - 1)
+    stride = ((lo * a2 + hi * b2) & (buckets - 1)) | 1
+    i = torch.arange(PROBES, dtype=torch.int64, device=pos.device)
+    return (first[..., None] + i * stride[..., None]) & (buckets - 1)
+
+
+def _gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[r, index[r, ...]]`` for a 2-D table and an index of any trailing shape."""
+    return table.gather(1, index.reshape(index.shape[0], -1).long()).view(index.shape)
+
+
+def _stash_lookup(v: StateView, sel: torch.Tensor, found: torch.Tensor) -> None:
+    """Fill ``found`` (in place) from the stash for rows whose stash is not empty."""
+    for r in torch.nonzero(v.stash_count > 0).flatten().tolist():
+        n = int(v.stash_count[r])
+        keys, slots = v.stash_key[r, :n], v.stash_slot[r, :n]
+        live = v.slot_pos[r].gather(0, slots.long()) == keys
+        match = (sel[r, :, None] == keys[None, :]) & live[None, :] & (sel[r, :, None] >= 0)
+        has = match.any(1) & (found[r] < 0)
+        first = match.int().argmax(1)
+        found[r] = torch.where(has, slots[first], found[r])
+
+
+def index_lookup(v: StateView, sel: torch.Tensor, buckets: int) -> torch.Tensor:
+    """Slot holding each selected position, or -1: probe buckets first, then the stash."""
+    b = probe_buckets(sel.clamp(min=0), buckets)                     # [R, N, P]
+    keys = _gather_rows(v.bucket_key, b)
+    slots = _gather_rows(v.bucket_slot, b)
+    owner = _gather_rows(v.slot_pos, slots)
+    want = sel[..., None]
+    match = (keys == want) & (owner == want) & (want >= 0)
+    first = match.int().argmax(-1, keepdim=True)
+    found = torch.where(match.any(-1), slots.gather(-1, first).squeeze(-1),
+                        torch.full_like(sel, -1))
+    _stash_lookup(v, sel, found)
+    return found
+
+
+def dual_pointer_lookup(v: StateView, sel: torch.Tensor) -> torch.Tensor:
+    """Baseline matcher: sort the selections and the resident keys, merge with two pointers.
+
+    This is the scalar-unit algorithm the dual-pointer kernel runs; it reads only ``slot_pos``.
+    """
+    found = torch.full_like(sel, -1)
+    for r in range(sel.shape[0]):
+        resident = v.slot_pos[r]
+        res_order = torch.argsort(resident, stable=True).tolist()
+        res_keys = resident.tolist()
+        sel_row = sel[r].tolist()
+        sel_order = sorted(range(len(sel_row)), key=lambda n: sel_row[n])
+        out = found[r].tolist()
+        i = 0
+        for n in sel_order:
+            want = sel_row[n]
+            if want < 0:
+                continue
+            while i < len(res_order) and res_keys[res_order[i]] < want:
+                i += 1
+            if i < len(res_order) and res_keys[res_order[i]] == want:
+                out[n] = res_order[i]
+        found[r] = torch.tensor(out, dtype=sel.dtype)
+    return found
+
+
+def _insert(v: StateView, miss_pos: torch.Tensor, miss_slots: torch.Tensor,
+            pending: torch.Tensor, buckets: int) -> None:
+    """Place this step's misses in the index: 4 probe rounds, lowest j wins, rest to the stash."""
+    R, N = miss_pos.shape
+    b = probe_buckets(miss_pos.clamp(min=0), buckets)
+    j = torch.arange(N, device=miss_pos.device).expand(R, N)
+    row_base = torch.arange(R, device=miss_pos.device)[:, None] * buckets
+    pending = pending.clone()
+    for i in range(PROBES):
+        cand = b[..., i]
+        key = _gather_rows(v.bucket_key, cand)
+        owner = _gather_rows(v.slot_pos, _gather_rows(v.bucket_slot, cand))
+        free = (key == -1) | (owner != key)
+        propose = pending & free
+        winner = torch.full((R * buckets,), N, dtype=torch.int64, device=miss_pos.device)
+        flat = (row_base + cand)[propose]
+        winner.scatter_reduce_(0, flat, j[propose], reduce="amin")
+        won = propose & (winner[(row_base + cand)] == j)
+        rr, jj = won.nonzero(as_tuple=True)
+        v.bucket_key[rr, cand[rr, jj]] = miss_pos[rr, jj]
+        v.bucket_slot[rr, cand[rr, jj]] = miss_slots[rr, jj]
+        pending &= ~won
+    rows = torch.nonzero((v.stash_count > 0) | pending.any(1)).flatten().tolist()
+    for r in rows:
+        n = int(v.stash_count[r])
+        keys, slots = v.stash_key[r, :n].clone(), v.stash_slot[r, :n].clone()
+        live = v.slot_pos[r].gather(0, slots.long()) == keys
+        keys = torch.cat([keys[live], miss_pos[r][pending[r]]])
+        slots = torch.cat([slots[live], miss_slots[r][pending[r]]])
+        count = keys.numel()
+        v.stash_key[r, :count] = keys
+        v.stash_slot[r, :count] = slots
+        v.stash_key[r, count:] = -1
+        v.stash_slot[r, count:] = 0
+        v.stash_count[r] = count
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
+         seq_lens: torch.Tensor, layout: Layout, lifetime: int, matcher: str = "hash"):
+    """One step for every row. Returns ``(slots, miss_pos, miss_slots, miss_counts)``.
+
+    ``matcher="hash"`` is the AVSG index; ``"dual_pointer"`` is the sort + merge baseline.
+    Both give the same outputs and leave the same state: only the matching differs.
+    """
+    R, T, K = topk_pos.shape
+    N = T * K
+    S = layout.capacity
+    dev = topk_pos.device
+    v = view_state(state, layout)
+
+    sel = topk_pos.reshape(R, N).to(torch.int32)
+    bound = seq_lens.to(torch.int64).clamp(max=MAX_POSITION)[:, None]
+    valid = (sel >= 0) & (sel < bound)
+    sel = torch.where(valid, sel, torch.full_like(sel, -1))
+
+    # 1. refresh: decay, look up, hits back to L (and thereby pinned)
+    life = v.slot_life
+    life.sub_((life > 0).to(torch.int32))
+    if matcher == "hash":
+        hit_slot = index_lookup(v, sel, layout.buckets)
+    elif matcher == "dual_pointer":
+        hit_slot = dual_pointer_lookup(v, sel)
+    else:
+        raise ValueError(f"matcher must be 'hash' or 'dual_pointer', got {matcher!r}")
+    hit = hit_slot >= 0
+    rr, nn = hit.nonzero(as_tuple=True)
+    life[rr, hit_slot[rr, nn].long()] = lifetime
+
+    # 2. classify: unique missed positions, ascending
+    missing = valid & ~hit
+    ordered = torch.where(missing, sel, torch.full_like(sel, INT32_MAX)).sort(dim=1).values
+    run_start = torch.ones_like(missing)
+    run_start[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    unique = run_start & (ordered != INT32_MAX)
+    miss_counts = unique.sum(1).to(torch.int32)
+    compact = ordered.gather(1, torch.argsort((~unique).to(torch.int8), dim=1, stable=True))
+    col = torch.arange(N, device=dev).expand(R, N)
+    is_miss = col < miss_counts[:, None]
+    miss_pos = torch.where(is_miss, compact, torch.full_like(compact, -1))
+
+    # 3. allocate: victims in (life, slot) order among unpinned slots
+    slot_ids = torch.arange(S, device=dev, dtype=torch.int64)
+    victim_key = torch.where(life < lifetime, (life.to(torch.int64) + 1) * S + slot_ids,
+                             torch.full_like(slot_ids, INT32_MAX))
+    victims = torch.argsort(victim_key, dim=1)[:, :N].to(torch.int32)
+    miss_slots = torch.where(is_miss, victims, torch.full_like(victims, -1))
+    rr, jj = is_miss.nonzero(as_tuple=True)
+    v.slot_pos[rr, miss_slots[rr, jj].long()] = miss_pos[rr, jj]
+    life[rr, miss_slots[rr, jj].long()] = lifetime
+    _insert(v, miss_pos, miss_slots, is_miss, layout.buckets)
+
+    # 4. output: every selection's slot
+    sorted_misses = torch.where(is_miss, miss_pos, torch.full_like(miss_pos, INT32_MAX))
+    where_missed = torch.searchsorted(sorted_misses, sel).clamp(max=N - 1)
+    reserved = miss_slots.gather(1, where_missed)
+    slots = torch.where(hit, hit_slot, torch.where(missing, reserved, torch.full_like(sel, -1)))
+
+    stats[:, STAT_LOOKUPS] += valid.sum(1)
+    stats[:, STAT_HITS] += hit.sum(1)
+    stats[:, STAT_MISSES] += missing.sum(1)
+    stats[:, STAT_FETCHED] += miss_counts.to(torch.int64)
+    return slots.view(R, T, K), miss_pos, miss_slots, miss_counts
+
+
+# ---------------------------------------------------------------------------------------- gather
+
+def chunk_bounds(total: int, cores: int) -> List[int]:
+    """``cores + 1`` boundaries of contiguous chunks whose sizes differ by at most one."""
+    return [c * total // cores for c in range(cores + 1)]
+
+
+def assign_cores(miss_counts: torch.Tensor, entries_per_row: int, partition: str,
+                 cores: int) -> torch.Tensor:
+    """Core that copies each miss-list entry: int64 ``[R, entries_per_row]``, -1 for padding."""
+    R = miss_counts.shape[0]
+    dev = miss_counts.device
+    col = torch.arange(entries_per_row, device=dev).expand(R, entries_per_row)
+    is_miss = col < miss_counts[:, None].to(torch.int64)
+    if partition == "request":
+        core = torch.arange(R, device=dev)[:, None].expand(R, entries_per_row) % cores
+    elif partition == "miss":
+        first = torch.cumsum(miss_counts.to(torch.int64), 0) - miss_counts.to(torch.int64)
+        order = first[:, None] + col
+        total = int(miss_counts.to(torch.int64).sum())
+        bounds = torch.tensor(chunk_bounds(total, cores), device=dev)
+        core = torch.searchsorted(bounds, order, right=True) - 1
+    elif partition == "topk":
+        order = torch.arange(R, device=dev)[:, None] * entries_per_row + col
+        bounds = torch.tensor(chunk_bounds(R * entries_per_row, cores), device=dev)
+        core = torch.searchsorted(bounds, order, right=True) - 1
+    else:
+        raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
+    return torch.where(is_miss, core, torch.full_like(core, -1))
+
+
+def host_rows(miss_pos: torch.Tensor, pool_rows: int, rows_per_request: Optional[int],
+              block_table: Optional[torch.Tensor], block_size: Optional[int]) -> torch.Tensor:
+    """Flat host-pool row of each miss (int64); -1 for padding and for rows outside the pool
+    (``pool_rows`` rows in all), which are skipped rather than read out of bounds."""
+    pos = miss_pos.to(torch.int64)
+    p = pos.clamp(min=0)
+    if block_table is None:
+        r = torch.arange(pos.shape[0], device=pos.device)[:, None]
+        flat = r * rows_per_request + p
+        inside = p < rows_per_request
+    else:
+        column = p // block_size
+        inside = column < block_table.shape[1]
+        block = block_table.to(torch.int64).gather(1, column.clamp(max=block_table.shape[1] - 1))
+        inside &= (block >= 0)
+        flat = block * block_size + p % block_size
+    inside &= (pos >= 0) & (flat < pool_rows)
+    return torch.where(inside, flat, torch.full_like(flat, -1))
+
+
+def gather(miss_pos: torch.Tensor, miss_slots: torch.Tensor, miss_counts: torch.Tensor,
+           src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor],
+           block_table: Optional[torch.Tensor], block_size: Optional[int],
+           partition: str, cores: int) -> torch.Tensor:
+    """Copy every miss's host row into its slot, for every (src, dst) pair.
+
+    Returns int32 ``[cores]``: miss-list entries each core copied (per tensor pair). Entries whose
+    host row lies outside the pool are skipped (``gather(check=True)`` rejects them up front).
+    """
+    R, N = miss_pos.shape
+    core = assign_cores(miss_counts, N, partition, cores)
+    rows_per_request = None if block_table is not None else src[0].shape[1]
+    pool_rows = src[0].shape[0] * src[0].shape[1]
+    flat_rows = host_rows(miss_pos, pool_rows, rows_per_request, block_table, block_size)
+    core = torch.where(flat_rows >= 0, core, torch.full_like(core, -1))
+    rr, jj = (core >= 0).nonzero(as_tuple=True)
+    for s, d in zip(src, dst):
+        host = s.reshape(-1, *s.shape[2:])
+        d[rr, miss_slots[rr, jj].long()] = host[flat_rows[rr, jj]].to(d.device)
+    counts = torch.bincount(core[core >= 0], minlength=cores)
+    return counts.to(torch.int32)
