@@ -51,7 +51,9 @@ Index (hash table + stash)
 * Insert (the misses of one step, in miss-list order ``j``): 4 rounds; in round ``i`` every
   miss not yet placed proposes its bucket ``bucket_i``; a proposed bucket that is free (never
   used or stale) goes to the smallest proposing ``j``. Misses still unplaced after the 4 rounds
-  are appended to the stash in ``j`` order, after the stash drops its stale entries.
+  are appended to the stash in ``j`` order. The stash drops its stale entries (order kept) twice
+  per step: before the victims are taken (else a freed slot handed back to the same position
+  would revive a stale entry beside the new one) and before the append.
   A scalar loop over ``j`` inside each round gives the same result, which is what the kernel does.
 * Why a stash: with 4 probes an adversary (or bad luck) can make all of a position's buckets
   hold positions pinned by the current step. The stash (capacity ``S``, never more than one
@@ -332,12 +334,21 @@ def _insert(v: StateView, miss_pos: torch.Tensor, miss_slots: torch.Tensor,
         v.bucket_slot[rr, cand[rr, jj]] = miss_slots[rr, jj]
         pending &= ~won
     rows = torch.nonzero((v.stash_count > 0) | pending.any(1)).flatten().tolist()
+    compact_stash(v, rows, miss_pos, miss_slots, pending)
+
+
+def compact_stash(v: StateView, rows: Sequence[int], append_keys: Optional[torch.Tensor] = None,
+                  append_slots: Optional[torch.Tensor] = None,
+                  append: Optional[torch.Tensor] = None) -> None:
+    """Drop the stale stash entries of ``rows`` (order kept), then append the masked entries."""
     for r in rows:
         n = int(v.stash_count[r])
         keys, slots = v.stash_key[r, :n].clone(), v.stash_slot[r, :n].clone()
         live = v.slot_pos[r].gather(0, slots.long()) == keys
-        keys = torch.cat([keys[live], miss_pos[r][pending[r]]])
-        slots = torch.cat([slots[live], miss_slots[r][pending[r]]])
+        keys, slots = keys[live], slots[live]
+        if append is not None:
+            keys = torch.cat([keys, append_keys[r][append[r]]])
+            slots = torch.cat([slots, append_slots[r][append[r]]])
         count = keys.numel()
         v.stash_key[r, :count] = keys
         v.stash_slot[r, :count] = slots
@@ -397,6 +408,9 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
                              torch.full_like(slot_ids, INT32_MAX))
     victims = torch.argsort(victim_key, dim=1)[:, :N].to(torch.int32)
     miss_slots = torch.where(is_miss, victims, torch.full_like(victims, -1))
+    # Entries that went stale before this step go now: a freed slot may be handed back to the
+    # same position below, which would revive its stale entry next to the new one.
+    compact_stash(v, torch.nonzero(v.stash_count > 0).flatten().tolist())
     rr, jj = is_miss.nonzero(as_tuple=True)
     v.slot_pos[rr, miss_slots[rr, jj].long()] = miss_pos[rr, jj]
     life[rr, miss_slots[rr, jj].long()] = lifetime
