@@ -325,8 +325,7 @@ def _check_host_rows(plan: Plan, src: torch.Tensor, block_table, block_size) -> 
     if bool(beyond.any()):
         r, j = (int(i) for i in beyond.nonzero()[0])
         raise ValueError(f"block_table: miss_pos[{r}, {j}] = {int(pos[r, j])} needs block "
-                         f"{int(block_index[r, j])} but block_table has {block_table.shape[1]} "
-                         f"columns")
+                         f"{int(block_index[r, j])} but block_table.shape[1] = {block_table.shape[1]}")
     block = block_table.gather(1, block_index.long())
     bad = (pos >= 0) & ((block < 0) | (block >= src.shape[0]))
     if bool(bad.any()):
