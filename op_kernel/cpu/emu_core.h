@@ -1,0 +1,547 @@
+// AVSG strict CPU emulation of the AscendC A2 (910B, dav-c220) AIV API subset.
+// emu_core.h: compile shims, enums, the EmuError type, half/bfloat16 stand-ins,
+// per-block context, instrumentation counters, the cost model and the launcher.
+//
+// Specification: ../../shared/ascendc-api-card.md (cited below as "card §N").
+// The emulation is a correctness tool: every rule it knows is enforced with a
+// static_assert (dtype lists) or an AscendC::EmuError exception (run-time limits).
+// It never aborts the process.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+#include <cmath>
+#include <limits>
+
+// ---------------------------------------------------------------------------
+// Compile shims (card §1, §9). On the NPU these are compiler keywords/macros.
+// ---------------------------------------------------------------------------
+#ifndef __aicore__
+#define __aicore__
+#endif
+#ifndef __global__
+#define __global__
+#endif
+#ifndef __gm__
+#define __gm__
+#endif
+#ifndef __ubuf__
+#define __ubuf__
+#endif
+#ifndef GM_ADDR
+#define GM_ADDR uint8_t*
+#endif
+// Expands to nothing in the real device compile too (card §1).
+#define KERNEL_TASK_TYPE_DEFAULT(x)
+#define ASCEND_IS_AIV (true)
+#define ASCEND_IS_AIC (false)
+
+enum KernelMetaType {
+    KERNEL_TYPE_AIV_ONLY,
+    KERNEL_TYPE_AIC_ONLY,
+    KERNEL_TYPE_MIX_AIV_1_0,
+    KERNEL_TYPE_MIX_AIC_1_0,
+    KERNEL_TYPE_MIX_AIC_1_1,
+    KERNEL_TYPE_MIX_AIC_1_2,
+};
+
+// Compiler built-in enums (card §6): global namespace, unscoped.
+enum pipe_t { PIPE_S = 0, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
+enum event_t { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_ID5, EVENT_ID6, EVENT_ID7 };
+
+// ---------------------------------------------------------------------------
+// half / bfloat16_t stand-ins (global namespace, as the CCE built-ins).
+// Storage is the IEEE binary16 / bfloat16 bit pattern; arithmetic goes through
+// float (round-to-nearest-even on the way back).
+// ---------------------------------------------------------------------------
+namespace avsg_emu {
+namespace detail {
+inline uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t e8 = (x >> 23) & 0xffu;
+    uint32_t mant = x & 0x7fffffu;
+    if (e8 == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
+    int32_t exp = static_cast<int32_t>(e8) - 127 + 15;
+    if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10) return static_cast<uint16_t>(sign);
+        mant |= 0x800000u;
+        uint32_t shift = static_cast<uint32_t>(14 - exp);
+        uint32_t h = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1u);
+        uint32_t halfway = 1u << (shift - 1u);
+        if (rem > halfway || (rem == halfway && (h & 1u))) h++;
+        return static_cast<uint16_t>(sign | h);
+    }
+    uint32_t h = (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+    uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return static_cast<uint16_t>(sign | h);
+}
+inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0) {
+        float v = std::ldexp(static_cast<float>(mant), -24);
+        return sign ? -v : v;
+    }
+    uint32_t bits = exp == 31 ? (sign | 0x7f800000u | (mant << 13))
+                              : (sign | ((exp + 112u) << 23) | (mant << 13));
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return static_cast<uint16_t>(x >> 16);
+}
+inline float bf16_to_f32(uint16_t b) {
+    uint32_t x = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+}  // namespace detail
+}  // namespace avsg_emu
+
+struct half {
+    uint16_t bits = 0;
+    half() = default;
+    half(float f) : bits(avsg_emu::detail::f32_to_f16(f)) {}
+    half(double d) : half(static_cast<float>(d)) {}
+    half(int i) : half(static_cast<float>(i)) {}
+    operator float() const { return avsg_emu::detail::f16_to_f32(bits); }
+};
+struct bfloat16_t {
+    uint16_t bits = 0;
+    bfloat16_t() = default;
+    bfloat16_t(float f) : bits(avsg_emu::detail::f32_to_bf16(f)) {}
+    bfloat16_t(double d) : bfloat16_t(static_cast<float>(d)) {}
+    bfloat16_t(int i) : bfloat16_t(static_cast<float>(i)) {}
+    operator float() const { return avsg_emu::detail::bf16_to_f32(bits); }
+};
+
+namespace AscendC {
+
+// ---------------------------------------------------------------------------
+// Errors. Every run-time rule violation throws EmuError with a message naming
+// the API, the rule and the card section. The block index is prefixed.
+// ---------------------------------------------------------------------------
+class EmuError : public std::runtime_error {
+public:
+    explicit EmuError(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+// Enums of the AscendC namespace (card §3-§6).
+enum class TPosition : uint8_t { GM = 0, VECIN, VECOUT, VECCALC, LCM = VECCALC, MAX };
+using QuePosition = TPosition;
+
+// Only the 12 events legal on an AIV core (card §6); any other name fails to compile.
+enum class HardEvent : uint8_t {
+    MTE2_V = 0, V_MTE3, MTE3_MTE2, MTE2_MTE3, S_V, V_S, MTE2_S, S_MTE3, V_MTE2, MTE3_V, S_MTE2, MTE3_S,
+    MAX
+};
+using TEventID = int8_t;
+
+enum class CMPMODE : uint8_t { LT = 0, GT, EQ, LE, GE, NE };
+enum class SELMODE : uint8_t { VSEL_CMPMASK_SPR = 0, VSEL_TENSOR_SCALAR_MODE, VSEL_TENSOR_TENSOR_MODE };
+enum class RoundMode : uint8_t { CAST_NONE = 0, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
+enum class CacheLine : uint8_t { SINGLE_CACHE_LINE = 0, ENTIRE_DATA_CACHE };
+enum class DcciDst : uint8_t { CACHELINE_ALL = 0, CACHELINE_UB, CACHELINE_OUT, CACHELINE_ATOMIC };
+enum class CacheMode : uint8_t { CACHE_MODE_DISABLE = 0, CACHE_MODE_NORMAL };
+enum class GatherMaskMode : uint8_t { VERSION_V1 = 0, VERSION_V2 };
+constexpr GatherMaskMode defaultGatherMaskMode = GatherMaskMode::VERSION_V1;
+
+inline const char* HardEventName(HardEvent e) {
+    static const char* names[] = {"MTE2_V", "V_MTE3", "MTE3_MTE2", "MTE2_MTE3", "S_V",    "V_S",
+                                  "MTE2_S", "S_MTE3", "V_MTE2",    "MTE3_V",    "S_MTE2", "MTE3_S"};
+    auto i = static_cast<unsigned>(e);
+    return i < 12 ? names[i] : "?";
+}
+
+}  // namespace AscendC
+
+// ---------------------------------------------------------------------------
+// avsg_emu: launcher, block context, counters, cost model.
+// ---------------------------------------------------------------------------
+namespace avsg_emu {
+
+// Hardware constants (card §0).
+constexpr uint32_t kUbPhysicalBytes = 192 * 1024;   // 196608: UB per AIV
+constexpr uint32_t kUbTPipeBytes = 184 * 1024;      // 188416: what TPipe may hand out on arch 2201
+constexpr uint32_t kUbAlign = 32;                   // DataBlock
+constexpr uint32_t kRepeatBytes = 256;              // one vector repeat
+constexpr uint32_t kMaxRepeat = 255;                // repeatTime is uint8_t
+constexpr uint8_t kPoisonByte = 0xA5;               // fill for undefined memory (card §9 "Poisoning")
+
+// ---- Instrumentation -------------------------------------------------------
+struct VecApiStat {
+    uint64_t instrs = 0;   // API calls that issued work (count > 0)
+    uint64_t repeats = 0;  // 256-byte repeats they cover (ceil(bytes/256))
+};
+
+// Work issued by one block, grouped by pipe (card §0 "Pipes").
+struct Counters {
+    // PIPE_S: scalar accesses through the tensor API (loop/control overhead is not visible).
+    uint64_t scalar_ub_reads = 0, scalar_ub_writes = 0;  // LocalTensor GetValue / SetValue / operator()
+    uint64_t scalar_gm_reads = 0, scalar_gm_writes = 0;  // GlobalTensor GetValue / SetValue
+    // PIPE_V
+    uint64_t vec_instrs = 0, vec_repeats = 0;
+    std::map<std::string, VecApiStat> vec_by_api;
+    // PIPE_MTE2: GM -> UB (DataCopy, DataCopyPad)
+    uint64_t mte2_copies = 0, mte2_bytes = 0;
+    // PIPE_MTE3: UB -> GM
+    uint64_t mte3_copies = 0, mte3_bytes = 0;
+    // UB -> UB DataCopy (runs on PIPE_V, card §0 ⚠️); also included in vec_instrs/vec_repeats.
+    uint64_t ub_copies = 0, ub_bytes = 0;
+    // Synchronisation
+    uint64_t pipe_barriers = 0, set_flags = 0, wait_flags = 0, sync_alls = 0;
+    uint64_t queue_syncs = 0;  // flag pairs inserted by TQue EnQue/DeQue/Free/Alloc
+    uint64_t dcci = 0;         // DataCacheCleanAndInvalid
+
+    uint64_t scalar_ops() const { return scalar_ub_reads + scalar_ub_writes + scalar_gm_reads + scalar_gm_writes; }
+    Counters& operator+=(const Counters& o) {
+        scalar_ub_reads += o.scalar_ub_reads; scalar_ub_writes += o.scalar_ub_writes;
+        scalar_gm_reads += o.scalar_gm_reads; scalar_gm_writes += o.scalar_gm_writes;
+        vec_instrs += o.vec_instrs; vec_repeats += o.vec_repeats;
+        for (auto& kv : o.vec_by_api) {
+            vec_by_api[kv.first].instrs += kv.second.instrs;
+            vec_by_api[kv.first].repeats += kv.second.repeats;
+        }
+        mte2_copies += o.mte2_copies; mte2_bytes += o.mte2_bytes;
+        mte3_copies += o.mte3_copies; mte3_bytes += o.mte3_bytes;
+        ub_copies += o.ub_copies; ub_bytes += o.ub_bytes;
+        pipe_barriers += o.pipe_barriers; set_flags += o.set_flags; wait_flags += o.wait_flags;
+        sync_alls += o.sync_alls; queue_syncs += o.queue_syncs; dcci += o.dcci;
+        return *this;
+    }
+};
+
+// ---- Cost model --------------------------------------------------------------
+// A first-order model to turn counters into estimated NPU time. It is NOT a
+// measurement: every constant below is an assumption, labelled with its origin.
+//
+//   vector_cycles = vec_instrs * kVecIssueCycles + vec_repeats * kVecCyclesPerRepeat
+//   mte_cycles    = copies * kMteIssueCycles + bytes / kMteBytesPerCycle   (MTE2 and MTE3 separately)
+//   scalar_cycles = ub_accesses * kScalarUbCycles + gm_accesses * kScalarGmCycles
+//   sync_cycles   = pipe_barriers*kBarrierCycles + (set_flags+wait_flags+2*queue_syncs)*kFlagCycles
+//                   + sync_alls*kSyncAllCycles + dcci*kDcciCycles
+//   serial_ns  = (scalar + vector + mte2 + mte3 + sync) / kClockGHz   (upper bound: no pipe overlap)
+//   overlap_ns = (max(scalar, vector, mte2, mte3) + sync) / kClockGHz (lower bound: perfect overlap)
+// estimate_ns() returns serial_ns; a launch takes max over blocks (blocks run in parallel).
+struct CostModel {
+    // ~1.8 GHz AI-core clock of 910B from public spec sheets; assumption, not read from the card.
+    static constexpr double kClockGHz = 1.85;
+    // One 256 B repeat (8 x 32 B blocks, card §0) retired per cycle; assumption.
+    static constexpr double kVecCyclesPerRepeat = 1.0;
+    // Fixed issue/pipeline-fill cost per vector instruction; assumption.
+    static constexpr double kVecIssueCycles = 10.0;
+    // Per-core MTE bandwidth when all 40 cores stream from HBM: ~1.6 TB/s / 40 / 1.85 GHz
+    // ~= 21.6 B/cycle; assumption (HBM figure from public spec sheets). Mapped host memory is slower
+    // and not modelled.
+    static constexpr double kMteBytesPerCycle = 21.6;
+    // Fixed cost per DMA issue, chosen so that a 16 KB copy runs at ~90 % of full bandwidth,
+    // following the card (§4/§5 design notes: "copies reach full bandwidth from about 16 KB").
+    // 16384/21.6 = 758 cycles of transfer -> 758/9 ~= 85 cycles fixed. Assumption.
+    static constexpr double kMteIssueCycles = 85.0;
+    // Scalar UB access (GetValue/SetValue on LocalTensor): a few cycles; assumption.
+    static constexpr double kScalarUbCycles = 2.0;
+    // Scalar GM access through the 32 KB DCache (card §2): hit/miss mix average; assumption.
+    static constexpr double kScalarGmCycles = 20.0;
+    // PipeBarrier drains one pipe; assumption.
+    static constexpr double kBarrierCycles = 20.0;
+    // One SetFlag or WaitFlag; assumption.
+    static constexpr double kFlagCycles = 10.0;
+    // Cross-core hard SyncAll ~1 us; assumption.
+    static constexpr double kSyncAllCycles = 1850.0;
+    // DataCacheCleanAndInvalid of one line; assumption.
+    static constexpr double kDcciCycles = 50.0;
+};
+
+struct CostBreakdown {
+    double scalar_cycles = 0, vector_cycles = 0, mte2_cycles = 0, mte3_cycles = 0, sync_cycles = 0;
+    double serial_ns = 0, overlap_ns = 0;
+};
+
+inline CostBreakdown estimate(const Counters& c) {
+    CostBreakdown b;
+    using M = CostModel;
+    b.scalar_cycles = (c.scalar_ub_reads + c.scalar_ub_writes) * M::kScalarUbCycles +
+                      (c.scalar_gm_reads + c.scalar_gm_writes) * M::kScalarGmCycles;
+    b.vector_cycles = c.vec_instrs * M::kVecIssueCycles + c.vec_repeats * M::kVecCyclesPerRepeat;
+    b.mte2_cycles = c.mte2_copies * M::kMteIssueCycles + c.mte2_bytes / M::kMteBytesPerCycle;
+    b.mte3_cycles = c.mte3_copies * M::kMteIssueCycles + c.mte3_bytes / M::kMteBytesPerCycle;
+    b.sync_cycles = c.pipe_barriers * M::kBarrierCycles +
+                    (c.set_flags + c.wait_flags + 2 * c.queue_syncs) * M::kFlagCycles +
+                    c.sync_alls * M::kSyncAllCycles + c.dcci * M::kDcciCycles;
+    double serial = b.scalar_cycles + b.vector_cycles + b.mte2_cycles + b.mte3_cycles + b.sync_cycles;
+    double overlap = std::max({b.scalar_cycles, b.vector_cycles, b.mte2_cycles, b.mte3_cycles}) + b.sync_cycles;
+    b.serial_ns = serial / M::kClockGHz;
+    b.overlap_ns = overlap / M::kClockGHz;
+    return b;
+}
+inline double estimate_ns(const Counters& c) { return estimate(c).serial_ns; }
+// Blocks run in parallel: the launch takes as long as its slowest block.
+inline double estimate_launch_ns(const std::vector<Counters>& per_block) {
+    double m = 0;
+    for (auto& c : per_block) m = std::max(m, estimate_ns(c));
+    return m;
+}
+inline Counters total(const std::vector<Counters>& per_block) {
+    Counters t;
+    for (auto& c : per_block) t += c;
+    return t;
+}
+
+// ---- Launch state, barrier, block context -----------------------------------
+
+// Thrown in blocks waiting in SyncAll when the launch is broken (another block failed or
+// exited early). The launcher prefers the original error when rethrowing.
+class BrokenBarrier : public AscendC::EmuError {
+public:
+    using AscendC::EmuError::EmuError;
+};
+
+// A reusable barrier for SyncAll that can be broken so no block deadlocks.
+class Barrier {
+public:
+    explicit Barrier(uint32_t n) : n_(n) {}
+    void arrive_and_wait(uint32_t block) {
+        std::unique_lock<std::mutex> lk(m_);
+        if (broken_) throw BrokenBarrier(reason_);
+        if (exited_ > 0) {
+            break_locked("SyncAll: block " + std::to_string(block) + " waits for a block that already exited "
+                         "(blocks called SyncAll a different number of times: on the NPU this deadlocks, card §6)");
+            throw BrokenBarrier(reason_);
+        }
+        uint64_t gen = gen_;
+        if (++waiting_ == n_) {
+            waiting_ = 0;
+            ++gen_;
+            cv_.notify_all();
+            return;
+        }
+        cv_.wait(lk, [&] { return gen_ != gen || broken_; });
+        if (gen_ == gen && broken_) throw BrokenBarrier(reason_);
+    }
+    void block_exited(bool failed, uint32_t block) {
+        std::lock_guard<std::mutex> lk(m_);
+        ++exited_;
+        if (failed)
+            break_locked("SyncAll: aborted because block " + std::to_string(block) + " failed");
+        else if (waiting_ > 0)
+            break_locked("SyncAll: block " + std::to_string(block) +
+                         " exited while other blocks wait in SyncAll (unequal SyncAll counts deadlock on the NPU, card §6)");
+    }
+
+private:
+    void break_locked(const std::string& why) {
+        if (!broken_) reason_ = why;
+        broken_ = true;
+        cv_.notify_all();
+    }
+    std::mutex m_;
+    std::condition_variable cv_;
+    uint32_t n_, waiting_ = 0, exited_ = 0;
+    uint64_t gen_ = 0;
+    bool broken_ = false;
+    std::string reason_;
+};
+
+struct LaunchState {
+    explicit LaunchState(uint32_t n) : num_blocks(n), barrier(n) {}
+    uint32_t num_blocks;
+    Barrier barrier;
+};
+
+// Global mutex for emulated DMA atomics (SetAtomicAdd) across blocks.
+inline std::mutex& atomic_mutex() {
+    static std::mutex m;
+    return m;
+}
+
+struct BlockContext {
+    uint32_t idx = 0, num = 1;
+    LaunchState* launch = nullptr;
+    uint8_t* ub = nullptr;  // kUbPhysicalBytes, 64-byte aligned host memory
+    Counters counters;
+    void* live_pipe = nullptr;            // the one TPipe allowed (card §3)
+    bool flag_set[12][8] = {};            // SetFlag state per (event, id) (card §6)
+    uint32_t sync_all_calls = 0;          // soft SyncAll call count
+    // DMA atomic add (SetAtomicAdd<T>): accumulate function for UB->GM copies, or null.
+    void (*atomic_add)(uint8_t* dst, const uint8_t* src, size_t bytes) = nullptr;
+};
+
+inline thread_local BlockContext* tls_block = nullptr;
+
+[[noreturn]] inline void fail(const std::string& msg) {
+    std::string prefix = "AscendC emulation";
+    if (tls_block) prefix += " [block " + std::to_string(tls_block->idx) + "]";
+    throw AscendC::EmuError(prefix + ": " + msg);
+}
+
+inline BlockContext& ctx(const char* api) {
+    if (!tls_block)
+        throw AscendC::EmuError(std::string("AscendC emulation: ") + api +
+                                " called outside avsg_emu::launch (kernel code must run inside a launched block)");
+    return *tls_block;
+}
+
+inline std::atomic<int>& core_count_ref() {
+    static std::atomic<int> n{40};  // 910B3/B4: 40 AIV (card §0)
+    return n;
+}
+// Number of emulated AIV cores; launch() rejects numBlocks above it (card §6/§8.13).
+inline void set_core_count(int n) {
+    if (n < 1) throw AscendC::EmuError("avsg_emu::set_core_count: core count must be >= 1");
+    core_count_ref() = n;
+}
+inline int core_count() { return core_count_ref().load(); }
+
+inline std::mutex& last_mutex() {
+    static std::mutex m;
+    return m;
+}
+inline std::vector<Counters>& last_counters_ref() {
+    static std::vector<Counters> v;
+    return v;
+}
+// Per-block counters of the most recent launch (also recorded when it failed).
+inline std::vector<Counters> last_launch_counters() {
+    std::lock_guard<std::mutex> lk(last_mutex());
+    return last_counters_ref();
+}
+
+// Called by the launcher after a block body returned normally: the block must not leave
+// a SetFlag without its WaitFlag (card §6: unmatched Sets make later barriers hang).
+inline void check_block_end(BlockContext& c) {
+    for (int e = 0; e < 12; ++e)
+        for (int id = 0; id < 8; ++id)
+            if (c.flag_set[e][id])
+                fail(std::string("SetFlag<HardEvent::") + AscendC::HardEventName(static_cast<AscendC::HardEvent>(e)) +
+                     ">(" + std::to_string(id) + ") has no matching WaitFlag at kernel end (card §6: Set and Wait must match)");
+}
+
+// Non-template body of launch() (kept out of line of the template to keep compile times low).
+inline void launch_impl(uint32_t numBlocks, const std::function<void()>& kernelBody) {
+    if (tls_block) throw AscendC::EmuError("avsg_emu::launch: nested launch from inside a block");
+    if (numBlocks == 0 || numBlocks > 65535)
+        throw AscendC::EmuError("avsg_emu::launch: numBlocks=" + std::to_string(numBlocks) +
+                                " outside 1..65535 (card §1)");
+    if (numBlocks > static_cast<uint32_t>(core_count()))
+        throw AscendC::EmuError("avsg_emu::launch: numBlocks=" + std::to_string(numBlocks) +
+                                " exceeds the configured core count " + std::to_string(core_count()) +
+                                " (card §6: numBlocks above the physical cores deadlocks SyncAll)");
+    LaunchState state(numBlocks);
+    std::vector<std::unique_ptr<BlockContext>> blocks(numBlocks);
+    std::vector<std::exception_ptr> errors(numBlocks);
+    std::vector<bool> secondary(numBlocks, false);
+    std::vector<uint64_t> error_order(numBlocks, 0);
+    std::atomic<uint64_t> order{0};
+    struct UbFree { void operator()(uint8_t* p) const { std::free(p); } };
+    std::vector<std::unique_ptr<uint8_t, UbFree>> arenas(numBlocks);
+    for (uint32_t b = 0; b < numBlocks; ++b) {
+        arenas[b].reset(static_cast<uint8_t*>(std::aligned_alloc(64, kUbPhysicalBytes)));
+        if (!arenas[b]) throw AscendC::EmuError("avsg_emu::launch: out of host memory for UB arenas");
+        std::memset(arenas[b].get(), kPoisonByte, kUbPhysicalBytes);
+        blocks[b].reset(new BlockContext());
+        blocks[b]->idx = b;
+        blocks[b]->num = numBlocks;
+        blocks[b]->launch = &state;
+        blocks[b]->ub = arenas[b].get();
+    }
+    auto run = [&](uint32_t b) {
+        tls_block = blocks[b].get();
+        bool failed = false;
+        try {
+            kernelBody();
+            check_block_end(*blocks[b]);
+        } catch (const BrokenBarrier&) {
+            failed = true;
+            errors[b] = std::current_exception();
+            secondary[b] = true;
+            error_order[b] = ++order;
+        } catch (...) {
+            failed = true;
+            errors[b] = std::current_exception();
+            error_order[b] = ++order;
+        }
+        state.barrier.block_exited(failed, b);
+        tls_block = nullptr;
+    };
+    std::vector<std::thread> threads;
+    threads.reserve(numBlocks);
+    for (uint32_t b = 0; b < numBlocks; ++b) threads.emplace_back(run, b);
+    for (auto& t : threads) t.join();
+    {
+        std::lock_guard<std::mutex> lk(last_mutex());
+        auto& v = last_counters_ref();
+        v.clear();
+        for (auto& bc : blocks) v.push_back(bc->counters);
+    }
+    // Prefer the earliest original error; fall back to the earliest secondary one.
+    int best = -1;
+    for (int pass = 0; pass < 2 && best < 0; ++pass)
+        for (uint32_t b = 0; b < numBlocks; ++b)
+            if (errors[b] && (pass == 1 || !secondary[b]) && (best < 0 || error_order[b] < error_order[best]))
+                best = static_cast<int>(b);
+    if (best >= 0) std::rethrow_exception(errors[best]);
+}
+
+// numBlocks must be in 1..min(65535, core_count()).
+template <class Fn>
+void launch(uint32_t numBlocks, Fn&& kernelBody) {
+    launch_impl(numBlocks, std::function<void()>(std::ref(kernelBody)));
+}
+
+// ACLRT_LAUNCH_KERNEL(k)(numBlocks, stream, args...) emulation (card §1, §9): host code written
+// for the generated aclrtlaunch_<k> header works unchanged; void* arguments convert to GM_ADDR.
+namespace detail {
+template <class P, class A>
+P convert_arg(A a) {
+    if constexpr (std::is_pointer<P>::value && std::is_pointer<A>::value)
+        return reinterpret_cast<P>(const_cast<void*>(static_cast<const void*>(a)));
+    else
+        return static_cast<P>(a);
+}
+template <class... P>
+struct AclrtLauncher {
+    void (*kernel)(P...);
+    template <class... A>
+    uint32_t operator()(uint32_t numBlocks, void* /*stream*/, A... args) const {
+        static_assert(sizeof...(A) == sizeof...(P), "ACLRT_LAUNCH_KERNEL: wrong number of kernel arguments");
+        auto k = kernel;
+        launch(numBlocks, [&] { k(convert_arg<P>(args)...); });
+        return 0;
+    }
+};
+template <class... P>
+AclrtLauncher<P...> make_aclrt_launcher(void (*k)(P...)) { return AclrtLauncher<P...>{k}; }
+}  // namespace detail
+
+}  // namespace avsg_emu
+
+#define ACLRT_LAUNCH_KERNEL(k) ::avsg_emu::detail::make_aclrt_launcher(&k)
+// AVSG_EMU_LAUNCH(kernel, blockDim, args...) == avsg_emu::launch(blockDim, [&]{ kernel(args...); })
+#define AVSG_EMU_LAUNCH(kernel, blockDim, ...) ::avsg_emu::launch((blockDim), [&] { kernel(__VA_ARGS__); })

@@ -1,0 +1,809 @@
+// emu_vector.h: vector compute APIs (card §5), count ("first n") forms only.
+// Each API: static_assert on the A2 dtype list, run-time checks (32 B alignment, size
+// overflow, repeat granularity, modes), eager execution, and counting of one vector
+// instruction plus its 256 B repeats (Counters::vec_*).
+#pragma once
+#include "emu_tensor.h"
+
+namespace AscendC {
+namespace emu_detail {
+using avsg_emu::fail;
+using avsg_emu::detail::check_ub;
+using avsg_emu::detail::is_one_of_v;
+
+template <class T>
+constexpr bool is_arith_v = is_one_of_v<T, int16_t, half, int32_t, float>;  // Add/Sub/Mul/Adds/Muls/Maxs/Mins/Max/Min
+template <class T>
+constexpr bool is_hf_v = is_one_of_v<T, half, float>;
+
+inline void vec_issue(const char* api, uint64_t repeats) {
+    auto& c = avsg_emu::ctx(api).counters;
+    c.vec_instrs++;
+    c.vec_repeats += repeats;
+    auto& s = c.vec_by_api[api];
+    s.instrs++;
+    s.repeats += repeats;
+}
+inline uint64_t reps_for(uint64_t bytes) { return (bytes + avsg_emu::kRepeatBytes - 1) / avsg_emu::kRepeatBytes; }
+
+// Count forms take `const int32_t& count`; a negative count is a caller bug.
+inline uint32_t checked_count(const char* api, int32_t count) {
+    if (count < 0) fail(std::string(api) + ": negative count " + std::to_string(count));
+    return static_cast<uint32_t>(count);
+}
+
+// Card §0 "Address overlap": within one repeat src and dst overlap exactly or not at all.
+// Partial overlap is rejected (the documented Add/Sub/Mul/Max/Min exception is allowed).
+template <class T, class U>
+void check_overlap(const char* api, const LocalTensor<T>& dst, uint64_t dbytes, const LocalTensor<U>& src,
+                   uint64_t sbytes, bool allow_partial = false) {
+    if (allow_partial || dst.GetPhyAddr() == src.GetPhyAddr()) return;
+    if (avsg_emu::detail::ranges_overlap(dst.bytes(), dbytes, src.bytes(), sbytes))
+        fail(std::string(api) + ": dst and src overlap partially (card §0: they must overlap exactly or not at all)");
+}
+
+// Element arithmetic: integers wrap (two's complement; ⚠️ card §10 says int32 overflow
+// behaviour is undocumented), half/float compute in float and round back.
+template <class T>
+struct Ar {
+    using UT = std::conditional_t<std::is_integral<T>::value, std::make_unsigned_t<std::conditional_t<std::is_integral<T>::value, T, int>>, T>;
+    static T add(T a, T b) {
+        if constexpr (std::is_integral<T>::value) return static_cast<T>(static_cast<uint32_t>(static_cast<UT>(a)) + static_cast<UT>(b));
+        else return T(static_cast<float>(a) + static_cast<float>(b));
+    }
+    static T sub(T a, T b) {
+        if constexpr (std::is_integral<T>::value) return static_cast<T>(static_cast<uint32_t>(static_cast<UT>(a)) - static_cast<UT>(b));
+        else return T(static_cast<float>(a) - static_cast<float>(b));
+    }
+    static T mul(T a, T b) {
+        if constexpr (std::is_integral<T>::value)
+            return static_cast<T>(static_cast<uint32_t>(static_cast<UT>(a)) * static_cast<uint32_t>(static_cast<UT>(b)));
+        else return T(static_cast<float>(a) * static_cast<float>(b));
+    }
+    static T div(T a, T b) { return T(static_cast<float>(a) / static_cast<float>(b)); }
+    static T max(T a, T b) {
+        if constexpr (std::is_integral<T>::value) return a > b ? a : b;
+        else return static_cast<float>(a) >= static_cast<float>(b) ? a : b;
+    }
+    static T min(T a, T b) {
+        if constexpr (std::is_integral<T>::value) return a < b ? a : b;
+        else return static_cast<float>(a) <= static_cast<float>(b) ? a : b;
+    }
+};
+
+template <class T, class F>
+void binary(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& s0, const LocalTensor<T>& s1,
+            int32_t count, bool allow_overlap, F f) {
+    uint32_t n = checked_count(api, count);
+    check_ub(api, "dst", dst, n);
+    check_ub(api, "src0", s0, n);
+    check_ub(api, "src1", s1, n);
+    if (n == 0) return;
+    check_overlap(api, dst, n * sizeof(T), s0, n * sizeof(T), allow_overlap);
+    check_overlap(api, dst, n * sizeof(T), s1, n * sizeof(T), allow_overlap);
+    T* d = dst.ptr();
+    const T* a = s0.ptr();
+    const T* b = s1.ptr();
+    for (uint32_t i = 0; i < n; ++i) d[i] = f(a[i], b[i]);
+    vec_issue(api, reps_for(n * sizeof(T)));
+}
+template <class T, class F>
+void unary(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& s, int32_t count, F f) {
+    uint32_t n = checked_count(api, count);
+    check_ub(api, "dst", dst, n);
+    check_ub(api, "src", s, n);
+    if (n == 0) return;
+    check_overlap(api, dst, n * sizeof(T), s, n * sizeof(T));
+    T* d = dst.ptr();
+    const T* a = s.ptr();
+    for (uint32_t i = 0; i < n; ++i) d[i] = f(a[i]);
+    vec_issue(api, reps_for(n * sizeof(T)));
+}
+}  // namespace emu_detail
+
+// ---------------------------------------------------------------------------
+// Fill / index
+// ---------------------------------------------------------------------------
+template <class T>
+__aicore__ inline void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& count) {
+    static_assert(emu_detail::is_one_of_v<T, int16_t, uint16_t, half, bfloat16_t, int32_t, uint32_t, float>,
+                  "Duplicate: T must be int16/uint16/half/bf16/int32/uint32/float on A2 (card §5)");
+    const char* api = "Duplicate";
+    uint32_t n = emu_detail::checked_count(api, count);
+    emu_detail::check_ub(api, "dst", dst, n);
+    if (n == 0) return;
+    T* d = dst.ptr();
+    for (uint32_t i = 0; i < n; ++i) d[i] = scalarValue;
+    emu_detail::vec_issue(api, emu_detail::reps_for(n * sizeof(T)));
+}
+
+// dst[i] = firstValue + i. On A2: scalar SetValue for the first 32 B, then a chain of Adds
+// (card §5); follow it with PipeBarrier<PIPE_V> before use.
+template <class T>
+__aicore__ inline void CreateVecIndex(LocalTensor<T> dst, const T& firstValue, uint32_t count) {
+    static_assert(emu_detail::is_one_of_v<T, int16_t, half, int32_t, float>,
+                  "CreateVecIndex: T must be int16/half/int32/float on A2 (card §5)");
+    const char* api = "CreateVecIndex";
+    emu_detail::check_ub(api, "dst", dst, count);
+    if (count == 0) return;
+    T* d = dst.ptr();
+    for (uint32_t i = 0; i < count; ++i) {
+        if constexpr (std::is_integral<T>::value)
+            d[i] = static_cast<T>(static_cast<uint32_t>(firstValue) + i);
+        else
+            d[i] = T(static_cast<float>(firstValue) + static_cast<float>(i));
+    }
+    auto& c = avsg_emu::ctx(api).counters;
+    c.scalar_ub_writes += std::min<uint32_t>(count, 32 / sizeof(T));
+    emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * sizeof(T)));
+}
+
+// ---------------------------------------------------------------------------
+// Binary / scalar arithmetic: int16, half, int32, float on A2 (card §5). No int64.
+// ---------------------------------------------------------------------------
+#define AVSG_EMU_BINARY(NAME, FN, OVERLAP_OK, TYPES_OK, MSG)                                                      \
+    template <class T>                                                                                            \
+    __aicore__ inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, \
+                                const int32_t& count) {                                                            \
+        static_assert(TYPES_OK, MSG);                                                                             \
+        emu_detail::binary(#NAME, dst, src0, src1, count, OVERLAP_OK, [](T a, T b) { return FN; });              \
+    }
+// Card §0: Add/Sub/Mul/Max/Min on half/int32/float are allowed to overlap.
+#define AVSG_OV (emu_detail::is_one_of_v<T, half, int32_t, float>)
+AVSG_EMU_BINARY(Add, emu_detail::Ar<T>::add(a, b), AVSG_OV, emu_detail::is_arith_v<T>,
+                "Add: T must be int16/half/int32/float on A2 (card §5; no int64 vector arithmetic)")
+AVSG_EMU_BINARY(Sub, emu_detail::Ar<T>::sub(a, b), AVSG_OV, emu_detail::is_arith_v<T>,
+                "Sub: T must be int16/half/int32/float on A2 (card §5; no int64 vector arithmetic)")
+AVSG_EMU_BINARY(Mul, emu_detail::Ar<T>::mul(a, b), AVSG_OV, emu_detail::is_arith_v<T>,
+                "Mul: T must be int16/half/int32/float on A2 (card §5; no int64 vector arithmetic)")
+AVSG_EMU_BINARY(Max, emu_detail::Ar<T>::max(a, b), AVSG_OV, emu_detail::is_arith_v<T>,
+                "Max: T must be int16/half/int32/float on A2 (card §5)")
+AVSG_EMU_BINARY(Min, emu_detail::Ar<T>::min(a, b), AVSG_OV, emu_detail::is_arith_v<T>,
+                "Min: T must be int16/half/int32/float on A2 (card §5)")
+AVSG_EMU_BINARY(Div, emu_detail::Ar<T>::div(a, b), false, emu_detail::is_hf_v<T>,
+                "Div: T must be half/float on A2 (card §5)")
+// Bitwise: 16-bit only on A2. For 32-bit data ReinterpretCast<uint16_t>() and pass 2*count
+// (card §5, §8.3; the real int32 count form compiles but processes only half the bytes).
+AVSG_EMU_BINARY(And, static_cast<T>(a & b), false, (emu_detail::is_one_of_v<T, int16_t, uint16_t>),
+                "And: T must be int16/uint16 on A2; reinterpret 32-bit data as uint16 and pass 2*count (card §5)")
+AVSG_EMU_BINARY(Or, static_cast<T>(a | b), false, (emu_detail::is_one_of_v<T, int16_t, uint16_t>),
+                "Or: T must be int16/uint16 on A2; reinterpret 32-bit data as uint16 and pass 2*count (card §5)")
+#undef AVSG_OV
+#undef AVSG_EMU_BINARY
+
+template <class T>
+__aicore__ inline void Not(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& count) {
+    static_assert(emu_detail::is_one_of_v<T, int16_t, uint16_t>,
+                  "Not: T must be int16/uint16 on A2; reinterpret 32-bit data as uint16 and pass 2*count (card §5)");
+    emu_detail::unary("Not", dst, src, count, [](T a) { return static_cast<T>(~a); });
+}
+
+#define AVSG_EMU_SCALAR(NAME, FN)                                                                                  \
+    template <class T, bool isSetMask = true>                                                                     \
+    __aicore__ inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue,       \
+                                const int32_t& count) {                                                            \
+        static_assert(emu_detail::is_arith_v<T>,                                                                  \
+                      #NAME ": T must be int16/half/int32/float on A2 (card §5; no int64 vector arithmetic)");    \
+        T s = scalarValue;                                                                                        \
+        emu_detail::unary(#NAME, dst, src, count, [s](T a) { return FN; });                                      \
+    }
+AVSG_EMU_SCALAR(Adds, emu_detail::Ar<T>::add(a, s))
+AVSG_EMU_SCALAR(Muls, emu_detail::Ar<T>::mul(a, s))
+AVSG_EMU_SCALAR(Maxs, emu_detail::Ar<T>::max(a, s))
+AVSG_EMU_SCALAR(Mins, emu_detail::Ar<T>::min(a, s))
+#undef AVSG_EMU_SCALAR
+
+// Shifts: 16/32-bit integers; bits in [0,16] / [0,32]. Unsigned: logical; signed: arithmetic
+// right shift (card §5).
+namespace emu_detail {
+template <class T>
+void check_shift(const char* api, T bits) {
+    static_assert(is_one_of_v<T, int16_t, uint16_t, int32_t, uint32_t>,
+                  "ShiftLeft/ShiftRight: T must be int16/uint16/int32/uint32 on A2 (card §5)");
+    int64_t b = static_cast<int64_t>(bits);
+    if (b < 0 || b > static_cast<int64_t>(sizeof(T) * 8))
+        fail(std::string(api) + ": shift " + std::to_string(b) + " outside [0," + std::to_string(sizeof(T) * 8) +
+             "] (card §5)");
+}
+}  // namespace emu_detail
+template <class T, bool isSetMask = true>
+__aicore__ inline void ShiftLeft(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue,
+                                 const int32_t& count) {
+    emu_detail::check_shift("ShiftLeft", scalarValue);
+    const uint32_t b = static_cast<uint32_t>(scalarValue);
+    emu_detail::unary("ShiftLeft", dst, src, count, [b](T a) {
+        using U = std::make_unsigned_t<T>;
+        if (b >= sizeof(T) * 8) return T(0);
+        return static_cast<T>(static_cast<U>(static_cast<uint32_t>(static_cast<U>(a)) << b));
+    });
+}
+template <class T, bool isSetMask = true>
+__aicore__ inline void ShiftRight(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue,
+                                  const int32_t& count) {
+    emu_detail::check_shift("ShiftRight", scalarValue);
+    const uint32_t b = static_cast<uint32_t>(scalarValue);
+    emu_detail::unary("ShiftRight", dst, src, count, [b](T a) {
+        if constexpr (std::is_signed<T>::value) {
+            if (b >= sizeof(T) * 8) return static_cast<T>(a < 0 ? -1 : 0);
+            return static_cast<T>(a >> b);  // arithmetic (GCC: sign fill)
+        } else {
+            if (b >= sizeof(T) * 8) return T(0);
+            return static_cast<T>(a >> b);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Compare / Compares / CompareScalar (card §5, §8.2): bitmask output, LSB first.
+// count*sizeof(T) must be a multiple of 256 B (tails are not computed on the NPU);
+// int32 supports EQ only (the NPU silently computes EQ for any mode).
+// ---------------------------------------------------------------------------
+namespace emu_detail {
+template <class T>
+bool cmp(T a, T b, CMPMODE m) {
+    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
+    C x = static_cast<C>(a), y = static_cast<C>(b);
+    switch (m) {
+        case CMPMODE::LT: return x < y;
+        case CMPMODE::GT: return x > y;
+        case CMPMODE::EQ: return x == y;
+        case CMPMODE::LE: return x <= y;
+        case CMPMODE::GE: return x >= y;
+        case CMPMODE::NE: return x != y;
+    }
+    return false;
+}
+template <class T>
+void check_cmp(const char* api, CMPMODE mode, uint32_t count) {
+    if (std::is_same<T, int32_t>::value && mode != CMPMODE::EQ)
+        fail(std::string(api) + ": int32 supports only CMPMODE::EQ on A2 (card §5: the NPU silently computes EQ)");
+    if (static_cast<unsigned>(mode) > 5) fail(std::string(api) + ": invalid CMPMODE");
+    uint64_t bytes = static_cast<uint64_t>(count) * sizeof(T);
+    if (bytes % 256 != 0)
+        fail(std::string(api) + ": count*sizeof(T) = " + std::to_string(bytes) +
+             " B is not a multiple of 256 B (card §5: tail elements are neither computed nor written; pad and round up)");
+}
+template <class T, class U, class F>
+void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<T>& src0, uint32_t count, F pred) {
+    check_ub(api, "dst", dst, count / 8);
+    check_ub(api, "src0", src0, count);
+    if (count == 0) return;
+    uint8_t* d = dst.bytes();
+    const T* a = src0.ptr();
+    for (uint32_t byte = 0; byte < count / 8; ++byte) {
+        uint8_t v = 0;
+        for (uint32_t bit = 0; bit < 8; ++bit)
+            if (pred(a[byte * 8 + bit], byte * 8 + bit)) v |= static_cast<uint8_t>(1u << bit);
+        d[byte] = v;
+    }
+    vec_issue(api, static_cast<uint64_t>(count) * sizeof(T) / 256);
+}
+}  // namespace emu_detail
+
+template <class T, class U>
+__aicore__ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1,
+                               CMPMODE cmpMode, uint32_t count) {
+    static_assert(emu_detail::is_one_of_v<T, half, float, int32_t>,
+                  "Compare: T must be half/float (or int32 with EQ only) on A2 (card §5)");
+    static_assert(emu_detail::is_one_of_v<U, int8_t, uint8_t>, "Compare: mask type U must be int8/uint8 (card §5)");
+    const char* api = "Compare";
+    emu_detail::check_cmp<T>(api, cmpMode, count);
+    emu_detail::check_ub(api, "src1", src1, count);
+    const T* b = src1.ptr();
+    emu_detail::compare_impl<T, U>(api, dst, src0, count,
+                                   [&](T a, uint32_t i) { return emu_detail::cmp(a, b[i], cmpMode); });
+}
+template <class T, class U>
+__aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src1Scalar,
+                                CMPMODE cmpMode, uint32_t count) {
+    static_assert(emu_detail::is_one_of_v<T, half, float, int32_t>,
+                  "Compares: T must be half/float (or int32 with EQ only) on A2 (card §5)");
+    static_assert(std::is_same<U, uint8_t>::value, "Compares: mask type U must be uint8 on A2 (card §5)");
+    const char* api = "Compares";
+    emu_detail::check_cmp<T>(api, cmpMode, count);
+    emu_detail::compare_impl<T, U>(api, dst, src0, count,
+                                   [&](T a, uint32_t) { return emu_detail::cmp(a, src1Scalar, cmpMode); });
+}
+// Deprecated alias of Compares (card §5).
+template <class T, class U>
+__aicore__ inline void CompareScalar(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src1Scalar,
+                                     CMPMODE cmpMode, uint32_t count) {
+    Compares<T, U>(dst, src0, src1Scalar, cmpMode, count);
+}
+
+// ---------------------------------------------------------------------------
+// Select (card §5): half/float only. Mask bit 1 -> src0, 0 -> src1.
+// Mode 0 (VSEL_CMPMASK_SPR) reuses the first 256/sizeof(T) bits for every repeat;
+// modes 1/2 consume the mask continuously.
+// ---------------------------------------------------------------------------
+namespace emu_detail {
+template <class T, class U, class F>
+void select_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<U>& mask, const LocalTensor<T>& src0,
+                 SELMODE mode, uint32_t count, F src1_at) {
+    static_assert(is_hf_v<T>, "Select: T must be half/float on A2 (card §5; use GatherMask for integer compaction)");
+    static_assert(is_one_of_v<U, uint8_t, uint16_t, uint32_t, uint64_t>, "Select: mask type U must be uint8/16/32/64 (card §5)");
+    const uint32_t per_rep = 256 / sizeof(T);
+    uint64_t mask_bits = mode == SELMODE::VSEL_CMPMASK_SPR ? per_rep : count;
+    check_ub(api, "dst", dst, count);
+    check_ub(api, "src0", src0, count);
+    check_ub(api, "selMask", mask, (mask_bits + 8 * sizeof(U) - 1) / (8 * sizeof(U)));
+    if (count == 0) return;
+    const uint8_t* m = mask.bytes();
+    T* d = dst.ptr();
+    const T* a = src0.ptr();
+    for (uint32_t i = 0; i < count; ++i) {
+        uint32_t bit = mode == SELMODE::VSEL_CMPMASK_SPR ? i % per_rep : i;
+        bool take0 = (m[bit / 8] >> (bit % 8)) & 1u;
+        d[i] = take0 ? a[i] : src1_at(i);
+    }
+    vec_issue(api, reps_for(static_cast<uint64_t>(count) * sizeof(T)));
+}
+}  // namespace emu_detail
+
+template <class T, class U>
+__aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0,
+                              T src1, SELMODE selMode, uint32_t count) {
+    if (selMode != SELMODE::VSEL_TENSOR_SCALAR_MODE)
+        avsg_emu::fail("Select(tensor, scalar): selMode must be VSEL_TENSOR_SCALAR_MODE (card §5)");
+    emu_detail::select_impl("Select", dst, selMask, src0, selMode, count, [&](uint32_t) { return src1; });
+}
+template <class T, class U>
+__aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0,
+                              const LocalTensor<T>& src1, SELMODE selMode, uint32_t count) {
+    if (selMode == SELMODE::VSEL_TENSOR_SCALAR_MODE)
+        avsg_emu::fail("Select(tensor, tensor): selMode must be VSEL_CMPMASK_SPR or VSEL_TENSOR_TENSOR_MODE (card §5)");
+    emu_detail::check_ub("Select", "src1", src1, count);
+    const T* b = src1.ptr();
+    emu_detail::select_impl("Select", dst, selMask, src0, selMode, count, [&](uint32_t i) { return b[i]; });
+}
+
+// ---------------------------------------------------------------------------
+// GatherMask (card §5, §8.5): stream compaction. dst beyond rsvdCnt is poisoned.
+// ---------------------------------------------------------------------------
+struct GatherMaskParams {
+    uint8_t src0BlockStride = 1;
+    uint16_t repeatTimes = 0;  // default 0: always set it (card §5)
+    uint16_t src0RepeatStride = 8;
+    uint8_t src1RepeatStride = 8;
+    GatherMaskParams() = default;
+    GatherMaskParams(uint8_t src0BlockStrideIn, uint16_t repeatTimesIn, uint16_t src0RepeatStrideIn,
+                     uint8_t src1RepeatStrideIn)
+        : src0BlockStride(src0BlockStrideIn), repeatTimes(repeatTimesIn), src0RepeatStride(src0RepeatStrideIn),
+          src1RepeatStride(src1RepeatStrideIn) {}
+};
+
+namespace emu_detail {
+// pattern_bit(r, j): keep element j of repeat r (normal) / element j overall (counter, r = 0).
+template <class T, class P>
+void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& src0, bool reduceMode,
+                      uint32_t mask, const GatherMaskParams& p, uint64_t& rsvdCnt, uint64_t pattern_bytes_needed,
+                      P pattern_bit) {
+    constexpr uint32_t E = 256 / sizeof(T);  // elements per repeat
+    constexpr uint32_t EB = 32 / sizeof(T);  // elements per 32 B block
+    if (p.repeatTimes == 0)
+        fail(std::string(api) + ": GatherMaskParams.repeatTimes is 0 (card §5, §8.5: the default is 0; always set it)");
+    if (p.repeatTimes > avsg_emu::kMaxRepeat)
+        fail(std::string(api) + ": repeatTimes " + std::to_string(p.repeatTimes) + " > 255 (card §0)");
+    check_ub(api, "dst", dst, 0);
+    check_ub(api, "src0", src0, 0);
+    (void)pattern_bytes_needed;
+    std::vector<T> kept;
+    uint64_t processed = 0;
+    if (reduceMode) {
+        // Counter mode ("configuration 1"): repeatTimes x mask elements; only the verified idiom
+        // repeatTimes == 1 with contiguous src0 is emulated (card §5 ⚠️).
+        if (p.repeatTimes != 1)
+            fail(std::string(api) + ": counter mode (reduceMode=true) with repeatTimes=" + std::to_string(p.repeatTimes) +
+                 " > 1 is not verified on hardware and is rejected (card §5, §10)");
+        if (mask == 0) fail(std::string(api) + ": counter mode needs mask >= 1 (the element count) (card §5)");
+        if (p.src0BlockStride != 1)
+            fail(std::string(api) + ": counter mode with src0BlockStride != 1 is not emulated");
+        check_ub(api, "src0", src0, mask);
+        const T* s = src0.ptr();
+        for (uint32_t j = 0; j < mask; ++j)
+            if (pattern_bit(0u, j)) kept.push_back(s[j]);
+        processed = mask;
+        vec_issue(api, reps_for(static_cast<uint64_t>(mask) * sizeof(T)));
+    } else {
+        // Normal mode: repeatTimes repeats of 256 B; mask ignored (card §5).
+        uint64_t ext = 0;
+        for (uint32_t r = 0; r < p.repeatTimes; ++r)
+            for (uint32_t j = 0; j < E; ++j) {
+                uint64_t off = (static_cast<uint64_t>(r) * p.src0RepeatStride * 32) +
+                               (j / EB) * static_cast<uint64_t>(p.src0BlockStride) * 32 + (j % EB) * sizeof(T);
+                ext = std::max(ext, off + sizeof(T));
+            }
+        check_ub(api, "src0", src0, ext / sizeof(T));
+        for (uint32_t r = 0; r < p.repeatTimes; ++r)
+            for (uint32_t j = 0; j < E; ++j) {
+                uint64_t off = (static_cast<uint64_t>(r) * p.src0RepeatStride * 32) +
+                               (j / EB) * static_cast<uint64_t>(p.src0BlockStride) * 32 + (j % EB) * sizeof(T);
+                if (pattern_bit(r, j)) {
+                    T v;
+                    std::memcpy(&v, src0.bytes() + off, sizeof(T));
+                    kept.push_back(v);
+                }
+            }
+        processed = static_cast<uint64_t>(p.repeatTimes) * E;
+        vec_issue(api, p.repeatTimes);
+    }
+    check_ub(api, "dst", dst, kept.size());
+    if (!kept.empty()) std::memcpy(dst.bytes(), kept.data(), kept.size() * sizeof(T));
+    uint64_t end = std::min<uint64_t>(processed, dst.GetSize());
+    if (end > kept.size())  // dst beyond rsvdCnt is undefined (card §5): poison it
+        avsg_emu::detail::poison(dst.bytes() + kept.size() * sizeof(T), (end - kept.size()) * sizeof(T));
+    rsvdCnt = kept.size();
+}
+// Built-in patterns 1..7 (card §5 table), on the element index within a repeat.
+inline bool builtin_pattern_keeps(uint8_t pattern, uint32_t j) {
+    switch (pattern) {
+        case 1: return j % 2 == 0;
+        case 2: return j % 2 == 1;
+        case 3: return j % 4 == 0;
+        case 4: return j % 4 == 1;
+        case 5: return j % 4 == 2;
+        case 6: return j % 4 == 3;
+        case 7: return true;
+    }
+    return false;
+}
+}  // namespace emu_detail
+
+// User pattern: element j <-> bit j%(8*sizeof(U)) of pattern word j/(8*sizeof(U)), LSB first.
+template <class T, class U, GatherMaskMode mode = defaultGatherMaskMode>
+__aicore__ inline void GatherMask(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<U>& src1Pattern,
+                                  const bool reduceMode, const uint32_t mask, const GatherMaskParams& gatherMaskParams,
+                                  uint64_t& rsvdCnt) {
+    static_assert((emu_detail::is_one_of_v<T, int16_t, uint16_t, half, bfloat16_t> && std::is_same<U, uint16_t>::value) ||
+                      (emu_detail::is_one_of_v<T, int32_t, uint32_t, float> && std::is_same<U, uint32_t>::value),
+                  "GatherMask: A2 pairs are int16/uint16/half/bf16 with a uint16_t pattern and "
+                  "int32/uint32/float with a uint32_t pattern (card §5)");
+    const char* api = "GatherMask";
+    const auto& p = gatherMaskParams;
+    constexpr uint32_t E = 256 / sizeof(T);
+    // Pattern extent: counter mode reads `mask` bits contiguously; normal mode reads E bits per
+    // repeat at src1RepeatStride blocks.
+    uint64_t bits = reduceMode ? mask
+                               : (p.repeatTimes ? (static_cast<uint64_t>(p.repeatTimes) - 1) * p.src1RepeatStride * 256 + E : 0);
+    emu_detail::check_ub(api, "src1Pattern", src1Pattern, (bits + 8 * sizeof(U) - 1) / (8 * sizeof(U)));
+    const uint8_t* pat = src1Pattern.bytes();
+    const bool counter = reduceMode;
+    const uint32_t stride = p.src1RepeatStride;
+    emu_detail::gather_mask_impl(api, dst, src0, reduceMode, mask, p, rsvdCnt, 0, [&](uint32_t r, uint32_t j) {
+        uint64_t bit = counter ? j : static_cast<uint64_t>(r) * stride * 256 + j;
+        return ((pat[bit / 8] >> (bit % 8)) & 1u) != 0;
+    });
+}
+template <class T, GatherMaskMode mode = defaultGatherMaskMode>
+__aicore__ inline void GatherMask(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const uint8_t src1Pattern,
+                                  const bool reduceMode, const uint32_t mask, const GatherMaskParams& gatherMaskParams,
+                                  uint64_t& rsvdCnt) {
+    static_assert(emu_detail::is_one_of_v<T, int16_t, uint16_t, half, bfloat16_t, int32_t, uint32_t, float>,
+                  "GatherMask: T must be int16/uint16/half/bf16/int32/uint32/float on A2 (card §5)");
+    if (src1Pattern < 1 || src1Pattern > 7)
+        avsg_emu::fail("GatherMask: built-in pattern " + std::to_string(src1Pattern) + " outside 1..7 (card §5)");
+    emu_detail::gather_mask_impl("GatherMask", dst, src0, reduceMode, mask, gatherMaskParams, rsvdCnt, 0,
+                                 [&](uint32_t, uint32_t j) { return emu_detail::builtin_pattern_keeps(src1Pattern, j); });
+}
+
+// ---------------------------------------------------------------------------
+// Gather inside UB (card §5, §8.4): dst[i] = *(T*)((uint8_t*)src + srcBaseAddr + srcOffset[i]).
+// Offsets are BYTES, aligned to sizeof(T); the count form's repeat counter is uint8_t, so
+// count/(256/sizeof(T)) must stay <= 255 (chunk below 16384 32-bit elements).
+// ---------------------------------------------------------------------------
+template <class T>
+__aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<uint32_t>& srcOffset,
+                              const uint32_t srcBaseAddr, const uint32_t count) {
+    static_assert(emu_detail::is_one_of_v<T, int16_t, uint16_t, half, bfloat16_t, int32_t, uint32_t, float>,
+                  "Gather: T must be int16/uint16/half/bf16/int32/uint32/float on A2 (card §5)");
+    const char* api = "Gather";
+    constexpr uint32_t E = 256 / sizeof(T);
+    if (count / E > avsg_emu::kMaxRepeat)
+        avsg_emu::fail("Gather: count " + std::to_string(count) + " needs " + std::to_string(count / E) +
+                       " repeats > 255; the uint8_t repeat counter wraps on the NPU (card §5, §8.4: chunk below " +
+                       std::to_string(256 * E) + " elements)");
+    emu_detail::check_ub(api, "dst", dst, count);
+    emu_detail::check_ub(api, "srcOffset", srcOffset, count);
+    emu_detail::check_ub(api, "src", src, 0);
+    if (count == 0) return;
+    if (avsg_emu::detail::ranges_overlap(dst.bytes(), count * sizeof(T), src.bytes(), src.GetLength()))
+        avsg_emu::fail("Gather: dst must not alias src (card §5)");
+    const uint32_t* o = srcOffset.ptr();
+    T* d = dst.ptr();
+    for (uint32_t i = 0; i < count; ++i) {
+        uint64_t off = static_cast<uint64_t>(srcBaseAddr) + o[i];
+        if (off % sizeof(T) != 0)
+            avsg_emu::fail("Gather: byte offset " + std::to_string(off) + " (element " + std::to_string(i) +
+                           ") is not aligned to sizeof(T)=" + std::to_string(sizeof(T)) +
+                           " (card §5: offsets are in BYTES; misalignment silently shifts data)");
+        if (off + sizeof(T) > src.GetLength())
+            avsg_emu::fail("Gather: byte offset " + std::to_string(off) + " (element " + std::to_string(i) +
+                           ") is outside src (" + std::to_string(src.GetLength()) + " B) (tensor size overflow)");
+        std::memcpy(&d[i], src.bytes() + off, sizeof(T));
+    }
+    emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * sizeof(T)));
+}
+
+// ---------------------------------------------------------------------------
+// Cast (card §5): the A2 pairs of interest plus half<->float.
+// ---------------------------------------------------------------------------
+namespace emu_detail {
+inline const char* round_name(RoundMode m) {
+    static const char* n[] = {"CAST_NONE", "CAST_RINT", "CAST_FLOOR", "CAST_CEIL", "CAST_ROUND", "CAST_TRUNC", "CAST_ODD"};
+    return static_cast<unsigned>(m) < 7 ? n[static_cast<unsigned>(m)] : "?";
+}
+inline double round_to_int(double v, RoundMode m) {
+    switch (m) {
+        case RoundMode::CAST_RINT: return std::nearbyint(v);  // default FE_TONEAREST: half-even
+        case RoundMode::CAST_FLOOR: return std::floor(v);
+        case RoundMode::CAST_CEIL: return std::ceil(v);
+        case RoundMode::CAST_ROUND: return std::round(v);  // half away from zero
+        case RoundMode::CAST_TRUNC: return std::trunc(v);
+        default: return std::nearbyint(v);
+    }
+}
+template <class I>
+I sat_from_double(double v) {
+    if (std::isnan(v)) return 0;  // ⚠️ NaN -> 0 is an assumption
+    if (v <= static_cast<double>(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
+    if (v >= static_cast<double>(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+    return static_cast<I>(v);
+}
+// Integer -> float with a rounding mode (exact via long double, 64-bit mantissa on x86).
+inline float int_to_float(long double v, RoundMode m) {
+    float f = static_cast<float>(v);  // nearest-even
+    long double lf = f;
+    if (lf == v) return f;
+    float lo = lf > v ? std::nextafter(f, -INFINITY) : f;
+    float hi = lf > v ? f : std::nextafter(f, INFINITY);
+    switch (m) {
+        case RoundMode::CAST_FLOOR: return lo;
+        case RoundMode::CAST_CEIL: return hi;
+        case RoundMode::CAST_TRUNC: return v > 0 ? lo : hi;
+        case RoundMode::CAST_ROUND: {
+            long double dl = v - lo, dh = hi - v;
+            if (dl == dh) return v > 0 ? hi : lo;
+            return dl < dh ? lo : hi;
+        }
+        case RoundMode::CAST_ODD: {
+            uint32_t b;
+            std::memcpy(&b, &lo, 4);
+            return (b & 1u) ? lo : hi;
+        }
+        default: return f;
+    }
+}
+template <class D, class S>
+void check_cast_mode(RoundMode m) {
+    auto bad = [&](const char* allowed) {
+        fail(std::string("Cast: RoundMode::") + round_name(m) + " not allowed for this dtype pair; allowed: " + allowed +
+             " (card §5)");
+    };
+    bool none = m == RoundMode::CAST_NONE, odd = m == RoundMode::CAST_ODD;
+    if constexpr (std::is_same<S, int32_t>::value && std::is_same<D, float>::value) {
+        (void)none; (void)odd;  // all modes
+    } else if constexpr ((std::is_same<S, float>::value && std::is_same<D, int32_t>::value) ||
+                         (std::is_same<S, int64_t>::value && std::is_same<D, float>::value) ||
+                         (std::is_same<S, float>::value && std::is_same<D, int64_t>::value)) {
+        if (none || odd) bad("RINT/FLOOR/CEIL/ROUND/TRUNC");
+    } else if constexpr (std::is_same<S, float>::value && std::is_same<D, half>::value) {
+        if (!(none || m == RoundMode::CAST_RINT)) bad("CAST_NONE/CAST_RINT (other modes are not emulated)");
+    } else {
+        if (!none) bad("CAST_NONE");
+    }
+}
+}  // namespace emu_detail
+
+template <class T, class U>
+__aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode& roundMode,
+                            const uint32_t count) {
+    static_assert((std::is_same<U, int32_t>::value && std::is_same<T, float>::value) ||
+                      (std::is_same<U, float>::value && std::is_same<T, int32_t>::value) ||
+                      (std::is_same<U, int32_t>::value && std::is_same<T, int64_t>::value) ||
+                      (std::is_same<U, int64_t>::value && std::is_same<T, int32_t>::value) ||
+                      (std::is_same<U, int64_t>::value && std::is_same<T, float>::value) ||
+                      (std::is_same<U, float>::value && std::is_same<T, int64_t>::value) ||
+                      (std::is_same<U, int32_t>::value && std::is_same<T, int16_t>::value) ||
+                      (std::is_same<U, half>::value && std::is_same<T, float>::value) ||
+                      (std::is_same<U, float>::value && std::is_same<T, half>::value),
+                  "Cast: dtype pair not in the emulated A2 list (int32<->float, int32<->int64, int64<->float, "
+                  "int32->int16, half<->float; card §5)");
+    const char* api = "Cast";
+    emu_detail::check_cast_mode<T, U>(roundMode);
+    emu_detail::check_ub(api, "dst", dst, count);
+    emu_detail::check_ub(api, "src", src, count);
+    if (count == 0) return;
+    if (dst.GetPhyAddr() != src.GetPhyAddr() &&
+        avsg_emu::detail::ranges_overlap(dst.bytes(), count * sizeof(T), src.bytes(), count * sizeof(U)))
+        avsg_emu::fail("Cast: dst and src overlap partially (card §0)");
+    std::vector<T> out(count);
+    const U* s = src.ptr();
+    for (uint32_t i = 0; i < count; ++i) {
+        U v = s[i];
+        if constexpr (std::is_same<T, float>::value && std::is_integral<U>::value)
+            out[i] = emu_detail::int_to_float(static_cast<long double>(v), roundMode);
+        else if constexpr (std::is_integral<T>::value && std::is_same<U, float>::value)
+            out[i] = emu_detail::sat_from_double<T>(emu_detail::round_to_int(static_cast<double>(v), roundMode));
+        else if constexpr (std::is_integral<T>::value && std::is_integral<U>::value) {
+            if (v < static_cast<U>(std::numeric_limits<T>::min()) && sizeof(U) > sizeof(T)) out[i] = std::numeric_limits<T>::min();
+            else if (v > static_cast<U>(std::numeric_limits<T>::max()) && sizeof(U) > sizeof(T)) out[i] = std::numeric_limits<T>::max();
+            else out[i] = static_cast<T>(v);  // widening is exact; narrowing saturates (card §5)
+        } else
+            out[i] = T(static_cast<float>(v));  // half <-> float
+    }
+    std::memcpy(dst.bytes(), out.data(), count * sizeof(T));
+    emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * std::max(sizeof(T), sizeof(U))));
+}
+
+// ---------------------------------------------------------------------------
+// ReduceMax / ReduceMin / ReduceSum (card §5): half/float only.
+// dst[0] = value; with calIndex dst[1] holds the index in the bits of T. Ties -> smallest index.
+// The tmp buffer must hold at least roundup32(2*ceil(count/elemsPerRepeat)) elements' bytes
+// (the no-index figure of the doc page; a lower bound when calIndex is set).
+// ---------------------------------------------------------------------------
+namespace emu_detail {
+template <class T>
+void check_reduce(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& tmp,
+                  int32_t count, uint32_t dst_elems) {
+    static_assert(is_hf_v<T>, "ReduceMax/ReduceMin/ReduceSum: T must be half/float on A2 (card §5)");
+    uint32_t n = checked_count(api, count);
+    check_ub(api, "dst", dst, dst_elems);
+    check_ub(api, "src", src, n);
+    uint64_t reps = (n + 256 / sizeof(T) - 1) / (256 / sizeof(T));
+    uint64_t tmp_bytes = ((2 * reps * sizeof(T) + 31) / 32) * 32;
+    check_ub(api, "sharedTmpBuffer", tmp, tmp_bytes / sizeof(T));
+}
+template <class T>
+void reduce_minmax(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& tmp,
+                   int32_t count, bool calIndex, bool is_max) {
+    check_reduce(api, dst, src, tmp, count, calIndex ? 2 : 1);
+    uint32_t n = static_cast<uint32_t>(count);
+    if (n == 0) return;
+    const T* s = src.ptr();
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; ++i) {
+        float a = static_cast<float>(s[i]), b = static_cast<float>(s[best]);
+        if (is_max ? a > b : a < b) best = i;
+    }
+    T v = s[best];
+    T* d = dst.ptr();
+    d[0] = v;
+    if (calIndex) {
+        if constexpr (sizeof(T) == 4) {
+            uint32_t idx = best;
+            std::memcpy(static_cast<void*>(&d[1]), &idx, 4);
+        } else {
+            if (best > 65535) fail(std::string(api) + ": index > 65535 cannot be returned in half (card §5)");
+            uint16_t idx = static_cast<uint16_t>(best);
+            std::memcpy(static_cast<void*>(&d[1]), &idx, 2);
+        }
+    }
+    avsg_emu::detail::poison(tmp.bytes(), std::min<uint64_t>(tmp.GetLength(), 32));
+    vec_issue(api, reps_for(static_cast<uint64_t>(n) * sizeof(T)));
+}
+}  // namespace emu_detail
+
+template <class T>
+__aicore__ inline void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& sharedTmpBuffer,
+                                 const int32_t count, bool calIndex = 0) {
+    emu_detail::reduce_minmax("ReduceMax", dst, src, sharedTmpBuffer, count, calIndex, true);
+}
+template <class T>
+__aicore__ inline void ReduceMin(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& sharedTmpBuffer,
+                                 const int32_t count, bool calIndex = 0) {
+    emu_detail::reduce_minmax("ReduceMin", dst, src, sharedTmpBuffer, count, calIndex, false);
+}
+// Rounds of per-repeat binary-tree sums until one value remains (⚠️ the exact intra-repeat
+// addition order of the hardware is not documented in the card).
+template <class T, bool isSetMask = true>
+__aicore__ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& sharedTmpBuffer,
+                                 const int32_t count) {
+    const char* api = "ReduceSum";
+    emu_detail::check_reduce(api, dst, src, sharedTmpBuffer, count, 1);
+    uint32_t n = static_cast<uint32_t>(count);
+    if (n == 0) return;
+    constexpr uint32_t E = 256 / sizeof(T);
+    std::vector<float> cur(n);
+    for (uint32_t i = 0; i < n; ++i) cur[i] = static_cast<float>(src.ptr()[i]);
+    do {
+        std::vector<float> next;
+        for (uint32_t r = 0; r * E < cur.size(); ++r) {
+            std::vector<float> part(cur.begin() + r * E, cur.begin() + std::min<size_t>(cur.size(), (r + 1) * E));
+            while (part.size() > 1) {
+                std::vector<float> h((part.size() + 1) / 2);
+                for (size_t k = 0; k < h.size(); ++k)
+                    h[k] = 2 * k + 1 < part.size() ? static_cast<float>(T(part[2 * k] + part[2 * k + 1])) : part[2 * k];
+                part.swap(h);
+            }
+            next.push_back(part[0]);
+        }
+        cur.swap(next);
+    } while (cur.size() > 1);
+    dst.ptr()[0] = T(cur[0]);
+    avsg_emu::detail::poison(sharedTmpBuffer.bytes(), std::min<uint64_t>(sharedTmpBuffer.GetLength(), 32));
+    emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(n) * sizeof(T)));
+}
+
+// ---------------------------------------------------------------------------
+// Sorting, float only in this emulation (card §5 "Sorting"; half is valid on A2 but not emulated).
+// Pairs are 8 B: score in the low 4 B, uint32 index in the high 4 B. Descending; ties keep the
+// lower original position first.
+// ---------------------------------------------------------------------------
+namespace emu_detail {
+inline void check_sort_rep(const char* api, int32_t repeatTime) {
+    if (repeatTime < 0 || repeatTime > 255)
+        fail(std::string(api) + ": repeatTime " + std::to_string(repeatTime) + " outside 0..255 (card §0, §5)");
+}
+inline void sort_pairs(float* out_pairs, const float* scores, const uint32_t* idx, uint32_t n) {
+    std::vector<uint32_t> ord(n);
+    for (uint32_t i = 0; i < n; ++i) ord[i] = i;
+    std::stable_sort(ord.begin(), ord.end(), [&](uint32_t a, uint32_t b) { return scores[a] > scores[b]; });
+    for (uint32_t k = 0; k < n; ++k) {
+        std::memcpy(&out_pairs[2 * k], &scores[ord[k]], 4);
+        std::memcpy(&out_pairs[2 * k + 1], &idx[ord[k]], 4);
+    }
+}
+}  // namespace emu_detail
+
+template <class T>
+__aicore__ inline void Sort32(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<uint32_t>& src1,
+                              const int32_t repeatTime) {
+    static_assert(std::is_same<T, float>::value, "Sort32: only float is emulated (A2 also has half; card §5)");
+    const char* api = "Sort32";
+    emu_detail::check_sort_rep(api, repeatTime);
+    uint32_t n = static_cast<uint32_t>(repeatTime) * 32;
+    emu_detail::check_ub(api, "dst", dst, 2 * n, 256);  // dst 256 B aligned (card §5)
+    emu_detail::check_ub(api, "src0", src0, n);
+    emu_detail::check_ub(api, "src1", src1, n);
+    if (n == 0) return;
+    std::vector<float> out(2 * n);
+    for (int32_t r = 0; r < repeatTime; ++r) emu_detail::sort_pairs(&out[64 * r], src0.ptr() + 32 * r, src1.ptr() + 32 * r, 32);
+    std::memcpy(dst.bytes(), out.data(), out.size() * 4);
+    emu_detail::vec_issue(api, static_cast<uint64_t>(repeatTime));
+}
+// Sort<T, isFullSort>: Sort32 plus (isFullSort) a merge of all repeatTime*32 elements; tmp must be
+// as large as dst (card §5). `concatLocal` holds the scores (Concat is a no-op alias on A2).
+template <class T, bool isFullSort>
+__aicore__ inline void Sort(const LocalTensor<T>& dstLocal, const LocalTensor<T>& concatLocal,
+                            const LocalTensor<uint32_t>& indexLocal, LocalTensor<T>& tmpLocal, const int32_t repeatTime) {
+    static_assert(std::is_same<T, float>::value, "Sort: only float is emulated (A2 also has half; card §5)");
+    const char* api = "Sort";
+    emu_detail::check_sort_rep(api, repeatTime);
+    uint32_t n = static_cast<uint32_t>(repeatTime) * 32;
+    emu_detail::check_ub(api, "dst", dstLocal, 2 * n);
+    emu_detail::check_ub(api, "concat", concatLocal, n);
+    emu_detail::check_ub(api, "index", indexLocal, n);
+    emu_detail::check_ub(api, "tmp", tmpLocal, isFullSort ? 2 * n : 0);
+    if (n == 0) return;
+    std::vector<float> out(2 * n);
+    if (isFullSort)
+        emu_detail::sort_pairs(out.data(), concatLocal.ptr(), indexLocal.ptr(), n);
+    else
+        for (int32_t r = 0; r < repeatTime; ++r)
+            emu_detail::sort_pairs(&out[64 * r], concatLocal.ptr() + 32 * r, indexLocal.ptr() + 32 * r, 32);
+    std::memcpy(dstLocal.bytes(), out.data(), out.size() * 4);
+    if (isFullSort) avsg_emu::detail::poison(tmpLocal.bytes(), 2ull * n * sizeof(T));
+    emu_detail::vec_issue(api, emu_detail::reps_for(2ull * n * sizeof(T)) * (isFullSort ? 2 : 1));
+}
+// Extract(values, indices, sorted pairs, repeatTime = n/32) (card §5).
+template <class T>
+__aicore__ inline void Extract(const LocalTensor<T>& dstValueLocal, const LocalTensor<uint32_t>& dstIndexLocal,
+                               const LocalTensor<T>& sortedLocal, const int32_t repeatTime) {
+    static_assert(std::is_same<T, float>::value, "Extract: only float is emulated (card §5)");
+    const char* api = "Extract";
+    emu_detail::check_sort_rep(api, repeatTime);
+    uint32_t n = static_cast<uint32_t>(repeatTime) * 32;
+    emu_detail::check_ub(api, "dstValue", dstValueLocal, n);
+    emu_detail::check_ub(api, "dstIndex", dstIndexLocal, n);
+    emu_detail::check_ub(api, "sorted", sortedLocal, 2 * n);
+    if (n == 0) return;
+    std::vector<float> pairs(2 * n);
+    std::memcpy(pairs.data(), sortedLocal.bytes(), 8ull * n);
+    for (uint32_t i = 0; i < n; ++i) {
+        std::memcpy(dstValueLocal.ptr() + i, &pairs[2 * i], 4);
+        std::memcpy(dstIndexLocal.ptr() + i, &pairs[2 * i + 1], 4);
+    }
+    emu_detail::vec_issue(api, 2 * emu_detail::reps_for(8ull * n));  // two GatherMask passes (card §5)
+}
+
+}  // namespace AscendC

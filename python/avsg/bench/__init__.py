@@ -1,0 +1,1 @@
+"""Benchmarks: each compares against its baselines in the same run and prints ratios."""

@@ -1,0 +1,641 @@
+// Run-time cases, part 2 (linked into the same binary as runtime_cases.cpp; split only so the
+// two halves compile in parallel). One binary, one case per invocation:
+//   ./runtime_cases <case>     (see test_harness.h for exit codes)
+// "bad_*" cases violate a rule and must end with EMUERROR; the others are controls that
+// must print OK (their numeric checks run in C++ with CHECK).
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "test_harness.h"
+
+using namespace AscendC;
+
+// ---------------------------------------------------------------- DataCopyPad (card §4, §8.12)
+CASE(datacopypad_ragged_ok) {
+    // 3 rows of 5 int32 (20 B) with a 12 B GM gap; right padding of 3 elements = -1.
+    std::vector<int32_t> in(24), out(15, 0);
+    for (int i = 0; i < 24; ++i) in[i] = 100 + i;
+    run1([&] {
+        TPipe pipe;
+        TQueBind<TPosition::VECIN, TPosition::VECOUT, 1> q;
+        pipe.InitBuffer(q, 1, 1024);
+        GlobalTensor<int32_t> gi, go;
+        gi.SetGlobalBuffer(in.data(), 24);
+        go.SetGlobalBuffer(out.data(), 15);
+        auto t = q.AllocTensor<int32_t>();
+        DataCopyPad(t, gi, DataCopyExtParams(3, 20, 12, 0, 0), DataCopyPadExtParams<int32_t>(true, 0, 3, -1));
+        // row pitch: roundup32(20 + 12) = 32 B = 8 elements
+        for (int r = 0; r < 3; ++r) {
+            for (int c = 0; c < 5; ++c) CHECK_EQ(t.GetValue(8 * r + c), 100 + 8 * r + c);
+            for (int c = 5; c < 8; ++c) CHECK_EQ(t.GetValue(8 * r + c), -1);
+        }
+        q.EnQue(t);
+        auto u = q.DeQue<int32_t>();
+        DataCopyPad(go, u, DataCopyExtParams(3, 20, 0, 0, 0));  // UB rows 32 B apart, GM packed
+        q.FreeTensor(u);
+    });
+    for (int r = 0; r < 3; ++r)
+        for (int c = 0; c < 5; ++c) CHECK_EQ(out[5 * r + c], 100 + 8 * r + c);
+}
+CASE(datacopypad_undefined_padding_poisoned) {
+    std::vector<int32_t> in(8, 7);
+    run1([&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 256);
+        auto t = b.Get<int32_t>();
+        Duplicate(t, 0, 64);
+        GlobalTensor<int32_t> gi;
+        gi.SetGlobalBuffer(in.data(), 8);
+        DataCopyPad(t, gi, DataCopyExtParams(1, 12, 0, 0, 0), DataCopyPadExtParams<int32_t>(false, 0, 0, 0));
+        CHECK_EQ(t.GetValue(2), 7);
+        for (int c = 3; c < 8; ++c) CHECK_EQ((uint32_t)t.GetValue(c), poison32());
+        CHECK_EQ(t.GetValue(8), 0);  // beyond the 32 B row: untouched
+        // left padding without isPad: undefined -> poisoned
+        DataCopyPad(t, gi, DataCopyExtParams(1, 8, 0, 0, 0), DataCopyPadExtParams<int32_t>(false, 2, 0, 0));
+        CHECK_EQ((uint32_t)t.GetValue(0), poison32());
+        CHECK_EQ(t.GetValue(2), 7);
+        CHECK_EQ(t.GetValue(3), 7);
+    });
+}
+CASE(bad_datacopypad_blockcount) {
+    std::vector<int8_t> in(8192);
+    run1([&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 180 * 1024);
+        GlobalTensor<int8_t> gi;
+        gi.SetGlobalBuffer(in.data(), 8192);
+        DataCopyPad(b.Get<int8_t>(), gi, DataCopyExtParams(4096, 1, 0, 0, 0), DataCopyPadExtParams<int8_t>());
+    });
+}
+CASE(bad_datacopypad_blocklen) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 1024);
+        std::vector<int8_t> out(16);
+        GlobalTensor<int8_t> go;
+        go.SetGlobalBuffer(out.data());
+        DataCopyPad(go, b.Get<int8_t>(), DataCopyExtParams(1, 2097152, 0, 0, 0));
+    });
+}
+CASE(bad_datacopypad_pad_over_32B) {
+    std::vector<int32_t> in(8, 7);
+    run1([&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 256);
+        GlobalTensor<int32_t> gi;
+        gi.SetGlobalBuffer(in.data(), 8);
+        DataCopyPad(b.Get<int32_t>(), gi, DataCopyExtParams(1, 4, 0, 0, 0), DataCopyPadExtParams<int32_t>(true, 0, 9, 0));
+    });
+}
+CASE(bad_datacopypad_int64_padvalue) {
+    std::vector<int64_t> in(8, 7);
+    run1([&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 256);
+        GlobalTensor<int64_t> gi;
+        gi.SetGlobalBuffer(in.data(), 8);
+        DataCopyPad(b.Get<int64_t>(), gi, DataCopyExtParams(1, 8, 0, 0, 0), DataCopyPadExtParams<int64_t>(true, 0, 1, 5));
+    });
+}
+CASE(bad_datacopypad_blocklen_not_multiple) {
+    std::vector<int32_t> in(8, 7);
+    run1([&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 256);
+        GlobalTensor<int32_t> gi;
+        gi.SetGlobalBuffer(in.data(), 8);
+        DataCopyPad(b.Get<int32_t>(), gi, DataCopyExtParams(1, 6, 0, 0, 0), DataCopyPadExtParams<int32_t>());
+    });
+}
+
+// ---------------------------------------------------------------- poisoning (card §9)
+CASE(alloc_tensor_poisoned) {
+    run1([] {
+        TPipe pipe;
+        TQue<TPosition::VECOUT, 1> q;
+        TBuf<TPosition::VECCALC> tb;
+        pipe.InitBuffer(q, 2, 64);
+        pipe.InitBuffer(tb, 64);
+        auto t = q.AllocTensor<int32_t>();
+        for (int i = 0; i < 16; ++i) CHECK_EQ((uint32_t)t.GetValue(i), poison32());
+        CHECK_EQ((uint32_t)tb.Get<int32_t>().GetValue(3), poison32());
+        Duplicate(t, 1, 16);
+        q.FreeTensor(t);
+        auto t2 = q.AllocTensor<int32_t>();  // second buffer
+        auto t3 = t2;
+        q.FreeTensor(t2);
+        auto t4 = q.AllocTensor<int32_t>();  // first buffer again: re-poisoned
+        CHECK_EQ((uint32_t)t4.GetValue(0), poison32());
+        (void)t3;
+        q.FreeTensor(t4);
+    });
+}
+
+// ---------------------------------------------------------------- queues
+CASE(bad_deque_empty) {
+    run1([] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> q;
+        pipe.InitBuffer(q, 1, 64);
+        (void)q.DeQue<int32_t>();
+    });
+}
+CASE(bad_alloc_without_free) {
+    run1([] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> q;
+        pipe.InitBuffer(q, 1, 64);
+        (void)q.AllocTensor<int32_t>();
+        (void)q.AllocTensor<int32_t>();
+    });
+}
+
+// ---------------------------------------------------------------- shifts, casts, arithmetic
+CASE(shift_and_arith_ok) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto x = b.Get<int32_t>(64);
+        auto y = b.GetWithOffset<int32_t>(64, 256);
+        auto u = b.GetWithOffset<uint32_t>(64, 512);
+        for (int i = 0; i < 64; ++i) x.SetValue(i, -i);
+        ShiftRight(y, x, 1, 64);  // arithmetic
+        CHECK_EQ(y.GetValue(3), -2);
+        ShiftLeft(y, x, 4, 64);
+        CHECK_EQ(y.GetValue(3), -48);
+        for (int i = 0; i < 64; ++i) u.SetValue(i, 0x80000000u + (uint32_t)i);
+        ShiftRight(u, u, 31u, 64);  // logical
+        CHECK_EQ(u.GetValue(5), 1u);
+        Muls(y, x, 0x10000, 64);
+        Muls(y, y, 0x10000, 64);  // wraps (⚠️ undocumented on hardware)
+        CHECK_EQ(y.GetValue(1), 0);
+        Maxs(y, x, -10, 64);
+        CHECK_EQ(y.GetValue(20), -10);
+        Mins(y, x, -10, 64);
+        CHECK_EQ(y.GetValue(5), -10);
+        Sub(y, x, x, 64);
+        CHECK_EQ(y.GetValue(9), 0);
+        Add(y, x, x, 64);
+        CHECK_EQ(y.GetValue(9), -18);
+        Max(y, x, y, 64);
+        CHECK_EQ(y.GetValue(9), -9);
+        Min(y, x, y, 64);
+        Mul(y, x, x, 64);
+        CHECK_EQ(y.GetValue(9), 81);
+        auto h = x.ReinterpretCast<uint16_t>();
+        auto g = y.ReinterpretCast<uint16_t>();
+        Duplicate(g, (uint16_t)0x00FF, 128);
+        And(g, h, g, 128);
+        Or(g, g, g, 128);
+        Not(g, g, 128);
+        CHECK_EQ((uint32_t)g.GetValue(2), 0xFF00u);  // low half of x[1] = -1 is 0xFFFF; ~(0xFFFF & 0x00FF)
+        CreateVecIndex(x, 5, 64);
+        CHECK_EQ(x.GetValue(63), 68);
+    });
+}
+CASE(bad_shift_range) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 256);
+        auto x = b.Get<int32_t>(64);
+        ShiftLeft(x, x, 33, 64);
+    });
+}
+CASE(bad_partial_overlap) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 1024);
+        auto x = b.Get<int16_t>();
+        Adds(x[16], x, (int16_t)1, 128);  // int16 has no overlap exception
+    });
+}
+CASE(cast_ok) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto f = b.Get<float>(8);
+        auto i = b.GetWithOffset<int32_t>(8, 256);
+        auto l = b.GetWithOffset<int64_t>(8, 512);
+        const float vals[8] = {2.5f, -2.5f, 3.5f, 1e10f, -1e10f, 0.49f, -0.51f, 7.0f};
+        for (int k = 0; k < 8; ++k) f.SetValue(k, vals[k]);
+        Cast(i, f, RoundMode::CAST_RINT, 8);
+        CHECK_EQ(i.GetValue(0), 2);
+        CHECK_EQ(i.GetValue(1), -2);
+        CHECK_EQ(i.GetValue(2), 4);
+        CHECK_EQ(i.GetValue(3), 2147483647);  // saturates
+        CHECK_EQ(i.GetValue(4), (int32_t)-2147483648LL);
+        Cast(i, f, RoundMode::CAST_ROUND, 8);
+        CHECK_EQ(i.GetValue(0), 3);
+        CHECK_EQ(i.GetValue(1), -3);
+        Cast(i, f, RoundMode::CAST_FLOOR, 8);
+        CHECK_EQ(i.GetValue(6), -1);
+        Cast(i, f, RoundMode::CAST_TRUNC, 8);
+        CHECK_EQ(i.GetValue(6), 0);
+        i.SetValue(0, 16777217);
+        Cast(f, i, RoundMode::CAST_NONE, 8);
+        CHECK(f.GetValue(0) == 16777216.0f);
+        Cast(l, i, RoundMode::CAST_NONE, 8);
+        CHECK_EQ(l.GetValue(0), (int64_t)16777217);
+        l.SetValue(1, (int64_t)1 << 31);
+        l.SetValue(2, -((int64_t)1 << 40));
+        Cast(i, l, RoundMode::CAST_NONE, 8);
+        CHECK_EQ(i.GetValue(1), 2147483647);
+        CHECK_EQ(i.GetValue(2), (int32_t)-2147483648LL);
+        l.SetValue(0, 16777217);
+        Cast(f, l, RoundMode::CAST_CEIL, 8);
+        CHECK(f.GetValue(0) == 16777218.0f);
+    });
+}
+CASE(bad_cast_mode) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto f = b.Get<float>(8);
+        auto i = b.GetWithOffset<int32_t>(8, 256);
+        Cast(i, f, RoundMode::CAST_NONE, 8);  // float->int32 needs an explicit rounding mode
+    });
+}
+
+// ---------------------------------------------------------------- reduce / sort
+CASE(reduce_sort_ok) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 16384);
+        auto x = b.Get<float>(128);
+        auto d = b.GetWithOffset<float>(8, 512);
+        auto tmp = b.GetWithOffset<float>(64, 1024);
+        for (int k = 0; k < 128; ++k) x.SetValue(k, (float)((k * 37) % 128));
+        x.SetValue(100, 127.0f);  // tie with k where (k*37)%128==127 -> smaller index wins
+        int first127 = -1;
+        for (int k = 0; k < 128; ++k)
+            if (x.GetValue(k) == 127.0f) { first127 = k; break; }
+        ReduceMax(d, x, tmp, 128, true);
+        CHECK(d.GetValue(0) == 127.0f);
+        uint32_t idx;
+        float v = d.GetValue(1);
+        std::memcpy(&idx, &v, 4);
+        CHECK_EQ(idx, (uint32_t)first127);
+        ReduceMin(d, x, tmp, 128, false);
+        CHECK(d.GetValue(0) == 0.0f);
+        for (int k = 0; k < 128; ++k) x.SetValue(k, 1.0f);
+        ReduceSum(d, x, tmp, 128);
+        CHECK(d.GetValue(0) == 128.0f);
+        // Sort<float,true> + Extract of 64 scores
+        auto sc = b.GetWithOffset<float>(64, 2048);
+        auto ix = b.GetWithOffset<uint32_t>(64, 2304);
+        auto sd = b.GetWithOffset<float>(128, 2560);
+        auto st = b.GetWithOffset<float>(128, 3072);
+        auto ov = b.GetWithOffset<float>(64, 3584);
+        auto oi = b.GetWithOffset<uint32_t>(64, 3840);
+        for (int k = 0; k < 64; ++k) {
+            sc.SetValue(k, (float)(k % 10));
+            ix.SetValue(k, (uint32_t)k);
+        }
+        Sort<float, true>(sd, sc, ix, st, 2);
+        Extract(ov, oi, sd, 2);
+        CHECK(ov.GetValue(0) == 9.0f);
+        CHECK_EQ(oi.GetValue(0), 9u);  // ties: lower original position first
+        CHECK_EQ(oi.GetValue(1), 19u);
+        CHECK(ov.GetValue(63) == 0.0f);
+        CHECK_EQ(oi.GetValue(63), 60u);
+        Sort32(sd, sc, ix, 2);
+        Extract(ov, oi, sd, 2);
+        CHECK_EQ(oi.GetValue(32), 39u);  // second repeat sorted on its own: max 9 at 39
+    });
+}
+CASE(bad_sort32_repeat) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 1024);
+        auto x = b.Get<float>();
+        Sort32(x, x, x.ReinterpretCast<uint32_t>(), 256);
+    });
+}
+
+// ---------------------------------------------------------------- events and sync (card §6)
+CASE(flags_ok) {
+    run1([] {
+        TPipe pipe;
+        event_t e = static_cast<event_t>(GetTPipePtr()->FetchEventID(HardEvent::V_S));
+        SetFlag<HardEvent::V_S>(e);
+        WaitFlag<HardEvent::V_S>(e);
+        auto id = pipe.AllocEventID<HardEvent::MTE2_V>();
+        CHECK_EQ((int)id, 0);
+        CHECK_EQ((int)pipe.FetchEventID(HardEvent::MTE2_V), 1);
+        SetFlag<HardEvent::MTE2_V>(id);
+        WaitFlag<HardEvent::MTE2_V>(id);
+        pipe.ReleaseEventID<HardEvent::MTE2_V>(id);
+        TQueSync<PIPE_S, PIPE_MTE3> s;
+        s.SetFlag(2);
+        s.WaitFlag(2);
+        PipeBarrier<PIPE_ALL>();
+    });
+}
+CASE(bad_event_id_range) {
+    run1([] { SetFlag<HardEvent::MTE2_V>(8); });
+}
+CASE(bad_double_setflag) {
+    run1([] {
+        SetFlag<HardEvent::S_MTE3>(1);
+        SetFlag<HardEvent::S_MTE3>(1);
+    });
+}
+CASE(bad_wait_without_set) {
+    run1([] { WaitFlag<HardEvent::MTE3_MTE2>(0); });
+}
+CASE(bad_set_without_wait_at_end) {
+    run1([] { SetFlag<HardEvent::V_MTE3>(3); });
+}
+
+// ---------------------------------------------------------------- TPipe limits (card §3)
+CASE(bad_two_live_tpipes) {
+    run1([] {
+        TPipe a;
+        TPipe b;
+    });
+}
+CASE(tpipe_destroy_then_new_ok) {
+    run1([] {
+        TPipe a;
+        TBuf<TPosition::VECCALC> x;
+        a.InitBuffer(x, 180 * 1024);
+        a.Destroy();
+        TPipe b;
+        TBuf<TPosition::VECCALC> y;
+        b.InitBuffer(y, 180 * 1024);
+        b.Reset();
+        b.InitBuffer(y, 180 * 1024);
+    });
+}
+CASE(bad_tbuf_after_reset) {
+    run1([] {
+        TPipe a;
+        TBuf<TPosition::VECCALC> x;
+        a.InitBuffer(x, 1024);
+        a.Reset();
+        (void)x.Get<int32_t>();
+    });
+}
+CASE(bad_65_buffers) {
+    run1([] {
+        TPipe pipe;
+        static TBuf<TPosition::VECCALC> bufs[65];
+        for (int i = 0; i < 65; ++i) pipe.InitBuffer(bufs[i], 32);
+    });
+}
+CASE(buffers_64_ok) {
+    run1([] {
+        TPipe pipe;
+        static TBuf<TPosition::VECCALC> bufs[64];
+        for (int i = 0; i < 64; ++i) pipe.InitBuffer(bufs[i], 32);
+    });
+}
+CASE(bad_9_queue_buffers_one_position) {
+    run1([] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> q[5];
+        for (int i = 0; i < 5; ++i) pipe.InitBuffer(q[i], 2, 64);  // 10 VECIN buffers
+    });
+}
+CASE(queue_buffers_8_per_position_ok) {
+    run1([] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> qi[4];
+        TQue<TPosition::VECOUT, 1> qo[4];
+        for (int i = 0; i < 4; ++i) pipe.InitBuffer(qi[i], 2, 64);
+        for (int i = 0; i < 4; ++i) pipe.InitBuffer(qo[i], 2, 64);
+    });
+}
+
+// ---------------------------------------------------------------- launch / blocks
+CASE(bad_blockdim_over_core_count) {
+    avsg_emu::set_core_count(40);
+    avsg_emu::launch(41, [] {});
+}
+CASE(blockdim_core_count_ok) {
+    avsg_emu::set_core_count(48);
+    std::vector<int64_t> seen(48, -1);
+    avsg_emu::launch(48, [&] {
+        seen[GetBlockIdx()] = GetBlockNum();
+    });
+    for (auto s : seen) CHECK_EQ(s, (int64_t)48);
+    avsg_emu::set_core_count(40);
+}
+CASE(bad_outside_launch) {
+    (void)GetBlockIdx();
+}
+CASE(aclrt_launch_ok) {
+    std::vector<int32_t> out(8, 0);
+    struct K {
+        static void kernel(GM_ADDR o, int32_t v) {
+            GlobalTensor<int32_t> g;
+            g.SetGlobalBuffer((__gm__ int32_t*)o, 8);
+            g.SetValue(GetBlockIdx(), v + (int32_t)GetBlockIdx());
+        }
+    };
+    ACLRT_LAUNCH_KERNEL(K::kernel)(8, nullptr, (void*)out.data(), 100);
+    for (int b = 0; b < 8; ++b) CHECK_EQ(out[b], 100 + b);
+    AVSG_EMU_LAUNCH(K::kernel, 4, (GM_ADDR)out.data(), 7);
+    CHECK_EQ(out[3], 10);
+}
+// Block 0 writes GM before the barrier (late, after a sleep); block 1 reads it after.
+CASE(syncall_ordering_ok) {
+    for (int round = 0; round < 3; ++round) {
+        std::vector<int32_t> gm(64, 0), seen(8, -1);
+        avsg_emu::launch(4, [&] {
+            GlobalTensor<int32_t> g;
+            g.SetGlobalBuffer(gm.data(), 64);
+            if (GetBlockIdx() == 0) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                g.SetValue(0, 42 + round);
+                DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(g);
+            }
+            SyncAll();
+            DataCacheCleanAndInvalid<int32_t, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(g);
+            seen[GetBlockIdx()] = g.GetValue(0);
+            SyncAll();
+        });
+        for (int b = 0; b < 4; ++b) CHECK_EQ(seen[b], 42 + round);
+    }
+    auto c = avsg_emu::last_launch_counters();
+    CHECK_EQ(c.size(), (size_t)4);
+    CHECK_EQ(c[1].sync_alls, (uint64_t)2);
+}
+CASE(syncall_soft_ok) {
+    std::vector<int32_t> ws(8 * 4, 0), gm(4, 0), seen(4, 0);
+    avsg_emu::launch(4, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4 * 32);
+        GlobalTensor<int32_t> w, g;
+        w.SetGlobalBuffer(ws.data(), 32);
+        g.SetGlobalBuffer(gm.data(), 4);
+        g.SetValue(GetBlockIdx(), 1);
+        SyncAll(w, b.Get<int32_t>());
+        int s = 0;
+        for (int i = 0; i < 4; ++i) s += g.GetValue(i);
+        seen[GetBlockIdx()] = s;
+        SyncAll(w, b.Get<int32_t>());
+    });
+    for (int b = 0; b < 4; ++b) CHECK_EQ(seen[b], 4);
+}
+CASE(bad_syncall_soft_dirty_workspace) {
+    std::vector<int32_t> ws(8 * 2, 0);
+    ws[8] = 3;  // not zeroed before launch
+    avsg_emu::launch(2, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 64);
+        GlobalTensor<int32_t> w;
+        w.SetGlobalBuffer(ws.data(), 16);
+        SyncAll(w, b.Get<int32_t>());
+    });
+}
+// Block 1 fails before SyncAll; block 0 must not deadlock, and the original error wins.
+CASE(bad_block_fails_before_syncall) {
+    avsg_emu::launch(3, [&] {
+        if (GetBlockIdx() == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            SetFlag<HardEvent::MTE2_V>(9);
+        }
+        SyncAll();
+    });
+}
+CASE(bad_unequal_syncall_counts) {
+    avsg_emu::launch(2, [&] {
+        if (GetBlockIdx() == 0) SyncAll();
+    });
+}
+
+// ---------------------------------------------------------------- DMA atomics
+CASE(atomic_add_ok) {
+    std::vector<float> gm(8, 1.0f);
+    avsg_emu::launch(4, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 32);
+        auto t = b.Get<float>();
+        Duplicate(t, 0.5f, 8);
+        GlobalTensor<float> g;
+        g.SetGlobalBuffer(gm.data(), 8);
+        SetAtomicAdd<float>();
+        DataCopy(g, t, 8);
+        DisableDmaAtomic();
+    });
+    for (float v : gm) CHECK(v == 3.0f);
+}
+
+// ---------------------------------------------------------------- instrumentation
+CASE(counters_ok) {
+    std::vector<int32_t> in(256, 1), out(256, 0);
+    avsg_emu::launch(2, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        GlobalTensor<int32_t> gi, go;
+        gi.SetGlobalBuffer(in.data(), 256);
+        go.SetGlobalBuffer(out.data(), 256);
+        auto t = b.Get<int32_t>(256);
+        auto m = b.GetWithOffset<uint8_t>(32, 2048);
+        DataCopy(t, gi, 256);                                                            // MTE2 1024 B
+        SetFlag<HardEvent::MTE2_V>(0);
+        WaitFlag<HardEvent::MTE2_V>(0);
+        Adds(t, t, 1, 256);                                                              // 4 repeats
+        PipeBarrier<PIPE_V>();
+        Muls(t, t, 3, 100);                                                              // 2 repeats
+        PipeBarrier<PIPE_V>();
+        Compares(m, t, 6, CMPMODE::EQ, 128);                                             // 2 repeats
+        SetFlag<HardEvent::V_S>(0);
+        WaitFlag<HardEvent::V_S>(0);
+        (void)t.GetValue(0);
+        t.SetValue(1, 5);
+        (void)gi.GetValue(0);
+        SetFlag<HardEvent::S_MTE3>(0);
+        WaitFlag<HardEvent::S_MTE3>(0);
+        DataCopyPad(go, t, DataCopyExtParams(2, 100, 0, 0, 0));                          // MTE3 200 B
+        DataCopy(go, t, 64);                                                             // MTE3 256 B
+        SyncAll();
+    });
+    auto cs = avsg_emu::last_launch_counters();
+    CHECK_EQ(cs.size(), (size_t)2);
+    for (auto& c : cs) {
+        CHECK_EQ(c.mte2_copies, (uint64_t)1);
+        CHECK_EQ(c.mte2_bytes, (uint64_t)1024);
+        CHECK_EQ(c.mte3_copies, (uint64_t)2);
+        CHECK_EQ(c.mte3_bytes, (uint64_t)456);
+        CHECK_EQ(c.vec_instrs, (uint64_t)3);
+        CHECK_EQ(c.vec_repeats, (uint64_t)8);
+        CHECK_EQ(c.vec_by_api.at("Adds").repeats, (uint64_t)4);
+        CHECK_EQ(c.vec_by_api.at("Muls").instrs, (uint64_t)1);
+        CHECK_EQ(c.vec_by_api.at("Compares").repeats, (uint64_t)2);
+        CHECK_EQ(c.scalar_ub_reads, (uint64_t)1);
+        CHECK_EQ(c.scalar_ub_writes, (uint64_t)1);
+        CHECK_EQ(c.scalar_gm_reads, (uint64_t)1);
+        CHECK_EQ(c.scalar_ops(), (uint64_t)3);
+        CHECK_EQ(c.set_flags, (uint64_t)3);
+        CHECK_EQ(c.wait_flags, (uint64_t)3);
+        CHECK_EQ(c.sync_alls, (uint64_t)1);
+        CHECK_EQ(c.pipe_barriers, (uint64_t)3);  // 2 explicit + the one SyncAll starts with
+    }
+    auto tot = avsg_emu::total(cs);
+    CHECK_EQ(tot.vec_repeats, (uint64_t)16);
+    // Cost model: hand-computed from the documented constants.
+    using M = avsg_emu::CostModel;
+    auto e = avsg_emu::estimate(cs[0]);
+    double vec = 3 * M::kVecIssueCycles + 8 * M::kVecCyclesPerRepeat;
+    double mte2 = M::kMteIssueCycles + 1024 / M::kMteBytesPerCycle;
+    double mte3 = 2 * M::kMteIssueCycles + 456 / M::kMteBytesPerCycle;
+    double sc = 2 * M::kScalarUbCycles + M::kScalarGmCycles;
+    double sy = 3 * M::kBarrierCycles + 6 * M::kFlagCycles + M::kSyncAllCycles;
+    CHECK(std::fabs(e.serial_ns - (vec + mte2 + mte3 + sc + sy) / M::kClockGHz) < 1e-6);
+    CHECK(std::fabs(avsg_emu::estimate_ns(cs[0]) - e.serial_ns) < 1e-9);
+    CHECK(e.overlap_ns < e.serial_ns);
+    CHECK(std::fabs(avsg_emu::estimate_launch_ns(cs) - e.serial_ns) < 1e-9);
+}
+CASE(counters_recorded_on_failure_ok) {
+    bool threw = false;
+    try {
+        run1([] {
+            TPipe pipe;
+            TBuf<TPosition::VECCALC> b;
+            pipe.InitBuffer(b, 1024);
+            Duplicate(b.Get<int32_t>(), 1, 64);
+            Duplicate(b.Get<int32_t>(), 1, 1000);
+        });
+    } catch (const EmuError& e) {
+        threw = std::string(e.what()).find("[block 0]") != std::string::npos;
+    }
+    CHECK(threw);
+    auto cs = avsg_emu::last_launch_counters();
+    CHECK_EQ(cs.at(0).vec_instrs, (uint64_t)1);
+}
+
+
+// DataCopy needs GM aligned to sizeof(T) (card §0, §4).
+CASE(bad_datacopy_gm_misaligned) {
+    std::vector<int32_t> g(80, 1);
+    run1([&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 256);
+        GlobalTensor<int32_t> gx;
+        gx.SetGlobalBuffer(reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(g.data()) + 2), 64);
+        DataCopy(b.Get<int32_t>(), gx, 64);
+    });
+}
