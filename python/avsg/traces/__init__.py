@@ -1,0 +1,18 @@
+"""Selection traces, buffer-policy replay against Belady's optimum, hit-rate reports.
+
+* :mod:`.format`   -- load / save / validate trace ``.npz`` files (DESIGN.md section 8);
+* :mod:`.policies` -- lru, clock, setassoc-fifo, bucketed-lru, prev-step, belady, avsg;
+* :mod:`.replay`   -- the one driver (warm-up and counting rules);
+* :mod:`.synth`    -- synthetic traces (AVSG paper settings) and gamma / recall measurement;
+* :mod:`.mtp`      -- MTP replay (shared vs separate vs cold-start buffers);
+* :mod:`.report`   -- tables, JSON, PNG plot;
+* :mod:`.cli`      -- ``avsg trace {replay,synth,info,mtp}``.
+
+Nothing here needs the compiled operator except the ``avsg`` policy.
+"""
+from .format import Trace, TraceFormatError, load_trace, save_trace, validate_trace
+from .policies import POLICIES, make_policy, policy_names
+from .replay import ReplayResult, replay, replay_many
+
+__all__ = ["Trace", "TraceFormatError", "load_trace", "save_trace", "validate_trace", "POLICIES",
+           "make_policy", "policy_names", "ReplayResult", "replay", "replay_many"]
