@@ -111,6 +111,19 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t T, uint32_t K, uint32_t capacity, 
         while ((1u << wlog) >= t.winLen[pick] && wlog > 0) --wlog;
         SetWindow(t, pick, wlog);
     }
+    // hand leftover UB back to the streaming windows (fewer slot_life / stash window switches)
+    for (bool grown = true; grown;) {
+        grown = false;
+        for (uint32_t s : streaming) {
+            if (t.winLen[s] >= t.secLen[s]) continue;
+            PlanTiling trial = t;
+            SetWindow(trial, s, t.winLog[s] + 1);
+            if (PlanUbBytes(trial) <= kPlanUbBudget) {
+                t = trial;
+                grown = true;
+            }
+        }
+    }
     t.ubBytes = PlanUbBytes(t);
     return t;
 }
