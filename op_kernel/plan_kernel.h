@@ -40,6 +40,7 @@ __aicore__ inline void Sync() {
 }
 
 __aicore__ inline uint32_t MinU(uint32_t a, uint32_t b) { return a < b ? a : b; }
+__aicore__ inline uint32_t R32(uint32_t bytes) { return (bytes + 31u) / 32u * 32u; }
 
 __aicore__ inline void LoadTiling(PlanTiling& t, GM_ADDR tiling) {
     GlobalTensor<uint32_t> g;
@@ -82,12 +83,14 @@ public:
                               t_.wsPerCore);
 
         const uint32_t nc = t_.nc;
-        for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], nc * 4);
-        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], avsg::PlanRound32(nc / 8));
+        // first buffer: UB offset 0, so the Sort/Sort32 destination (sDst_, 2*nc*4 B in) is
+        // 256 B aligned as Sort32 requires
         pipe->InitBuffer(sortBuf_, avsg::kPlanSortVectors * nc * 4);
-        pipe->InitBuffer(hitBuf_, avsg::PlanRound32(t_.capPad / 8));
-        pipe->InitBuffer(claimBuf_, avsg::PlanRound32(t_.buckets / 8));
-        pipe->InitBuffer(pendBuf_, avsg::PlanRound32(t_.pendWords * 4));
+        for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], nc * 4);
+        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], R32(nc / 8));
+        pipe->InitBuffer(hitBuf_, R32(t_.capPad / 8));
+        pipe->InitBuffer(claimBuf_, R32(t_.buckets / 8));
+        pipe->InitBuffer(pendBuf_, R32(t_.pendWords * 4));
         pipe->InitBuffer(headKeyBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
         pipe->InitBuffer(headPayBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
         pipe->InitBuffer(statsBuf_, 32);
@@ -884,8 +887,8 @@ public:
         pipe->InitBuffer(posBuf_, ch * 4);
         pipe->InitBuffer(lifeBuf_, ch * 4);
         pipe->InitBuffer(fBuf_, ch * 4);
-        pipe->InitBuffer(maskBuf_, avsg::PlanRound32(ch / 8));
-        pipe->InitBuffer(keepBuf_, avsg::PlanRound32(ch / 8));
+        pipe->InitBuffer(maskBuf_, R32(ch / 8));
+        pipe->InitBuffer(keepBuf_, R32(ch / 8));
         pipe->InitBuffer(scalarBuf_, 32);
     }
     __aicore__ inline void Process() {
