@@ -1,0 +1,72 @@
+// plan_tiling.h: POD tiling shared by the host (op_host/plan_host.cpp) and the plan / invalidate /
+// reset kernels (op_kernel/plan_kernel.h). Plain C++ only, so the AscendC device compiler and the
+// host compiler both accept it. All sizes are in int32 elements unless named *Bytes.
+//
+// State row layout (python/avsg/reference.py): sections BK bucket_key [H], BS bucket_slot [H],
+// SP slot_pos [Sp], SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp], then the 8-int32
+// stash_count tail. Each section is reached through one UB "window" of winLen elements (a power
+// of two, or the whole section when it fits): see PlanUbBytes for the UB plan.
+#pragma once
+#include <cstdint>
+
+namespace avsg {
+
+enum PlanSection : uint32_t { SEC_BK = 0, SEC_BS, SEC_SP, SEC_SL, SEC_SK, SEC_SS, SEC_COUNT };
+
+constexpr uint32_t kPlanChunk = 512;        // selections per vector chunk (NC): 8 repeats of int32
+constexpr uint32_t kPlanMaxRuns = 64;       // sorted runs merged by the scalar k-way merge
+constexpr uint32_t kPlanHeadLen = 16;       // int32 per run head buffer (64 B)
+constexpr uint32_t kPlanMinWindow = 256;    // keeps bitmap slices 32 B aligned
+constexpr uint32_t kPlanUbBudget = 184 * 1024;
+constexpr uint32_t kPlanVectors = 19;       // NC-element int32/float work vectors
+constexpr uint32_t kPlanMasks = 4;          // NC-bit compare masks
+constexpr uint32_t kPlanSortVectors = 8;    // concat 1 + index 1 + dst 2 + tmp 2 + out 2 (x NC)
+constexpr uint32_t kStashCountPad = 8;
+constexpr uint32_t kMaxPosition = 1u << 24;
+
+struct PlanTiling {
+    uint32_t rows, T, K, N;              // N = T*K selections per row
+    uint32_t capacity, capPad;           // S, Sp = roundup(S, 64)
+    uint32_t buckets, logBuckets;        // H = 2^logBuckets
+    uint32_t lifetime;                   // L
+    uint32_t width;                      // int32 per state row
+    uint32_t secOff[SEC_COUNT];          // section offsets in a state row
+    uint32_t secLen[SEC_COUNT];          // section lengths (H or Sp; multiples of 64)
+    uint32_t winLog[SEC_COUNT];          // window = 2^winLog elements (multi-window sections)
+    uint32_t winLen[SEC_COUNT];          // UB buffer length = min(2^winLog, secLen)
+    uint32_t stashCountOff;
+    uint32_t nc;                         // kPlanChunk
+    uint32_t numChunks;                  // ceil(N / nc): sorted miss runs per row
+    uint32_t resChunks;                  // ceil(Sp / nc): sorted resident runs (dual pointer)
+    uint32_t pendWords;                  // uint32 words of the pending bitmap (numChunks*nc/32)
+    uint32_t wsPerCore;                  // int32 workspace per core
+    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff;
+    uint32_t blockDim;
+    uint32_t hashA1, hashB1, hashA2, hashB2;   // constants mod H
+    uint32_t ubBytes;                    // planned UB use of the plan kernels
+    uint32_t fillChunk;                  // invalidate / reset chunk (elements, multiple of 64)
+};
+
+inline uint32_t PlanRound32(uint32_t bytes) { return (bytes + 31u) / 32u * 32u; }
+
+// Fixed (window-independent) UB bytes of the plan kernels, buffer by buffer (mirrors Init).
+inline uint32_t PlanFixedUbBytes(const PlanTiling& t) {
+    uint32_t b = 0;
+    b += kPlanVectors * PlanRound32(t.nc * 4);            // work vectors
+    b += kPlanMasks * PlanRound32(t.nc / 8);              // compare masks
+    b += kPlanSortVectors * PlanRound32(t.nc * 4);        // Sort / Extract buffers
+    b += PlanRound32(t.capPad / 8);                       // hit bitmap over slots
+    b += PlanRound32(t.buckets / 8);                      // claimed bitmap over buckets
+    b += PlanRound32(t.pendWords * 4);                    // pending bitmap over misses
+    b += 2 * PlanRound32(kPlanMaxRuns * kPlanHeadLen * 4);  // merge heads: keys + payload
+    b += 4 * 32;                                          // stats, scalars, stash count, row meta
+    return b;
+}
+
+inline uint32_t PlanUbBytes(const PlanTiling& t) {
+    uint32_t b = PlanFixedUbBytes(t);
+    for (uint32_t s = 0; s < SEC_COUNT; ++s) b += PlanRound32(t.winLen[s] * 4);
+    return b;
+}
+
+}  // namespace avsg

@@ -1,0 +1,993 @@
+// plan_kernel.h: AscendC (Atlas A2 AIV) kernels of plan, plan_dual_pointer, invalidate, reset.
+// Specification: python/avsg/reference.py (state layout, hash, lookup, stash, lifetime, victims,
+// insert rounds, outputs, stats). Tiling: op_host/plan_tiling.h.
+//
+// Work split: core c handles rows c, c+numBlocks, ... : a row's state, outputs, stats and the
+// core's workspace are written by that core only (no GM atomics, no shared 64 B lines written
+// by two cores except through exact-byte DataCopyPad stores).
+//
+// Per row (hash matcher; the dual pointer differs only in Match):
+//   0. stash compaction #1 (scalar; before the lookup, see below)
+//   1. refresh: per chunk of NC selections: validity (Cast->float, Compares GE/LT, And on u16,
+//      Select, Cast back), hash (ShiftRight/ShiftLeft/Sub/Muls/Add), 4 probes x (Gather
+//      bucket_key, Gather bucket_slot, Gather slot_pos[slot]) through UB windows, Compare EQ
+//      int32, And, Select -> found; stash: Compares EQ per live entry. Hit slots -> hit bitmap.
+//      Then one pass over slot_life: decay (Mins/Adds/Max) + hits to L (Not + Select).
+//   2. classify: GatherMask compaction of the chunk's misses, Cast->float, Sort + Extract
+//      (ascending by negating), run to GM workspace; scalar k-way merge with dedup -> miss_pos.
+//   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
+//      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
+//      4 insert rounds (vector freeness: Gather + Compare + Not + Or; scalar lowest-j claims);
+//      stash compaction #2 + append (scalar).
+//   4. output: a second lookup after the insert gives every selection's slot (hits keep theirs,
+//      misses find their reservation in the index), stats via 32 B DMA of the int64 row.
+// Stash compaction #1 runs before the lookup instead of after it: it drops exactly the entries
+// the lookup's validity test ignores, and nothing the lookup reads changes in between, so the
+// lookup result is the reference's.
+#pragma once
+#include "kernel_operator.h"
+#include "plan_tiling.h"
+
+namespace avsg_kernel {
+using namespace AscendC;
+using avsg::PlanTiling;
+
+template <HardEvent E>
+__aicore__ inline void Sync() {
+    TEventID id = GetTPipePtr()->FetchEventID(E);
+    SetFlag<E>(id);
+    WaitFlag<E>(id);
+}
+
+__aicore__ inline uint32_t MinU(uint32_t a, uint32_t b) { return a < b ? a : b; }
+__aicore__ inline uint32_t R32(uint32_t bytes) { return (bytes + 31u) / 32u * 32u; }
+
+__aicore__ inline void LoadTiling(PlanTiling& t, GM_ADDR tiling) {
+    GlobalTensor<uint32_t> g;
+    g.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>(tiling), sizeof(PlanTiling) / 4);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(&t);
+    for (uint32_t i = 0; i < sizeof(PlanTiling) / 4; ++i) dst[i] = g.GetValue(i);
+}
+
+// One UB window over a state section of the current row (software-managed, write-back).
+struct Win {
+    LocalTensor<int32_t> buf;
+    GlobalTensor<int32_t> gm;
+    uint32_t len = 0, wlog = 0, wlen = 0, nwin = 1;
+    int32_t cur = -1;
+    bool dirty = false;
+};
+
+// ------------------------------------------------------------------------------------ plan
+template <bool kDual>
+class PlanKernel {
+public:
+    __aicore__ inline PlanKernel() {}
+
+    __aicore__ inline void Init(TPipe* pipe, GM_ADDR topk, GM_ADDR seq, GM_ADDR state, GM_ADDR stats,
+                                GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts,
+                                GM_ADDR workspace, GM_ADDR tiling) {
+        LoadTiling(t_, tiling);
+        pipe_ = pipe;
+        const uint64_t R = t_.rows, N = t_.N;
+        topkGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(topk), R * N);
+        seqGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(seq), R);
+        stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), R * t_.width);
+        statsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(stats), R * 4);
+        slotsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(slots), R * N);
+        missPosGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missPos), R * N);
+        missSlotsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missSlots), R * N);
+        missCountsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missCounts), R);
+        wsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(workspace) +
+                                  static_cast<uint64_t>(GetBlockIdx()) * t_.wsPerCore,
+                              t_.wsPerCore);
+
+        const uint32_t nc = t_.nc;
+        // first buffer: UB offset 0, so the Sort/Sort32 destination (sDst_, 2*nc*4 B in) is
+        // 256 B aligned as Sort32 requires
+        pipe->InitBuffer(sortBuf_, avsg::kPlanSortVectors * nc * 4);
+        for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], nc * 4);
+        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], R32(nc / 8));
+        pipe->InitBuffer(hitBuf_, R32(t_.capPad / 8));
+        pipe->InitBuffer(claimBuf_, R32(t_.buckets / 8));
+        pipe->InitBuffer(pendBuf_, R32(t_.pendWords * 4));
+        pipe->InitBuffer(headKeyBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
+        pipe->InitBuffer(headPayBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
+        pipe->InitBuffer(statsBuf_, 32);
+        pipe->InitBuffer(scalarBuf_, 32);
+        pipe->InitBuffer(countBuf_, 32);
+        pipe->InitBuffer(metaBuf_, 32);
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
+            pipe->InitBuffer(winBuf_[s], t_.winLen[s] * 4);
+            win_[s].buf = winBuf_[s].Get<int32_t>();
+            win_[s].len = t_.secLen[s];
+            win_[s].wlog = t_.winLog[s];
+            win_[s].wlen = t_.winLen[s];
+            win_[s].nwin = (t_.secLen[s] + t_.winLen[s] - 1) / t_.winLen[s];
+        }
+        vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3); vB_ = V(4);
+        vLo_ = V(5); vHi_ = V(6); vT1_ = V(7); vT2_ = V(8); vKey_ = V(9); vSlot_ = V(10);
+        vOwn_ = V(11); vFoundF_ = VF(12); vTmpF_ = VF(13); vFoundI_ = V(14); vMS_ = V(15);
+        vOff_ = V(16); vWin_ = V(17); vAccF_ = VF(18);
+        mA_ = maskBuf_[0].Get<uint8_t>(); mB_ = maskBuf_[1].Get<uint8_t>();
+        mC_ = maskBuf_[2].Get<uint8_t>(); mW_ = maskBuf_[3].Get<uint8_t>();
+        LocalTensor<float> sb = sortBuf_.Get<float>();
+        sConcat_ = sb[0];
+        sIdx_ = sb[nc].template ReinterpretCast<uint32_t>();
+        sDst_ = sb[2 * nc];
+        sTmp_ = sb[4 * nc];
+        sOutV_ = sb[6 * nc];
+        sOutI_ = sb[7 * nc].template ReinterpretCast<uint32_t>();
+        sConcat_.SetSize(nc); sIdx_.SetSize(nc); sDst_.SetSize(2 * nc); sTmp_.SetSize(2 * nc);
+        sOutV_.SetSize(nc); sOutI_.SetSize(nc);
+        hitBits_ = hitBuf_.Get<uint32_t>();
+        claimBits_ = claimBuf_.Get<uint32_t>();
+        pendBits_ = pendBuf_.Get<uint32_t>();
+        headKey_ = headKeyBuf_.Get<int32_t>();
+        headPay_ = headPayBuf_.Get<int32_t>();
+        statsUb_ = statsBuf_.Get<int64_t>();
+        scalarUb_ = scalarBuf_.Get<int32_t>();
+        countUb_ = countBuf_.Get<int32_t>();
+    }
+
+    __aicore__ inline void Process() {
+        const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
+        for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) Row(r);
+    }
+
+private:
+    // ---------------------------------------------------------------------- helpers
+    __aicore__ inline LocalTensor<int32_t> V(int i) { return vecBuf_[i].Get<int32_t>(); }
+    __aicore__ inline LocalTensor<float> VF(int i) { return vecBuf_[i].Get<float>(); }
+    __aicore__ inline LocalTensor<uint16_t> U16(const LocalTensor<uint8_t>& m) {
+        return m.ReinterpretCast<uint16_t>();
+    }
+    __aicore__ inline LocalTensor<uint32_t> U32(const LocalTensor<uint8_t>& m) {
+        return m.ReinterpretCast<uint32_t>();
+    }
+    __aicore__ inline bool Bit(const LocalTensor<uint8_t>& m, uint32_t q) {
+        return ((m.GetValue(q >> 3) >> (q & 7)) & 1u) != 0;
+    }
+    __aicore__ inline bool WordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
+        return ((w.GetValue(q >> 5) >> (q & 31)) & 1u) != 0;
+    }
+    __aicore__ inline void SetWordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
+        w.SetValue(q >> 5, w.GetValue(q >> 5) | (1u << (q & 31)));
+    }
+    __aicore__ inline void ClearWordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
+        w.SetValue(q >> 5, w.GetValue(q >> 5) & ~(1u << (q & 31)));
+    }
+
+    // GM <-> UB for ragged int32 runs (exact bytes; UB tail padded with `pad`).
+    __aicore__ inline void LoadInts(const LocalTensor<int32_t>& dst, const GlobalTensor<int32_t>& src, uint32_t n,
+                                    int32_t pad) {
+        if (n == 0) return;
+        uint8_t right = static_cast<uint8_t>((8 - n % 8) % 8);
+        DataCopyExtParams p(1, n * 4, 0, 0, 0);
+        DataCopyPadExtParams<int32_t> padp(true, 0, right, pad);
+        DataCopyPad(dst, src, p, padp);
+    }
+    __aicore__ inline void StoreInts(const GlobalTensor<int32_t>& dst, const LocalTensor<int32_t>& src, uint32_t n) {
+        if (n == 0) return;
+        DataCopyExtParams p(1, n * 4, 0, 0, 0);
+        DataCopyPad(dst, src, p);
+    }
+
+    // ---------------------------------------------------------------------- windows
+    __aicore__ inline uint32_t WinCount(const Win& w, int32_t id) {
+        return MinU(w.wlen, w.len - static_cast<uint32_t>(id) * w.wlen);
+    }
+    __aicore__ inline void Flush(Win& w) {
+        if (!w.dirty) return;
+        Sync<HardEvent::V_MTE3>();
+        Sync<HardEvent::S_MTE3>();
+        DataCopy(w.gm[static_cast<uint32_t>(w.cur) * w.wlen], w.buf, WinCount(w, w.cur));
+        Sync<HardEvent::MTE3_MTE2>();
+        Sync<HardEvent::MTE3_V>();
+        Sync<HardEvent::MTE3_S>();
+        w.dirty = false;
+    }
+    __aicore__ inline void Ensure(Win& w, int32_t id) {
+        if (w.cur == id) return;
+        Flush(w);
+        Sync<HardEvent::V_MTE2>();
+        Sync<HardEvent::S_MTE2>();
+        DataCopy(w.buf, w.gm[static_cast<uint32_t>(id) * w.wlen], WinCount(w, id));
+        Sync<HardEvent::MTE2_V>();
+        Sync<HardEvent::MTE2_S>();
+        w.cur = id;
+    }
+    __aicore__ inline int32_t Get(Win& w, uint32_t idx) {
+        int32_t id = static_cast<int32_t>(idx >> w.wlog);
+        Ensure(w, id);
+        return w.buf.GetValue(idx - static_cast<uint32_t>(id) * w.wlen);
+    }
+    __aicore__ inline void Put(Win& w, uint32_t idx, int32_t v) {
+        int32_t id = static_cast<int32_t>(idx >> w.wlog);
+        Ensure(w, id);
+        w.buf.SetValue(idx - static_cast<uint32_t>(id) * w.wlen, v);
+        w.dirty = true;
+    }
+    __aicore__ inline void BindRow(uint32_t r) {
+        const uint64_t base = static_cast<uint64_t>(r) * t_.width;
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
+            win_[s].gm = stateGm_[base + t_.secOff[s]];
+            win_[s].cur = -1;
+            win_[s].dirty = false;
+        }
+    }
+
+    // dst[i] = section[idx[i]] for n (multiple of 64) lanes; idx in [0, len).
+    __aicore__ inline void GatherSec(Win& w, const LocalTensor<int32_t>& dst, const LocalTensor<int32_t>& idx,
+                                     uint32_t n) {
+        Sync<HardEvent::S_V>();
+        if (w.nwin == 1) {
+            Ensure(w, 0);
+            ShiftLeft(vOff_, idx, 2, n);
+            PipeBarrier<PIPE_V>();
+            Gather(dst, w.buf, vOff_.ReinterpretCast<uint32_t>(), 0u, n);
+            PipeBarrier<PIPE_V>();
+            return;
+        }
+        // several windows: gather each window's lanes (clamped offsets), blend by window id
+        Duplicate(vAccF_, -1.0f, n);
+        ShiftRight(vWin_, idx, static_cast<int32_t>(w.wlog), n);
+        PipeBarrier<PIPE_V>();
+        const uint32_t start = w.cur < 0 ? 0u : static_cast<uint32_t>(w.cur);
+        for (uint32_t k = 0; k < w.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((start + k) % w.nwin);
+            Ensure(w, id);
+            const int32_t base = id * static_cast<int32_t>(w.wlen);
+            const int32_t cnt = static_cast<int32_t>(WinCount(w, id));
+            CompareScalar(mW_, vWin_, id, CMPMODE::EQ, n);
+            Adds(vOff_, idx, -base, n);
+            PipeBarrier<PIPE_V>();
+            Maxs(vOff_, vOff_, 0, n);
+            PipeBarrier<PIPE_V>();
+            Mins(vOff_, vOff_, cnt - 1, n);
+            PipeBarrier<PIPE_V>();
+            ShiftLeft(vOff_, vOff_, 2, n);
+            PipeBarrier<PIPE_V>();
+            Gather(vOwn2(), w.buf, vOff_.ReinterpretCast<uint32_t>(), 0u, n);
+            PipeBarrier<PIPE_V>();
+            Cast(vTmpF_, vOwn2(), RoundMode::CAST_RINT, n);
+            PipeBarrier<PIPE_V>();
+            Select(vAccF_, mW_, vTmpF_, vAccF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+            PipeBarrier<PIPE_V>();
+        }
+        Cast(dst, vAccF_, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // scratch of GatherSec's multi-window path (never a GatherSec dst or idx)
+    __aicore__ inline LocalTensor<int32_t> vOwn2() { return sOutV_.template ReinterpretCast<int32_t>(); }
+
+    // x = x mod H (x >= 0), using vT2 as scratch
+    __aicore__ inline void ModH(const LocalTensor<int32_t>& x, uint32_t n) {
+        const int32_t m = static_cast<int32_t>(t_.logBuckets);
+        ShiftRight(vT2_, x, m, n);
+        PipeBarrier<PIPE_V>();
+        ShiftLeft(vT2_, vT2_, m, n);
+        PipeBarrier<PIPE_V>();
+        Sub(x, x, vT2_, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // first bucket and odd stride of max(src, 0) (reference.probe_buckets); all products < 2^30
+    __aicore__ inline void Hash(const LocalTensor<int32_t>& src, uint32_t n) {
+        const int32_t m = static_cast<int32_t>(t_.logBuckets);
+        Maxs(vT1_, src, 0, n);
+        PipeBarrier<PIPE_V>();
+        ShiftRight(vHi_, vT1_, m, n);
+        PipeBarrier<PIPE_V>();
+        ShiftLeft(vT2_, vHi_, m, n);
+        PipeBarrier<PIPE_V>();
+        Sub(vLo_, vT1_, vT2_, n);                 // lo = p mod H
+        PipeBarrier<PIPE_V>();
+        ModH(vHi_, n);                            // hi = (p >> m) mod H
+        Muls(vFirst_, vLo_, static_cast<int32_t>(t_.hashA1), n);
+        Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB1), n);
+        PipeBarrier<PIPE_V>();
+        Add(vFirst_, vFirst_, vT1_, n);
+        PipeBarrier<PIPE_V>();
+        ModH(vFirst_, n);
+        Muls(vStride_, vLo_, static_cast<int32_t>(t_.hashA2), n);
+        Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB2), n);
+        PipeBarrier<PIPE_V>();
+        Add(vStride_, vStride_, vT1_, n);
+        PipeBarrier<PIPE_V>();
+        ModH(vStride_, n);
+        ShiftRight(vStride_, vStride_, 1, n);     // | 1
+        PipeBarrier<PIPE_V>();
+        ShiftLeft(vStride_, vStride_, 1, n);
+        PipeBarrier<PIPE_V>();
+        Adds(vStride_, vStride_, 1, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // vB = (first + i*stride) mod H
+    __aicore__ inline void Probe(int32_t i, uint32_t n) {
+        Muls(vB_, vStride_, i, n);
+        PipeBarrier<PIPE_V>();
+        Add(vB_, vB_, vFirst_, n);
+        PipeBarrier<PIPE_V>();
+        ModH(vB_, n);
+    }
+
+    // ---------------------------------------------------------------------- row pieces
+    // Loads chunk c of the row's selections: vWant = p if 0 <= p < bound else -2, vWantF = float.
+    __aicore__ inline uint32_t PrepareWant(uint32_t r, uint32_t c) {
+        const uint32_t nc = t_.nc;
+        const uint32_t n = MinU(nc, t_.N - c * nc);
+        Duplicate(vWant_, -1, nc);
+        Sync<HardEvent::V_MTE2>();
+        LoadInts(vWant_, topkGm_[static_cast<uint64_t>(r) * t_.N + c * nc], n, -1);
+        Sync<HardEvent::MTE2_V>();
+        Cast(vWantF_, vWant_, RoundMode::CAST_RINT, nc);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);
+        CompareScalar(mB_, vWantF_, boundF_, CMPMODE::LT, nc);
+        PipeBarrier<PIPE_V>();
+        And(U16(mA_), U16(mA_), U16(mB_), nc / 16);
+        PipeBarrier<PIPE_V>();
+        Select(vWantF_, mA_, vWantF_, -2.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
+        PipeBarrier<PIPE_V>();
+        Cast(vWant_, vWantF_, RoundMode::CAST_RINT, nc);
+        PipeBarrier<PIPE_V>();
+        return n;
+    }
+
+    // Hash lookup of vWant -> vFoundF (slot or -1): stash first (last entry first), then probes
+    // 3..0, each overwriting: the result is the reference's "first valid probe, else first valid
+    // stash entry". Stash entries are all live here (compacted just before).
+    __aicore__ inline void HashMatch() {
+        const uint32_t nc = t_.nc;
+        Duplicate(vFoundF_, -1.0f, nc);
+        Hash(vWant_, nc);
+        for (int32_t k = static_cast<int32_t>(stashCount_) - 1; k >= 0; --k) {
+            const int32_t key = Get(win_[avsg::SEC_SK], static_cast<uint32_t>(k));
+            const int32_t slot = Get(win_[avsg::SEC_SS], static_cast<uint32_t>(k));
+            CompareScalar(mA_, vWant_, key, CMPMODE::EQ, nc);
+            PipeBarrier<PIPE_V>();
+            Not(U16(mB_), U16(mA_), nc / 16);
+            PipeBarrier<PIPE_V>();
+            Select(vFoundF_, mB_, vFoundF_, static_cast<float>(slot), SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
+            PipeBarrier<PIPE_V>();
+        }
+        for (int32_t i = avsg_probes - 1; i >= 0; --i) {
+            Probe(i, nc);
+            GatherSec(win_[avsg::SEC_BK], vKey_, vB_, nc);
+            GatherSec(win_[avsg::SEC_BS], vSlot_, vB_, nc);
+            GatherSec(win_[avsg::SEC_SP], vOwn_, vSlot_, nc);
+            Compare(mA_, vKey_, vWant_, CMPMODE::EQ, nc);
+            Compare(mB_, vOwn_, vWant_, CMPMODE::EQ, nc);
+            PipeBarrier<PIPE_V>();
+            And(U16(mA_), U16(mA_), U16(mB_), nc / 16);
+            Cast(vTmpF_, vSlot_, RoundMode::CAST_RINT, nc);
+            PipeBarrier<PIPE_V>();
+            Select(vFoundF_, mA_, vTmpF_, vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
+            PipeBarrier<PIPE_V>();
+        }
+    }
+
+    // Sort `m` int32 keys (UB, < 2^24, >= 0) ascending with a uint32 payload (or lane ids when
+    // payload is null): Cast->float, negate (Sort is descending), Sort + Extract, negate, Cast.
+    // Result: sOutV_ (as int32) keys, sOutI_ payload; m <= nc.
+    __aicore__ inline void SortAscending(const LocalTensor<int32_t>& keys, uint32_t m,
+                                         const LocalTensor<uint32_t>* payload) {
+        const uint32_t n32 = (m + 31) / 32 * 32;
+        Duplicate(sConcat_, 1073741824.0f, n32);   // sentinel 2^30, sorts last once negated
+        PipeBarrier<PIPE_V>();
+        Cast(sConcat_, keys, RoundMode::CAST_RINT, m);
+        PipeBarrier<PIPE_V>();
+        Muls(sConcat_, sConcat_, -1.0f, n32);
+        if (payload == nullptr) CreateVecIndex(sIdx_.template ReinterpretCast<int32_t>(), 0, n32);
+        PipeBarrier<PIPE_V>();
+        LocalTensor<uint32_t> idx = payload == nullptr ? sIdx_ : *payload;
+        Sort<float, true>(sDst_, sConcat_, idx, sTmp_, static_cast<int32_t>(n32 / 32));
+        PipeBarrier<PIPE_V>();
+        Extract(sOutV_, sOutI_, sDst_, static_cast<int32_t>(n32 / 32));
+        PipeBarrier<PIPE_V>();
+        Muls(sOutV_, sOutV_, -1.0f, n32);
+        PipeBarrier<PIPE_V>();
+        Cast(sOutV_.template ReinterpretCast<int32_t>(), sOutV_, RoundMode::CAST_RINT, n32);
+        PipeBarrier<PIPE_V>();
+    }
+
+    // ---- scalar k-way merge over sorted runs in the workspace (run c at keyOff + c*nc)
+    struct Merger {
+        uint32_t runs = 0, keyOff = 0, payOff = 0;
+        bool pay = false;
+        uint32_t len[avsg::kPlanMaxRuns];
+        uint32_t pos[avsg::kPlanMaxRuns];
+        uint32_t bpos[avsg::kPlanMaxRuns];
+        uint32_t blen[avsg::kPlanMaxRuns];
+        bool has = false;
+        int32_t key = 0, val = 0;
+        uint32_t best = 0;
+    };
+    __aicore__ inline void Refill(Merger& g, uint32_t c) {
+        const uint32_t n = MinU(avsg::kPlanHeadLen, g.len[c] - g.pos[c]);
+        Sync<HardEvent::S_MTE2>();
+        LoadInts(headKey_[c * avsg::kPlanHeadLen], wsGm_[g.keyOff + c * t_.nc + g.pos[c]], n, 0);
+        if (g.pay) LoadInts(headPay_[c * avsg::kPlanHeadLen], wsGm_[g.payOff + c * t_.nc + g.pos[c]], n, 0);
+        Sync<HardEvent::MTE2_S>();
+        g.bpos[c] = 0;
+        g.blen[c] = n;
+    }
+    __aicore__ inline void Pick(Merger& g) {
+        g.has = false;
+        for (uint32_t c = 0; c < g.runs; ++c) {
+            if (g.pos[c] >= g.len[c]) continue;
+            const int32_t k = headKey_.GetValue(c * avsg::kPlanHeadLen + g.bpos[c]);
+            if (!g.has || k < g.key) {
+                g.has = true;
+                g.key = k;
+                g.best = c;
+            }
+        }
+        if (g.has && g.pay) g.val = headPay_.GetValue(g.best * avsg::kPlanHeadLen + g.bpos[g.best]);
+    }
+    __aicore__ inline void Start(Merger& g) {
+        Sync<HardEvent::MTE3_MTE2>();   // runs were just stored
+        for (uint32_t c = 0; c < g.runs; ++c) {
+            g.pos[c] = 0;
+            g.blen[c] = 0;
+            g.bpos[c] = 0;
+            if (g.len[c] > 0) Refill(g, c);
+        }
+        Pick(g);
+    }
+    __aicore__ inline void Advance(Merger& g) {
+        const uint32_t c = g.best;
+        g.pos[c]++;
+        g.bpos[c]++;
+        if (g.bpos[c] == g.blen[c] && g.pos[c] < g.len[c]) Refill(g, c);
+        Pick(g);
+    }
+
+    // Dual pointer: sorted runs of (slot_pos, slot) for resident slots, into the workspace.
+    __aicore__ inline void BuildResidentRuns() {
+        const uint32_t nc = t_.nc;
+        Win& sp = win_[avsg::SEC_SP];
+        uint32_t run = 0;
+        Sync<HardEvent::S_V>();
+        for (uint32_t id = 0; id < sp.nwin; ++id) {
+            Ensure(sp, static_cast<int32_t>(id));
+            const uint32_t cnt = WinCount(sp, static_cast<int32_t>(id));
+            for (uint32_t off = 0; off < cnt; off += nc, ++run) {
+                const uint32_t n = MinU(nc, cnt - off);
+                const uint32_t base = id * sp.wlen + off;
+                Cast(vTmpF_, sp.buf[off], RoundMode::CAST_RINT, n);
+                CreateVecIndex(vT1_, static_cast<int32_t>(base), n);
+                PipeBarrier<PIPE_V>();
+                CompareScalar(mA_, vTmpF_, 0.0f, CMPMODE::GE, n);
+                PipeBarrier<PIPE_V>();
+                uint64_t m = 0, m2 = 0;
+                GatherMask(vKey_, sp.buf[off], U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), m);
+                GatherMask(vSlot_, vT1_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), m2);
+                PipeBarrier<PIPE_V>();
+                resRuns_.len[run] = static_cast<uint32_t>(m);
+                if (m == 0) continue;
+                LocalTensor<uint32_t> pay = vSlot_.ReinterpretCast<uint32_t>();
+                SortAscending(vKey_, static_cast<uint32_t>(m), &pay);
+                Sync<HardEvent::V_MTE3>();
+                StoreInts(wsGm_[t_.wsResKeyOff + run * nc], sOutV_.template ReinterpretCast<int32_t>(),
+                          static_cast<uint32_t>(m));
+                StoreInts(wsGm_[t_.wsResSlotOff + run * nc], sOutI_.template ReinterpretCast<int32_t>(),
+                          static_cast<uint32_t>(m));
+                Sync<HardEvent::MTE3_V>();
+            }
+        }
+        resRuns_.runs = run;
+        resRuns_.keyOff = t_.wsResKeyOff;
+        resRuns_.payOff = t_.wsResSlotOff;
+        resRuns_.pay = true;
+    }
+
+    // Dual pointer lookup of vWant -> vFoundF: sort the chunk's valid selections (lane payload),
+    // then walk them and the merged resident runs with two pointers on the scalar unit.
+    __aicore__ inline void DualMatch() {
+        const uint32_t nc = t_.nc;
+        Duplicate(vFoundI_, -1, nc);
+        CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);
+        CreateVecIndex(vT1_, 0, nc);
+        PipeBarrier<PIPE_V>();
+        uint64_t m = 0, m2 = 0;
+        GatherMask(vKey_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m);
+        GatherMask(vSlot_, vT1_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m2);
+        PipeBarrier<PIPE_V>();
+        if (m > 0) {
+            LocalTensor<uint32_t> pay = vSlot_.ReinterpretCast<uint32_t>();
+            SortAscending(vKey_, static_cast<uint32_t>(m), &pay);
+            Sync<HardEvent::V_S>();
+            Start(resRuns_);
+            const LocalTensor<int32_t> sk = sOutV_.template ReinterpretCast<int32_t>();
+            for (uint32_t q = 0; q < m; ++q) {
+                const int32_t want = sk.GetValue(q);
+                while (resRuns_.has && resRuns_.key < want) Advance(resRuns_);
+                if (resRuns_.has && resRuns_.key == want)
+                    vFoundI_.SetValue(sOutI_.GetValue(q), resRuns_.val);
+            }
+            Sync<HardEvent::S_V>();
+        }
+        Cast(vFoundF_, vFoundI_, RoundMode::CAST_RINT, nc);
+        PipeBarrier<PIPE_V>();
+    }
+
+    __aicore__ inline void Match() {
+        if (kDual) DualMatch();
+        else HashMatch();
+    }
+
+    // Counts, hit bitmap and the chunk's sorted miss run (workspace run c).
+    __aicore__ inline void Classify(uint32_t c) {
+        const uint32_t nc = t_.nc;
+        Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, nc);
+        CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
+        CompareScalar(mB_, vFoundF_, 0.0f, CMPMODE::GE, nc);    // hit
+        CompareScalar(mC_, vFoundF_, 0.0f, CMPMODE::LT, nc);    // not hit
+        PipeBarrier<PIPE_V>();
+        And(U16(mC_), U16(mC_), U16(mA_), nc / 16);             // miss = valid & not hit
+        PipeBarrier<PIPE_V>();
+        uint64_t nValid = 0, nHit = 0, nMiss = 0;
+        GatherMask(vT1_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), nValid);
+        GatherMask(vKey_, vFoundI_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
+        GatherMask(vSlot_, vWant_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
+        Sync<HardEvent::V_S>();
+        lookups_ += static_cast<int64_t>(nValid);
+        hits_ += static_cast<int64_t>(nHit);
+        misses_ += static_cast<int64_t>(nMiss);
+        for (uint32_t q = 0; q < nHit; ++q) SetWordBit(hitBits_, static_cast<uint32_t>(vKey_.GetValue(q)));
+        missRuns_.len[c] = static_cast<uint32_t>(nMiss);
+        if (nMiss == 0) return;
+        Sync<HardEvent::S_V>();
+        SortAscending(vSlot_, static_cast<uint32_t>(nMiss), nullptr);
+        Sync<HardEvent::V_MTE3>();
+        StoreInts(wsGm_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
+                  static_cast<uint32_t>(nMiss));
+        Sync<HardEvent::MTE3_V>();
+    }
+
+    // slot_life: decay (life>0 -> life-1) and hit slots -> L, one vector pass per window.
+    __aicore__ inline void DecayAndPin() {
+        const uint32_t nc = t_.nc;
+        Win& sl = win_[avsg::SEC_SL];
+        Sync<HardEvent::S_V>();
+        for (uint32_t id = 0; id < sl.nwin; ++id) {
+            Ensure(sl, static_cast<int32_t>(id));
+            const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
+            for (uint32_t off = 0; off < cnt; off += nc) {
+                const uint32_t n = MinU(nc, cnt - off);
+                LocalTensor<int32_t> life = sl.buf[off];
+                Mins(vT1_, life, 0, n);
+                Adds(vT2_, life, -1, n);
+                PipeBarrier<PIPE_V>();
+                Max(vT2_, vT2_, vT1_, n);                    // max(life-1, min(life,0))
+                PipeBarrier<PIPE_V>();
+                Cast(vTmpF_, vT2_, RoundMode::CAST_RINT, n);
+                Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[(id * sl.wlen + off) / 16], n / 16);
+                PipeBarrier<PIPE_V>();
+                Select(vTmpF_, mA_, vTmpF_, static_cast<float>(t_.lifetime), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+                PipeBarrier<PIPE_V>();
+                Cast(life, vTmpF_, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+            }
+            sl.dirty = true;
+        }
+        Sync<HardEvent::V_S>();
+    }
+
+    // Scalar merge of the sorted miss runs with dedup -> miss_pos[0:M]. Returns M.
+    __aicore__ inline uint32_t MergeMisses(uint32_t r) {
+        missRuns_.runs = t_.numChunks;
+        missRuns_.keyOff = t_.wsMissOff;
+        missRuns_.pay = false;
+        Start(missRuns_);
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        uint32_t m = 0, staged = 0;
+        int32_t last = -1;
+        while (missRuns_.has) {
+            const int32_t v = missRuns_.key;
+            if (v != last) {
+                vT1_.SetValue(staged++, v);
+                last = v;
+                if (staged == t_.nc) {
+                    Sync<HardEvent::S_MTE3>();
+                    StoreInts(missPosGm_[rowN + m], vT1_, staged);
+                    Sync<HardEvent::MTE3_S>();
+                    m += staged;
+                    staged = 0;
+                }
+            }
+            Advance(missRuns_);
+        }
+        if (staged) {
+            Sync<HardEvent::S_MTE3>();
+            StoreInts(missPosGm_[rowN + m], vT1_, staged);
+            Sync<HardEvent::MTE3_S>();
+            m += staged;
+        }
+        return m;
+    }
+
+    // Victims in (life, slot) order among life < L: one Compares EQ + GatherMask per level and
+    // window chunk, stopping at M -> miss_slots[0:M].
+    __aicore__ inline void Allocate(uint32_t r, uint32_t m) {
+        const uint32_t nc = t_.nc;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        Win& sl = win_[avsg::SEC_SL];
+        uint32_t have = 0;
+        for (int32_t lv = -1; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
+            for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
+                Ensure(sl, static_cast<int32_t>(id));
+                const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
+                for (uint32_t off = 0; off < cnt && have < m; off += nc) {
+                    const uint32_t n = MinU(nc, cnt - off);
+                    const uint32_t base = id * sl.wlen + off;
+                    CompareScalar(mA_, sl.buf[off], lv, CMPMODE::EQ, n);
+                    CreateVecIndex(vT1_, static_cast<int32_t>(base), n);
+                    PipeBarrier<PIPE_V>();
+                    uint64_t got = 0;
+                    GatherMask(vT2_, vT1_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
+                    Sync<HardEvent::V_S>();
+                    uint32_t k = static_cast<uint32_t>(got);
+                    while (k > 0 && static_cast<uint32_t>(vT2_.GetValue(k - 1)) >= t_.capacity) --k;  // padding
+                    const uint32_t take = MinU(k, m - have);
+                    if (take) {
+                        Sync<HardEvent::V_MTE3>();
+                        StoreInts(missSlotsGm_[rowN + have], vT2_, take);
+                        Sync<HardEvent::MTE3_V>();
+                        have += take;
+                    }
+                }
+            }
+        }
+    }
+
+    // Streams miss_pos / miss_slots chunk j0 back into vWant_ / vMS_ (tail lanes = 0).
+    __aicore__ inline uint32_t LoadMisses(uint32_t r, uint32_t j0, uint32_t m) {
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint32_t n = MinU(t_.nc, m - j0);
+        Duplicate(vWant_, 0, t_.nc);
+        Duplicate(vMS_, 0, t_.nc);
+        Sync<HardEvent::V_MTE2>();
+        Sync<HardEvent::S_MTE2>();
+        Sync<HardEvent::MTE3_MTE2>();
+        LoadInts(vWant_, missPosGm_[rowN + j0], n, 0);
+        LoadInts(vMS_, missSlotsGm_[rowN + j0], n, 0);
+        Sync<HardEvent::MTE2_V>();
+        Sync<HardEvent::MTE2_S>();
+        return n;
+    }
+
+    __aicore__ inline void ScatterVictims(uint32_t r, uint32_t m) {
+        for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
+            const uint32_t n = LoadMisses(r, j0, m);
+            for (uint32_t q = 0; q < n; ++q) {
+                const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
+                Put(win_[avsg::SEC_SP], s, vWant_.GetValue(q));
+                Put(win_[avsg::SEC_SL], s, static_cast<int32_t>(t_.lifetime));
+            }
+        }
+    }
+
+    // Writes a winner list to a bucket section window by window (no window ping-pong).
+    __aicore__ inline void ApplyWinners(Win& w, uint32_t count, const LocalTensor<int32_t>& vals) {
+        if (count == 0) return;
+        if (w.nwin == 1) {
+            for (uint32_t q = 0; q < count; ++q) Put(w, static_cast<uint32_t>(vLo_.GetValue(q)), vals.GetValue(q));
+            return;
+        }
+        for (uint32_t id = 0; id < w.nwin; ++id)
+            for (uint32_t q = 0; q < count; ++q) {
+                const uint32_t b = static_cast<uint32_t>(vLo_.GetValue(q));
+                if ((b >> w.wlog) == id) Put(w, b, vals.GetValue(q));
+            }
+    }
+
+    // 4 insert rounds: a miss still pending proposes bucket_i; a free bucket goes to the lowest j.
+    __aicore__ inline void Insert(uint32_t r, uint32_t m) {
+        const uint32_t nc = t_.nc;
+        for (uint32_t w = 0; w < t_.pendWords; ++w) {
+            const uint32_t lo = w * 32;
+            uint32_t word = 0;
+            if (lo + 32 <= m) word = 0xFFFFFFFFu;
+            else if (lo < m) word = (1u << (m - lo)) - 1u;
+            pendBits_.SetValue(w, word);
+        }
+        for (int32_t i = 0; i < avsg_probes; ++i) {
+            Duplicate(claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.buckets / 16);
+            Sync<HardEvent::V_S>();
+            for (uint32_t j0 = 0; j0 < m; j0 += nc) {
+                const uint32_t n = LoadMisses(r, j0, m);
+                Hash(vWant_, nc);
+                Probe(i, nc);
+                GatherSec(win_[avsg::SEC_BK], vKey_, vB_, nc);
+                GatherSec(win_[avsg::SEC_BS], vSlot_, vB_, nc);
+                GatherSec(win_[avsg::SEC_SP], vOwn_, vSlot_, nc);
+                CompareScalar(mA_, vKey_, -1, CMPMODE::EQ, nc);      // never used
+                Compare(mB_, vOwn_, vKey_, CMPMODE::EQ, nc);         // valid entry
+                PipeBarrier<PIPE_V>();
+                Not(U16(mB_), U16(mB_), nc / 16);
+                PipeBarrier<PIPE_V>();
+                Or(U16(mA_), U16(mA_), U16(mB_), nc / 16);           // free = empty | stale
+                Sync<HardEvent::V_S>();
+                uint32_t won = 0;
+                for (uint32_t q = 0; q < n; ++q) {
+                    const uint32_t j = j0 + q;
+                    if (!WordBit(pendBits_, j) || !Bit(mA_, q)) continue;
+                    const uint32_t b = static_cast<uint32_t>(vB_.GetValue(q));
+                    if (WordBit(claimBits_, b)) continue;
+                    SetWordBit(claimBits_, b);
+                    ClearWordBit(pendBits_, j);
+                    vLo_.SetValue(won, static_cast<int32_t>(b));
+                    vHi_.SetValue(won, vWant_.GetValue(q));
+                    vT1_.SetValue(won, vMS_.GetValue(q));
+                    ++won;
+                }
+                ApplyWinners(win_[avsg::SEC_BK], won, vHi_);
+                ApplyWinners(win_[avsg::SEC_BS], won, vT1_);
+                Sync<HardEvent::S_V>();
+            }
+        }
+    }
+
+    // Drops stale stash entries, order kept (scalar: the stash holds a few entries in practice).
+    __aicore__ inline void CompactStash() {
+        Win& sk = win_[avsg::SEC_SK];
+        Win& ss = win_[avsg::SEC_SS];
+        uint32_t c = 0;
+        for (uint32_t k = 0; k < stashCount_; ++k) {
+            const int32_t key = Get(sk, k);
+            const int32_t slot = Get(ss, k);
+            if (Get(win_[avsg::SEC_SP], static_cast<uint32_t>(slot)) == key) {
+                if (c != k) {
+                    Put(sk, c, key);
+                    Put(ss, c, slot);
+                }
+                ++c;
+            }
+        }
+        for (uint32_t k = c; k < stashCount_; ++k) {
+            Put(sk, k, -1);
+            Put(ss, k, 0);
+        }
+        stashCount_ = c;
+    }
+
+    __aicore__ inline void AppendPending(uint32_t r, uint32_t m) {
+        for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
+            const uint32_t n = LoadMisses(r, j0, m);
+            for (uint32_t q = 0; q < n; ++q) {
+                if (!WordBit(pendBits_, j0 + q)) continue;
+                Put(win_[avsg::SEC_SK], stashCount_, vWant_.GetValue(q));
+                Put(win_[avsg::SEC_SS], stashCount_, vMS_.GetValue(q));
+                ++stashCount_;
+            }
+        }
+    }
+
+    __aicore__ inline void FillTail(const GlobalTensor<int32_t>& g, uint64_t rowN, uint32_t from, uint32_t to) {
+        if (from >= to) return;
+        Duplicate(vT1_, -1, t_.nc);
+        Sync<HardEvent::V_MTE3>();
+        for (uint32_t j = from; j < to; j += t_.nc) StoreInts(g[rowN + j], vT1_, MinU(t_.nc, to - j));
+        Sync<HardEvent::MTE3_V>();
+    }
+
+    __aicore__ inline void Row(uint32_t r) {
+        const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        BindRow(r);
+        // row meta: seq_len and stash_count
+        Sync<HardEvent::S_MTE2>();
+        Sync<HardEvent::MTE3_MTE2>();
+        LoadInts(scalarUb_, seqGm_[r], 1, 0);
+        DataCopy(countUb_, stateGm_[rowState + t_.stashCountOff], avsg::kStashCountPad);
+        Duplicate(hitBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.capPad / 16);
+        Sync<HardEvent::MTE2_S>();
+        Sync<HardEvent::V_S>();
+        int32_t seq = scalarUb_.GetValue(0);
+        if (seq > static_cast<int32_t>(avsg::kMaxPosition)) seq = static_cast<int32_t>(avsg::kMaxPosition);
+        boundF_ = static_cast<float>(seq);
+        stashCount_ = static_cast<uint32_t>(countUb_.GetValue(0));
+        lookups_ = hits_ = misses_ = 0;
+
+        // 0. stash compaction #1
+        if (stashCount_ > 0) CompactStash();
+        if (kDual) BuildResidentRuns();
+        // 1+2. refresh and classify, chunk by chunk
+        for (uint32_t c = 0; c < t_.numChunks; ++c) {
+            PrepareWant(r, c);
+            Match();
+            Classify(c);
+        }
+        DecayAndPin();
+        const uint32_t m = MergeMisses(r);
+        // 3. allocate and install
+        Allocate(r, m);
+        ScatterVictims(r, m);
+        Insert(r, m);
+        bool pending = false;
+        for (uint32_t w = 0; w < t_.pendWords && !pending; ++w) pending = pendBits_.GetValue(w) != 0;
+        if (stashCount_ > 0 || pending) {
+            CompactStash();
+            AppendPending(r, m);
+        }
+        // 4. output: every selection's slot
+        if (kDual) BuildResidentRuns();
+        for (uint32_t c = 0; c < t_.numChunks; ++c) {
+            const uint32_t n = PrepareWant(r, c);
+            Match();
+            Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, t_.nc);
+            Sync<HardEvent::V_MTE3>();
+            StoreInts(slotsGm_[rowN + c * t_.nc], vFoundI_, n);
+            Sync<HardEvent::MTE3_V>();
+        }
+        FillTail(missPosGm_, rowN, m, t_.N);
+        FillTail(missSlotsGm_, rowN, m, t_.N);
+        // counts, stats, stash count, state write-back
+        Sync<HardEvent::MTE3_MTE2>();
+        Sync<HardEvent::MTE3_S>();
+        DataCopy(statsUb_, statsGm_[static_cast<uint64_t>(r) * 4], 4);
+        Sync<HardEvent::MTE2_S>();
+        statsUb_.SetValue(0, statsUb_.GetValue(0) + lookups_);
+        statsUb_.SetValue(1, statsUb_.GetValue(1) + hits_);
+        statsUb_.SetValue(2, statsUb_.GetValue(2) + misses_);
+        statsUb_.SetValue(3, statsUb_.GetValue(3) + static_cast<int64_t>(m));
+        scalarUb_.SetValue(0, static_cast<int32_t>(m));
+        countUb_.SetValue(0, static_cast<int32_t>(stashCount_));
+        Sync<HardEvent::S_MTE3>();
+        DataCopy(statsGm_[static_cast<uint64_t>(r) * 4], statsUb_, 4);
+        StoreInts(missCountsGm_[r], scalarUb_, 1);
+        DataCopy(stateGm_[rowState + t_.stashCountOff], countUb_, avsg::kStashCountPad);
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) Flush(win_[s]);
+        Sync<HardEvent::MTE3_S>();
+        Sync<HardEvent::MTE3_V>();
+        Sync<HardEvent::MTE3_MTE2>();
+    }
+
+    static constexpr int32_t avsg_probes = 4;
+
+    PlanTiling t_;
+    TPipe* pipe_ = nullptr;
+    GlobalTensor<int32_t> topkGm_, seqGm_, stateGm_, slotsGm_, missPosGm_, missSlotsGm_, missCountsGm_, wsGm_;
+    GlobalTensor<int64_t> statsGm_;
+    TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
+    TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
+    TBuf<TPosition::VECCALC> sortBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
+    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, countBuf_, metaBuf_;
+    TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
+    Win win_[avsg::SEC_COUNT];
+    LocalTensor<int32_t> vWant_, vFirst_, vStride_, vB_, vLo_, vHi_, vT1_, vT2_, vKey_, vSlot_, vOwn_, vFoundI_,
+        vMS_, vOff_, vWin_;
+    LocalTensor<float> vWantF_, vFoundF_, vTmpF_, vAccF_;
+    LocalTensor<uint8_t> mA_, mB_, mC_, mW_;
+    LocalTensor<float> sConcat_, sDst_, sTmp_, sOutV_;
+    LocalTensor<uint32_t> sIdx_, sOutI_;
+    LocalTensor<uint32_t> hitBits_, claimBits_, pendBits_;
+    LocalTensor<int32_t> headKey_, headPay_;
+    LocalTensor<int64_t> statsUb_;
+    LocalTensor<int32_t> scalarUb_, countUb_;
+    Merger missRuns_, resRuns_;
+    float boundF_ = 0.0f;
+    uint32_t stashCount_ = 0;
+    int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
+};
+
+// ------------------------------------------------------------------------------ invalidate
+// slot_pos >= valid_len -> slot_pos = -1, slot_life = -1. int32 Compare is EQ only on A2, so the
+// test runs in float (Cast is exact for |x| < 2^24; positions are below 2^24, and the monotone
+// rounding of a larger valid_len keeps the order against them): Compares GE, Not, Select, Cast.
+class InvalidateKernel {
+public:
+    __aicore__ inline void Init(TPipe* pipe, GM_ADDR state, GM_ADDR validLens, GM_ADDR tiling) {
+        LoadTiling(t_, tiling);
+        stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), static_cast<uint64_t>(t_.rows) * t_.width);
+        lensGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(validLens), t_.rows);
+        const uint32_t ch = t_.fillChunk;
+        pipe->InitBuffer(posBuf_, ch * 4);
+        pipe->InitBuffer(lifeBuf_, ch * 4);
+        pipe->InitBuffer(fBuf_, ch * 4);
+        pipe->InitBuffer(maskBuf_, R32(ch / 8));
+        pipe->InitBuffer(keepBuf_, R32(ch / 8));
+        pipe->InitBuffer(scalarBuf_, 32);
+    }
+    __aicore__ inline void Process() {
+        const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
+        LocalTensor<int32_t> pos = posBuf_.Get<int32_t>(), life = lifeBuf_.Get<int32_t>();
+        LocalTensor<float> f = fBuf_.Get<float>();
+        LocalTensor<uint8_t> drop = maskBuf_.Get<uint8_t>(), keep = keepBuf_.Get<uint8_t>();
+        LocalTensor<int32_t> sc = scalarBuf_.Get<int32_t>();
+        for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) {
+            Sync<HardEvent::S_MTE2>();
+            DataCopyPad(sc, lensGm_[r], DataCopyExtParams(1, 4, 0, 0, 0), DataCopyPadExtParams<int32_t>(true, 0, 7, 0));
+            Sync<HardEvent::MTE2_S>();
+            const float limit = static_cast<float>(sc.GetValue(0));
+            const uint64_t base = static_cast<uint64_t>(r) * t_.width;
+            for (uint32_t off = 0; off < t_.capPad; off += t_.fillChunk) {
+                const uint32_t n = MinU(t_.fillChunk, t_.capPad - off);
+                const uint32_t real = off < t_.capacity ? MinU(n, t_.capacity - off) : 0;
+                if (real == 0) break;
+                Sync<HardEvent::MTE3_MTE2>();
+                Sync<HardEvent::V_MTE2>();
+                DataCopy(pos, stateGm_[base + t_.secOff[avsg::SEC_SP] + off], n);
+                DataCopy(life, stateGm_[base + t_.secOff[avsg::SEC_SL] + off], n);
+                Sync<HardEvent::MTE2_V>();
+                Cast(f, pos, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+                CompareScalar(drop, f, limit, CMPMODE::GE, n);
+                PipeBarrier<PIPE_V>();
+                Not(keep.ReinterpretCast<uint16_t>(), drop.ReinterpretCast<uint16_t>(), n / 16);
+                PipeBarrier<PIPE_V>();
+                Select(f, keep, f, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+                PipeBarrier<PIPE_V>();
+                Cast(pos, f, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+                Cast(f, life, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+                Select(f, keep, f, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+                PipeBarrier<PIPE_V>();
+                Cast(life, f, RoundMode::CAST_RINT, n);
+                Sync<HardEvent::V_MTE3>();
+                DataCopyExtParams p(1, real * 4, 0, 0, 0);
+                DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SP] + off], pos, p);
+                DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SL] + off], life, p);
+                Sync<HardEvent::MTE3_V>();
+            }
+        }
+        Sync<HardEvent::MTE3_MTE2>();
+    }
+
+private:
+    PlanTiling t_;
+    GlobalTensor<int32_t> stateGm_, lensGm_;
+    TBuf<TPosition::VECCALC> posBuf_, lifeBuf_, fBuf_, maskBuf_, keepBuf_, scalarBuf_;
+};
+
+// ----------------------------------------------------------------------------------- reset
+// Rows with row_mask set return to the empty state: -1 everywhere except bucket_slot, stash_slot
+// and the stash_count tail, which are 0 (reference.reset). Duplicate + DataCopy per section.
+class ResetKernel {
+public:
+    __aicore__ inline void Init(TPipe* pipe, GM_ADDR state, GM_ADDR rowMask, GM_ADDR tiling) {
+        LoadTiling(t_, tiling);
+        stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), static_cast<uint64_t>(t_.rows) * t_.width);
+        maskGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowMask), t_.rows);
+        pipe->InitBuffer(negBuf_, t_.fillChunk * 4);
+        pipe->InitBuffer(zeroBuf_, t_.fillChunk * 4);
+        pipe->InitBuffer(flagBuf_, 32);
+    }
+    __aicore__ inline void Process() {
+        const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
+        LocalTensor<int32_t> neg = negBuf_.Get<int32_t>(), zero = zeroBuf_.Get<int32_t>();
+        LocalTensor<uint8_t> flag = flagBuf_.Get<uint8_t>();
+        Duplicate(neg, -1, t_.fillChunk);
+        Duplicate(zero, 0, t_.fillChunk);
+        Sync<HardEvent::V_MTE3>();
+        for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) {
+            Sync<HardEvent::S_MTE2>();
+            DataCopyPad(flag, maskGm_[r], DataCopyExtParams(1, 1, 0, 0, 0), DataCopyPadExtParams<uint8_t>(true, 0, 31, 0));
+            Sync<HardEvent::MTE2_S>();
+            if (flag.GetValue(0) == 0) continue;
+            const uint64_t base = static_cast<uint64_t>(r) * t_.width;
+            Fill(base + t_.secOff[avsg::SEC_BK], t_.buckets, neg);
+            Fill(base + t_.secOff[avsg::SEC_BS], t_.buckets, zero);
+            Fill(base + t_.secOff[avsg::SEC_SP], t_.capPad, neg);
+            Fill(base + t_.secOff[avsg::SEC_SL], t_.capPad, neg);
+            Fill(base + t_.secOff[avsg::SEC_SK], t_.capPad, neg);
+            Fill(base + t_.secOff[avsg::SEC_SS], t_.capPad, zero);
+            Fill(base + t_.stashCountOff, avsg::kStashCountPad, zero);
+        }
+        Sync<HardEvent::MTE3_MTE2>();
+    }
+
+private:
+    __aicore__ inline void Fill(uint64_t off, uint32_t len, const LocalTensor<int32_t>& src) {
+        for (uint32_t o = 0; o < len; o += t_.fillChunk) DataCopy(stateGm_[off + o], src, MinU(t_.fillChunk, len - o));
+    }
+    PlanTiling t_;
+    GlobalTensor<int32_t> stateGm_;
+    GlobalTensor<uint8_t> maskGm_;
+    TBuf<TPosition::VECCALC> negBuf_, zeroBuf_, flagBuf_;
+};
+
+}  // namespace avsg_kernel

@@ -1,0 +1,249 @@
+"""The AscendC plan / plan_dual_pointer / invalidate / reset kernels (CPU emulation backend)
+against the reference, bit for bit: every output, the whole state tensor and the stats after
+every step. The kernels are what ``torch.ops.avsg.*`` runs on CPU; the reference is called
+directly on a cloned state.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import avsg  # noqa: F401  (loads the op library)
+from avsg import _ops, reference
+
+I32 = torch.int32
+OUT_NAMES = ("slots", "miss_pos", "miss_slots", "miss_counts")
+
+
+class Twin:
+    """Kernel state and reference state driven in lockstep."""
+
+    def __init__(self, R, S, H, L, matcher="hash"):
+        self.layout = reference.Layout(S, H)
+        self.S, self.H, self.L, self.matcher = S, H, L, matcher
+        self.state = reference.new_state(R, self.layout)
+        self.stats = torch.zeros(R, 4, dtype=torch.int64)
+        self.ref_state, self.ref_stats = self.state.clone(), self.stats.clone()
+
+    def plan(self, topk, seq):
+        op = torch.ops.avsg.plan if self.matcher == "hash" else torch.ops.avsg.plan_dual_pointer
+        got = op(topk, seq, self.state, self.stats, self.S, self.H, self.L)
+        want = reference.plan(self.ref_state, self.ref_stats, topk, seq, self.layout, self.L,
+                              matcher=self.matcher)
+        for name, a, b in zip(OUT_NAMES, got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), f"{name} differs from the reference"
+        self.check()
+        return got
+
+    def invalidate(self, valid_lens):
+        torch.ops.avsg.invalidate(self.state, valid_lens, self.S, self.H)
+        reference.invalidate(self.ref_state, self.layout, valid_lens)
+        self.check()
+
+    def reset(self, mask):
+        torch.ops.avsg.reset(self.state, mask, self.S, self.H)
+        reference.reset(self.ref_state, self.layout, mask)
+        self.check()
+
+    def check(self):
+        if not torch.equal(self.state, self.ref_state):
+            diff = (self.state != self.ref_state).nonzero()[:8]
+            raise AssertionError(f"state differs at {diff.tolist()}")
+        assert torch.equal(self.stats, self.ref_stats), "stats differ"
+
+
+def draw(gen, R, T, K, seq_lens, hot, pad=0.1, repeat=0.3, wild=0.05):
+    """Hot-window reuse, MTP repeats across query tokens and within one, -1 padding, and
+    out-of-range junk (the ops get no value check: out of range acts as -1)."""
+    out = torch.empty(R, T, K, dtype=I32)
+    for r in range(R):
+        n = max(1, int(seq_lens[r]))
+        lo = max(0, n - hot)
+        out[r] = torch.randint(lo, n, (T, K), generator=gen, dtype=I32)
+        if T > 1:
+            share = torch.rand(T, K, generator=gen) < repeat
+            out[r, 1:] = torch.where(share[1:], out[r, :1].expand(T - 1, K), out[r, 1:])
+    out[torch.rand(R, T, K, generator=gen) < pad] = -1
+    junk = torch.randint(-(1 << 31), (1 << 31) - 1, (R, T, K), generator=gen, dtype=torch.int64)
+    junk = torch.where(torch.rand(R, T, K, generator=gen) < 0.5, junk % 7 - 5, junk).to(I32)
+    return torch.where(torch.rand(R, T, K, generator=gen) < wild, junk, out)
+
+
+def test_cpu_backend_is_the_kernel():
+    for op in ("plan", "plan_dual_pointer", "invalidate", "reset"):
+        assert _ops.CPU_BACKEND[op] == "kernel", op
+
+
+def test_ub_plan_fits_and_covers_whole_sections_when_small():
+    budget = 184 * 1024
+    for T, K, S, H in [(1, 1, 1, 64), (4, 16, 64, 128), (1, 2048, 8192, 16384),
+                       (4, 2048, 8192, 16384), (2, 4096, 8192, 8192), (4, 8192, 32768, 32768),
+                       (1, 32768, 32768, 32768), (1, 100, 32768, 32768)]:
+        total, fixed, *windows = torch.ops.avsg.plan_ub_plan(T, K, S, H)
+        assert total <= budget and fixed < total and all(w >= 256 for w in windows)
+    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128)
+    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 4
+
+
+geometry = st.tuples(
+    st.integers(1, 3),                                   # R
+    st.integers(1, 4),                                   # T (MTP)
+    st.sampled_from([1, 3, 8, 16, 31, 64, 100]),         # K
+    st.sampled_from([1.0, 1.0, 1.3, 2.0, 4.0]),          # S / (T*K): full buffers are common
+    st.sampled_from([1, 2]),                             # H / default
+    st.integers(1, 20),                                  # L
+)
+session = st.lists(st.sampled_from(["plan"] * 6 + ["invalidate", "reset"]), min_size=1,
+                   max_size=10)
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(geometry, session, st.integers(0, 2**31 - 1), st.sampled_from(["hash", "dual_pointer"]))
+def test_random_sessions_bit_exact(geo, ops, seed, matcher):
+    R, T, K, ratio, hmul, L = geo
+    S = max(T * K, int(T * K * ratio))
+    H = min(reference.MAX_BUCKETS, max(64, reference.default_buckets(S) * hmul // 2, S))
+    gen = torch.Generator().manual_seed(seed)
+    twin = Twin(R, S, H, L, matcher)
+    seq = torch.randint(1, 4 * S + 8, (R,), generator=gen, dtype=I32)
+    for op in ops:
+        if op == "plan":
+            seq = seq + torch.randint(0, T + 1, (R,), generator=gen, dtype=I32)
+            twin.plan(draw(gen, R, T, K, seq, hot=2 * T * K), seq)
+        elif op == "invalidate":
+            twin.invalidate(seq - torch.randint(-2, T + 3, (R,), generator=gen, dtype=I32))
+        else:
+            twin.reset(torch.rand(R, generator=gen) < 0.5)
+
+
+def colliding(buckets, count, base=5, offset=0):
+    return [base + (offset + n) * buckets * buckets for n in range(count)]
+
+
+@pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
+@pytest.mark.parametrize("T,K,H", [(1, 64, 64), (4, 16, 64), (2, 100, 256)])
+def test_collision_families_full_buffer(T, K, H, matcher):
+    """Every position shares one probe sequence: 4 fit in the table, the rest go to the stash;
+    invalidation leaves stale stash entries that a re-fetch must not revive."""
+    S = T * K
+    twin = Twin(2, S, H, 2, matcher)
+    seq = torch.full((2,), reference.MAX_POSITION, dtype=I32)
+    fam = torch.tensor([colliding(H, 3 * S, base=b) for b in (5, 9)], dtype=I32).flatten()
+    gen = torch.Generator().manual_seed(T * K + H)
+    for step in range(8):
+        topk = torch.stack([fam[torch.randperm(fam.numel(), generator=gen)[:S]].view(T, K)
+                            for _ in range(2)])
+        twin.plan(topk, seq)
+        if step % 3 == 2:
+            twin.invalidate(fam[torch.randint(0, fam.numel(), (2,), generator=gen)])
+        if step == 5:
+            twin.reset(torch.tensor([True, False]))
+    v = reference.view_state(twin.state, twin.layout)
+    assert int(v.stash_count.max()) > 0, "the stash path was not exercised"
+
+
+@pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
+def test_real_size_steps(matcher):
+    """K=2048, MTP T=4, capacity 8192 (full), 16384 buckets: a few decode steps."""
+    R, T, K, S, H, L = 2, 4, 2048, 8192, 16384, 4
+    twin = Twin(R, S, H, L, matcher)
+    gen = torch.Generator().manual_seed(11)
+    seq = torch.full((R,), 20000, dtype=I32)
+    for step in range(4):
+        twin.plan(draw(gen, R, T, K, seq, hot=3 * K, pad=0.02, repeat=0.4, wild=0.01), seq)
+        seq += T
+        if step == 1:
+            twin.invalidate(seq - 2)
+
+
+def test_dual_pointer_equals_hash():
+    R, T, K, S, L = 3, 2, 64, 192, 3
+    H = reference.default_buckets(S)
+    a, b = Twin(R, S, H, L, "hash"), Twin(R, S, H, L, "dual_pointer")
+    gen = torch.Generator().manual_seed(5)
+    seq = torch.tensor([500, 300, 1000], dtype=I32)
+    for _ in range(6):
+        topk = draw(gen, R, T, K, seq, hot=3 * K)
+        for x, y in zip(a.plan(topk, seq), b.plan(topk, seq)):
+            assert torch.equal(x, y)
+        assert torch.equal(a.state, b.state) and torch.equal(a.stats, b.stats)
+
+
+@pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
+def test_largest_geometry(matcher):
+    """capacity = buckets = 2**15 (every section windowed), T*K = capacity (full buffer)."""
+    R, T, K, S, H, L = 1, 4, 8192, 32768, 32768, 3
+    twin = Twin(R, S, H, L, matcher)
+    gen = torch.Generator().manual_seed(2)
+    seq = torch.full((R,), 100000, dtype=I32)
+    for _ in range(3):
+        twin.plan(draw(gen, R, T, K, seq, hot=2 * S, pad=0.01, repeat=0.3, wild=0.01), seq)
+        seq += T
+    twin.invalidate(seq - 3)
+    twin.plan(draw(gen, R, T, K, seq, hot=2 * S), seq)
+
+
+def test_largest_geometry_once_small_batch():
+    """The largest allowed tables with a small step: windowed sections, default run."""
+    R, T, K, S, H, L = 2, 2, 1000, 32768, 32768, 255
+    twin = Twin(R, S, H, L)
+    gen = torch.Generator().manual_seed(3)
+    seq = torch.full((R,), 5000, dtype=I32)
+    for _ in range(3):
+        twin.plan(draw(gen, R, T, K, seq, hot=3000), seq)
+
+
+def test_more_rows_than_cores():
+    """Rows are spread over cores (row r on core r mod blockDim); 45 rows > 40 cores."""
+    R, T, K, S = 45, 1, 8, 16
+    twin = Twin(R, S, 64, 3)
+    gen = torch.Generator().manual_seed(9)
+    seq = torch.randint(10, 60, (R,), generator=gen, dtype=I32)
+    for _ in range(3):
+        twin.plan(draw(gen, R, T, K, seq, hot=20), seq)
+
+
+# ---------------------------------------------------------------- input checks of the ops
+def _args():
+    layout = reference.Layout(16, 64)
+    state = reference.new_state(2, layout)
+    stats = torch.zeros(2, 4, dtype=torch.int64)
+    topk = torch.arange(16, dtype=I32).view(2, 2, 4)
+    seq = torch.full((2,), 40, dtype=I32)
+    return topk, seq, state, stats
+
+
+@pytest.mark.parametrize("mutate,error,needle", [
+    (lambda a: (a[0].long(),) + a[1:], TypeError, "topk_pos: expected dtype int32"),
+    (lambda a: (a[0], a[1][:1].contiguous()) + a[2:], ValueError, "seq_lens: expected shape"),
+    (lambda a: a[:2] + (a[2][:, :-8].contiguous(), a[3]), ValueError, "state: expected shape"),
+    (lambda a: a[:3] + (a[3].int(),), TypeError, "stats: expected dtype"),
+    (lambda a: (a[0].transpose(1, 2).contiguous().transpose(1, 2),) + a[1:], ValueError,
+     "topk_pos: expected shape|contiguous"),
+    (lambda a: (torch.zeros(2, 2, 8, dtype=I32)[:, :, ::2],) + a[1:], ValueError,
+     "topk_pos: expected a contiguous"),
+])
+def test_op_rejects_bad_tensors_without_touching_state(mutate, error, needle):
+    args = _args()
+    topk, seq, state, stats = mutate(args)
+    before, before_stats = args[2].clone(), args[3].clone()
+    with pytest.raises(error, match=needle):
+        torch.ops.avsg.plan(topk, seq, state, stats, 16, 64, 4)
+    assert torch.equal(args[2], before) and torch.equal(args[3], before_stats)
+
+
+def test_op_rejects_bad_geometry():
+    topk, seq, state, stats = _args()
+    with pytest.raises(ValueError, match="capacity: expected >= T\\*K"):
+        torch.ops.avsg.plan(torch.zeros(2, 3, 8, dtype=I32), seq, state, stats, 16, 64, 4)
+    with pytest.raises(ValueError, match="buckets"):
+        torch.ops.avsg.plan(topk, seq, state, stats, 16, 96, 4)
+    with pytest.raises(ValueError, match="lifetime"):
+        torch.ops.avsg.plan(topk, seq, state, stats, 16, 64, 0)
+    with pytest.raises(TypeError, match="valid_lens"):
+        torch.ops.avsg.invalidate(state, seq.long(), 16, 64)
+    with pytest.raises(TypeError, match="row_mask"):
+        torch.ops.avsg.reset(state, seq, 16, 64)
