@@ -28,8 +28,8 @@ enum GatherPartition : uint32_t {
 //   miss_slots  idxChunk int32                                       (8 KB)
 //   miss_counts cntChunk int32                                       (4096 -> 16 KB)
 //   block_table btWindow int32 (paged pools only, else 32 B)         (2048 -> 8 KB)
-//   per-core count 32 B
-//   total <= 128 + 8 + 8 + 16 + 8 + 0.03 KB = 168 KB < 184 KB.
+//   per-core count 32 B; the tiling itself 320 B (DMA'd in, read by the scalar unit)
+//   total <= 128 + 8 + 8 + 16 + 8 + 0.35 KB = 168.35 KB < 184 KB.
 constexpr uint32_t kGatherCopyBytesMax = 64 * 1024;
 constexpr uint32_t kGatherIdxChunk = 2048;
 constexpr uint32_t kGatherCntChunk = 4096;

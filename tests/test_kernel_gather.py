@@ -160,7 +160,7 @@ def cases(draw):
                      block_size=block_size)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_kernel_matches_reference_bit_for_bit(case):
     per_core, _ = check_against_reference(case)
@@ -198,6 +198,32 @@ def test_more_pairs_than_one_launch_holds():
     formats = [ROW_MENU[i % len(ROW_MENU)] for i in range(9)]
     case = make_case(5, R=3, N=6, S=9, formats=formats, paged=True, partition="topk", cores=7)
     check_against_reference(case)
+
+
+@pytest.mark.parametrize("partition", reference.PARTITIONS)
+def test_index_windows_larger_than_ub(partition):
+    """Past the UB windows of the kernel: rows with more than 2048 misses (index chunks), more
+    than 4096 rows (miss_counts chunks), block tables wider than 2048 entries (block-table
+    windows)."""
+    wide_rows = make_case(43, R=2, N=3000, S=3100, formats=[(torch.uint8, (1,))], paged=False,
+                          partition=partition, cores=5, max_len=3500)
+    wide_rows.miss_counts.fill_(3000)
+    wide_rows.miss_slots[:] = torch.stack([torch.randperm(3100)[:3000] for _ in range(2)]).to(I32)
+    check_against_reference(wide_rows)
+    many_rows = make_case(47, R=5000, N=1, S=1, formats=[(torch.uint8, (2,))], paged=False,
+                          partition=partition, cores=40, max_len=2)
+    check_against_reference(many_rows)
+    wide_table = make_case(53, R=2, N=300, S=300, formats=[(torch.float16, (3,))], paged=True,
+                           partition=partition, cores=6, max_len=5000, block_size=1)
+    check_against_reference(wide_table)
+
+
+@pytest.mark.slow
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_kernel_matches_reference_long_sweep(case):
+    per_core, _ = check_against_reference(case)
+    check_counters(case, per_core)
 
 
 def test_exact_mte2_accounting_for_the_miss_partition():
