@@ -1,0 +1,327 @@
+// Gather kernel (AscendC, Atlas A2 vector cores): miss-only copy of KV rows host pool -> buffer.
+//
+// Specification: python/avsg/reference.py (gather, assign_cores, chunk_bounds, host_rows).
+// Every core (block) derives its own share of the miss list from miss_counts, then for each of
+// its entries (r, j) with pos = miss_pos[r, j] >= 0 whose host row lies inside the pool, copies the
+// host row of pos into dst[r, miss_slots[r, j]] for every (src, dst) pair:
+//   contiguous pool [R', max_len, row]:      host row = r * max_len + pos      (pos < max_len)
+//   paged pool [num_blocks, block_size, row]: host row = block_table[r, pos / bs] * bs + pos % bs
+// and the row must be < src.shape[0] * src.shape[1]. Entries outside the pool are skipped.
+//
+// Partitions (DESIGN.md §4), C = GetBlockNum(), total = sum(miss_counts):
+//   miss     entries in (row, pos) order, core c takes [c*total/C, (c+1)*total/C)
+//   request  core c takes every row r with r % C == c
+//   topk     the fixed R*N layout, core c takes [c*R*N/C, (c+1)*R*N/C); padding is a no-op
+// Output: countOut[c*8] = entries core c copied (once per entry, not per pair); the rest of the
+// core's 32 B slot is written with zeros.
+//
+// Data path per row piece: DataCopyPad GM->UB (MTE2) -> EnQue/DeQue (MTE2->MTE3) -> DataCopyPad
+// UB->GM (MTE3) -> FreeTensor (MTE3->MTE2), through a TQueBind<VECIN, VECOUT, 1> with two
+// buffers, so the load of the next piece overlaps the store of the previous one. Any row width in
+// bytes works (DataCopyPad is byte-exact; rows wider than one buffer are split into pieces).
+//
+// Scalar reads of DMA-loaded indices (miss_pos, miss_slots, miss_counts, block_table, tiling) are
+// preceded by an explicit MTE2->S flag; every reload of a scalar-read buffer is preceded by an
+// S->MTE2 flag (write-after-read). The per-core count is written by scalar SetValue to UB, S->MTE3
+// flag, then one 32 B DMA. No scalar GM access at all: mapped host memory is only read by MTE2.
+#pragma once
+#include "kernel_operator.h"
+#include "gather_tiling.h"
+
+namespace avsg {
+
+class GatherKernel {
+public:
+    __aicore__ inline GatherKernel() {}
+
+    __aicore__ inline void Init(GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts, GM_ADDR blockTable,
+                                GM_ADDR countOut, GM_ADDR tiling, AscendC::TPipe* pipe)
+    {
+        pipe_ = pipe;
+        blockIdx_ = static_cast<uint64_t>(AscendC::GetBlockIdx());
+        LoadTiling(tiling);
+
+        const uint64_t R = t_.rows, N = t_.entriesPerRow;
+        posGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missPos), R * N);
+        slotGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missSlots), R * N);
+        cntGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missCounts), R);
+        if (t_.blockSize != 0) {
+            btGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(blockTable), R * t_.maxBlocks);
+        }
+        outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(countOut), t_.numCores * kGatherCountSlot);
+        for (uint64_t p = 0; p < t_.numPairs; ++p) {
+            srcGm_[p].SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(t_.src[p]), t_.poolRows * t_.rowBytes[p]);
+            dstGm_[p].SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(t_.dst[p]), R * t_.capacity * t_.rowBytes[p]);
+        }
+
+        pipe_->InitBuffer(copyQue_, kGatherCopyBuffers, static_cast<uint32_t>(t_.copyBytes));
+        pipe_->InitBuffer(posBuf_, static_cast<uint32_t>(t_.idxChunk * sizeof(int32_t)));
+        pipe_->InitBuffer(slotBuf_, static_cast<uint32_t>(t_.idxChunk * sizeof(int32_t)));
+        pipe_->InitBuffer(cntBuf_, static_cast<uint32_t>(t_.cntChunk * sizeof(int32_t)));
+        pipe_->InitBuffer(btBuf_, static_cast<uint32_t>((t_.blockSize != 0 ? t_.btWindow : 8) * sizeof(int32_t)));
+        pipe_->InitBuffer(outBuf_, kGatherCountSlot * sizeof(int32_t));
+        posLocal_ = posBuf_.Get<int32_t>();
+        slotLocal_ = slotBuf_.Get<int32_t>();
+        cntLocal_ = cntBuf_.Get<int32_t>();
+        btLocal_ = btBuf_.Get<int32_t>();
+    }
+
+    __aicore__ inline void Process()
+    {
+        if (blockIdx_ >= t_.numCores) {
+            return;  // more blocks than the tiling expects: nothing of ours to write
+        }
+        if (t_.partition == kPartitionMiss) {
+            ProcessMiss();
+        } else if (t_.partition == kPartitionRequest) {
+            ProcessRequest();
+        } else {
+            ProcessTopk();
+        }
+        WriteCount();
+    }
+
+private:
+    // ------------------------------------------------------------------ tiling and index loads
+
+    // The tiling struct is DMA'd into its own small TBuf (320 B) and read word by word by the
+    // scalar unit after an MTE2->S flag: no scalar GM read, so no DCache question (card §2).
+    __aicore__ inline void LoadTiling(GM_ADDR tiling)
+    {
+        constexpr uint32_t kWords = sizeof(GatherTiling) / sizeof(uint64_t);
+        AscendC::GlobalTensor<uint64_t> tilingGm;
+        tilingGm.SetGlobalBuffer(reinterpret_cast<__gm__ uint64_t*>(tiling), kWords);
+        pipe_->InitBuffer(tilingBuf_, static_cast<uint32_t>(sizeof(GatherTiling)));
+        AscendC::LocalTensor<uint64_t> w = tilingBuf_.Get<uint64_t>();
+        AscendC::DataCopyExtParams params{1, static_cast<uint32_t>(sizeof(GatherTiling)), 0, 0, 0};
+        AscendC::DataCopyPadExtParams<uint64_t> pad{false, 0, 0, 0};
+        AscendC::DataCopyPad(w, tilingGm, params, pad);
+        SyncMte2ToScalar();
+        uint64_t words[kWords];
+        for (uint32_t i = 0; i < kWords; ++i) {
+            words[i] = w.GetValue(i);
+        }
+        uint32_t k = 0;
+        t_.rows = words[k++];
+        t_.entriesPerRow = words[k++];
+        t_.capacity = words[k++];
+        t_.partition = words[k++];
+        t_.numCores = words[k++];
+        t_.numPairs = words[k++];
+        t_.blockSize = words[k++];
+        t_.maxBlocks = words[k++];
+        t_.rowsPerRequest = words[k++];
+        t_.poolRows = words[k++];
+        t_.copyBytes = words[k++];
+        t_.idxChunk = words[k++];
+        t_.cntChunk = words[k++];
+        t_.btWindow = words[k++];
+        for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.rowBytes[p] = words[k++];
+        for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.src[p] = words[k++];
+        for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.dst[p] = words[k++];
+        scalarReadPending_ = true;  // the tiling buffer was read by S; it is never reloaded
+    }
+
+    __aicore__ inline void SyncMte2ToScalar()
+    {
+        event_t e = static_cast<event_t>(pipe_->FetchEventID(AscendC::HardEvent::MTE2_S));
+        AscendC::SetFlag<AscendC::HardEvent::MTE2_S>(e);
+        AscendC::WaitFlag<AscendC::HardEvent::MTE2_S>(e);
+    }
+    // Before MTE2 overwrites a UB buffer the scalar unit has been reading (write-after-read).
+    __aicore__ inline void SyncScalarToMte2()
+    {
+        event_t e = static_cast<event_t>(pipe_->FetchEventID(AscendC::HardEvent::S_MTE2));
+        AscendC::SetFlag<AscendC::HardEvent::S_MTE2>(e);
+        AscendC::WaitFlag<AscendC::HardEvent::S_MTE2>(e);
+    }
+
+    // n int32 from GM into a UB buffer (byte-exact; the 32 B tail of the last block is undefined).
+    __aicore__ inline void LoadInt32(const AscendC::LocalTensor<int32_t>& dst, const AscendC::GlobalTensor<int32_t>& src,
+                                     uint64_t n)
+    {
+        AscendC::DataCopyExtParams params{1, static_cast<uint32_t>(n * sizeof(int32_t)), 0, 0, 0};
+        AscendC::DataCopyPadExtParams<int32_t> pad{false, 0, 0, 0};
+        AscendC::DataCopyPad(dst, src, params, pad);
+    }
+
+    // miss_counts[r] clamped to [0, N], through a UB window of cntChunk rows.
+    __aicore__ inline uint64_t CountOf(uint64_t r)
+    {
+        if (!cntValid_ || r < cntBase_ || r >= cntBase_ + cntLen_) {
+            uint64_t base = r - r % t_.cntChunk;
+            uint64_t len = t_.rows - base < t_.cntChunk ? t_.rows - base : t_.cntChunk;
+            if (scalarReadPending_) SyncScalarToMte2();
+            LoadInt32(cntLocal_, cntGm_[base], len);
+            SyncMte2ToScalar();
+            cntBase_ = base;
+            cntLen_ = len;
+            cntValid_ = true;
+        }
+        scalarReadPending_ = true;
+        int32_t c = cntLocal_.GetValue(static_cast<uint32_t>(r - cntBase_));
+        if (c < 0) return 0;
+        uint64_t u = static_cast<uint64_t>(c);
+        return u > t_.entriesPerRow ? t_.entriesPerRow : u;
+    }
+
+    // block_table[r, col] through a UB window of btWindow entries of row r.
+    __aicore__ inline int64_t BlockOf(uint64_t r, uint64_t col)
+    {
+        if (!btValid_ || r != btRow_ || col < btBase_ || col >= btBase_ + btLen_) {
+            uint64_t base = col - col % t_.btWindow;
+            uint64_t len = t_.maxBlocks - base < t_.btWindow ? t_.maxBlocks - base : t_.btWindow;
+            if (scalarReadPending_) SyncScalarToMte2();
+            LoadInt32(btLocal_, btGm_[r * t_.maxBlocks + base], len);
+            SyncMte2ToScalar();
+            btRow_ = r;
+            btBase_ = base;
+            btLen_ = len;
+            btValid_ = true;
+        }
+        scalarReadPending_ = true;
+        return btLocal_.GetValue(static_cast<uint32_t>(col - btBase_));
+    }
+
+    // Flat host-pool row of (r, pos), or -1 when it lies outside the pool (reference.host_rows).
+    __aicore__ inline int64_t HostRow(uint64_t r, int64_t pos)
+    {
+        if (pos < 0) return -1;
+        uint64_t p = static_cast<uint64_t>(pos);
+        uint64_t flat;
+        if (t_.blockSize == 0) {
+            if (p >= t_.rowsPerRequest) return -1;
+            flat = r * t_.rowsPerRequest + p;
+        } else {
+            uint64_t col = p / t_.blockSize;
+            if (col >= t_.maxBlocks) return -1;
+            int64_t block = BlockOf(r, col);
+            if (block < 0) return -1;
+            flat = static_cast<uint64_t>(block) * t_.blockSize + p % t_.blockSize;
+        }
+        if (flat >= t_.poolRows) return -1;
+        return static_cast<int64_t>(flat);
+    }
+
+    // ------------------------------------------------------------------------ partitions
+
+    __aicore__ inline void ProcessMiss()
+    {
+        const uint64_t R = t_.rows, C = t_.numCores;
+        uint64_t total = 0;
+        for (uint64_t r = 0; r < R; ++r) total += CountOf(r);
+        const uint64_t lo = blockIdx_ * total / C, hi = (blockIdx_ + 1) * total / C;
+        if (lo >= hi) return;
+        uint64_t pre = 0;
+        for (uint64_t r = 0; r < R && pre < hi; ++r) {
+            uint64_t cnt = CountOf(r);
+            uint64_t a = lo > pre ? lo - pre : 0;
+            uint64_t end = pre + cnt < hi ? pre + cnt : hi;
+            if (end > pre + a) CopySegment(r, a, end - pre);
+            pre += cnt;
+        }
+    }
+
+    __aicore__ inline void ProcessRequest()
+    {
+        for (uint64_t r = blockIdx_; r < t_.rows; r += t_.numCores) {
+            uint64_t cnt = CountOf(r);
+            if (cnt > 0) CopySegment(r, 0, cnt);
+        }
+    }
+
+    __aicore__ inline void ProcessTopk()
+    {
+        const uint64_t N = t_.entriesPerRow, C = t_.numCores;
+        const uint64_t L = t_.rows * N;
+        if (L == 0) return;
+        const uint64_t lo = blockIdx_ * L / C, hi = (blockIdx_ + 1) * L / C;
+        if (lo >= hi) return;
+        for (uint64_t r = lo / N; r <= (hi - 1) / N; ++r) {
+            uint64_t rowStart = r * N;
+            uint64_t a = lo > rowStart ? lo - rowStart : 0;
+            uint64_t b = hi < rowStart + N ? hi - rowStart : N;
+            uint64_t cnt = CountOf(r);
+            if (b > cnt) b = cnt;  // entries past the row's miss count are padding: no-ops
+            if (b > a) CopySegment(r, a, b);
+        }
+    }
+
+    // ------------------------------------------------------------------------ copies
+
+    // Entries [a, b) of row r: indices loaded in chunks of idxChunk, then one copy per entry/pair.
+    __aicore__ inline void CopySegment(uint64_t r, uint64_t a, uint64_t b)
+    {
+        const uint64_t N = t_.entriesPerRow, S = t_.capacity;
+        for (uint64_t j0 = a; j0 < b; j0 += t_.idxChunk) {
+            uint64_t n = b - j0 < t_.idxChunk ? b - j0 : t_.idxChunk;
+            if (scalarReadPending_) SyncScalarToMte2();
+            LoadInt32(posLocal_, posGm_[r * N + j0], n);
+            LoadInt32(slotLocal_, slotGm_[r * N + j0], n);
+            SyncMte2ToScalar();
+            scalarReadPending_ = true;
+            for (uint64_t i = 0; i < n; ++i) {
+                int32_t pos = posLocal_.GetValue(static_cast<uint32_t>(i));
+                int32_t slot = slotLocal_.GetValue(static_cast<uint32_t>(i));
+                if (slot < 0 || static_cast<uint64_t>(slot) >= S) continue;  // never from a valid plan
+                int64_t hostRow = HostRow(r, pos);
+                if (hostRow < 0) continue;
+                for (uint64_t p = 0; p < t_.numPairs; ++p) {
+                    CopyRow(p, static_cast<uint64_t>(hostRow), r * S + static_cast<uint64_t>(slot));
+                }
+                ++copied_;
+            }
+        }
+    }
+
+    // One host row of pair p -> buffer row, in pieces of at most copyBytes.
+    __aicore__ inline void CopyRow(uint64_t p, uint64_t hostRow, uint64_t dstRow)
+    {
+        const uint64_t bytes = t_.rowBytes[p];
+        const uint64_t srcOff = hostRow * bytes, dstOff = dstRow * bytes;
+        for (uint64_t off = 0; off < bytes; off += t_.copyBytes) {
+            uint32_t len = static_cast<uint32_t>(bytes - off < t_.copyBytes ? bytes - off : t_.copyBytes);
+            AscendC::DataCopyExtParams params{1, len, 0, 0, 0};
+            AscendC::LocalTensor<uint8_t> in = copyQue_.AllocTensor<uint8_t>();
+            AscendC::DataCopyPadExtParams<uint8_t> pad{false, 0, 0, 0};
+            AscendC::DataCopyPad(in, srcGm_[p][srcOff + off], params, pad);
+            copyQue_.EnQue(in);
+            AscendC::LocalTensor<uint8_t> out = copyQue_.DeQue<uint8_t>();
+            AscendC::DataCopyPad(dstGm_[p][dstOff + off], out, params);
+            copyQue_.FreeTensor(out);
+        }
+    }
+
+    // countOut[c*8 .. c*8+8) = {copied, 0 x 7}: one whole 32 B block per core.
+    __aicore__ inline void WriteCount()
+    {
+        AscendC::LocalTensor<int32_t> o = outBuf_.Get<int32_t>();
+        o.SetValue(0, static_cast<int32_t>(copied_));
+        for (uint32_t k = 1; k < kGatherCountSlot; ++k) o.SetValue(k, 0);
+        event_t e = static_cast<event_t>(pipe_->FetchEventID(AscendC::HardEvent::S_MTE3));
+        AscendC::SetFlag<AscendC::HardEvent::S_MTE3>(e);
+        AscendC::WaitFlag<AscendC::HardEvent::S_MTE3>(e);
+        AscendC::DataCopy(outGm_[blockIdx_ * kGatherCountSlot], o, kGatherCountSlot);
+    }
+
+    AscendC::TPipe* pipe_ = nullptr;
+    GatherTiling t_;
+    uint64_t blockIdx_ = 0;
+    uint64_t copied_ = 0;
+
+    AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT, 1> copyQue_;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> tilingBuf_, posBuf_, slotBuf_, cntBuf_, btBuf_, outBuf_;
+    AscendC::LocalTensor<int32_t> posLocal_, slotLocal_, cntLocal_, btLocal_;
+
+    AscendC::GlobalTensor<int32_t> posGm_, slotGm_, cntGm_, btGm_, outGm_;
+    AscendC::GlobalTensor<uint8_t> srcGm_[kGatherMaxPairs], dstGm_[kGatherMaxPairs];
+
+    // UB windows over miss_counts and block_table.
+    bool cntValid_ = false, btValid_ = false;
+    uint64_t cntBase_ = 0, cntLen_ = 0;
+    uint64_t btRow_ = 0, btBase_ = 0, btLen_ = 0;
+    // The scalar unit has read a DMA-loaded buffer since the last S->MTE2 flag.
+    bool scalarReadPending_ = false;
+};
+
+}  // namespace avsg

@@ -1,0 +1,244 @@
+"""Backends and the AscendC emulation's instrumentation, from Python.
+
+What runs where (DESIGN.md §5):
+
+* ``cpu``: the AscendC kernel sources in ``op_kernel/`` compiled against the project's strict CPU
+  emulation; they serve ``torch.ops.avsg.*`` for CPU tensors. ``backend_info()`` says which ops
+  have a compiled kernel (the others fall back to the Python reference).
+* ``npu``: the same kernel sources built by CANN (``scripts/build_npu.sh``) into ``_npu_ops.so``,
+  registered for PrivateUse1. ``load_npu_backend()`` loads it (done at import when the file exists).
+
+Emulated time, not CPU time
+---------------------------
+CPU wall time of the emulation says nothing about an NPU. Each emulated launch instead counts, per
+block and per pipe, the work the kernel issued (scalar accesses, vector instructions and 256 B
+repeats, MTE2/MTE3 copies and bytes, synchronisations)::
+
+    avsg.gather(plan, host_kv, buffer_kv)
+    c = avsg.backend.last_launch_counters()       # the most recent launch of ANY kernel
+    c.total()["mte2_bytes"], c.blocks
+    avsg.backend.estimate_npu_time_us(c)          # cost model of op_kernel/cpu/emu_core.h
+
+``estimate_npu_time_us`` applies the emulation's first-order cost model (``avsg_emu::estimate``:
+constants in ``cost_model()``, each an assumption documented in ``emu_core.h``): a block's time is
+the sum of its pipes' cycles (``bound="serial"``, an upper bound, the default) or the busiest
+pipe plus synchronisation (``bound="overlap"``, a lower bound); blocks run in parallel, so a launch
+takes as long as its slowest block. Mapped host memory is not modelled slower than HBM.
+
+Host KV on the NPU
+------------------
+AI cores read a host pool through the device address of memory registered with
+``aclrtHostRegister(ptr, size, ACL_HOST_REGISTER_MAPPED, &dev_ptr)``. Register each pool once,
+before the first ``gather`` that reads it::
+
+    host_kv = avsg.backend.alloc_host_pool((R, max_len, 576), torch.bfloat16)  # pinned, 4 KB aligned
+    avsg.backend.register_host_pool(host_kv)
+    avsg.gather(plan, host_kv, buffer_kv_on_npu)     # src on CPU, plan and dst on the NPU
+
+Every CPU ``src`` of an NPU gather must lie inside a registered pool (a view of one is fine);
+otherwise the op raises. Keep the tensor alive while it is registered.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import _ops
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+NPU_LIBRARY_GLOB = "_npu_ops*.so"
+HOST_POOL_ALIGNMENT = 4096      # aclrtHostRegister needs a 4 KB page-aligned pointer
+
+
+# ------------------------------------------------------------------------------ backends
+
+def npu_library_path() -> Optional[str]:
+    """Path of the NPU op library (built only with CANN, see scripts/build_npu.sh), or None."""
+    found = sorted(glob.glob(os.path.join(_HERE, NPU_LIBRARY_GLOB)))
+    return found[0] if found else None
+
+
+_npu_loaded: Optional[str] = None
+_npu_error: Optional[str] = None
+
+
+def load_npu_backend() -> bool:
+    """Load the NPU op library (registers ``torch.ops.avsg.*`` for PrivateUse1). Needs torch_npu.
+    Returns True when it is loaded; the reason it is not is in ``backend_info()["npu_error"]``."""
+    global _npu_loaded, _npu_error
+    if _npu_loaded:
+        return True
+    path = npu_library_path()
+    if path is None:
+        _npu_error = "not built (no CANN at build time; see scripts/build_npu.sh)"
+        return False
+    try:
+        import torch_npu  # noqa: F401  (registers the PrivateUse1 backend the library links against)
+        torch.ops.load_library(path)
+    except Exception as e:  # ImportError, OSError: report, do not break the CPU backend
+        _npu_error = f"{type(e).__name__}: {e}"
+        return False
+    _npu_loaded, _npu_error = path, None
+    return True
+
+
+def backend_info() -> Dict[str, object]:
+    """Which implementation serves each op, and the state of the NPU backend."""
+    return {
+        "cpu": dict(_ops.CPU_BACKEND),
+        "emulated_cores": emulated_cores() if _has_op("emulated_cores") else None,
+        "npu_library": npu_library_path(),
+        "npu_loaded": bool(_npu_loaded),
+        "npu_error": _npu_error,
+        "npu_available": _ops.npu_available(),
+        "npu_kernels": {op: _ops.has_kernel(op, "PrivateUse1") for op in _ops.OP_NAMES},
+    }
+
+
+def _has_op(name: str) -> bool:
+    return hasattr(torch.ops.avsg, name)
+
+
+def _require_op(name: str):
+    if not _has_op(name):
+        raise RuntimeError(f"avsg: torch.ops.avsg.{name} is missing: the op library was built without "
+                           f"the AscendC emulation (op_host/emu_counters.cpp)")
+    return getattr(torch.ops.avsg, name)
+
+
+# ------------------------------------------------------------------- emulated core count
+
+def emulated_cores() -> int:
+    """AIV cores the CPU emulation has (default 40, as Ascend 910B3/B4). A launch with more blocks,
+    e.g. ``gather(num_cores=48)``, raises."""
+    return int(_require_op("emulated_cores")())
+
+
+def set_emulated_cores(cores: int) -> None:
+    """Set the emulation's core count (48 models 910B1/B2 and A3 dies). Process-wide."""
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"cores: expected an int >= 1, got {cores!r}")
+    _require_op("set_emulated_cores")(cores)
+
+
+# ------------------------------------------------------------------------------ counters
+
+def counter_fields() -> Tuple[str, ...]:
+    """Names of the per-block counters (columns of ``LaunchCounters.per_block``)."""
+    return tuple(_require_op("counter_fields")())
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchCounters:
+    """Work one emulated launch issued: ``per_block`` int64 ``[blocks, len(fields)]``.
+
+    Fields (per block): ``scalar_ub_reads/writes`` and ``scalar_gm_reads/writes`` (PIPE_S tensor
+    accesses), ``vec_instrs``/``vec_repeats`` (PIPE_V, 256 B repeats), ``mte2_copies``/
+    ``mte2_bytes`` (GM->UB), ``mte3_copies``/``mte3_bytes`` (UB->GM), ``ub_copies``/``ub_bytes``
+    (UB->UB), ``pipe_barriers``, ``set_flags``, ``wait_flags``, ``sync_alls``, ``queue_syncs``
+    (flag pairs inserted by TQue), ``dcci``.
+    """
+    fields: Tuple[str, ...]
+    per_block: torch.Tensor
+    vector_apis: Dict[str, torch.Tensor]   # API name -> int64 [blocks, 2] (instructions, repeats)
+
+    @property
+    def blocks(self) -> int:
+        return int(self.per_block.shape[0])
+
+    def __getitem__(self, field: str) -> torch.Tensor:
+        """One counter for every block: int64 ``[blocks]``."""
+        return self.per_block[:, self.fields.index(field)]
+
+    def block(self, i: int) -> Dict[str, int]:
+        return dict(zip(self.fields, self.per_block[i].tolist()))
+
+    def total(self) -> Dict[str, int]:
+        return dict(zip(self.fields, self.per_block.sum(0).tolist()))
+
+
+def last_launch_counters() -> LaunchCounters:
+    """Counters of the most recent emulated launch (of any kernel: gather, plan, ...), recorded
+    even when it failed."""
+    per_block = _require_op("last_launch_counters")()
+    names, apis = _require_op("last_launch_vector_apis")()
+    return LaunchCounters(counter_fields(), per_block,
+                          {name: apis[:, i] for i, name in enumerate(names)})
+
+
+def cost_model() -> Dict[str, float]:
+    """Constants of the emulation's cost model (``avsg_emu::CostModel`` in emu_core.h)."""
+    names, values = _require_op("cost_model")()
+    return dict(zip(names, values))
+
+
+def estimate_cost(counters: Optional[LaunchCounters] = None) -> List[Dict[str, float]]:
+    """Per block: cycles per pipe (scalar, vector, mte2, mte3, sync) and ``serial_ns`` /
+    ``overlap_ns``, from ``avsg_emu::estimate`` (default: the last launch)."""
+    c = last_launch_counters() if counters is None else counters
+    names = _require_op("cost_fields")()
+    est = _require_op("estimate_cost")(c.per_block)
+    return [dict(zip(names, row)) for row in est.tolist()]
+
+
+def estimate_npu_time_us(counters: Optional[LaunchCounters] = None, bound: str = "serial") -> float:
+    """Estimated NPU time of one launch in microseconds: the slowest block's estimate.
+
+    ``bound="serial"`` (default, upper bound: pipes do not overlap) or ``"overlap"`` (lower bound:
+    the busiest pipe plus synchronisation). A model, not a measurement (see the module docstring).
+    """
+    if bound not in ("serial", "overlap"):
+        raise ValueError(f"bound: expected 'serial' or 'overlap', got {bound!r}")
+    per_block = estimate_cost(counters)
+    if not per_block:
+        return 0.0
+    return max(b[f"{bound}_ns"] for b in per_block) / 1000.0
+
+
+# ---------------------------------------------------------------------- host pools (NPU)
+
+def alloc_host_pool(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A pinned host tensor for a KV pool, page-aligned as ``aclrtHostRegister`` requires."""
+    t = torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
+    if t.data_ptr() % HOST_POOL_ALIGNMENT:
+        raise RuntimeError(f"avsg: pinned allocation at {t.data_ptr():#x} is not "
+                           f"{HOST_POOL_ALIGNMENT}-byte aligned; allocate the pool with "
+                           "aclrtMallocHost-backed memory of a page-aligned size")
+    return t
+
+
+def register_host_pool(pool: torch.Tensor) -> None:
+    """Map a host KV pool into the NPU's address space (``aclrtHostRegister``, MAPPED), once.
+    Needs the NPU backend; ``pool`` must be a contiguous CPU tensor starting on a 4 KB boundary
+    (pinned memory: ``alloc_host_pool``). Registering the same pool twice is a no-op."""
+    _require_npu_op("register_host_pool")(pool)
+
+
+def unregister_host_pool(pool: torch.Tensor) -> None:
+    """Undo ``register_host_pool`` (``aclrtHostUnregister``); gathers must have finished."""
+    _require_npu_op("unregister_host_pool")(pool)
+
+
+def host_pool_registered(t: torch.Tensor) -> bool:
+    """True when ``t`` lies inside a registered host pool."""
+    if not _has_op("host_pool_registered"):
+        return False
+    return bool(torch.ops.avsg.host_pool_registered(t))
+
+
+def _require_npu_op(name: str):
+    if not _has_op(name):
+        load_npu_backend()
+    if not _has_op(name):
+        raise RuntimeError(f"avsg.backend.{name}: the NPU backend is not loaded ({_npu_error}); "
+                           "build it with scripts/build_npu.sh on a machine with CANN and torch_npu")
+    return getattr(torch.ops.avsg, name)
+
+
+# Load the NPU backend at import when it was built (never an error on a CPU-only machine).
+if npu_library_path() is not None:
+    load_npu_backend()
