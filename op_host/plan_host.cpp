@@ -23,6 +23,7 @@ extern "C" void avsg_reset(GM_ADDR, GM_ADDR, GM_ADDR);
 
 #ifdef AVSG_WITH_NPU
 #include "acl/acl.h"
+#include "tiling/platform/platform_ascendc.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/framework/OpCommand.h"
 #include "aclrtlaunch_avsg_plan.h"
@@ -132,7 +133,10 @@ uint32_t BlockDimFor(int64_t rows) {
 #ifdef AVSG_CPU_EMULATION
     const int64_t cores = avsg_emu::core_count();
 #else
-    const int64_t cores = 40;
+    // blockDim must not exceed the physical AIV cores (910B3/B4: 40, 910B1/B2 and A3 dies: 48).
+    auto* platform = platform_ascendc::PlatformAscendCManager::GetInstance();
+    TORCH_CHECK(platform != nullptr, "avsg.plan: cannot query the Ascend platform (PlatformAscendCManager)");
+    const int64_t cores = static_cast<int64_t>(platform->GetCoreNumAiv());
 #endif
     return static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(rows, cores)));
 }
@@ -220,7 +224,11 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     void* args[10] = {topk_pos.data_ptr(), seq_lens.data_ptr(), state.data_ptr(), stats.data_ptr(),
                       slots.data_ptr(), miss_pos.data_ptr(), miss_slots.data_ptr(), miss_counts.data_ptr(),
                       workspace.data_ptr(), tilingDev.data_ptr()};
-    at_npu::native::OpCommand::RunOpApi(dual ? "avsg_plan_dual_pointer" : "avsg_plan", [=]() -> int {
+    // RunOpApi may defer the lambda (task queue): it owns the tiling and workspace until then.
+    at_npu::native::OpCommand::RunOpApi(dual ? "avsg_plan_dual_pointer" : "avsg_plan",
+                                        [=, keepTiling = tilingDev, keepWorkspace = workspace]() -> int {
+        (void)keepTiling;
+        (void)keepWorkspace;
         aclrtStream stream = c10_npu::getCurrentNPUStream().stream(false);
         if (dual)
             ACLRT_LAUNCH_KERNEL(avsg_plan_dual_pointer)(blockDim, stream, args[0], args[1], args[2], args[3],
@@ -328,7 +336,8 @@ void InvalidateNpu(at::Tensor& state, const at::Tensor& valid_lens, int64_t capa
     PlanTiling tiling = StateTiling(state, capacity, buckets, blockDim);
     at::Tensor tl = at::from_blob(&tiling, {static_cast<int64_t>(sizeof(tiling))}, at::kByte).to(state.device());
     void *s = state.data_ptr(), *v = valid_lens.data_ptr(), *t = tl.data_ptr();
-    at_npu::native::OpCommand::RunOpApi("avsg_invalidate", [=]() -> int {
+    at_npu::native::OpCommand::RunOpApi("avsg_invalidate", [=, keepTiling = tl]() -> int {
+        (void)keepTiling;
         ACLRT_LAUNCH_KERNEL(avsg_invalidate)(blockDim, c10_npu::getCurrentNPUStream().stream(false), s, v, t);
         return 0;
     });
@@ -342,7 +351,8 @@ void ResetNpu(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, i
     PlanTiling tiling = StateTiling(state, capacity, buckets, blockDim);
     at::Tensor tl = at::from_blob(&tiling, {static_cast<int64_t>(sizeof(tiling))}, at::kByte).to(state.device());
     void *s = state.data_ptr(), *m = row_mask.data_ptr(), *t = tl.data_ptr();
-    at_npu::native::OpCommand::RunOpApi("avsg_reset", [=]() -> int {
+    at_npu::native::OpCommand::RunOpApi("avsg_reset", [=, keepTiling = tl]() -> int {
+        (void)keepTiling;
         ACLRT_LAUNCH_KERNEL(avsg_reset)(blockDim, c10_npu::getCurrentNPUStream().stream(false), s, m, t);
         return 0;
     });

@@ -98,6 +98,8 @@ def test_invariants_on_random_sessions(geo, ops, seed, pad_rate, unchecked):
     gen = torch.Generator().manual_seed(seed)
     buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime)
     dual = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime)
+    # the specification itself, called directly (the ops may be served by compiled kernels)
+    spec_state, spec_stats = buf.state.clone(), buf.stats_counts.clone()
     oracle, model = ContentOracle(R, S), PolicyModel(R, S, lifetime)
     max_len = 4 * S + 8
     host = torch.randn(R, max_len, 3)
@@ -119,6 +121,10 @@ def test_invariants_on_random_sessions(geo, ops, seed, pad_rate, unchecked):
             for got, other in zip(plan[:4], twin[:4]):
                 assert torch.equal(got, other), "dual-pointer plan differs from hash plan"
             assert torch.equal(buf.state, dual.state)
+            spec = reference.plan(spec_state, spec_stats, topk, seq_lens, buf.layout, lifetime)
+            for got, want in zip(spec, expect):
+                assert torch.equal(got, want), "the reference differs from the policy model"
+            assert torch.equal(spec_state, buf.state) and torch.equal(spec_stats, buf.stats_counts)
             oracle.step(topk, seq_lens, plan)
             avsg.gather(plan, host, device_kv, num_cores=3)
             valid = plan.slots >= 0
@@ -130,6 +136,7 @@ def test_invariants_on_random_sessions(geo, ops, seed, pad_rate, unchecked):
                                                    dtype=torch.int32)).clamp(min=0)
             buf.invalidate(valid_lens)
             dual.invalidate(valid_lens)
+            reference.invalidate(spec_state, buf.layout, valid_lens)
             oracle.invalidate(valid_lens)
             model.invalidate(valid_lens)
             seq_lens = torch.maximum(valid_lens, torch.ones_like(valid_lens))
@@ -137,6 +144,7 @@ def test_invariants_on_random_sessions(geo, ops, seed, pad_rate, unchecked):
             rows = sorted(set(torch.randint(0, R, (2,), generator=gen).tolist()))
             buf.reset(rows)
             dual.reset(rows)
+            reference.reset(spec_state, buf.layout, torch.isin(torch.arange(R), torch.tensor(rows)))
             oracle.reset(rows)
             model.reset(rows)
         check_index_consistent(buf, after_plan=(op == "plan"))

@@ -6,7 +6,9 @@
     buf.invalidate(valid_lens); buf.reset(rows); buf.stats()
 """
 from . import _ops, reference
+from . import backend  # loads the NPU op library when it was built (scripts/build_npu.sh)
 from .buffer import Plan, SparseKVBuffer, gather, get_num_cores, set_num_cores
 
-__all__ = ["Plan", "SparseKVBuffer", "gather", "get_num_cores", "set_num_cores", "reference"]
+__all__ = ["Plan", "SparseKVBuffer", "gather", "get_num_cores", "set_num_cores", "reference",
+           "backend"]
 __version__ = "0.1.0"
