@@ -18,18 +18,22 @@ OUT_NAMES = ("slots", "miss_pos", "miss_slots", "miss_counts")
 
 
 class Twin:
-    """Kernel state and reference state driven in lockstep."""
+    """Kernel state (on ``device``) and reference state (on CPU) driven in lockstep."""
 
-    def __init__(self, R, S, H, L, matcher="hash"):
+    def __init__(self, R, S, H, L, matcher="hash", device="cpu"):
         self.layout = reference.Layout(S, H)
-        self.S, self.H, self.L, self.matcher = S, H, L, matcher
-        self.state = reference.new_state(R, self.layout)
-        self.stats = torch.zeros(R, 4, dtype=torch.int64)
-        self.ref_state, self.ref_stats = self.state.clone(), self.stats.clone()
+        self.S, self.H, self.L, self.matcher, self.device = S, H, L, matcher, device
+        self.ref_state = reference.new_state(R, self.layout)
+        self.ref_stats = torch.zeros(R, 4, dtype=torch.int64)
+        # clone first: .to() of a CPU tensor to "cpu" would alias the reference state
+        self.state = self.ref_state.clone().to(device)
+        self.stats = self.ref_stats.clone().to(device)
 
     def plan(self, topk, seq):
         op = torch.ops.avsg.plan if self.matcher == "hash" else torch.ops.avsg.plan_dual_pointer
-        got = op(topk, seq, self.state, self.stats, self.S, self.H, self.L)
+        got = op(topk.to(self.device), seq.to(self.device), self.state, self.stats, self.S, self.H,
+                 self.L)
+        got = tuple(t.cpu() for t in got)
         want = reference.plan(self.ref_state, self.ref_stats, topk, seq, self.layout, self.L,
                               matcher=self.matcher)
         for name, a, b in zip(OUT_NAMES, got, want):
@@ -38,20 +42,21 @@ class Twin:
         return got
 
     def invalidate(self, valid_lens):
-        torch.ops.avsg.invalidate(self.state, valid_lens, self.S, self.H)
+        torch.ops.avsg.invalidate(self.state, valid_lens.to(self.device), self.S, self.H)
         reference.invalidate(self.ref_state, self.layout, valid_lens)
         self.check()
 
     def reset(self, mask):
-        torch.ops.avsg.reset(self.state, mask, self.S, self.H)
+        torch.ops.avsg.reset(self.state, mask.to(self.device), self.S, self.H)
         reference.reset(self.ref_state, self.layout, mask)
         self.check()
 
     def check(self):
-        if not torch.equal(self.state, self.ref_state):
-            diff = (self.state != self.ref_state).nonzero()[:8]
+        state = self.state.cpu()
+        if not torch.equal(state, self.ref_state):
+            diff = (state != self.ref_state).nonzero()[:8]
             raise AssertionError(f"state differs at {diff.tolist()}")
-        assert torch.equal(self.stats, self.ref_stats), "stats differ"
+        assert torch.equal(self.stats.cpu(), self.ref_stats), "stats differ"
 
 
 def draw(gen, R, T, K, seq_lens, hot, pad=0.1, repeat=0.3, wild=0.05):
