@@ -111,8 +111,12 @@ def test_random_sessions_bit_exact(geo, ops, seed, matcher):
     R, T, K, ratio, hmul, L = geo
     S = max(T * K, int(T * K * ratio))
     H = min(reference.MAX_BUCKETS, max(64, reference.default_buckets(S) * hmul // 2, S))
+    run_session(Twin(R, S, H, L, matcher), ops, seed, R, T, K, S)
+
+
+def run_session(twin, ops, seed, R, T, K, S):
+    """Drive a twin through a drawn sequence of plan / invalidate / reset calls."""
     gen = torch.Generator().manual_seed(seed)
-    twin = Twin(R, S, H, L, matcher)
     seq = torch.randint(1, 4 * S + 8, (R,), generator=gen, dtype=I32)
     for op in ops:
         if op == "plan":

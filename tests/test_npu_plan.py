@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from avsg import reference
-from test_kernel_plan import I32, Twin, colliding, draw, geometry, session
+from test_kernel_plan import I32, Twin, colliding, draw, geometry, run_session, session
 from test_npu import SKIP_REASON
 
 pytestmark = pytest.mark.npu
@@ -25,17 +25,7 @@ def test_random_sessions_on_npu(geo, ops, seed, matcher):
     R, T, K, ratio, hmul, L = geo
     S = max(T * K, int(T * K * ratio))
     H = min(reference.MAX_BUCKETS, max(64, reference.default_buckets(S) * hmul // 2, S))
-    gen = torch.Generator().manual_seed(seed)
-    twin = Twin(R, S, H, L, matcher, device="npu")
-    seq = torch.randint(1, 4 * S + 8, (R,), generator=gen, dtype=I32)
-    for op in ops:
-        if op == "plan":
-            seq = seq + torch.randint(0, T + 1, (R,), generator=gen, dtype=I32)
-            twin.plan(draw(gen, R, T, K, seq, hot=2 * T * K), seq)
-        elif op == "invalidate":
-            twin.invalidate(seq - torch.randint(-2, T + 3, (R,), generator=gen, dtype=I32))
-        else:
-            twin.reset(torch.rand(R, generator=gen) < 0.5)
+    run_session(Twin(R, S, H, L, matcher, device="npu"), ops, seed, R, T, K, S)
 
 
 @pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
