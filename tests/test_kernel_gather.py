@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import avsg
+import avsg  # noqa: F401  (loads the op library)
 from avsg import _ops, backend, reference
 
 I32 = torch.int32

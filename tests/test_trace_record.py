@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
@@ -72,7 +71,7 @@ def test_script_without_transformers_fails_clearly(monkeypatch):
 
 def test_record_tiny_random_model(tmp_path):
     transformers = pytest.importorskip("transformers")
-    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, models, pre_tokenizers
     words = [f"w{i}" for i in range(60)]
     vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from avsg.traces import format as tf
 from avsg.traces.format import Trace, TraceFormatError, load_trace, save_trace, validate_trace
 from avsg.traces.policies import make_policy, policy_names
 from avsg.traces.replay import replay

@@ -5,7 +5,7 @@
     avsg.gather(plan, src=[host_kv], dst=[buffer_kv])    # copy only the misses
     buf.invalidate(valid_lens); buf.reset(rows); buf.stats()
 """
-from . import _ops, reference
+from . import _ops, reference  # noqa: F401  (_ops registers the ops)
 from . import backend  # loads the NPU op library when it was built (scripts/build_npu.sh)
 from .buffer import Plan, SparseKVBuffer, gather, get_num_cores, set_num_cores
 

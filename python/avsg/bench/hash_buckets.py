@@ -33,7 +33,7 @@ def replay(sel, positions, capacity: int, buckets: int) -> dict:
         topk = torch.from_numpy(sel[:, step]).to(torch.int32).view(layers, 1, k)
         seq = torch.full((layers,), int(positions[step]) + 1, dtype=torch.int32)
         before = reference.view_state(buf.state, buf.layout).stash_count.clone()
-        plan = buf.plan(topk, seq)
+        buf.plan(topk, seq)
         after = reference.view_state(buf.state, buf.layout).stash_count.clone()
         stash_after.append(after.numpy().copy())
         stashed += int((after - before).clamp(min=0).sum())

@@ -203,7 +203,7 @@ def _fill(trace_sub):
     _add_common_trace_args(p)
     p.add_argument("--capacity", type=int, nargs="+", default=list(DEFAULT_CAPACITIES),
                    help="buffer entries per layer (default 4096 8192 16384)")
-    p.add_argument("--policy", nargs="+", choices=names, help=f"policies (default: all)")
+    p.add_argument("--policy", nargs="+", choices=names, help="policies (default: all)")
     p.add_argument("--entry-bytes", type=int, default=DEFAULT_ENTRY_BYTES,
                    help=f"bytes per KV entry per layer (default {DEFAULT_ENTRY_BYTES}: MLA 576 x bf16)")
     p.add_argument("--out", default="trace_results", help="directory for JSON/PNG (default trace_results)")

@@ -31,7 +31,7 @@ The first iteration warms the buffers and is not counted (unless ``count_first_s
 from __future__ import annotations
 
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 

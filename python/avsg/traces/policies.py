@@ -53,7 +53,7 @@ Policies (names used by the CLI):
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Callable, Dict, NamedTuple
 
 import numpy as np
 

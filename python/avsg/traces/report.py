@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 

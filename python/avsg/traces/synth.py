@@ -27,7 +27,6 @@ Layers are independent draws with the same parameters (one child seed per layer)
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 
