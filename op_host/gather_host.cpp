@@ -33,6 +33,7 @@ extern "C" void avsg_gather(GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCoun
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/framework/OpCommand.h"
 #include "npu/host_pool.h"
+#include "npu/launch_util.h"
 #endif
 
 namespace avsg {
@@ -263,6 +264,7 @@ at::Tensor gather_npu(const at::Tensor& miss_pos, const at::Tensor& miss_slots, 
     using namespace gather_host;
     Args a = validate(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_size, partition, num_cores);
     const at::Device dev = miss_pos.device();
+    c10::OptionalDeviceGuard guard(dev);
     TORCH_CHECK_VALUE(dev.type() == c10::DeviceType::PrivateUse1, "avsg.gather: the NPU backend needs the plan "
                       "tensors on an NPU, got ", dev);
     const int64_t aiv = npu_aiv_cores();
@@ -287,27 +289,24 @@ at::Tensor gather_npu(const at::Tensor& miss_pos, const at::Tensor& miss_slots, 
     }
 
     at::Tensor out = at::zeros({num_cores, static_cast<int64_t>(kGatherCountSlot)}, miss_pos.options());
+    at::Tensor bt = block_table.has_value() ? *block_table : at::Tensor();
+    aclrtStream stream = npu::CurrentStream();  // the caller's: the lambda may run on the task-queue thread
+    const uint32_t blocks = static_cast<uint32_t>(num_cores);
     for (size_t first = 0; first < src.size(); first += kGatherMaxPairs) {
         size_t count = std::min<size_t>(kGatherMaxPairs, src.size() - first);
         GatherTiling t = make_tiling(a, first, count, srcAddr, dstAddr);
-        // Tiling to the device: pinned host staging + async copy on the current stream (the pinned
-        // block is kept alive by the caching host allocator until the copy has run).
-        at::Tensor host_tiling = at::empty({static_cast<int64_t>(sizeof(GatherTiling))},
-                                           at::TensorOptions().dtype(at::kByte).device(at::kCPU)).pin_memory();
-        std::memcpy(host_tiling.data_ptr(), &t, sizeof(GatherTiling));
-        at::Tensor dev_tiling = host_tiling.to(dev, at::kByte, /*non_blocking=*/true, /*copy=*/true);
+        // Uploaded once per distinct tiling (geometry + buffer addresses), with no host sync.
+        at::Tensor dev_tiling = npu::DeviceTiling(&t, sizeof(t), dev);
+        // Launches after the first copy the same entries per core; only the first one's counts are kept.
         at::Tensor launch_out = first == 0 ? out : at::zeros_like(out);
-        at::Tensor bt = block_table.has_value() ? *block_table : at::Tensor();
-        const uint32_t blocks = static_cast<uint32_t>(num_cores);
-        // Capture tensors (not raw pointers) so their storage lives until the task queue runs it.
-        auto launch = [=]() -> int {
-            auto stream = c10_npu::getCurrentNPUStream().stream(false);
-            ACLRT_LAUNCH_KERNEL(avsg_gather)(blocks, stream, miss_pos.data_ptr(), miss_slots.data_ptr(),
-                                             miss_counts.data_ptr(), bt.defined() ? bt.data_ptr() : nullptr,
-                                             launch_out.data_ptr(), dev_tiling.data_ptr());
-            return 0;
-        };
-        at_npu::native::OpCommand::RunOpApi("avsg_gather", launch);
+        // The index tensors are captured by value for the deferred launch. The src/dst addresses
+        // travel inside the tiling: they stay valid because the caller holds src and dst, and
+        // device memory is only reused in stream order.
+        at_npu::native::OpCommand::RunOpApi("avsg_gather", [=]() -> int {
+            return npu::LaunchStatus(ACLRT_LAUNCH_KERNEL(avsg_gather)(
+                blocks, stream, miss_pos.data_ptr(), miss_slots.data_ptr(), miss_counts.data_ptr(),
+                bt.defined() ? bt.data_ptr() : nullptr, launch_out.data_ptr(), dev_tiling.data_ptr()));
+        });
     }
     return out.select(1, 0).contiguous();
 }

@@ -1,7 +1,8 @@
-// Host side of plan / plan_dual_pointer / invalidate / reset: input checks, tiling (UB plan),
-// launch through the CPU emulation, and registration as the CPU implementation of torch.ops.avsg.*.
-// The NPU launch of the same kernels (ACLRT_LAUNCH_KERNEL on the current NPU stream inside
-// OpCommand::RunOpApi) is compiled only with AVSG_WITH_NPU (op_host/npu, CANN present).
+// Host side of plan / plan_dual_pointer / invalidate / reset: input checks, tiling (UB plan), launch
+// and registration. This file is compiled twice: into the CPU library with AVSG_CPU_EMULATION (the
+// kernels run through the emulation; registered for CPU) and, when CANN is found, into the NPU
+// library with AVSG_WITH_NPU (ACLRT_LAUNCH_KERNEL on the caller's NPU stream inside
+// OpCommand::RunOpApi; registered for PrivateUse1). Checks and tiling are shared.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -12,8 +13,13 @@
 
 #include "plan_tiling.h"
 
+#if defined(AVSG_CPU_EMULATION) == defined(AVSG_WITH_NPU)
+#error "op_host/plan_host.cpp: build with exactly one of AVSG_CPU_EMULATION (CPU library) or AVSG_WITH_NPU (NPU library)"
+#endif
+
 #ifdef AVSG_CPU_EMULATION
 #include "kernel_operator.h"
+using GM_ADDR_T = GM_ADDR;
 extern "C" void avsg_plan(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_plan_dual_pointer(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
                                        GM_ADDR, GM_ADDR);
@@ -30,6 +36,8 @@ extern "C" void avsg_reset(GM_ADDR, GM_ADDR, GM_ADDR);
 #include "aclrtlaunch_avsg_plan_dual_pointer.h"
 #include "aclrtlaunch_avsg_invalidate.h"
 #include "aclrtlaunch_avsg_reset.h"
+#include "npu/launch_util.h"
+using GM_ADDR_T = uint8_t*;
 #endif
 
 namespace avsg {
@@ -130,13 +138,13 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t T, uint32_t K, uint32_t capacity, 
 }
 
 uint32_t BlockDimFor(int64_t rows) {
-#ifdef AVSG_CPU_EMULATION
-    const int64_t cores = avsg_emu::core_count();
-#else
+#ifdef AVSG_WITH_NPU
     // blockDim must not exceed the physical AIV cores (910B3/B4: 40, 910B1/B2 and A3 dies: 48).
     auto* platform = platform_ascendc::PlatformAscendCManager::GetInstance();
     TORCH_CHECK(platform != nullptr, "avsg.plan: cannot query the Ascend platform (PlatformAscendCManager)");
     const int64_t cores = static_cast<int64_t>(platform->GetCoreNumAiv());
+#else
+    const int64_t cores = avsg_emu::core_count();
 #endif
     return static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(rows, cores)));
 }
@@ -164,18 +172,90 @@ int64_t StateWidth(int64_t capacity, int64_t buckets) {
     return 2 * buckets + 4 * static_cast<int64_t>(RoundUp(static_cast<uint32_t>(capacity), 64)) + kStashCountPad;
 }
 
+// The state tensor and one per-row companion (valid_lens, row_mask): dtype, shape, device.
+int64_t CheckStateArgs(const char* op, const at::Tensor& state, const at::Tensor& per_row, const char* per_row_name,
+                       at::ScalarType per_row_dtype, int64_t capacity, int64_t buckets) {
+    TORCH_CHECK_TYPE(state.scalar_type() == at::kInt, "avsg.", op, ": state: expected dtype int32, got ",
+                     c10::toString(state.scalar_type()));
+    TORCH_CHECK_VALUE(state.dim() == 2 && state.size(0) >= 1, "avsg.", op, ": state: expected shape [R, width], got ",
+                      state.sizes());
+    const int64_t R = state.size(0);
+    CheckGeometry(capacity, buckets, 1, 1);
+    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets)});
+    CheckTensor(per_row, per_row_name, per_row_dtype, {R});
+    TORCH_CHECK_VALUE(per_row.device() == state.device(), "avsg.", op, ": ", per_row_name, ": expected a tensor on ",
+                      state.device(), " (the state's device), got one on ", per_row.device());
+    return R;
+}
+
+// ------------------------------------------------------------------------------------ launch
+// One entry per kernel; CPU tensors run through the emulation, NPU tensors on the NPU.
+#ifdef AVSG_CPU_EMULATION
 template <class F>
 void RunOnCpu(const char* op, uint32_t blockDim, F&& body) {
-#ifdef AVSG_CPU_EMULATION
     try {
         avsg_emu::launch(blockDim, body);
     } catch (const AscendC::EmuError& e) {
         TORCH_CHECK(false, "avsg.", op, ": AscendC kernel failed in the CPU emulation: ", e.what());
     }
+}
+#endif
+
+GM_ADDR_T Addr(const at::Tensor& t) { return reinterpret_cast<GM_ADDR_T>(t.data_ptr()); }
+
+void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at::Tensor& topk_pos,
+                const at::Tensor& seq_lens, const at::Tensor& state, const at::Tensor& stats, const at::Tensor& slots,
+                const at::Tensor& miss_pos, const at::Tensor& miss_slots, const at::Tensor& miss_counts,
+                const at::Tensor& workspace) {
+    const char* op = dual ? "plan_dual_pointer" : "plan";
+#ifdef AVSG_CPU_EMULATION
+    GM_ADDR_T tl = reinterpret_cast<GM_ADDR_T>(const_cast<PlanTiling*>(&tiling));
+    RunOnCpu(op, blockDim, [&] {
+        (dual ? avsg_plan_dual_pointer : avsg_plan)(Addr(topk_pos), Addr(seq_lens), Addr(state), Addr(stats),
+                                                    Addr(slots), Addr(miss_pos), Addr(miss_slots), Addr(miss_counts),
+                                                    Addr(workspace), tl);
+    });
 #else
-    TORCH_CHECK(false, "avsg.", op, ": built without the CPU emulation");
+    c10::OptionalDeviceGuard guard(topk_pos.device());
+    at::Tensor tl = npu::DeviceTiling(&tiling, sizeof(tiling), topk_pos.device());
+    aclrtStream stream = npu::CurrentStream();
+    // Tensors are captured by value: the task queue may run the lambda after this returns.
+    at_npu::native::OpCommand::RunOpApi(op, [=]() -> int {
+        if (dual)
+            return npu::LaunchStatus(ACLRT_LAUNCH_KERNEL(avsg_plan_dual_pointer)(
+                blockDim, stream, topk_pos.data_ptr(), seq_lens.data_ptr(), state.data_ptr(), stats.data_ptr(),
+                slots.data_ptr(), miss_pos.data_ptr(), miss_slots.data_ptr(), miss_counts.data_ptr(),
+                workspace.data_ptr(), tl.data_ptr()));
+        return npu::LaunchStatus(ACLRT_LAUNCH_KERNEL(avsg_plan)(
+            blockDim, stream, topk_pos.data_ptr(), seq_lens.data_ptr(), state.data_ptr(), stats.data_ptr(),
+            slots.data_ptr(), miss_pos.data_ptr(), miss_slots.data_ptr(), miss_counts.data_ptr(),
+            workspace.data_ptr(), tl.data_ptr()));
+    });
 #endif
 }
+
+// invalidate and reset share a launch: (state, one per-row tensor, tiling).
+void LaunchStateOp(bool is_reset, uint32_t blockDim, const PlanTiling& tiling, const at::Tensor& state,
+                   const at::Tensor& per_row) {
+    const char* op = is_reset ? "reset" : "invalidate";
+#ifdef AVSG_CPU_EMULATION
+    GM_ADDR_T tl = reinterpret_cast<GM_ADDR_T>(const_cast<PlanTiling*>(&tiling));
+    RunOnCpu(op, blockDim, [&] { (is_reset ? avsg_reset : avsg_invalidate)(Addr(state), Addr(per_row), tl); });
+#else
+    c10::OptionalDeviceGuard guard(state.device());
+    at::Tensor tl = npu::DeviceTiling(&tiling, sizeof(tiling), state.device());
+    aclrtStream stream = npu::CurrentStream();
+    at_npu::native::OpCommand::RunOpApi(op, [=]() -> int {
+        if (is_reset)
+            return npu::LaunchStatus(
+                ACLRT_LAUNCH_KERNEL(avsg_reset)(blockDim, stream, state.data_ptr(), per_row.data_ptr(), tl.data_ptr()));
+        return npu::LaunchStatus(ACLRT_LAUNCH_KERNEL(avsg_invalidate)(blockDim, stream, state.data_ptr(),
+                                                                      per_row.data_ptr(), tl.data_ptr()));
+    });
+#endif
+}
+
+// ---------------------------------------------------------------------------------------- ops
 
 using PlanOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
@@ -193,7 +273,7 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets)});
     CheckTensor(stats, "stats", at::kLong, {R, 4});
     for (const at::Tensor* t : {&topk_pos, &seq_lens, &state, &stats})
-        TORCH_CHECK_VALUE(t->device() == topk_pos.device(), op, ": all tensors must be on one device");
+        TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": all tensors must be on one device");
 
     const uint32_t blockDim = BlockDimFor(R);
     PlanTiling tiling = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(T), static_cast<uint32_t>(K),
@@ -205,100 +285,40 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     at::Tensor miss_slots = at::empty({R, T * K}, opts);
     at::Tensor miss_counts = at::empty({R}, opts);
     at::Tensor workspace = at::empty({static_cast<int64_t>(blockDim) * tiling.wsPerCore}, opts);
-    auto addr = [](const at::Tensor& t) { return reinterpret_cast<uint8_t*>(t.data_ptr()); };
-
-    if (topk_pos.device().is_cpu()) {
-        uint8_t* tl = reinterpret_cast<uint8_t*>(&tiling);
-        RunOnCpu(op, blockDim, [&] {
-#ifdef AVSG_CPU_EMULATION
-            (dual ? avsg_plan_dual_pointer : avsg_plan)(addr(topk_pos), addr(seq_lens), addr(state), addr(stats),
-                                                        addr(slots), addr(miss_pos), addr(miss_slots),
-                                                        addr(miss_counts), addr(workspace), tl);
-#endif
-        });
-        return {slots, miss_pos, miss_slots, miss_counts};
-    }
-#ifdef AVSG_WITH_NPU
-    at::Tensor tilingDev = at::from_blob(&tiling, {static_cast<int64_t>(sizeof(tiling))}, at::kByte)
-                               .to(topk_pos.device(), /*non_blocking=*/false, /*copy=*/true);
-    void* args[10] = {topk_pos.data_ptr(), seq_lens.data_ptr(), state.data_ptr(), stats.data_ptr(),
-                      slots.data_ptr(), miss_pos.data_ptr(), miss_slots.data_ptr(), miss_counts.data_ptr(),
-                      workspace.data_ptr(), tilingDev.data_ptr()};
-    // RunOpApi may defer the lambda (task queue): it owns the tiling and workspace until then.
-    at_npu::native::OpCommand::RunOpApi(dual ? "avsg_plan_dual_pointer" : "avsg_plan",
-                                        [=, keepTiling = tilingDev, keepWorkspace = workspace]() -> int {
-        (void)keepTiling;
-        (void)keepWorkspace;
-        aclrtStream stream = c10_npu::getCurrentNPUStream().stream(false);
-        if (dual)
-            ACLRT_LAUNCH_KERNEL(avsg_plan_dual_pointer)(blockDim, stream, args[0], args[1], args[2], args[3],
-                                                        args[4], args[5], args[6], args[7], args[8], args[9]);
-        else
-            ACLRT_LAUNCH_KERNEL(avsg_plan)(blockDim, stream, args[0], args[1], args[2], args[3], args[4], args[5],
-                                           args[6], args[7], args[8], args[9]);
-        return 0;
-    });
+    LaunchPlan(dual, blockDim, tiling, topk_pos, seq_lens, state, stats, slots, miss_pos, miss_slots, miss_counts,
+               workspace);
     return {slots, miss_pos, miss_slots, miss_counts};
-#else
-    TORCH_CHECK(false, "avsg.", op, ": no kernel for device ", topk_pos.device());
-#endif
 }
 
-PlanOut PlanCpu(const at::Tensor& topk_pos, const at::Tensor& seq_lens, at::Tensor& state, at::Tensor& stats,
-                int64_t capacity, int64_t buckets, int64_t lifetime) {
+PlanOut Plan(const at::Tensor& topk_pos, const at::Tensor& seq_lens, at::Tensor& state, at::Tensor& stats,
+             int64_t capacity, int64_t buckets, int64_t lifetime) {
     return PlanImpl(false, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime);
 }
-PlanOut PlanDualCpu(const at::Tensor& topk_pos, const at::Tensor& seq_lens, at::Tensor& state, at::Tensor& stats,
-                    int64_t capacity, int64_t buckets, int64_t lifetime) {
+PlanOut PlanDualPointer(const at::Tensor& topk_pos, const at::Tensor& seq_lens, at::Tensor& state,
+                        at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime) {
     return PlanImpl(true, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime);
 }
 
-PlanTiling StateTiling(const at::Tensor& state, int64_t capacity, int64_t buckets, uint32_t blockDim) {
-    CheckGeometry(capacity, buckets, 1, 1);
-    return MakeTiling(static_cast<uint32_t>(state.size(0)), 1, 1, static_cast<uint32_t>(capacity),
+PlanTiling StateTiling(int64_t rows, int64_t capacity, int64_t buckets, uint32_t blockDim) {
+    return MakeTiling(static_cast<uint32_t>(rows), 1, 1, static_cast<uint32_t>(capacity),
                       static_cast<uint32_t>(buckets), 1, blockDim);
 }
 
-void InvalidateCpu(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacity, int64_t buckets) {
-    TORCH_CHECK_TYPE(state.scalar_type() == at::kInt, "state: expected dtype int32");
-    TORCH_CHECK_VALUE(state.dim() == 2 && state.size(0) >= 1, "state: expected shape [R, width], got ",
-                      state.sizes());
-    const int64_t R = state.size(0);
-    CheckGeometry(capacity, buckets, 1, 1);
-    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets)});
-    CheckTensor(valid_lens, "valid_lens", at::kInt, {R});
+void Invalidate(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacity, int64_t buckets) {
+    const int64_t R = CheckStateArgs("invalidate", state, valid_lens, "valid_lens", at::kInt, capacity, buckets);
     const uint32_t blockDim = BlockDimFor(R);
-    PlanTiling tiling = StateTiling(state, capacity, buckets, blockDim);
-    uint8_t* tl = reinterpret_cast<uint8_t*>(&tiling);
-    RunOnCpu("invalidate", blockDim, [&] {
-#ifdef AVSG_CPU_EMULATION
-        avsg_invalidate(reinterpret_cast<uint8_t*>(state.data_ptr()),
-                        reinterpret_cast<uint8_t*>(valid_lens.data_ptr()), tl);
-#endif
-    });
+    LaunchStateOp(false, blockDim, StateTiling(R, capacity, buckets, blockDim), state, valid_lens);
 }
 
-void ResetCpu(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int64_t buckets) {
-    TORCH_CHECK_TYPE(state.scalar_type() == at::kInt, "state: expected dtype int32");
-    TORCH_CHECK_VALUE(state.dim() == 2 && state.size(0) >= 1, "state: expected shape [R, width], got ",
-                      state.sizes());
-    const int64_t R = state.size(0);
-    CheckGeometry(capacity, buckets, 1, 1);
-    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets)});
-    CheckTensor(row_mask, "row_mask", at::kBool, {R});
+void Reset(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int64_t buckets) {
+    const int64_t R = CheckStateArgs("reset", state, row_mask, "row_mask", at::kBool, capacity, buckets);
     const uint32_t blockDim = BlockDimFor(R);
-    PlanTiling tiling = StateTiling(state, capacity, buckets, blockDim);
-    uint8_t* tl = reinterpret_cast<uint8_t*>(&tiling);
-    RunOnCpu("reset", blockDim, [&] {
-#ifdef AVSG_CPU_EMULATION
-        avsg_reset(reinterpret_cast<uint8_t*>(state.data_ptr()), reinterpret_cast<uint8_t*>(row_mask.data_ptr()),
-                   tl);
-#endif
-    });
+    LaunchStateOp(true, blockDim, StateTiling(R, capacity, buckets, blockDim), state, row_mask);
 }
 
 }  // namespace
 
+#ifdef AVSG_CPU_EMULATION
 // For tests and benchmarks: the UB plan chosen for a geometry.
 std::vector<int64_t> PlanUbPlan(int64_t T, int64_t K, int64_t capacity, int64_t buckets) {
     CheckGeometry(capacity, buckets, 1, T * K);
@@ -308,9 +328,13 @@ std::vector<int64_t> PlanUbPlan(int64_t T, int64_t K, int64_t capacity, int64_t 
     for (uint32_t s = 0; s < SEC_COUNT; ++s) out.push_back(static_cast<int64_t>(t.winLen[s]) * 4);
     return out;
 }
+#endif
 
 }  // namespace avsg
 
+// The CPU library (_C, emulation) and the NPU library (_npu_ops) each register only their own
+// dispatch key, so loading both never registers anything twice.
+#ifdef AVSG_CPU_EMULATION
 TORCH_LIBRARY_FRAGMENT(avsg, m) {
     // [total UB bytes, fixed bytes, window bytes of bucket_key, bucket_slot, slot_pos, slot_life,
     //  stash_key, stash_slot] of the plan kernels for a geometry (introspection for tests/docs).
@@ -318,52 +342,18 @@ TORCH_LIBRARY_FRAGMENT(avsg, m) {
 }
 
 TORCH_LIBRARY_IMPL(avsg, CPU, m) {
-    m.impl("plan", &avsg::PlanCpu);
-    m.impl("plan_dual_pointer", &avsg::PlanDualCpu);
-    m.impl("invalidate", &avsg::InvalidateCpu);
-    m.impl("reset", &avsg::ResetCpu);
+    m.impl("plan", &avsg::Plan);
+    m.impl("plan_dual_pointer", &avsg::PlanDualPointer);
+    m.impl("invalidate", &avsg::Invalidate);
+    m.impl("reset", &avsg::Reset);
 }
+#endif
 
 #ifdef AVSG_WITH_NPU
-namespace avsg {
-namespace {
-void InvalidateNpu(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacity, int64_t buckets) {
-    const int64_t R = state.size(0);
-    CheckGeometry(capacity, buckets, 1, 1);
-    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets)});
-    CheckTensor(valid_lens, "valid_lens", at::kInt, {R});
-    const uint32_t blockDim = BlockDimFor(R);
-    PlanTiling tiling = StateTiling(state, capacity, buckets, blockDim);
-    at::Tensor tl = at::from_blob(&tiling, {static_cast<int64_t>(sizeof(tiling))}, at::kByte).to(state.device());
-    void *s = state.data_ptr(), *v = valid_lens.data_ptr(), *t = tl.data_ptr();
-    at_npu::native::OpCommand::RunOpApi("avsg_invalidate", [=, keepTiling = tl]() -> int {
-        (void)keepTiling;
-        ACLRT_LAUNCH_KERNEL(avsg_invalidate)(blockDim, c10_npu::getCurrentNPUStream().stream(false), s, v, t);
-        return 0;
-    });
-}
-void ResetNpu(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int64_t buckets) {
-    const int64_t R = state.size(0);
-    CheckGeometry(capacity, buckets, 1, 1);
-    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets)});
-    CheckTensor(row_mask, "row_mask", at::kBool, {R});
-    const uint32_t blockDim = BlockDimFor(R);
-    PlanTiling tiling = StateTiling(state, capacity, buckets, blockDim);
-    at::Tensor tl = at::from_blob(&tiling, {static_cast<int64_t>(sizeof(tiling))}, at::kByte).to(state.device());
-    void *s = state.data_ptr(), *m = row_mask.data_ptr(), *t = tl.data_ptr();
-    at_npu::native::OpCommand::RunOpApi("avsg_reset", [=, keepTiling = tl]() -> int {
-        (void)keepTiling;
-        ACLRT_LAUNCH_KERNEL(avsg_reset)(blockDim, c10_npu::getCurrentNPUStream().stream(false), s, m, t);
-        return 0;
-    });
-}
-}  // namespace
-}  // namespace avsg
-
 TORCH_LIBRARY_IMPL(avsg, PrivateUse1, m) {
-    m.impl("plan", &avsg::PlanCpu);               // PlanImpl dispatches on the tensors' device
-    m.impl("plan_dual_pointer", &avsg::PlanDualCpu);
-    m.impl("invalidate", &avsg::InvalidateNpu);
-    m.impl("reset", &avsg::ResetNpu);
+    m.impl("plan", &avsg::Plan);
+    m.impl("plan_dual_pointer", &avsg::PlanDualPointer);
+    m.impl("invalidate", &avsg::Invalidate);
+    m.impl("reset", &avsg::Reset);
 }
 #endif

@@ -1,0 +1,44 @@
+"""The NPU host code, compiled as the NPU library compiles it (AVSG_WITH_NPU, no emulation), against
+declaration-only stand-ins for the CANN / torch_npu headers (tests/npu_stubs, see its README).
+
+What this catches without CANN: syntax and type errors in the NPU launch paths, and a translation
+unit that would register CPU kernels or define schemas again in the NPU library; loading such a
+library next to the CPU one aborts the process (double registration in a static initializer).
+It cannot tell whether the real SDK declares these APIs this way.
+"""
+import os
+import subprocess
+
+import pytest
+from torch.utils.cpp_extension import include_paths
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUBS = os.path.join(ROOT, "tests", "npu_stubs")
+NPU_HOST_FILES = ["op_host/plan_host.cpp", "op_host/gather_host.cpp", "op_host/npu/host_pool.cpp"]
+
+
+def compile_npu_unit(path, *flags):
+    cmd = ["g++", "-std=c++17", "-DAVSG_WITH_NPU=1", f"-I{STUBS}", f"-I{ROOT}/op_host",
+           f"-I{ROOT}/op_kernel", *[f"-I{p}" for p in include_paths()], *flags,
+           os.path.join(ROOT, path)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("path", NPU_HOST_FILES)
+def test_npu_unit_compiles_and_registers_only_npu_kernels(path):
+    result = compile_npu_unit(path, "-E")
+    assert result.returncode == 0, result.stderr[-3000:]
+    registrations = [line for line in result.stdout.splitlines() if "TORCH_LIBRARY" in line
+                     or "static_init_avsg" in line]
+    assert not any("static_init_avsg_CPU" in line for line in registrations), \
+        f"{path} registers CPU kernels in the NPU library"
+    assert "TORCH_LIBRARY_FRAGMENT_static_init_avsg" not in result.stdout or \
+        path.endswith("host_pool.cpp"), f"{path} defines schemas in the NPU library"
+    result = compile_npu_unit(path, "-fsyntax-only")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_plan_host_refuses_both_or_neither_backend():
+    for flags in (["-UAVSG_WITH_NPU"], ["-DAVSG_CPU_EMULATION=1"]):
+        result = compile_npu_unit("op_host/plan_host.cpp", "-fsyntax-only", *flags)
+        assert result.returncode != 0 and "exactly one of" in result.stderr
