@@ -316,6 +316,7 @@ private:
     __aicore__ inline uint32_t PrepareWant(uint32_t r, uint32_t c) {
         const uint32_t nc = t_.nc;
         const uint32_t n = MinU(nc, t_.N - c * nc);
+        Sync<HardEvent::S_V>();   // AppendPending's scalar reads of vWant_ (write-after-read)
         Duplicate(vWant_, -1, nc);
         Sync<HardEvent::V_MTE2>();
         LoadInts(vWant_, topkGm_[static_cast<uint64_t>(r) * t_.N + c * nc], n, -1);
@@ -456,6 +457,9 @@ private:
                 const uint32_t n = MinU(nc, cnt - off);
                 const uint32_t base = id * sp.wlen + off;
                 Cast(vTmpF_, sp.buf[off], RoundMode::CAST_RINT, n);
+                // CreateVecIndex writes its first 32 B with scalar SetValue (card §5): the previous
+                // run's GatherMask may still be reading vT1_ (write-after-read)
+                Sync<HardEvent::V_S>();
                 CreateVecIndex(vT1_, static_cast<int32_t>(base), n);
                 PipeBarrier<PIPE_V>();
                 CompareScalar(mA_, vTmpF_, 0.0f, CMPMODE::GE, n);
@@ -488,6 +492,9 @@ private:
         const uint32_t nc = t_.nc;
         Duplicate(vFoundI_, -1, nc);
         CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);
+        // CreateVecIndex writes its first 32 B with scalar SetValue (card §5): vector reads of vT1_
+        // (BuildResidentRuns, the previous chunk's GatherMask) may still be in flight
+        Sync<HardEvent::V_S>();
         CreateVecIndex(vT1_, 0, nc);
         PipeBarrier<PIPE_V>();
         uint64_t m = 0, m2 = 0;
@@ -646,6 +653,7 @@ private:
     __aicore__ inline uint32_t LoadMisses(uint32_t r, uint32_t j0, uint32_t m) {
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         const uint32_t n = MinU(t_.nc, m - j0);
+        Sync<HardEvent::S_V>();   // the previous chunk's scalar reads of vWant_/vMS_ (write-after-read)
         Duplicate(vWant_, 0, t_.nc);
         Duplicate(vMS_, 0, t_.nc);
         Sync<HardEvent::V_MTE2>();

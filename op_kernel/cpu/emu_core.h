@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 #include <cmath>
 #include <limits>
@@ -381,6 +382,33 @@ inline std::mutex& atomic_mutex() {
     return m;
 }
 
+// ---- Pipe-hazard scoreboard state (card §9 "Pipe hazards"; logic and modelling notes in
+// emu_hazard.h). Pipes of an AIV core that the scoreboard models:
+enum HzPipe : uint8_t { kHzS = 0, kHzV = 1, kHzMte2 = 2, kHzMte3 = 3, kHzPipes = 4 };
+// One 32 B granule of UB or GM: per pipe, the bytes it last wrote / read (byte mask) and the
+// epoch (per-pipe instruction number) of that access, plus the API that did it.
+struct HzRec {
+    uint32_t wmask[kHzPipes] = {}, rmask[kHzPipes] = {};
+    uint32_t wep[kHzPipes] = {}, rep[kHzPipes] = {};
+    uint8_t wapi[kHzPipes] = {}, rapi[kHzPipes] = {};
+};
+struct Scoreboard {
+    uint32_t epoch[kHzPipes] = {};             // instructions issued so far, per pipe
+    uint32_t vc[kHzPipes][kHzPipes] = {};      // vc[B][A]: A's instructions <= vc[B][A] are complete
+                                               // before B's next instruction starts
+    uint32_t flag_snap[12][8][kHzPipes] = {};  // what a pending SetFlag(event, id) covers
+    std::vector<HzRec> ub;                     // per 32 B UB granule, grown on demand
+    std::unordered_map<uint64_t, HzRec> gm;    // per 32 B GM granule touched by this block
+};
+inline std::atomic<bool>& hazard_checks_ref() {
+    static std::atomic<bool> on{true};
+    return on;
+}
+// Escape hatch for the emulation's own unit tests: launches started while it is false run
+// without the scoreboard. The default is on (strict); kernels must pass with it on.
+inline void set_hazard_checks(bool on) { hazard_checks_ref() = on; }
+inline bool hazard_checks() { return hazard_checks_ref().load(); }
+
 struct BlockContext {
     uint32_t idx = 0, num = 1;
     LaunchState* launch = nullptr;
@@ -391,6 +419,7 @@ struct BlockContext {
     uint32_t sync_all_calls = 0;          // soft SyncAll call count
     // DMA atomic add (SetAtomicAdd<T>): accumulate function for UB->GM copies, or null.
     void (*atomic_add)(uint8_t* dst, const uint8_t* src, size_t bytes) = nullptr;
+    std::unique_ptr<Scoreboard> hz;       // pipe-hazard scoreboard, null when checks are off
 };
 
 inline thread_local BlockContext* tls_block = nullptr;
@@ -470,6 +499,7 @@ inline void launch_impl(uint32_t numBlocks, const std::function<void()>& kernelB
         blocks[b]->num = numBlocks;
         blocks[b]->launch = &state;
         blocks[b]->ub = arenas[b].get();
+        if (hazard_checks()) blocks[b]->hz.reset(new Scoreboard());
     }
     auto run = [&](uint32_t b) {
         tls_block = blocks[b].get();

@@ -1,5 +1,6 @@
 // emu_datacopy.h: DataCopy (count and DataCopyParams forms) and DataCopyPad (card §4).
 // GM->UB runs on MTE2, UB->GM on MTE3 (counted separately), UB->UB on PIPE_V (card §0 ⚠️).
+// Each call is one instruction on that pipe for the hazard scoreboard (emu_hazard.h).
 #pragma once
 #include "emu_tensor.h"
 
@@ -85,6 +86,7 @@ inline void gm_write(uint8_t* dst, const uint8_t* src, size_t n) {
     if (c.atomic_add) c.atomic_add(dst, src, n);
     else std::memcpy(dst, src, n);
 }
+inline bool atomic_on() { return avsg_emu::ctx("DataCopy").atomic_add != nullptr; }
 inline void check_params(const char* api, uint32_t blockCount) {
     if (blockCount > 4095)
         fail(std::string(api) + ": blockCount " + std::to_string(blockCount) + " > 4095 (card §4)");
@@ -101,6 +103,11 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>
     emu_detail::check_gm(api, "src", src, count);
     emu_detail::check_gm_align(api, src);
     if (count == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzMte2, "DataCopy");
+        hi.rd_gm(src.GetPhyAddr(), count * sizeof(T));
+        hi.wr_ub(dst.GetPhyAddr(), count * sizeof(T));
+    }
     std::memcpy(dst.bytes(), src.GetPhyAddr(), count * sizeof(T));
     emu_detail::count_mte(true, count * sizeof(T));
 }
@@ -113,6 +120,12 @@ __aicore__ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>
     emu_detail::check_gm(api, "dst", dst, count);
     emu_detail::check_gm_align(api, dst);
     if (count == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzMte3, "DataCopy");
+        hi.set_atomic(emu_detail::atomic_on());
+        hi.rd_ub(src.GetPhyAddr(), count * sizeof(T));
+        hi.wr_gm(dst.GetPhyAddr(), count * sizeof(T));
+    }
     emu_detail::gm_write(reinterpret_cast<uint8_t*>(dst.GetPhyAddr(0)), src.bytes(), count * sizeof(T));
     emu_detail::count_mte(false, count * sizeof(T));
 }
@@ -124,6 +137,11 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>&
     emu_detail::check_ub(api, "dst", dst, count);
     emu_detail::check_ub(api, "src", src, count);
     if (count == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, "DataCopy");
+        hi.rd_ub(src.GetPhyAddr(), count * sizeof(T));
+        hi.wr_ub(dst.GetPhyAddr(), count * sizeof(T));
+    }
     std::memmove(dst.bytes(), src.bytes(), count * sizeof(T));
     emu_detail::count_ubcopy(api, count * sizeof(T));
 }
@@ -142,6 +160,12 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>
     emu_detail::check_gm(api, "src", src, 0);
     emu_detail::check_gm_bytes(api, "src", src.GetSize(), sizeof(T), sext);
     emu_detail::check_gm_align(api, src);
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzMte2, "DataCopy");
+        for (uint32_t i = 0; i < p.blockCount; ++i)
+            hi.rd_gm(reinterpret_cast<const uint8_t*>(src.GetPhyAddr()) + i * (blk + p.srcStride * 32ull), blk);
+        for (uint32_t i = 0; i < p.blockCount; ++i) hi.wr_ub(dst.GetPhyAddr() + i * (blk + p.dstStride * 32ull), blk);
+    }
     for (uint32_t i = 0; i < p.blockCount; ++i)
         std::memcpy(dst.bytes() + i * (blk + p.dstStride * 32ull),
                     reinterpret_cast<const uint8_t*>(src.GetPhyAddr()) + i * (blk + p.srcStride * 32ull), blk);
@@ -160,6 +184,13 @@ __aicore__ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>
     emu_detail::check_gm(api, "dst", dst, 0);
     emu_detail::check_gm_bytes(api, "dst", dst.GetSize(), sizeof(T), dext);
     emu_detail::check_gm_align(api, dst);
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzMte3, "DataCopy");
+        hi.set_atomic(emu_detail::atomic_on());
+        for (uint32_t i = 0; i < p.blockCount; ++i) hi.rd_ub(src.GetPhyAddr() + i * (blk + p.srcStride * 32ull), blk);
+        for (uint32_t i = 0; i < p.blockCount; ++i)
+            hi.wr_gm(reinterpret_cast<const uint8_t*>(dst.GetPhyAddr()) + i * (blk + p.dstStride * 32ull), blk);
+    }
     for (uint32_t i = 0; i < p.blockCount; ++i)
         emu_detail::gm_write(reinterpret_cast<uint8_t*>(dst.GetPhyAddr(0)) + i * (blk + p.dstStride * 32ull),
                              src.bytes() + i * (blk + p.srcStride * 32ull), blk);
@@ -176,6 +207,11 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>&
     uint64_t dext = (p.blockCount - 1ull) * (blk + p.dstStride * 32ull) + blk;
     emu_detail::check_ub(api, "src", src, (sext + sizeof(T) - 1) / sizeof(T));
     emu_detail::check_ub(api, "dst", dst, (dext + sizeof(T) - 1) / sizeof(T));
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, "DataCopy");
+        for (uint32_t i = 0; i < p.blockCount; ++i) hi.rd_ub(src.GetPhyAddr() + i * (blk + p.srcStride * 32ull), blk);
+        for (uint32_t i = 0; i < p.blockCount; ++i) hi.wr_ub(dst.GetPhyAddr() + i * (blk + p.dstStride * 32ull), blk);
+    }
     for (uint32_t i = 0; i < p.blockCount; ++i)
         std::memmove(dst.bytes() + i * (blk + p.dstStride * 32ull), src.bytes() + i * (blk + p.srcStride * 32ull), blk);
     emu_detail::count_ubcopy("DataCopy", blk * p.blockCount);
@@ -221,6 +257,12 @@ __aicore__ inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor
     emu_detail::check_gm(api, "src", src, 0);
     emu_detail::check_gm_bytes(api, "src", src.GetSize(), sizeof(T), sext);
     const uint8_t* s = reinterpret_cast<const uint8_t*>(src.GetPhyAddr());
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzMte2, "DataCopyPad");
+        for (uint32_t i = 0; i < p.blockCount; ++i)
+            hi.rd_gm(s + i * (p.blockLen + static_cast<uint64_t>(p.srcStride)), p.blockLen);
+        for (uint32_t i = 0; i < p.blockCount; ++i) hi.wr_ub(dst.GetPhyAddr() + i * pitch, row);
+    }
     for (uint32_t i = 0; i < p.blockCount; ++i) {
         uint8_t* d = dst.bytes() + i * pitch;
         avsg_emu::detail::poison(d, row);
@@ -250,6 +292,13 @@ __aicore__ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor
     emu_detail::check_gm(api, "dst", dst, 0);
     emu_detail::check_gm_bytes(api, "dst", dst.GetSize(), sizeof(T), dext);
     uint8_t* d = reinterpret_cast<uint8_t*>(dst.GetPhyAddr(0));
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzMte3, "DataCopyPad");
+        hi.set_atomic(emu_detail::atomic_on());
+        for (uint32_t i = 0; i < p.blockCount; ++i) hi.rd_ub(src.GetPhyAddr() + i * pitch, p.blockLen);
+        for (uint32_t i = 0; i < p.blockCount; ++i)
+            hi.wr_gm(d + i * (p.blockLen + static_cast<uint64_t>(p.dstStride)), p.blockLen);
+    }
     for (uint32_t i = 0; i < p.blockCount; ++i)
         emu_detail::gm_write(d + i * (p.blockLen + static_cast<uint64_t>(p.dstStride)), src.bytes() + i * pitch, p.blockLen);
     emu_detail::count_mte(false, static_cast<uint64_t>(p.blockLen) * p.blockCount);

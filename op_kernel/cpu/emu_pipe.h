@@ -181,6 +181,7 @@ public:
         uint8_t* p = st_.pipe->ub() + st_.base + b * st_.len;
         avsg_emu::detail::poison(p, st_.len);  // AllocTensor contents are undefined (card §3)
         avsg_emu::tls_block->counters.queue_syncs++;  // wait for the previous user's Free event
+        if (kProd >= 0) avsg_emu::hz::queue_wait(freeEvt_[b], kProd);
         return LocalTensor<T>::make(st_.pipe->ub(), st_.base + b * st_.len, st_.len, pos());
     }
     template <class T>
@@ -195,6 +196,7 @@ public:
         fifo_[(head_ + count_) % 8] = static_cast<uint8_t>(b);
         ++count_;
         avsg_emu::tls_block->counters.queue_syncs++;
+        if (kProd >= 0) avsg_emu::hz::queue_set(enqEvt_[b], kProd);
         return true;
     }
     template <class T>
@@ -206,6 +208,7 @@ public:
         head_ = static_cast<uint8_t>((head_ + 1) % 8);
         --count_;
         state_[b] = kDequeued;
+        if (kCons >= 0) avsg_emu::hz::queue_wait(enqEvt_[b], kCons);
         return LocalTensor<T>::make(st_.pipe->ub(), st_.base + b * st_.len, st_.len, pos());
     }
     template <class T>
@@ -215,6 +218,7 @@ public:
         if (state_[b] == kFree) avsg_emu::fail("TQue::FreeTensor: buffer freed twice");
         if (state_[b] == kQueued) avsg_emu::fail("TQue::FreeTensor: buffer is still enqueued (DeQue it first)");
         state_[b] = kFree;
+        if (kCons >= 0) avsg_emu::hz::queue_set(freeEvt_[b], kCons);
     }
     __aicore__ inline bool VacantInQue() { return count_ < (depth == 0 ? st_.num : static_cast<uint32_t>(depth)); }
     __aicore__ inline bool HasTensorInQue() { return count_ > 0; }
@@ -234,6 +238,8 @@ public:
         st_.num = num;
         st_.pipe_generation = gen;
         std::memset(state_, 0, sizeof(state_));
+        for (auto& e : enqEvt_) e = avsg_emu::hz::QueueEvent();
+        for (auto& e : freeEvt_) e = avsg_emu::hz::QueueEvent();
         next_ = head_ = 0;
         count_ = 0;
     }
@@ -254,6 +260,15 @@ private:
         }
         avsg_emu::fail(std::string(api) + ": tensor does not belong to this queue");
     }
+    // Implicit syncs (card §3): EnQue->DeQue orders kProd before kCons; FreeTensor->AllocTensor of
+    // the same buffer orders kCons before kProd. -1: this queue kind inserts none.
+    static constexpr int kProd = src == TPosition::GM ? avsg_emu::kHzMte2
+                               : dst == TPosition::GM ? avsg_emu::kHzV
+                               : (src == TPosition::VECIN && dst == TPosition::VECOUT) ? avsg_emu::kHzMte2 : -1;
+    static constexpr int kCons = src == TPosition::GM ? avsg_emu::kHzV
+                               : dst == TPosition::GM ? avsg_emu::kHzMte3
+                               : (src == TPosition::VECIN && dst == TPosition::VECOUT) ? avsg_emu::kHzMte3 : -1;
+    avsg_emu::hz::QueueEvent enqEvt_[8], freeEvt_[8];
     emu_detail::QueState st_;
     uint8_t state_[256] = {};
     uint8_t fifo_[8] = {};

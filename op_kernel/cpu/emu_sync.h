@@ -1,7 +1,7 @@
 // emu_sync.h: core identity, intra-core sync (PipeBarrier, SetFlag/WaitFlag, TQueSync),
 // cross-core SyncAll, DataCacheCleanAndInvalid, DMA atomics (card §1, §6).
 // Execution is eager and in program order, so syncs have no effect on results here;
-// they are checked (ids, matching) and counted.
+// they are checked (ids, matching), counted, and fed to the pipe-hazard scoreboard (emu_hazard.h).
 #pragma once
 #include "emu_tensor.h"
 
@@ -17,6 +17,8 @@ __aicore__ inline void PipeBarrier() {
     static_assert(pipe == PIPE_V || pipe == PIPE_MTE2 || pipe == PIPE_MTE3 || pipe == PIPE_ALL,
                   "PipeBarrier: pipe must be PIPE_V, PIPE_MTE2, PIPE_MTE3 or PIPE_ALL on an AIV core (card §6)");
     avsg_emu::ctx("PipeBarrier").counters.pipe_barriers++;
+    if constexpr (pipe == PIPE_ALL) avsg_emu::hz::all();
+    else avsg_emu::hz::barrier(pipe == PIPE_V ? avsg_emu::kHzV : pipe == PIPE_MTE2 ? avsg_emu::kHzMte2 : avsg_emu::kHzMte3);
 }
 
 namespace emu_detail {
@@ -40,6 +42,7 @@ __aicore__ inline void SetFlag(int32_t eventID) {
                        "): set twice without a WaitFlag in between (card §6: undefined, later PIPE_ALL barrier hangs)");
     f = true;
     c.counters.set_flags++;
+    avsg_emu::hz::set_flag(static_cast<int>(event), eventID);
 }
 template <HardEvent event>
 __aicore__ inline void WaitFlag(int32_t eventID) {
@@ -52,6 +55,7 @@ __aicore__ inline void WaitFlag(int32_t eventID) {
                        "): no matching SetFlag is pending (card §6: Set and Wait must match; the NPU would hang)");
     f = false;
     c.counters.wait_flags++;
+    avsg_emu::hz::wait_flag(static_cast<int>(event), eventID);
 }
 
 namespace emu_detail {
@@ -91,6 +95,7 @@ __aicore__ inline void SyncAll() {
     auto& c = avsg_emu::ctx("SyncAll");
     c.counters.pipe_barriers++;  // both forms start with PipeBarrier<PIPE_ALL> (card §6)
     c.counters.sync_alls++;
+    avsg_emu::hz::all();
     c.launch->barrier.arrive_and_wait(c.idx);
 }
 
@@ -117,10 +122,12 @@ __aicore__ inline void SyncAll(const GlobalTensor<int32_t>& gmWorkspace, const L
     *slot = static_cast<int32_t>(c.sync_all_calls);
     c.counters.pipe_barriers++;
     c.counters.sync_alls++;
+    avsg_emu::hz::all();
     c.launch->barrier.arrive_and_wait(c.idx);
 }
 
-// The DCache is not modelled (GM accesses are direct); the call is checked and counted.
+// The DCache is not modelled (GM accesses are direct); the call is checked and counted. It has no
+// effect on the hazard scoreboard (a missing DCCI is not reported).
 template <class T, CacheLine entireType, DcciDst dcciDst>
 __aicore__ inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& dstTensor) {
     static_assert(dcciDst != DcciDst::CACHELINE_ATOMIC, "DataCacheCleanAndInvalid: CACHELINE_ATOMIC is not supported on A2 (card §6)");

@@ -2,6 +2,7 @@
 // used by the DMA and vector APIs (alignment, size overflow, dtype lists).
 #pragma once
 #include "emu_core.h"
+#include "emu_hazard.h"
 
 namespace avsg_emu {
 namespace detail {
@@ -44,6 +45,8 @@ public:
     __aicore__ inline T GetValue(uint64_t offset) const {
         check_index("GlobalTensor::GetValue", offset);
         avsg_emu::ctx("GlobalTensor::GetValue").counters.scalar_gm_reads++;
+        avsg_emu::hz::Instr(avsg_emu::kHzS, "GlobalTensor::GetValue")
+            .rd_gm(addr_ + offset, sizeof(T));
         T v;
         std::memcpy(&v, addr_ + offset, sizeof(T));
         return v;
@@ -51,6 +54,7 @@ public:
     __aicore__ inline void SetValue(uint64_t offset, T value) const {
         check_index("GlobalTensor::SetValue", offset);
         avsg_emu::ctx("GlobalTensor::SetValue").counters.scalar_gm_writes++;
+        avsg_emu::hz::Instr(avsg_emu::kHzS, "GlobalTensor::SetValue").wr_gm(addr_ + offset, sizeof(T));
         std::memcpy(addr_ + offset, &value, sizeof(T));
     }
     __aicore__ inline GlobalTensor operator[](uint64_t offset) const {
@@ -91,6 +95,7 @@ public:
     __aicore__ inline T GetValue(uint32_t index) const {
         check_index("LocalTensor::GetValue", index);
         avsg_emu::ctx("LocalTensor::GetValue").counters.scalar_ub_reads++;
+        avsg_emu::hz::Instr(avsg_emu::kHzS, "LocalTensor::GetValue").rd_ub(off_ + static_cast<uint64_t>(index) * sizeof(T), sizeof(T));
         T v;
         std::memcpy(&v, ptr() + index, sizeof(T));
         return v;
@@ -99,13 +104,20 @@ public:
     __aicore__ inline void SetValue(uint32_t index, T1 value) const {
         check_index("LocalTensor::SetValue", index);
         avsg_emu::ctx("LocalTensor::SetValue").counters.scalar_ub_writes++;
+        avsg_emu::hz::Instr(avsg_emu::kHzS, "LocalTensor::SetValue").wr_ub(off_ + static_cast<uint64_t>(index) * sizeof(T), sizeof(T));
         T v = static_cast<T>(value);
         std::memcpy(ptr() + index, &v, sizeof(T));
     }
-    // Counted as one scalar read (the write through the reference is not visible to us).
+    // Counted as one scalar read (the write through the reference is not visible to us). The
+    // hazard scoreboard treats it as a scalar read and write (it may be either).
     __aicore__ inline T& operator()(uint32_t index) const {
         check_index("LocalTensor::operator()", index);
         avsg_emu::ctx("LocalTensor::operator()").counters.scalar_ub_reads++;
+        {
+            avsg_emu::hz::Instr hi(avsg_emu::kHzS, "LocalTensor::operator()");
+            hi.rd_ub(off_ + static_cast<uint64_t>(index) * sizeof(T), sizeof(T));
+            hi.wr_ub(off_ + static_cast<uint64_t>(index) * sizeof(T), sizeof(T));
+        }
         return ptr()[index];
     }
     // Offsets by elements; the view's length shrinks accordingly (card §2).
@@ -209,6 +221,16 @@ inline bool ranges_overlap(const uint8_t* a, size_t alen, const uint8_t* b, size
     return alen && blen && a < b + blen && b < a + alen;
 }
 inline void poison(void* p, size_t n) { std::memset(p, kPoisonByte, n); }
+
+// Scoreboard helpers for LocalTensor operands (bytes from the view's start).
+template <class T>
+void hz_rd(hz::Instr& i, const AscendC::LocalTensor<T>& t, uint64_t bytes) {
+    i.rd_ub(t.GetPhyAddr(), bytes);
+}
+template <class T>
+void hz_wr(hz::Instr& i, const AscendC::LocalTensor<T>& t, uint64_t bytes) {
+    i.wr_ub(t.GetPhyAddr(), bytes);
+}
 
 }  // namespace detail
 }  // namespace avsg_emu

@@ -81,6 +81,12 @@ void binary(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& s0
     if (n == 0) return;
     check_overlap(api, dst, n * sizeof(T), s0, n * sizeof(T), allow_overlap);
     check_overlap(api, dst, n * sizeof(T), s1, n * sizeof(T), allow_overlap);
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, s0, n * sizeof(T));
+        avsg_emu::detail::hz_rd(hi, s1, n * sizeof(T));
+        avsg_emu::detail::hz_wr(hi, dst, n * sizeof(T));
+    }
     T* d = dst.ptr();
     const T* a = s0.ptr();
     const T* b = s1.ptr();
@@ -94,6 +100,11 @@ void unary(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& s, 
     check_ub(api, "src", s, n);
     if (n == 0) return;
     check_overlap(api, dst, n * sizeof(T), s, n * sizeof(T));
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, s, n * sizeof(T));
+        avsg_emu::detail::hz_wr(hi, dst, n * sizeof(T));
+    }
     T* d = dst.ptr();
     const T* a = s.ptr();
     for (uint32_t i = 0; i < n; ++i) d[i] = f(a[i]);
@@ -112,10 +123,44 @@ __aicore__ inline void Duplicate(const LocalTensor<T>& dst, const T& scalarValue
     uint32_t n = emu_detail::checked_count(api, count);
     emu_detail::check_ub(api, "dst", dst, n);
     if (n == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_wr(hi, dst, n * sizeof(T));
+    }
     T* d = dst.ptr();
     for (uint32_t i = 0; i < n; ++i) d[i] = scalarValue;
     emu_detail::vec_issue(api, emu_detail::reps_for(n * sizeof(T)));
 }
+
+namespace emu_detail {
+// The A2 implementation (card §5; asc-devkit dav_c220 CreateVecIndexCalc): scalar SetValue of the
+// first 32 B, SetFlag/WaitFlag<S_V>, Adds over blocks 2..8 (PipeBarrier<PIPE_V> after each), then
+// Adds over repeats 2..n with a PipeBarrier<PIPE_V> after each but the tail one.
+template <class T>
+void create_vec_index_hazards(const LocalTensor<T>& dst, uint32_t count) {
+    if (!avsg_emu::hz::sb()) return;
+    constexpr uint32_t blk = 32 / sizeof(T), rep = 256 / sizeof(T);
+    const uint64_t off = dst.GetPhyAddr();
+    for (uint32_t i = 0; i < std::min(count, blk); ++i)
+        avsg_emu::hz::Instr(avsg_emu::kHzS, "CreateVecIndex").wr_ub(off + i * sizeof(T), sizeof(T));
+    avsg_emu::Scoreboard& s = *avsg_emu::hz::sb();
+    uint32_t snap[avsg_emu::kHzPipes];
+    avsg_emu::hz::snapshot(s, avsg_emu::kHzS, snap);  // the internal S_V flag
+    avsg_emu::hz::merge(s, avsg_emu::kHzV, snap);
+    if (count <= blk) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, "CreateVecIndex");
+        hi.rd_ub(off, 32);
+        hi.wr_ub(off + 32, (std::min(count, rep) - blk) * sizeof(T));
+        hi.barrier_after();
+    }
+    if (count <= rep) return;
+    avsg_emu::hz::Instr hi(avsg_emu::kHzV, "CreateVecIndex");
+    hi.rd_ub(off, static_cast<uint64_t>(count - rep) * sizeof(T));
+    hi.wr_ub(off + rep * sizeof(T), static_cast<uint64_t>(count - rep) * sizeof(T));
+    if (count % rep == 0) hi.barrier_after();
+}
+}  // namespace emu_detail
 
 // dst[i] = firstValue + i. On A2: scalar SetValue for the first 32 B, then a chain of Adds
 // (card §5); follow it with PipeBarrier<PIPE_V> before use.
@@ -126,6 +171,7 @@ __aicore__ inline void CreateVecIndex(LocalTensor<T> dst, const T& firstValue, u
     const char* api = "CreateVecIndex";
     emu_detail::check_ub(api, "dst", dst, count);
     if (count == 0) return;
+    emu_detail::create_vec_index_hazards<T>(dst, count);
     T* d = dst.ptr();
     for (uint32_t i = 0; i < count; ++i) {
         if constexpr (std::is_integral<T>::value)
@@ -264,10 +310,17 @@ void check_cmp(const char* api, CMPMODE mode, uint32_t count) {
              " B is not a multiple of 256 B (card §5: tail elements are neither computed nor written; pad and round up)");
 }
 template <class T, class U, class F>
-void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<T>& src0, uint32_t count, F pred) {
+void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<T>& src0, uint32_t count, F pred,
+                  const LocalTensor<T>* src1 = nullptr) {
     check_ub(api, "dst", dst, count / 8);
     check_ub(api, "src0", src0, count);
     if (count == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, src0, static_cast<uint64_t>(count) * sizeof(T));
+        if (src1) avsg_emu::detail::hz_rd(hi, *src1, static_cast<uint64_t>(count) * sizeof(T));
+        avsg_emu::detail::hz_wr(hi, dst, count / 8);
+    }
     uint8_t* d = dst.bytes();
     const T* a = src0.ptr();
     for (uint32_t byte = 0; byte < count / 8; ++byte) {
@@ -290,8 +343,8 @@ __aicore__ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& 
     emu_detail::check_cmp<T>(api, cmpMode, count);
     emu_detail::check_ub(api, "src1", src1, count);
     const T* b = src1.ptr();
-    emu_detail::compare_impl<T, U>(api, dst, src0, count,
-                                   [&](T a, uint32_t i) { return emu_detail::cmp(a, b[i], cmpMode); });
+    emu_detail::compare_impl<T, U>(
+        api, dst, src0, count, [&](T a, uint32_t i) { return emu_detail::cmp(a, b[i], cmpMode); }, &src1);
 }
 template <class T, class U>
 __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src1Scalar,
@@ -319,7 +372,7 @@ __aicore__ inline void CompareScalar(const LocalTensor<U>& dst, const LocalTenso
 namespace emu_detail {
 template <class T, class U, class F>
 void select_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<U>& mask, const LocalTensor<T>& src0,
-                 SELMODE mode, uint32_t count, F src1_at) {
+                 SELMODE mode, uint32_t count, F src1_at, const LocalTensor<T>* src1 = nullptr) {
     static_assert(is_hf_v<T>, "Select: T must be half/float on A2 (card §5; use GatherMask for integer compaction)");
     static_assert(is_one_of_v<U, uint8_t, uint16_t, uint32_t, uint64_t>, "Select: mask type U must be uint8/16/32/64 (card §5)");
     const uint32_t per_rep = 256 / sizeof(T);
@@ -328,6 +381,13 @@ void select_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<U
     check_ub(api, "src0", src0, count);
     check_ub(api, "selMask", mask, (mask_bits + 8 * sizeof(U) - 1) / (8 * sizeof(U)));
     if (count == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, mask, (mask_bits + 7) / 8);
+        avsg_emu::detail::hz_rd(hi, src0, static_cast<uint64_t>(count) * sizeof(T));
+        if (src1) avsg_emu::detail::hz_rd(hi, *src1, static_cast<uint64_t>(count) * sizeof(T));
+        avsg_emu::detail::hz_wr(hi, dst, static_cast<uint64_t>(count) * sizeof(T));
+    }
     const uint8_t* m = mask.bytes();
     T* d = dst.ptr();
     const T* a = src0.ptr();
@@ -354,7 +414,7 @@ __aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& s
         avsg_emu::fail("Select(tensor, tensor): selMode must be VSEL_CMPMASK_SPR or VSEL_TENSOR_TENSOR_MODE (card §5)");
     emu_detail::check_ub("Select", "src1", src1, count);
     const T* b = src1.ptr();
-    emu_detail::select_impl("Select", dst, selMask, src0, selMode, count, [&](uint32_t i) { return b[i]; });
+    emu_detail::select_impl("Select", dst, selMask, src0, selMode, count, [&](uint32_t i) { return b[i]; }, &src1);
 }
 
 // ---------------------------------------------------------------------------
@@ -377,7 +437,7 @@ namespace emu_detail {
 template <class T, class P>
 void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& src0, bool reduceMode,
                       uint32_t mask, const GatherMaskParams& p, uint64_t& rsvdCnt, uint64_t pattern_bytes_needed,
-                      P pattern_bit) {
+                      P pattern_bit, int64_t pattern_ub_off = -1) {
     constexpr uint32_t E = 256 / sizeof(T);  // elements per repeat
     constexpr uint32_t EB = 32 / sizeof(T);  // elements per 32 B block
     if (p.repeatTimes == 0)
@@ -386,8 +446,9 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
         fail(std::string(api) + ": repeatTimes " + std::to_string(p.repeatTimes) + " > 255 (card §0)");
     check_ub(api, "dst", dst, 0);
     check_ub(api, "src0", src0, 0);
-    (void)pattern_bytes_needed;
     std::vector<T> kept;
+    avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);  // reads below, dst write at the end
+    if (pattern_ub_off >= 0) hi.rd_ub(static_cast<uint64_t>(pattern_ub_off), pattern_bytes_needed);
     uint64_t processed = 0;
     if (reduceMode) {
         // Counter mode ("configuration 1"): repeatTimes x mask elements; only the verified idiom
@@ -399,6 +460,7 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
         if (p.src0BlockStride != 1)
             fail(std::string(api) + ": counter mode with src0BlockStride != 1 is not emulated");
         check_ub(api, "src0", src0, mask);
+        avsg_emu::detail::hz_rd(hi, src0, static_cast<uint64_t>(mask) * sizeof(T));
         const T* s = src0.ptr();
         for (uint32_t j = 0; j < mask; ++j)
             if (pattern_bit(0u, j)) kept.push_back(s[j]);
@@ -414,6 +476,7 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
                 ext = std::max(ext, off + sizeof(T));
             }
         check_ub(api, "src0", src0, ext / sizeof(T));
+        avsg_emu::detail::hz_rd(hi, src0, ext);  // the strided extent (conservative)
         for (uint32_t r = 0; r < p.repeatTimes; ++r)
             for (uint32_t j = 0; j < E; ++j) {
                 uint64_t off = (static_cast<uint64_t>(r) * p.src0RepeatStride * 32) +
@@ -428,8 +491,10 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
         vec_issue(api, p.repeatTimes);
     }
     check_ub(api, "dst", dst, kept.size());
-    if (!kept.empty()) std::memcpy(dst.bytes(), kept.data(), kept.size() * sizeof(T));
     uint64_t end = std::min<uint64_t>(processed, dst.GetSize());
+    // dst up to rsvdCnt plus the undefined (poisoned) part counts as written
+    avsg_emu::detail::hz_wr(hi, dst, std::max<uint64_t>(end, kept.size()) * sizeof(T));
+    if (!kept.empty()) std::memcpy(dst.bytes(), kept.data(), kept.size() * sizeof(T));
     if (end > kept.size())  // dst beyond rsvdCnt is undefined (card §5): poison it
         avsg_emu::detail::poison(dst.bytes() + kept.size() * sizeof(T), (end - kept.size()) * sizeof(T));
     rsvdCnt = kept.size();
@@ -469,10 +534,14 @@ __aicore__ inline void GatherMask(const LocalTensor<T>& dst, const LocalTensor<T
     const uint8_t* pat = src1Pattern.bytes();
     const bool counter = reduceMode;
     const uint32_t stride = p.src1RepeatStride;
-    emu_detail::gather_mask_impl(api, dst, src0, reduceMode, mask, p, rsvdCnt, 0, [&](uint32_t r, uint32_t j) {
-        uint64_t bit = counter ? j : static_cast<uint64_t>(r) * stride * 256 + j;
-        return ((pat[bit / 8] >> (bit % 8)) & 1u) != 0;
-    });
+    const uint64_t pat_bytes = (bits + 8 * sizeof(U) - 1) / (8 * sizeof(U)) * sizeof(U);
+    emu_detail::gather_mask_impl(
+        api, dst, src0, reduceMode, mask, p, rsvdCnt, pat_bytes,
+        [&](uint32_t r, uint32_t j) {
+            uint64_t bit = counter ? j : static_cast<uint64_t>(r) * stride * 256 + j;
+            return ((pat[bit / 8] >> (bit % 8)) & 1u) != 0;
+        },
+        static_cast<int64_t>(src1Pattern.GetPhyAddr()));
 }
 template <class T, GatherMaskMode mode = defaultGatherMaskMode>
 __aicore__ inline void GatherMask(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const uint8_t src1Pattern,
@@ -510,6 +579,8 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
         avsg_emu::fail("Gather: dst must not alias src (card §5)");
     const uint32_t* o = srcOffset.ptr();
     T* d = dst.ptr();
+    avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+    avsg_emu::detail::hz_rd(hi, srcOffset, static_cast<uint64_t>(count) * 4);
     for (uint32_t i = 0; i < count; ++i) {
         uint64_t off = static_cast<uint64_t>(srcBaseAddr) + o[i];
         if (off % sizeof(T) != 0)
@@ -519,8 +590,11 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
         if (off + sizeof(T) > src.GetLength())
             avsg_emu::fail("Gather: byte offset " + std::to_string(off) + " (element " + std::to_string(i) +
                            ") is outside src (" + std::to_string(src.GetLength()) + " B) (tensor size overflow)");
-        std::memcpy(&d[i], src.bytes() + off, sizeof(T));
+        hi.rd_ub(src.GetPhyAddr() + off, sizeof(T));  // exactly the gathered elements
     }
+    avsg_emu::detail::hz_wr(hi, dst, static_cast<uint64_t>(count) * sizeof(T));
+    for (uint32_t i = 0; i < count; ++i)
+        std::memcpy(&d[i], src.bytes() + static_cast<uint64_t>(srcBaseAddr) + o[i], sizeof(T));
     emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * sizeof(T)));
 }
 
@@ -616,6 +690,11 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
     if (dst.GetPhyAddr() != src.GetPhyAddr() &&
         avsg_emu::detail::ranges_overlap(dst.bytes(), count * sizeof(T), src.bytes(), count * sizeof(U)))
         avsg_emu::fail("Cast: dst and src overlap partially (card §0)");
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, src, static_cast<uint64_t>(count) * sizeof(U));
+        avsg_emu::detail::hz_wr(hi, dst, static_cast<uint64_t>(count) * sizeof(T));
+    }
     std::vector<T> out(count);
     const U* s = src.ptr();
     for (uint32_t i = 0; i < count; ++i) {
@@ -659,6 +738,12 @@ void reduce_minmax(const char* api, const LocalTensor<T>& dst, const LocalTensor
     check_reduce(api, dst, src, tmp, count, calIndex ? 2 : 1);
     uint32_t n = static_cast<uint32_t>(count);
     if (n == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, src, static_cast<uint64_t>(n) * sizeof(T));
+        avsg_emu::detail::hz_wr(hi, tmp, std::min<uint64_t>(tmp.GetLength(), 32));
+        avsg_emu::detail::hz_wr(hi, dst, (calIndex ? 2 : 1) * sizeof(T));
+    }
     const T* s = src.ptr();
     uint32_t best = 0;
     for (uint32_t i = 1; i < n; ++i) {
@@ -702,6 +787,12 @@ __aicore__ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>
     emu_detail::check_reduce(api, dst, src, sharedTmpBuffer, count, 1);
     uint32_t n = static_cast<uint32_t>(count);
     if (n == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, src, static_cast<uint64_t>(n) * sizeof(T));
+        avsg_emu::detail::hz_wr(hi, sharedTmpBuffer, std::min<uint64_t>(sharedTmpBuffer.GetLength(), 32));
+        avsg_emu::detail::hz_wr(hi, dst, sizeof(T));
+    }
     constexpr uint32_t E = 256 / sizeof(T);
     std::vector<float> cur(n);
     for (uint32_t i = 0; i < n; ++i) cur[i] = static_cast<float>(src.ptr()[i]);
@@ -756,6 +847,12 @@ __aicore__ inline void Sort32(const LocalTensor<T>& dst, const LocalTensor<T>& s
     emu_detail::check_ub(api, "src0", src0, n);
     emu_detail::check_ub(api, "src1", src1, n);
     if (n == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, src0, n * 4ull);
+        avsg_emu::detail::hz_rd(hi, src1, n * 4ull);
+        avsg_emu::detail::hz_wr(hi, dst, 2ull * n * 4);
+    }
     std::vector<float> out(2 * n);
     for (int32_t r = 0; r < repeatTime; ++r) emu_detail::sort_pairs(&out[64 * r], src0.ptr() + 32 * r, src1.ptr() + 32 * r, 32);
     std::memcpy(dst.bytes(), out.data(), out.size() * 4);
@@ -775,6 +872,13 @@ __aicore__ inline void Sort(const LocalTensor<T>& dstLocal, const LocalTensor<T>
     emu_detail::check_ub(api, "index", indexLocal, n);
     emu_detail::check_ub(api, "tmp", tmpLocal, isFullSort ? 2 * n : 0);
     if (n == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, concatLocal, n * 4ull);
+        avsg_emu::detail::hz_rd(hi, indexLocal, n * 4ull);
+        if (isFullSort) avsg_emu::detail::hz_wr(hi, tmpLocal, 2ull * n * sizeof(T));
+        avsg_emu::detail::hz_wr(hi, dstLocal, 2ull * n * 4);
+    }
     std::vector<float> out(2 * n);
     if (isFullSort)
         emu_detail::sort_pairs(out.data(), concatLocal.ptr(), indexLocal.ptr(), n);
@@ -797,6 +901,12 @@ __aicore__ inline void Extract(const LocalTensor<T>& dstValueLocal, const LocalT
     emu_detail::check_ub(api, "dstIndex", dstIndexLocal, n);
     emu_detail::check_ub(api, "sorted", sortedLocal, 2 * n);
     if (n == 0) return;
+    {
+        avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
+        avsg_emu::detail::hz_rd(hi, sortedLocal, 8ull * n);
+        avsg_emu::detail::hz_wr(hi, dstValueLocal, 4ull * n);
+        avsg_emu::detail::hz_wr(hi, dstIndexLocal, 4ull * n);
+    }
     std::vector<float> pairs(2 * n);
     std::memcpy(pairs.data(), sortedLocal.bytes(), 8ull * n);
     for (uint32_t i = 0; i < n; ++i) {

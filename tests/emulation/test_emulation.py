@@ -1,7 +1,7 @@
 """Tests of the strict AscendC CPU emulation (op_kernel/cpu/).
 
 Two C++ sources in tests/emulation/cpp/ are built once per session (in parallel):
-  * runtime_cases.cpp + runtime_cases2.cpp -> one binary; each test runs one named case. "bad_*" cases violate a
+  * runtime_cases.cpp + runtime_cases2.cpp + runtime_cases_hazard.cpp -> one binary; each test runs one named case. "bad_*" cases violate a
     run-time rule and must end with AscendC::EmuError carrying the expected message; the other
     cases are controls whose numeric checks run in C++ (CHECK) and must print OK.
   * compile_cases.cpp  -> compiled with -fsyntax-only: as is (control, must compile cleanly) and
@@ -157,6 +157,102 @@ RUNTIME = {
     "counters_recorded_on_failure_ok": None,
 }
 
+# Pipe-hazard scoreboard (card §3, §6, §9; op_kernel/cpu/emu_hazard.h): each hazard class has a
+# violating mini-kernel and a synchronised control. The message names both APIs and pipes, the
+# UB/GM range and the missing sync.
+_GAP = " or PIPE_ALL barrier in between"
+HAZARD = {
+    # MTE2 -> V
+    "hazard_mte2_v_bad": ["hazard: Adds (PIPE_V) reads UB [0x0,0x20) written by DataCopy (PIPE_MTE2) "
+                          "with no MTE2_V flag" + _GAP, "read-after-write"],
+    "hazard_mte2_v_ok": None,
+    "hazard_wrong_event_bad": ["Adds (PIPE_V) reads UB [0x0,0x20) written by DataCopy (PIPE_MTE2) with no MTE2_V flag"],
+    "hazard_setflag_before_producer_bad": ["Adds (PIPE_V) reads UB [0x0,0x20) written by DataCopy (PIPE_MTE2) "
+                                           "with no MTE2_V flag"],
+    # MTE2 -> S
+    "hazard_mte2_s_bad": ["hazard: LocalTensor::GetValue (PIPE_S) reads UB [0x14,0x18) written by DataCopy "
+                          "(PIPE_MTE2) with no MTE2_S flag" + _GAP],
+    "hazard_mte2_s_ok": None,
+    "hazard_transitive_mte2_v_s_ok": None,
+    # V -> S, S -> V
+    "hazard_v_s_bad": ["LocalTensor::GetValue (PIPE_S) reads UB [0x0,0x4) written by Duplicate (PIPE_V) "
+                       "with no V_S flag" + _GAP],
+    "hazard_v_s_ok": None,
+    "hazard_s_v_bad": ["Adds (PIPE_V) reads UB [0x0,0x20) written by LocalTensor::SetValue (PIPE_S) "
+                       "with no S_V flag" + _GAP],
+    "hazard_s_v_ok": None,
+    # V -> MTE3, S -> MTE3
+    "hazard_v_mte3_bad": ["DataCopy (PIPE_MTE3) reads UB [0x0,0x20) written by Duplicate (PIPE_V) "
+                          "with no V_MTE3 flag" + _GAP],
+    "hazard_v_mte3_ok": None,
+    "hazard_s_mte3_bad": ["DataCopy (PIPE_MTE3) reads UB [0x0,0x20) written by LocalTensor::SetValue (PIPE_S) "
+                          "with no S_MTE3 flag" + _GAP],
+    "hazard_s_mte3_ok": None,
+    "hazard_disjoint_bytes_ok": None,
+    # MTE3 -> MTE2
+    "hazard_mte3_mte2_ub_reuse_bad": ["DataCopy (PIPE_MTE2) writes UB [0x0,0x20) read by DataCopy (PIPE_MTE3) "
+                                      "with no MTE3_MTE2 flag" + _GAP, "write-after-read"],
+    "hazard_mte3_mte2_ub_reuse_ok": None,
+    "hazard_mte3_mte2_gm_bad": ["DataCopy (PIPE_MTE2) reads GM [0x", "written by DataCopy (PIPE_MTE3) "
+                                "with no MTE3_MTE2 flag" + _GAP],
+    "hazard_mte3_mte2_gm_ok": None,
+    # V -> V
+    "hazard_v_v_raw_bad": ["Adds (PIPE_V) reads UB [0x0,0x20) written by Duplicate (PIPE_V) "
+                           "with no PipeBarrier<PIPE_V>" + _GAP],
+    "hazard_v_v_raw_ok": None,
+    "hazard_v_v_war_bad": ["Duplicate (PIPE_V) writes UB [0x0,0x20) read by Adds (PIPE_V) "
+                           "with no PipeBarrier<PIPE_V>" + _GAP, "write-after-read"],
+    "hazard_v_v_waw_bad": ["Duplicate (PIPE_V) writes UB [0x0,0x20) written by Duplicate (PIPE_V) "
+                           "with no PipeBarrier<PIPE_V>" + _GAP, "write-after-write"],
+    "hazard_v_s_orders_later_v_ok": None,
+    # write-after-read across pipes
+    "hazard_v_mte2_war_bad": ["DataCopy (PIPE_MTE2) writes UB [0x0,0x20) read by Adds (PIPE_V) "
+                              "with no V_MTE2 flag" + _GAP, "write-after-read"],
+    "hazard_v_mte2_war_ok": None,
+    "hazard_s_mte2_war_bad": ["DataCopy (PIPE_MTE2) writes UB [0x0,0x4) read by LocalTensor::GetValue (PIPE_S) "
+                              "with no S_MTE2 flag" + _GAP, "write-after-read"],
+    "hazard_s_mte2_war_ok": None,
+    "hazard_mte3_v_war_bad": ["Duplicate (PIPE_V) writes UB [0x0,0x20) read by DataCopy (PIPE_MTE3) "
+                              "with no MTE3_V flag" + _GAP, "write-after-read"],
+    "hazard_mte3_v_war_ok": None,
+    # same-pipe DMA destinations
+    "hazard_mte2_waw_bad": ["DataCopy (PIPE_MTE2) writes UB [0x0,0x20) written by DataCopy (PIPE_MTE2) "
+                            "with no PipeBarrier<PIPE_MTE2>" + _GAP],
+    "hazard_mte2_waw_ok": None,
+    "hazard_mte3_waw_gm_bad": ["DataCopy (PIPE_MTE3) writes GM [0x", "written by DataCopy (PIPE_MTE3) "
+                               "with no PipeBarrier<PIPE_MTE3>" + _GAP],
+    "hazard_mte3_waw_gm_ok": None,
+    # scalar GM access vs DMA
+    "hazard_gm_s_mte2_bad": ["DataCopy (PIPE_MTE2) reads GM [0x", "written by GlobalTensor::SetValue (PIPE_S) "
+                             "with no S_MTE2 flag" + _GAP],
+    "hazard_gm_s_mte2_ok": None,
+    "hazard_gm_mte3_s_bad": ["GlobalTensor::GetValue (PIPE_S) reads GM [0x", "written by DataCopy (PIPE_MTE3) "
+                             "with no MTE3_S flag" + _GAP],
+    "hazard_gm_mte3_s_ok": None,
+    # queue-provided syncs
+    "hazard_queue_vecin_vecout_ok": None,
+    "hazard_queue_bind_copy_ok": None,
+    "hazard_queue_free_alloc_ok": None,
+    "hazard_queue_no_scalar_sync_bad": ["LocalTensor::GetValue (PIPE_S) reads UB", "written by DataCopy (PIPE_MTE2) "
+                                        "with no MTE2_S flag"],
+    "hazard_queue_bind_no_vector_sync_bad": ["Adds (PIPE_V) reads UB", "written by DataCopy (PIPE_MTE2) "
+                                             "with no MTE2_V flag"],
+    # PIPE_ALL, SyncAll
+    "hazard_pipe_all_ok": None,
+    "hazard_syncall_ok": None,
+    # API-specific modelling
+    "hazard_createvecindex_no_barrier_bad": ["Adds (PIPE_V) reads UB [0x100,0x120) written by CreateVecIndex "
+                                             "(PIPE_V) with no PipeBarrier<PIPE_V>"],
+    "hazard_createvecindex_ok": None,
+    "hazard_createvecindex_scalar_war_bad": ["CreateVecIndex (PIPE_S) writes UB [0x0,0x4)", "(PIPE_V) with no V_S flag"],
+    "hazard_gathermask_count_ok": None,
+    "hazard_gathermask_dst_scalar_bad": ["LocalTensor::GetValue (PIPE_S) reads UB [0x500,0x504) written by "
+                                         "GatherMask (PIPE_V) with no V_S flag"],
+    # escape hatch
+    "hazard_checks_off_ok": None,
+}
+RUNTIME.update(HAZARD)
+
 
 def _compile(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([CXX, *BASE_FLAGS, *args], capture_output=True, text=True, timeout=timeout)
@@ -206,8 +302,9 @@ def builds(tmp_path_factory):
         pytest.skip(f"C++ compiler {CXX!r} not found")
     out = tmp_path_factory.mktemp("emu_build")
     exe = out / "runtime_cases"
-    objs = [out / "runtime_cases.o", out / "runtime_cases2.o"]
-    srcs = [CPP_DIR / "runtime_cases.cpp", CPP_DIR / "runtime_cases2.cpp"]
+    names = ["runtime_cases", "runtime_cases2", "runtime_cases_hazard"]
+    objs = [out / f"{n}.o" for n in names]
+    srcs = [CPP_DIR / f"{n}.cpp" for n in names]
     src_ct = CPP_DIR / "compile_cases.cpp"
     each = os.environ.get("AVSG_EMU_COMPILE_EACH") == "1"
     with cf.ThreadPoolExecutor(max_workers=2) as pool:

@@ -62,7 +62,7 @@ CASE(bad_unaligned_dma_operand) {
         DataCopy(t[4], gx, 8);  // UB address 16
     });
 }
-CASE(aligned_view_ok) {
+CASE_UNSYNCED(aligned_view_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -128,7 +128,7 @@ CASE(datacopy_roundtrip_ok) {
     });
     for (int i = 0; i < 64; ++i) CHECK_EQ(out[i], 2 * in[i]);
 }
-CASE(datacopy_params_ok) {
+CASE_UNSYNCED(datacopy_params_ok) {
     // 3 blocks of 32 B from GM with a 1-block source gap, packed in UB, then back with a dst gap.
     std::vector<int32_t> in(64), out(64, -1);
     for (int i = 0; i < 64; ++i) in[i] = i;
@@ -246,7 +246,7 @@ CASE(bad_compare_int32_not_eq) {
         Compare(m, x, x, CMPMODE::GE, 64);
     });
 }
-CASE(compare_bitmask_layout_ok) {
+CASE_UNSYNCED(compare_bitmask_layout_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -275,7 +275,7 @@ CASE(compare_bitmask_layout_ok) {
 }
 
 // ---------------------------------------------------------------- Select (card §5)
-CASE(select_ok) {
+CASE_UNSYNCED(select_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -309,7 +309,7 @@ CASE(bad_select_mode) {
 }
 
 // ---------------------------------------------------------------- GatherMask (card §5, §8.5)
-CASE(gathermask_user_pattern_counter_ok) {
+CASE_UNSYNCED(gathermask_user_pattern_counter_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -335,7 +335,7 @@ CASE(gathermask_user_pattern_counter_ok) {
         CHECK_EQ((uint32_t)dst.GetValue(N - 1), poison32());
     });
 }
-CASE(gathermask_builtin_and_normal_ok) {
+CASE_UNSYNCED(gathermask_builtin_and_normal_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -365,7 +365,7 @@ CASE(gathermask_builtin_and_normal_ok) {
         CHECK(dst.GetValue(2) == 8.0f);
     });
 }
-CASE(gathermask_int16_ok) {
+CASE_UNSYNCED(gathermask_int16_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -421,7 +421,7 @@ CASE(bad_gathermask_repeat256) {
 }
 
 // ---------------------------------------------------------------- Gather (card §5, §8.4)
-CASE(gather_byte_offsets_ok) {
+CASE_UNSYNCED(gather_byte_offsets_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -435,7 +435,7 @@ CASE(gather_byte_offsets_ok) {
         for (int i = 0; i < 64; ++i) CHECK_EQ(dst.GetValue(i), 10 * (32 + (i * 7) % 64));
     });
 }
-CASE(gather_count_max_ok) {
+CASE_UNSYNCED(gather_count_max_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> a, o, d;
@@ -461,7 +461,7 @@ CASE(bad_gather_count_limit) {
         Gather(d.Get<int32_t>(), a.Get<int32_t>(), o.Get<uint32_t>(), 0u, 16384);
     });
 }
-CASE(bad_gather_unaligned_offset) {
+CASE_UNSYNCED(bad_gather_unaligned_offset) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;

@@ -14,7 +14,7 @@
 using namespace AscendC;
 
 // ---------------------------------------------------------------- DataCopyPad (card §4, §8.12)
-CASE(datacopypad_ragged_ok) {
+CASE_UNSYNCED(datacopypad_ragged_ok) {
     // 3 rows of 5 int32 (20 B) with a 12 B GM gap; right padding of 3 elements = -1.
     std::vector<int32_t> in(24), out(15, 0);
     for (int i = 0; i < 24; ++i) in[i] = 100 + i;
@@ -40,7 +40,7 @@ CASE(datacopypad_ragged_ok) {
     for (int r = 0; r < 3; ++r)
         for (int c = 0; c < 5; ++c) CHECK_EQ(out[5 * r + c], 100 + 8 * r + c);
 }
-CASE(datacopypad_undefined_padding_poisoned) {
+CASE_UNSYNCED(datacopypad_undefined_padding_poisoned) {
     std::vector<int32_t> in(8, 7);
     run1([&] {
         TPipe pipe;
@@ -118,7 +118,7 @@ CASE(bad_datacopypad_blocklen_not_multiple) {
 }
 
 // ---------------------------------------------------------------- poisoning (card §9)
-CASE(alloc_tensor_poisoned) {
+CASE_UNSYNCED(alloc_tensor_poisoned) {
     run1([] {
         TPipe pipe;
         TQue<TPosition::VECOUT, 1> q;
@@ -160,7 +160,7 @@ CASE(bad_alloc_without_free) {
 }
 
 // ---------------------------------------------------------------- shifts, casts, arithmetic
-CASE(shift_and_arith_ok) {
+CASE_UNSYNCED(shift_and_arith_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -221,7 +221,7 @@ CASE(bad_partial_overlap) {
         Adds(x[16], x, (int16_t)1, 128);  // int16 has no overlap exception
     });
 }
-CASE(cast_ok) {
+CASE_UNSYNCED(cast_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -271,7 +271,7 @@ CASE(bad_cast_mode) {
 }
 
 // ---------------------------------------------------------------- reduce / sort
-CASE(reduce_sort_ok) {
+CASE_UNSYNCED(reduce_sort_ok) {
     run1([] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
@@ -524,7 +524,7 @@ CASE(bad_unequal_syncall_counts) {
 }
 
 // ---------------------------------------------------------------- DMA atomics
-CASE(atomic_add_ok) {
+CASE_UNSYNCED(atomic_add_ok) {
     std::vector<float> gm(8, 1.0f);
     avsg_emu::launch(4, [&] {
         TPipe pipe;
@@ -542,7 +542,7 @@ CASE(atomic_add_ok) {
 }
 
 // ---------------------------------------------------------------- instrumentation
-CASE(counters_ok) {
+CASE_UNSYNCED(counters_ok) {
     std::vector<int32_t> in(256, 1), out(256, 0);
     avsg_emu::launch(2, [&] {
         TPipe pipe;

@@ -12,17 +12,26 @@
 struct CheckFailed : std::logic_error {
     using std::logic_error::logic_error;
 };
-inline std::map<std::string, std::function<void()>>& registry() {
-    static std::map<std::string, std::function<void()>> r;
+struct CaseEntry {
+    std::function<void()> fn;
+    bool hazards = true;  // run with the pipe-hazard scoreboard on (the default)
+};
+inline std::map<std::string, CaseEntry>& registry() {
+    static std::map<std::string, CaseEntry> r;
     return r;
 }
 struct Registrar {
-    Registrar(const char* n, std::function<void()> f) { registry()[n] = std::move(f); }
+    Registrar(const char* n, std::function<void()> f, bool hazards) { registry()[n] = CaseEntry{std::move(f), hazards}; }
 };
-#define CASE(name)                                 \
-    static void case_##name();                     \
-    static Registrar reg_##name(#name, case_##name); \
+// CASE: runs strict (scoreboard on). CASE_UNSYNCED: a mini-kernel that tests another rule and
+// omits the SetFlag/WaitFlag/PipeBarrier a real kernel needs; it runs with the scoreboard off
+// (avsg_emu::set_hazard_checks(false), the emulation tests' escape hatch).
+#define CASE_IMPL(name, hz)                             \
+    static void case_##name();                          \
+    static Registrar reg_##name(#name, case_##name, hz); \
     static void case_##name()
+#define CASE(name) CASE_IMPL(name, true)
+#define CASE_UNSYNCED(name) CASE_IMPL(name, false)
 
 #define CHECK(cond)                                                                                   \
     do {                                                                                              \
@@ -65,8 +74,9 @@ inline int run_main(int argc, char** argv) {
         std::printf("UNKNOWN CASE %s\n", name.c_str());
         return 5;
     }
+    avsg_emu::set_hazard_checks(it->second.hazards);
     try {
-        it->second();
+        it->second.fn();
     } catch (const CheckFailed& e) {
         std::printf("CHECKFAIL: %s\n", e.what());
         return 2;
