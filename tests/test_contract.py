@@ -9,6 +9,7 @@ leave the same outputs and the same state.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -186,3 +187,63 @@ def test_deterministic_replay():
         for x, y in zip(pa[:4], pb[:4]):
             assert torch.equal(x, y)
         assert torch.equal(a.state, b.state)
+
+
+def run_mtp_decode(steps: int, seed: int, R=3, T=3, K=24, S=96, lifetime=6):
+    """A decode loop as MTP serving runs it: every step plans 1+2 query tokens whose drafts are
+    the next positions, verifies a random accepted length, invalidates the rejected speculative
+    positions, and now and then replaces a finished request (reset). Checked every step by the
+    oracle, the policy model, the reference (called directly) and the gathered bytes."""
+    gen = torch.Generator().manual_seed(seed)
+    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime)
+    oracle, model = ContentOracle(R, S), PolicyModel(R, S, lifetime)
+    spec_state, spec_stats = buf.state.clone(), buf.stats_counts.clone()
+    max_len = 64 + steps * T + 8
+    host = torch.randn(R, max_len, 2)
+    device_kv = torch.zeros(R, S, 2)
+    lens = torch.full((R,), 64, dtype=torch.int32)
+    for step in range(steps):
+        seq = lens + T   # the drafts' positions are visible to the step that verifies them
+        topk = draw_selection(gen, R, T, K, seq, hot=3 * K, pad_rate=0.05, repeat_rate=0.0,
+                              wild_rate=0.0)
+        plan = buf.plan(topk, seq)
+        expect = model.plan(topk, seq)
+        for got, want in zip(plan[:4], expect):
+            assert torch.equal(got, want)
+        spec = reference.plan(spec_state, spec_stats, topk, seq, buf.layout, lifetime)
+        for got, want in zip(spec, expect):
+            assert torch.equal(got, want)
+        oracle.step(topk, seq, plan)
+        avsg.gather(plan, host, device_kv)
+        valid = plan.slots >= 0
+        rows = torch.arange(R)[:, None, None].expand(R, T, K)[valid]
+        assert torch.equal(device_kv[rows, plan.slots[valid].long()],
+                           host[rows, topk[valid].long()])
+        accepted = torch.randint(1, T + 1, (R,), generator=gen, dtype=torch.int32)
+        lens = lens + accepted
+        buf.invalidate(lens)
+        model.invalidate(lens)
+        oracle.invalidate(lens)
+        reference.invalidate(spec_state, buf.layout, lens)
+        if step % 17 == 16:
+            row = int(torch.randint(0, R, (1,), generator=gen))
+            buf.reset([row])
+            model.reset([row])
+            oracle.reset([row])
+            reference.reset(spec_state, buf.layout, torch.arange(R) == row)
+            lens[row] = 64
+        assert torch.equal(spec_state, buf.state)
+        for r in range(R):
+            assert buf.resident(r) == oracle.resident(r)
+    stats = buf.stats()
+    assert stats["hits"] > 0 and stats["fetched"] < stats["lookups"]
+
+
+def test_long_mtp_decode_session():
+    run_mtp_decode(steps=60, seed=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_mtp_decode_soak(seed):
+    run_mtp_decode(steps=600, seed=100 + seed)
