@@ -380,6 +380,9 @@ void select_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<U
     check_ub(api, "dst", dst, count);
     check_ub(api, "src0", src0, count);
     check_ub(api, "selMask", mask, (mask_bits + 8 * sizeof(U) - 1) / (8 * sizeof(U)));
+    check_overlap(api, dst, static_cast<uint64_t>(count) * sizeof(T), src0, static_cast<uint64_t>(count) * sizeof(T));
+    if (src1) check_overlap(api, dst, static_cast<uint64_t>(count) * sizeof(T), *src1,
+                            static_cast<uint64_t>(count) * sizeof(T));
     if (count == 0) return;
     {
         avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
@@ -492,6 +495,7 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
     }
     check_ub(api, "dst", dst, kept.size());
     uint64_t end = std::min<uint64_t>(processed, dst.GetSize());
+    check_overlap(api, dst, end * sizeof(T), src0, processed * sizeof(T));
     // dst up to rsvdCnt plus the undefined (poisoned) part counts as written
     avsg_emu::detail::hz_wr(hi, dst, std::max<uint64_t>(end, kept.size()) * sizeof(T));
     if (!kept.empty()) std::memcpy(dst.bytes(), kept.data(), kept.size() * sizeof(T));

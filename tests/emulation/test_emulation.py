@@ -123,6 +123,8 @@ RUNTIME = {
     "shift_and_arith_ok": None,
     "bad_shift_range": ["ShiftLeft: shift 33 outside [0,32]"],
     "bad_partial_overlap": ["Adds: dst and src overlap partially"],
+    "bad_select_partial_overlap": ["Select: dst and src overlap partially"],
+    "bad_gathermask_partial_overlap": ["GatherMask: dst and src overlap partially"],
     "cast_ok": None,
     "bad_cast_mode": ["Cast: RoundMode::CAST_NONE not allowed"],
     "reduce_sort_ok": None,

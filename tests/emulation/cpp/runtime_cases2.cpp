@@ -221,6 +221,28 @@ CASE(bad_partial_overlap) {
         Adds(x[16], x, (int16_t)1, 128);  // int16 has no overlap exception
     });
 }
+CASE(bad_select_partial_overlap) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 2048);
+        auto f = b.Get<float>();
+        auto mask = b.GetWithOffset<uint16_t>(16, 1024);
+        Duplicate(mask, (uint16_t)0xFFFF, 16);
+        PipeBarrier<PIPE_V>();
+        Select(f[8], mask, f, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, 64);  // dst starts 32 B into src0
+    });
+}
+CASE(bad_gathermask_partial_overlap) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 2048);
+        auto x = b.Get<int32_t>();
+        uint64_t kept = 0;
+        GatherMask(x[8], x, (uint8_t)7, false, 0, GatherMaskParams{1, 1, 8, 0}, kept);  // keep all, shifted dst
+    });
+}
 CASE_UNSYNCED(cast_ok) {
     run1([] {
         TPipe pipe;
