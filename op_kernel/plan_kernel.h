@@ -40,13 +40,22 @@ __aicore__ inline void Sync() {
 }
 
 __aicore__ inline uint32_t MinU(uint32_t a, uint32_t b) { return a < b ? a : b; }
-__aicore__ inline uint32_t R32(uint32_t bytes) { return (bytes + 31u) / 32u * 32u; }
 
-__aicore__ inline void LoadTiling(PlanTiling& t, GM_ADDR tiling) {
+// Tiling: DMA it into its own UB buffer (the first one the kernel carves), wait MTE2 -> S, read
+// the words from UB. A scalar GlobalTensor::GetValue would go through the core's non-coherent
+// DCache (card §2, §8.11): the tiling's GM address is reused by later calls with another
+// geometry, so a stale line could hand this core wrong offsets. DMA never goes through the DCache.
+__aicore__ inline void LoadTiling(TPipe* pipe, TBuf<TPosition::VECCALC>& buf, PlanTiling& t, GM_ADDR tiling) {
+    constexpr uint32_t kWords = sizeof(PlanTiling) / 4;
     GlobalTensor<uint32_t> g;
-    g.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>(tiling), sizeof(PlanTiling) / 4);
+    g.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>(tiling), kWords);
+    pipe->InitBuffer(buf, avsg::kPlanTilingUbBytes);
+    LocalTensor<uint32_t> ub = buf.Get<uint32_t>();
+    DataCopyPad(ub, g, DataCopyExtParams(1, static_cast<uint32_t>(sizeof(PlanTiling)), 0, 0, 0),
+                DataCopyPadExtParams<uint32_t>(false, 0, 0, 0));
+    Sync<HardEvent::MTE2_S>();
     uint32_t* dst = reinterpret_cast<uint32_t*>(&t);
-    for (uint32_t i = 0; i < sizeof(PlanTiling) / 4; ++i) dst[i] = g.GetValue(i);
+    for (uint32_t i = 0; i < kWords; ++i) dst[i] = ub.GetValue(i);
 }
 
 // One UB window over a state section of the current row (software-managed, write-back).
@@ -67,8 +76,7 @@ public:
     __aicore__ inline void Init(TPipe* pipe, GM_ADDR topk, GM_ADDR seq, GM_ADDR state, GM_ADDR stats,
                                 GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts,
                                 GM_ADDR workspace, GM_ADDR tiling) {
-        LoadTiling(t_, tiling);
-        pipe_ = pipe;
+        LoadTiling(pipe, tilingBuf_, t_, tiling);   // first buffer: UB offset 0
         const uint64_t R = t_.rows, N = t_.N;
         topkGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(topk), R * N);
         seqGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(seq), R);
@@ -83,20 +91,19 @@ public:
                               t_.wsPerCore);
 
         const uint32_t nc = t_.nc;
-        // first buffer: UB offset 0, so the Sort/Sort32 destination (sDst_, 2*nc*4 B in) is
-        // 256 B aligned as Sort32 requires
+        // right after the 256 B-rounded tiling buffer, so the Sort/Sort32 destination (sDst_,
+        // 2*nc*4 B in) is 256 B aligned as Sort32 requires
         pipe->InitBuffer(sortBuf_, avsg::kPlanSortVectors * nc * 4);
         for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], nc * 4);
-        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], R32(nc / 8));
-        pipe->InitBuffer(hitBuf_, R32(t_.capPad / 8));
-        pipe->InitBuffer(claimBuf_, R32(t_.buckets / 8));
-        pipe->InitBuffer(pendBuf_, R32(t_.pendWords * 4));
+        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], avsg::RoundUp(nc / 8, 32));
+        pipe->InitBuffer(hitBuf_, avsg::RoundUp(t_.capPad / 8, 32));
+        pipe->InitBuffer(claimBuf_, avsg::RoundUp(t_.buckets / 8, 32));
+        pipe->InitBuffer(pendBuf_, avsg::RoundUp(t_.pendWords * 4, 32));
         pipe->InitBuffer(headKeyBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
         pipe->InitBuffer(headPayBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
         pipe->InitBuffer(statsBuf_, 32);
         pipe->InitBuffer(scalarBuf_, 32);
         pipe->InitBuffer(countBuf_, 32);
-        pipe->InitBuffer(metaBuf_, 32);
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
             pipe->InitBuffer(winBuf_[s], t_.winLen[s] * 4);
             win_[s].buf = winBuf_[s].Get<int32_t>();
@@ -856,13 +863,12 @@ private:
     static constexpr int32_t avsg_probes = 4;
 
     PlanTiling t_;
-    TPipe* pipe_ = nullptr;
     GlobalTensor<int32_t> topkGm_, seqGm_, stateGm_, slotsGm_, missPosGm_, missSlotsGm_, missCountsGm_, wsGm_;
     GlobalTensor<int64_t> statsGm_;
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
-    TBuf<TPosition::VECCALC> sortBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
-    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, countBuf_, metaBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, sortBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
+    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, countBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
     LocalTensor<int32_t> vWant_, vFirst_, vStride_, vB_, vLo_, vHi_, vT1_, vT2_, vKey_, vSlot_, vOwn_, vFoundI_,
@@ -887,16 +893,18 @@ private:
 // rounding of a larger valid_len keeps the order against them): Compares GE, Not, Select, Cast.
 class InvalidateKernel {
 public:
+    __aicore__ inline InvalidateKernel() {}
+
     __aicore__ inline void Init(TPipe* pipe, GM_ADDR state, GM_ADDR validLens, GM_ADDR tiling) {
-        LoadTiling(t_, tiling);
+        LoadTiling(pipe, tilingBuf_, t_, tiling);
         stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), static_cast<uint64_t>(t_.rows) * t_.width);
         lensGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(validLens), t_.rows);
         const uint32_t ch = t_.fillChunk;
         pipe->InitBuffer(posBuf_, ch * 4);
         pipe->InitBuffer(lifeBuf_, ch * 4);
         pipe->InitBuffer(fBuf_, ch * 4);
-        pipe->InitBuffer(maskBuf_, R32(ch / 8));
-        pipe->InitBuffer(keepBuf_, R32(ch / 8));
+        pipe->InitBuffer(maskBuf_, avsg::RoundUp(ch / 8, 32));
+        pipe->InitBuffer(keepBuf_, avsg::RoundUp(ch / 8, 32));
         pipe->InitBuffer(scalarBuf_, 32);
     }
     __aicore__ inline void Process() {
@@ -948,7 +956,7 @@ public:
 private:
     PlanTiling t_;
     GlobalTensor<int32_t> stateGm_, lensGm_;
-    TBuf<TPosition::VECCALC> posBuf_, lifeBuf_, fBuf_, maskBuf_, keepBuf_, scalarBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, posBuf_, lifeBuf_, fBuf_, maskBuf_, keepBuf_, scalarBuf_;
 };
 
 // ----------------------------------------------------------------------------------- reset
@@ -956,8 +964,10 @@ private:
 // and the stash_count tail, which are 0 (reference.reset). Duplicate + DataCopy per section.
 class ResetKernel {
 public:
+    __aicore__ inline ResetKernel() {}
+
     __aicore__ inline void Init(TPipe* pipe, GM_ADDR state, GM_ADDR rowMask, GM_ADDR tiling) {
-        LoadTiling(t_, tiling);
+        LoadTiling(pipe, tilingBuf_, t_, tiling);
         stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), static_cast<uint64_t>(t_.rows) * t_.width);
         maskGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowMask), t_.rows);
         pipe->InitBuffer(negBuf_, t_.fillChunk * 4);
@@ -995,7 +1005,7 @@ private:
     PlanTiling t_;
     GlobalTensor<int32_t> stateGm_;
     GlobalTensor<uint8_t> maskGm_;
-    TBuf<TPosition::VECCALC> negBuf_, zeroBuf_, flagBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, negBuf_, zeroBuf_, flagBuf_;
 };
 
 }  // namespace avsg_kernel
