@@ -58,9 +58,8 @@ void SetWindow(PlanTiling& t, uint32_t s, uint32_t wlog) {
     t.winLen[s] = std::min<uint32_t>(1u << wlog, t.secLen[s]);
 }
 
-// Geometry, section offsets, workspace and the UB plan. Windows start whole; while the plan
-// exceeds the UB budget, the streaming sections (stash, slot_life) are halved first, then the
-// largest of the randomly accessed ones (bucket_slot, bucket_key, slot_pos).
+// Geometry, section offsets, workspace and the UB plan. Windows start whole and are halved while
+// the plan exceeds the UB budget (order below).
 PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uint32_t buckets, uint32_t lifetime) {
     PlanTiling t;
     std::memset(&t, 0, sizeof(t));
@@ -89,36 +88,51 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.wsMissOff = 0;
     t.wsResKeyOff = t.numChunks * t.nc;
     t.wsResSlotOff = t.wsResKeyOff + resChunks * t.nc;
-    t.wsPerCore = t.wsResSlotOff + resChunks * t.nc;
+    // the hash plan's output pass reuses the dual pointer's resident-run space (numChunks <= resChunks)
+    t.wsOutPosOff = t.wsResKeyOff;
+    t.wsOutLaneOff = t.wsResSlotOff;
+    t.wsFreeOff = t.wsResSlotOff + resChunks * t.nc;
+    t.wsWinBucketOff = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
+    t.wsWinKeyOff = t.wsWinBucketOff + t.numChunks * t.nc;
+    t.wsWinSlotOff = t.wsWinKeyOff + t.numChunks * t.nc;
+    t.wsPerCore = t.wsWinSlotOff + t.numChunks * t.nc;
     t.hashA1 = kHashA1 & (H - 1);
     t.hashB1 = kHashB1 & (H - 1);
     t.hashA2 = kHashA2 & (H - 1);
     t.hashB2 = kHashB2 & (H - 1);
     t.fillChunk = std::min<uint32_t>(8192, RoundUp(std::max(Sp, H), 64));
     for (uint32_t s = 0; s < SEC_COUNT; ++s) SetWindow(t, s, CeilLog2(t.secLen[s]));
-    const uint32_t streaming[] = {SEC_SK, SEC_SS, SEC_SL};
-    const uint32_t random[] = {SEC_BS, SEC_BK, SEC_SP};
+    // Shrink order while the plan exceeds the budget: the stash (touched only in rows whose stash
+    // is not empty, sequentially), then slot_life (streamed by decay / victim passes), then the
+    // larger of the gathered sections: slot_pos, or bucket_key + bucket_slot. The bucket pair is
+    // halved together: the kernels split each bucket index into (window, offset) once for both.
+    // slot_pos keeps at least nc entries (BuildResidentRuns, see the checks below).
+    auto minWin = [&](uint32_t s) { return s == SEC_SP ? std::max(kPlanMinWindow, t.nc) : kPlanMinWindow; };
+    auto shrinkable = [&](uint32_t s) { return t.winLen[s] > minWin(s); };
+    auto halve = [&](PlanTiling& p, uint32_t s) {
+        uint32_t wlog = p.winLog[s];   // a section that fitted whole gets a power-of-two window below it
+        while ((1u << wlog) >= p.winLen[s] && wlog > 0) --wlog;
+        SetWindow(p, s, wlog);
+    };
     while (PlanUbBytes(t) > kPlanUbBudget) {
         int pick = -1;
-        for (const uint32_t* group : {streaming, random}) {
-            for (int i = 0; i < 3; ++i) {
-                uint32_t s = group[i];
-                if (t.winLen[s] <= kPlanMinWindow) continue;
-                if (pick < 0 || t.winLen[s] > t.winLen[pick]) pick = static_cast<int>(s);
-            }
-            if (pick >= 0) break;
+        for (uint32_t s : {SEC_SK, SEC_SS, SEC_SL})
+            if (pick < 0 && shrinkable(s)) pick = static_cast<int>(s);
+        if (pick < 0) {
+            const bool sp = shrinkable(SEC_SP), bk = shrinkable(SEC_BK);
+            if (sp && (!bk || t.winLen[SEC_SP] >= t.winLen[SEC_BK])) pick = SEC_SP;
+            else if (bk) pick = SEC_BK;
         }
         TORCH_CHECK(pick >= 0, "avsg.plan: no UB plan fits ", kPlanUbBudget, " bytes for capacity=", capacity,
                     " buckets=", buckets, " T*K=", t.N);
-        // a section that fitted whole gets a power-of-two window no larger than itself
-        uint32_t wlog = t.winLog[pick];
-        while ((1u << wlog) >= t.winLen[pick] && wlog > 0) --wlog;
-        SetWindow(t, pick, wlog);
+        halve(t, static_cast<uint32_t>(pick));
+        if (pick == SEC_BK) halve(t, SEC_BS);
     }
-    // hand leftover UB back to the streaming windows (fewer slot_life / stash window switches)
+    // hand leftover UB back: slot_life first (fewer window switches in decay / victim passes),
+    // then the stash windows
     for (bool grown = true; grown;) {
         grown = false;
-        for (uint32_t s : streaming) {
+        for (uint32_t s : {SEC_SL, SEC_SK, SEC_SS}) {
             if (t.winLen[s] >= t.secLen[s]) continue;
             PlanTiling trial = t;
             SetWindow(trial, s, t.winLog[s] + 1);
@@ -128,6 +142,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
             }
         }
     }
+    TORCH_CHECK(t.winLen[SEC_BK] == t.winLen[SEC_BS], "avsg.plan: bucket_key and bucket_slot windows differ");
     // Assumptions of the kernels, checked here for every geometry the ops accept:
     //  * the scalar k-way merges (PlanKernel::Merger) hold at most kPlanMaxRuns runs: one miss run
     //    per selection chunk, and (dual pointer) one resident run per nc-slot chunk of slot_pos.

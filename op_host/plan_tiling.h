@@ -14,12 +14,14 @@ namespace avsg {
 enum PlanSection : uint32_t { SEC_BK = 0, SEC_BS, SEC_SP, SEC_SL, SEC_SK, SEC_SS, SEC_COUNT };
 
 constexpr uint32_t kPlanChunk = 512;        // selections per vector chunk (NC): 8 repeats of int32
+constexpr uint32_t kPlanProbes = 4;         // 1 + RETRIES probe buckets per position
 constexpr uint32_t kPlanMaxRuns = 64;       // sorted runs merged by the scalar k-way merge
 constexpr uint32_t kPlanHeadLen = 16;       // int32 per run head buffer (64 B)
 constexpr uint32_t kPlanMinWindow = 256;    // keeps bitmap slices 32 B aligned
 constexpr uint32_t kPlanUbBudget = 184 * 1024;
-constexpr uint32_t kPlanVectors = 19;       // NC-element int32/float work vectors
-constexpr uint32_t kPlanMasks = 4;          // NC-bit compare masks
+constexpr uint32_t kPlanVectors = 8;        // NC-element int32/float work vectors
+constexpr uint32_t kPlanWideVectors = 3;    // kPlanProbes*NC-element vectors (all probes of a chunk)
+constexpr uint32_t kPlanMasks = 4;          // kPlanProbes*NC-bit compare masks
 constexpr uint32_t kPlanSortVectors = 8;    // concat 1 + index 1 + dst 2 + tmp 2 + out 2 (x NC)
 constexpr uint32_t kStashCountPad = 8;
 constexpr uint32_t kMaxPosition = 1u << 24;
@@ -39,7 +41,11 @@ struct PlanTiling {
     uint32_t numChunks;                  // ceil(N / nc): sorted miss runs per row
     uint32_t pendWords;                  // uint32 words of the pending bitmap (numChunks*nc/32)
     uint32_t wsPerCore;                  // int32 workspace per core
-    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff;
+    // workspace (int32 offsets in the core's slice): sorted miss runs; resident runs (dual
+    // pointer) or the compacted miss lanes of the output pass (hash: pos + lane, same space);
+    // free bits of the insert (kPlanProbes*nc bits per miss chunk); the insert's winner lists
+    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff, wsOutPosOff, wsOutLaneOff;
+    uint32_t wsFreeOff, wsWinBucketOff, wsWinKeyOff, wsWinSlotOff;
     uint32_t hashA1, hashB1, hashA2, hashB2;   // constants mod H
     uint32_t ubBytes;                    // planned UB use of the plan kernels
     uint32_t fillChunk;                  // invalidate / reset chunk (elements, multiple of 64)
@@ -66,9 +72,10 @@ constexpr uint32_t kPlanTilingUbBytes = RoundUp(static_cast<uint32_t>(sizeof(Pla
 // Fixed (window-independent) UB bytes of the plan kernels, buffer by buffer (mirrors Init).
 inline uint32_t PlanFixedUbBytes(const PlanTiling& t) {
     uint32_t b = kPlanTilingUbBytes;                      // tiling copy
-    b += kPlanVectors * RoundUp(t.nc * 4, 32);            // work vectors
-    b += kPlanMasks * RoundUp(t.nc / 8, 32);              // compare masks
     b += kPlanSortVectors * RoundUp(t.nc * 4, 32);        // Sort / Extract buffers
+    b += kPlanWideVectors * RoundUp(kPlanProbes * t.nc * 4, 32);  // all-probe vectors
+    b += kPlanVectors * RoundUp(t.nc * 4, 32);            // work vectors
+    b += kPlanMasks * RoundUp(kPlanProbes * t.nc / 8, 32);  // compare masks
     b += RoundUp(t.capPad / 8, 32);                       // hit bitmap over slots
     b += RoundUp(t.buckets / 8, 32);                      // claimed bitmap over buckets
     b += RoundUp(t.pendWords * 4, 32);                    // pending bitmap over misses

@@ -94,8 +94,10 @@ public:
         // right after the 256 B-rounded tiling buffer, so the Sort/Sort32 destination (sDst_,
         // 2*nc*4 B in) is 256 B aligned as Sort32 requires
         pipe->InitBuffer(sortBuf_, avsg::kPlanSortVectors * nc * 4);
+        const uint32_t wide = avsg::kPlanProbes * nc;
+        for (uint32_t i = 0; i < avsg::kPlanWideVectors; ++i) pipe->InitBuffer(wideBuf_[i], wide * 4);
         for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], nc * 4);
-        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], avsg::RoundUp(nc / 8, 32));
+        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], avsg::RoundUp(wide / 8, 32));
         pipe->InitBuffer(hitBuf_, avsg::RoundUp(t_.capPad / 8, 32));
         pipe->InitBuffer(claimBuf_, avsg::RoundUp(t_.buckets / 8, 32));
         pipe->InitBuffer(pendBuf_, avsg::RoundUp(t_.pendWords * 4, 32));
@@ -112,12 +114,27 @@ public:
             win_[s].wlen = t_.winLen[s];
             win_[s].nwin = (t_.secLen[s] + t_.winLen[s] - 1) / t_.winLen[s];
         }
-        vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3); vB_ = V(4);
-        vLo_ = V(5); vHi_ = V(6); vT1_ = V(7); vT2_ = V(8); vKey_ = V(9); vSlot_ = V(10);
-        vOwn_ = V(11); vFoundF_ = VF(12); vTmpF_ = VF(13); vFoundI_ = V(14); vMS_ = V(15);
-        vOff_ = V(16); vWin_ = V(17); vAccF_ = VF(18);
-        mA_ = maskBuf_[0].Get<uint8_t>(); mB_ = maskBuf_[1].Get<uint8_t>();
-        mC_ = maskBuf_[2].Get<uint8_t>(); mW_ = maskBuf_[3].Get<uint8_t>();
+        // nc-element vectors that live across the steps of a chunk or a row
+        vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3);
+        vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7);
+        // all-probe vectors: lane (probe i, selection l) at i*nc + l
+        wIdx_ = wideBuf_[0].Get<int32_t>();
+        wWin_ = wideBuf_[1].Get<int32_t>();
+        wSlot_ = wideBuf_[2].Get<int32_t>();
+        wTmp_ = sortBuf_.Get<int32_t>();          // the sort region holds two wide vectors while
+        wKey_ = wTmp_[wide];                      // no sort runs
+        wIdx_.SetSize(wide); wWin_.SetSize(wide); wSlot_.SetSize(wide); wTmp_.SetSize(wide); wKey_.SetSize(wide);
+        // short-lived nc-element scratch, aliased into wide vectors that are idle whenever these
+        // are used (hash temporaries before the wide gathers; the rest outside the lookups)
+        vLo_ = wWin_; vHi_ = wWin_[nc]; vT1_ = wWin_[2 * nc]; vT2_ = wWin_[3 * nc];
+        vB_ = wIdx_; vTmpF_ = wIdx_[nc].template ReinterpretCast<float>();
+        vKey_ = wSlot_; vSlot_ = wSlot_[nc];
+        winB_ = wSlot_; winKey_ = wSlot_[nc]; winSlot_ = wSlot_[2 * nc];
+        mKey_ = maskBuf_[0].Get<uint8_t>(); mOwn_ = maskBuf_[1].Get<uint8_t>();
+        mWin_ = maskBuf_[2].Get<uint8_t>(); mTmp_ = maskBuf_[3].Get<uint8_t>();
+        mA_ = mWin_; mB_ = mTmp_; mC_ = mOwn_;   // nc-bit masks of the per-chunk steps
+        CreateVecIndex(vLane_, 0, nc);            // lane ids, read by Classify's compaction
+        PipeBarrier<PIPE_V>();
         LocalTensor<float> sb = sortBuf_.Get<float>();
         sConcat_ = sb[0];
         sIdx_ = sb[nc].template ReinterpretCast<uint32_t>();
@@ -224,58 +241,113 @@ private:
         }
     }
 
-    // dst[i] = section[idx[i]] for n (multiple of 64) lanes; idx in [0, len).
-    __aicore__ inline void GatherSec(Win& w, const LocalTensor<int32_t>& dst, const LocalTensor<int32_t>& idx,
-                                     uint32_t n) {
-        Sync<HardEvent::S_V>();
+    // ---------------------------------------------------------------------- all-probe gathers
+    // A lookup gathers for the kPlanProbes buckets of nc selections at once (W = kPlanProbes*nc
+    // lanes), so a section split into windows has each window loaded at most once per chunk (and
+    // the window left resident by the previous gather is served first, without a load), instead
+    // of once per probe. Lanes are split once into (window id in wWin_, byte offset inside the
+    // window in place of the index); for each window, every lane gathers at its in-window offset
+    // (in bounds whatever its window) and only the lanes of that window are kept (mWin_).
+    __aicore__ inline uint32_t Wide() const { return avsg::kPlanProbes * t_.nc; }
+    __aicore__ inline int32_t FirstWin(const Win& w) const { return w.cur < 0 ? 0 : w.cur; }
+
+    // idx (W lanes, entries of section w) -> byte offsets inside their window (in place) and
+    // window ids (wWin_, multi-window sections only). Scratch: wTmp_.
+    __aicore__ inline void SplitIdx(const Win& w, const LocalTensor<int32_t>& idx) {
+        const uint32_t n = Wide();
+        if (w.nwin > 1) {
+            ShiftRight(wWin_, idx, static_cast<int32_t>(w.wlog), n);
+            PipeBarrier<PIPE_V>();
+            ShiftLeft(wTmp_, wWin_, static_cast<int32_t>(w.wlog), n);
+            PipeBarrier<PIPE_V>();
+            Sub(idx, idx, wTmp_, n);
+            PipeBarrier<PIPE_V>();
+        }
+        ShiftLeft(idx, idx, 2, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // dst (nc-bit slices of a W-bit mask) = wTmp_ == ref: one W-lane reference, or the nc-lane
+    // selections repeated for every probe
+    __aicore__ inline void CompareRef(const LocalTensor<uint8_t>& dst, const LocalTensor<int32_t>& ref, bool wideRef) {
+        const uint32_t nc = t_.nc;
+        if (wideRef) {
+            Compare(dst, wTmp_, ref, CMPMODE::EQ, Wide());
+            return;
+        }
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) Compare(dst[i * nc / 8], wTmp_[i * nc], ref, CMPMODE::EQ, nc);
+    }
+    // acc (W bits) = section[lane] == ref, at the offsets in wIdx_ (from SplitIdx).
+    __aicore__ inline void MatchBits(Win& w, const LocalTensor<int32_t>& ref, bool wideRef,
+                                     const LocalTensor<uint8_t>& acc) {
+        const uint32_t n = Wide();
+        const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
         if (w.nwin == 1) {
             Ensure(w, 0);
-            ShiftLeft(vOff_, idx, 2, n);
+            Gather(wTmp_, w.buf, off, 0u, n);
             PipeBarrier<PIPE_V>();
-            Gather(dst, w.buf, vOff_.ReinterpretCast<uint32_t>(), 0u, n);
+            CompareRef(acc, ref, wideRef);
             PipeBarrier<PIPE_V>();
             return;
         }
-        // several windows: gather each window's lanes (clamped offsets), blend by window id
-        Duplicate(vAccF_, -1.0f, n);
-        ShiftRight(vWin_, idx, static_cast<int32_t>(w.wlog), n);
-        PipeBarrier<PIPE_V>();
-        const uint32_t start = w.cur < 0 ? 0u : static_cast<uint32_t>(w.cur);
+        Duplicate(U16(acc), static_cast<uint16_t>(0), n / 16);
+        const int32_t first = FirstWin(w);
         for (uint32_t k = 0; k < w.nwin; ++k) {
-            const int32_t id = static_cast<int32_t>((start + k) % w.nwin);
+            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
             Ensure(w, id);
-            const int32_t base = id * static_cast<int32_t>(w.wlen);
-            const int32_t cnt = static_cast<int32_t>(WinCount(w, id));
-            CompareScalar(mW_, vWin_, id, CMPMODE::EQ, n);
-            Adds(vOff_, idx, -base, n);
+            CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
+            Gather(wTmp_, w.buf, off, 0u, n);
             PipeBarrier<PIPE_V>();
-            Maxs(vOff_, vOff_, 0, n);
+            CompareRef(mTmp_, ref, wideRef);
             PipeBarrier<PIPE_V>();
-            Mins(vOff_, vOff_, cnt - 1, n);
+            And(U16(mTmp_), U16(mTmp_), U16(mWin_), n / 16);
             PipeBarrier<PIPE_V>();
-            ShiftLeft(vOff_, vOff_, 2, n);
-            PipeBarrier<PIPE_V>();
-            Gather(vOwn2(), w.buf, vOff_.ReinterpretCast<uint32_t>(), 0u, n);
-            PipeBarrier<PIPE_V>();
-            Cast(vTmpF_, vOwn2(), RoundMode::CAST_RINT, n);
-            PipeBarrier<PIPE_V>();
-            Select(vAccF_, mW_, vTmpF_, vAccF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+            Or(U16(acc), U16(acc), U16(mTmp_), n / 16);
             PipeBarrier<PIPE_V>();
         }
-        Cast(dst, vAccF_, RoundMode::CAST_RINT, n);
+    }
+    // dst (W lanes) = section[lane], at the offsets in wIdx_ (from SplitIdx). Several windows are
+    // blended in float (Select is float-only on A2; entries are positions < 2^24, -1 or slots,
+    // all exact in float).
+    __aicore__ inline void GatherVals(Win& w, const LocalTensor<int32_t>& dst) {
+        const uint32_t n = Wide();
+        const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
+        if (w.nwin == 1) {
+            Ensure(w, 0);
+            Gather(dst, w.buf, off, 0u, n);
+            PipeBarrier<PIPE_V>();
+            return;
+        }
+        const LocalTensor<float> dstF = dst.ReinterpretCast<float>();
+        const LocalTensor<float> tmpF = wTmp_.ReinterpretCast<float>();
+        const int32_t first = FirstWin(w);
+        for (uint32_t k = 0; k < w.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
+            Ensure(w, id);
+            Gather(wTmp_, w.buf, off, 0u, n);
+            if (k > 0) CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
+            PipeBarrier<PIPE_V>();
+            if (k == 0) {   // every lane takes the first window's value; later windows overwrite theirs
+                Cast(dstF, wTmp_, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+                continue;
+            }
+            Cast(tmpF, wTmp_, RoundMode::CAST_RINT, n);
+            PipeBarrier<PIPE_V>();
+            Select(dstF, mWin_, tmpF, dstF, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+            PipeBarrier<PIPE_V>();
+        }
+        Cast(dst, dstF, RoundMode::CAST_RINT, n);
         PipeBarrier<PIPE_V>();
     }
-    // scratch of GatherSec's multi-window path (never a GatherSec dst or idx)
-    __aicore__ inline LocalTensor<int32_t> vOwn2() { return sOutV_.template ReinterpretCast<int32_t>(); }
 
-    // x = x mod H (x >= 0), using vT2 as scratch
-    __aicore__ inline void ModH(const LocalTensor<int32_t>& x, uint32_t n) {
+    // x = x mod H (x >= 0), using scratch
+    __aicore__ inline void ModH(const LocalTensor<int32_t>& x, const LocalTensor<int32_t>& scratch, uint32_t n) {
         const int32_t m = static_cast<int32_t>(t_.logBuckets);
-        ShiftRight(vT2_, x, m, n);
+        ShiftRight(scratch, x, m, n);
         PipeBarrier<PIPE_V>();
-        ShiftLeft(vT2_, vT2_, m, n);
+        ShiftLeft(scratch, scratch, m, n);
         PipeBarrier<PIPE_V>();
-        Sub(x, x, vT2_, n);
+        Sub(x, x, scratch, n);
         PipeBarrier<PIPE_V>();
     }
     // first bucket and odd stride of max(src, 0) (reference.probe_buckets); all products < 2^30
@@ -289,19 +361,19 @@ private:
         PipeBarrier<PIPE_V>();
         Sub(vLo_, vT1_, vT2_, n);                 // lo = p mod H
         PipeBarrier<PIPE_V>();
-        ModH(vHi_, n);                            // hi = (p >> m) mod H
+        ModH(vHi_, vT2_, n);                            // hi = (p >> m) mod H
         Muls(vFirst_, vLo_, static_cast<int32_t>(t_.hashA1), n);
         Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB1), n);
         PipeBarrier<PIPE_V>();
         Add(vFirst_, vFirst_, vT1_, n);
         PipeBarrier<PIPE_V>();
-        ModH(vFirst_, n);
+        ModH(vFirst_, vT2_, n);
         Muls(vStride_, vLo_, static_cast<int32_t>(t_.hashA2), n);
         Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB2), n);
         PipeBarrier<PIPE_V>();
         Add(vStride_, vStride_, vT1_, n);
         PipeBarrier<PIPE_V>();
-        ModH(vStride_, n);
+        ModH(vStride_, vT2_, n);
         ShiftRight(vStride_, vStride_, 1, n);     // | 1
         PipeBarrier<PIPE_V>();
         ShiftLeft(vStride_, vStride_, 1, n);
@@ -309,13 +381,23 @@ private:
         Adds(vStride_, vStride_, 1, n);
         PipeBarrier<PIPE_V>();
     }
-    // vB = (first + i*stride) mod H
+    // vB = (first + i*stride) mod H: probe i of the nc selections hashed last
     __aicore__ inline void Probe(int32_t i, uint32_t n) {
         Muls(vB_, vStride_, i, n);
         PipeBarrier<PIPE_V>();
         Add(vB_, vB_, vFirst_, n);
         PipeBarrier<PIPE_V>();
-        ModH(vB_, n);
+        ModH(vB_, vT2_, n);
+    }
+    // wIdx[i*nc + l] = (first[l] + i*stride[l]) mod H for every probe i (first + 3*stride < 4H)
+    __aicore__ inline void Buckets() {
+        const uint32_t nc = t_.nc;
+        Adds(wIdx_, vFirst_, 0, nc);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Muls(wIdx_[i * nc], vStride_, static_cast<int32_t>(i), nc);
+        PipeBarrier<PIPE_V>();
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Add(wIdx_[i * nc], wIdx_[i * nc], vFirst_, nc);
+        PipeBarrier<PIPE_V>();
+        ModH(wIdx_, wTmp_, Wide());
     }
 
     // ---------------------------------------------------------------------- row pieces
@@ -342,13 +424,30 @@ private:
         return n;
     }
 
-    // Hash lookup of vWant -> vFoundF (slot or -1): stash first (last entry first), then probes
-    // 3..0, each overwriting: the result is the reference's "first valid probe, else first valid
-    // stash entry". Stash entries are all live here (compacted just before).
-    __aicore__ inline void HashMatch() {
-        const uint32_t nc = t_.nc;
-        Duplicate(vFoundF_, -1.0f, nc);
+    // Hash lookup of vWant_ (nc lanes; invalid lanes hold -2) -> vFoundF_ (slot or -1).
+    // Any valid index entry (bucket or stash) with key p names the one slot holding p (slot_pos
+    // is the ground truth and holds p at most once), so "first valid probe, else first valid
+    // stash entry" is "the slot of any valid entry whose key is p": the probes and the stash are
+    // folded in any order. Stash entries are all live here (compacted before every lookup pass).
+    __aicore__ inline void HashLookup() {
+        const uint32_t nc = t_.nc, n = Wide();
+        Win& bk = win_[avsg::SEC_BK];
+        Win& bs = win_[avsg::SEC_BS];
+        Win& sp = win_[avsg::SEC_SP];
+        Sync<HardEvent::S_V>();                   // scalar writes of the windows / inputs
         Hash(vWant_, nc);
+        Buckets();
+        SplitIdx(bk, wIdx_);                      // bucket_slot shares bucket_key's windows
+        MatchBits(bk, vWant_, false, mKey_);      // bucket_key == p
+        GatherVals(bs, wSlot_);                   // the slot each probe bucket names
+        Adds(wIdx_, wSlot_, 0, n);
+        PipeBarrier<PIPE_V>();
+        SplitIdx(sp, wIdx_);
+        MatchBits(sp, vWant_, false, mOwn_);      // slot_pos[slot] == p
+        And(U16(mKey_), U16(mKey_), U16(mOwn_), n / 16);
+        Cast(wSlot_.ReinterpretCast<float>(), wSlot_, RoundMode::CAST_RINT, n);
+        Duplicate(vFoundF_, -1.0f, nc);
+        PipeBarrier<PIPE_V>();
         for (int32_t k = static_cast<int32_t>(stashCount_) - 1; k >= 0; --k) {
             const int32_t key = Get(win_[avsg::SEC_SK], static_cast<uint32_t>(k));
             const int32_t slot = Get(win_[avsg::SEC_SS], static_cast<uint32_t>(k));
@@ -359,18 +458,9 @@ private:
             Select(vFoundF_, mB_, vFoundF_, static_cast<float>(slot), SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
             PipeBarrier<PIPE_V>();
         }
-        for (int32_t i = avsg_probes - 1; i >= 0; --i) {
-            Probe(i, nc);
-            GatherSec(win_[avsg::SEC_BK], vKey_, vB_, nc);
-            GatherSec(win_[avsg::SEC_BS], vSlot_, vB_, nc);
-            GatherSec(win_[avsg::SEC_SP], vOwn_, vSlot_, nc);
-            Compare(mA_, vKey_, vWant_, CMPMODE::EQ, nc);
-            Compare(mB_, vOwn_, vWant_, CMPMODE::EQ, nc);
-            PipeBarrier<PIPE_V>();
-            And(U16(mA_), U16(mA_), U16(mB_), nc / 16);
-            Cast(vTmpF_, vSlot_, RoundMode::CAST_RINT, nc);
-            PipeBarrier<PIPE_V>();
-            Select(vFoundF_, mA_, vTmpF_, vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
+        const LocalTensor<float> slotF = wSlot_.ReinterpretCast<float>();
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            Select(vFoundF_, mKey_[i * nc / 8], slotF[i * nc], vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
             PipeBarrier<PIPE_V>();
         }
     }
@@ -528,11 +618,13 @@ private:
 
     __aicore__ inline void Match() {
         if (kDual) DualMatch();
-        else HashMatch();
+        else HashLookup();
     }
 
-    // Counts, hit bitmap and the chunk's sorted miss run (workspace run c).
-    __aicore__ inline void Classify(uint32_t c) {
+    // Counts, hit bitmap and the chunk's sorted miss run (workspace run c). The hash plan also
+    // stores the lookup result as the chunk's slots (final for hits and invalid lanes) and the
+    // misses' (position, lane) for OutputMisses, which patches only the missed lanes.
+    __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n) {
         const uint32_t nc = t_.nc;
         Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, nc);
         CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
@@ -541,16 +633,25 @@ private:
         PipeBarrier<PIPE_V>();
         And(U16(mC_), U16(mC_), U16(mA_), nc / 16);             // miss = valid & not hit
         PipeBarrier<PIPE_V>();
-        uint64_t nValid = 0, nHit = 0, nMiss = 0;
+        uint64_t nValid = 0, nHit = 0, nMiss = 0, nLanes = 0;
         GatherMask(vT1_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), nValid);
         GatherMask(vKey_, vFoundI_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
         GatherMask(vSlot_, vWant_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
+        if (!kDual) GatherMask(vT2_, vLane_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
         Sync<HardEvent::V_S>();
         lookups_ += static_cast<int64_t>(nValid);
         hits_ += static_cast<int64_t>(nHit);
         misses_ += static_cast<int64_t>(nMiss);
         for (uint32_t q = 0; q < nHit; ++q) SetWordBit(hitBits_, static_cast<uint32_t>(vKey_.GetValue(q)));
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
+        if (!kDual) {
+            Sync<HardEvent::V_MTE3>();
+            StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.N + c * nc], vFoundI_, n);
+            StoreInts(wsGm_[t_.wsOutPosOff + outTotal_], vSlot_, static_cast<uint32_t>(nMiss));
+            StoreInts(wsGm_[t_.wsOutLaneOff + outTotal_], vT2_, static_cast<uint32_t>(nMiss));
+            outTotal_ += static_cast<uint32_t>(nMiss);
+            if (nMiss == 0) Sync<HardEvent::MTE3_V>();
+        }
         if (nMiss == 0) return;
         Sync<HardEvent::S_V>();
         SortAscending(vSlot_, static_cast<uint32_t>(nMiss), nullptr);
@@ -684,23 +785,17 @@ private:
         }
     }
 
-    // Writes a winner list to a bucket section window by window (no window ping-pong).
-    __aicore__ inline void ApplyWinners(Win& w, uint32_t count, const LocalTensor<int32_t>& vals) {
-        if (count == 0) return;
-        if (w.nwin == 1) {
-            for (uint32_t q = 0; q < count; ++q) Put(w, static_cast<uint32_t>(vLo_.GetValue(q)), vals.GetValue(q));
-            return;
-        }
-        for (uint32_t id = 0; id < w.nwin; ++id)
-            for (uint32_t q = 0; q < count; ++q) {
-                const uint32_t b = static_cast<uint32_t>(vLo_.GetValue(q));
-                if ((b >> w.wlog) == id) Put(w, b, vals.GetValue(q));
-            }
-    }
-
-    // 4 insert rounds: a miss still pending proposes bucket_i; a free bucket goes to the lowest j.
+    // Insert: 4 rounds; in round i every pending miss proposes its bucket_i, and a free bucket
+    // (never used or stale) goes to the lowest proposing j.
+    //  A. Freeness of all 4 buckets of every miss, with all-probe gathers (each window loaded at
+    //     most once per miss chunk). A bucket's freeness changes during the rounds only when a
+    //     miss wins it (slot_pos is not written during the insert, and a winner's entry is valid:
+    //     its slot holds its position), so "free now" = "free before round 0 and not claimed in
+    //     any round so far": claimBits_ is cleared once, not per round.
+    //  B. The rounds on the scalar unit, in (round, j) order: claims and the winner list.
+    //  C. The winners are written window by window (no window ping-pong between claims).
     __aicore__ inline void Insert(uint32_t r, uint32_t m) {
-        const uint32_t nc = t_.nc;
+        const uint32_t nc = t_.nc, n = Wide();
         for (uint32_t w = 0; w < t_.pendWords; ++w) {
             const uint32_t lo = w * 32;
             uint32_t word = 0;
@@ -708,39 +803,117 @@ private:
             else if (lo < m) word = (1u << (m - lo)) - 1u;
             pendBits_.SetValue(w, word);
         }
-        for (int32_t i = 0; i < avsg_probes; ++i) {
-            Duplicate(claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.buckets / 16);
-            Sync<HardEvent::V_S>();
-            for (uint32_t j0 = 0; j0 < m; j0 += nc) {
-                const uint32_t n = LoadMisses(r, j0, m);
-                Hash(vWant_, nc);
-                Probe(i, nc);
-                GatherSec(win_[avsg::SEC_BK], vKey_, vB_, nc);
-                GatherSec(win_[avsg::SEC_BS], vSlot_, vB_, nc);
-                GatherSec(win_[avsg::SEC_SP], vOwn_, vSlot_, nc);
-                CompareScalar(mA_, vKey_, -1, CMPMODE::EQ, nc);      // never used
-                Compare(mB_, vOwn_, vKey_, CMPMODE::EQ, nc);         // valid entry
-                PipeBarrier<PIPE_V>();
-                Not(U16(mB_), U16(mB_), nc / 16);
-                PipeBarrier<PIPE_V>();
-                Or(U16(mA_), U16(mA_), U16(mB_), nc / 16);           // free = empty | stale
+        if (m == 0) return;
+        Win& bk = win_[avsg::SEC_BK];
+        Win& bs = win_[avsg::SEC_BS];
+        Win& sp = win_[avsg::SEC_SP];
+        const uint32_t chunks = (m + nc - 1) / nc;
+        const uint32_t freeWords = n / 32;
+        const LocalTensor<int32_t> freeInts = mKey_.ReinterpretCast<int32_t>();
+        // A. free bits (mKey_, W bits per miss chunk; kept in the workspace when there are several)
+        for (uint32_t c = 0; c < chunks; ++c) {
+            LoadMisses(r, c * nc, m);
+            Hash(vWant_, nc);
+            Buckets();
+            SplitIdx(bk, wIdx_);
+            GatherVals(bk, wKey_);
+            GatherVals(bs, wSlot_);
+            Adds(wIdx_, wSlot_, 0, n);
+            CompareScalar(mKey_, wKey_, -1, CMPMODE::EQ, n);     // never used
+            PipeBarrier<PIPE_V>();
+            SplitIdx(sp, wIdx_);
+            MatchBits(sp, wKey_, true, mOwn_);                   // valid: slot_pos[slot] == key
+            Not(U16(mOwn_), U16(mOwn_), n / 16);
+            PipeBarrier<PIPE_V>();
+            Or(U16(mKey_), U16(mKey_), U16(mOwn_), n / 16);      // free = never used | stale
+            if (chunks > 1) {
+                Sync<HardEvent::V_MTE3>();
+                StoreInts(wsGm_[t_.wsFreeOff + c * freeWords], freeInts, freeWords);
+                Sync<HardEvent::MTE3_V>();
+            }
+        }
+        // B. rounds (vFirst_/vStride_/vWant_/vMS_/mKey_ still hold the last miss chunk)
+        Duplicate(claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.buckets / 16);
+        Sync<HardEvent::V_S>();
+        int32_t loaded = static_cast<int32_t>(chunks) - 1;
+        winStaged_ = winSpilled_ = 0;
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            for (uint32_t c = 0; c < chunks; ++c) {
+                const uint32_t j0 = c * nc;
+                const uint32_t cnt = MinU(nc, m - j0);
+                if (loaded != static_cast<int32_t>(c)) {
+                    LoadMisses(r, j0, m);
+                    Sync<HardEvent::S_MTE2>();
+                    Sync<HardEvent::V_MTE2>();
+                    Sync<HardEvent::MTE3_MTE2>();
+                    LoadInts(freeInts, wsGm_[t_.wsFreeOff + c * freeWords], freeWords, 0);
+                    Sync<HardEvent::MTE2_S>();
+                    Hash(vWant_, nc);
+                    loaded = static_cast<int32_t>(c);
+                }
+                Sync<HardEvent::S_V>();           // the previous pass's scalar reads of vB_
+                Probe(static_cast<int32_t>(i), nc);
                 Sync<HardEvent::V_S>();
-                uint32_t won = 0;
-                for (uint32_t q = 0; q < n; ++q) {
+                for (uint32_t q = 0; q < cnt; ++q) {
                     const uint32_t j = j0 + q;
-                    if (!WordBit(pendBits_, j) || !Bit(mA_, q)) continue;
+                    if (!WordBit(pendBits_, j) || !Bit(mKey_, i * nc + q)) continue;
                     const uint32_t b = static_cast<uint32_t>(vB_.GetValue(q));
                     if (WordBit(claimBits_, b)) continue;
                     SetWordBit(claimBits_, b);
                     ClearWordBit(pendBits_, j);
-                    vLo_.SetValue(won, static_cast<int32_t>(b));
-                    vHi_.SetValue(won, vWant_.GetValue(q));
-                    vT1_.SetValue(won, vMS_.GetValue(q));
-                    ++won;
+                    StageWinner(b, vWant_.GetValue(q), vMS_.GetValue(q));
                 }
-                ApplyWinners(win_[avsg::SEC_BK], won, vHi_);
-                ApplyWinners(win_[avsg::SEC_BS], won, vT1_);
-                Sync<HardEvent::S_V>();
+            }
+        }
+        // C.
+        ApplyWinners();
+    }
+
+    // The winner list (bucket, key, slot): staged in UB (winB_/winKey_/winSlot_, nc each) and
+    // spilled to the workspace when a step has more than nc winners.
+    __aicore__ inline void StageWinner(uint32_t b, int32_t key, int32_t slot) {
+        winB_.SetValue(winStaged_, static_cast<int32_t>(b));
+        winKey_.SetValue(winStaged_, key);
+        winSlot_.SetValue(winStaged_, slot);
+        if (++winStaged_ == t_.nc) SpillWinners();
+    }
+    __aicore__ inline void SpillWinners() {
+        Sync<HardEvent::S_MTE3>();
+        StoreInts(wsGm_[t_.wsWinBucketOff + winSpilled_], winB_, winStaged_);
+        StoreInts(wsGm_[t_.wsWinKeyOff + winSpilled_], winKey_, winStaged_);
+        StoreInts(wsGm_[t_.wsWinSlotOff + winSpilled_], winSlot_, winStaged_);
+        Sync<HardEvent::MTE3_S>();
+        winSpilled_ += winStaged_;
+        winStaged_ = 0;
+    }
+    // bucket_key[b] = key, bucket_slot[b] = slot for every winner, one bucket window at a time
+    // (both sections share the window split), the resident window first.
+    __aicore__ inline void ApplyWinners() {
+        const uint32_t total = winSpilled_ + winStaged_;
+        if (total == 0) return;
+        const bool spilled = winSpilled_ > 0;
+        if (spilled && winStaged_ > 0) SpillWinners();
+        Win& bk = win_[avsg::SEC_BK];
+        Win& bs = win_[avsg::SEC_BS];
+        const int32_t first = FirstWin(bk);
+        for (uint32_t k = 0; k < bk.nwin; ++k) {
+            const uint32_t id = (static_cast<uint32_t>(first) + k) % bk.nwin;
+            for (uint32_t b0 = 0; b0 < total; b0 += t_.nc) {
+                const uint32_t cnt = MinU(t_.nc, total - b0);
+                if (spilled) {
+                    Sync<HardEvent::S_MTE2>();
+                    Sync<HardEvent::MTE3_MTE2>();
+                    LoadInts(winB_, wsGm_[t_.wsWinBucketOff + b0], cnt, 0);
+                    LoadInts(winKey_, wsGm_[t_.wsWinKeyOff + b0], cnt, 0);
+                    LoadInts(winSlot_, wsGm_[t_.wsWinSlotOff + b0], cnt, 0);
+                    Sync<HardEvent::MTE2_S>();
+                }
+                for (uint32_t q = 0; q < cnt; ++q) {
+                    const uint32_t b = static_cast<uint32_t>(winB_.GetValue(q));
+                    if ((b >> bk.wlog) != id) continue;
+                    Put(bk, b, winKey_.GetValue(q));
+                    Put(bs, b, winSlot_.GetValue(q));
+                }
             }
         }
     }
@@ -788,6 +961,53 @@ private:
         Sync<HardEvent::MTE3_V>();
     }
 
+    // Hash plan, step 4: the slots of the missed lanes. Classify stored every chunk's lookup
+    // result (final for hits and invalid lanes) and the misses' (position, lane) contiguously in
+    // the workspace, chunk after chunk (missRuns_.len[c] of them for chunk c). The reservations
+    // are in the index now, so one lookup per nc misses of the whole row (not per chunk of
+    // selections) finds them; the results are patched into the stored slot chunks.
+    __aicore__ inline void OutputMisses(uint32_t r) {
+        const uint32_t nc = t_.nc;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const LocalTensor<int32_t> out = wKey_;   // one chunk of slots (wKey_ is idle in lookups)
+        uint32_t c = 0, left = missRuns_.len[0];
+        for (uint32_t b0 = 0; b0 < outTotal_; b0 += nc) {
+            const uint32_t n = MinU(nc, outTotal_ - b0);
+            Sync<HardEvent::S_V>();               // scalar reads of vWant_/vMS_ (previous block)
+            Duplicate(vWant_, -2, nc);            // lanes past n: invalid, never match
+            Sync<HardEvent::V_MTE2>();
+            Sync<HardEvent::S_MTE2>();
+            Sync<HardEvent::MTE3_MTE2>();
+            LoadInts(vWant_, wsGm_[t_.wsOutPosOff + b0], n, -2);
+            LoadInts(vMS_, wsGm_[t_.wsOutLaneOff + b0], n, 0);
+            Sync<HardEvent::MTE2_V>();
+            Sync<HardEvent::MTE2_S>();
+            HashLookup();
+            Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, nc);
+            Sync<HardEvent::V_S>();
+            int32_t open = -1;
+            for (uint32_t e = 0; e < n; ++e) {
+                while (left == 0) left = missRuns_.len[++c];
+                if (static_cast<int32_t>(c) != open) {
+                    if (open >= 0) StoreSlotChunk(rowN, static_cast<uint32_t>(open), out);
+                    open = static_cast<int32_t>(c);
+                    Sync<HardEvent::S_MTE2>();
+                    Sync<HardEvent::MTE3_MTE2>();
+                    LoadInts(out, slotsGm_[rowN + c * nc], MinU(nc, t_.N - c * nc), 0);
+                    Sync<HardEvent::MTE2_S>();
+                }
+                out.SetValue(static_cast<uint32_t>(vMS_.GetValue(e)), vFoundI_.GetValue(e));
+                --left;
+            }
+            if (open >= 0) StoreSlotChunk(rowN, static_cast<uint32_t>(open), out);
+        }
+    }
+    __aicore__ inline void StoreSlotChunk(uint64_t rowN, uint32_t c, const LocalTensor<int32_t>& out) {
+        Sync<HardEvent::S_MTE3>();
+        StoreInts(slotsGm_[rowN + c * t_.nc], out, MinU(t_.nc, t_.N - c * t_.nc));
+        Sync<HardEvent::MTE3_S>();
+    }
+
     __aicore__ inline void Row(uint32_t r) {
         const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
@@ -805,15 +1025,16 @@ private:
         boundF_ = static_cast<float>(seq);
         stashCount_ = static_cast<uint32_t>(countUb_.GetValue(0));
         lookups_ = hits_ = misses_ = 0;
+        outTotal_ = 0;
 
         // 0. stash compaction #1
         if (stashCount_ > 0) CompactStash();
         if (kDual) BuildResidentRuns();
         // 1+2. refresh and classify, chunk by chunk
         for (uint32_t c = 0; c < t_.numChunks; ++c) {
-            PrepareWant(r, c);
+            const uint32_t n = PrepareWant(r, c);
             Match();
-            Classify(c);
+            Classify(r, c, n);
         }
         DecayAndPin();
         const uint32_t m = MergeMisses(r);
@@ -827,15 +1048,19 @@ private:
             CompactStash();
             AppendPending(r, m);
         }
-        // 4. output: every selection's slot
-        if (kDual) BuildResidentRuns();
-        for (uint32_t c = 0; c < t_.numChunks; ++c) {
-            const uint32_t n = PrepareWant(r, c);
-            Match();
-            Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, t_.nc);
-            Sync<HardEvent::V_MTE3>();
-            StoreInts(slotsGm_[rowN + c * t_.nc], vFoundI_, n);
-            Sync<HardEvent::MTE3_V>();
+        // 4. output: every selection's slot (the dual pointer matches every chunk again)
+        if (kDual) {
+            BuildResidentRuns();
+            for (uint32_t c = 0; c < t_.numChunks; ++c) {
+                const uint32_t n = PrepareWant(r, c);
+                Match();
+                Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, t_.nc);
+                Sync<HardEvent::V_MTE3>();
+                StoreInts(slotsGm_[rowN + c * t_.nc], vFoundI_, n);
+                Sync<HardEvent::MTE3_V>();
+            }
+        } else {
+            OutputMisses(r);
         }
         FillTail(missPosGm_, rowN, m, t_.N);
         FillTail(missSlotsGm_, rowN, m, t_.N);
@@ -860,21 +1085,22 @@ private:
         Sync<HardEvent::MTE3_MTE2>();
     }
 
-    static constexpr int32_t avsg_probes = 4;
-
     PlanTiling t_;
     GlobalTensor<int32_t> topkGm_, seqGm_, stateGm_, slotsGm_, missPosGm_, missSlotsGm_, missCountsGm_, wsGm_;
     GlobalTensor<int64_t> statsGm_;
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
+    TBuf<TPosition::VECCALC> wideBuf_[avsg::kPlanWideVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
     TBuf<TPosition::VECCALC> tilingBuf_, sortBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
     TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, countBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
-    LocalTensor<int32_t> vWant_, vFirst_, vStride_, vB_, vLo_, vHi_, vT1_, vT2_, vKey_, vSlot_, vOwn_, vFoundI_,
-        vMS_, vOff_, vWin_;
-    LocalTensor<float> vWantF_, vFoundF_, vTmpF_, vAccF_;
-    LocalTensor<uint8_t> mA_, mB_, mC_, mW_;
+    LocalTensor<int32_t> vWant_, vFirst_, vStride_, vFoundI_, vMS_, vLane_;   // nc lanes
+    LocalTensor<float> vWantF_, vFoundF_;
+    LocalTensor<int32_t> wIdx_, wWin_, wSlot_, wTmp_, wKey_;                   // kPlanProbes*nc lanes
+    LocalTensor<int32_t> vLo_, vHi_, vT1_, vT2_, vB_, vKey_, vSlot_, winB_, winKey_, winSlot_;  // aliases
+    LocalTensor<float> vTmpF_;
+    LocalTensor<uint8_t> mKey_, mOwn_, mWin_, mTmp_, mA_, mB_, mC_;
     LocalTensor<float> sConcat_, sDst_, sTmp_, sOutV_;
     LocalTensor<uint32_t> sIdx_, sOutI_;
     LocalTensor<uint32_t> hitBits_, claimBits_, pendBits_;
@@ -884,6 +1110,8 @@ private:
     Merger missRuns_, resRuns_;
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
+    uint32_t outTotal_ = 0;                  // misses of the row's selections (OutputMisses)
+    uint32_t winStaged_ = 0, winSpilled_ = 0;  // insert winner list: in UB / in the workspace
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
 };
 
