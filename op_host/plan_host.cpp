@@ -88,9 +88,9 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.wsMissOff = 0;
     t.wsResKeyOff = t.numChunks * t.nc;
     t.wsResSlotOff = t.wsResKeyOff + resChunks * t.nc;
-    // the hash plan's output pass reuses the dual pointer's resident-run space (numChunks <= resChunks)
-    t.wsOutPosOff = t.wsResKeyOff;
-    t.wsOutLaneOff = t.wsResSlotOff;
+    // the hash plan's run lanes / indices reuse the dual pointer's resident-run space (numChunks <= resChunks)
+    t.wsRunJOff = t.wsResKeyOff;
+    t.wsRunLaneOff = t.wsResSlotOff;
     t.wsFreeOff = t.wsResSlotOff + resChunks * t.nc;
     t.wsWinBucketOff = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
     t.wsWinKeyOff = t.wsWinBucketOff + t.numChunks * t.nc;

@@ -41,10 +41,11 @@ struct PlanTiling {
     uint32_t numChunks;                  // ceil(N / nc): sorted miss runs per row
     uint32_t pendWords;                  // uint32 words of the pending bitmap (numChunks*nc/32)
     uint32_t wsPerCore;                  // int32 workspace per core
-    // workspace (int32 offsets in the core's slice): sorted miss runs; resident runs (dual
-    // pointer) or the compacted miss lanes of the output pass (hash: pos + lane, same space);
-    // free bits of the insert (kPlanProbes*nc bits per miss chunk); the insert's winner lists
-    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff, wsOutPosOff, wsOutLaneOff;
+    // workspace (int32 offsets in the core's slice): sorted miss runs (nc per run); resident runs
+    // (dual pointer) or, in the same space, each miss-run entry's lane and index in miss_pos (hash
+    // plan, run layout); free bits of the insert (kPlanProbes*nc bits per miss chunk); the
+    // insert's winner list (bucket, key, slot)
+    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff, wsRunJOff, wsRunLaneOff;
     uint32_t wsFreeOff, wsWinBucketOff, wsWinKeyOff, wsWinSlotOff;
     uint32_t hashA1, hashB1, hashA2, hashB2;   // constants mod H
     uint32_t ubBytes;                    // planned UB use of the plan kernels

@@ -40,6 +40,16 @@ __aicore__ inline void Sync() {
 }
 
 __aicore__ inline uint32_t MinU(uint32_t a, uint32_t b) { return a < b ? a : b; }
+// Index of the lowest set bit of x != 0 (plain scalar arithmetic, 5 steps).
+__aicore__ inline uint32_t LowestBit(uint32_t x) {
+    uint32_t n = 0;
+    if ((x & 0xFFFFu) == 0) { n += 16; x >>= 16; }
+    if ((x & 0xFFu) == 0) { n += 8; x >>= 8; }
+    if ((x & 0xFu) == 0) { n += 4; x >>= 4; }
+    if ((x & 0x3u) == 0) { n += 2; x >>= 2; }
+    if ((x & 0x1u) == 0) n += 1;
+    return n;
+}
 
 // Tiling: DMA it into its own UB buffer (the first one the kernel carves), wait MTE2 -> S, read
 // the words from UB. A scalar GlobalTensor::GetValue would go through the core's non-coherent
@@ -448,16 +458,18 @@ private:
         Cast(wSlot_.ReinterpretCast<float>(), wSlot_, RoundMode::CAST_RINT, n);
         Duplicate(vFoundF_, -1.0f, nc);
         PipeBarrier<PIPE_V>();
-        for (int32_t k = static_cast<int32_t>(stashCount_) - 1; k >= 0; --k) {
-            const int32_t key = Get(win_[avsg::SEC_SK], static_cast<uint32_t>(k));
-            const int32_t slot = Get(win_[avsg::SEC_SS], static_cast<uint32_t>(k));
-            CompareScalar(mA_, vWant_, key, CMPMODE::EQ, nc);
+        // stash: lanes != key keep their value, the rest take the entry's slot (float compare is
+        // exact: keys and selections are below 2^24 or negative). Two masks alternate so an entry
+        // needs one barrier: its compare only overwrites the mask of the entry before last.
+        for (uint32_t k = 0; k < stashCount_; ++k) {
+            const int32_t key = Get(win_[avsg::SEC_SK], k);
+            const int32_t slot = Get(win_[avsg::SEC_SS], k);
+            const LocalTensor<uint8_t>& ne = (k & 1u) ? mB_ : mA_;
+            CompareScalar(ne, vWantF_, static_cast<float>(key), CMPMODE::NE, nc);
             PipeBarrier<PIPE_V>();
-            Not(U16(mB_), U16(mA_), nc / 16);
-            PipeBarrier<PIPE_V>();
-            Select(vFoundF_, mB_, vFoundF_, static_cast<float>(slot), SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
-            PipeBarrier<PIPE_V>();
+            Select(vFoundF_, ne, vFoundF_, static_cast<float>(slot), SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
         }
+        PipeBarrier<PIPE_V>();
         const LocalTensor<float> slotF = wSlot_.ReinterpretCast<float>();
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
             Select(vFoundF_, mKey_[i * nc / 8], slotF[i * nc], vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
@@ -623,7 +635,7 @@ private:
 
     // Counts, hit bitmap and the chunk's sorted miss run (workspace run c). The hash plan also
     // stores the lookup result as the chunk's slots (final for hits and invalid lanes) and the
-    // misses' (position, lane) for OutputMisses, which patches only the missed lanes.
+    // run's lanes (the sort's payload), so OutputMisses can patch just the missed lanes.
     __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n) {
         const uint32_t nc = t_.nc;
         Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, nc);
@@ -647,17 +659,18 @@ private:
         if (!kDual) {
             Sync<HardEvent::V_MTE3>();
             StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.N + c * nc], vFoundI_, n);
-            StoreInts(wsGm_[t_.wsOutPosOff + outTotal_], vSlot_, static_cast<uint32_t>(nMiss));
-            StoreInts(wsGm_[t_.wsOutLaneOff + outTotal_], vT2_, static_cast<uint32_t>(nMiss));
-            outTotal_ += static_cast<uint32_t>(nMiss);
             if (nMiss == 0) Sync<HardEvent::MTE3_V>();
         }
         if (nMiss == 0) return;
         Sync<HardEvent::S_V>();
-        SortAscending(vSlot_, static_cast<uint32_t>(nMiss), nullptr);
+        const LocalTensor<uint32_t> lanes = vT2_.ReinterpretCast<uint32_t>();
+        SortAscending(vSlot_, static_cast<uint32_t>(nMiss), kDual ? nullptr : &lanes);
         Sync<HardEvent::V_MTE3>();
         StoreInts(wsGm_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
                   static_cast<uint32_t>(nMiss));
+        if (!kDual)
+            StoreInts(wsGm_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
+                      static_cast<uint32_t>(nMiss));
         Sync<HardEvent::MTE3_V>();
     }
 
@@ -691,10 +704,16 @@ private:
     }
 
     // Scalar merge of the sorted miss runs with dedup -> miss_pos[0:M]. Returns M.
+    // The hash plan also records, for every run entry, the index j of its position in miss_pos
+    // (workspace, run layout), staged per run in headPay_ (unused by the miss merge, which has no
+    // payload): OutputMisses turns it into the lane's reserved slot, miss_slots[j].
     __aicore__ inline uint32_t MergeMisses(uint32_t r) {
         missRuns_.runs = t_.numChunks;
         missRuns_.keyOff = t_.wsMissOff;
         missRuns_.pay = false;
+        // per-run j staging: an equal share of headPay_, a multiple of 8 entries (32 B aligned)
+        jCap_ = avsg::kPlanMaxRuns * avsg::kPlanHeadLen / t_.numChunks / 8 * 8;
+        for (uint32_t c = 0; c < t_.numChunks; ++c) jFill_[c] = jDone_[c] = 0;
         Start(missRuns_);
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         uint32_t m = 0, staged = 0;
@@ -712,6 +731,7 @@ private:
                     staged = 0;
                 }
             }
+            if (!kDual) RecordJ(missRuns_.best, m + staged - 1);
             Advance(missRuns_);
         }
         if (staged) {
@@ -720,7 +740,21 @@ private:
             Sync<HardEvent::MTE3_S>();
             m += staged;
         }
+        if (!kDual)
+            for (uint32_t c = 0; c < t_.numChunks; ++c) FlushJ(c);
         return m;
+    }
+    __aicore__ inline void RecordJ(uint32_t c, uint32_t j) {
+        headPay_.SetValue(c * jCap_ + jFill_[c], static_cast<int32_t>(j));
+        if (++jFill_[c] == jCap_) FlushJ(c);
+    }
+    __aicore__ inline void FlushJ(uint32_t c) {
+        if (jFill_[c] == 0) return;
+        Sync<HardEvent::S_MTE3>();
+        StoreInts(wsGm_[t_.wsRunJOff + c * t_.nc + jDone_[c]], headPay_[c * jCap_], jFill_[c]);
+        Sync<HardEvent::MTE3_S>();
+        jDone_[c] += jFill_[c];
+        jFill_[c] = 0;
     }
 
     // Victims in (life, slot) order among life < L: one Compares EQ + GatherMask per level and
@@ -854,14 +888,25 @@ private:
                 Sync<HardEvent::S_V>();           // the previous pass's scalar reads of vB_
                 Probe(static_cast<int32_t>(i), nc);
                 Sync<HardEvent::V_S>();
-                for (uint32_t q = 0; q < cnt; ++q) {
-                    const uint32_t j = j0 + q;
-                    if (!WordBit(pendBits_, j) || !Bit(mKey_, i * nc + q)) continue;
-                    const uint32_t b = static_cast<uint32_t>(vB_.GetValue(q));
-                    if (WordBit(claimBits_, b)) continue;
-                    SetWordBit(claimBits_, b);
-                    ClearWordBit(pendBits_, j);
-                    StageWinner(b, vWant_.GetValue(q), vMS_.GetValue(q));
+                // 32 misses per step: candidates = pending & bucket free (j0 is a multiple of 32;
+                // pending bits past m are 0)
+                const LocalTensor<uint32_t> freeWord = freeInts.ReinterpretCast<uint32_t>();
+                for (uint32_t w = 0; w < (cnt + 31) / 32; ++w) {
+                    const uint32_t pw = (j0 >> 5) + w;
+                    uint32_t pend = pendBits_.GetValue(pw);
+                    if (pend == 0) continue;
+                    uint32_t cand = pend & freeWord.GetValue(i * nc / 32 + w);
+                    if (cand == 0) continue;
+                    for (; cand != 0; cand &= cand - 1u) {
+                        const uint32_t bit = LowestBit(cand);
+                        const uint32_t q = w * 32 + bit;
+                        const uint32_t b = static_cast<uint32_t>(vB_.GetValue(q));
+                        if (WordBit(claimBits_, b)) continue;
+                        SetWordBit(claimBits_, b);
+                        pend &= ~(1u << bit);
+                        StageWinner(b, vWant_.GetValue(q), vMS_.GetValue(q));
+                    }
+                    pendBits_.SetValue(pw, pend);
                 }
             }
         }
@@ -887,32 +932,58 @@ private:
         winStaged_ = 0;
     }
     // bucket_key[b] = key, bucket_slot[b] = slot for every winner, one bucket window at a time
-    // (both sections share the window split), the resident window first.
+    // (both sections share the window split), the resident window first. With several windows,
+    // each window's winners are compacted by GatherMask first, so the scalar unit touches every
+    // winner once (not once per window).
     __aicore__ inline void ApplyWinners() {
+        const uint32_t nc = t_.nc;
         const uint32_t total = winSpilled_ + winStaged_;
         if (total == 0) return;
         const bool spilled = winSpilled_ > 0;
         if (spilled && winStaged_ > 0) SpillWinners();
         Win& bk = win_[avsg::SEC_BK];
         Win& bs = win_[avsg::SEC_BS];
-        const int32_t first = FirstWin(bk);
-        for (uint32_t k = 0; k < bk.nwin; ++k) {
-            const uint32_t id = (static_cast<uint32_t>(first) + k) % bk.nwin;
-            for (uint32_t b0 = 0; b0 < total; b0 += t_.nc) {
-                const uint32_t cnt = MinU(t_.nc, total - b0);
-                if (spilled) {
-                    Sync<HardEvent::S_MTE2>();
-                    Sync<HardEvent::MTE3_MTE2>();
-                    LoadInts(winB_, wsGm_[t_.wsWinBucketOff + b0], cnt, 0);
-                    LoadInts(winKey_, wsGm_[t_.wsWinKeyOff + b0], cnt, 0);
-                    LoadInts(winSlot_, wsGm_[t_.wsWinSlotOff + b0], cnt, 0);
-                    Sync<HardEvent::MTE2_S>();
-                }
+        const LocalTensor<int32_t> winId = wSlot_[3 * nc];     // idle quarter of wSlot_
+        const LocalTensor<int32_t> cB = wIdx_, cKey = wIdx_[nc], cSlot = wIdx_[2 * nc];  // compacted
+        for (uint32_t b0 = 0; b0 < total; b0 += nc) {
+            const uint32_t cnt = MinU(nc, total - b0);
+            if (spilled) {
+                Sync<HardEvent::S_MTE2>();
+                Sync<HardEvent::V_MTE2>();
+                Sync<HardEvent::MTE3_MTE2>();
+                LoadInts(winB_, wsGm_[t_.wsWinBucketOff + b0], cnt, 0);
+                LoadInts(winKey_, wsGm_[t_.wsWinKeyOff + b0], cnt, 0);
+                LoadInts(winSlot_, wsGm_[t_.wsWinSlotOff + b0], cnt, 0);
+                Sync<HardEvent::MTE2_S>();
+                Sync<HardEvent::MTE2_V>();
+            }
+            if (bk.nwin == 1) {
                 for (uint32_t q = 0; q < cnt; ++q) {
                     const uint32_t b = static_cast<uint32_t>(winB_.GetValue(q));
-                    if ((b >> bk.wlog) != id) continue;
                     Put(bk, b, winKey_.GetValue(q));
                     Put(bs, b, winSlot_.GetValue(q));
+                }
+                continue;
+            }
+            const uint32_t cnt64 = avsg::RoundUp(cnt, 64);   // Compares covers whole repeats
+            Sync<HardEvent::S_V>();               // staged by the scalar unit
+            ShiftRight(winId, winB_, static_cast<int32_t>(bk.wlog), cnt64);
+            PipeBarrier<PIPE_V>();
+            const int32_t first = FirstWin(bk);
+            for (uint32_t k = 0; k < bk.nwin; ++k) {
+                const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % bk.nwin);
+                Sync<HardEvent::S_V>();           // scalar reads of the previous window's lists
+                CompareScalar(mWin_, winId, id, CMPMODE::EQ, cnt64);
+                PipeBarrier<PIPE_V>();
+                uint64_t got = 0, got2 = 0, got3 = 0;   // lanes past cnt are outside the mask count
+                GatherMask(cB, winB_, U32(mWin_), true, cnt, GatherMaskParams(1, 1, 8, 0), got);
+                GatherMask(cKey, winKey_, U32(mWin_), true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
+                GatherMask(cSlot, winSlot_, U32(mWin_), true, cnt, GatherMaskParams(1, 1, 8, 0), got3);
+                Sync<HardEvent::V_S>();
+                for (uint32_t q = 0; q < static_cast<uint32_t>(got); ++q) {
+                    const uint32_t b = static_cast<uint32_t>(cB.GetValue(q));
+                    Put(bk, b, cKey.GetValue(q));
+                    Put(bs, b, cSlot.GetValue(q));
                 }
             }
         }
@@ -961,51 +1032,47 @@ private:
         Sync<HardEvent::MTE3_V>();
     }
 
-    // Hash plan, step 4: the slots of the missed lanes. Classify stored every chunk's lookup
-    // result (final for hits and invalid lanes) and the misses' (position, lane) contiguously in
-    // the workspace, chunk after chunk (missRuns_.len[c] of them for chunk c). The reservations
-    // are in the index now, so one lookup per nc misses of the whole row (not per chunk of
-    // selections) finds them; the results are patched into the stored slot chunks.
-    __aicore__ inline void OutputMisses(uint32_t r) {
+    // Hash plan, step 4: the slots of the missed lanes (reference: miss_slots[searchsorted]).
+    // Classify stored every chunk's lookup result (final for hits and invalid lanes) and its
+    // sorted miss run's lanes; MergeMisses stored each run entry's index j in miss_pos. So a
+    // missed lane's slot is miss_slots[j], with j ascending along the run: one pass per chunk
+    // with misses, miss_slots streamed in nc blocks, no second lookup.
+    __aicore__ inline void OutputMisses(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
-        const LocalTensor<int32_t> out = wKey_;   // one chunk of slots (wKey_ is idle in lookups)
-        uint32_t c = 0, left = missRuns_.len[0];
-        for (uint32_t b0 = 0; b0 < outTotal_; b0 += nc) {
-            const uint32_t n = MinU(nc, outTotal_ - b0);
-            Sync<HardEvent::S_V>();               // scalar reads of vWant_/vMS_ (previous block)
-            Duplicate(vWant_, -2, nc);            // lanes past n: invalid, never match
-            Sync<HardEvent::V_MTE2>();
+        const LocalTensor<int32_t> out = wKey_;   // the chunk's slots
+        const LocalTensor<int32_t> lanes = vT1_, js = vT2_, block = vMS_;
+        Sync<HardEvent::V_S>();                   // vector reads/writes of these buffers so far
+        Sync<HardEvent::V_MTE2>();
+        for (uint32_t c = 0; c < t_.numChunks; ++c) {
+            const uint32_t len = missRuns_.len[c];
+            if (len == 0) continue;
+            const uint32_t n = MinU(nc, t_.N - c * nc);
             Sync<HardEvent::S_MTE2>();
             Sync<HardEvent::MTE3_MTE2>();
-            LoadInts(vWant_, wsGm_[t_.wsOutPosOff + b0], n, -2);
-            LoadInts(vMS_, wsGm_[t_.wsOutLaneOff + b0], n, 0);
-            Sync<HardEvent::MTE2_V>();
+            LoadInts(out, slotsGm_[rowN + c * nc], n, 0);
+            LoadInts(lanes, wsGm_[t_.wsRunLaneOff + c * nc], len, 0);
+            LoadInts(js, wsGm_[t_.wsRunJOff + c * nc], len, 0);
             Sync<HardEvent::MTE2_S>();
-            HashLookup();
-            Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, nc);
-            Sync<HardEvent::V_S>();
-            int32_t open = -1;
-            for (uint32_t e = 0; e < n; ++e) {
-                while (left == 0) left = missRuns_.len[++c];
-                if (static_cast<int32_t>(c) != open) {
-                    if (open >= 0) StoreSlotChunk(rowN, static_cast<uint32_t>(open), out);
-                    open = static_cast<int32_t>(c);
+            int32_t cur = -1;                     // miss_slots block in `block`
+            for (uint32_t e = 0; e < len; ++e) {
+                const uint32_t j = static_cast<uint32_t>(js.GetValue(e));
+                const int32_t blk = static_cast<int32_t>(j / nc);
+                if (blk != cur) {
                     Sync<HardEvent::S_MTE2>();
-                    Sync<HardEvent::MTE3_MTE2>();
-                    LoadInts(out, slotsGm_[rowN + c * nc], MinU(nc, t_.N - c * nc), 0);
+                    LoadInts(block, missSlotsGm_[rowN + static_cast<uint32_t>(blk) * nc],
+                             MinU(nc, m - static_cast<uint32_t>(blk) * nc), 0);
                     Sync<HardEvent::MTE2_S>();
+                    cur = blk;
                 }
-                out.SetValue(static_cast<uint32_t>(vMS_.GetValue(e)), vFoundI_.GetValue(e));
-                --left;
+                out.SetValue(static_cast<uint32_t>(lanes.GetValue(e)), block.GetValue(j - static_cast<uint32_t>(blk) * nc));
             }
-            if (open >= 0) StoreSlotChunk(rowN, static_cast<uint32_t>(open), out);
+            Sync<HardEvent::S_MTE3>();
+            StoreInts(slotsGm_[rowN + c * nc], out, n);
+            Sync<HardEvent::MTE3_S>();
         }
-    }
-    __aicore__ inline void StoreSlotChunk(uint64_t rowN, uint32_t c, const LocalTensor<int32_t>& out) {
-        Sync<HardEvent::S_MTE3>();
-        StoreInts(slotsGm_[rowN + c * t_.nc], out, MinU(t_.nc, t_.N - c * t_.nc));
-        Sync<HardEvent::MTE3_S>();
+        Sync<HardEvent::S_V>();                   // scalar reads of lanes / js / block before vector reuse
+        Sync<HardEvent::MTE3_V>();
     }
 
     __aicore__ inline void Row(uint32_t r) {
@@ -1025,7 +1092,6 @@ private:
         boundF_ = static_cast<float>(seq);
         stashCount_ = static_cast<uint32_t>(countUb_.GetValue(0));
         lookups_ = hits_ = misses_ = 0;
-        outTotal_ = 0;
 
         // 0. stash compaction #1
         if (stashCount_ > 0) CompactStash();
@@ -1060,7 +1126,7 @@ private:
                 Sync<HardEvent::MTE3_V>();
             }
         } else {
-            OutputMisses(r);
+            OutputMisses(r, m);
         }
         FillTail(missPosGm_, rowN, m, t_.N);
         FillTail(missSlotsGm_, rowN, m, t_.N);
@@ -1110,7 +1176,7 @@ private:
     Merger missRuns_, resRuns_;
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
-    uint32_t outTotal_ = 0;                  // misses of the row's selections (OutputMisses)
+    uint32_t jCap_ = 0, jFill_[avsg::kPlanMaxRuns], jDone_[avsg::kPlanMaxRuns];  // MergeMisses' j staging
     uint32_t winStaged_ = 0, winSpilled_ = 0;  // insert winner list: in UB / in the workspace
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
 };
