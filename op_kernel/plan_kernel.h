@@ -126,7 +126,7 @@ public:
         }
         // nc-element vectors that live across the steps of a chunk or a row
         vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3);
-        vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7);
+        vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7); vHMask_ = V(8);
         // all-probe vectors: lane (probe i, selection l) at i*nc + l
         wIdx_ = wideBuf_[0].Get<int32_t>();
         wWin_ = wideBuf_[1].Get<int32_t>();
@@ -144,6 +144,7 @@ public:
         mWin_ = maskBuf_[2].Get<uint8_t>(); mTmp_ = maskBuf_[3].Get<uint8_t>();
         mA_ = mWin_; mB_ = mTmp_; mC_ = mOwn_;   // nc-bit masks of the per-chunk steps
         CreateVecIndex(vLane_, 0, nc);            // lane ids, read by Classify's compaction
+        Duplicate(vHMask_, static_cast<int32_t>(t_.buckets - 1), nc);   // x mod H (AndMask)
         PipeBarrier<PIPE_V>();
         LocalTensor<float> sb = sortBuf_.Get<float>();
         sConcat_ = sb[0];
@@ -350,43 +351,37 @@ private:
         PipeBarrier<PIPE_V>();
     }
 
-    // x = x mod H (x >= 0), using scratch
-    __aicore__ inline void ModH(const LocalTensor<int32_t>& x, const LocalTensor<int32_t>& scratch, uint32_t n) {
-        const int32_t m = static_cast<int32_t>(t_.logBuckets);
-        ShiftRight(scratch, x, m, n);
-        PipeBarrier<PIPE_V>();
-        ShiftLeft(scratch, scratch, m, n);
-        PipeBarrier<PIPE_V>();
-        Sub(x, x, scratch, n);
-        PipeBarrier<PIPE_V>();
+    // x & m on int32 lanes: And is 16-bit only on A2 (card §5), so both run as u16 with twice the
+    // count; an int32 mask vector holding H-1 reads as [H-1, 0] per lane, i.e. x mod H.
+    __aicore__ inline void AndMask(const LocalTensor<int32_t>& dst, const LocalTensor<int32_t>& x,
+                                   const LocalTensor<int32_t>& mask, uint32_t n) {
+        And(dst.ReinterpretCast<uint16_t>(), x.ReinterpretCast<uint16_t>(), mask.ReinterpretCast<uint16_t>(), 2 * n);
     }
-    // first bucket and odd stride of max(src, 0) (reference.probe_buckets); all products < 2^30
+
+    // first bucket and odd stride of max(src, 0) (reference.probe_buckets); all products < 2^30.
+    // With H = 2^m: lo = p & (H-1), hi = (p >> m) & (H-1), first = (lo*A1 + hi*B1) & (H-1),
+    // stride = ((lo*A2 + hi*B2) & (H-2)) + 1, which is "mod H, then | 1".
     __aicore__ inline void Hash(const LocalTensor<int32_t>& src, uint32_t n) {
         const int32_t m = static_cast<int32_t>(t_.logBuckets);
+        const LocalTensor<int32_t> maskOdd = wSlot_[3 * t_.nc];   // idle whenever Hash runs
         Maxs(vT1_, src, 0, n);
+        Duplicate(maskOdd, static_cast<int32_t>(t_.buckets - 2), n);
         PipeBarrier<PIPE_V>();
         ShiftRight(vHi_, vT1_, m, n);
+        AndMask(vLo_, vT1_, vHMask_, n);          // lo = p mod H
         PipeBarrier<PIPE_V>();
-        ShiftLeft(vT2_, vHi_, m, n);
+        AndMask(vHi_, vHi_, vHMask_, n);          // hi = (p >> m) mod H
         PipeBarrier<PIPE_V>();
-        Sub(vLo_, vT1_, vT2_, n);                 // lo = p mod H
-        PipeBarrier<PIPE_V>();
-        ModH(vHi_, vT2_, n);                            // hi = (p >> m) mod H
         Muls(vFirst_, vLo_, static_cast<int32_t>(t_.hashA1), n);
         Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB1), n);
+        Muls(vStride_, vLo_, static_cast<int32_t>(t_.hashA2), n);
+        Muls(vT2_, vHi_, static_cast<int32_t>(t_.hashB2), n);
         PipeBarrier<PIPE_V>();
         Add(vFirst_, vFirst_, vT1_, n);
+        Add(vStride_, vStride_, vT2_, n);
         PipeBarrier<PIPE_V>();
-        ModH(vFirst_, vT2_, n);
-        Muls(vStride_, vLo_, static_cast<int32_t>(t_.hashA2), n);
-        Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB2), n);
-        PipeBarrier<PIPE_V>();
-        Add(vStride_, vStride_, vT1_, n);
-        PipeBarrier<PIPE_V>();
-        ModH(vStride_, vT2_, n);
-        ShiftRight(vStride_, vStride_, 1, n);     // | 1
-        PipeBarrier<PIPE_V>();
-        ShiftLeft(vStride_, vStride_, 1, n);
+        AndMask(vFirst_, vFirst_, vHMask_, n);
+        AndMask(vStride_, vStride_, maskOdd, n);
         PipeBarrier<PIPE_V>();
         Adds(vStride_, vStride_, 1, n);
         PipeBarrier<PIPE_V>();
@@ -397,7 +392,8 @@ private:
         PipeBarrier<PIPE_V>();
         Add(vB_, vB_, vFirst_, n);
         PipeBarrier<PIPE_V>();
-        ModH(vB_, vT2_, n);
+        AndMask(vB_, vB_, vHMask_, n);
+        PipeBarrier<PIPE_V>();
     }
     // wIdx[i*nc + l] = (first[l] + i*stride[l]) mod H for every probe i (first + 3*stride < 4H)
     __aicore__ inline void Buckets() {
@@ -407,7 +403,8 @@ private:
         PipeBarrier<PIPE_V>();
         for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Add(wIdx_[i * nc], wIdx_[i * nc], vFirst_, nc);
         PipeBarrier<PIPE_V>();
-        ModH(wIdx_, wTmp_, Wide());
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) AndMask(wIdx_[i * nc], wIdx_[i * nc], vHMask_, nc);
+        PipeBarrier<PIPE_V>();
     }
 
     // ---------------------------------------------------------------------- row pieces
@@ -1161,7 +1158,7 @@ private:
     TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, countBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
-    LocalTensor<int32_t> vWant_, vFirst_, vStride_, vFoundI_, vMS_, vLane_;   // nc lanes
+    LocalTensor<int32_t> vWant_, vFirst_, vStride_, vFoundI_, vMS_, vLane_, vHMask_;   // nc lanes
     LocalTensor<float> vWantF_, vFoundF_;
     LocalTensor<int32_t> wIdx_, wWin_, wSlot_, wTmp_, wKey_;                   // kPlanProbes*nc lanes
     LocalTensor<int32_t> vLo_, vHi_, vT1_, vT2_, vB_, vKey_, vSlot_, winB_, winKey_, winSlot_;  // aliases
