@@ -563,10 +563,7 @@ private:
                 const uint32_t n = MinU(nc, cnt - off);
                 const uint32_t base = id * sp.wlen + off;
                 Cast(vTmpF_, sp.buf[off], RoundMode::CAST_RINT, n);
-                // CreateVecIndex writes its first 32 B with scalar SetValue (card §5): the previous
-                // run's GatherMask may still be reading vT1_ (write-after-read)
-                Sync<HardEvent::V_S>();
-                CreateVecIndex(vT1_, static_cast<int32_t>(base), n);
+                Adds(vT1_, vLane_, static_cast<int32_t>(base), n);   // slot ids
                 PipeBarrier<PIPE_V>();
                 CompareScalar(mA_, vTmpF_, 0.0f, CMPMODE::GE, n);
                 PipeBarrier<PIPE_V>();
@@ -598,14 +595,10 @@ private:
         const uint32_t nc = t_.nc;
         Duplicate(vFoundI_, -1, nc);
         CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);
-        // CreateVecIndex writes its first 32 B with scalar SetValue (card §5): vector reads of vT1_
-        // (BuildResidentRuns, the previous chunk's GatherMask) may still be in flight
-        Sync<HardEvent::V_S>();
-        CreateVecIndex(vT1_, 0, nc);
         PipeBarrier<PIPE_V>();
         uint64_t m = 0, m2 = 0;
         GatherMask(vKey_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m);
-        GatherMask(vSlot_, vT1_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m2);
+        GatherMask(vSlot_, vLane_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m2);
         PipeBarrier<PIPE_V>();
         if (m > 0) {
             LocalTensor<uint32_t> pay = vSlot_.ReinterpretCast<uint32_t>();
@@ -672,9 +665,11 @@ private:
     }
 
     // slot_life: decay (life>0 -> life-1) and hit slots -> L, one vector pass per window.
+    // Also counts the free slots (life -1, padding included), so Allocate can skip level -1.
     __aicore__ inline void DecayAndPin() {
         const uint32_t nc = t_.nc;
         Win& sl = win_[avsg::SEC_SL];
+        freeSlots_ = 0;
         Sync<HardEvent::S_V>();
         for (uint32_t id = 0; id < sl.nwin; ++id) {
             Ensure(sl, static_cast<int32_t>(id));
@@ -684,8 +679,12 @@ private:
                 LocalTensor<int32_t> life = sl.buf[off];
                 Mins(vT1_, life, 0, n);
                 Adds(vT2_, life, -1, n);
+                CompareScalar(mB_, life, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
                 PipeBarrier<PIPE_V>();
                 Max(vT2_, vT2_, vT1_, n);                    // max(life-1, min(life,0))
+                uint64_t nFree = 0;
+                GatherMask(vKey_, life, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
+                freeSlots_ += static_cast<uint32_t>(nFree);
                 PipeBarrier<PIPE_V>();
                 Cast(vTmpF_, vT2_, RoundMode::CAST_RINT, n);
                 Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[(id * sl.wlen + off) / 16], n / 16);
@@ -761,15 +760,18 @@ private:
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         Win& sl = win_[avsg::SEC_SL];
         uint32_t have = 0;
-        for (int32_t lv = -1; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
+        // level -1 only if a real slot is free (the Sp - S padding slots always hold -1)
+        const int32_t lv0 = freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
+        for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
             for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
                 Ensure(sl, static_cast<int32_t>(id));
                 const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
                 for (uint32_t off = 0; off < cnt && have < m; off += nc) {
                     const uint32_t n = MinU(nc, cnt - off);
                     const uint32_t base = id * sl.wlen + off;
+                    Sync<HardEvent::S_V>();       // scalar reads of the previous chunk's vT2_
                     CompareScalar(mA_, sl.buf[off], lv, CMPMODE::EQ, n);
-                    CreateVecIndex(vT1_, static_cast<int32_t>(base), n);
+                    Adds(vT1_, vLane_, static_cast<int32_t>(base), n);   // slot ids
                     PipeBarrier<PIPE_V>();
                     uint64_t got = 0;
                     GatherMask(vT2_, vT1_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
@@ -1173,6 +1175,7 @@ private:
     Merger missRuns_, resRuns_;
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
+    uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included)
     uint32_t jCap_ = 0, jFill_[avsg::kPlanMaxRuns], jDone_[avsg::kPlanMaxRuns];  // MergeMisses' j staging
     uint32_t winStaged_ = 0, winSpilled_ = 0;  // insert winner list: in UB / in the workspace
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
