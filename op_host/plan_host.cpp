@@ -92,10 +92,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.wsRunJOff = t.wsResKeyOff;
     t.wsRunLaneOff = t.wsResSlotOff;
     t.wsFreeOff = t.wsResSlotOff + resChunks * t.nc;
-    t.wsWinBucketOff = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
-    t.wsWinKeyOff = t.wsWinBucketOff + t.numChunks * t.nc;
-    t.wsWinSlotOff = t.wsWinKeyOff + t.numChunks * t.nc;
-    t.wsPerCore = t.wsWinSlotOff + t.numChunks * t.nc;
+    t.wsPerCore = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
     t.hashA1 = kHashA1 & (H - 1);
     t.hashB1 = kHashB1 & (H - 1);
     t.hashA2 = kHashA2 & (H - 1);

@@ -43,10 +43,8 @@ struct PlanTiling {
     uint32_t wsPerCore;                  // int32 workspace per core
     // workspace (int32 offsets in the core's slice): sorted miss runs (nc per run); resident runs
     // (dual pointer) or, in the same space, each miss-run entry's lane and index in miss_pos (hash
-    // plan, run layout); free bits of the insert (kPlanProbes*nc bits per miss chunk); the
-    // insert's winner list (bucket, key, slot)
-    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff, wsRunJOff, wsRunLaneOff;
-    uint32_t wsFreeOff, wsWinBucketOff, wsWinKeyOff, wsWinSlotOff;
+    // plan, run layout); the insert's free / winner bits (kPlanProbes*nc bits per miss chunk)
+    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff, wsRunJOff, wsRunLaneOff, wsFreeOff;
     uint32_t hashA1, hashB1, hashA2, hashB2;   // constants mod H
     uint32_t ubBytes;                    // planned UB use of the plan kernels
     uint32_t fillChunk;                  // invalidate / reset chunk (elements, multiple of 64)

@@ -139,7 +139,6 @@ public:
         vLo_ = wWin_; vHi_ = wWin_[nc]; vT1_ = wWin_[2 * nc]; vT2_ = wWin_[3 * nc];
         vB_ = wIdx_; vTmpF_ = wIdx_[nc].template ReinterpretCast<float>();
         vKey_ = wSlot_; vSlot_ = wSlot_[nc];
-        winB_ = wSlot_; winKey_ = wSlot_[nc]; winSlot_ = wSlot_[2 * nc];
         mKey_ = maskBuf_[0].Get<uint8_t>(); mOwn_ = maskBuf_[1].Get<uint8_t>();
         mWin_ = maskBuf_[2].Get<uint8_t>(); mTmp_ = maskBuf_[3].Get<uint8_t>();
         mA_ = mWin_; mB_ = mTmp_; mC_ = mOwn_;   // nc-bit masks of the per-chunk steps
@@ -825,7 +824,7 @@ private:
     //     miss wins it (slot_pos is not written during the insert, and a winner's entry is valid:
     //     its slot holds its position), so "free now" = "free before round 0 and not claimed in
     //     any round so far": claimBits_ is cleared once, not per round.
-    //  B. The rounds on the scalar unit, in (round, j) order: claims and the winner list.
+    //  B. The rounds on the scalar unit, in (round, j) order: claims, winner bits per probe.
     //  C. The winners are written window by window (no window ping-pong between claims).
     __aicore__ inline void Insert(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc, n = Wide();
@@ -865,125 +864,113 @@ private:
                 Sync<HardEvent::MTE3_V>();
             }
         }
-        // B. rounds (vFirst_/vStride_/vWant_/vMS_/mKey_ still hold the last miss chunk)
+        // B. rounds (vFirst_/vStride_/vWant_/vMS_/mKey_ still hold the last miss chunk). The free
+        // bits of (round i, chunk c) are spent by that pass, so it overwrites them with its winners:
+        // mKey_ (and, with several chunks, the workspace copy) ends up as per-probe winner bits.
         Duplicate(claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.buckets / 16);
         Sync<HardEvent::V_S>();
+        const LocalTensor<uint32_t> bits = freeInts.ReinterpretCast<uint32_t>();
         int32_t loaded = static_cast<int32_t>(chunks) - 1;
-        winStaged_ = winSpilled_ = 0;
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
             for (uint32_t c = 0; c < chunks; ++c) {
                 const uint32_t j0 = c * nc;
                 const uint32_t cnt = MinU(nc, m - j0);
                 if (loaded != static_cast<int32_t>(c)) {
-                    LoadMisses(r, j0, m);
-                    Sync<HardEvent::S_MTE2>();
-                    Sync<HardEvent::V_MTE2>();
-                    Sync<HardEvent::MTE3_MTE2>();
-                    LoadInts(freeInts, wsGm_[t_.wsFreeOff + c * freeWords], freeWords, 0);
-                    Sync<HardEvent::MTE2_S>();
-                    Hash(vWant_, nc);
+                    LoadInsertChunk(r, c, m);
                     loaded = static_cast<int32_t>(c);
                 }
                 Sync<HardEvent::S_V>();           // the previous pass's scalar reads of vB_
                 Probe(static_cast<int32_t>(i), nc);
                 Sync<HardEvent::V_S>();
-                // 32 misses per step: candidates = pending & bucket free (j0 is a multiple of 32;
-                // pending bits past m are 0)
-                const LocalTensor<uint32_t> freeWord = freeInts.ReinterpretCast<uint32_t>();
+                // 32 misses per step: candidates = pending & bucket free, lowest j first (j0 is a
+                // multiple of 32; pending bits past m are 0)
                 for (uint32_t w = 0; w < (cnt + 31) / 32; ++w) {
                     const uint32_t pw = (j0 >> 5) + w;
+                    const uint32_t fw = i * nc / 32 + w;
                     uint32_t pend = pendBits_.GetValue(pw);
-                    if (pend == 0) continue;
-                    uint32_t cand = pend & freeWord.GetValue(i * nc / 32 + w);
-                    if (cand == 0) continue;
+                    uint32_t cand = pend == 0 ? 0u : pend & bits.GetValue(fw);
+                    uint32_t won = 0;
                     for (; cand != 0; cand &= cand - 1u) {
                         const uint32_t bit = LowestBit(cand);
-                        const uint32_t q = w * 32 + bit;
-                        const uint32_t b = static_cast<uint32_t>(vB_.GetValue(q));
+                        const uint32_t b = static_cast<uint32_t>(vB_.GetValue(w * 32 + bit));
                         if (WordBit(claimBits_, b)) continue;
                         SetWordBit(claimBits_, b);
-                        pend &= ~(1u << bit);
-                        StageWinner(b, vWant_.GetValue(q), vMS_.GetValue(q));
+                        won |= 1u << bit;
                     }
-                    pendBits_.SetValue(pw, pend);
+                    bits.SetValue(fw, won);
+                    if (won != 0) pendBits_.SetValue(pw, pend & ~won);
+                }
+                if (chunks > 1) {                 // winners of (i, c) back over its free bits
+                    Sync<HardEvent::S_MTE3>();
+                    StoreInts(wsGm_[t_.wsFreeOff + c * freeWords + i * nc / 32], freeInts[i * nc / 32], nc / 32);
+                    Sync<HardEvent::MTE3_S>();
                 }
             }
         }
-        // C.
-        ApplyWinners();
+        // C. write the winners, window by window: for each miss chunk, recompute its buckets and,
+        // per window and probe, compact the winners (offset in the window, key, slot) by GatherMask
+        for (uint32_t c = 0; c < chunks; ++c) {
+            const uint32_t cnt = MinU(nc, m - c * nc);
+            if (loaded != static_cast<int32_t>(c)) {
+                LoadInsertChunk(r, c, m);
+                loaded = static_cast<int32_t>(c);
+            }
+            Sync<HardEvent::S_V>();               // scalar reads / writes of vB_ and the bits
+            Buckets();
+            SplitIdx(bk, wIdx_);
+            WriteWinners(cnt);
+        }
     }
 
-    // The winner list (bucket, key, slot): staged in UB (winB_/winKey_/winSlot_, nc each) and
-    // spilled to the workspace when a step has more than nc winners.
-    __aicore__ inline void StageWinner(uint32_t b, int32_t key, int32_t slot) {
-        winB_.SetValue(winStaged_, static_cast<int32_t>(b));
-        winKey_.SetValue(winStaged_, key);
-        winSlot_.SetValue(winStaged_, slot);
-        if (++winStaged_ == t_.nc) SpillWinners();
+    // Misses, hash and free/winner bits of miss chunk c (insert with several miss chunks).
+    __aicore__ inline void LoadInsertChunk(uint32_t r, uint32_t c, uint32_t m) {
+        const uint32_t freeWords = Wide() / 32;
+        LoadMisses(r, c * t_.nc, m);
+        Sync<HardEvent::S_MTE2>();
+        Sync<HardEvent::V_MTE2>();
+        Sync<HardEvent::MTE3_MTE2>();
+        LoadInts(mKey_.ReinterpretCast<int32_t>(), wsGm_[t_.wsFreeOff + c * freeWords], freeWords, 0);
+        Sync<HardEvent::MTE2_S>();
+        Sync<HardEvent::MTE2_V>();
+        Hash(vWant_, t_.nc);
     }
-    __aicore__ inline void SpillWinners() {
-        Sync<HardEvent::S_MTE3>();
-        StoreInts(wsGm_[t_.wsWinBucketOff + winSpilled_], winB_, winStaged_);
-        StoreInts(wsGm_[t_.wsWinKeyOff + winSpilled_], winKey_, winStaged_);
-        StoreInts(wsGm_[t_.wsWinSlotOff + winSpilled_], winSlot_, winStaged_);
-        Sync<HardEvent::MTE3_S>();
-        winSpilled_ += winStaged_;
-        winStaged_ = 0;
-    }
-    // bucket_key[b] = key, bucket_slot[b] = slot for every winner, one bucket window at a time
-    // (both sections share the window split), the resident window first. With several windows,
-    // each window's winners are compacted by GatherMask first, so the scalar unit touches every
-    // winner once (not once per window).
-    __aicore__ inline void ApplyWinners() {
-        const uint32_t nc = t_.nc;
-        const uint32_t total = winSpilled_ + winStaged_;
-        if (total == 0) return;
-        const bool spilled = winSpilled_ > 0;
-        if (spilled && winStaged_ > 0) SpillWinners();
+
+    // bucket_key / bucket_slot of this chunk's winners (mKey_: per-probe winner bits; wIdx_: the
+    // probe buckets as in-window byte offsets, wWin_: their windows), resident window first.
+    __aicore__ inline void WriteWinners(uint32_t cnt) {
+        const uint32_t nc = t_.nc, n = Wide();
         Win& bk = win_[avsg::SEC_BK];
         Win& bs = win_[avsg::SEC_BS];
-        const LocalTensor<int32_t> winId = wSlot_[3 * nc];     // idle quarter of wSlot_
-        const LocalTensor<int32_t> cB = wIdx_, cKey = wIdx_[nc], cSlot = wIdx_[2 * nc];  // compacted
-        for (uint32_t b0 = 0; b0 < total; b0 += nc) {
-            const uint32_t cnt = MinU(nc, total - b0);
-            if (spilled) {
-                Sync<HardEvent::S_MTE2>();
-                Sync<HardEvent::V_MTE2>();
-                Sync<HardEvent::MTE3_MTE2>();
-                LoadInts(winB_, wsGm_[t_.wsWinBucketOff + b0], cnt, 0);
-                LoadInts(winKey_, wsGm_[t_.wsWinKeyOff + b0], cnt, 0);
-                LoadInts(winSlot_, wsGm_[t_.wsWinSlotOff + b0], cnt, 0);
-                Sync<HardEvent::MTE2_S>();
-                Sync<HardEvent::MTE2_V>();
-            }
-            if (bk.nwin == 1) {
-                for (uint32_t q = 0; q < cnt; ++q) {
-                    const uint32_t b = static_cast<uint32_t>(winB_.GetValue(q));
-                    Put(bk, b, winKey_.GetValue(q));
-                    Put(bs, b, winSlot_.GetValue(q));
-                }
-                continue;
-            }
-            const uint32_t cnt64 = avsg::RoundUp(cnt, 64);   // Compares covers whole repeats
-            Sync<HardEvent::S_V>();               // staged by the scalar unit
-            ShiftRight(winId, winB_, static_cast<int32_t>(bk.wlog), cnt64);
-            PipeBarrier<PIPE_V>();
-            const int32_t first = FirstWin(bk);
-            for (uint32_t k = 0; k < bk.nwin; ++k) {
-                const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % bk.nwin);
-                Sync<HardEvent::S_V>();           // scalar reads of the previous window's lists
-                CompareScalar(mWin_, winId, id, CMPMODE::EQ, cnt64);
+        const LocalTensor<int32_t> cOff = wSlot_, cKey = wSlot_[nc], cSlot = wSlot_[2 * nc];   // compacted
+        const int32_t first = FirstWin(bk);
+        for (uint32_t k = 0; k < bk.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % bk.nwin);
+            LocalTensor<uint8_t> sel = mKey_;
+            if (bk.nwin > 1) {
+                CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
-                uint64_t got = 0, got2 = 0, got3 = 0;   // lanes past cnt are outside the mask count
-                GatherMask(cB, winB_, U32(mWin_), true, cnt, GatherMaskParams(1, 1, 8, 0), got);
-                GatherMask(cKey, winKey_, U32(mWin_), true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
-                GatherMask(cSlot, winSlot_, U32(mWin_), true, cnt, GatherMaskParams(1, 1, 8, 0), got3);
+                And(U16(mTmp_), U16(mKey_), U16(mWin_), n / 16);
+                PipeBarrier<PIPE_V>();
+                sel = mTmp_;
+            }
+            for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+                const LocalTensor<uint32_t> pat = U32(sel[i * nc / 8]);
+                uint64_t got = 0, got2 = 0, got3 = 0;
+                Sync<HardEvent::S_V>();           // scalar reads of the previous lists
+                PipeBarrier<PIPE_V>();            // and the previous GatherMasks' writes
+                GatherMask(cOff, wIdx_[i * nc], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
+                if (got == 0) continue;
+                GatherMask(cKey, vWant_, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
+                GatherMask(cSlot, vMS_, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got3);
                 Sync<HardEvent::V_S>();
+                Ensure(bk, id);
+                Ensure(bs, id);
                 for (uint32_t q = 0; q < static_cast<uint32_t>(got); ++q) {
-                    const uint32_t b = static_cast<uint32_t>(cB.GetValue(q));
-                    Put(bk, b, cKey.GetValue(q));
-                    Put(bs, b, cSlot.GetValue(q));
+                    const uint32_t off = static_cast<uint32_t>(cOff.GetValue(q)) >> 2;
+                    bk.buf.SetValue(off, cKey.GetValue(q));
+                    bs.buf.SetValue(off, cSlot.GetValue(q));
                 }
+                bk.dirty = bs.dirty = true;
             }
         }
     }
@@ -1163,7 +1150,7 @@ private:
     LocalTensor<int32_t> vWant_, vFirst_, vStride_, vFoundI_, vMS_, vLane_, vHMask_;   // nc lanes
     LocalTensor<float> vWantF_, vFoundF_;
     LocalTensor<int32_t> wIdx_, wWin_, wSlot_, wTmp_, wKey_;                   // kPlanProbes*nc lanes
-    LocalTensor<int32_t> vLo_, vHi_, vT1_, vT2_, vB_, vKey_, vSlot_, winB_, winKey_, winSlot_;  // aliases
+    LocalTensor<int32_t> vLo_, vHi_, vT1_, vT2_, vB_, vKey_, vSlot_;  // aliases
     LocalTensor<float> vTmpF_;
     LocalTensor<uint8_t> mKey_, mOwn_, mWin_, mTmp_, mA_, mB_, mC_;
     LocalTensor<float> sConcat_, sDst_, sTmp_, sOutV_;
@@ -1177,7 +1164,6 @@ private:
     uint32_t stashCount_ = 0;
     uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included)
     uint32_t jCap_ = 0, jFill_[avsg::kPlanMaxRuns], jDone_[avsg::kPlanMaxRuns];  // MergeMisses' j staging
-    uint32_t winStaged_ = 0, winSpilled_ = 0;  // insert winner list: in UB / in the workspace
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
 };
 
