@@ -6,21 +6,25 @@
 // core's workspace are written by that core only (no GM atomics, no shared 64 B lines written
 // by two cores except through exact-byte DataCopyPad stores).
 //
-// Per row (hash matcher; the dual pointer differs only in Match):
+// Per row (hash matcher; the dual pointer differs in Match and in step 4):
 //   0. stash compaction #1 (scalar; before the lookup, see below)
 //   1. refresh: per chunk of NC selections: validity (Cast->float, Compares GE/LT, And on u16,
-//      Select, Cast back), hash (ShiftRight/ShiftLeft/Sub/Muls/Add), 4 probes x (Gather
-//      bucket_key, Gather bucket_slot, Gather slot_pos[slot]) through UB windows, Compare EQ
-//      int32, And, Select -> found; stash: Compares EQ per live entry. Hit slots -> hit bitmap.
-//      Then one pass over slot_life: decay (Mins/Adds/Max) + hits to L (Not + Select).
+//      Select, Cast back), hash (shifts, u16 And against H-1, Muls/Add), then the 4 probes of
+//      the chunk at once (4*NC lanes, HashLookup): Gather bucket_key -> match bits, Gather
+//      bucket_slot, Gather slot_pos[slot] -> match bits, window by window (each window of a
+//      split section loaded at most once per chunk, the resident one first); stash: Compares NE
+//      + Select per live entry. Hit slots -> hit bitmap; the chunk's result is stored as its
+//      slots. Then one pass over slot_life: decay (Mins/Adds/Max) + hits to L (Not + Select).
 //   2. classify: GatherMask compaction of the chunk's misses, Cast->float, Sort + Extract
-//      (ascending by negating), run to GM workspace; scalar k-way merge with dedup -> miss_pos.
+//      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge with
+//      dedup -> miss_pos (and each run entry's index in it).
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
-//      4 insert rounds (vector freeness: Gather + Compare + Not + Or; scalar lowest-j claims);
+//      insert: freeness of all 4 buckets of every miss (all-probe gathers), 4 scalar rounds
+//      (lowest-j claims, winner bits), winners written window by window (GatherMask lists);
 //      stash compaction #2 + append (scalar).
-//   4. output: a second lookup after the insert gives every selection's slot (hits keep theirs,
-//      misses find their reservation in the index), stats via 32 B DMA of the int64 row.
+//   4. output: missed lanes get miss_slots[j] (OutputMisses), patched into the stored chunks;
+//      stats via 32 B DMA of the int64 row.
 // Stash compaction #1 runs before the lookup instead of after it: it drops exactly the entries
 // the lookup's validity test ignores, and nothing the lookup reads changes in between, so the
 // lookup result is the reference's.
@@ -497,9 +501,11 @@ private:
         PipeBarrier<PIPE_V>();
     }
 
-    // ---- scalar k-way merge over sorted runs in the workspace (run c at keyOff + c*nc)
+    // ---- scalar k-way merge over sorted runs in the workspace (run c at keyOff + c*nc). Each run
+    // streams through a head buffer of hlen entries: the whole head space shared by the runs in
+    // use (fewer refills, each a DMA with two syncs, when there are few runs).
     struct Merger {
-        uint32_t runs = 0, keyOff = 0, payOff = 0;
+        uint32_t runs = 0, keyOff = 0, payOff = 0, hlen = avsg::kPlanHeadLen;
         bool pay = false;
         uint32_t len[avsg::kPlanMaxRuns];
         uint32_t pos[avsg::kPlanMaxRuns];
@@ -510,10 +516,10 @@ private:
         uint32_t best = 0;
     };
     __aicore__ inline void Refill(Merger& g, uint32_t c) {
-        const uint32_t n = MinU(avsg::kPlanHeadLen, g.len[c] - g.pos[c]);
+        const uint32_t n = MinU(g.hlen, g.len[c] - g.pos[c]);
         Sync<HardEvent::S_MTE2>();
-        LoadInts(headKey_[c * avsg::kPlanHeadLen], wsGm_[g.keyOff + c * t_.nc + g.pos[c]], n, 0);
-        if (g.pay) LoadInts(headPay_[c * avsg::kPlanHeadLen], wsGm_[g.payOff + c * t_.nc + g.pos[c]], n, 0);
+        LoadInts(headKey_[c * g.hlen], wsGm_[g.keyOff + c * t_.nc + g.pos[c]], n, 0);
+        if (g.pay) LoadInts(headPay_[c * g.hlen], wsGm_[g.payOff + c * t_.nc + g.pos[c]], n, 0);
         Sync<HardEvent::MTE2_S>();
         g.bpos[c] = 0;
         g.blen[c] = n;
@@ -522,16 +528,20 @@ private:
         g.has = false;
         for (uint32_t c = 0; c < g.runs; ++c) {
             if (g.pos[c] >= g.len[c]) continue;
-            const int32_t k = headKey_.GetValue(c * avsg::kPlanHeadLen + g.bpos[c]);
+            const int32_t k = headKey_.GetValue(c * g.hlen + g.bpos[c]);
             if (!g.has || k < g.key) {
                 g.has = true;
                 g.key = k;
                 g.best = c;
             }
         }
-        if (g.has && g.pay) g.val = headPay_.GetValue(g.best * avsg::kPlanHeadLen + g.bpos[g.best]);
+        if (g.has && g.pay) g.val = headPay_.GetValue(g.best * g.hlen + g.bpos[g.best]);
+    }
+    __aicore__ inline uint32_t HeadShare(uint32_t runs) const {   // multiple of 8: 32 B aligned
+        return runs == 0 ? avsg::kPlanHeadLen : avsg::kPlanMaxRuns * avsg::kPlanHeadLen / runs / 8 * 8;
     }
     __aicore__ inline void Start(Merger& g) {
+        g.hlen = HeadShare(g.runs);
         Sync<HardEvent::MTE3_MTE2>();   // runs were just stored
         for (uint32_t c = 0; c < g.runs; ++c) {
             g.pos[c] = 0;
@@ -707,7 +717,7 @@ private:
         missRuns_.keyOff = t_.wsMissOff;
         missRuns_.pay = false;
         // per-run j staging: an equal share of headPay_, a multiple of 8 entries (32 B aligned)
-        jCap_ = avsg::kPlanMaxRuns * avsg::kPlanHeadLen / t_.numChunks / 8 * 8;
+        jCap_ = HeadShare(t_.numChunks);
         for (uint32_t c = 0; c < t_.numChunks; ++c) jFill_[c] = jDone_[c] = 0;
         Start(missRuns_);
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
