@@ -416,6 +416,7 @@ private:
         const uint32_t nc = t_.nc;
         const uint32_t n = MinU(nc, t_.N - c * nc);
         Sync<HardEvent::S_V>();   // AppendPending's scalar reads of vWant_ (write-after-read)
+        missChunk_ = -1;
         Duplicate(vWant_, -1, nc);
         Sync<HardEvent::V_MTE2>();
         LoadInts(vWant_, topkGm_[static_cast<uint64_t>(r) * t_.N + c * nc], n, -1);
@@ -680,7 +681,8 @@ private:
         Win& sl = win_[avsg::SEC_SL];
         freeSlots_ = 0;
         Sync<HardEvent::S_V>();
-        for (uint32_t id = 0; id < sl.nwin; ++id) {
+        // last window first: Allocate then starts its slot-order scan in the resident window 0
+        for (uint32_t id = sl.nwin; id-- > 0;) {
             Ensure(sl, static_cast<int32_t>(id));
             const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
             for (uint32_t off = 0; off < cnt; off += nc) {
@@ -803,6 +805,8 @@ private:
     __aicore__ inline uint32_t LoadMisses(uint32_t r, uint32_t j0, uint32_t m) {
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         const uint32_t n = MinU(t_.nc, m - j0);
+        if (missChunk_ == static_cast<int32_t>(j0 / t_.nc)) return n;   // still in vWant_ / vMS_
+        missChunk_ = static_cast<int32_t>(j0 / t_.nc);
         Sync<HardEvent::S_V>();   // the previous chunk's scalar reads of vWant_/vMS_ (write-after-read)
         Duplicate(vWant_, 0, t_.nc);
         Duplicate(vMS_, 0, t_.nc);
@@ -852,9 +856,11 @@ private:
         const uint32_t chunks = (m + nc - 1) / nc;
         const uint32_t freeWords = n / 32;
         const LocalTensor<int32_t> freeInts = mKey_.ReinterpretCast<int32_t>();
-        // A. free bits (mKey_, W bits per miss chunk; kept in the workspace when there are several)
-        for (uint32_t c = 0; c < chunks; ++c) {
+        // A. free bits (mKey_, W bits per miss chunk; kept in the workspace when there are several).
+        // Last chunk first: ScatterVictims left it in vWant_ / vMS_.
+        for (uint32_t c = chunks; c-- > 0;) {
             LoadMisses(r, c * nc, m);
+            Sync<HardEvent::S_V>();               // ScatterVictims' scalar writes of the windows
             Hash(vWant_, nc);
             Buckets();
             SplitIdx(bk, wIdx_);
@@ -874,13 +880,13 @@ private:
                 Sync<HardEvent::MTE3_V>();
             }
         }
-        // B. rounds (vFirst_/vStride_/vWant_/vMS_/mKey_ still hold the last miss chunk). The free
+        // B. rounds (vFirst_/vStride_/vWant_/vMS_/mKey_ still hold miss chunk 0). The free
         // bits of (round i, chunk c) are spent by that pass, so it overwrites them with its winners:
         // mKey_ (and, with several chunks, the workspace copy) ends up as per-probe winner bits.
         Duplicate(claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.buckets / 16);
         Sync<HardEvent::V_S>();
         const LocalTensor<uint32_t> bits = freeInts.ReinterpretCast<uint32_t>();
-        int32_t loaded = static_cast<int32_t>(chunks) - 1;
+        int32_t loaded = 0;
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
             for (uint32_t c = 0; c < chunks; ++c) {
                 const uint32_t j0 = c * nc;
@@ -1038,6 +1044,7 @@ private:
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         const LocalTensor<int32_t> out = wKey_;   // the chunk's slots
         const LocalTensor<int32_t> lanes = vT1_, js = vT2_, block = vMS_;
+        missChunk_ = -1;
         Sync<HardEvent::V_S>();                   // vector reads/writes of these buffers so far
         Sync<HardEvent::V_MTE2>();
         for (uint32_t c = 0; c < t_.numChunks; ++c) {
@@ -1075,6 +1082,7 @@ private:
         const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         BindRow(r);
+        missChunk_ = -1;
         // row meta: seq_len and stash_count
         Sync<HardEvent::S_MTE2>();
         Sync<HardEvent::MTE3_MTE2>();
@@ -1172,7 +1180,8 @@ private:
     Merger missRuns_, resRuns_;
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
-    uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included)
+    uint32_t freeSlots_ = 0;
+    int32_t missChunk_ = -1;                 // miss chunk held by vWant_ / vMS_ (LoadMisses), -1: none                 // slots at life -1 after DecayAndPin (padding included)
     uint32_t jCap_ = 0, jFill_[avsg::kPlanMaxRuns], jDone_[avsg::kPlanMaxRuns];  // MergeMisses' j staging
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
 };
