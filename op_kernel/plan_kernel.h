@@ -183,17 +183,11 @@ private:
     __aicore__ inline LocalTensor<uint32_t> U32(const LocalTensor<uint8_t>& m) {
         return m.ReinterpretCast<uint32_t>();
     }
-    __aicore__ inline bool Bit(const LocalTensor<uint8_t>& m, uint32_t q) {
-        return ((m.GetValue(q >> 3) >> (q & 7)) & 1u) != 0;
-    }
     __aicore__ inline bool WordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
         return ((w.GetValue(q >> 5) >> (q & 31)) & 1u) != 0;
     }
     __aicore__ inline void SetWordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
         w.SetValue(q >> 5, w.GetValue(q >> 5) | (1u << (q & 31)));
-    }
-    __aicore__ inline void ClearWordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
-        w.SetValue(q >> 5, w.GetValue(q >> 5) & ~(1u << (q & 31)));
     }
 
     // GM <-> UB for ragged int32 runs (exact bytes; UB tail padded with `pad`).
