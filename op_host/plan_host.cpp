@@ -47,7 +47,6 @@ constexpr uint32_t kHashA1 = 0x9E3779B1u, kHashB1 = 0x85EBCA77u, kHashA2 = 0xC2B
 constexpr int64_t kMaxBuckets = 1 << 15;
 constexpr int64_t kMaxLifetime = 255;
 
-uint32_t RoundUp(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
 uint32_t CeilLog2(uint32_t x) {
     uint32_t l = 0;
     while ((1u << l) < x) ++l;
@@ -59,17 +58,13 @@ void SetWindow(PlanTiling& t, uint32_t s, uint32_t wlog) {
     t.winLen[s] = std::min<uint32_t>(1u << wlog, t.secLen[s]);
 }
 
-// Geometry, section offsets, workspace and the UB plan. Windows start whole; while the plan
-// exceeds the UB budget, the streaming sections (stash, slot_life) are halved first, then the
-// largest of the randomly accessed ones (bucket_slot, bucket_key, slot_pos).
-PlanTiling MakeTiling(uint32_t rows, uint32_t T, uint32_t K, uint32_t capacity, uint32_t buckets, uint32_t lifetime,
-                      uint32_t blockDim) {
+// Geometry, section offsets, workspace and the UB plan. Windows start whole and are halved while
+// the plan exceeds the UB budget (order below).
+PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uint32_t buckets, uint32_t lifetime) {
     PlanTiling t;
     std::memset(&t, 0, sizeof(t));
     t.rows = rows;
-    t.T = T;
-    t.K = K;
-    t.N = T * K;
+    t.N = selections;
     t.capacity = capacity;
     t.capPad = RoundUp(capacity, 64);
     t.buckets = buckets;
@@ -88,42 +83,53 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t T, uint32_t K, uint32_t capacity, 
     for (uint32_t s = SEC_SP; s < SEC_COUNT; ++s) t.secLen[s] = Sp;
     t.nc = kPlanChunk;
     t.numChunks = (t.N + t.nc - 1) / t.nc;
-    t.resChunks = (Sp + t.nc - 1) / t.nc;
+    const uint32_t resChunks = (Sp + t.nc - 1) / t.nc;   // sorted resident runs (dual pointer)
     t.pendWords = t.numChunks * t.nc / 32;
     t.wsMissOff = 0;
     t.wsResKeyOff = t.numChunks * t.nc;
-    t.wsResSlotOff = t.wsResKeyOff + t.resChunks * t.nc;
-    t.wsPerCore = t.wsResSlotOff + t.resChunks * t.nc;
-    t.blockDim = blockDim;
+    t.wsResSlotOff = t.wsResKeyOff + resChunks * t.nc;
+    // the hash plan's run lanes / indices reuse the dual pointer's resident-run space (numChunks <= resChunks)
+    t.wsRunJOff = t.wsResKeyOff;
+    t.wsRunLaneOff = t.wsResSlotOff;
+    t.wsFreeOff = t.wsResSlotOff + resChunks * t.nc;
+    t.wsPerCore = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
     t.hashA1 = kHashA1 & (H - 1);
     t.hashB1 = kHashB1 & (H - 1);
     t.hashA2 = kHashA2 & (H - 1);
     t.hashB2 = kHashB2 & (H - 1);
     t.fillChunk = std::min<uint32_t>(8192, RoundUp(std::max(Sp, H), 64));
     for (uint32_t s = 0; s < SEC_COUNT; ++s) SetWindow(t, s, CeilLog2(t.secLen[s]));
-    const uint32_t streaming[] = {SEC_SK, SEC_SS, SEC_SL};
-    const uint32_t random[] = {SEC_BS, SEC_BK, SEC_SP};
+    // Shrink order while the plan exceeds the budget: the stash (touched only in rows whose stash
+    // is not empty, sequentially), then slot_life (streamed by decay / victim passes), then the
+    // larger of the gathered sections: slot_pos, or bucket_key + bucket_slot. The bucket pair is
+    // halved together: the kernels split each bucket index into (window, offset) once for both.
+    // slot_pos keeps at least nc entries (BuildResidentRuns, see the checks below).
+    auto minWin = [&](uint32_t s) { return s == SEC_SP ? std::max(kPlanMinWindow, t.nc) : kPlanMinWindow; };
+    auto shrinkable = [&](uint32_t s) { return t.winLen[s] > minWin(s); };
+    auto halve = [&](PlanTiling& p, uint32_t s) {
+        uint32_t wlog = p.winLog[s];   // a section that fitted whole gets a power-of-two window below it
+        while ((1u << wlog) >= p.winLen[s] && wlog > 0) --wlog;
+        SetWindow(p, s, wlog);
+    };
     while (PlanUbBytes(t) > kPlanUbBudget) {
         int pick = -1;
-        for (const uint32_t* group : {streaming, random}) {
-            for (int i = 0; i < 3; ++i) {
-                uint32_t s = group[i];
-                if (t.winLen[s] <= kPlanMinWindow) continue;
-                if (pick < 0 || t.winLen[s] > t.winLen[pick]) pick = static_cast<int>(s);
-            }
-            if (pick >= 0) break;
+        for (uint32_t s : {SEC_SK, SEC_SS, SEC_SL})
+            if (pick < 0 && shrinkable(s)) pick = static_cast<int>(s);
+        if (pick < 0) {
+            const bool sp = shrinkable(SEC_SP), bk = shrinkable(SEC_BK);
+            if (sp && (!bk || t.winLen[SEC_SP] >= t.winLen[SEC_BK])) pick = SEC_SP;
+            else if (bk) pick = SEC_BK;
         }
         TORCH_CHECK(pick >= 0, "avsg.plan: no UB plan fits ", kPlanUbBudget, " bytes for capacity=", capacity,
                     " buckets=", buckets, " T*K=", t.N);
-        // a section that fitted whole gets a power-of-two window no larger than itself
-        uint32_t wlog = t.winLog[pick];
-        while ((1u << wlog) >= t.winLen[pick] && wlog > 0) --wlog;
-        SetWindow(t, pick, wlog);
+        halve(t, static_cast<uint32_t>(pick));
+        if (pick == SEC_BK) halve(t, SEC_BS);
     }
-    // hand leftover UB back to the streaming windows (fewer slot_life / stash window switches)
+    // hand leftover UB back: slot_life first (fewer window switches in decay / victim passes),
+    // then the stash windows
     for (bool grown = true; grown;) {
         grown = false;
-        for (uint32_t s : streaming) {
+        for (uint32_t s : {SEC_SL, SEC_SK, SEC_SS}) {
             if (t.winLen[s] >= t.secLen[s]) continue;
             PlanTiling trial = t;
             SetWindow(trial, s, t.winLog[s] + 1);
@@ -133,6 +139,22 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t T, uint32_t K, uint32_t capacity, 
             }
         }
     }
+    TORCH_CHECK(t.winLen[SEC_BK] == t.winLen[SEC_BS], "avsg.plan: bucket_key and bucket_slot windows differ");
+    // Assumptions of the kernels, checked here for every geometry the ops accept:
+    //  * the scalar k-way merges (PlanKernel::Merger) hold at most kPlanMaxRuns runs: one miss run
+    //    per selection chunk, and (dual pointer) one resident run per nc-slot chunk of slot_pos.
+    //    BuildResidentRuns cuts its runs at window boundaries, so a slot_pos window of at least nc
+    //    entries (a power of two, hence a multiple of nc) or the whole section keeps the runs at
+    //    ceil(Sp / nc), which is also what the workspace reserves;
+    //  * Allocate drops padding slots (S <= slot < Sp, life -1 like a free slot) by trimming the
+    //    tail of each compacted nc-slot chunk: padding is the last Sp - S < 64 entries of slot_life
+    //    and compaction keeps slot order, so padding victims always come last in their chunk.
+    TORCH_CHECK(t.numChunks <= kPlanMaxRuns && resChunks <= kPlanMaxRuns, "avsg.plan: T*K=", t.N,
+                " or capacity=", capacity, " needs more than ", kPlanMaxRuns, " merge runs");
+    TORCH_CHECK(t.winLen[SEC_SP] >= t.nc || t.winLen[SEC_SP] == t.secLen[SEC_SP],
+                "avsg.plan: slot_pos window of ", t.winLen[SEC_SP], " entries is below the ", t.nc,
+                "-entry chunk the resident runs assume");
+    TORCH_CHECK(Sp - capacity < 64 && t.nc % 64 == 0, "avsg.plan: padding / chunk geometry");
     t.ubBytes = PlanUbBytes(t);
     return t;
 }
@@ -276,9 +298,9 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
         TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": all tensors must be on one device");
 
     const uint32_t blockDim = BlockDimFor(R);
-    PlanTiling tiling = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(T), static_cast<uint32_t>(K),
+    PlanTiling tiling = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(T * K),
                                    static_cast<uint32_t>(capacity), static_cast<uint32_t>(buckets),
-                                   static_cast<uint32_t>(lifetime), blockDim);
+                                   static_cast<uint32_t>(lifetime));
     auto opts = topk_pos.options().dtype(at::kInt);
     at::Tensor slots = at::empty({R, T, K}, opts);
     at::Tensor miss_pos = at::empty({R, T * K}, opts);
@@ -299,21 +321,21 @@ PlanOut PlanDualPointer(const at::Tensor& topk_pos, const at::Tensor& seq_lens, 
     return PlanImpl(true, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime);
 }
 
-PlanTiling StateTiling(int64_t rows, int64_t capacity, int64_t buckets, uint32_t blockDim) {
-    return MakeTiling(static_cast<uint32_t>(rows), 1, 1, static_cast<uint32_t>(capacity),
-                      static_cast<uint32_t>(buckets), 1, blockDim);
+PlanTiling StateTiling(int64_t rows, int64_t capacity, int64_t buckets) {
+    return MakeTiling(static_cast<uint32_t>(rows), 1, static_cast<uint32_t>(capacity),
+                      static_cast<uint32_t>(buckets), 1);
 }
 
 void Invalidate(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacity, int64_t buckets) {
     const int64_t R = CheckStateArgs("invalidate", state, valid_lens, "valid_lens", at::kInt, capacity, buckets);
     const uint32_t blockDim = BlockDimFor(R);
-    LaunchStateOp(false, blockDim, StateTiling(R, capacity, buckets, blockDim), state, valid_lens);
+    LaunchStateOp(false, blockDim, StateTiling(R, capacity, buckets), state, valid_lens);
 }
 
 void Reset(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int64_t buckets) {
     const int64_t R = CheckStateArgs("reset", state, row_mask, "row_mask", at::kBool, capacity, buckets);
     const uint32_t blockDim = BlockDimFor(R);
-    LaunchStateOp(true, blockDim, StateTiling(R, capacity, buckets, blockDim), state, row_mask);
+    LaunchStateOp(true, blockDim, StateTiling(R, capacity, buckets), state, row_mask);
 }
 
 }  // namespace
@@ -322,8 +344,8 @@ void Reset(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int6
 // For tests and benchmarks: the UB plan chosen for a geometry.
 std::vector<int64_t> PlanUbPlan(int64_t T, int64_t K, int64_t capacity, int64_t buckets) {
     CheckGeometry(capacity, buckets, 1, T * K);
-    PlanTiling t = MakeTiling(1, static_cast<uint32_t>(T), static_cast<uint32_t>(K), static_cast<uint32_t>(capacity),
-                              static_cast<uint32_t>(buckets), 1, 1);
+    PlanTiling t = MakeTiling(1, static_cast<uint32_t>(T * K), static_cast<uint32_t>(capacity),
+                              static_cast<uint32_t>(buckets), 1);
     std::vector<int64_t> out{t.ubBytes, PlanFixedUbBytes(t)};
     for (uint32_t s = 0; s < SEC_COUNT; ++s) out.push_back(static_cast<int64_t>(t.winLen[s]) * 4);
     return out;

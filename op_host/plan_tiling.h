@@ -14,18 +14,20 @@ namespace avsg {
 enum PlanSection : uint32_t { SEC_BK = 0, SEC_BS, SEC_SP, SEC_SL, SEC_SK, SEC_SS, SEC_COUNT };
 
 constexpr uint32_t kPlanChunk = 512;        // selections per vector chunk (NC): 8 repeats of int32
+constexpr uint32_t kPlanProbes = 4;         // 1 + RETRIES probe buckets per position
 constexpr uint32_t kPlanMaxRuns = 64;       // sorted runs merged by the scalar k-way merge
 constexpr uint32_t kPlanHeadLen = 16;       // int32 per run head buffer (64 B)
 constexpr uint32_t kPlanMinWindow = 256;    // keeps bitmap slices 32 B aligned
 constexpr uint32_t kPlanUbBudget = 184 * 1024;
-constexpr uint32_t kPlanVectors = 19;       // NC-element int32/float work vectors
-constexpr uint32_t kPlanMasks = 4;          // NC-bit compare masks
+constexpr uint32_t kPlanVectors = 9;        // NC-element int32/float work vectors
+constexpr uint32_t kPlanWideVectors = 3;    // kPlanProbes*NC-element vectors (all probes of a chunk)
+constexpr uint32_t kPlanMasks = 4;          // kPlanProbes*NC-bit compare masks
 constexpr uint32_t kPlanSortVectors = 8;    // concat 1 + index 1 + dst 2 + tmp 2 + out 2 (x NC)
 constexpr uint32_t kStashCountPad = 8;
 constexpr uint32_t kMaxPosition = 1u << 24;
 
 struct PlanTiling {
-    uint32_t rows, T, K, N;              // N = T*K selections per row
+    uint32_t rows, N;                    // N = T*K selections per row
     uint32_t capacity, capPad;           // S, Sp = roundup(S, 64)
     uint32_t buckets, logBuckets;        // H = 2^logBuckets
     uint32_t lifetime;                   // L
@@ -37,35 +39,53 @@ struct PlanTiling {
     uint32_t stashCountOff;
     uint32_t nc;                         // kPlanChunk
     uint32_t numChunks;                  // ceil(N / nc): sorted miss runs per row
-    uint32_t resChunks;                  // ceil(Sp / nc): sorted resident runs (dual pointer)
     uint32_t pendWords;                  // uint32 words of the pending bitmap (numChunks*nc/32)
     uint32_t wsPerCore;                  // int32 workspace per core
-    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff;
-    uint32_t blockDim;
+    // workspace (int32 offsets in the core's slice): sorted miss runs (nc per run); resident runs
+    // (dual pointer) or, in the same space, each miss-run entry's lane and index in miss_pos (hash
+    // plan, run layout); the insert's free / winner bits (kPlanProbes*nc bits per miss chunk)
+    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff, wsRunJOff, wsRunLaneOff, wsFreeOff;
     uint32_t hashA1, hashB1, hashA2, hashB2;   // constants mod H
     uint32_t ubBytes;                    // planned UB use of the plan kernels
     uint32_t fillChunk;                  // invalidate / reset chunk (elements, multiple of 64)
 };
 
-inline uint32_t PlanRound32(uint32_t bytes) { return (bytes + 31u) / 32u * 32u; }
+// Helpers shared by the host and the kernels. The kernels include kernel_operator.h first, which
+// defines __aicore__ (a macro: empty in the CPU emulation, the aicore attribute in the device
+// compile), so the device compiler gets an aicore function; the host gets a plain one.
+#if defined(__aicore__)
+#define AVSG_PLAN_SHARED_FN constexpr __aicore__ inline
+#else
+#define AVSG_PLAN_SHARED_FN constexpr inline
+#endif
+
+// The one round-up helper of the plan host and kernels (x, m > 0).
+AVSG_PLAN_SHARED_FN uint32_t RoundUp(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
+
+// The kernels DMA the tiling into its own UB buffer (op_kernel/plan_kernel.h, LoadTiling). It is
+// the first buffer of the plan kernel, so its size is rounded to 256 B: the next buffer (the
+// Sort/Sort32 destination region) must start 256 B aligned.
+static_assert(sizeof(PlanTiling) % 4 == 0, "PlanTiling is read as uint32 words");
+constexpr uint32_t kPlanTilingUbBytes = RoundUp(static_cast<uint32_t>(sizeof(PlanTiling)), 256);
 
 // Fixed (window-independent) UB bytes of the plan kernels, buffer by buffer (mirrors Init).
 inline uint32_t PlanFixedUbBytes(const PlanTiling& t) {
-    uint32_t b = 0;
-    b += kPlanVectors * PlanRound32(t.nc * 4);            // work vectors
-    b += kPlanMasks * PlanRound32(t.nc / 8);              // compare masks
-    b += kPlanSortVectors * PlanRound32(t.nc * 4);        // Sort / Extract buffers
-    b += PlanRound32(t.capPad / 8);                       // hit bitmap over slots
-    b += PlanRound32(t.buckets / 8);                      // claimed bitmap over buckets
-    b += PlanRound32(t.pendWords * 4);                    // pending bitmap over misses
-    b += 2 * PlanRound32(kPlanMaxRuns * kPlanHeadLen * 4);  // merge heads: keys + payload
-    b += 4 * 32;                                          // stats, scalars, stash count, row meta
+    uint32_t b = kPlanTilingUbBytes;                      // tiling copy
+    b += kPlanSortVectors * RoundUp(t.nc * 4, 32);        // Sort / Extract buffers
+    b += kPlanWideVectors * RoundUp(kPlanProbes * t.nc * 4, 32);  // all-probe vectors
+    b += kPlanVectors * RoundUp(t.nc * 4, 32);            // work vectors
+    b += kPlanMasks * RoundUp(kPlanProbes * t.nc / 8, 32);  // compare masks
+    b += RoundUp(t.capPad / 8, 32);                       // hit bitmap over slots
+    b += RoundUp(t.buckets / 8, 32);                      // claimed bitmap over buckets
+    b += RoundUp(t.pendWords * 4, 32);                    // pending bitmap over misses
+    b += 2 * RoundUp(kPlanMaxRuns * kPlanHeadLen * 4, 32);  // merge heads: keys + payload
+    b += 3 * 32;                                          // stats, scalars, stash count
     return b;
 }
 
 inline uint32_t PlanUbBytes(const PlanTiling& t) {
     uint32_t b = PlanFixedUbBytes(t);
-    for (uint32_t s = 0; s < SEC_COUNT; ++s) b += PlanRound32(t.winLen[s] * 4);
+    for (uint32_t s = 0; s < SEC_COUNT; ++s) b += RoundUp(t.winLen[s] * 4, 32);
     return b;
 }
 

@@ -6,21 +6,25 @@
 // core's workspace are written by that core only (no GM atomics, no shared 64 B lines written
 // by two cores except through exact-byte DataCopyPad stores).
 //
-// Per row (hash matcher; the dual pointer differs only in Match):
+// Per row (hash matcher; the dual pointer differs in Match and in step 4):
 //   0. stash compaction #1 (scalar; before the lookup, see below)
 //   1. refresh: per chunk of NC selections: validity (Cast->float, Compares GE/LT, And on u16,
-//      Select, Cast back), hash (ShiftRight/ShiftLeft/Sub/Muls/Add), 4 probes x (Gather
-//      bucket_key, Gather bucket_slot, Gather slot_pos[slot]) through UB windows, Compare EQ
-//      int32, And, Select -> found; stash: Compares EQ per live entry. Hit slots -> hit bitmap.
-//      Then one pass over slot_life: decay (Mins/Adds/Max) + hits to L (Not + Select).
+//      Select, Cast back), hash (shifts, u16 And against H-1, Muls/Add), then the 4 probes of
+//      the chunk at once (4*NC lanes, HashLookup): Gather bucket_key -> match bits, Gather
+//      bucket_slot, Gather slot_pos[slot] -> match bits, window by window (each window of a
+//      split section loaded at most once per chunk, the resident one first); stash: Compares NE
+//      + Select per live entry. Hit slots -> hit bitmap; the chunk's result is stored as its
+//      slots. Then one pass over slot_life: decay (Mins/Adds/Max) + hits to L (Not + Select).
 //   2. classify: GatherMask compaction of the chunk's misses, Cast->float, Sort + Extract
-//      (ascending by negating), run to GM workspace; scalar k-way merge with dedup -> miss_pos.
+//      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge with
+//      dedup -> miss_pos (and each run entry's index in it).
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
-//      4 insert rounds (vector freeness: Gather + Compare + Not + Or; scalar lowest-j claims);
+//      insert: freeness of all 4 buckets of every miss (all-probe gathers), 4 scalar rounds
+//      (lowest-j claims, winner bits), winners written window by window (GatherMask lists);
 //      stash compaction #2 + append (scalar).
-//   4. output: a second lookup after the insert gives every selection's slot (hits keep theirs,
-//      misses find their reservation in the index), stats via 32 B DMA of the int64 row.
+//   4. output: missed lanes get miss_slots[j] (OutputMisses), patched into the stored chunks;
+//      stats via 32 B DMA of the int64 row.
 // Stash compaction #1 runs before the lookup instead of after it: it drops exactly the entries
 // the lookup's validity test ignores, and nothing the lookup reads changes in between, so the
 // lookup result is the reference's.
@@ -40,13 +44,32 @@ __aicore__ inline void Sync() {
 }
 
 __aicore__ inline uint32_t MinU(uint32_t a, uint32_t b) { return a < b ? a : b; }
-__aicore__ inline uint32_t R32(uint32_t bytes) { return (bytes + 31u) / 32u * 32u; }
+// Index of the lowest set bit of x != 0 (plain scalar arithmetic, 5 steps).
+__aicore__ inline uint32_t LowestBit(uint32_t x) {
+    uint32_t n = 0;
+    if ((x & 0xFFFFu) == 0) { n += 16; x >>= 16; }
+    if ((x & 0xFFu) == 0) { n += 8; x >>= 8; }
+    if ((x & 0xFu) == 0) { n += 4; x >>= 4; }
+    if ((x & 0x3u) == 0) { n += 2; x >>= 2; }
+    if ((x & 0x1u) == 0) n += 1;
+    return n;
+}
 
-__aicore__ inline void LoadTiling(PlanTiling& t, GM_ADDR tiling) {
+// Tiling: DMA it into its own UB buffer (the first one the kernel carves), wait MTE2 -> S, read
+// the words from UB. A scalar GlobalTensor::GetValue would go through the core's non-coherent
+// DCache (card §2, §8.11): the tiling's GM address is reused by later calls with another
+// geometry, so a stale line could hand this core wrong offsets. DMA never goes through the DCache.
+__aicore__ inline void LoadTiling(TPipe* pipe, TBuf<TPosition::VECCALC>& buf, PlanTiling& t, GM_ADDR tiling) {
+    constexpr uint32_t kWords = sizeof(PlanTiling) / 4;
     GlobalTensor<uint32_t> g;
-    g.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>(tiling), sizeof(PlanTiling) / 4);
+    g.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>(tiling), kWords);
+    pipe->InitBuffer(buf, avsg::kPlanTilingUbBytes);
+    LocalTensor<uint32_t> ub = buf.Get<uint32_t>();
+    DataCopyPad(ub, g, DataCopyExtParams(1, static_cast<uint32_t>(sizeof(PlanTiling)), 0, 0, 0),
+                DataCopyPadExtParams<uint32_t>(false, 0, 0, 0));
+    Sync<HardEvent::MTE2_S>();
     uint32_t* dst = reinterpret_cast<uint32_t*>(&t);
-    for (uint32_t i = 0; i < sizeof(PlanTiling) / 4; ++i) dst[i] = g.GetValue(i);
+    for (uint32_t i = 0; i < kWords; ++i) dst[i] = ub.GetValue(i);
 }
 
 // One UB window over a state section of the current row (software-managed, write-back).
@@ -67,8 +90,7 @@ public:
     __aicore__ inline void Init(TPipe* pipe, GM_ADDR topk, GM_ADDR seq, GM_ADDR state, GM_ADDR stats,
                                 GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts,
                                 GM_ADDR workspace, GM_ADDR tiling) {
-        LoadTiling(t_, tiling);
-        pipe_ = pipe;
+        LoadTiling(pipe, tilingBuf_, t_, tiling);   // first buffer: UB offset 0
         const uint64_t R = t_.rows, N = t_.N;
         topkGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(topk), R * N);
         seqGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(seq), R);
@@ -83,20 +105,21 @@ public:
                               t_.wsPerCore);
 
         const uint32_t nc = t_.nc;
-        // first buffer: UB offset 0, so the Sort/Sort32 destination (sDst_, 2*nc*4 B in) is
-        // 256 B aligned as Sort32 requires
+        // right after the 256 B-rounded tiling buffer, so the Sort/Sort32 destination (sDst_,
+        // 2*nc*4 B in) is 256 B aligned as Sort32 requires
         pipe->InitBuffer(sortBuf_, avsg::kPlanSortVectors * nc * 4);
+        const uint32_t wide = avsg::kPlanProbes * nc;
+        for (uint32_t i = 0; i < avsg::kPlanWideVectors; ++i) pipe->InitBuffer(wideBuf_[i], wide * 4);
         for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], nc * 4);
-        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], R32(nc / 8));
-        pipe->InitBuffer(hitBuf_, R32(t_.capPad / 8));
-        pipe->InitBuffer(claimBuf_, R32(t_.buckets / 8));
-        pipe->InitBuffer(pendBuf_, R32(t_.pendWords * 4));
+        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], avsg::RoundUp(wide / 8, 32));
+        pipe->InitBuffer(hitBuf_, avsg::RoundUp(t_.capPad / 8, 32));
+        pipe->InitBuffer(claimBuf_, avsg::RoundUp(t_.buckets / 8, 32));
+        pipe->InitBuffer(pendBuf_, avsg::RoundUp(t_.pendWords * 4, 32));
         pipe->InitBuffer(headKeyBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
         pipe->InitBuffer(headPayBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
         pipe->InitBuffer(statsBuf_, 32);
         pipe->InitBuffer(scalarBuf_, 32);
         pipe->InitBuffer(countBuf_, 32);
-        pipe->InitBuffer(metaBuf_, 32);
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
             pipe->InitBuffer(winBuf_[s], t_.winLen[s] * 4);
             win_[s].buf = winBuf_[s].Get<int32_t>();
@@ -105,12 +128,27 @@ public:
             win_[s].wlen = t_.winLen[s];
             win_[s].nwin = (t_.secLen[s] + t_.winLen[s] - 1) / t_.winLen[s];
         }
-        vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3); vB_ = V(4);
-        vLo_ = V(5); vHi_ = V(6); vT1_ = V(7); vT2_ = V(8); vKey_ = V(9); vSlot_ = V(10);
-        vOwn_ = V(11); vFoundF_ = VF(12); vTmpF_ = VF(13); vFoundI_ = V(14); vMS_ = V(15);
-        vOff_ = V(16); vWin_ = V(17); vAccF_ = VF(18);
-        mA_ = maskBuf_[0].Get<uint8_t>(); mB_ = maskBuf_[1].Get<uint8_t>();
-        mC_ = maskBuf_[2].Get<uint8_t>(); mW_ = maskBuf_[3].Get<uint8_t>();
+        // nc-element vectors that live across the steps of a chunk or a row
+        vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3);
+        vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7); vHMask_ = V(8);
+        // all-probe vectors: lane (probe i, selection l) at i*nc + l
+        wIdx_ = wideBuf_[0].Get<int32_t>();
+        wWin_ = wideBuf_[1].Get<int32_t>();
+        wSlot_ = wideBuf_[2].Get<int32_t>();
+        wTmp_ = sortBuf_.Get<int32_t>();          // the sort region holds two wide vectors while
+        wKey_ = wTmp_[wide];                      // no sort runs
+        wIdx_.SetSize(wide); wWin_.SetSize(wide); wSlot_.SetSize(wide); wTmp_.SetSize(wide); wKey_.SetSize(wide);
+        // short-lived nc-element scratch, aliased into wide vectors that are idle whenever these
+        // are used (hash temporaries before the wide gathers; the rest outside the lookups)
+        vLo_ = wWin_; vHi_ = wWin_[nc]; vT1_ = wWin_[2 * nc]; vT2_ = wWin_[3 * nc];
+        vB_ = wIdx_; vTmpF_ = wIdx_[nc].template ReinterpretCast<float>();
+        vKey_ = wSlot_; vSlot_ = wSlot_[nc];
+        mKey_ = maskBuf_[0].Get<uint8_t>(); mOwn_ = maskBuf_[1].Get<uint8_t>();
+        mWin_ = maskBuf_[2].Get<uint8_t>(); mTmp_ = maskBuf_[3].Get<uint8_t>();
+        mA_ = mWin_; mB_ = mTmp_; mC_ = mOwn_;   // nc-bit masks of the per-chunk steps
+        CreateVecIndex(vLane_, 0, nc);            // lane ids, read by Classify's compaction
+        Duplicate(vHMask_, static_cast<int32_t>(t_.buckets - 1), nc);   // x mod H (AndMask)
+        PipeBarrier<PIPE_V>();
         LocalTensor<float> sb = sortBuf_.Get<float>();
         sConcat_ = sb[0];
         sIdx_ = sb[nc].template ReinterpretCast<uint32_t>();
@@ -145,17 +183,11 @@ private:
     __aicore__ inline LocalTensor<uint32_t> U32(const LocalTensor<uint8_t>& m) {
         return m.ReinterpretCast<uint32_t>();
     }
-    __aicore__ inline bool Bit(const LocalTensor<uint8_t>& m, uint32_t q) {
-        return ((m.GetValue(q >> 3) >> (q & 7)) & 1u) != 0;
-    }
     __aicore__ inline bool WordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
         return ((w.GetValue(q >> 5) >> (q & 31)) & 1u) != 0;
     }
     __aicore__ inline void SetWordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
         w.SetValue(q >> 5, w.GetValue(q >> 5) | (1u << (q & 31)));
-    }
-    __aicore__ inline void ClearWordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
-        w.SetValue(q >> 5, w.GetValue(q >> 5) & ~(1u << (q & 31)));
     }
 
     // GM <-> UB for ragged int32 runs (exact bytes; UB tail padded with `pad`).
@@ -217,98 +249,159 @@ private:
         }
     }
 
-    // dst[i] = section[idx[i]] for n (multiple of 64) lanes; idx in [0, len).
-    __aicore__ inline void GatherSec(Win& w, const LocalTensor<int32_t>& dst, const LocalTensor<int32_t>& idx,
-                                     uint32_t n) {
-        Sync<HardEvent::S_V>();
+    // ---------------------------------------------------------------------- all-probe gathers
+    // A lookup gathers for the kPlanProbes buckets of nc selections at once (W = kPlanProbes*nc
+    // lanes), so a section split into windows has each window loaded at most once per chunk (and
+    // the window left resident by the previous gather is served first, without a load), instead
+    // of once per probe. Lanes are split once into (window id in wWin_, byte offset inside the
+    // window in place of the index); for each window, every lane gathers at its in-window offset
+    // (in bounds whatever its window) and only the lanes of that window are kept (mWin_).
+    __aicore__ inline uint32_t Wide() const { return avsg::kPlanProbes * t_.nc; }
+    __aicore__ inline int32_t FirstWin(const Win& w) const { return w.cur < 0 ? 0 : w.cur; }
+
+    // idx (W lanes, entries of section w) -> byte offsets inside their window (in place) and
+    // window ids (wWin_, multi-window sections only). Scratch: wTmp_.
+    __aicore__ inline void SplitIdx(const Win& w, const LocalTensor<int32_t>& idx) {
+        const uint32_t n = Wide();
+        if (w.nwin > 1) {
+            ShiftRight(wWin_, idx, static_cast<int32_t>(w.wlog), n);
+            PipeBarrier<PIPE_V>();
+            ShiftLeft(wTmp_, wWin_, static_cast<int32_t>(w.wlog), n);
+            PipeBarrier<PIPE_V>();
+            Sub(idx, idx, wTmp_, n);
+            PipeBarrier<PIPE_V>();
+        }
+        ShiftLeft(idx, idx, 2, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // dst (nc-bit slices of a W-bit mask) = wTmp_ == ref: one W-lane reference, or the nc-lane
+    // selections repeated for every probe
+    __aicore__ inline void CompareRef(const LocalTensor<uint8_t>& dst, const LocalTensor<int32_t>& ref, bool wideRef) {
+        const uint32_t nc = t_.nc;
+        if (wideRef) {
+            Compare(dst, wTmp_, ref, CMPMODE::EQ, Wide());
+            return;
+        }
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) Compare(dst[i * nc / 8], wTmp_[i * nc], ref, CMPMODE::EQ, nc);
+    }
+    // acc (W bits) = section[lane] == ref, at the offsets in wIdx_ (from SplitIdx).
+    __aicore__ inline void MatchBits(Win& w, const LocalTensor<int32_t>& ref, bool wideRef,
+                                     const LocalTensor<uint8_t>& acc) {
+        const uint32_t n = Wide();
+        const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
         if (w.nwin == 1) {
             Ensure(w, 0);
-            ShiftLeft(vOff_, idx, 2, n);
+            Gather(wTmp_, w.buf, off, 0u, n);
             PipeBarrier<PIPE_V>();
-            Gather(dst, w.buf, vOff_.ReinterpretCast<uint32_t>(), 0u, n);
+            CompareRef(acc, ref, wideRef);
             PipeBarrier<PIPE_V>();
             return;
         }
-        // several windows: gather each window's lanes (clamped offsets), blend by window id
-        Duplicate(vAccF_, -1.0f, n);
-        ShiftRight(vWin_, idx, static_cast<int32_t>(w.wlog), n);
-        PipeBarrier<PIPE_V>();
-        const uint32_t start = w.cur < 0 ? 0u : static_cast<uint32_t>(w.cur);
+        Duplicate(U16(acc), static_cast<uint16_t>(0), n / 16);
+        const int32_t first = FirstWin(w);
         for (uint32_t k = 0; k < w.nwin; ++k) {
-            const int32_t id = static_cast<int32_t>((start + k) % w.nwin);
+            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
             Ensure(w, id);
-            const int32_t base = id * static_cast<int32_t>(w.wlen);
-            const int32_t cnt = static_cast<int32_t>(WinCount(w, id));
-            CompareScalar(mW_, vWin_, id, CMPMODE::EQ, n);
-            Adds(vOff_, idx, -base, n);
+            CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
+            Gather(wTmp_, w.buf, off, 0u, n);
             PipeBarrier<PIPE_V>();
-            Maxs(vOff_, vOff_, 0, n);
+            CompareRef(mTmp_, ref, wideRef);
             PipeBarrier<PIPE_V>();
-            Mins(vOff_, vOff_, cnt - 1, n);
+            And(U16(mTmp_), U16(mTmp_), U16(mWin_), n / 16);
             PipeBarrier<PIPE_V>();
-            ShiftLeft(vOff_, vOff_, 2, n);
-            PipeBarrier<PIPE_V>();
-            Gather(vOwn2(), w.buf, vOff_.ReinterpretCast<uint32_t>(), 0u, n);
-            PipeBarrier<PIPE_V>();
-            Cast(vTmpF_, vOwn2(), RoundMode::CAST_RINT, n);
-            PipeBarrier<PIPE_V>();
-            Select(vAccF_, mW_, vTmpF_, vAccF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+            Or(U16(acc), U16(acc), U16(mTmp_), n / 16);
             PipeBarrier<PIPE_V>();
         }
-        Cast(dst, vAccF_, RoundMode::CAST_RINT, n);
+    }
+    // dst (W lanes) = section[lane], at the offsets in wIdx_ (from SplitIdx). Several windows are
+    // blended in float (Select is float-only on A2; entries are positions < 2^24, -1 or slots,
+    // all exact in float).
+    __aicore__ inline void GatherVals(Win& w, const LocalTensor<int32_t>& dst) {
+        const uint32_t n = Wide();
+        const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
+        if (w.nwin == 1) {
+            Ensure(w, 0);
+            Gather(dst, w.buf, off, 0u, n);
+            PipeBarrier<PIPE_V>();
+            return;
+        }
+        const LocalTensor<float> dstF = dst.ReinterpretCast<float>();
+        const LocalTensor<float> tmpF = wTmp_.ReinterpretCast<float>();
+        const int32_t first = FirstWin(w);
+        for (uint32_t k = 0; k < w.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
+            Ensure(w, id);
+            Gather(wTmp_, w.buf, off, 0u, n);
+            if (k > 0) CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
+            PipeBarrier<PIPE_V>();
+            if (k == 0) {   // every lane takes the first window's value; later windows overwrite theirs
+                Cast(dstF, wTmp_, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+                continue;
+            }
+            Cast(tmpF, wTmp_, RoundMode::CAST_RINT, n);
+            PipeBarrier<PIPE_V>();
+            Select(dstF, mWin_, tmpF, dstF, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+            PipeBarrier<PIPE_V>();
+        }
+        Cast(dst, dstF, RoundMode::CAST_RINT, n);
         PipeBarrier<PIPE_V>();
     }
-    // scratch of GatherSec's multi-window path (never a GatherSec dst or idx)
-    __aicore__ inline LocalTensor<int32_t> vOwn2() { return sOutV_.template ReinterpretCast<int32_t>(); }
 
-    // x = x mod H (x >= 0), using vT2 as scratch
-    __aicore__ inline void ModH(const LocalTensor<int32_t>& x, uint32_t n) {
-        const int32_t m = static_cast<int32_t>(t_.logBuckets);
-        ShiftRight(vT2_, x, m, n);
-        PipeBarrier<PIPE_V>();
-        ShiftLeft(vT2_, vT2_, m, n);
-        PipeBarrier<PIPE_V>();
-        Sub(x, x, vT2_, n);
-        PipeBarrier<PIPE_V>();
+    // x & m on int32 lanes: And is 16-bit only on A2 (card §5), so both run as u16 with twice the
+    // count; an int32 mask vector holding H-1 reads as [H-1, 0] per lane, i.e. x mod H.
+    __aicore__ inline void AndMask(const LocalTensor<int32_t>& dst, const LocalTensor<int32_t>& x,
+                                   const LocalTensor<int32_t>& mask, uint32_t n) {
+        And(dst.ReinterpretCast<uint16_t>(), x.ReinterpretCast<uint16_t>(), mask.ReinterpretCast<uint16_t>(), 2 * n);
     }
-    // first bucket and odd stride of max(src, 0) (reference.probe_buckets); all products < 2^30
+
+    // first bucket and odd stride of max(src, 0) (reference.probe_buckets); all products < 2^30.
+    // With H = 2^m: lo = p & (H-1), hi = (p >> m) & (H-1), first = (lo*A1 + hi*B1) & (H-1),
+    // stride = ((lo*A2 + hi*B2) & (H-2)) + 1, which is "mod H, then | 1".
     __aicore__ inline void Hash(const LocalTensor<int32_t>& src, uint32_t n) {
         const int32_t m = static_cast<int32_t>(t_.logBuckets);
+        const LocalTensor<int32_t> maskOdd = wSlot_[3 * t_.nc];   // idle whenever Hash runs
         Maxs(vT1_, src, 0, n);
+        Duplicate(maskOdd, static_cast<int32_t>(t_.buckets - 2), n);
         PipeBarrier<PIPE_V>();
         ShiftRight(vHi_, vT1_, m, n);
+        AndMask(vLo_, vT1_, vHMask_, n);          // lo = p mod H
         PipeBarrier<PIPE_V>();
-        ShiftLeft(vT2_, vHi_, m, n);
+        AndMask(vHi_, vHi_, vHMask_, n);          // hi = (p >> m) mod H
         PipeBarrier<PIPE_V>();
-        Sub(vLo_, vT1_, vT2_, n);                 // lo = p mod H
-        PipeBarrier<PIPE_V>();
-        ModH(vHi_, n);                            // hi = (p >> m) mod H
         Muls(vFirst_, vLo_, static_cast<int32_t>(t_.hashA1), n);
         Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB1), n);
+        Muls(vStride_, vLo_, static_cast<int32_t>(t_.hashA2), n);
+        Muls(vT2_, vHi_, static_cast<int32_t>(t_.hashB2), n);
         PipeBarrier<PIPE_V>();
         Add(vFirst_, vFirst_, vT1_, n);
+        Add(vStride_, vStride_, vT2_, n);
         PipeBarrier<PIPE_V>();
-        ModH(vFirst_, n);
-        Muls(vStride_, vLo_, static_cast<int32_t>(t_.hashA2), n);
-        Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB2), n);
-        PipeBarrier<PIPE_V>();
-        Add(vStride_, vStride_, vT1_, n);
-        PipeBarrier<PIPE_V>();
-        ModH(vStride_, n);
-        ShiftRight(vStride_, vStride_, 1, n);     // | 1
-        PipeBarrier<PIPE_V>();
-        ShiftLeft(vStride_, vStride_, 1, n);
+        AndMask(vFirst_, vFirst_, vHMask_, n);
+        AndMask(vStride_, vStride_, maskOdd, n);
         PipeBarrier<PIPE_V>();
         Adds(vStride_, vStride_, 1, n);
         PipeBarrier<PIPE_V>();
     }
-    // vB = (first + i*stride) mod H
+    // vB = (first + i*stride) mod H: probe i of the nc selections hashed last
     __aicore__ inline void Probe(int32_t i, uint32_t n) {
         Muls(vB_, vStride_, i, n);
         PipeBarrier<PIPE_V>();
         Add(vB_, vB_, vFirst_, n);
         PipeBarrier<PIPE_V>();
-        ModH(vB_, n);
+        AndMask(vB_, vB_, vHMask_, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // wIdx[i*nc + l] = (first[l] + i*stride[l]) mod H for every probe i (first + 3*stride < 4H)
+    __aicore__ inline void Buckets() {
+        const uint32_t nc = t_.nc;
+        Adds(wIdx_, vFirst_, 0, nc);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Muls(wIdx_[i * nc], vStride_, static_cast<int32_t>(i), nc);
+        PipeBarrier<PIPE_V>();
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Add(wIdx_[i * nc], wIdx_[i * nc], vFirst_, nc);
+        PipeBarrier<PIPE_V>();
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) AndMask(wIdx_[i * nc], wIdx_[i * nc], vHMask_, nc);
+        PipeBarrier<PIPE_V>();
     }
 
     // ---------------------------------------------------------------------- row pieces
@@ -317,6 +410,7 @@ private:
         const uint32_t nc = t_.nc;
         const uint32_t n = MinU(nc, t_.N - c * nc);
         Sync<HardEvent::S_V>();   // AppendPending's scalar reads of vWant_ (write-after-read)
+        missChunk_ = -1;
         Duplicate(vWant_, -1, nc);
         Sync<HardEvent::V_MTE2>();
         LoadInts(vWant_, topkGm_[static_cast<uint64_t>(r) * t_.N + c * nc], n, -1);
@@ -335,35 +429,45 @@ private:
         return n;
     }
 
-    // Hash lookup of vWant -> vFoundF (slot or -1): stash first (last entry first), then probes
-    // 3..0, each overwriting: the result is the reference's "first valid probe, else first valid
-    // stash entry". Stash entries are all live here (compacted just before).
-    __aicore__ inline void HashMatch() {
-        const uint32_t nc = t_.nc;
-        Duplicate(vFoundF_, -1.0f, nc);
+    // Hash lookup of vWant_ (nc lanes; invalid lanes hold -2) -> vFoundF_ (slot or -1).
+    // Any valid index entry (bucket or stash) with key p names the one slot holding p (slot_pos
+    // is the ground truth and holds p at most once), so "first valid probe, else first valid
+    // stash entry" is "the slot of any valid entry whose key is p": the probes and the stash are
+    // folded in any order. Stash entries are all live here (compacted before every lookup pass).
+    __aicore__ inline void HashLookup() {
+        const uint32_t nc = t_.nc, n = Wide();
+        Win& bk = win_[avsg::SEC_BK];
+        Win& bs = win_[avsg::SEC_BS];
+        Win& sp = win_[avsg::SEC_SP];
+        Sync<HardEvent::S_V>();                   // scalar writes of the windows / inputs
         Hash(vWant_, nc);
-        for (int32_t k = static_cast<int32_t>(stashCount_) - 1; k >= 0; --k) {
-            const int32_t key = Get(win_[avsg::SEC_SK], static_cast<uint32_t>(k));
-            const int32_t slot = Get(win_[avsg::SEC_SS], static_cast<uint32_t>(k));
-            CompareScalar(mA_, vWant_, key, CMPMODE::EQ, nc);
+        Buckets();
+        SplitIdx(bk, wIdx_);                      // bucket_slot shares bucket_key's windows
+        MatchBits(bk, vWant_, false, mKey_);      // bucket_key == p
+        GatherVals(bs, wSlot_);                   // the slot each probe bucket names
+        Adds(wIdx_, wSlot_, 0, n);
+        PipeBarrier<PIPE_V>();
+        SplitIdx(sp, wIdx_);
+        MatchBits(sp, vWant_, false, mOwn_);      // slot_pos[slot] == p
+        And(U16(mKey_), U16(mKey_), U16(mOwn_), n / 16);
+        Cast(wSlot_.ReinterpretCast<float>(), wSlot_, RoundMode::CAST_RINT, n);
+        Duplicate(vFoundF_, -1.0f, nc);
+        PipeBarrier<PIPE_V>();
+        // stash: lanes != key keep their value, the rest take the entry's slot (float compare is
+        // exact: keys and selections are below 2^24 or negative). Two masks alternate so an entry
+        // needs one barrier: its compare only overwrites the mask of the entry before last.
+        for (uint32_t k = 0; k < stashCount_; ++k) {
+            const int32_t key = Get(win_[avsg::SEC_SK], k);
+            const int32_t slot = Get(win_[avsg::SEC_SS], k);
+            const LocalTensor<uint8_t>& ne = (k & 1u) ? mB_ : mA_;
+            CompareScalar(ne, vWantF_, static_cast<float>(key), CMPMODE::NE, nc);
             PipeBarrier<PIPE_V>();
-            Not(U16(mB_), U16(mA_), nc / 16);
-            PipeBarrier<PIPE_V>();
-            Select(vFoundF_, mB_, vFoundF_, static_cast<float>(slot), SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
-            PipeBarrier<PIPE_V>();
+            Select(vFoundF_, ne, vFoundF_, static_cast<float>(slot), SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
         }
-        for (int32_t i = avsg_probes - 1; i >= 0; --i) {
-            Probe(i, nc);
-            GatherSec(win_[avsg::SEC_BK], vKey_, vB_, nc);
-            GatherSec(win_[avsg::SEC_BS], vSlot_, vB_, nc);
-            GatherSec(win_[avsg::SEC_SP], vOwn_, vSlot_, nc);
-            Compare(mA_, vKey_, vWant_, CMPMODE::EQ, nc);
-            Compare(mB_, vOwn_, vWant_, CMPMODE::EQ, nc);
-            PipeBarrier<PIPE_V>();
-            And(U16(mA_), U16(mA_), U16(mB_), nc / 16);
-            Cast(vTmpF_, vSlot_, RoundMode::CAST_RINT, nc);
-            PipeBarrier<PIPE_V>();
-            Select(vFoundF_, mA_, vTmpF_, vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
+        PipeBarrier<PIPE_V>();
+        const LocalTensor<float> slotF = wSlot_.ReinterpretCast<float>();
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            Select(vFoundF_, mKey_[i * nc / 8], slotF[i * nc], vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
             PipeBarrier<PIPE_V>();
         }
     }
@@ -392,9 +496,11 @@ private:
         PipeBarrier<PIPE_V>();
     }
 
-    // ---- scalar k-way merge over sorted runs in the workspace (run c at keyOff + c*nc)
+    // ---- scalar k-way merge over sorted runs in the workspace (run c at keyOff + c*nc). Each run
+    // streams through a head buffer of hlen entries: the whole head space shared by the runs in
+    // use (fewer refills, each a DMA with two syncs, when there are few runs).
     struct Merger {
-        uint32_t runs = 0, keyOff = 0, payOff = 0;
+        uint32_t runs = 0, keyOff = 0, payOff = 0, hlen = avsg::kPlanHeadLen;
         bool pay = false;
         uint32_t len[avsg::kPlanMaxRuns];
         uint32_t pos[avsg::kPlanMaxRuns];
@@ -405,10 +511,10 @@ private:
         uint32_t best = 0;
     };
     __aicore__ inline void Refill(Merger& g, uint32_t c) {
-        const uint32_t n = MinU(avsg::kPlanHeadLen, g.len[c] - g.pos[c]);
+        const uint32_t n = MinU(g.hlen, g.len[c] - g.pos[c]);
         Sync<HardEvent::S_MTE2>();
-        LoadInts(headKey_[c * avsg::kPlanHeadLen], wsGm_[g.keyOff + c * t_.nc + g.pos[c]], n, 0);
-        if (g.pay) LoadInts(headPay_[c * avsg::kPlanHeadLen], wsGm_[g.payOff + c * t_.nc + g.pos[c]], n, 0);
+        LoadInts(headKey_[c * g.hlen], wsGm_[g.keyOff + c * t_.nc + g.pos[c]], n, 0);
+        if (g.pay) LoadInts(headPay_[c * g.hlen], wsGm_[g.payOff + c * t_.nc + g.pos[c]], n, 0);
         Sync<HardEvent::MTE2_S>();
         g.bpos[c] = 0;
         g.blen[c] = n;
@@ -417,16 +523,20 @@ private:
         g.has = false;
         for (uint32_t c = 0; c < g.runs; ++c) {
             if (g.pos[c] >= g.len[c]) continue;
-            const int32_t k = headKey_.GetValue(c * avsg::kPlanHeadLen + g.bpos[c]);
+            const int32_t k = headKey_.GetValue(c * g.hlen + g.bpos[c]);
             if (!g.has || k < g.key) {
                 g.has = true;
                 g.key = k;
                 g.best = c;
             }
         }
-        if (g.has && g.pay) g.val = headPay_.GetValue(g.best * avsg::kPlanHeadLen + g.bpos[g.best]);
+        if (g.has && g.pay) g.val = headPay_.GetValue(g.best * g.hlen + g.bpos[g.best]);
+    }
+    __aicore__ inline uint32_t HeadShare(uint32_t runs) const {   // multiple of 8: 32 B aligned
+        return runs == 0 ? avsg::kPlanHeadLen : avsg::kPlanMaxRuns * avsg::kPlanHeadLen / runs / 8 * 8;
     }
     __aicore__ inline void Start(Merger& g) {
+        g.hlen = HeadShare(g.runs);
         Sync<HardEvent::MTE3_MTE2>();   // runs were just stored
         for (uint32_t c = 0; c < g.runs; ++c) {
             g.pos[c] = 0;
@@ -457,10 +567,7 @@ private:
                 const uint32_t n = MinU(nc, cnt - off);
                 const uint32_t base = id * sp.wlen + off;
                 Cast(vTmpF_, sp.buf[off], RoundMode::CAST_RINT, n);
-                // CreateVecIndex writes its first 32 B with scalar SetValue (card §5): the previous
-                // run's GatherMask may still be reading vT1_ (write-after-read)
-                Sync<HardEvent::V_S>();
-                CreateVecIndex(vT1_, static_cast<int32_t>(base), n);
+                Adds(vT1_, vLane_, static_cast<int32_t>(base), n);   // slot ids
                 PipeBarrier<PIPE_V>();
                 CompareScalar(mA_, vTmpF_, 0.0f, CMPMODE::GE, n);
                 PipeBarrier<PIPE_V>();
@@ -492,14 +599,10 @@ private:
         const uint32_t nc = t_.nc;
         Duplicate(vFoundI_, -1, nc);
         CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);
-        // CreateVecIndex writes its first 32 B with scalar SetValue (card §5): vector reads of vT1_
-        // (BuildResidentRuns, the previous chunk's GatherMask) may still be in flight
-        Sync<HardEvent::V_S>();
-        CreateVecIndex(vT1_, 0, nc);
         PipeBarrier<PIPE_V>();
         uint64_t m = 0, m2 = 0;
         GatherMask(vKey_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m);
-        GatherMask(vSlot_, vT1_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m2);
+        GatherMask(vSlot_, vLane_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m2);
         PipeBarrier<PIPE_V>();
         if (m > 0) {
             LocalTensor<uint32_t> pay = vSlot_.ReinterpretCast<uint32_t>();
@@ -521,11 +624,13 @@ private:
 
     __aicore__ inline void Match() {
         if (kDual) DualMatch();
-        else HashMatch();
+        else HashLookup();
     }
 
-    // Counts, hit bitmap and the chunk's sorted miss run (workspace run c).
-    __aicore__ inline void Classify(uint32_t c) {
+    // Counts, hit bitmap and the chunk's sorted miss run (workspace run c). The hash plan also
+    // stores the lookup result as the chunk's slots (final for hits and invalid lanes) and the
+    // run's lanes (the sort's payload), so OutputMisses can patch just the missed lanes.
+    __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n) {
         const uint32_t nc = t_.nc;
         Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, nc);
         CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
@@ -534,31 +639,44 @@ private:
         PipeBarrier<PIPE_V>();
         And(U16(mC_), U16(mC_), U16(mA_), nc / 16);             // miss = valid & not hit
         PipeBarrier<PIPE_V>();
-        uint64_t nValid = 0, nHit = 0, nMiss = 0;
+        uint64_t nValid = 0, nHit = 0, nMiss = 0, nLanes = 0;
         GatherMask(vT1_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), nValid);
         GatherMask(vKey_, vFoundI_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
         GatherMask(vSlot_, vWant_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
+        if (!kDual) GatherMask(vT2_, vLane_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
         Sync<HardEvent::V_S>();
         lookups_ += static_cast<int64_t>(nValid);
         hits_ += static_cast<int64_t>(nHit);
         misses_ += static_cast<int64_t>(nMiss);
         for (uint32_t q = 0; q < nHit; ++q) SetWordBit(hitBits_, static_cast<uint32_t>(vKey_.GetValue(q)));
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
+        if (!kDual) {
+            Sync<HardEvent::V_MTE3>();
+            StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.N + c * nc], vFoundI_, n);
+            if (nMiss == 0) Sync<HardEvent::MTE3_V>();
+        }
         if (nMiss == 0) return;
         Sync<HardEvent::S_V>();
-        SortAscending(vSlot_, static_cast<uint32_t>(nMiss), nullptr);
+        const LocalTensor<uint32_t> lanes = vT2_.ReinterpretCast<uint32_t>();
+        SortAscending(vSlot_, static_cast<uint32_t>(nMiss), kDual ? nullptr : &lanes);
         Sync<HardEvent::V_MTE3>();
         StoreInts(wsGm_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
                   static_cast<uint32_t>(nMiss));
+        if (!kDual)
+            StoreInts(wsGm_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
+                      static_cast<uint32_t>(nMiss));
         Sync<HardEvent::MTE3_V>();
     }
 
     // slot_life: decay (life>0 -> life-1) and hit slots -> L, one vector pass per window.
+    // Also counts the free slots (life -1, padding included), so Allocate can skip level -1.
     __aicore__ inline void DecayAndPin() {
         const uint32_t nc = t_.nc;
         Win& sl = win_[avsg::SEC_SL];
+        freeSlots_ = 0;
         Sync<HardEvent::S_V>();
-        for (uint32_t id = 0; id < sl.nwin; ++id) {
+        // last window first: Allocate then starts its slot-order scan in the resident window 0
+        for (uint32_t id = sl.nwin; id-- > 0;) {
             Ensure(sl, static_cast<int32_t>(id));
             const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
             for (uint32_t off = 0; off < cnt; off += nc) {
@@ -566,8 +684,12 @@ private:
                 LocalTensor<int32_t> life = sl.buf[off];
                 Mins(vT1_, life, 0, n);
                 Adds(vT2_, life, -1, n);
+                CompareScalar(mB_, life, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
                 PipeBarrier<PIPE_V>();
                 Max(vT2_, vT2_, vT1_, n);                    // max(life-1, min(life,0))
+                uint64_t nFree = 0;
+                GatherMask(vKey_, life, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
+                freeSlots_ += static_cast<uint32_t>(nFree);
                 PipeBarrier<PIPE_V>();
                 Cast(vTmpF_, vT2_, RoundMode::CAST_RINT, n);
                 Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[(id * sl.wlen + off) / 16], n / 16);
@@ -583,10 +705,16 @@ private:
     }
 
     // Scalar merge of the sorted miss runs with dedup -> miss_pos[0:M]. Returns M.
+    // The hash plan also records, for every run entry, the index j of its position in miss_pos
+    // (workspace, run layout), staged per run in headPay_ (unused by the miss merge, which has no
+    // payload): OutputMisses turns it into the lane's reserved slot, miss_slots[j].
     __aicore__ inline uint32_t MergeMisses(uint32_t r) {
         missRuns_.runs = t_.numChunks;
         missRuns_.keyOff = t_.wsMissOff;
         missRuns_.pay = false;
+        // per-run j staging: an equal share of headPay_, a multiple of 8 entries (32 B aligned)
+        jCap_ = HeadShare(t_.numChunks);
+        for (uint32_t c = 0; c < t_.numChunks; ++c) jFill_[c] = jDone_[c] = 0;
         Start(missRuns_);
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         uint32_t m = 0, staged = 0;
@@ -604,6 +732,7 @@ private:
                     staged = 0;
                 }
             }
+            if (!kDual) RecordJ(missRuns_.best, m + staged - 1);
             Advance(missRuns_);
         }
         if (staged) {
@@ -612,7 +741,21 @@ private:
             Sync<HardEvent::MTE3_S>();
             m += staged;
         }
+        if (!kDual)
+            for (uint32_t c = 0; c < t_.numChunks; ++c) FlushJ(c);
         return m;
+    }
+    __aicore__ inline void RecordJ(uint32_t c, uint32_t j) {
+        headPay_.SetValue(c * jCap_ + jFill_[c], static_cast<int32_t>(j));
+        if (++jFill_[c] == jCap_) FlushJ(c);
+    }
+    __aicore__ inline void FlushJ(uint32_t c) {
+        if (jFill_[c] == 0) return;
+        Sync<HardEvent::S_MTE3>();
+        StoreInts(wsGm_[t_.wsRunJOff + c * t_.nc + jDone_[c]], headPay_[c * jCap_], jFill_[c]);
+        Sync<HardEvent::MTE3_S>();
+        jDone_[c] += jFill_[c];
+        jFill_[c] = 0;
     }
 
     // Victims in (life, slot) order among life < L: one Compares EQ + GatherMask per level and
@@ -622,15 +765,18 @@ private:
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         Win& sl = win_[avsg::SEC_SL];
         uint32_t have = 0;
-        for (int32_t lv = -1; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
+        // level -1 only if a real slot is free (the Sp - S padding slots always hold -1)
+        const int32_t lv0 = freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
+        for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
             for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
                 Ensure(sl, static_cast<int32_t>(id));
                 const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
                 for (uint32_t off = 0; off < cnt && have < m; off += nc) {
                     const uint32_t n = MinU(nc, cnt - off);
                     const uint32_t base = id * sl.wlen + off;
+                    Sync<HardEvent::S_V>();       // scalar reads of the previous chunk's vT2_
                     CompareScalar(mA_, sl.buf[off], lv, CMPMODE::EQ, n);
-                    CreateVecIndex(vT1_, static_cast<int32_t>(base), n);
+                    Adds(vT1_, vLane_, static_cast<int32_t>(base), n);   // slot ids
                     PipeBarrier<PIPE_V>();
                     uint64_t got = 0;
                     GatherMask(vT2_, vT1_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
@@ -653,6 +799,8 @@ private:
     __aicore__ inline uint32_t LoadMisses(uint32_t r, uint32_t j0, uint32_t m) {
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         const uint32_t n = MinU(t_.nc, m - j0);
+        if (missChunk_ == static_cast<int32_t>(j0 / t_.nc)) return n;   // still in vWant_ / vMS_
+        missChunk_ = static_cast<int32_t>(j0 / t_.nc);
         Sync<HardEvent::S_V>();   // the previous chunk's scalar reads of vWant_/vMS_ (write-after-read)
         Duplicate(vWant_, 0, t_.nc);
         Duplicate(vMS_, 0, t_.nc);
@@ -677,23 +825,17 @@ private:
         }
     }
 
-    // Writes a winner list to a bucket section window by window (no window ping-pong).
-    __aicore__ inline void ApplyWinners(Win& w, uint32_t count, const LocalTensor<int32_t>& vals) {
-        if (count == 0) return;
-        if (w.nwin == 1) {
-            for (uint32_t q = 0; q < count; ++q) Put(w, static_cast<uint32_t>(vLo_.GetValue(q)), vals.GetValue(q));
-            return;
-        }
-        for (uint32_t id = 0; id < w.nwin; ++id)
-            for (uint32_t q = 0; q < count; ++q) {
-                const uint32_t b = static_cast<uint32_t>(vLo_.GetValue(q));
-                if ((b >> w.wlog) == id) Put(w, b, vals.GetValue(q));
-            }
-    }
-
-    // 4 insert rounds: a miss still pending proposes bucket_i; a free bucket goes to the lowest j.
+    // Insert: 4 rounds; in round i every pending miss proposes its bucket_i, and a free bucket
+    // (never used or stale) goes to the lowest proposing j.
+    //  A. Freeness of all 4 buckets of every miss, with all-probe gathers (each window loaded at
+    //     most once per miss chunk). A bucket's freeness changes during the rounds only when a
+    //     miss wins it (slot_pos is not written during the insert, and a winner's entry is valid:
+    //     its slot holds its position), so "free now" = "free before round 0 and not claimed in
+    //     any round so far": claimBits_ is cleared once, not per round.
+    //  B. The rounds on the scalar unit, in (round, j) order: claims, winner bits per probe.
+    //  C. The winners are written window by window (no window ping-pong between claims).
     __aicore__ inline void Insert(uint32_t r, uint32_t m) {
-        const uint32_t nc = t_.nc;
+        const uint32_t nc = t_.nc, n = Wide();
         for (uint32_t w = 0; w < t_.pendWords; ++w) {
             const uint32_t lo = w * 32;
             uint32_t word = 0;
@@ -701,39 +843,144 @@ private:
             else if (lo < m) word = (1u << (m - lo)) - 1u;
             pendBits_.SetValue(w, word);
         }
-        for (int32_t i = 0; i < avsg_probes; ++i) {
-            Duplicate(claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.buckets / 16);
-            Sync<HardEvent::V_S>();
-            for (uint32_t j0 = 0; j0 < m; j0 += nc) {
-                const uint32_t n = LoadMisses(r, j0, m);
-                Hash(vWant_, nc);
-                Probe(i, nc);
-                GatherSec(win_[avsg::SEC_BK], vKey_, vB_, nc);
-                GatherSec(win_[avsg::SEC_BS], vSlot_, vB_, nc);
-                GatherSec(win_[avsg::SEC_SP], vOwn_, vSlot_, nc);
-                CompareScalar(mA_, vKey_, -1, CMPMODE::EQ, nc);      // never used
-                Compare(mB_, vOwn_, vKey_, CMPMODE::EQ, nc);         // valid entry
-                PipeBarrier<PIPE_V>();
-                Not(U16(mB_), U16(mB_), nc / 16);
-                PipeBarrier<PIPE_V>();
-                Or(U16(mA_), U16(mA_), U16(mB_), nc / 16);           // free = empty | stale
-                Sync<HardEvent::V_S>();
-                uint32_t won = 0;
-                for (uint32_t q = 0; q < n; ++q) {
-                    const uint32_t j = j0 + q;
-                    if (!WordBit(pendBits_, j) || !Bit(mA_, q)) continue;
-                    const uint32_t b = static_cast<uint32_t>(vB_.GetValue(q));
-                    if (WordBit(claimBits_, b)) continue;
-                    SetWordBit(claimBits_, b);
-                    ClearWordBit(pendBits_, j);
-                    vLo_.SetValue(won, static_cast<int32_t>(b));
-                    vHi_.SetValue(won, vWant_.GetValue(q));
-                    vT1_.SetValue(won, vMS_.GetValue(q));
-                    ++won;
+        if (m == 0) return;
+        Win& bk = win_[avsg::SEC_BK];
+        Win& bs = win_[avsg::SEC_BS];
+        Win& sp = win_[avsg::SEC_SP];
+        const uint32_t chunks = (m + nc - 1) / nc;
+        const uint32_t freeWords = n / 32;
+        const LocalTensor<int32_t> freeInts = mKey_.ReinterpretCast<int32_t>();
+        // A. free bits (mKey_, W bits per miss chunk; kept in the workspace when there are several).
+        // Last chunk first: ScatterVictims left it in vWant_ / vMS_.
+        for (uint32_t c = chunks; c-- > 0;) {
+            LoadMisses(r, c * nc, m);
+            Sync<HardEvent::S_V>();               // ScatterVictims' scalar writes of the windows
+            Hash(vWant_, nc);
+            Buckets();
+            SplitIdx(bk, wIdx_);
+            GatherVals(bk, wKey_);
+            GatherVals(bs, wSlot_);
+            Adds(wIdx_, wSlot_, 0, n);
+            CompareScalar(mKey_, wKey_, -1, CMPMODE::EQ, n);     // never used
+            PipeBarrier<PIPE_V>();
+            SplitIdx(sp, wIdx_);
+            MatchBits(sp, wKey_, true, mOwn_);                   // valid: slot_pos[slot] == key
+            Not(U16(mOwn_), U16(mOwn_), n / 16);
+            PipeBarrier<PIPE_V>();
+            Or(U16(mKey_), U16(mKey_), U16(mOwn_), n / 16);      // free = never used | stale
+            if (chunks > 1) {
+                Sync<HardEvent::V_MTE3>();
+                StoreInts(wsGm_[t_.wsFreeOff + c * freeWords], freeInts, freeWords);
+                Sync<HardEvent::MTE3_V>();
+            }
+        }
+        // B. rounds (vFirst_/vStride_/vWant_/vMS_/mKey_ still hold miss chunk 0). The free
+        // bits of (round i, chunk c) are spent by that pass, so it overwrites them with its winners:
+        // mKey_ (and, with several chunks, the workspace copy) ends up as per-probe winner bits.
+        Duplicate(claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.buckets / 16);
+        Sync<HardEvent::V_S>();
+        const LocalTensor<uint32_t> bits = freeInts.ReinterpretCast<uint32_t>();
+        int32_t loaded = 0;
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            for (uint32_t c = 0; c < chunks; ++c) {
+                const uint32_t j0 = c * nc;
+                const uint32_t cnt = MinU(nc, m - j0);
+                if (loaded != static_cast<int32_t>(c)) {
+                    LoadInsertChunk(r, c, m);
+                    loaded = static_cast<int32_t>(c);
                 }
-                ApplyWinners(win_[avsg::SEC_BK], won, vHi_);
-                ApplyWinners(win_[avsg::SEC_BS], won, vT1_);
-                Sync<HardEvent::S_V>();
+                Sync<HardEvent::S_V>();           // the previous pass's scalar reads of vB_
+                Probe(static_cast<int32_t>(i), nc);
+                Sync<HardEvent::V_S>();
+                // 32 misses per step: candidates = pending & bucket free, lowest j first (j0 is a
+                // multiple of 32; pending bits past m are 0)
+                for (uint32_t w = 0; w < (cnt + 31) / 32; ++w) {
+                    const uint32_t pw = (j0 >> 5) + w;
+                    const uint32_t fw = i * nc / 32 + w;
+                    uint32_t pend = pendBits_.GetValue(pw);
+                    uint32_t cand = pend == 0 ? 0u : pend & bits.GetValue(fw);
+                    uint32_t won = 0;
+                    for (; cand != 0; cand &= cand - 1u) {
+                        const uint32_t bit = LowestBit(cand);
+                        const uint32_t b = static_cast<uint32_t>(vB_.GetValue(w * 32 + bit));
+                        if (WordBit(claimBits_, b)) continue;
+                        SetWordBit(claimBits_, b);
+                        won |= 1u << bit;
+                    }
+                    bits.SetValue(fw, won);
+                    if (won != 0) pendBits_.SetValue(pw, pend & ~won);
+                }
+                if (chunks > 1) {                 // winners of (i, c) back over its free bits
+                    Sync<HardEvent::S_MTE3>();
+                    StoreInts(wsGm_[t_.wsFreeOff + c * freeWords + i * nc / 32], freeInts[i * nc / 32], nc / 32);
+                    Sync<HardEvent::MTE3_S>();
+                }
+            }
+        }
+        // C. write the winners, window by window: for each miss chunk, recompute its buckets and,
+        // per window and probe, compact the winners (offset in the window, key, slot) by GatherMask
+        for (uint32_t c = 0; c < chunks; ++c) {
+            const uint32_t cnt = MinU(nc, m - c * nc);
+            if (loaded != static_cast<int32_t>(c)) {
+                LoadInsertChunk(r, c, m);
+                loaded = static_cast<int32_t>(c);
+            }
+            Sync<HardEvent::S_V>();               // scalar reads / writes of vB_ and the bits
+            Buckets();
+            SplitIdx(bk, wIdx_);
+            WriteWinners(cnt);
+        }
+    }
+
+    // Misses, hash and free/winner bits of miss chunk c (insert with several miss chunks).
+    __aicore__ inline void LoadInsertChunk(uint32_t r, uint32_t c, uint32_t m) {
+        const uint32_t freeWords = Wide() / 32;
+        LoadMisses(r, c * t_.nc, m);
+        Sync<HardEvent::S_MTE2>();
+        Sync<HardEvent::V_MTE2>();
+        Sync<HardEvent::MTE3_MTE2>();
+        LoadInts(mKey_.ReinterpretCast<int32_t>(), wsGm_[t_.wsFreeOff + c * freeWords], freeWords, 0);
+        Sync<HardEvent::MTE2_S>();
+        Sync<HardEvent::MTE2_V>();
+        Hash(vWant_, t_.nc);
+    }
+
+    // bucket_key / bucket_slot of this chunk's winners (mKey_: per-probe winner bits; wIdx_: the
+    // probe buckets as in-window byte offsets, wWin_: their windows), resident window first.
+    __aicore__ inline void WriteWinners(uint32_t cnt) {
+        const uint32_t nc = t_.nc, n = Wide();
+        Win& bk = win_[avsg::SEC_BK];
+        Win& bs = win_[avsg::SEC_BS];
+        const LocalTensor<int32_t> cOff = wSlot_, cKey = wSlot_[nc], cSlot = wSlot_[2 * nc];   // compacted
+        const int32_t first = FirstWin(bk);
+        for (uint32_t k = 0; k < bk.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % bk.nwin);
+            LocalTensor<uint8_t> sel = mKey_;
+            if (bk.nwin > 1) {
+                CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
+                PipeBarrier<PIPE_V>();
+                And(U16(mTmp_), U16(mKey_), U16(mWin_), n / 16);
+                PipeBarrier<PIPE_V>();
+                sel = mTmp_;
+            }
+            for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+                const LocalTensor<uint32_t> pat = U32(sel[i * nc / 8]);
+                uint64_t got = 0, got2 = 0, got3 = 0;
+                Sync<HardEvent::S_V>();           // scalar reads of the previous lists
+                PipeBarrier<PIPE_V>();            // and the previous GatherMasks' writes
+                GatherMask(cOff, wIdx_[i * nc], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
+                if (got == 0) continue;
+                GatherMask(cKey, vWant_, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
+                GatherMask(cSlot, vMS_, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got3);
+                Sync<HardEvent::V_S>();
+                Ensure(bk, id);
+                Ensure(bs, id);
+                for (uint32_t q = 0; q < static_cast<uint32_t>(got); ++q) {
+                    const uint32_t off = static_cast<uint32_t>(cOff.GetValue(q)) >> 2;
+                    bk.buf.SetValue(off, cKey.GetValue(q));
+                    bs.buf.SetValue(off, cSlot.GetValue(q));
+                }
+                bk.dirty = bs.dirty = true;
             }
         }
     }
@@ -781,10 +1028,55 @@ private:
         Sync<HardEvent::MTE3_V>();
     }
 
+    // Hash plan, step 4: the slots of the missed lanes (reference: miss_slots[searchsorted]).
+    // Classify stored every chunk's lookup result (final for hits and invalid lanes) and its
+    // sorted miss run's lanes; MergeMisses stored each run entry's index j in miss_pos. So a
+    // missed lane's slot is miss_slots[j], with j ascending along the run: one pass per chunk
+    // with misses, miss_slots streamed in nc blocks, no second lookup.
+    __aicore__ inline void OutputMisses(uint32_t r, uint32_t m) {
+        const uint32_t nc = t_.nc;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const LocalTensor<int32_t> out = wKey_;   // the chunk's slots
+        const LocalTensor<int32_t> lanes = vT1_, js = vT2_, block = vMS_;
+        missChunk_ = -1;
+        Sync<HardEvent::V_S>();                   // vector reads/writes of these buffers so far
+        Sync<HardEvent::V_MTE2>();
+        for (uint32_t c = 0; c < t_.numChunks; ++c) {
+            const uint32_t len = missRuns_.len[c];
+            if (len == 0) continue;
+            const uint32_t n = MinU(nc, t_.N - c * nc);
+            Sync<HardEvent::S_MTE2>();
+            Sync<HardEvent::MTE3_MTE2>();
+            LoadInts(out, slotsGm_[rowN + c * nc], n, 0);
+            LoadInts(lanes, wsGm_[t_.wsRunLaneOff + c * nc], len, 0);
+            LoadInts(js, wsGm_[t_.wsRunJOff + c * nc], len, 0);
+            Sync<HardEvent::MTE2_S>();
+            int32_t cur = -1;                     // miss_slots block in `block`
+            for (uint32_t e = 0; e < len; ++e) {
+                const uint32_t j = static_cast<uint32_t>(js.GetValue(e));
+                const int32_t blk = static_cast<int32_t>(j / nc);
+                if (blk != cur) {
+                    Sync<HardEvent::S_MTE2>();
+                    LoadInts(block, missSlotsGm_[rowN + static_cast<uint32_t>(blk) * nc],
+                             MinU(nc, m - static_cast<uint32_t>(blk) * nc), 0);
+                    Sync<HardEvent::MTE2_S>();
+                    cur = blk;
+                }
+                out.SetValue(static_cast<uint32_t>(lanes.GetValue(e)), block.GetValue(j - static_cast<uint32_t>(blk) * nc));
+            }
+            Sync<HardEvent::S_MTE3>();
+            StoreInts(slotsGm_[rowN + c * nc], out, n);
+            Sync<HardEvent::MTE3_S>();
+        }
+        Sync<HardEvent::S_V>();                   // scalar reads of lanes / js / block before vector reuse
+        Sync<HardEvent::MTE3_V>();
+    }
+
     __aicore__ inline void Row(uint32_t r) {
         const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         BindRow(r);
+        missChunk_ = -1;
         // row meta: seq_len and stash_count
         Sync<HardEvent::S_MTE2>();
         Sync<HardEvent::MTE3_MTE2>();
@@ -804,9 +1096,9 @@ private:
         if (kDual) BuildResidentRuns();
         // 1+2. refresh and classify, chunk by chunk
         for (uint32_t c = 0; c < t_.numChunks; ++c) {
-            PrepareWant(r, c);
+            const uint32_t n = PrepareWant(r, c);
             Match();
-            Classify(c);
+            Classify(r, c, n);
         }
         DecayAndPin();
         const uint32_t m = MergeMisses(r);
@@ -820,15 +1112,19 @@ private:
             CompactStash();
             AppendPending(r, m);
         }
-        // 4. output: every selection's slot
-        if (kDual) BuildResidentRuns();
-        for (uint32_t c = 0; c < t_.numChunks; ++c) {
-            const uint32_t n = PrepareWant(r, c);
-            Match();
-            Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, t_.nc);
-            Sync<HardEvent::V_MTE3>();
-            StoreInts(slotsGm_[rowN + c * t_.nc], vFoundI_, n);
-            Sync<HardEvent::MTE3_V>();
+        // 4. output: every selection's slot (the dual pointer matches every chunk again)
+        if (kDual) {
+            BuildResidentRuns();
+            for (uint32_t c = 0; c < t_.numChunks; ++c) {
+                const uint32_t n = PrepareWant(r, c);
+                Match();
+                Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, t_.nc);
+                Sync<HardEvent::V_MTE3>();
+                StoreInts(slotsGm_[rowN + c * t_.nc], vFoundI_, n);
+                Sync<HardEvent::MTE3_V>();
+            }
+        } else {
+            OutputMisses(r, m);
         }
         FillTail(missPosGm_, rowN, m, t_.N);
         FillTail(missSlotsGm_, rowN, m, t_.N);
@@ -853,22 +1149,22 @@ private:
         Sync<HardEvent::MTE3_MTE2>();
     }
 
-    static constexpr int32_t avsg_probes = 4;
-
     PlanTiling t_;
-    TPipe* pipe_ = nullptr;
     GlobalTensor<int32_t> topkGm_, seqGm_, stateGm_, slotsGm_, missPosGm_, missSlotsGm_, missCountsGm_, wsGm_;
     GlobalTensor<int64_t> statsGm_;
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
+    TBuf<TPosition::VECCALC> wideBuf_[avsg::kPlanWideVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
-    TBuf<TPosition::VECCALC> sortBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
-    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, countBuf_, metaBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, sortBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
+    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, countBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
-    LocalTensor<int32_t> vWant_, vFirst_, vStride_, vB_, vLo_, vHi_, vT1_, vT2_, vKey_, vSlot_, vOwn_, vFoundI_,
-        vMS_, vOff_, vWin_;
-    LocalTensor<float> vWantF_, vFoundF_, vTmpF_, vAccF_;
-    LocalTensor<uint8_t> mA_, mB_, mC_, mW_;
+    LocalTensor<int32_t> vWant_, vFirst_, vStride_, vFoundI_, vMS_, vLane_, vHMask_;   // nc lanes
+    LocalTensor<float> vWantF_, vFoundF_;
+    LocalTensor<int32_t> wIdx_, wWin_, wSlot_, wTmp_, wKey_;                   // kPlanProbes*nc lanes
+    LocalTensor<int32_t> vLo_, vHi_, vT1_, vT2_, vB_, vKey_, vSlot_;  // aliases
+    LocalTensor<float> vTmpF_;
+    LocalTensor<uint8_t> mKey_, mOwn_, mWin_, mTmp_, mA_, mB_, mC_;
     LocalTensor<float> sConcat_, sDst_, sTmp_, sOutV_;
     LocalTensor<uint32_t> sIdx_, sOutI_;
     LocalTensor<uint32_t> hitBits_, claimBits_, pendBits_;
@@ -878,6 +1174,9 @@ private:
     Merger missRuns_, resRuns_;
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
+    uint32_t freeSlots_ = 0;
+    int32_t missChunk_ = -1;                 // miss chunk held by vWant_ / vMS_ (LoadMisses), -1: none                 // slots at life -1 after DecayAndPin (padding included)
+    uint32_t jCap_ = 0, jFill_[avsg::kPlanMaxRuns], jDone_[avsg::kPlanMaxRuns];  // MergeMisses' j staging
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
 };
 
@@ -887,16 +1186,18 @@ private:
 // rounding of a larger valid_len keeps the order against them): Compares GE, Not, Select, Cast.
 class InvalidateKernel {
 public:
+    __aicore__ inline InvalidateKernel() {}
+
     __aicore__ inline void Init(TPipe* pipe, GM_ADDR state, GM_ADDR validLens, GM_ADDR tiling) {
-        LoadTiling(t_, tiling);
+        LoadTiling(pipe, tilingBuf_, t_, tiling);
         stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), static_cast<uint64_t>(t_.rows) * t_.width);
         lensGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(validLens), t_.rows);
         const uint32_t ch = t_.fillChunk;
         pipe->InitBuffer(posBuf_, ch * 4);
         pipe->InitBuffer(lifeBuf_, ch * 4);
         pipe->InitBuffer(fBuf_, ch * 4);
-        pipe->InitBuffer(maskBuf_, R32(ch / 8));
-        pipe->InitBuffer(keepBuf_, R32(ch / 8));
+        pipe->InitBuffer(maskBuf_, avsg::RoundUp(ch / 8, 32));
+        pipe->InitBuffer(keepBuf_, avsg::RoundUp(ch / 8, 32));
         pipe->InitBuffer(scalarBuf_, 32);
     }
     __aicore__ inline void Process() {
@@ -948,7 +1249,7 @@ public:
 private:
     PlanTiling t_;
     GlobalTensor<int32_t> stateGm_, lensGm_;
-    TBuf<TPosition::VECCALC> posBuf_, lifeBuf_, fBuf_, maskBuf_, keepBuf_, scalarBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, posBuf_, lifeBuf_, fBuf_, maskBuf_, keepBuf_, scalarBuf_;
 };
 
 // ----------------------------------------------------------------------------------- reset
@@ -956,8 +1257,10 @@ private:
 // and the stash_count tail, which are 0 (reference.reset). Duplicate + DataCopy per section.
 class ResetKernel {
 public:
+    __aicore__ inline ResetKernel() {}
+
     __aicore__ inline void Init(TPipe* pipe, GM_ADDR state, GM_ADDR rowMask, GM_ADDR tiling) {
-        LoadTiling(t_, tiling);
+        LoadTiling(pipe, tilingBuf_, t_, tiling);
         stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), static_cast<uint64_t>(t_.rows) * t_.width);
         maskGm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(rowMask), t_.rows);
         pipe->InitBuffer(negBuf_, t_.fillChunk * 4);
@@ -995,7 +1298,7 @@ private:
     PlanTiling t_;
     GlobalTensor<int32_t> stateGm_;
     GlobalTensor<uint8_t> maskGm_;
-    TBuf<TPosition::VECCALC> negBuf_, zeroBuf_, flagBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, negBuf_, zeroBuf_, flagBuf_;
 };
 
 }  // namespace avsg_kernel
