@@ -1,0 +1,146 @@
+"""The two plug-in points of the runtime, along Spin's five operations.
+
+A **sparse-attention algorithm** supplies
+
+    Index      ``index(layer, batch, attn, x, q_resid)``: keep whatever it needs to select later
+               (DSA: the indexer-key cache, on the device);
+    Select     ``select(layer, batch, attn, x, q_resid) -> topk_pos int32 [R, T, K]``, causal per
+               query token (``< batch.causal_lens[r, t]``), ``-1`` padded;
+    Attention  ``attention(layer, batch, attn, q_nope, q_pe, retrieved) -> [R, T, heads, v_dim]``.
+
+A **KV store** supplies
+
+    Offload    ``offload(layer, batch, parts)``: this pass's new KV (``parts`` in the store's
+               ``KVFormat``, each ``[R, T, width]``) written at ``batch.pos``;
+    Retrieve   ``retrieve(layer, topk_pos, batch) -> Retrieved``: make the selected entries
+               readable and say where they are.
+
+``Retrieved.view`` is a tuple of component tensors ``[R, X, width]`` and ``Retrieved.index`` int32
+``[R, T, K]`` says which ``X``-row holds each selection (``-1`` = none). Attention gathers the
+``[R, T, K, width]`` rows in selection order before computing anything, so every store that returns
+the same bytes yields bit-identical outputs.
+
+Both also follow the request lifecycle: ``reset(rows)`` when a row gets a new request,
+``invalidate(valid_lens)`` after MTP verification (positions ``>= valid_lens[r]`` are dropped and
+will be written again), and ``fill(layer, row, start, parts)`` for a context produced outside the
+decode loop. The engine only ever sees these methods and the registries ``ALGORITHMS`` and
+``STORES``, so a new algorithm or store plugs in without touching it.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Callable, Dict, Optional, Tuple, Type
+
+import torch
+
+from .kvformat import KVFormat
+from .step import NULL_TIMERS, StepBatch, Timers
+
+
+@dataclasses.dataclass
+class Retrieved:
+    view: Tuple[torch.Tensor, ...]      # component tensors [R, X, width]
+    index: torch.Tensor                 # int32 [R, T, K] into X, -1 = no selection
+
+
+@dataclasses.dataclass
+class StoreSpec:
+    """Everything a store needs to size itself. ``layers`` counts every attention layer that keeps
+    KV, MTP layers included; ``max_len`` is the longest KV a row may hold."""
+    layers: int
+    rows: int
+    max_len: int
+    topk: int
+    queries_per_step: int
+    kv_format: KVFormat
+    device: torch.device
+    capacity: int = 8192
+    lifetime: int = 16
+    block_size: int = 128
+    timers: Timers = NULL_TIMERS
+
+
+class KVStore(abc.ABC):
+    """Where the MLA KV lives and how attention gets to read the selected entries."""
+
+    name: str = "?"
+
+    def __init__(self, spec: StoreSpec):
+        self.spec = spec
+        self.timers = spec.timers
+        self.h2d_bytes = 0          # host -> device bytes moved by retrieve, cumulative (host int)
+        self.h2d_rows = 0
+
+    @abc.abstractmethod
+    def offload(self, layer: int, batch: StepBatch, parts: Tuple[torch.Tensor, ...]) -> None: ...
+
+    @abc.abstractmethod
+    def fill(self, layer: int, row: int, start: int, parts: Tuple[torch.Tensor, ...]) -> None:
+        """Write ``parts`` (each ``[N, width]``) at positions ``start .. start+N-1`` of ``row``."""
+
+    @abc.abstractmethod
+    def retrieve(self, layer: int, topk_pos: torch.Tensor, batch: StepBatch) -> Retrieved: ...
+
+    def invalidate(self, valid_lens: torch.Tensor) -> None:
+        """Positions ``>= valid_lens[r]`` will be rewritten: forget any copy of them."""
+
+    def reset(self, rows: torch.Tensor) -> None:
+        """``rows`` bool [R]: these rows start a new request."""
+
+    def hit_rate(self) -> Optional[float]:
+        return None
+
+
+class SparseAlgorithm(abc.ABC):
+    """Index / Select / Attention. ``attn`` is the layer's attention module (its weights)."""
+
+    name: str = "?"
+
+    @abc.abstractmethod
+    def index(self, layer: int, batch: StepBatch, attn: torch.nn.Module, x: torch.Tensor,
+              q_resid: torch.Tensor) -> None: ...
+
+    @abc.abstractmethod
+    def select(self, layer: int, batch: StepBatch, attn: torch.nn.Module, x: torch.Tensor,
+               q_resid: torch.Tensor) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def attention(self, layer: int, batch: StepBatch, attn: torch.nn.Module, q_nope: torch.Tensor,
+                  q_pe: torch.Tensor, retrieved: Retrieved) -> torch.Tensor: ...
+
+    def fill(self, layer: int, row: int, start: int, index_keys: torch.Tensor) -> None:
+        """Context fill: index keys ``[N, index_head_dim]`` at ``start .. start+N-1``."""
+
+    def invalidate(self, valid_lens: torch.Tensor) -> None: ...
+
+    def reset(self, rows: torch.Tensor) -> None: ...
+
+
+@dataclasses.dataclass
+class ForwardContext:
+    """What a forward pass runs with (passed down explicitly: no globals).
+
+    ``prefill=True`` means the pass holds whole prompts from position 0: attention then reads the
+    pass's own freshly computed KV instead of calling ``store.retrieve``.
+    """
+    algo: SparseAlgorithm
+    store: KVStore
+    kv_format: KVFormat
+    timers: Timers = NULL_TIMERS
+    prefill: bool = False
+    recorder: Optional[Callable[[int, torch.Tensor], None]] = None   # (layer, topk_pos) tap
+
+
+STORES: Dict[str, Type[KVStore]] = {}
+ALGORITHMS: Dict[str, Type[SparseAlgorithm]] = {}
+
+
+def register_store(cls: Type[KVStore]) -> Type[KVStore]:
+    STORES[cls.name] = cls
+    return cls
+
+
+def register_algorithm(cls: Type[SparseAlgorithm]) -> Type[SparseAlgorithm]:
+    ALGORITHMS[cls.name] = cls
+    return cls
