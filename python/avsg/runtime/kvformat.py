@@ -1,7 +1,7 @@
 """How one token's MLA KV is stored: a tuple of component tensors per token.
 
-The MLA cache of a token is a 512-d latent ``c`` (after ``kv_a_layernorm``) and a 64-d RoPE key
-``k_pe``. Formats:
+The MLA cache of a token is a latent ``c`` (after ``kv_a_layernorm``; 512-d in DeepSeek-V3.2) and a
+RoPE key ``k_pe`` (64-d). Formats, with DeepSeek-V3.2's sizes:
 
     name   components (per token)                                   bytes
     bf16   latent bf16[512], pe bf16[64]                             1152   (default)
@@ -20,8 +20,8 @@ from typing import Dict, Tuple
 
 import torch
 
-LATENT_DIM = 512
-ROPE_DIM = 64
+LATENT_DIM = 512                    # DeepSeek-V3.2's kv_lora_rank
+ROPE_DIM = 64                       # and qk_rope_head_dim
 FP8_TILE = 128                      # one fp32 scale per 128 latent values
 FP8_MAX = 448.0                     # largest finite float8_e4m3fn
 
@@ -41,6 +41,8 @@ class Component:
 class KVFormat:
     name: str
     components: Tuple[Component, ...]
+    latent_dim: int = LATENT_DIM
+    rope_dim: int = ROPE_DIM
 
     @property
     def row_bytes(self) -> int:
@@ -50,48 +52,50 @@ class KVFormat:
     def encode(self, latent: torch.Tensor, pe: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """``latent [..., 512]``, ``pe [..., 64]`` (any float dtype) -> the stored components."""
         if self.name == "fp8":
-            return (_fp8_pack(latent, pe),)
+            return (_fp8_pack(latent, pe, self.latent_dim),)
         dtype = self.components[0].dtype
         return (latent.to(dtype), pe.to(dtype))
 
     def decode(self, parts: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tensor, torch.Tensor]:
         """Stored components ``[..., width]`` -> ``(latent fp32 [..., 512], pe fp32 [..., 64])``."""
         if self.name == "fp8":
-            return _fp8_unpack(parts[0])
+            return _fp8_unpack(parts[0], self.latent_dim)
         return parts[0].float(), parts[1].float()
 
 
-def _fp8_pack(latent: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
+def _fp8_pack(latent: torch.Tensor, pe: torch.Tensor, latent_dim: int) -> torch.Tensor:
     lead = latent.shape[:-1]
-    tiles = latent.float().reshape(*lead, LATENT_DIM // FP8_TILE, FP8_TILE)
+    tiles = latent.float().reshape(*lead, latent_dim // FP8_TILE, FP8_TILE)
     scale = tiles.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_MAX
-    quant = (tiles / scale).to(torch.float8_e4m3fn).reshape(*lead, LATENT_DIM)
+    quant = (tiles / scale).to(torch.float8_e4m3fn).reshape(*lead, latent_dim)
     return torch.cat([quant.view(torch.uint8),
-                      scale.reshape(*lead, LATENT_DIM // FP8_TILE).contiguous().view(torch.uint8),
+                      scale.reshape(*lead, latent_dim // FP8_TILE).contiguous().view(torch.uint8),
                       pe.to(torch.bfloat16).contiguous().view(torch.uint8)], dim=-1)
 
 
-def _fp8_unpack(packed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _fp8_unpack(packed: torch.Tensor, latent_dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
     lead = packed.shape[:-1]
-    n_scale = LATENT_DIM // FP8_TILE
-    quant = packed[..., :LATENT_DIM].contiguous().view(torch.float8_e4m3fn).float()
-    scale = packed[..., LATENT_DIM:LATENT_DIM + 4 * n_scale].contiguous().view(torch.float32)
-    pe = packed[..., LATENT_DIM + 4 * n_scale:].contiguous().view(torch.bfloat16).float()
-    latent = (quant.reshape(*lead, n_scale, FP8_TILE) * scale[..., None]).reshape(*lead, LATENT_DIM)
+    n_scale = latent_dim // FP8_TILE
+    quant = packed[..., :latent_dim].contiguous().view(torch.float8_e4m3fn).float()
+    scale = packed[..., latent_dim:latent_dim + 4 * n_scale].contiguous().view(torch.float32)
+    pe = packed[..., latent_dim + 4 * n_scale:].contiguous().view(torch.bfloat16).float()
+    latent = (quant.reshape(*lead, n_scale, FP8_TILE) * scale[..., None]).reshape(*lead, latent_dim)
     return latent, pe
 
 
-FORMATS: Dict[str, KVFormat] = {
-    "bf16": KVFormat("bf16", (Component("latent", LATENT_DIM, torch.bfloat16),
-                              Component("pe", ROPE_DIM, torch.bfloat16))),
-    "fp8": KVFormat("fp8", (Component("packed", LATENT_DIM + 4 * (LATENT_DIM // FP8_TILE)
-                                      + 2 * ROPE_DIM, torch.uint8),)),
-    "fp32": KVFormat("fp32", (Component("latent", LATENT_DIM, torch.float32),
-                              Component("pe", ROPE_DIM, torch.float32))),
-}
+FORMAT_NAMES = ("bf16", "fp8", "fp32")
 
 
-def get_format(name: str) -> KVFormat:
-    if name not in FORMATS:
-        raise ValueError(f"kv_format: expected one of {sorted(FORMATS)}, got {name!r}")
-    return FORMATS[name]
+def get_format(name: str, latent_dim: int = LATENT_DIM, rope_dim: int = ROPE_DIM) -> KVFormat:
+    """The format ``name`` for a model with the given latent (kv_lora_rank) and RoPE widths."""
+    if name not in FORMAT_NAMES:
+        raise ValueError(f"kv_format: expected one of {', '.join(FORMAT_NAMES)}, got {name!r}")
+    if name == "fp8":
+        if latent_dim % FP8_TILE:
+            raise ValueError(f"kv_format: fp8 needs a latent width divisible by {FP8_TILE}, "
+                             f"got kv_lora_rank = {latent_dim}")
+        width = latent_dim + 4 * (latent_dim // FP8_TILE) + 2 * rope_dim
+        return KVFormat(name, (Component("packed", width, torch.uint8),), latent_dim, rope_dim)
+    dtype = torch.bfloat16 if name == "bf16" else torch.float32
+    return KVFormat(name, (Component("latent", latent_dim, dtype), Component("pe", rope_dim, dtype)),
+                    latent_dim, rope_dim)
