@@ -1,16 +1,38 @@
-"""The ``avsg`` command: ``avsg demo`` (plan + gather on a trace) and ``avsg trace ...``."""
+"""The ``avsg`` command.
+
+    avsg run        the decode runtime in offload / avsg / device modes, side by side
+    avsg generate   greedy generation from a checkpoint directory
+    avsg demo       plan + gather over decode steps of a selection trace
+    avsg trace ...  the trace lab: replay policies, synthesize, inspect
+
+A mistake in the arguments prints one line on stderr and exits with status 2; ``--debug`` shows
+the traceback instead.
+"""
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import List, Optional
 
+from .cli_util import OneLineParser, UsageError
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser() -> OneLineParser:
     from . import demo
+    from .runtime import generate as generate_cmd
+    from .runtime import run as run_cmd
 
-    parser = argparse.ArgumentParser(prog="avsg", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(prog="avsg", description="AVSG: miss-only KV-cache offload for "
+                           "DeepSeek Sparse Attention (run, generate, demo, trace)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for every error")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    run_parser = sub.add_parser("run", help="decode in offload / avsg / device modes, compared",
+                                description=run_cmd.__doc__.split("\n\n")[0])
+    run_cmd.add_arguments(run_parser)
+    run_parser.set_defaults(func=run_cmd.main)
+    gen_parser = sub.add_parser("generate", help="greedy generation from a checkpoint",
+                                description=generate_cmd.__doc__.split("\n\n")[0])
+    generate_cmd.add_arguments(gen_parser)
+    gen_parser.set_defaults(func=generate_cmd.main)
     demo_parser = sub.add_parser("demo", help="plan + gather over decode steps of a trace")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.main)
@@ -25,7 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        if args.debug:
+            raise
+        print(f"avsg {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"avsg {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

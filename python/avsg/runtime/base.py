@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Callable, Dict, Optional, Tuple, Type
+from typing import Callable, Dict, Optional, Sequence, Tuple, Type
 
 import torch
 
@@ -69,8 +69,10 @@ class KVStore(abc.ABC):
     def __init__(self, spec: StoreSpec):
         self.spec = spec
         self.timers = spec.timers
-        self.h2d_bytes = 0          # host -> device bytes moved by retrieve, cumulative (host int)
-        self.h2d_rows = 0
+        # Host -> device traffic of retrieve, cumulative. Kept in tensors so that counting costs
+        # no host sync in the decode step; read with h2d_bytes() / h2d_rows().
+        self._h2d_rows = torch.zeros((), dtype=torch.int64, device=spec.device)
+        self._h2d_fresh_rows = torch.zeros((), dtype=torch.int64, device=spec.device)
 
     @abc.abstractmethod
     def offload(self, layer: int, batch: StepBatch, parts: Tuple[torch.Tensor, ...]) -> None: ...
@@ -82,13 +84,36 @@ class KVStore(abc.ABC):
     @abc.abstractmethod
     def retrieve(self, layer: int, topk_pos: torch.Tensor, batch: StepBatch) -> Retrieved: ...
 
-    def invalidate(self, valid_lens: torch.Tensor) -> None:
-        """Positions ``>= valid_lens[r]`` will be rewritten: forget any copy of them."""
+    def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
+        """Positions ``>= valid_lens[r]`` of ``layers`` (default: all) will be written again:
+        forget any copy of them."""
 
     def reset(self, rows: torch.Tensor) -> None:
         """``rows`` bool [R]: these rows start a new request."""
 
+    def admit(self, row: int, length: int) -> None:
+        """``row`` gets a new request that will hold at most ``length`` positions."""
+        mask = torch.zeros(self.spec.rows, dtype=torch.bool, device=self.spec.device)
+        mask[row] = True
+        self.reset(mask)
+
+    def release(self, row: int) -> None:
+        """``row``'s request finished."""
+
+    def h2d_rows(self) -> int:
+        """Token rows copied host -> device by retrieve so far (syncs)."""
+        return int(self._h2d_rows)
+
+    def h2d_fresh_rows(self) -> int:
+        """Of those, rows of positions written by this pass or the one before it: what keeping
+        freshly produced KV on the device would save."""
+        return int(self._h2d_fresh_rows)
+
+    def h2d_bytes(self) -> int:
+        return self.h2d_rows() * self.spec.kv_format.row_bytes
+
     def hit_rate(self) -> Optional[float]:
+        """Fraction of selections served without a copy, when the store reuses anything."""
         return None
 
 
@@ -112,7 +137,8 @@ class SparseAlgorithm(abc.ABC):
     def fill(self, layer: int, row: int, start: int, index_keys: torch.Tensor) -> None:
         """Context fill: index keys ``[N, index_head_dim]`` at ``start .. start+N-1``."""
 
-    def invalidate(self, valid_lens: torch.Tensor) -> None: ...
+    def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
+        """As ``KVStore.invalidate``, for whatever the algorithm keeps per position."""
 
     def reset(self, rows: torch.Tensor) -> None: ...
 

@@ -1,0 +1,42 @@
+"""Conventions every ``avsg`` command follows.
+
+* A user mistake raises ``UsageError``: ``avsg`` prints one line on stderr
+  (``avsg <command>: error: <message>``) and exits with status 2. Tracebacks are for real bugs
+  (or ``--debug``).
+* Long runs show a progress bar on stderr when it is a terminal (``--quiet`` silences it).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for; the message names the option."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str):  # noqa: D401  (argparse API)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, unit: str = "it", enabled: bool = True):
+    """A tqdm bar on stderr, or a silent stand-in when disabled or tqdm is missing."""
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
+                dynamic_ncols=True)

@@ -1,0 +1,414 @@
+"""``avsg run``: the same decode workload in three modes, side by side.
+
+    offload   KV in host memory; every step copies the union of each request's selections
+    avsg      KV in host memory; one SparseKVBuffer per layer, only misses are copied
+    device    all KV on the device (the upper bound offload tries to approach)
+
+Each mode builds its own store and algorithm around one shared model and replays the same
+requests (same contexts, same first tokens, same simulated-acceptance draws), so the outputs,
+and the logits, must be identical: the run checks it and says so.
+
+Defaults: the ``demo`` model at 32K context, 4 rows serving 8 requests (continuous batching),
+MTP-1, selections from the shared real trace (a synthetic one when it is absent), 8K-slot buffers.
+Times are this machine's CPU running the kernels through the CPU backend: they show where time
+goes, not what an NPU takes.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..cli_util import UsageError, progress_bar
+from . import config as model_config
+from . import store as _stores  # noqa: F401  (registers the stores)
+from .base import STORES, StoreSpec
+from .context import ContextFill
+from .engine import Engine, StepRecord
+from .kvformat import FORMAT_NAMES, get_format
+from .scheduler import Request
+from .spec import parse_acceptance
+from .step import Timers
+
+MODES = ("offload", "avsg", "device")
+PHASES = ("index_select", "plan", "gather", "attention")
+SHARED_TRACE = os.path.join("..", "shared", "traces", "asyncio_32k.npz")
+
+
+# ------------------------------------------------------------------------------ arguments
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="demo",
+                        help="model preset (tiny, demo) or a DeepSeek-V3.2 config.json (default demo)")
+    parser.add_argument("--checkpoint", help="safetensors directory to load weights from "
+                        "(default: random weights from --seed)")
+    parser.add_argument("--batch", type=int, default=4, help="rows decoded together (default 4)")
+    parser.add_argument("--requests", type=int, help="requests to serve (default 2 x batch)")
+    parser.add_argument("--context", type=int, default=32768,
+                        help="context length of a request (default 32768); with trace selection "
+                             "the contexts end at the trace's query positions")
+    parser.add_argument("--new-tokens", type=int, default=32,
+                        help="output tokens per request (default 32; requests vary by +-25%%)")
+    parser.add_argument("--mtp", type=int, default=1, choices=range(0, 4), metavar="N",
+                        help="MTP drafts per step, 0..3 (default 1)")
+    parser.add_argument("--acceptance", default="greedy",
+                        help="'greedy' (verify drafts, default) or 'sim:MEAN' (simulated "
+                             "geometric acceptance with MEAN accepted drafts per step)")
+    parser.add_argument("--capacity", type=int, default=8192, help="buffer slots per row and "
+                        "layer for the avsg mode (default 8192)")
+    parser.add_argument("--lifetime", type=int, default=16, help="avsg buffer lifetime (default 16)")
+    parser.add_argument("--select", choices=("trace", "indexer"), default="trace",
+                        help="selection source: a recorded trace (default) or the model's indexer")
+    parser.add_argument("--trace", help=f"selection trace .npz (default {SHARED_TRACE} when present, "
+                        "else a synthetic trace)")
+    parser.add_argument("--kv-format", choices=FORMAT_NAMES, default="bf16",
+                        help="KV cache format (default bf16: 1152 B per token and layer)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated subset of {','.join(MODES)} (default: all)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or npu (needs torch_npu)")
+    parser.add_argument("--emulation", choices=("fast", "strict"), default="fast",
+                        help="CPU kernel build: fast (checks compiled out, default) or strict")
+    parser.add_argument("--seed", type=int, default=0, help="weights, contexts and tokens (default 0)")
+    parser.add_argument("--record-trace", metavar="PATH",
+                        help="write the selections of row 0 (verify passes) as a trace .npz")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _positive(name: str, value: int) -> int:
+    if value < 1:
+        raise UsageError(f"{name}: expected >= 1, got {value}")
+    return value
+
+
+# -------------------------------------------------------------------------------- setup
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            raise UsageError("--device npu: torch_npu is not installed (CANN + torch_npu needed)")
+        return torch.device("npu")
+    raise UsageError(f"--device: expected cpu or npu, got {name!r}")
+
+
+def load_config(spec: str):
+    try:
+        if spec in model_config.PRESETS:
+            return model_config.preset(spec)
+        if os.path.isdir(spec):
+            spec = os.path.join(spec, "config.json")
+        if not os.path.exists(spec):
+            raise UsageError(f"--config: {spec!r} is neither a preset "
+                             f"({', '.join(model_config.PRESETS)}) nor a config.json file")
+        return model_config.from_hf_config(spec)
+    except ValueError as e:
+        raise UsageError(f"--config: {e}") from None
+
+
+def build_model(config, checkpoint: Optional[str], seed: int, device: torch.device):
+    from .model import DeepseekV32
+    from . import weights
+    torch.manual_seed(seed)
+    model = DeepseekV32(config)
+    if checkpoint:
+        try:
+            weights.load_safetensors(model, checkpoint)
+        except (ValueError, FileNotFoundError) as e:
+            raise UsageError(f"--checkpoint: {e}") from None
+    else:
+        weights.init_random(model, seed)
+    return model.to(device).eval()
+
+
+def load_selection_trace(path: Optional[str], layers: int, topk: int, context: int, steps: int,
+                         seed: int):
+    """The trace to replay, and a line saying where it came from."""
+    from ..traces import format as trace_format, synth
+    if path is None and os.path.exists(SHARED_TRACE):
+        path = SHARED_TRACE
+    if path is not None:
+        if not os.path.exists(path):
+            raise UsageError(f"--trace: no such file: {path}")
+        try:
+            trace = trace_format.load_trace(path, check_values=False)
+        except (ValueError, OSError, KeyError) as e:
+            raise UsageError(f"--trace: {path}: {e}") from None
+        return trace, f"trace {os.path.relpath(path)} ({trace.layers} layers, {trace.steps} steps)"
+    trace = synth.generate(steps=steps, layers=min(layers, 4), k=topk, max_len=context, seed=seed)
+    return trace, f"synthetic trace ({trace.layers} layers, {steps} steps; no shared trace found)"
+
+
+@dataclasses.dataclass
+class Workload:
+    rows: int
+    requests: List[Request]
+    description: str
+
+    def fresh(self) -> List[Request]:
+        """Unstarted copies, one set per mode."""
+        return [dataclasses.replace(r, output=[], steps=0, drafts_offered=0, drafts_accepted=0)
+                for r in self.requests]
+
+
+def build_workload(rows: int, count: int, new_tokens: int, mtp: int, vocab: int, seed: int,
+                   context: int, trace_positions: Optional[range]) -> Workload:
+    """``count`` requests with different context lengths and output lengths.
+
+    With a trace, request i's context ends at a trace query position spread over the trace,
+    leaving room for its outputs and drafts; otherwise contexts are ``context`` minus up to 1024.
+    """
+    rng = np.random.default_rng(seed)
+    lengths = [max(1, int(round(new_tokens * f))) for f in rng.uniform(0.75, 1.25, count)]
+    requests = []
+    for i in range(count):
+        reach = lengths[i] + mtp + 1
+        if trace_positions is not None:
+            span = len(trace_positions) - reach
+            if span < 1:
+                raise UsageError(f"--new-tokens: {lengths[i]} outputs (+{mtp} drafts) do not fit "
+                                 f"the trace's {len(trace_positions)} steps")
+            context_len = trace_positions.start + int(rng.integers(0, span))
+        else:
+            context_len = context - int(rng.integers(0, min(1024, context // 2)))
+        requests.append(Request(id=i, max_new_tokens=lengths[i], context_len=context_len,
+                                first_token=int(rng.integers(0, vocab)), seed=seed * 7919 + i))
+    contexts = [r.context_len for r in requests]
+    return Workload(rows, requests, f"{count} requests on {rows} rows, contexts "
+                    f"{min(contexts):,}..{max(contexts):,}, {min(lengths)}..{max(lengths)} "
+                    f"output tokens each")
+
+
+# ------------------------------------------------------------------------------ one mode
+
+@dataclasses.dataclass
+class ModeResult:
+    mode: str
+    records: List[StepRecord]
+    outputs: Dict[int, List[int]]
+    logit_digest: Dict[int, str]
+    phase_totals: Dict[str, float]
+    h2d_bytes: int
+    h2d_fresh_rows: int
+    h2d_rows: int
+    hit_rate: Optional[float]
+    drafts_offered: int
+    drafts_accepted: int
+    admit_seconds: float
+
+    def summary(self) -> Dict[str, object]:
+        latencies = []              # one entry per output token: its step's time / tokens
+        for record in self.records:
+            for tokens in record.emitted.values():
+                latencies += [record.seconds / tokens] * tokens if tokens else []
+        tokens = sum(len(o) for o in self.outputs.values())
+        decode_s = sum(r.seconds for r in self.records)
+        steps = max(len(self.records), 1)
+        phase_ms = {p: 1e3 * self.phase_totals.get(p, 0.0) / steps for p in PHASES}
+        phase_ms["rest"] = 1e3 * decode_s / steps - sum(phase_ms.values())
+        ms = np.asarray(latencies) * 1e3 if latencies else np.zeros(1)
+        return {
+            "mode": self.mode,
+            "tpot_ms": float(ms.mean()), "tpot_p50_ms": float(np.percentile(ms, 50)),
+            "tpot_p99_ms": float(np.percentile(ms, 99)),
+            "tokens_per_s": tokens / decode_s if decode_s else 0.0,
+            "hit_rate": self.hit_rate,
+            "h2d_bytes_per_token": self.h2d_bytes / tokens if tokens else 0.0,
+            "h2d_fresh_share": self.h2d_fresh_rows / self.h2d_rows if self.h2d_rows else 0.0,
+            "mtp_acceptance": (self.drafts_accepted / self.drafts_offered
+                               if self.drafts_offered else None),
+            "phase_ms": phase_ms,
+            "steps": len(self.records), "output_tokens": tokens,
+            "admit_s": self.admit_seconds,
+        }
+
+
+def run_mode(mode: str, model, config, workload: Workload, args, kv_format, device, trace,
+             context_fill: ContextFill, recorder=None, show_progress: bool = True) -> ModeResult:
+    from .algo.dsa import DSA
+    from .algo.trace import TraceSelection
+    timers = Timers()
+    mtp = args.mtp
+    max_len = max(r.context_len + r.max_new_tokens for r in workload.requests) + mtp + 1
+    spec = StoreSpec(layers=model.num_kv_layers, rows=workload.rows, max_len=max_len,
+                     topk=config.index_topk, queries_per_step=1 + mtp, kv_format=kv_format,
+                     device=device, capacity=args.capacity, lifetime=args.lifetime, timers=timers)
+    store = STORES[mode](spec)
+    algo = DSA(config, rows=workload.rows, max_len=max_len, device=device,
+               layers=model.num_kv_layers, timers=timers)
+    if trace is not None:
+        algo = TraceSelection(algo, trace, model.num_kv_layers, config.index_topk, device)
+    acceptance = parse_acceptance(args.acceptance, mtp) if mtp else None
+    engine = Engine(model, algo, store, kv_format, workload.rows, mtp=mtp, acceptance=acceptance,
+                    context_fill=context_fill, timers=timers, record_logits=True,
+                    recorder=recorder)
+    requests = workload.fresh()
+    total_tokens = sum(r.max_new_tokens for r in requests)
+    digests = {r.id: hashlib.sha256() for r in requests}
+    bar = progress_bar(total=total_tokens, desc=f"{mode:>7}", unit="tok",
+                       enabled=show_progress)
+
+    def on_step(record: StepRecord) -> None:
+        for request_id, logits in record.logits.items():
+            digests[request_id].update(logits.float().cpu().numpy().tobytes())
+        record.logits = None
+        bar.update(sum(record.emitted.values()))
+
+    started = time.perf_counter()
+    records = engine.run(requests, on_step)
+    bar.close()
+    wall = time.perf_counter() - started
+    decode = sum(r.seconds for r in records)
+    return ModeResult(
+        mode=mode, records=records, outputs={r.id: list(r.output) for r in requests},
+        logit_digest={i: d.hexdigest() for i, d in digests.items()},
+        phase_totals=dict(timers.totals), h2d_bytes=store.h2d_bytes(),
+        h2d_fresh_rows=store.h2d_fresh_rows(), h2d_rows=store.h2d_rows(),
+        hit_rate=store.hit_rate(), drafts_offered=sum(r.drafts_offered for r in requests),
+        drafts_accepted=sum(r.drafts_accepted for r in requests), admit_seconds=wall - decode)
+
+
+# ----------------------------------------------------------------------------- reporting
+
+def format_table(results: List[Dict[str, object]]) -> str:
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+    header = (f"{'mode':<8} {'TPOT ms':>8} {'p50':>7} {'p99':>7} {'tok/s':>7} {'hit rate':>8} "
+              f"{'H2D B/tok':>10} {'MTP acc':>7} | ms/step: {'idx+sel':>7} {'plan':>6} "
+              f"{'gather':>6} {'attn':>6} {'rest':>6}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        p = r["phase_ms"]
+        lines.append(
+            f"{r['mode']:<8} {r['tpot_ms']:8.1f} {r['tpot_p50_ms']:7.1f} {r['tpot_p99_ms']:7.1f} "
+            f"{r['tokens_per_s']:7.1f} {pct(r['hit_rate']):>8} {r['h2d_bytes_per_token']:10,.0f} "
+            f"{pct(r['mtp_acceptance']):>7} | {'':9}{p['index_select']:7.1f} {p['plan']:6.1f} "
+            f"{p['gather']:6.1f} {p['attention']:6.1f} {p['rest']:6.1f}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    _positive("--batch", args.batch)
+    _positive("--context", args.context)
+    _positive("--new-tokens", args.new_tokens)
+    _positive("--capacity", args.capacity)
+    requests = _positive("--requests", args.requests) if args.requests is not None \
+        else 2 * args.batch
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in STORES:
+            raise UsageError(f"--modes: unknown mode {m!r}; expected a subset of "
+                             f"{','.join(MODES)}")
+    if not modes:
+        raise UsageError("--modes: expected at least one mode")
+    device = resolve_device(args.device)
+    config = load_config(args.config)
+    topk = config.index_topk
+    if args.capacity < (1 + args.mtp) * topk and "avsg" in modes:
+        raise UsageError(f"--capacity: expected >= (1 + mtp) x top-k = {(1 + args.mtp) * topk}, "
+                         f"got {args.capacity}")
+    if not 1 <= args.lifetime <= 255:
+        raise UsageError(f"--lifetime: expected 1..255, got {args.lifetime}")
+    try:
+        parse_acceptance(args.acceptance, max(args.mtp, 1))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.acceptance != "greedy" and args.mtp == 0:
+        raise UsageError("--acceptance: simulated acceptance needs --mtp >= 1")
+    if args.context > config.max_position_embeddings:
+        raise UsageError(f"--context: {args.context} exceeds the model's "
+                         f"max_position_embeddings = {config.max_position_embeddings}")
+    _select_emulation(args.emulation)
+
+    trace, trace_line = None, "the model's own indexer"
+    if args.select == "trace":
+        trace, trace_line = load_selection_trace(args.trace, config.num_hidden_layers, topk,
+                                                 args.context, steps=4 * args.new_tokens + 64,
+                                                 seed=args.seed)
+        if trace.k != topk:
+            raise UsageError(f"--trace: it selects top-{trace.k}, the model's index_topk is {topk}")
+        if int(trace.positions[-1]) + 1 > config.max_position_embeddings:
+            raise UsageError("--trace: its positions exceed the model's max_position_embeddings")
+    elif args.trace:
+        raise UsageError("--trace: only used with --select trace")
+    positions = None
+    if trace is not None:
+        positions = range(int(trace.positions[0]), int(trace.positions[0]) + trace.steps)
+    workload = build_workload(args.batch, requests, args.new_tokens, args.mtp, config.vocab_size,
+                              args.seed, args.context, positions)
+    model = build_model(config, args.checkpoint, args.seed, device)
+    kv_format = get_format(args.kv_format, config.kv_lora_rank, config.qk_rope_head_dim)
+    accept_text = ("greedy verification" if args.acceptance == "greedy"
+                   else parse_acceptance(args.acceptance, args.mtp).describe())
+    show = not args.quiet and sys.stderr.isatty()
+    print(f"avsg run: {args.config} model ({config.num_hidden_layers} layers + "
+          f"{model.num_kv_layers - config.num_hidden_layers} MTP, top-{topk}), "
+          f"{workload.description}")
+    print(f"  MTP-{args.mtp} ({accept_text if args.mtp else 'no drafts'}), selections from "
+          f"{trace_line}, KV {args.kv_format} ({kv_format.row_bytes} B/token/layer), "
+          f"avsg buffer {args.capacity} slots, lifetime {args.lifetime}")
+    print(f"  times: this machine's CPU ({os.cpu_count()} cores, kernels via the "
+          f"{args.emulation} CPU build), not an NPU")
+    context_fill = ContextFill(model, kv_format)
+    recorder = None
+    if args.record_trace:
+        from .algo.trace import TraceRecorder
+        recorder = TraceRecorder(config.num_hidden_layers, topk)
+    results = []
+    for i, mode in enumerate(modes):
+        results.append(run_mode(mode, model, config, workload, args, kv_format, device, trace,
+                                context_fill, recorder if i == 0 else None, show))
+    identical = all(r.outputs == results[0].outputs and r.logit_digest == results[0].logit_digest
+                    for r in results)
+    summaries = [r.summary() for r in results]
+    print()
+    print(format_table(summaries))
+    print()
+    by_mode = {s["mode"]: s for s in summaries}
+    if "avsg" in by_mode and "offload" in by_mode and by_mode["offload"]["h2d_bytes_per_token"]:
+        a, o = by_mode["avsg"], by_mode["offload"]
+        print(f"  avsg moves {a['h2d_bytes_per_token'] / o['h2d_bytes_per_token']:.3f}x the H2D "
+              f"bytes of offload per output token; {100 * a['h2d_fresh_share']:.1f}% of its "
+              f"copies are KV produced in the last two passes")
+    print(f"  outputs identical across modes (tokens and logits, bit for bit): "
+          f"{'yes' if identical else 'NO'}")
+    if args.record_trace:
+        from ..traces import format as trace_format
+        recorded = recorder.trace(max(r.context_len for r in workload.requests) + 4 * args.new_tokens,
+                                  model=f"avsg runtime {args.config}", rule=f"selections of row 0, "
+                                  f"query token 0, verify passes; source: {trace_line}")
+        trace_format.save_trace(args.record_trace, recorded)
+        print(f"  trace written: {args.record_trace} ({recorded.steps} steps)")
+    if args.json:
+        payload = {
+            "config": {"model": args.config, **dataclasses.asdict(config)},
+            "workload": {"rows": args.batch, "requests": requests, "mtp": args.mtp,
+                         "acceptance": accept_text, "selection": trace_line,
+                         "kv_format": args.kv_format, "capacity": args.capacity,
+                         "lifetime": args.lifetime, "device": args.device,
+                         "emulation": args.emulation, "description": workload.description,
+                         "contexts": [r.context_len for r in workload.requests]},
+            "modes": summaries,
+            "outputs_identical": identical,
+        }
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2, default=str)
+        print(f"  results written: {args.json}")
+    return 0 if identical else 1
+
+
+def _select_emulation(build: str) -> None:
+    from .. import backend
+    if hasattr(backend, "set_emulation"):
+        backend.set_emulation(build)
