@@ -1,0 +1,180 @@
+"""DeepSeek Sparse Attention: the lightning indexer's Index and Select, and sparse absorbed MLA.
+
+Index. One key per token and layer (``Indexer.keys``: ``k_norm(wk(x))``, half-split RoPE on its
+first dims) is kept on the device in ``index_keys [layers, rows, max_len, index_head_dim]``;
+``index`` writes this pass's keys at ``batch.pos`` (active rows only), ``fill`` writes a context.
+
+Select. Query token ``t`` of row ``r`` scores every position ``s < causal_lens[r, t]``:
+
+    score[s] = sum_h w_h * ReLU(q_h . k_s * index_head_dim^-0.5),   w = weights_proj(x) * H^-0.5
+
+in fp32, and keeps the ``min(index_topk, causal_lens[r, t])`` best. The whole ``max_len`` is
+scanned (fixed shapes, no host sync), so size ``max_len`` to the longest context plus generation.
+Ties are broken towards the lower position (scores and positions are packed into one int64 key,
+so the choice does not depend on ``topk``'s internal order). The output is int32
+``[R, T, index_topk]``: selected positions ascending, then ``-1``; idle rows select nothing.
+
+Attention (``sparse_mla_attention``, reusable by any algorithm). The store's ``Retrieved`` says
+where each selection is; the selected rows are gathered ``[R, T, K, width]`` in selection order
+first, decoded to fp32, and only then computed on, so every store that returns the same bytes
+gives bit-identical outputs:
+
+    score_k = (q_lat . latent_k + q_pe . k_pe_k) * softmax_scale       (-1 selections masked)
+    out     = (softmax(score) @ latent) @ W_uv^T                       -> [R, T, H, v_head_dim]
+
+``invalidate`` is a no-op: rejected draft positions ``>= valid_lens`` are never visible to a query
+(``causal_lens`` stops before them) until the next pass writes them again through ``index``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from ..base import Retrieved, SparseAlgorithm, register_algorithm
+from ..config import ModelConfig
+from ..kvformat import KVFormat, get_format
+from ..step import NULL_TIMERS, StepBatch, Timers
+
+
+def format_of_view(view: Tuple[torch.Tensor, ...], latent_dim: int, rope_dim: int) -> KVFormat:
+    """The KV format whose components ``view`` holds (the attention signature carries no format:
+    one uint8 component is the packed fp8 layout, two components are latent | pe of their dtype)."""
+    if len(view) == 1 and view[0].dtype == torch.uint8:
+        return get_format("fp8", latent_dim, rope_dim)
+    if len(view) == 2 and view[0].dtype in (torch.bfloat16, torch.float32):
+        return get_format("bf16" if view[0].dtype == torch.bfloat16 else "fp32", latent_dim, rope_dim)
+    raise ValueError(f"attention: cannot tell the KV format of components "
+                     f"{[(tuple(v.shape), v.dtype) for v in view]}")
+
+
+def gather_selected(view: Tuple[torch.Tensor, ...], index: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """``view`` components ``[R, X, width]``, ``index`` int ``[R, T, K]`` (-1 = none) -> each
+    component's rows in selection order ``[R, T, K, width]`` (row 0 of the view where -1)."""
+    R, T, K = index.shape
+    X = view[0].shape[1]
+    row_base = torch.arange(R, device=index.device, dtype=torch.int64)[:, None, None] * X
+    flat = (row_base + index.clamp_min(0).to(torch.int64)).reshape(-1)
+    # index_select on a flat [R*X, width] view: a plain row copy, far cheaper than advanced indexing
+    return tuple(c.reshape(R * X, c.shape[-1]).index_select(0, flat).view(R, T, K, c.shape[-1])
+                 for c in view)
+
+
+def sparse_mla_attention(attn: torch.nn.Module, q_lat: torch.Tensor, q_pe: torch.Tensor,
+                         retrieved: Retrieved, kv_format: Optional[KVFormat] = None) -> torch.Tensor:
+    """Absorbed MLA over the selected entries.
+
+    ``attn`` is the layer's ``Attention`` (``softmax_scale``, ``w_uv()``); ``q_lat`` fp32
+    ``[R, T, H, kv_lora_rank]`` (q_nope absorbed), ``q_pe`` fp32 ``[R, T, H, rope]`` (roped).
+    -> ``[R, T, H, v_head_dim]`` fp32; a query with no selection gives zeros.
+    """
+    fmt = kv_format or format_of_view(retrieved.view, q_lat.shape[-1], q_pe.shape[-1])
+    rows = gather_selected(retrieved.view, retrieved.index)
+    latent, k_pe = fmt.decode(rows)                                   # [R, T, K, C], [R, T, K, P]
+    R, T, H, C = q_lat.shape
+    K = latent.shape[2]
+    latent = latent.reshape(R * T, K, C)
+    scores = torch.bmm(q_lat.reshape(R * T, H, C), latent.transpose(1, 2))
+    scores = scores.baddbmm_(q_pe.reshape(R * T, H, -1), k_pe.reshape(R * T, K, -1).transpose(1, 2))
+    selected = (retrieved.index >= 0).reshape(R * T, 1, K)
+    # finfo.min, not -inf: a query with nothing selected then gets a finite (uniform) softmax,
+    # which the mask below zeroes, instead of NaNs
+    scores = (scores * attn.softmax_scale).masked_fill_(~selected, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1) * selected
+    out_lat = torch.bmm(probs, latent).view(R, T, H, C)
+    return torch.einsum("rthc,hvc->rthv", out_lat, attn.w_uv())
+
+
+def topk_lowest_position_first(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest of ``scores [..., X]`` (fp32, no NaN), ties to the lower
+    index, best first. Score and index are packed into one int64 so no two keys are equal."""
+    scores = scores + 0.0                               # -0.0 -> +0.0: equal scores, equal bits
+    bits = scores.view(torch.int32).to(torch.int64)
+    # order-preserving map of an IEEE float's bits onto signed integers
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    X = scores.shape[-1]
+    position = torch.arange(X, device=scores.device, dtype=torch.int64)
+    key = ordered * (1 << 32) + ((1 << 32) - 1 - position)
+    return key.topk(k, dim=-1).indices
+
+
+@register_algorithm
+class DSA(SparseAlgorithm):
+    name = "dsa"
+
+    def __init__(self, config: ModelConfig, rows: int, max_len: int, device: torch.device,
+                 layers: Optional[int] = None, index_dtype: torch.dtype = torch.float32,
+                 timers: Timers = NULL_TIMERS, kv_format: Optional[KVFormat] = None):
+        self.config = config
+        self.topk = config.index_topk
+        self.layers = config.num_kv_layers if layers is None else layers
+        self.rows, self.max_len = rows, max_len
+        self.device = torch.device(device)
+        self.timers = timers
+        self.kv_format = kv_format          # None: told apart from the retrieved components
+        self.index_keys = torch.zeros(self.layers, rows, max_len, config.index_head_dim,
+                                      dtype=index_dtype, device=self.device)
+
+    # --- Index ------------------------------------------------------------------------------
+    def index(self, layer: int, batch: StepBatch, attn, x: torch.Tensor,
+              q_resid: torch.Tensor) -> None:
+        cos, sin = attn.rotary(batch.pos)
+        keys = attn.indexer.keys(x, cos, sin).to(self.index_keys.dtype)    # [R, T, Di]
+        cache = self.index_keys[layer]
+        pos = batch.pos.to(torch.int64)
+        row = torch.arange(batch.rows, device=pos.device)[:, None].expand_as(pos)
+        # idle rows keep what they hold (their pos is 0, which may belong to a filled context)
+        keep = cache[row, pos]
+        cache[row, pos] = torch.where(batch.active[:, None, None], keys, keep)
+
+    def fill(self, layer: int, row: int, start: int, index_keys: torch.Tensor) -> None:
+        n = index_keys.shape[0]
+        if start + n > self.max_len:
+            raise ValueError(f"dsa: fill of {n} keys at {start} exceeds max_len {self.max_len}")
+        self.index_keys[layer, row, start:start + n] = index_keys.to(self.index_keys)
+
+    # --- Select -----------------------------------------------------------------------------
+    def scores(self, layer: int, batch: StepBatch, attn, x: torch.Tensor,
+               q_resid: torch.Tensor) -> torch.Tensor:
+        """Index scores fp32 ``[R, T, max_len]``; invisible positions are ``-inf``."""
+        indexer = attn.indexer
+        cos, sin = attn.rotary(batch.pos)
+        q = indexer.queries(q_resid, cos, sin).float()                      # [R, T, Hi, Di]
+        R, T, Hi, Di = q.shape
+        keys = self.index_keys[layer].float()                              # [R, X, Di]
+        per_head = torch.bmm(q.reshape(R, T * Hi, Di), keys.transpose(1, 2))
+        per_head = (per_head * indexer.softmax_scale).relu_()              # [R, T*Hi, X]
+        weights = indexer.head_weights(x)                                  # [R, T, Hi]
+        scores = torch.bmm(weights.reshape(R * T, 1, Hi),
+                           per_head.view(R * T, Hi, self.max_len)).view(R, T, self.max_len)
+        position = torch.arange(self.max_len, device=scores.device, dtype=torch.int32)
+        visible = position < batch.causal_lens[..., None]
+        return scores.masked_fill_(~visible, float("-inf"))
+
+    def select(self, layer: int, batch: StepBatch, attn, x: torch.Tensor,
+               q_resid: torch.Tensor) -> torch.Tensor:
+        scores = self.scores(layer, batch, attn, x, q_resid)
+        k = min(self.topk, self.max_len)
+        best = topk_lowest_position_first(scores, k)                       # [R, T, k] best first
+        # invisible positions score -inf and rank last, so the first min(k, visible) are real
+        rank = torch.arange(k, device=best.device)
+        real = rank < batch.causal_lens[..., None].to(torch.int64)
+        none = torch.iinfo(torch.int64).max
+        chosen = torch.where(real, best, torch.full_like(best, none)).sort(dim=-1).values
+        chosen = torch.where(chosen == none, torch.full_like(chosen, -1), chosen).to(torch.int32)
+        if k < self.topk:
+            chosen = torch.cat([chosen, chosen.new_full((*chosen.shape[:-1], self.topk - k), -1)], -1)
+        return chosen.contiguous()
+
+    # --- Attention --------------------------------------------------------------------------
+    def attention(self, layer: int, batch: StepBatch, attn, q_nope: torch.Tensor,
+                  q_pe: torch.Tensor, retrieved: Retrieved) -> torch.Tensor:
+        """``q_nope`` is the absorbed query ``[R, T, H, kv_lora_rank]``."""
+        return sparse_mla_attention(attn, q_nope, q_pe, retrieved, self.kv_format)
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
+        """Nothing to forget: see the module docstring."""
+
+    def reset(self, rows: torch.Tensor) -> None:
+        """A new request's keys are all written (fill / index) before any query can see them."""
