@@ -3,6 +3,9 @@
 // estimated NPU time with the emulation's documented cost model (op_kernel/cpu/emu_core.h:
 // avsg_emu::CostModel, estimate(), estimate_launch_ns()).
 //
+//   avsg::set_emulation(str build) -> ()             "strict" (default) or "fast": which build of the
+//                                                    kernels the CPU ops launch (op_host/cpu_kernels.h)
+//   avsg::emulation() -> str                         the selected build
 //   avsg::set_emulated_cores(int cores) -> ()        blockDim limit of the emulation (default 40)
 //   avsg::emulated_cores() -> int
 //   avsg::counter_fields() -> str[]                  column names of last_launch_counters
@@ -21,10 +24,12 @@
 #include <torch/library.h>
 
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "cpu_kernels.h"
 #include "kernel_operator.h"
 
 namespace {
@@ -67,6 +72,25 @@ Counters from_row(const int64_t* row)
     return c;
 }
 
+void set_emulation(c10::string_view build)
+{
+    try {
+        avsg_cpu::select_kernels(std::string(build.data(), build.size()));
+    } catch (const std::invalid_argument& e) {
+        TORCH_CHECK_VALUE(false, "avsg.set_emulation: build: ", e.what());
+    }
+}
+
+std::string emulation() { return avsg_cpu::selected_kernels().name; }
+
+// The fast build counts nothing; the counters still held are those of an older strict launch.
+void require_counted_launch(const char* what)
+{
+    TORCH_CHECK(avsg_emu::last_launch_counted(), "avsg.", what, ": the most recent kernel launch ran in the fast "
+                "emulation build, which compiles the counters out; run the launch to inspect with "
+                "avsg.backend.emulation('strict')");
+}
+
 void set_emulated_cores(int64_t cores)
 {
     TORCH_CHECK_VALUE(cores >= 1 && cores <= 65535, "avsg.set_emulated_cores: expected 1..65535 cores, got ", cores);
@@ -79,6 +103,7 @@ std::vector<std::string> counter_fields() { return fields(); }
 
 at::Tensor last_launch_counters()
 {
+    require_counted_launch("last_launch_counters");
     std::vector<Counters> per_block = avsg_emu::last_launch_counters();
     const int64_t F = static_cast<int64_t>(fields().size());
     at::Tensor t = at::zeros({static_cast<int64_t>(per_block.size()), F}, at::kLong);
@@ -89,6 +114,7 @@ at::Tensor last_launch_counters()
 
 std::tuple<std::vector<std::string>, at::Tensor> last_launch_vector_apis()
 {
+    require_counted_launch("last_launch_vector_apis");
     std::vector<Counters> per_block = avsg_emu::last_launch_counters();
     std::set<std::string> names;
     for (auto& c : per_block)
@@ -145,6 +171,8 @@ std::tuple<std::vector<std::string>, std::vector<double>> cost_model()
 
 TORCH_LIBRARY_FRAGMENT(avsg, m)
 {
+    m.def("set_emulation(str build) -> ()", &set_emulation);
+    m.def("emulation() -> str", &emulation);
     m.def("set_emulated_cores(int cores) -> ()", &set_emulated_cores);
     m.def("emulated_cores() -> int", &emulated_cores);
     m.def("counter_fields() -> str[]", &counter_fields);

@@ -21,10 +21,9 @@
 #include "gather_tiling.h"
 
 #if defined(AVSG_CPU_EMULATION)
+// op_kernel/gather.cpp, compiled into the same library against the strict and the fast emulation.
+#include "cpu_kernels.h"
 #include "kernel_operator.h"
-// op_kernel/gather.cpp (compiled into the same library against the emulation).
-extern "C" void avsg_gather(GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts, GM_ADDR blockTable,
-                            GM_ADDR countOut, GM_ADDR tiling);
 #endif
 
 #if defined(AVSG_WITH_NPU)
@@ -220,16 +219,18 @@ at::Tensor gather_cpu(const at::Tensor& miss_pos, const at::Tensor& miss_slots, 
         dstAddr.push_back(reinterpret_cast<uint64_t>(dst[i].data_ptr()));
     }
     at::Tensor out = at::zeros({num_cores, static_cast<int64_t>(kGatherCountSlot)}, miss_pos.options());
-    at::Tensor first_out;
+    const avsg_cpu::KernelBuild& k = avsg_cpu::selected_kernels();  // once: every launch of this call
+    auto addr = [](const void* p) { return static_cast<avsg_cpu::GmAddr>(const_cast<void*>(p)); };
     for (size_t first = 0; first < src.size(); first += kGatherMaxPairs) {
         size_t count = std::min<size_t>(kGatherMaxPairs, src.size() - first);
         GatherTiling t = make_tiling(a, first, count, srcAddr, dstAddr);
         at::Tensor launch_out = first == 0 ? out : at::zeros_like(out);
         try {
-            ACLRT_LAUNCH_KERNEL(avsg_gather)(static_cast<uint32_t>(num_cores), nullptr, miss_pos.data_ptr(),
-                                             miss_slots.data_ptr(), miss_counts.data_ptr(),
-                                             block_table.has_value() ? block_table->data_ptr() : nullptr,
-                                             launch_out.data_ptr(), static_cast<void*>(&t));
+            k.launch(static_cast<uint32_t>(num_cores), [&] {
+                k.gather(addr(miss_pos.data_ptr()), addr(miss_slots.data_ptr()), addr(miss_counts.data_ptr()),
+                         block_table.has_value() ? addr(block_table->data_ptr()) : nullptr,
+                         addr(launch_out.data_ptr()), addr(&t));
+            });
         } catch (const std::exception& e) {
             TORCH_CHECK(false, "avsg.gather: kernel failed in the AscendC emulation: ", e.what());
         }

@@ -18,13 +18,9 @@
 #endif
 
 #ifdef AVSG_CPU_EMULATION
+#include "cpu_kernels.h"  // the kernels, in the strict and the fast emulation build
 #include "kernel_operator.h"
 using GM_ADDR_T = GM_ADDR;
-extern "C" void avsg_plan(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
-extern "C" void avsg_plan_dual_pointer(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
-                                       GM_ADDR, GM_ADDR);
-extern "C" void avsg_invalidate(GM_ADDR, GM_ADDR, GM_ADDR);
-extern "C" void avsg_reset(GM_ADDR, GM_ADDR, GM_ADDR);
 #endif
 
 #ifdef AVSG_WITH_NPU
@@ -213,10 +209,11 @@ int64_t CheckStateArgs(const char* op, const at::Tensor& state, const at::Tensor
 // ------------------------------------------------------------------------------------ launch
 // One entry per kernel; CPU tensors run through the emulation, NPU tensors on the NPU.
 #ifdef AVSG_CPU_EMULATION
+// `kernels` is fetched once per op call, so the launcher and the kernel come from one build.
 template <class F>
-void RunOnCpu(const char* op, uint32_t blockDim, F&& body) {
+void RunOnCpu(const char* op, const avsg_cpu::KernelBuild& kernels, uint32_t blockDim, F&& body) {
     try {
-        avsg_emu::launch(blockDim, body);
+        kernels.launch(blockDim, body);
     } catch (const AscendC::EmuError& e) {
         TORCH_CHECK(false, "avsg.", op, ": AscendC kernel failed in the CPU emulation: ", e.what());
     }
@@ -232,8 +229,9 @@ void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at
     const char* op = dual ? "plan_dual_pointer" : "plan";
 #ifdef AVSG_CPU_EMULATION
     GM_ADDR_T tl = reinterpret_cast<GM_ADDR_T>(const_cast<PlanTiling*>(&tiling));
-    RunOnCpu(op, blockDim, [&] {
-        (dual ? avsg_plan_dual_pointer : avsg_plan)(Addr(topk_pos), Addr(seq_lens), Addr(state), Addr(stats),
+    const avsg_cpu::KernelBuild& k = avsg_cpu::selected_kernels();
+    RunOnCpu(op, k, blockDim, [&] {
+        (dual ? k.plan_dual_pointer : k.plan)(Addr(topk_pos), Addr(seq_lens), Addr(state), Addr(stats),
                                                     Addr(slots), Addr(miss_pos), Addr(miss_slots), Addr(miss_counts),
                                                     Addr(workspace), tl);
     });
@@ -262,7 +260,8 @@ void LaunchStateOp(bool is_reset, uint32_t blockDim, const PlanTiling& tiling, c
     const char* op = is_reset ? "reset" : "invalidate";
 #ifdef AVSG_CPU_EMULATION
     GM_ADDR_T tl = reinterpret_cast<GM_ADDR_T>(const_cast<PlanTiling*>(&tiling));
-    RunOnCpu(op, blockDim, [&] { (is_reset ? avsg_reset : avsg_invalidate)(Addr(state), Addr(per_row), tl); });
+    const avsg_cpu::KernelBuild& k = avsg_cpu::selected_kernels();
+    RunOnCpu(op, k, blockDim, [&] { (is_reset ? k.reset : k.invalidate)(Addr(state), Addr(per_row), tl); });
 #else
     c10::OptionalDeviceGuard guard(state.device());
     at::Tensor tl = npu::DeviceTiling(&tiling, sizeof(tiling), state.device());

@@ -6,7 +6,29 @@
 // The emulation is a correctness tool: every rule it knows is enforced with a
 // static_assert (dtype lists) or an AscendC::EmuError exception (run-time limits).
 // It never aborts the process.
+//
+// Two builds from this one source (AVSG_EMU_FAST selects):
+//   strict (default)   everything above: checks, hazard scoreboard, UB poisoning, counters, one
+//                      std::thread per block. Tests run this build.
+//   fast (AVSG_EMU_FAST=1)  the same API semantics with the checks, the scoreboard, poisoning and
+//                      the counters compiled out, and blocks run one after another on the calling
+//                      thread (a launch whose blocks call SyncAll switches to one thread per block
+//                      at the first SyncAll, see launch_sequential). For runs and benchmarks of
+//                      kernels that already pass the strict build: a kernel that is correct there
+//                      gives bit-identical results here, a wrong one may give anything.
+// Everything that differs between the builds lives in the inline namespace
+// avsg_emu::AVSG_EMU_VARIANT / AscendC::AVSG_EMU_VARIANT (strict or fast), so both builds can be
+// linked into one library without ODR clashes; variant-independent pieces (EmuError, enums,
+// counters, cost model, core count) are shared.
 #pragma once
+
+#if defined(AVSG_EMU_FAST) && AVSG_EMU_FAST
+#define AVSG_EMU_VARIANT fast
+#define AVSG_EMU_STRICT 0
+#else
+#define AVSG_EMU_VARIANT strict
+#define AVSG_EMU_STRICT 1
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -71,7 +93,7 @@ enum event_t { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_
 // float (round-to-nearest-even on the way back).
 // ---------------------------------------------------------------------------
 namespace avsg_emu {
-namespace detail {
+namespace numeric {
 inline uint16_t f32_to_f16(float f) {
     uint32_t x;
     std::memcpy(&x, &f, 4);
@@ -123,24 +145,24 @@ inline float bf16_to_f32(uint16_t b) {
     std::memcpy(&f, &x, 4);
     return f;
 }
-}  // namespace detail
+}  // namespace numeric
 }  // namespace avsg_emu
 
 struct half {
     uint16_t bits = 0;
     half() = default;
-    half(float f) : bits(avsg_emu::detail::f32_to_f16(f)) {}
+    half(float f) : bits(avsg_emu::numeric::f32_to_f16(f)) {}
     half(double d) : half(static_cast<float>(d)) {}
     half(int i) : half(static_cast<float>(i)) {}
-    operator float() const { return avsg_emu::detail::f16_to_f32(bits); }
+    operator float() const { return avsg_emu::numeric::f16_to_f32(bits); }
 };
 struct bfloat16_t {
     uint16_t bits = 0;
     bfloat16_t() = default;
-    bfloat16_t(float f) : bits(avsg_emu::detail::f32_to_bf16(f)) {}
+    bfloat16_t(float f) : bits(avsg_emu::numeric::f32_to_bf16(f)) {}
     bfloat16_t(double d) : bfloat16_t(static_cast<float>(d)) {}
     bfloat16_t(int i) : bfloat16_t(static_cast<float>(i)) {}
-    operator float() const { return avsg_emu::detail::bf16_to_f32(bits); }
+    operator float() const { return avsg_emu::numeric::bf16_to_f32(bits); }
 };
 
 namespace AscendC {
@@ -315,6 +337,32 @@ inline Counters total(const std::vector<Counters>& per_block) {
     return t;
 }
 
+// ---- Shared by both builds ---------------------------------------------------
+
+inline std::atomic<int>& core_count_ref() {
+    static std::atomic<int> n{40};  // 910B3/B4: 40 AIV (card §0)
+    return n;
+}
+// Number of emulated AIV cores; launch() rejects numBlocks above it (card §6/§8.13).
+inline void set_core_count(int n) {
+    if (n < 1) throw AscendC::EmuError("avsg_emu::set_core_count: core count must be >= 1");
+    core_count_ref() = n;
+}
+inline int core_count() { return core_count_ref().load(); }
+
+// False once a launch ran in the fast build, which counts nothing: the strict build's
+// last_launch_counters() then describe an older launch, and readers must not report them.
+inline std::atomic<bool>& last_launch_counted_ref() {
+    static std::atomic<bool> counted{true};
+    return counted;
+}
+inline bool last_launch_counted() { return last_launch_counted_ref().load(); }
+
+inline namespace AVSG_EMU_VARIANT {
+
+// Which build this translation unit sees (if constexpr switches below).
+constexpr bool kStrict = AVSG_EMU_STRICT;
+
 // ---- Launch state, barrier, block context -----------------------------------
 
 // Thrown in blocks waiting in SyncAll when the launch is broken (another block failed or
@@ -374,6 +422,10 @@ struct LaunchState {
     explicit LaunchState(uint32_t n) : num_blocks(n), barrier(n) {}
     uint32_t num_blocks;
     Barrier barrier;
+    // Fast build: blocks run one after another until one calls SyncAll; that call starts the
+    // blocks not yet run on their own threads (so the barrier can complete) and sets `threaded`.
+    std::function<void()> start_remaining_blocks;
+    bool threaded = false;
 };
 
 // Global mutex for emulated DMA atomics (SetAtomicAdd) across blocks.
@@ -431,22 +483,12 @@ inline thread_local BlockContext* tls_block = nullptr;
 }
 
 inline BlockContext& ctx(const char* api) {
+    if constexpr (!kStrict) return *tls_block;
     if (!tls_block)
         throw AscendC::EmuError(std::string("AscendC emulation: ") + api +
                                 " called outside avsg_emu::launch (kernel code must run inside a launched block)");
     return *tls_block;
 }
-
-inline std::atomic<int>& core_count_ref() {
-    static std::atomic<int> n{40};  // 910B3/B4: 40 AIV (card §0)
-    return n;
-}
-// Number of emulated AIV cores; launch() rejects numBlocks above it (card §6/§8.13).
-inline void set_core_count(int n) {
-    if (n < 1) throw AscendC::EmuError("avsg_emu::set_core_count: core count must be >= 1");
-    core_count_ref() = n;
-}
-inline int core_count() { return core_count_ref().load(); }
 
 inline std::mutex& last_mutex() {
     static std::mutex m;
@@ -472,16 +514,8 @@ inline void check_block_end(BlockContext& c) {
                      ">(" + std::to_string(id) + ") has no matching WaitFlag at kernel end (card §6: Set and Wait must match)");
 }
 
-// Non-template body of launch() (kept out of line of the template to keep compile times low).
-inline void launch_impl(uint32_t numBlocks, const std::function<void()>& kernelBody) {
-    if (tls_block) throw AscendC::EmuError("avsg_emu::launch: nested launch from inside a block");
-    if (numBlocks == 0 || numBlocks > 65535)
-        throw AscendC::EmuError("avsg_emu::launch: numBlocks=" + std::to_string(numBlocks) +
-                                " outside 1..65535 (card §1)");
-    if (numBlocks > static_cast<uint32_t>(core_count()))
-        throw AscendC::EmuError("avsg_emu::launch: numBlocks=" + std::to_string(numBlocks) +
-                                " exceeds the configured core count " + std::to_string(core_count()) +
-                                " (card §6: numBlocks above the physical cores deadlocks SyncAll)");
+// Strict build: one std::thread per block, fresh poisoned UB arenas, counters recorded.
+inline void launch_threads(uint32_t numBlocks, const std::function<void()>& kernelBody) {
     LaunchState state(numBlocks);
     std::vector<std::unique_ptr<BlockContext>> blocks(numBlocks);
     std::vector<std::exception_ptr> errors(numBlocks);
@@ -529,6 +563,7 @@ inline void launch_impl(uint32_t numBlocks, const std::function<void()>& kernelB
         auto& v = last_counters_ref();
         v.clear();
         for (auto& bc : blocks) v.push_back(bc->counters);
+        last_launch_counted_ref() = true;
     }
     // Prefer the earliest original error; fall back to the earliest secondary one.
     int best = -1;
@@ -537,6 +572,91 @@ inline void launch_impl(uint32_t numBlocks, const std::function<void()>& kernelB
             if (errors[b] && (pass == 1 || !secondary[b]) && (best < 0 || error_order[b] < error_order[best]))
                 best = static_cast<int>(b);
     if (best >= 0) std::rethrow_exception(errors[best]);
+}
+
+// Fast build: the UB arena of the calling thread, allocated once and reused by every block it
+// runs (no poisoning: a kernel that passes the strict build never reads UB it did not write).
+inline uint8_t* thread_ub_arena() {
+    struct Arena {
+        uint8_t* bytes = static_cast<uint8_t*>(std::aligned_alloc(64, kUbPhysicalBytes));
+        ~Arena() { std::free(bytes); }
+    };
+    thread_local Arena arena;
+    if (!arena.bytes) throw AscendC::EmuError("avsg_emu::launch: out of host memory for a UB arena");
+    return arena.bytes;
+}
+
+// Fast build: blocks run in index order on the calling thread, which saves a thread start per
+// block and keeps one UB arena hot. Blocks of a kernel without SyncAll only meet in GM regions
+// the kernel must keep disjoint anyway (no cross-block ordering exists on the NPU without
+// SyncAll), so the order cannot change the result. A kernel with SyncAll cannot run that way:
+// block 0 reaches its first SyncAll before any other block ran, and SyncAll then starts blocks
+// 1..n-1 on threads and waits in the barrier like the strict build. Equal SyncAll counts across
+// blocks are required on the NPU, so block 0 calling SyncAll is the only way a launch meets one.
+inline void launch_sequential(uint32_t numBlocks, const std::function<void()>& kernelBody) {
+    LaunchState state(numBlocks);
+    std::vector<BlockContext> blocks(numBlocks);
+    std::vector<std::exception_ptr> errors(numBlocks);
+    std::vector<bool> secondary(numBlocks, false);
+    std::vector<uint64_t> error_order(numBlocks, 0);
+    std::atomic<uint64_t> order{0};
+    std::vector<std::thread> threads;
+    for (uint32_t b = 0; b < numBlocks; ++b) {
+        blocks[b].idx = b;
+        blocks[b].num = numBlocks;
+        blocks[b].launch = &state;
+    }
+    auto run_block = [&](uint32_t b) {
+        BlockContext& c = blocks[b];
+        bool failed = false;
+        try {
+            c.ub = thread_ub_arena();
+            tls_block = &c;
+            kernelBody();
+        } catch (const BrokenBarrier&) {
+            failed = true;
+            errors[b] = std::current_exception();
+            secondary[b] = true;
+            error_order[b] = ++order;
+        } catch (...) {
+            failed = true;
+            errors[b] = std::current_exception();
+            error_order[b] = ++order;
+        }
+        state.barrier.block_exited(failed, b);
+        tls_block = nullptr;
+    };
+    state.start_remaining_blocks = [&] {
+        state.threaded = true;
+        threads.reserve(numBlocks - 1);
+        for (uint32_t b = 1; b < numBlocks; ++b) threads.emplace_back(run_block, b);
+    };
+    for (uint32_t b = 0; b < numBlocks && !state.threaded; ++b) {
+        run_block(b);
+        if (errors[b]) break;  // as a hang or abort on the NPU: the first failure is the result
+    }
+    for (auto& t : threads) t.join();
+    last_launch_counted_ref() = false;
+    int best = -1;
+    for (int pass = 0; pass < 2 && best < 0; ++pass)
+        for (uint32_t b = 0; b < numBlocks; ++b)
+            if (errors[b] && (pass == 1 || !secondary[b]) && (best < 0 || error_order[b] < error_order[best]))
+                best = static_cast<int>(b);
+    if (best >= 0) std::rethrow_exception(errors[best]);
+}
+
+// Non-template body of launch() (kept out of line of the template to keep compile times low).
+inline void launch_impl(uint32_t numBlocks, const std::function<void()>& kernelBody) {
+    if (tls_block) throw AscendC::EmuError("avsg_emu::launch: nested launch from inside a block");
+    if (numBlocks == 0 || numBlocks > 65535)
+        throw AscendC::EmuError("avsg_emu::launch: numBlocks=" + std::to_string(numBlocks) +
+                                " outside 1..65535 (card §1)");
+    if (numBlocks > static_cast<uint32_t>(core_count()))
+        throw AscendC::EmuError("avsg_emu::launch: numBlocks=" + std::to_string(numBlocks) +
+                                " exceeds the configured core count " + std::to_string(core_count()) +
+                                " (card §6: numBlocks above the physical cores deadlocks SyncAll)");
+    if constexpr (kStrict) launch_threads(numBlocks, kernelBody);
+    else launch_sequential(numBlocks, kernelBody);
 }
 
 // numBlocks must be in 1..min(65535, core_count()).
@@ -570,6 +690,7 @@ template <class... P>
 AclrtLauncher<P...> make_aclrt_launcher(void (*k)(P...)) { return AclrtLauncher<P...>{k}; }
 }  // namespace detail
 
+}  // inline namespace AVSG_EMU_VARIANT
 }  // namespace avsg_emu
 
 #define ACLRT_LAUNCH_KERNEL(k) ::avsg_emu::detail::make_aclrt_launcher(&k)

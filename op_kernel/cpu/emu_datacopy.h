@@ -5,6 +5,7 @@
 #include "emu_tensor.h"
 
 namespace AscendC {
+inline namespace AVSG_EMU_VARIANT {
 
 struct DataCopyParams {
     uint16_t blockCount = 1;  // 0..4095
@@ -50,6 +51,7 @@ void check_dma_type() {
 }
 template <class T>
 void check_gm_align(const char* api, const GlobalTensor<T>& g) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     if (reinterpret_cast<uintptr_t>(g.GetPhyAddr()) % sizeof(T) != 0)
         fail(std::string(api) + ": GM address is not aligned to sizeof(T)=" + std::to_string(sizeof(T)) + " (card §4)");
 }
@@ -57,6 +59,7 @@ void check_gm_align(const char* api, const GlobalTensor<T>& g) {
 // we reject it (card §4, §8.1).
 template <class T>
 void check_count32(const char* api, uint32_t count) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     uint64_t bytes = static_cast<uint64_t>(count) * sizeof(T);
     if (bytes % 32 != 0)
         fail(std::string(api) + ": count*sizeof(T) = " + std::to_string(bytes) +
@@ -65,11 +68,13 @@ void check_count32(const char* api, uint32_t count) {
         fail(std::string(api) + ": count*sizeof(T)/32 exceeds the uint16_t blockLen (card §4)");
 }
 inline void count_mte(bool to_ub, uint64_t bytes) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: nothing is counted
     auto& c = avsg_emu::ctx("DataCopy").counters;
     if (to_ub) { c.mte2_copies++; c.mte2_bytes += bytes; }
     else { c.mte3_copies++; c.mte3_bytes += bytes; }
 }
 inline void count_ubcopy(const char* api, uint64_t bytes) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: nothing is counted
     auto& c = avsg_emu::ctx(api).counters;
     uint64_t reps = (bytes + 255) / 256;
     c.ub_copies++;
@@ -88,6 +93,7 @@ inline void gm_write(uint8_t* dst, const uint8_t* src, size_t n) {
 }
 inline bool atomic_on() { return avsg_emu::ctx("DataCopy").atomic_add != nullptr; }
 inline void check_params(const char* api, uint32_t blockCount) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     if (blockCount > 4095)
         fail(std::string(api) + ": blockCount " + std::to_string(blockCount) + " > 4095 (card §4)");
 }
@@ -220,6 +226,7 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>&
 // ---- DataCopyPad (card §4) ------------------------------------------------------
 namespace emu_detail {
 inline void check_pad_params(const char* api, const DataCopyExtParams& p, size_t elem) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     check_params(api, p.blockCount);
     if (p.blockLen > 2097151)
         fail(std::string(api) + ": blockLen " + std::to_string(p.blockLen) + " B > 2097151 (card §4)");
@@ -304,4 +311,5 @@ __aicore__ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor
     emu_detail::count_mte(false, static_cast<uint64_t>(p.blockLen) * p.blockCount);
 }
 
+}  // inline namespace AVSG_EMU_VARIANT
 }  // namespace AscendC

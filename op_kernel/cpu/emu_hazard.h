@@ -61,6 +61,7 @@
 #include "emu_core.h"
 
 namespace avsg_emu {
+inline namespace AVSG_EMU_VARIANT {
 namespace hz {
 
 inline const char* pipe_name(int p) {
@@ -104,6 +105,7 @@ inline std::string api_name(uint8_t id) {
 }
 
 inline Scoreboard* sb() {
+    if constexpr (!kStrict) return nullptr;  // fast build: no scoreboard, every hz:: call folds away
     BlockContext* b = tls_block;
     return b ? b->hz.get() : nullptr;
 }
@@ -270,4 +272,5 @@ private:
 };
 
 }  // namespace hz
+}  // inline namespace AVSG_EMU_VARIANT
 }  // namespace avsg_emu

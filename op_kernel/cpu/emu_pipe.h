@@ -5,6 +5,7 @@
 #include "emu_tensor.h"
 
 namespace AscendC {
+inline namespace AVSG_EMU_VARIANT {
 
 class TPipe;
 
@@ -120,6 +121,7 @@ public:
 private:
     static uint32_t round32(uint32_t len) { return (len + 31u) & ~31u; }
     void check_live(const char* api) const {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
         if (!live_) avsg_emu::fail(std::string(api) + ": TPipe was destroyed");
         if (avsg_emu::tls_block != block_)
             avsg_emu::fail(std::string(api) + ": TPipe used from another block");
@@ -180,7 +182,7 @@ public:
         next_ = static_cast<uint8_t>((next_ + 1) % st_.num);
         uint8_t* p = st_.pipe->ub() + st_.base + b * st_.len;
         avsg_emu::detail::poison(p, st_.len);  // AllocTensor contents are undefined (card §3)
-        avsg_emu::tls_block->counters.queue_syncs++;  // wait for the previous user's Free event
+        if constexpr (avsg_emu::kStrict) avsg_emu::tls_block->counters.queue_syncs++;  // wait for the previous user's Free event
         if (kProd >= 0) avsg_emu::hz::queue_wait(freeEvt_[b], kProd);
         return LocalTensor<T>::make(st_.pipe->ub(), st_.base + b * st_.len, st_.len, pos());
     }
@@ -195,7 +197,7 @@ public:
         state_[b] = kQueued;
         fifo_[(head_ + count_) % 8] = static_cast<uint8_t>(b);
         ++count_;
-        avsg_emu::tls_block->counters.queue_syncs++;
+        if constexpr (avsg_emu::kStrict) avsg_emu::tls_block->counters.queue_syncs++;
         if (kProd >= 0) avsg_emu::hz::queue_set(enqEvt_[b], kProd);
         return true;
     }
@@ -248,6 +250,7 @@ private:
     enum : uint8_t { kFree = 0, kAllocated, kQueued, kDequeued };
     static constexpr TPosition pos() { return src == TPosition::GM ? dst : src; }
     void check(const char* api) const {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
         if (!st_.pipe) avsg_emu::fail(std::string(api) + ": queue was not initialised with TPipe::InitBuffer");
         if (!st_.pipe->live() || st_.pipe->generation() != st_.pipe_generation)
             avsg_emu::fail(std::string(api) + ": the queue's TPipe was reset or destroyed");
@@ -329,6 +332,7 @@ public:
 
 private:
     void check(const char* api) const {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
         if (!pipe_) avsg_emu::fail(std::string(api) + ": TBuf was not initialised with TPipe::InitBuffer");
         if (!pipe_->live() || pipe_->generation() != gen_)
             avsg_emu::fail(std::string(api) + ": the TBuf's TPipe was reset or destroyed");
@@ -337,4 +341,5 @@ private:
     uint32_t base_ = 0, len_ = 0, gen_ = 0;
 };
 
+}  // inline namespace AVSG_EMU_VARIANT
 }  // namespace AscendC

@@ -6,6 +6,7 @@
 #include "emu_tensor.h"
 
 namespace AscendC {
+inline namespace AVSG_EMU_VARIANT {
 
 // Block index in [0, numBlocks) and numBlocks (card §1).
 __aicore__ inline int64_t GetBlockIdx() { return avsg_emu::ctx("GetBlockIdx").idx; }
@@ -16,13 +17,14 @@ template <pipe_t pipe>
 __aicore__ inline void PipeBarrier() {
     static_assert(pipe == PIPE_V || pipe == PIPE_MTE2 || pipe == PIPE_MTE3 || pipe == PIPE_ALL,
                   "PipeBarrier: pipe must be PIPE_V, PIPE_MTE2, PIPE_MTE3 or PIPE_ALL on an AIV core (card §6)");
-    avsg_emu::ctx("PipeBarrier").counters.pipe_barriers++;
+    if constexpr (avsg_emu::kStrict) avsg_emu::ctx("PipeBarrier").counters.pipe_barriers++;
     if constexpr (pipe == PIPE_ALL) avsg_emu::hz::all();
     else avsg_emu::hz::barrier(pipe == PIPE_V ? avsg_emu::kHzV : pipe == PIPE_MTE2 ? avsg_emu::kHzMte2 : avsg_emu::kHzMte3);
 }
 
 namespace emu_detail {
 inline void check_event_id(const char* api, HardEvent e, int32_t id) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     if (id < 0 || id > 7)
         avsg_emu::fail(std::string(api) + "<HardEvent::" + HardEventName(e) + ">: event id " + std::to_string(id) +
                        " outside 0..7 (card §6)");
@@ -34,6 +36,7 @@ inline void check_event_id(const char* api, HardEvent e, int32_t id) {
 template <HardEvent event>
 __aicore__ inline void SetFlag(int32_t eventID) {
     static_assert(static_cast<unsigned>(event) < 12, "SetFlag: not an AIV HardEvent (card §6)");
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: execution is in order, nothing to check
     auto& c = avsg_emu::ctx("SetFlag");
     emu_detail::check_event_id("SetFlag", event, eventID);
     bool& f = c.flag_set[static_cast<unsigned>(event)][eventID];
@@ -47,6 +50,7 @@ __aicore__ inline void SetFlag(int32_t eventID) {
 template <HardEvent event>
 __aicore__ inline void WaitFlag(int32_t eventID) {
     static_assert(static_cast<unsigned>(event) < 12, "WaitFlag: not an AIV HardEvent (card §6)");
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: execution is in order, nothing to check
     auto& c = avsg_emu::ctx("WaitFlag");
     emu_detail::check_event_id("WaitFlag", event, eventID);
     bool& f = c.flag_set[static_cast<unsigned>(event)][eventID];
@@ -88,15 +92,35 @@ public:
     __aicore__ inline void WaitFlag(TEventID id) { AscendC::WaitFlag<static_cast<HardEvent>(kEvt)>(id); }
 };
 
+namespace emu_detail {
+// The barrier of both SyncAll forms. The fast build runs blocks one after another until the first
+// SyncAll; it must come from block 0 (equal SyncAll counts, card §6), and then starts the other
+// blocks on threads so that all of them can meet here (avsg_emu::launch_sequential).
+inline void sync_all_wait(avsg_emu::BlockContext& c) {
+    if constexpr (!avsg_emu::kStrict) {
+        if (!c.launch->threaded) {
+            if (c.idx != 0)
+                avsg_emu::fail("SyncAll: block " + std::to_string(c.idx) + " calls SyncAll but block 0 finished "
+                               "without it (blocks called SyncAll a different number of times: on the NPU this "
+                               "deadlocks, card §6)");
+            c.launch->start_remaining_blocks();
+        }
+    }
+    c.launch->barrier.arrive_and_wait(c.idx);
+}
+}  // namespace emu_detail
+
 // Hard cross-core barrier over all launched blocks (card §6). Needs KERNEL_TYPE_MIX_AIV_1_0
 // on the NPU (not checkable here: KERNEL_TASK_TYPE_DEFAULT expands to nothing).
 template <bool isAIVOnly = true>
 __aicore__ inline void SyncAll() {
     auto& c = avsg_emu::ctx("SyncAll");
-    c.counters.pipe_barriers++;  // both forms start with PipeBarrier<PIPE_ALL> (card §6)
-    c.counters.sync_alls++;
+    if constexpr (avsg_emu::kStrict) {
+        c.counters.pipe_barriers++;  // both forms start with PipeBarrier<PIPE_ALL> (card §6)
+        c.counters.sync_alls++;
+    }
     avsg_emu::hz::all();
-    c.launch->barrier.arrive_and_wait(c.idx);
+    emu_detail::sync_all_wait(c);
 }
 
 // Soft form (card §6): gmWs >= numBlocks*32 B, zeroed before the first call of a launch;
@@ -107,23 +131,25 @@ __aicore__ inline void SyncAll(const GlobalTensor<int32_t>& gmWorkspace, const L
                                const int32_t usedCores = 0) {
     auto& c = avsg_emu::ctx("SyncAll");
     uint32_t n = usedCores ? static_cast<uint32_t>(usedCores) : c.num;
-    if (usedCores < 0 || n > c.num)
+    if (avsg_emu::kStrict && (usedCores < 0 || n > c.num))
         avsg_emu::fail("SyncAll(soft): usedCores=" + std::to_string(usedCores) + " outside 0..numBlocks (card §6)");
     if (n != c.num)
         avsg_emu::fail("SyncAll(soft): usedCores < numBlocks is not emulated");
     avsg_emu::detail::check_gm("SyncAll(soft)", "gmWorkspace", gmWorkspace, static_cast<uint64_t>(c.num) * 8);
     avsg_emu::detail::check_ub("SyncAll(soft)", "ubWorkspace", ubWorkspace, static_cast<uint64_t>(c.num) * 8);
     int32_t* slot = const_cast<int32_t*>(gmWorkspace.GetPhyAddr()) + c.idx * 8;
-    if (*slot != static_cast<int32_t>(c.sync_all_calls))
+    if (avsg_emu::kStrict && *slot != static_cast<int32_t>(c.sync_all_calls))
         avsg_emu::fail("SyncAll(soft): workspace counter of block " + std::to_string(c.idx) + " is " + std::to_string(*slot) +
                        ", expected " + std::to_string(c.sync_all_calls) +
                        " (card §6: the GM workspace must be zeroed before every launch)");
     ++c.sync_all_calls;
     *slot = static_cast<int32_t>(c.sync_all_calls);
-    c.counters.pipe_barriers++;
-    c.counters.sync_alls++;
+    if constexpr (avsg_emu::kStrict) {
+        c.counters.pipe_barriers++;
+        c.counters.sync_alls++;
+    }
     avsg_emu::hz::all();
-    c.launch->barrier.arrive_and_wait(c.idx);
+    emu_detail::sync_all_wait(c);
 }
 
 // The DCache is not modelled (GM accesses are direct); the call is checked and counted. It has no
@@ -132,7 +158,7 @@ template <class T, CacheLine entireType, DcciDst dcciDst>
 __aicore__ inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& dstTensor) {
     static_assert(dcciDst != DcciDst::CACHELINE_ATOMIC, "DataCacheCleanAndInvalid: CACHELINE_ATOMIC is not supported on A2 (card §6)");
     (void)dstTensor;
-    avsg_emu::ctx("DataCacheCleanAndInvalid").counters.dcci++;
+    if constexpr (avsg_emu::kStrict) avsg_emu::ctx("DataCacheCleanAndInvalid").counters.dcci++;
 }
 
 // DMA atomics (card §6): later UB->GM copies accumulate into GM with the given type.
@@ -163,4 +189,5 @@ __aicore__ inline void SetAtomicAdd() {
 __aicore__ inline void DisableDmaAtomic() { avsg_emu::ctx("DisableDmaAtomic").atomic_add = nullptr; }
 __aicore__ inline void SetAtomicNone() { DisableDmaAtomic(); }
 
+}  // inline namespace AVSG_EMU_VARIANT
 }  // namespace AscendC

@@ -5,6 +5,7 @@
 #include "emu_hazard.h"
 
 namespace avsg_emu {
+inline namespace AVSG_EMU_VARIANT {
 namespace detail {
 template <class T, class... Ts>
 struct is_one_of : std::disjunction<std::is_same<T, Ts>...> {};
@@ -18,9 +19,11 @@ constexpr bool is_dma_type_v = is_one_of_v<T, int8_t, uint8_t, int16_t, uint16_t
 
 inline std::string tname_of_size(size_t s) { return std::to_string(s) + "-byte"; }
 }  // namespace detail
+}  // inline namespace AVSG_EMU_VARIANT
 }  // namespace avsg_emu
 
 namespace AscendC {
+inline namespace AVSG_EMU_VARIANT {
 
 template <class T>
 class LocalTensor;
@@ -43,8 +46,10 @@ public:
         size_ = 0;
     }
     __aicore__ inline T GetValue(uint64_t offset) const {
-        check_index("GlobalTensor::GetValue", offset);
-        avsg_emu::ctx("GlobalTensor::GetValue").counters.scalar_gm_reads++;
+        if constexpr (avsg_emu::kStrict) {
+            check_index("GlobalTensor::GetValue", offset);
+            avsg_emu::ctx("GlobalTensor::GetValue").counters.scalar_gm_reads++;
+        }
         avsg_emu::hz::Instr(avsg_emu::kHzS, "GlobalTensor::GetValue")
             .rd_gm(addr_ + offset, sizeof(T));
         T v;
@@ -52,13 +57,15 @@ public:
         return v;
     }
     __aicore__ inline void SetValue(uint64_t offset, T value) const {
-        check_index("GlobalTensor::SetValue", offset);
-        avsg_emu::ctx("GlobalTensor::SetValue").counters.scalar_gm_writes++;
+        if constexpr (avsg_emu::kStrict) {
+            check_index("GlobalTensor::SetValue", offset);
+            avsg_emu::ctx("GlobalTensor::SetValue").counters.scalar_gm_writes++;
+        }
         avsg_emu::hz::Instr(avsg_emu::kHzS, "GlobalTensor::SetValue").wr_gm(addr_ + offset, sizeof(T));
         std::memcpy(addr_ + offset, &value, sizeof(T));
     }
     __aicore__ inline GlobalTensor operator[](uint64_t offset) const {
-        if (size_ != 0 && offset > size_)
+        if (avsg_emu::kStrict && size_ != 0 && offset > size_)
             avsg_emu::fail("GlobalTensor::operator[]: offset " + std::to_string(offset) + " beyond size " +
                            std::to_string(size_) + " (tensor size overflow)");
         GlobalTensor r;
@@ -93,8 +100,10 @@ public:
     LocalTensor() = default;
 
     __aicore__ inline T GetValue(uint32_t index) const {
-        check_index("LocalTensor::GetValue", index);
-        avsg_emu::ctx("LocalTensor::GetValue").counters.scalar_ub_reads++;
+        if constexpr (avsg_emu::kStrict) {
+            check_index("LocalTensor::GetValue", index);
+            avsg_emu::ctx("LocalTensor::GetValue").counters.scalar_ub_reads++;
+        }
         avsg_emu::hz::Instr(avsg_emu::kHzS, "LocalTensor::GetValue").rd_ub(off_ + static_cast<uint64_t>(index) * sizeof(T), sizeof(T));
         T v;
         std::memcpy(&v, ptr() + index, sizeof(T));
@@ -102,8 +111,10 @@ public:
     }
     template <class T1>
     __aicore__ inline void SetValue(uint32_t index, T1 value) const {
-        check_index("LocalTensor::SetValue", index);
-        avsg_emu::ctx("LocalTensor::SetValue").counters.scalar_ub_writes++;
+        if constexpr (avsg_emu::kStrict) {
+            check_index("LocalTensor::SetValue", index);
+            avsg_emu::ctx("LocalTensor::SetValue").counters.scalar_ub_writes++;
+        }
         avsg_emu::hz::Instr(avsg_emu::kHzS, "LocalTensor::SetValue").wr_ub(off_ + static_cast<uint64_t>(index) * sizeof(T), sizeof(T));
         T v = static_cast<T>(value);
         std::memcpy(ptr() + index, &v, sizeof(T));
@@ -111,8 +122,10 @@ public:
     // Counted as one scalar read (the write through the reference is not visible to us). The
     // hazard scoreboard treats it as a scalar read and write (it may be either).
     __aicore__ inline T& operator()(uint32_t index) const {
-        check_index("LocalTensor::operator()", index);
-        avsg_emu::ctx("LocalTensor::operator()").counters.scalar_ub_reads++;
+        if constexpr (avsg_emu::kStrict) {
+            check_index("LocalTensor::operator()", index);
+            avsg_emu::ctx("LocalTensor::operator()").counters.scalar_ub_reads++;
+        }
         {
             avsg_emu::hz::Instr hi(avsg_emu::kHzS, "LocalTensor::operator()");
             hi.rd_ub(off_ + static_cast<uint64_t>(index) * sizeof(T), sizeof(T));
@@ -123,8 +136,8 @@ public:
     // Offsets by elements; the view's length shrinks accordingly (card §2).
     __aicore__ inline LocalTensor operator[](uint32_t offset) const {
         uint64_t bytes = static_cast<uint64_t>(offset) * sizeof(T);
-        if (!ub_) avsg_emu::fail("LocalTensor::operator[]: tensor is not bound to UB");
-        if (bytes > len_)
+        if (avsg_emu::kStrict && !ub_) avsg_emu::fail("LocalTensor::operator[]: tensor is not bound to UB");
+        if (avsg_emu::kStrict && bytes > len_)
             avsg_emu::fail("LocalTensor::operator[]: offset " + std::to_string(offset) + " elements beyond the view (" +
                            std::to_string(len_ / sizeof(T)) + " elements) (tensor size overflow)");
         LocalTensor r = *this;
@@ -184,9 +197,11 @@ private:
     }
 };
 
+}  // inline namespace AVSG_EMU_VARIANT
 }  // namespace AscendC
 
 namespace avsg_emu {
+inline namespace AVSG_EMU_VARIANT {
 namespace detail {
 
 // A LocalTensor operand of a vector or DMA API: bound, 32 B aligned (card §0), and at least
@@ -194,6 +209,7 @@ namespace detail {
 template <class T>
 void check_ub(const char* api, const char* operand, const AscendC::LocalTensor<T>& t, uint64_t count,
               uint32_t align = kUbAlign) {
+    if constexpr (!kStrict) return;
     if (!t.bound()) fail(std::string(api) + ": " + operand + " is not bound to UB (uninitialised LocalTensor)");
     if (t.GetPhyAddr() % align != 0)
         fail(std::string(api) + ": " + operand + " UB address " + std::to_string(t.GetPhyAddr()) +
@@ -207,12 +223,14 @@ void check_ub(const char* api, const char* operand, const AscendC::LocalTensor<T
 // A GlobalTensor operand: has a buffer; `count` elements fit in its size when it has one.
 template <class T>
 void check_gm(const char* api, const char* operand, const AscendC::GlobalTensor<T>& g, uint64_t count) {
+    if constexpr (!kStrict) return;
     if (!g.GetPhyAddr()) fail(std::string(api) + ": " + operand + " GlobalTensor has no buffer");
     if (g.GetSize() != 0 && count > g.GetSize())
         fail(std::string(api) + ": " + operand + " needs " + std::to_string(count) + " elements but the GlobalTensor size is " +
              std::to_string(g.GetSize()) + " (tensor size overflow)");
 }
 inline void check_gm_bytes(const char* api, const char* operand, uint64_t size_elems, size_t elem, uint64_t bytes) {
+    if constexpr (!kStrict) return;
     if (size_elems != 0 && bytes > size_elems * elem)
         fail(std::string(api) + ": " + operand + " extent " + std::to_string(bytes) + " B exceeds the GlobalTensor size " +
              std::to_string(size_elems * elem) + " B (tensor size overflow)");
@@ -220,7 +238,10 @@ inline void check_gm_bytes(const char* api, const char* operand, uint64_t size_e
 inline bool ranges_overlap(const uint8_t* a, size_t alen, const uint8_t* b, size_t blen) {
     return alen && blen && a < b + blen && b < a + alen;
 }
-inline void poison(void* p, size_t n) { std::memset(p, kPoisonByte, n); }
+// Undefined memory: a recognisable pattern in the strict build; left as is in the fast build.
+inline void poison(void* p, size_t n) {
+    if constexpr (kStrict) std::memset(p, kPoisonByte, n);
+}
 
 // Scoreboard helpers for LocalTensor operands (bytes from the view's start).
 template <class T>
@@ -233,4 +254,5 @@ void hz_wr(hz::Instr& i, const AscendC::LocalTensor<T>& t, uint64_t bytes) {
 }
 
 }  // namespace detail
+}  // inline namespace AVSG_EMU_VARIANT
 }  // namespace avsg_emu

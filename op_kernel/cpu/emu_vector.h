@@ -6,6 +6,7 @@
 #include "emu_tensor.h"
 
 namespace AscendC {
+inline namespace AVSG_EMU_VARIANT {
 namespace emu_detail {
 using avsg_emu::fail;
 using avsg_emu::detail::check_ub;
@@ -17,6 +18,7 @@ template <class T>
 constexpr bool is_hf_v = is_one_of_v<T, half, float>;
 
 inline void vec_issue(const char* api, uint64_t repeats) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: nothing is counted
     auto& c = avsg_emu::ctx(api).counters;
     c.vec_instrs++;
     c.vec_repeats += repeats;
@@ -28,7 +30,7 @@ inline uint64_t reps_for(uint64_t bytes) { return (bytes + avsg_emu::kRepeatByte
 
 // Count forms take `const int32_t& count`; a negative count is a caller bug.
 inline uint32_t checked_count(const char* api, int32_t count) {
-    if (count < 0) fail(std::string(api) + ": negative count " + std::to_string(count));
+    if (avsg_emu::kStrict && count < 0) fail(std::string(api) + ": negative count " + std::to_string(count));
     return static_cast<uint32_t>(count);
 }
 
@@ -37,6 +39,7 @@ inline uint32_t checked_count(const char* api, int32_t count) {
 template <class T, class U>
 void check_overlap(const char* api, const LocalTensor<T>& dst, uint64_t dbytes, const LocalTensor<U>& src,
                    uint64_t sbytes, bool allow_partial = false) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     if (allow_partial || dst.GetPhyAddr() == src.GetPhyAddr()) return;
     if (avsg_emu::detail::ranges_overlap(dst.bytes(), dbytes, src.bytes(), sbytes))
         fail(std::string(api) + ": dst and src overlap partially (card §0: they must overlap exactly or not at all)");
@@ -179,8 +182,7 @@ __aicore__ inline void CreateVecIndex(LocalTensor<T> dst, const T& firstValue, u
         else
             d[i] = T(static_cast<float>(firstValue) + static_cast<float>(i));
     }
-    auto& c = avsg_emu::ctx(api).counters;
-    c.scalar_ub_writes += std::min<uint32_t>(count, 32 / sizeof(T));
+    if constexpr (avsg_emu::kStrict) avsg_emu::ctx(api).counters.scalar_ub_writes += std::min<uint32_t>(count, 32 / sizeof(T));
     emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * sizeof(T)));
 }
 
@@ -244,6 +246,7 @@ AVSG_EMU_SCALAR(Mins, emu_detail::Ar<T>::min(a, s))
 namespace emu_detail {
 template <class T>
 void check_shift(const char* api, T bits) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     static_assert(is_one_of_v<T, int16_t, uint16_t, int32_t, uint32_t>,
                   "ShiftLeft/ShiftRight: T must be int16/uint16/int32/uint32 on A2 (card §5)");
     int64_t b = static_cast<int64_t>(bits);
@@ -301,6 +304,7 @@ bool cmp(T a, T b, CMPMODE m) {
 }
 template <class T>
 void check_cmp(const char* api, CMPMODE mode, uint32_t count) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     if (std::is_same<T, int32_t>::value && mode != CMPMODE::EQ)
         fail(std::string(api) + ": int32 supports only CMPMODE::EQ on A2 (card §5: the NPU silently computes EQ)");
     if (static_cast<unsigned>(mode) > 5) fail(std::string(api) + ": invalid CMPMODE");
@@ -571,7 +575,7 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
                   "Gather: T must be int16/uint16/half/bf16/int32/uint32/float on A2 (card §5)");
     const char* api = "Gather";
     constexpr uint32_t E = 256 / sizeof(T);
-    if (count / E > avsg_emu::kMaxRepeat)
+    if (avsg_emu::kStrict && count / E > avsg_emu::kMaxRepeat)
         avsg_emu::fail("Gather: count " + std::to_string(count) + " needs " + std::to_string(count / E) +
                        " repeats > 255; the uint8_t repeat counter wraps on the NPU (card §5, §8.4: chunk below " +
                        std::to_string(256 * E) + " elements)");
@@ -579,13 +583,14 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
     emu_detail::check_ub(api, "srcOffset", srcOffset, count);
     emu_detail::check_ub(api, "src", src, 0);
     if (count == 0) return;
-    if (avsg_emu::detail::ranges_overlap(dst.bytes(), count * sizeof(T), src.bytes(), src.GetLength()))
+    if (avsg_emu::kStrict &&
+        avsg_emu::detail::ranges_overlap(dst.bytes(), count * sizeof(T), src.bytes(), src.GetLength()))
         avsg_emu::fail("Gather: dst must not alias src (card §5)");
     const uint32_t* o = srcOffset.ptr();
     T* d = dst.ptr();
     avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
     avsg_emu::detail::hz_rd(hi, srcOffset, static_cast<uint64_t>(count) * 4);
-    for (uint32_t i = 0; i < count; ++i) {
+    for (uint32_t i = 0; avsg_emu::kStrict && i < count; ++i) {  // offset checks: strict build only
         uint64_t off = static_cast<uint64_t>(srcBaseAddr) + o[i];
         if (off % sizeof(T) != 0)
             avsg_emu::fail("Gather: byte offset " + std::to_string(off) + " (element " + std::to_string(i) +
@@ -653,6 +658,7 @@ inline float int_to_float(long double v, RoundMode m) {
 }
 template <class D, class S>
 void check_cast_mode(RoundMode m) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     auto bad = [&](const char* allowed) {
         fail(std::string("Cast: RoundMode::") + round_name(m) + " not allowed for this dtype pair; allowed: " + allowed +
              " (card §5)");
@@ -728,6 +734,7 @@ namespace emu_detail {
 template <class T>
 void check_reduce(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& tmp,
                   int32_t count, uint32_t dst_elems) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     static_assert(is_hf_v<T>, "ReduceMax/ReduceMin/ReduceSum: T must be half/float on A2 (card §5)");
     uint32_t n = checked_count(api, count);
     check_ub(api, "dst", dst, dst_elems);
@@ -826,6 +833,7 @@ __aicore__ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>
 // ---------------------------------------------------------------------------
 namespace emu_detail {
 inline void check_sort_rep(const char* api, int32_t repeatTime) {
+    if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out
     if (repeatTime < 0 || repeatTime > 255)
         fail(std::string(api) + ": repeatTime " + std::to_string(repeatTime) + " outside 0..255 (card §0, §5)");
 }
@@ -920,4 +928,5 @@ __aicore__ inline void Extract(const LocalTensor<T>& dstValueLocal, const LocalT
     emu_detail::vec_issue(api, 2 * emu_detail::reps_for(8ull * n));  // two GatherMask passes (card §5)
 }
 
+}  // inline namespace AVSG_EMU_VARIANT
 }  // namespace AscendC

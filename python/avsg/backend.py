@@ -5,6 +5,12 @@ What runs where (DESIGN.md §5):
 * ``cpu``: the AscendC kernel sources in ``op_kernel/`` compiled against the project's strict CPU
   emulation; they serve ``torch.ops.avsg.*`` for CPU tensors. ``backend_info()`` says which ops
   have a compiled kernel (the others fall back to the Python reference).
+  The library holds two builds of those kernels from the same sources: ``"strict"`` (the
+  default: every run-time check of the emulation, the pipe-hazard scoreboard, UB poisoning, the
+  counters below, one thread per block) and ``"fast"`` (all of that compiled out, blocks run one
+  after another on the calling thread; bit-identical outputs, for runs and benchmarks). Select
+  with ``set_emulation("fast")``, ``with emulation("fast"): ...`` or ``AVSG_EMULATION=fast`` in the
+  environment at import; ``backend_info()["emulation"]`` says which is active.
 * ``npu``: the same kernel sources built by CANN (``scripts/build_npu.sh``) into ``_npu_ops.so``,
   registered for PrivateUse1. ``load_npu_backend()`` loads it (done at import when the file exists).
 
@@ -40,10 +46,11 @@ otherwise the op raises. Keep the tensor alive while it is registered.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -90,6 +97,7 @@ def backend_info() -> Dict[str, object]:
     """Which implementation serves each op, and the state of the NPU backend."""
     return {
         "cpu": dict(_ops.CPU_BACKEND),
+        "emulation": get_emulation() if _has_op("emulation") else None,
         "emulated_cores": emulated_cores() if _has_op("emulated_cores") else None,
         "npu_library": npu_library_path(),
         "npu_loaded": bool(_npu_loaded),
@@ -108,6 +116,52 @@ def _require_op(name: str):
         raise RuntimeError(f"avsg: torch.ops.avsg.{name} is missing: the op library was built without "
                            f"the AscendC emulation (op_host/emu_counters.cpp)")
     return getattr(torch.ops.avsg, name)
+
+
+# ---------------------------------------------------------------- emulation build (CPU)
+
+EMULATION_BUILDS = ("strict", "fast")
+EMULATION_ENV = "AVSG_EMULATION"
+
+
+def get_emulation() -> str:
+    """The build of the kernels the CPU ops launch: ``"strict"`` or ``"fast"``."""
+    return str(_require_op("emulation")())
+
+
+def set_emulation(build: str) -> None:
+    """Select the build of the kernels the CPU ops launch, process-wide (all threads).
+
+    ``"strict"`` (default) checks every rule of the emulation and counts the work of each launch;
+    ``"fast"`` runs the same kernel sources with the checks, the hazard scoreboard, UB poisoning
+    and the counters compiled out, bit-identical for kernels that pass the strict build. After a
+    fast launch ``last_launch_counters()`` raises instead of returning an older launch's numbers.
+    """
+    if build not in EMULATION_BUILDS:
+        raise ValueError(f"build: expected one of {EMULATION_BUILDS}, got {build!r}")
+    _require_op("set_emulation")(build)
+
+
+@contextlib.contextmanager
+def emulation(build: str) -> Iterator[str]:
+    """``with avsg.backend.emulation("fast"): ...`` runs the block with ``build`` selected and
+    restores the previous build on exit, also on an exception. Process-wide, like
+    ``set_emulation``: not meant for threads that want different builds at once."""
+    previous = get_emulation()
+    set_emulation(build)
+    try:
+        yield build
+    finally:
+        set_emulation(previous)
+
+
+def _apply_emulation_env() -> None:
+    value = os.environ.get(EMULATION_ENV)
+    if value is None or not _has_op("set_emulation"):
+        return
+    if value not in EMULATION_BUILDS:
+        raise ValueError(f"{EMULATION_ENV}: expected one of {EMULATION_BUILDS}, got {value!r}")
+    set_emulation(value)
 
 
 # ------------------------------------------------------------------- emulated core count
@@ -163,7 +217,8 @@ class LaunchCounters:
 
 def last_launch_counters() -> LaunchCounters:
     """Counters of the most recent emulated launch (of any kernel: gather, plan, ...), recorded
-    even when it failed."""
+    even when it failed. Raises RuntimeError when that launch ran in the fast build (which
+    counts nothing; see ``set_emulation``)."""
     per_block = _require_op("last_launch_counters")()
     names, apis = _require_op("last_launch_vector_apis")()
     return LaunchCounters(counter_fields(), per_block,
@@ -242,3 +297,5 @@ def _require_npu_op(name: str):
 # Load the NPU backend at import when it was built (never an error on a CPU-only machine).
 if npu_library_path() is not None:
     load_npu_backend()
+
+_apply_emulation_env()

@@ -1,0 +1,61 @@
+// One KernelBuild per emulation build (see cpu_kernels.h). This file is compiled twice, like the
+// kernels: in the strict build it defines strict_kernels() and the selection; with AVSG_EMU_FAST
+// it defines fast_kernels(), and the kernel names below are the renamed fast copies.
+#if defined(AVSG_CPU_EMULATION)
+#include "cpu_kernels.h"
+
+#include <atomic>
+#include <stdexcept>
+
+#include "kernel_operator.h"
+
+extern "C" void avsg_plan(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+extern "C" void avsg_plan_dual_pointer(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                                       GM_ADDR, GM_ADDR);
+extern "C" void avsg_invalidate(GM_ADDR, GM_ADDR, GM_ADDR);
+extern "C" void avsg_reset(GM_ADDR, GM_ADDR, GM_ADDR);
+extern "C" void avsg_gather(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+
+namespace avsg_cpu {
+
+#if AVSG_EMU_STRICT
+const KernelBuild& strict_kernels()
+#else
+const KernelBuild& fast_kernels()
+#endif
+{
+    static const KernelBuild build{
+        AVSG_EMU_STRICT ? "strict" : "fast",
+        /*counts_work=*/AVSG_EMU_STRICT != 0,
+        &avsg_emu::launch_impl,
+        &avsg_plan,
+        &avsg_plan_dual_pointer,
+        &avsg_invalidate,
+        &avsg_reset,
+        &avsg_gather,
+    };
+    return build;
+}
+
+#if AVSG_EMU_STRICT
+namespace {
+std::atomic<const KernelBuild*>& selected() {
+    static std::atomic<const KernelBuild*> build{nullptr};  // null: strict (no static-init order issue)
+    return build;
+}
+}  // namespace
+
+const KernelBuild& selected_kernels() {
+    const KernelBuild* b = selected().load();
+    return b ? *b : strict_kernels();
+}
+
+void select_kernels(const std::string& name) {
+    if (name == "strict") selected() = &strict_kernels();
+    else if (name == "fast") selected() = &fast_kernels();
+    else throw std::invalid_argument("expected 'strict' or 'fast', got '" + name + "'");
+}
+#endif
+
+}  // namespace avsg_cpu
+#endif  // AVSG_CPU_EMULATION
