@@ -327,3 +327,24 @@ def test_weights_load_exactly_and_fp8_dequantizes(tmp_path):
     _save(source, tmp_path / "fp8", add={name: quant, name + "_scale_inv": scale})
     load_safetensors(target, str(tmp_path / "fp8"))
     torch.testing.assert_close(target.state_dict()[name], quant.float() * 0.01)
+
+
+@pytest.mark.parametrize("fmt_name", ["bf16", "fp8"])
+@torch.no_grad()
+def test_attention_buffers_do_not_change_results(fmt_name):
+    model = _tiny(seed=8)
+    cfg = model.config
+    attn = model.model.layers[0].self_attn
+    fmt = kvformat.get_format(fmt_name, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+    gen = torch.Generator().manual_seed(9)
+    R, T, X, H = 2, 2, 30, cfg.num_attention_heads
+    view = fmt.encode(torch.randn(R, X, cfg.kv_lora_rank, generator=gen),
+                      torch.randn(R, X, cfg.qk_rope_head_dim, generator=gen))
+    q_lat = torch.randn(R, T, H, cfg.kv_lora_rank, generator=gen)
+    q_pe = torch.randn(R, T, H, cfg.qk_rope_head_dim, generator=gen)
+    scratch = {}
+    for trial in range(2):                      # the second call reuses the buffers
+        index = torch.randint(-1, X, (R, T, cfg.index_topk), generator=gen, dtype=torch.int32)
+        plain = sparse_mla_attention(attn, q_lat, q_pe, Retrieved(view, index), fmt)
+        reused = sparse_mla_attention(attn, q_lat, q_pe, Retrieved(view, index), None, scratch)
+        assert torch.equal(plain, reused)

@@ -27,7 +27,7 @@ gives bit-identical outputs:
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -48,29 +48,66 @@ def format_of_view(view: Tuple[torch.Tensor, ...], latent_dim: int, rope_dim: in
                      f"{[(tuple(v.shape), v.dtype) for v in view]}")
 
 
-def gather_selected(view: Tuple[torch.Tensor, ...], index: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+def gather_selected(view: Tuple[torch.Tensor, ...], index: torch.Tensor,
+                    scratch: Optional[Dict] = None) -> Tuple[torch.Tensor, ...]:
     """``view`` components ``[R, X, width]``, ``index`` int ``[R, T, K]`` (-1 = none) -> each
-    component's rows in selection order ``[R, T, K, width]`` (row 0 of the view where -1)."""
+    component's rows in selection order ``[R, T, K, width]`` (row 0 of the view where -1).
+    With ``scratch`` (a dict owned by the caller) the results land in reused buffers."""
     R, T, K = index.shape
     X = view[0].shape[1]
     row_base = torch.arange(R, device=index.device, dtype=torch.int64)[:, None, None] * X
     flat = (row_base + index.clamp_min(0).to(torch.int64)).reshape(-1)
-    # index_select on a flat [R*X, width] view: a plain row copy, far cheaper than advanced indexing
-    return tuple(c.reshape(R * X, c.shape[-1]).index_select(0, flat).view(R, T, K, c.shape[-1])
-                 for c in view)
+    out = []
+    for i, c in enumerate(view):
+        # index_select on a flat [R*X, width] view: a plain row copy, far cheaper than advanced
+        # indexing
+        dst = _scratch(scratch, ("rows", i), (R * T * K, c.shape[-1]), c.dtype, c.device)
+        out.append(torch.index_select(c.reshape(R * X, c.shape[-1]), 0, flat, out=dst)
+                   .view(R, T, K, c.shape[-1]) if dst is not None else
+                   c.reshape(R * X, c.shape[-1]).index_select(0, flat).view(R, T, K, c.shape[-1]))
+    return tuple(out)
+
+
+def _scratch(scratch: Optional[Dict], key, shape, dtype, device) -> Optional[torch.Tensor]:
+    """A reusable buffer: large per-step temporaries otherwise cost a fresh, page-faulting
+    allocation every layer on CPU."""
+    if scratch is None:
+        return None
+    buf = scratch.get(key)
+    if buf is None or buf.shape != torch.Size(shape) or buf.dtype != dtype or buf.device != device:
+        buf = scratch[key] = torch.empty(shape, dtype=dtype, device=device)
+    return buf
+
+
+def decode_rows(fmt: KVFormat, rows: Tuple[torch.Tensor, ...],
+                scratch: Optional[Dict] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``fmt.decode``; for the formats whose decode is a plain widening to fp32 (exact, so the
+    same values), widen into reused buffers instead."""
+    if scratch is None or fmt.name not in ("bf16", "fp32"):
+        return fmt.decode(rows)
+    out = []
+    for i, r in enumerate(rows):
+        if r.dtype == torch.float32:
+            out.append(r)
+            continue
+        buf = _scratch(scratch, ("fp32", i), r.shape, torch.float32, r.device)
+        out.append(buf.copy_(r))
+    return out[0], out[1]
 
 
 def sparse_mla_attention(attn: torch.nn.Module, q_lat: torch.Tensor, q_pe: torch.Tensor,
-                         retrieved: Retrieved, kv_format: Optional[KVFormat] = None) -> torch.Tensor:
+                         retrieved: Retrieved, kv_format: Optional[KVFormat] = None,
+                         scratch: Optional[Dict] = None) -> torch.Tensor:
     """Absorbed MLA over the selected entries.
 
     ``attn`` is the layer's ``Attention`` (``softmax_scale``, ``w_uv()``); ``q_lat`` fp32
     ``[R, T, H, kv_lora_rank]`` (q_nope absorbed), ``q_pe`` fp32 ``[R, T, H, rope]`` (roped).
-    -> ``[R, T, H, v_head_dim]`` fp32; a query with no selection gives zeros.
+    -> ``[R, T, H, v_head_dim]`` fp32; a query with no selection gives zeros. ``scratch``: a dict
+    the caller keeps across calls, for buffer reuse (never aliased by the result).
     """
     fmt = kv_format or format_of_view(retrieved.view, q_lat.shape[-1], q_pe.shape[-1])
-    rows = gather_selected(retrieved.view, retrieved.index)
-    latent, k_pe = fmt.decode(rows)                                   # [R, T, K, C], [R, T, K, P]
+    rows = gather_selected(retrieved.view, retrieved.index, scratch)
+    latent, k_pe = decode_rows(fmt, rows, scratch)                   # [R, T, K, C], [R, T, K, P]
     R, T, H, C = q_lat.shape
     K = latent.shape[2]
     latent = latent.reshape(R * T, K, C)
@@ -112,6 +149,7 @@ class DSA(SparseAlgorithm):
         self.device = torch.device(device)
         self.timers = timers
         self.kv_format = kv_format          # None: told apart from the retrieved components
+        self._scratch: Dict = {}            # attention's reused buffers
         self.index_keys = torch.zeros(self.layers, rows, max_len, config.index_head_dim,
                                       dtype=index_dtype, device=self.device)
 
@@ -139,11 +177,11 @@ class DSA(SparseAlgorithm):
         """Index scores fp32 ``[R, T, max_len]``; invisible positions are ``-inf``."""
         indexer = attn.indexer
         cos, sin = attn.rotary(batch.pos)
-        q = indexer.queries(q_resid, cos, sin).float()                      # [R, T, Hi, Di]
+        # the scale is positive, so it commutes with ReLU: fold it into the (small) queries
+        q = indexer.queries(q_resid, cos, sin).float() * indexer.softmax_scale   # [R, T, Hi, Di]
         R, T, Hi, Di = q.shape
         keys = self.index_keys[layer].float()                              # [R, X, Di]
-        per_head = torch.bmm(q.reshape(R, T * Hi, Di), keys.transpose(1, 2))
-        per_head = (per_head * indexer.softmax_scale).relu_()              # [R, T*Hi, X]
+        per_head = torch.bmm(q.reshape(R, T * Hi, Di), keys.transpose(1, 2)).relu_()
         weights = indexer.head_weights(x)                                  # [R, T, Hi]
         scores = torch.bmm(weights.reshape(R * T, 1, Hi),
                            per_head.view(R * T, Hi, self.max_len)).view(R, T, self.max_len)
@@ -170,7 +208,7 @@ class DSA(SparseAlgorithm):
     def attention(self, layer: int, batch: StepBatch, attn, q_nope: torch.Tensor,
                   q_pe: torch.Tensor, retrieved: Retrieved) -> torch.Tensor:
         """``q_nope`` is the absorbed query ``[R, T, H, kv_lora_rank]``."""
-        return sparse_mla_attention(attn, q_nope, q_pe, retrieved, self.kv_format)
+        return sparse_mla_attention(attn, q_nope, q_pe, retrieved, self.kv_format, self._scratch)
 
     # --- lifecycle --------------------------------------------------------------------------
     def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
