@@ -36,6 +36,12 @@ from .step import NULL_TIMERS, StepBatch, Timers
 MTP_MODULE = 0          # DeepSeek-V3.2 ships one MTP module; MTP-n applies it n times
 
 
+def positions_needed(context_len: int, max_new_tokens: int, mtp: int) -> int:
+    """Positions a request may ever write: its context and outputs, then in its last step up to
+    ``mtp`` drafts verified past them and ``mtp - 1`` more drafted after those."""
+    return context_len + max_new_tokens + 2 * mtp + 1
+
+
 @dataclasses.dataclass
 class StepRecord:
     """What one decode step did (host values)."""
@@ -102,8 +108,7 @@ class Engine:
             request = self.scheduler.admit_next(row)
             if request is None:
                 break
-            # positions the request may ever write: context, outputs, drafts past the last one
-            length = request.context_len + request.max_new_tokens + self.mtp + 1
+            length = positions_needed(request.context_len, request.max_new_tokens, self.mtp)
             self.store.admit(row, length)
             self.algo.reset(self._row_mask(row))
             if self.acceptance is not None:
@@ -112,7 +117,7 @@ class Engine:
                 if request.prompt is not None:
                     self._prefill(row, request)
                 else:
-                    self.context_fill.fill(row, request, self.store, self.algo)
+                    self.context_fill.fill(row, request.context_len, self.store, self.algo)
                     self.length[row] = request.context_len
                     self.last_token[row] = request.first_token
                     # no hidden state exists for a filled context: the first drafts are

@@ -20,7 +20,7 @@ import torch
 from ..cli_util import UsageError
 from . import store as _stores  # noqa: F401  (registers the stores)
 from .base import STORES, StoreSpec
-from .engine import Engine
+from .engine import Engine, positions_needed
 from .kvformat import FORMAT_NAMES, get_format
 from .scheduler import Request
 
@@ -69,7 +69,7 @@ def generate(model, prompts: List[List[int]], max_new_tokens: int, mode: str = "
     device = next(model.parameters()).device
     kv_format = get_format(kv_format_name, config.kv_lora_rank, config.qk_rope_head_dim)
     rows = len(prompts)
-    max_len = max(len(p) for p in prompts) + max_new_tokens + mtp + 1
+    max_len = max(positions_needed(len(p), max_new_tokens, mtp) for p in prompts)
     capacity = capacity or max(8192, (1 + mtp) * config.index_topk)
     spec = StoreSpec(layers=model.num_kv_layers, rows=rows, max_len=max_len,
                      topk=config.index_topk, queries_per_step=1 + mtp, kv_format=kv_format,
@@ -100,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
         if bad:
             raise UsageError(f"--input-ids: prompt {i} holds token {bad[0]}, outside the "
                              f"vocabulary [0, {config.vocab_size})")
-    longest = max(len(p) for p in prompts) + args.max_new_tokens + args.mtp + 1
+    longest = max(positions_needed(len(p), args.max_new_tokens, args.mtp) for p in prompts)
     if longest > config.max_position_embeddings:
         raise UsageError(f"--max-new-tokens: prompts plus outputs need {longest} positions, the "
                          f"model has {config.max_position_embeddings}")

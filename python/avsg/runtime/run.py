@@ -32,7 +32,7 @@ from . import config as model_config
 from . import store as _stores  # noqa: F401  (registers the stores)
 from .base import STORES, StoreSpec
 from .context import ContextFill
-from .engine import Engine, StepRecord
+from .engine import Engine, StepRecord, positions_needed
 from .kvformat import FORMAT_NAMES, get_format
 from .scheduler import Request
 from .spec import parse_acceptance
@@ -59,9 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output tokens per request (default 32; requests vary by +-25%%)")
     parser.add_argument("--mtp", type=int, default=1, choices=range(0, 4), metavar="N",
                         help="MTP drafts per step, 0..3 (default 1)")
-    parser.add_argument("--acceptance", default="greedy",
-                        help="'greedy' (verify drafts, default) or 'sim:MEAN' (simulated "
-                             "geometric acceptance with MEAN accepted drafts per step)")
+    parser.add_argument("--acceptance", default="sim:0.8",
+                        help="'sim:MEAN': simulated geometric acceptance, MEAN accepted drafts "
+                             "per step (default sim:0.8: random weights draft nothing useful); "
+                             "'greedy': real verification of the MTP module's drafts")
     parser.add_argument("--capacity", type=int, default=8192, help="buffer slots per row and "
                         "layer for the avsg mode (default 8192)")
     parser.add_argument("--lifetime", type=int, default=16, help="avsg buffer lifetime (default 16)")
@@ -173,7 +174,7 @@ def build_workload(rows: int, count: int, new_tokens: int, mtp: int, vocab: int,
     lengths = [max(1, int(round(new_tokens * f))) for f in rng.uniform(0.75, 1.25, count)]
     requests = []
     for i in range(count):
-        reach = lengths[i] + mtp + 1
+        reach = positions_needed(0, lengths[i], mtp)
         if trace_positions is not None:
             span = len(trace_positions) - reach
             if span < 1:
@@ -240,7 +241,8 @@ def run_mode(mode: str, model, config, workload: Workload, args, kv_format, devi
     from .algo.trace import TraceSelection
     timers = Timers()
     mtp = args.mtp
-    max_len = max(r.context_len + r.max_new_tokens for r in workload.requests) + mtp + 1
+    max_len = max(positions_needed(r.context_len, r.max_new_tokens, mtp)
+                  for r in workload.requests)
     spec = StoreSpec(layers=model.num_kv_layers, rows=workload.rows, max_len=max_len,
                      topk=config.index_topk, queries_per_step=1 + mtp, kv_format=kv_format,
                      device=device, capacity=args.capacity, lifetime=args.lifetime, timers=timers)
@@ -360,7 +362,12 @@ def main(args: argparse.Namespace) -> int:
           f"avsg buffer {args.capacity} slots, lifetime {args.lifetime}")
     print(f"  times: this machine's CPU ({os.cpu_count()} cores, kernels via the "
           f"{args.emulation} CPU build), not an NPU")
-    context_fill = ContextFill(model, kv_format)
+    context_fill = ContextFill(model, kv_format, document_seed=args.seed)
+    longest = max(r.context_len for r in workload.requests)
+    started = time.perf_counter()
+    context_fill.produce(longest)
+    print(f"  context: {longest:,} positions x {model.num_kv_layers} layers produced at linear "
+          f"cost in {time.perf_counter() - started:.1f} s (shared by all requests and modes)")
     recorder = None
     if args.record_trace:
         from .algo.trace import TraceRecorder

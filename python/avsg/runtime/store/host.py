@@ -28,6 +28,8 @@ class HostPoolStore(KVStore):
                              f"positions, got {length}")
         self.pool.release(row)
         self.pool.admit(row, length)
+        # nothing of the new request counts as fresh until its first pass has written
+        self._current_start[:, row] = torch.iinfo(torch.int32).max
         super().admit(row, length)
 
     def release(self, row: int) -> None:
