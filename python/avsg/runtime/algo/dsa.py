@@ -3,6 +3,8 @@
 Index. One key per token and layer (``Indexer.keys``: ``k_norm(wk(x))``, half-split RoPE on its
 first dims) is kept on the device in ``index_keys [layers, rows, max_len, index_head_dim]``;
 ``index`` writes this pass's keys at ``batch.pos`` (active rows only), ``fill`` writes a context.
+``index_dtype=torch.bfloat16`` halves that cache but widens a layer's keys to fp32 on every
+select; fp32 is the fast choice on CPU.
 
 Select. Query token ``t`` of row ``r`` scores every position ``s < causal_lens[r, t]``:
 
