@@ -714,12 +714,18 @@ private:
             for (uint32_t off = 0; off < cnt; off += nc) {
                 const uint32_t n = MinU(nc, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
-                Mins(vT1_, life, 0, n);
-                Adds(vT2_, life, -1, n);
+                // clamp to [-1, L] first (life - 1 would wrap at INT32_MIN), then decay: the same
+                // as the reference's decay-then-clamp to [-1, L-1]
+                Maxs(vT1_, life, -1, n);
+                PipeBarrier<PIPE_V>();
+                Mins(vT1_, vT1_, static_cast<int32_t>(t_.lifetime), n);
+                PipeBarrier<PIPE_V>();
+                Adds(vT2_, vT1_, -1, n);
+                PipeBarrier<PIPE_V>();
+                Mins(vT1_, vT1_, 0, n);
                 PipeBarrier<PIPE_V>();
                 Max(vT2_, vT2_, vT1_, n);                    // max(life-1, min(life,0))
                 PipeBarrier<PIPE_V>();
-                ClampInts(vT2_, -1, static_cast<int32_t>(t_.lifetime) - 1, n);
                 CompareScalar(mB_, vT2_, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
                 PipeBarrier<PIPE_V>();
                 uint64_t nFree = 0;
