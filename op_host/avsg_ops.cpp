@@ -18,8 +18,9 @@ TORCH_LIBRARY(avsg, m) {
           "int capacity, int buckets, int lifetime) -> (Tensor, Tensor, Tensor, Tensor)");
     // Free every slot whose position is >= valid_lens[row] (MTP rejection).
     m.def("invalidate(Tensor(a!) state, Tensor valid_lens, int capacity, int buckets) -> ()");
-    // Return the rows selected by row_mask (bool [R]) to empty.
-    m.def("reset(Tensor(a!) state, Tensor row_mask, int capacity, int buckets) -> ()");
+    // Return the rows selected by row_mask (bool [R]) to empty and write their header (geometry
+    // and lifetime, which plan / invalidate check).
+    m.def("reset(Tensor(a!) state, Tensor row_mask, int capacity, int buckets, int lifetime) -> ()");
     // Copy the planned misses host -> buffer for every (src, dst) pair. partition is one of
     // "miss", "request", "topk". block_size is 0 for a contiguous pool. Returns int32 [num_cores]:
     // miss-list entries each core copied.

@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -37,6 +38,13 @@ using GM_ADDR_T = uint8_t*;
 #endif
 
 namespace avsg {
+
+// Host-side value checks of the CPU backend (state headers here, the plan's indices in gather):
+// on by default; tests switch them off to drive the kernels' own clamping and header checks, which
+// are all an NPU has (reading values there would cost a host sync).
+std::atomic<bool> g_hostValueChecks{true};
+bool HostValueChecks() { return g_hostValueChecks.load(); }
+
 namespace {
 
 constexpr uint32_t kHashA1 = 0x9E3779B1u, kHashB1 = 0x85EBCA77u, kHashA2 = 0xC2B2AE3Du, kHashB2 = 0x27D4EB2Fu;
@@ -66,15 +74,15 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.buckets = buckets;
     t.logBuckets = CeilLog2(buckets);
     t.lifetime = lifetime;
-    const uint32_t H = buckets, Sp = t.capPad;
-    t.secOff[SEC_BK] = 0;
-    t.secOff[SEC_BS] = H;
-    t.secOff[SEC_SP] = 2 * H;
-    t.secOff[SEC_SL] = 2 * H + Sp;
-    t.secOff[SEC_SK] = 2 * H + 2 * Sp;
-    t.secOff[SEC_SS] = 2 * H + 3 * Sp;
-    t.stashCountOff = 2 * H + 4 * Sp;
-    t.width = t.stashCountOff + kStashCountPad;
+    const uint32_t H = buckets, Sp = t.capPad, hd = kStateHeaderLen;
+    t.secOff[SEC_BK] = hd;
+    t.secOff[SEC_BS] = hd + H;
+    t.secOff[SEC_SP] = hd + 2 * H;
+    t.secOff[SEC_SL] = hd + 2 * H + Sp;
+    t.secOff[SEC_SK] = hd + 2 * H + 2 * Sp;
+    t.secOff[SEC_SS] = hd + 2 * H + 3 * Sp;
+    t.stashCountOff = kHeaderStashCount;
+    t.width = hd + 2 * H + 4 * Sp;
     t.secLen[SEC_BK] = t.secLen[SEC_BS] = H;
     for (uint32_t s = SEC_SP; s < SEC_COUNT; ++s) t.secLen[s] = Sp;
     t.nc = kPlanChunk;
@@ -187,7 +195,27 @@ void CheckGeometry(int64_t capacity, int64_t buckets, int64_t lifetime, int64_t 
 }
 
 int64_t StateWidth(int64_t capacity, int64_t buckets) {
-    return 2 * buckets + 4 * static_cast<int64_t>(RoundUp(static_cast<uint32_t>(capacity), 64)) + kStashCountPad;
+    return kStateHeaderLen + 2 * buckets + 4 * static_cast<int64_t>(RoundUp(static_cast<uint32_t>(capacity), 64));
+}
+
+// The geometry the state was built with (its header, written by reset) against the arguments.
+// CPU state only: on an NPU this read would be a host sync, so there the kernels check the header
+// themselves and leave a mismatched row untouched (miss_counts[r] = -1).
+void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int64_t lifetime /* < 0: none */) {
+    if (!state.device().is_cpu() || !HostValueChecks()) return;
+    const int32_t* row = state.data_ptr<int32_t>();
+    const int64_t width = state.size(1);
+    for (int64_t r = 0; r < state.size(0); ++r, row += width) {
+        TORCH_CHECK_VALUE(static_cast<uint32_t>(row[0]) == kHeaderMagic, "state: row ", r,
+                          " holds no AVSG state header (word 0 = ", row[0], ", expected ", kHeaderMagic,
+                          "): build the state with reset");
+        TORCH_CHECK_VALUE(row[kHeaderCapacity] == capacity, "capacity: the state was built with ",
+                          row[kHeaderCapacity], ", got ", capacity, " (state row ", r, ")");
+        TORCH_CHECK_VALUE(row[kHeaderBuckets] == buckets, "buckets: the state was built with ", row[kHeaderBuckets],
+                          ", got ", buckets, " (state row ", r, ")");
+        TORCH_CHECK_VALUE(lifetime < 0 || row[kHeaderLifetime] == lifetime, "lifetime: the state was built with ",
+                          row[kHeaderLifetime], ", got ", lifetime, " (state row ", r, ")");
+    }
 }
 
 // The state tensor and one per-row companion (valid_lens, row_mask): dtype, shape, device.
@@ -295,6 +323,7 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     CheckTensor(stats, "stats", at::kLong, {R, 4});
     for (const at::Tensor* t : {&topk_pos, &seq_lens, &state, &stats})
         TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": all tensors must be on one device");
+    CheckHeader(state, capacity, buckets, lifetime);
 
     const uint32_t blockDim = BlockDimFor(R);
     PlanTiling tiling = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(T * K),
@@ -320,21 +349,26 @@ PlanOut PlanDualPointer(const at::Tensor& topk_pos, const at::Tensor& seq_lens, 
     return PlanImpl(true, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime);
 }
 
-PlanTiling StateTiling(int64_t rows, int64_t capacity, int64_t buckets) {
+PlanTiling StateTiling(int64_t rows, int64_t capacity, int64_t buckets, int64_t lifetime) {
     return MakeTiling(static_cast<uint32_t>(rows), 1, static_cast<uint32_t>(capacity),
-                      static_cast<uint32_t>(buckets), 1);
+                      static_cast<uint32_t>(buckets), static_cast<uint32_t>(lifetime));
 }
 
 void Invalidate(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacity, int64_t buckets) {
     const int64_t R = CheckStateArgs("invalidate", state, valid_lens, "valid_lens", at::kInt, capacity, buckets);
+    CheckHeader(state, capacity, buckets, -1);
     const uint32_t blockDim = BlockDimFor(R);
-    LaunchStateOp(false, blockDim, StateTiling(R, capacity, buckets), state, valid_lens);
+    // lifetime 0: the invalidate kernel checks the header's magic, capacity and buckets only
+    LaunchStateOp(false, blockDim, StateTiling(R, capacity, buckets, 0), state, valid_lens);
 }
 
-void Reset(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int64_t buckets) {
+// Reset reads nothing from the rows it rewrites (header included): it is also how a corrupted row
+// is repaired.
+void Reset(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int64_t buckets, int64_t lifetime) {
     const int64_t R = CheckStateArgs("reset", state, row_mask, "row_mask", at::kBool, capacity, buckets);
+    CheckGeometry(capacity, buckets, lifetime, 1);
     const uint32_t blockDim = BlockDimFor(R);
-    LaunchStateOp(true, blockDim, StateTiling(R, capacity, buckets), state, row_mask);
+    LaunchStateOp(true, blockDim, StateTiling(R, capacity, buckets, lifetime), state, row_mask);
 }
 
 }  // namespace
@@ -360,6 +394,11 @@ TORCH_LIBRARY_FRAGMENT(avsg, m) {
     // [total UB bytes, fixed bytes, window bytes of bucket_key, bucket_slot, slot_pos, slot_life,
     //  stash_key, stash_slot] of the plan kernels for a geometry (introspection for tests/docs).
     m.def("plan_ub_plan(int T, int K, int capacity, int buckets) -> int[]", &avsg::PlanUbPlan);
+    // Tests only: switch the CPU backend's host-side value checks (state headers in plan /
+    // invalidate, plan indices in gather) off to exercise what the kernels do on their own.
+    m.def("_set_host_value_checks(bool enabled) -> bool", [](bool enabled) {
+        return avsg::g_hostValueChecks.exchange(enabled);
+    });
 }
 
 TORCH_LIBRARY_IMPL(avsg, CPU, m) {

@@ -2,9 +2,9 @@
 // reset kernels (op_kernel/plan_kernel.h). Plain C++ only, so the AscendC device compiler and the
 // host compiler both accept it. All sizes are in int32 elements unless named *Bytes.
 //
-// State row layout (python/avsg/reference.py): sections BK bucket_key [H], BS bucket_slot [H],
-// SP slot_pos [Sp], SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp], then the 8-int32
-// stash_count tail. Each section is reached through one UB "window" of winLen elements (a power
+// State row layout (python/avsg/reference.py): a 64-int32 header (magic, S, H, L at words 0..3,
+// stash_count at word 8), then sections BK bucket_key [H], BS bucket_slot [H], SP slot_pos [Sp],
+// SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp]. Each section is reached through one UB "window" of winLen elements (a power
 // of two, or the whole section when it fits): see PlanUbBytes for the UB plan.
 #pragma once
 #include <cstdint>
@@ -23,7 +23,12 @@ constexpr uint32_t kPlanVectors = 9;        // NC-element int32/float work vecto
 constexpr uint32_t kPlanWideVectors = 3;    // kPlanProbes*NC-element vectors (all probes of a chunk)
 constexpr uint32_t kPlanMasks = 4;          // kPlanProbes*NC-bit compare masks
 constexpr uint32_t kPlanSortVectors = 8;    // concat 1 + index 1 + dst 2 + tmp 2 + out 2 (x NC)
-constexpr uint32_t kStashCountPad = 8;
+constexpr uint32_t kStashCountPad = 8;      // the stash_count block: 8 int32 (32 B) of the header
+constexpr uint32_t kStateHeaderLen = 64;    // int32 header at the start of every state row
+constexpr uint32_t kHeaderWords = 8;        // geometry block read by the kernels (32 B)
+constexpr uint32_t kHeaderMagic = 0x41565331u;   // "AVS1" (reference.HEADER_MAGIC)
+constexpr uint32_t kHeaderCapacity = 1, kHeaderBuckets = 2, kHeaderLifetime = 3;
+constexpr uint32_t kHeaderStashCount = 8;   // stash_count's block starts here
 constexpr uint32_t kMaxPosition = 1u << 24;
 
 struct PlanTiling {
@@ -36,7 +41,7 @@ struct PlanTiling {
     uint32_t secLen[SEC_COUNT];          // section lengths (H or Sp; multiples of 64)
     uint32_t winLog[SEC_COUNT];          // window = 2^winLog elements (multi-window sections)
     uint32_t winLen[SEC_COUNT];          // UB buffer length = min(2^winLog, secLen)
-    uint32_t stashCountOff;
+    uint32_t stashCountOff;              // kHeaderStashCount
     uint32_t nc;                         // kPlanChunk
     uint32_t numChunks;                  // ceil(N / nc): sorted miss runs per row
     uint32_t pendWords;                  // uint32 words of the pending bitmap (numChunks*nc/32)
@@ -79,7 +84,7 @@ inline uint32_t PlanFixedUbBytes(const PlanTiling& t) {
     b += RoundUp(t.buckets / 8, 32);                      // claimed bitmap over buckets
     b += RoundUp(t.pendWords * 4, 32);                    // pending bitmap over misses
     b += 2 * RoundUp(kPlanMaxRuns * kPlanHeadLen * 4, 32);  // merge heads: keys + payload
-    b += 3 * 32;                                          // stats, scalars, stash count
+    b += 2 * 32 + 64;                                     // stats, scalars, header (+ stash count)
     return b;
 }
 

@@ -25,6 +25,12 @@
 //      stash compaction #2 + append (scalar).
 //   4. output: missed lanes get miss_slots[j] (OutputMisses), patched into the stored chunks;
 //      stats via 32 B DMA of the int64 row.
+// Whatever the state holds (reference.py, "Whatever the state holds"): the row's header must
+// match the tiling (else the row is left untouched, miss_counts[r] = -1); stash_count is clamped
+// to [0, S]; every slot read from bucket_slot / stash_slot is clamped to [0, S-1] before it
+// addresses a window or is returned; padding slots are reset to -1 and lives clamped to [-1, L-1]
+// in the decay, so Allocate always finds M victims among the unpinned slots; the stash never
+// grows past S entries. No state content can move an index outside the row's sections.
 // Stash compaction #1 runs before the lookup instead of after it: it drops exactly the entries
 // the lookup's validity test ignores, and nothing the lookup reads changes in between, so the
 // lookup result is the reference's.
@@ -119,7 +125,7 @@ public:
         pipe->InitBuffer(headPayBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
         pipe->InitBuffer(statsBuf_, 32);
         pipe->InitBuffer(scalarBuf_, 32);
-        pipe->InitBuffer(countBuf_, 32);
+        pipe->InitBuffer(headerBuf_, 64);
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
             pipe->InitBuffer(winBuf_[s], t_.winLen[s] * 4);
             win_[s].buf = winBuf_[s].Get<int32_t>();
@@ -165,7 +171,8 @@ public:
         headPay_ = headPayBuf_.Get<int32_t>();
         statsUb_ = statsBuf_.Get<int64_t>();
         scalarUb_ = scalarBuf_.Get<int32_t>();
-        countUb_ = countBuf_.Get<int32_t>();
+        headerUb_ = headerBuf_.Get<int32_t>();
+        countUb_ = headerUb_[avsg::kHeaderStashCount];   // the header's second 32 B block
     }
 
     __aicore__ inline void Process() {
@@ -313,16 +320,32 @@ private:
             PipeBarrier<PIPE_V>();
         }
     }
-    // dst (W lanes) = section[lane], at the offsets in wIdx_ (from SplitIdx). Several windows are
-    // blended in float (Select is float-only on A2; entries are positions < 2^24, -1 or slots,
-    // all exact in float).
-    __aicore__ inline void GatherVals(Win& w, const LocalTensor<int32_t>& dst) {
+    // x = clamp(x, lo, hi) on n int32 lanes
+    __aicore__ inline void ClampInts(const LocalTensor<int32_t>& x, int32_t lo, int32_t hi, uint32_t n) {
+        Maxs(x, x, lo, n);
+        PipeBarrier<PIPE_V>();
+        Mins(x, x, hi, n);
+        PipeBarrier<PIPE_V>();
+    }
+    __aicore__ inline int32_t SlotMax() const { return static_cast<int32_t>(t_.capacity) - 1; }
+    // A slot read from the state, brought into [0, S-1] before it addresses anything.
+    __aicore__ inline uint32_t ClampSlot(int32_t slot) const {
+        if (slot < 0) return 0;
+        return static_cast<uint32_t>(slot) >= t_.capacity ? t_.capacity - 1 : static_cast<uint32_t>(slot);
+    }
+
+    // dst (W lanes) = clamp(section[lane], lo, hi), at the offsets in wIdx_ (from SplitIdx). The
+    // clamp runs on the raw int32 values, so whatever the state holds, the result is a slot in
+    // [0, S-1] or a key in [-1, 2^24]: several windows are then blended in float exactly (Select
+    // is float-only on A2).
+    __aicore__ inline void GatherVals(Win& w, const LocalTensor<int32_t>& dst, int32_t lo, int32_t hi) {
         const uint32_t n = Wide();
         const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
         if (w.nwin == 1) {
             Ensure(w, 0);
             Gather(dst, w.buf, off, 0u, n);
             PipeBarrier<PIPE_V>();
+            ClampInts(dst, lo, hi, n);
             return;
         }
         const LocalTensor<float> dstF = dst.ReinterpretCast<float>();
@@ -334,6 +357,7 @@ private:
             Gather(wTmp_, w.buf, off, 0u, n);
             if (k > 0) CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
             PipeBarrier<PIPE_V>();
+            ClampInts(wTmp_, lo, hi, n);
             if (k == 0) {   // every lane takes the first window's value; later windows overwrite theirs
                 Cast(dstF, wTmp_, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
@@ -444,7 +468,7 @@ private:
         Buckets();
         SplitIdx(bk, wIdx_);                      // bucket_slot shares bucket_key's windows
         MatchBits(bk, vWant_, false, mKey_);      // bucket_key == p
-        GatherVals(bs, wSlot_);                   // the slot each probe bucket names
+        GatherVals(bs, wSlot_, 0, SlotMax());     // the slot each probe bucket names
         Adds(wIdx_, wSlot_, 0, n);
         PipeBarrier<PIPE_V>();
         SplitIdx(sp, wIdx_);
@@ -453,20 +477,26 @@ private:
         Cast(wSlot_.ReinterpretCast<float>(), wSlot_, RoundMode::CAST_RINT, n);
         Duplicate(vFoundF_, -1.0f, nc);
         PipeBarrier<PIPE_V>();
-        // stash: lanes != key keep their value, the rest take the entry's slot (float compare is
-        // exact: keys and selections are below 2^24 or negative). Two masks alternate so an entry
-        // needs one barrier: its compare only overwrites the mask of the entry before last.
-        for (uint32_t k = 0; k < stashCount_; ++k) {
+        // stash: lanes != key keep their value, the rest take the entry's slot. Valid selections
+        // are below 2^24 and exact in float; a key >= 2^24 rounds to >= 2^24 and matches none, and
+        // a negative key is skipped (invalid lanes hold -2). Two masks alternate so an entry needs
+        // one barrier: its compare only overwrites the mask of the entry before last. Entries run
+        // last to first and the probes last to first after them, so the first valid probe, else
+        // the first valid stash entry, wins as in the reference even if slot_pos held a position
+        // twice.
+        uint32_t used = 0;
+        for (uint32_t k = stashCount_; k-- > 0;) {
             const int32_t key = Get(win_[avsg::SEC_SK], k);
-            const int32_t slot = Get(win_[avsg::SEC_SS], k);
-            const LocalTensor<uint8_t>& ne = (k & 1u) ? mB_ : mA_;
+            if (key < 0) continue;
+            const uint32_t slot = ClampSlot(Get(win_[avsg::SEC_SS], k));
+            const LocalTensor<uint8_t>& ne = (used++ & 1u) ? mB_ : mA_;
             CompareScalar(ne, vWantF_, static_cast<float>(key), CMPMODE::NE, nc);
             PipeBarrier<PIPE_V>();
             Select(vFoundF_, ne, vFoundF_, static_cast<float>(slot), SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
         }
         PipeBarrier<PIPE_V>();
         const LocalTensor<float> slotF = wSlot_.ReinterpretCast<float>();
-        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+        for (uint32_t i = avsg::kPlanProbes; i-- > 0;) {
             Select(vFoundF_, mKey_[i * nc / 8], slotF[i * nc], vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
             PipeBarrier<PIPE_V>();
         }
@@ -668,8 +698,10 @@ private:
         Sync<HardEvent::MTE3_V>();
     }
 
-    // slot_life: decay (life>0 -> life-1) and hit slots -> L, one vector pass per window.
-    // Also counts the free slots (life -1, padding included), so Allocate can skip level -1.
+    // slot_life: decay (life>0 -> life-1), clamp to [-1, L-1] (a no-op on states the ops built;
+    // on any other it keeps every unpinned slot a victim candidate), hit slots -> L, one vector
+    // pass per window. Also counts the free slots (life -1, padding included), so Allocate can
+    // skip level -1.
     __aicore__ inline void DecayAndPin() {
         const uint32_t nc = t_.nc;
         Win& sl = win_[avsg::SEC_SL];
@@ -682,13 +714,22 @@ private:
             for (uint32_t off = 0; off < cnt; off += nc) {
                 const uint32_t n = MinU(nc, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
-                Mins(vT1_, life, 0, n);
-                Adds(vT2_, life, -1, n);
-                CompareScalar(mB_, life, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
+                // clamp to [-1, L] first (life - 1 would wrap at INT32_MIN), then decay: the same
+                // as the reference's decay-then-clamp to [-1, L-1]
+                Maxs(vT1_, life, -1, n);
+                PipeBarrier<PIPE_V>();
+                Mins(vT1_, vT1_, static_cast<int32_t>(t_.lifetime), n);
+                PipeBarrier<PIPE_V>();
+                Adds(vT2_, vT1_, -1, n);
+                PipeBarrier<PIPE_V>();
+                Mins(vT1_, vT1_, 0, n);
                 PipeBarrier<PIPE_V>();
                 Max(vT2_, vT2_, vT1_, n);                    // max(life-1, min(life,0))
+                PipeBarrier<PIPE_V>();
+                CompareScalar(mB_, vT2_, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
+                PipeBarrier<PIPE_V>();
                 uint64_t nFree = 0;
-                GatherMask(vKey_, life, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
+                GatherMask(vKey_, vT2_, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
                 freeSlots_ += static_cast<uint32_t>(nFree);
                 PipeBarrier<PIPE_V>();
                 Cast(vTmpF_, vT2_, RoundMode::CAST_RINT, n);
@@ -858,8 +899,8 @@ private:
             Hash(vWant_, nc);
             Buckets();
             SplitIdx(bk, wIdx_);
-            GatherVals(bk, wKey_);
-            GatherVals(bs, wSlot_);
+            GatherVals(bk, wKey_, -1, static_cast<int32_t>(avsg::kMaxPosition));
+            GatherVals(bs, wSlot_, 0, SlotMax());
             Adds(wIdx_, wSlot_, 0, n);
             CompareScalar(mKey_, wKey_, -1, CMPMODE::EQ, n);     // never used
             PipeBarrier<PIPE_V>();
@@ -993,7 +1034,7 @@ private:
         for (uint32_t k = 0; k < stashCount_; ++k) {
             const int32_t key = Get(sk, k);
             const int32_t slot = Get(ss, k);
-            if (Get(win_[avsg::SEC_SP], static_cast<uint32_t>(slot)) == key) {
+            if (Get(win_[avsg::SEC_SP], ClampSlot(slot)) == key) {
                 if (c != k) {
                     Put(sk, c, key);
                     Put(ss, c, slot);
@@ -1013,6 +1054,7 @@ private:
             const uint32_t n = LoadMisses(r, j0, m);
             for (uint32_t q = 0; q < n; ++q) {
                 if (!WordBit(pendBits_, j0 + q)) continue;
+                if (stashCount_ >= t_.capacity) return;   // full: only a corrupted state gets here
                 Put(win_[avsg::SEC_SK], stashCount_, vWant_.GetValue(q));
                 Put(win_[avsg::SEC_SS], stashCount_, vMS_.GetValue(q));
                 ++stashCount_;
@@ -1072,6 +1114,29 @@ private:
         Sync<HardEvent::MTE3_V>();
     }
 
+    // The row was built (reset) with the geometry and lifetime of this call.
+    __aicore__ inline bool HeaderMatches() {
+        return static_cast<uint32_t>(headerUb_.GetValue(0)) == avsg::kHeaderMagic &&
+               static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderCapacity)) == t_.capacity &&
+               static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderBuckets)) == t_.buckets &&
+               static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderLifetime)) == t_.lifetime;
+    }
+    // A row whose header does not match: state and stats untouched; no selection, no miss, and
+    // miss_counts[r] = -1 so the caller can tell (the CPU host raises before this point).
+    __aicore__ inline void RejectRow(uint32_t r) {
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        Sync<HardEvent::S_V>();
+        FillTail(slotsGm_, rowN, 0, t_.N);
+        FillTail(missPosGm_, rowN, 0, t_.N);
+        FillTail(missSlotsGm_, rowN, 0, t_.N);
+        scalarUb_.SetValue(0, -1);
+        Sync<HardEvent::S_MTE3>();
+        StoreInts(missCountsGm_[r], scalarUb_, 1);
+        Sync<HardEvent::MTE3_S>();
+        Sync<HardEvent::MTE3_V>();
+        Sync<HardEvent::MTE3_MTE2>();
+    }
+
     __aicore__ inline void Row(uint32_t r) {
         const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
@@ -1081,15 +1146,26 @@ private:
         Sync<HardEvent::S_MTE2>();
         Sync<HardEvent::MTE3_MTE2>();
         LoadInts(scalarUb_, seqGm_[r], 1, 0);
-        DataCopy(countUb_, stateGm_[rowState + t_.stashCountOff], avsg::kStashCountPad);
+        DataCopy(headerUb_, stateGm_[rowState], avsg::kHeaderWords + avsg::kStashCountPad);
         Duplicate(hitBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.capPad / 16);
         Sync<HardEvent::MTE2_S>();
         Sync<HardEvent::V_S>();
+        if (!HeaderMatches()) {
+            RejectRow(r);
+            return;
+        }
         int32_t seq = scalarUb_.GetValue(0);
         if (seq > static_cast<int32_t>(avsg::kMaxPosition)) seq = static_cast<int32_t>(avsg::kMaxPosition);
         boundF_ = static_cast<float>(seq);
-        stashCount_ = static_cast<uint32_t>(countUb_.GetValue(0));
+        const int32_t count = countUb_.GetValue(0);
+        stashCount_ = count < 0 ? 0u : MinU(static_cast<uint32_t>(count), t_.capacity);
         lookups_ = hits_ = misses_ = 0;
+        // padding slots free, so Allocate's free count and the dual pointer's resident runs see
+        // only real slots
+        for (uint32_t s = t_.capacity; s < t_.capPad; ++s) {
+            if (Get(win_[avsg::SEC_SP], s) != -1) Put(win_[avsg::SEC_SP], s, -1);
+            if (Get(win_[avsg::SEC_SL], s) != -1) Put(win_[avsg::SEC_SL], s, -1);
+        }
 
         // 0. stash compaction #1
         if (stashCount_ > 0) CompactStash();
@@ -1156,7 +1232,7 @@ private:
     TBuf<TPosition::VECCALC> wideBuf_[avsg::kPlanWideVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
     TBuf<TPosition::VECCALC> tilingBuf_, sortBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
-    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, countBuf_;
+    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
     LocalTensor<int32_t> vWant_, vFirst_, vStride_, vFoundI_, vMS_, vLane_, vHMask_;   // nc lanes
@@ -1170,7 +1246,7 @@ private:
     LocalTensor<uint32_t> hitBits_, claimBits_, pendBits_;
     LocalTensor<int32_t> headKey_, headPay_;
     LocalTensor<int64_t> statsUb_;
-    LocalTensor<int32_t> scalarUb_, countUb_;
+    LocalTensor<int32_t> scalarUb_, headerUb_, countUb_;
     Merger missRuns_, resRuns_;
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
@@ -1181,9 +1257,12 @@ private:
 };
 
 // ------------------------------------------------------------------------------ invalidate
-// slot_pos >= valid_len -> slot_pos = -1, slot_life = -1. int32 Compare is EQ only on A2, so the
-// test runs in float (Cast is exact for |x| < 2^24; positions are below 2^24, and the monotone
-// rounding of a larger valid_len keeps the order against them): Compares GE, Not, Select, Cast.
+// slot_pos >= limit -> slot_pos = -1, slot_life = -1, with limit = clamp(valid_len, -1, 2^24).
+// int32 Compare is EQ only on A2, so the test runs in float on min(slot_pos, 2^24): exact, and
+// equivalent to the int32 test whatever slot_pos holds (limit <= 2^24; values below -1 stay below
+// -1 when rounded). The kept values are never rounded: the float test becomes an int32 lane mask
+// (-1 keep, 0 drop) and the update is (x & keep) | ~keep on u16 lanes. Rows whose header does not
+// match the geometry are left untouched.
 class InvalidateKernel {
 public:
     __aicore__ inline InvalidateKernel() {}
@@ -1195,23 +1274,33 @@ public:
         const uint32_t ch = t_.fillChunk;
         pipe->InitBuffer(posBuf_, ch * 4);
         pipe->InitBuffer(lifeBuf_, ch * 4);
-        pipe->InitBuffer(fBuf_, ch * 4);
+        pipe->InitBuffer(keepBuf_, ch * 4);
+        pipe->InitBuffer(notKeepBuf_, ch * 4);
         pipe->InitBuffer(maskBuf_, avsg::RoundUp(ch / 8, 32));
-        pipe->InitBuffer(keepBuf_, avsg::RoundUp(ch / 8, 32));
         pipe->InitBuffer(scalarBuf_, 32);
+        pipe->InitBuffer(headerBuf_, 32);
     }
     __aicore__ inline void Process() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
         LocalTensor<int32_t> pos = posBuf_.Get<int32_t>(), life = lifeBuf_.Get<int32_t>();
-        LocalTensor<float> f = fBuf_.Get<float>();
-        LocalTensor<uint8_t> drop = maskBuf_.Get<uint8_t>(), keep = keepBuf_.Get<uint8_t>();
-        LocalTensor<int32_t> sc = scalarBuf_.Get<int32_t>();
+        LocalTensor<int32_t> keep = keepBuf_.Get<int32_t>(), notKeep = notKeepBuf_.Get<int32_t>();
+        LocalTensor<float> keepF = keep.ReinterpretCast<float>(), zeroF = notKeep.ReinterpretCast<float>();
+        LocalTensor<uint8_t> drop = maskBuf_.Get<uint8_t>();
+        LocalTensor<int32_t> sc = scalarBuf_.Get<int32_t>(), hdr = headerBuf_.Get<int32_t>();
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) {
+            const uint64_t base = static_cast<uint64_t>(r) * t_.width;
             Sync<HardEvent::S_MTE2>();
             DataCopyPad(sc, lensGm_[r], DataCopyExtParams(1, 4, 0, 0, 0), DataCopyPadExtParams<int32_t>(true, 0, 7, 0));
+            DataCopy(hdr, stateGm_[base], avsg::kHeaderWords);
             Sync<HardEvent::MTE2_S>();
-            const float limit = static_cast<float>(sc.GetValue(0));
-            const uint64_t base = static_cast<uint64_t>(r) * t_.width;
+            if (static_cast<uint32_t>(hdr.GetValue(0)) != avsg::kHeaderMagic ||
+                static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderCapacity)) != t_.capacity ||
+                static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderBuckets)) != t_.buckets)
+                continue;
+            int32_t lim = sc.GetValue(0);
+            if (lim < -1) lim = -1;
+            if (lim > static_cast<int32_t>(avsg::kMaxPosition)) lim = static_cast<int32_t>(avsg::kMaxPosition);
+            const float limit = static_cast<float>(lim);
             for (uint32_t off = 0; off < t_.capPad; off += t_.fillChunk) {
                 const uint32_t n = MinU(t_.fillChunk, t_.capPad - off);
                 const uint32_t real = off < t_.capacity ? MinU(n, t_.capacity - off) : 0;
@@ -1221,21 +1310,27 @@ public:
                 DataCopy(pos, stateGm_[base + t_.secOff[avsg::SEC_SP] + off], n);
                 DataCopy(life, stateGm_[base + t_.secOff[avsg::SEC_SL] + off], n);
                 Sync<HardEvent::MTE2_V>();
-                Cast(f, pos, RoundMode::CAST_RINT, n);
+                Mins(keep, pos, static_cast<int32_t>(avsg::kMaxPosition), n);
+                Duplicate(zeroF, 0.0f, n);
                 PipeBarrier<PIPE_V>();
-                CompareScalar(drop, f, limit, CMPMODE::GE, n);
+                Cast(keepF, keep, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
-                Not(keep.ReinterpretCast<uint16_t>(), drop.ReinterpretCast<uint16_t>(), n / 16);
+                CompareScalar(drop, keepF, limit, CMPMODE::GE, n);
                 PipeBarrier<PIPE_V>();
-                Select(f, keep, f, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+                Select(keepF, drop, zeroF, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // drop ? 0 : -1
                 PipeBarrier<PIPE_V>();
-                Cast(pos, f, RoundMode::CAST_RINT, n);
+                Cast(keep, keepF, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
-                Cast(f, life, RoundMode::CAST_RINT, n);
+                Not(notKeep.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(), 2 * n);
+                And(pos.ReinterpretCast<uint16_t>(), pos.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(),
+                    2 * n);
+                And(life.ReinterpretCast<uint16_t>(), life.ReinterpretCast<uint16_t>(),
+                    keep.ReinterpretCast<uint16_t>(), 2 * n);
                 PipeBarrier<PIPE_V>();
-                Select(f, keep, f, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
-                PipeBarrier<PIPE_V>();
-                Cast(life, f, RoundMode::CAST_RINT, n);
+                Or(pos.ReinterpretCast<uint16_t>(), pos.ReinterpretCast<uint16_t>(), notKeep.ReinterpretCast<uint16_t>(),
+                   2 * n);
+                Or(life.ReinterpretCast<uint16_t>(), life.ReinterpretCast<uint16_t>(),
+                   notKeep.ReinterpretCast<uint16_t>(), 2 * n);
                 Sync<HardEvent::V_MTE3>();
                 DataCopyExtParams p(1, real * 4, 0, 0, 0);
                 DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SP] + off], pos, p);
@@ -1249,12 +1344,13 @@ public:
 private:
     PlanTiling t_;
     GlobalTensor<int32_t> stateGm_, lensGm_;
-    TBuf<TPosition::VECCALC> tilingBuf_, posBuf_, lifeBuf_, fBuf_, maskBuf_, keepBuf_, scalarBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, posBuf_, lifeBuf_, keepBuf_, notKeepBuf_, maskBuf_, scalarBuf_, headerBuf_;
 };
 
 // ----------------------------------------------------------------------------------- reset
 // Rows with row_mask set return to the empty state: -1 everywhere except bucket_slot, stash_slot
-// and the stash_count tail, which are 0 (reference.reset). Duplicate + DataCopy per section.
+// and the header, which are 0, then the header's geometry words (reference.reset). Nothing is read
+// from the row, so reset also repairs a corrupted one. Duplicate + DataCopy per section.
 class ResetKernel {
 public:
     __aicore__ inline ResetKernel() {}
@@ -1266,13 +1362,22 @@ public:
         pipe->InitBuffer(negBuf_, t_.fillChunk * 4);
         pipe->InitBuffer(zeroBuf_, t_.fillChunk * 4);
         pipe->InitBuffer(flagBuf_, 32);
+        pipe->InitBuffer(headerBuf_, 32);
     }
     __aicore__ inline void Process() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
         LocalTensor<int32_t> neg = negBuf_.Get<int32_t>(), zero = zeroBuf_.Get<int32_t>();
         LocalTensor<uint8_t> flag = flagBuf_.Get<uint8_t>();
+        LocalTensor<int32_t> hdr = headerBuf_.Get<int32_t>();
         Duplicate(neg, -1, t_.fillChunk);
         Duplicate(zero, 0, t_.fillChunk);
+        Duplicate(hdr, 0, avsg::kHeaderWords);
+        Sync<HardEvent::V_S>();
+        hdr.SetValue(0, static_cast<int32_t>(avsg::kHeaderMagic));
+        hdr.SetValue(avsg::kHeaderCapacity, static_cast<int32_t>(t_.capacity));
+        hdr.SetValue(avsg::kHeaderBuckets, static_cast<int32_t>(t_.buckets));
+        hdr.SetValue(avsg::kHeaderLifetime, static_cast<int32_t>(t_.lifetime));
+        Sync<HardEvent::S_MTE3>();
         Sync<HardEvent::V_MTE3>();
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) {
             Sync<HardEvent::S_MTE2>();
@@ -1280,13 +1385,14 @@ public:
             Sync<HardEvent::MTE2_S>();
             if (flag.GetValue(0) == 0) continue;
             const uint64_t base = static_cast<uint64_t>(r) * t_.width;
+            DataCopy(stateGm_[base], hdr, avsg::kHeaderWords);
+            Fill(base + avsg::kHeaderWords, avsg::kStateHeaderLen - avsg::kHeaderWords, zero);
             Fill(base + t_.secOff[avsg::SEC_BK], t_.buckets, neg);
             Fill(base + t_.secOff[avsg::SEC_BS], t_.buckets, zero);
             Fill(base + t_.secOff[avsg::SEC_SP], t_.capPad, neg);
             Fill(base + t_.secOff[avsg::SEC_SL], t_.capPad, neg);
             Fill(base + t_.secOff[avsg::SEC_SK], t_.capPad, neg);
             Fill(base + t_.secOff[avsg::SEC_SS], t_.capPad, zero);
-            Fill(base + t_.stashCountOff, avsg::kStashCountPad, zero);
         }
         Sync<HardEvent::MTE3_MTE2>();
     }
@@ -1298,7 +1404,7 @@ private:
     PlanTiling t_;
     GlobalTensor<int32_t> stateGm_;
     GlobalTensor<uint8_t> maskGm_;
-    TBuf<TPosition::VECCALC> tilingBuf_, negBuf_, zeroBuf_, flagBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, negBuf_, zeroBuf_, flagBuf_, headerBuf_;
 };
 
 }  // namespace avsg_kernel

@@ -145,7 +145,8 @@ def test_invariants_on_random_sessions(geo, ops, seed, pad_rate, unchecked):
             rows = sorted(set(torch.randint(0, R, (2,), generator=gen).tolist()))
             buf.reset(rows)
             dual.reset(rows)
-            reference.reset(spec_state, buf.layout, torch.isin(torch.arange(R), torch.tensor(rows)))
+            reference.reset(spec_state, buf.layout, torch.isin(torch.arange(R), torch.tensor(rows)),
+                            lifetime)
             oracle.reset(rows)
             model.reset(rows)
         check_index_consistent(buf, after_plan=(op == "plan"))
@@ -230,7 +231,7 @@ def run_mtp_decode(steps: int, seed: int, R=3, T=3, K=24, S=96, lifetime=6):
             buf.reset([row])
             model.reset([row])
             oracle.reset([row])
-            reference.reset(spec_state, buf.layout, torch.arange(R) == row)
+            reference.reset(spec_state, buf.layout, torch.arange(R) == row, lifetime)
             lens[row] = 64
         assert torch.equal(spec_state, buf.state)
         for r in range(R):

@@ -23,7 +23,7 @@ class Twin:
     def __init__(self, R, S, H, L, matcher="hash", device="cpu"):
         self.layout = reference.Layout(S, H)
         self.S, self.H, self.L, self.matcher, self.device = S, H, L, matcher, device
-        self.ref_state = reference.new_state(R, self.layout)
+        self.ref_state = reference.new_state(R, self.layout, L)
         self.ref_stats = torch.zeros(R, 4, dtype=torch.int64)
         # clone first: .to() of a CPU tensor to "cpu" would alias the reference state
         self.state = self.ref_state.clone().to(device)
@@ -47,8 +47,8 @@ class Twin:
         self.check()
 
     def reset(self, mask):
-        torch.ops.avsg.reset(self.state, mask.to(self.device), self.S, self.H)
-        reference.reset(self.ref_state, self.layout, mask)
+        torch.ops.avsg.reset(self.state, mask.to(self.device), self.S, self.H, self.L)
+        reference.reset(self.ref_state, self.layout, mask, self.L)
         self.check()
 
     def check(self):
@@ -218,7 +218,7 @@ def test_more_rows_than_cores():
 # ---------------------------------------------------------------- input checks of the ops
 def _args():
     layout = reference.Layout(16, 64)
-    state = reference.new_state(2, layout)
+    state = reference.new_state(2, layout, 4)
     stats = torch.zeros(2, 4, dtype=torch.int64)
     topk = torch.arange(16, dtype=I32).view(2, 2, 4)
     seq = torch.full((2,), 40, dtype=I32)
@@ -255,4 +255,4 @@ def test_op_rejects_bad_geometry():
     with pytest.raises(TypeError, match="valid_lens"):
         torch.ops.avsg.invalidate(state, seq.long(), 16, 64)
     with pytest.raises(TypeError, match="row_mask"):
-        torch.ops.avsg.reset(state, seq, 16, 64)
+        torch.ops.avsg.reset(state, seq, 16, 64, 4)

@@ -80,8 +80,8 @@ def _invalidate_ref(state, valid_lens, capacity, buckets):
     reference.invalidate(state, _layout(capacity, buckets), valid_lens)
 
 
-def _reset_ref(state, row_mask, capacity, buckets):
-    reference.reset(state, _layout(capacity, buckets), row_mask)
+def _reset_ref(state, row_mask, capacity, buckets, lifetime):
+    reference.reset(state, _layout(capacity, buckets), row_mask, lifetime)
 
 
 def _gather_ref(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_size,

@@ -10,11 +10,22 @@ Two kinds of checks:
   inside the pool): when ``check=True``, the default on CPU. They read the data, which on an NPU
   means a host sync, so the NPU default is ``check=False``. Unchecked, an out-of-range position is
   treated as ``-1`` and a duplicate shares its slot; a miss whose host row lies outside the pool
-  is not copied.
+  is not copied. Under ``torch.compile`` tracing the value checks are skipped (they would need
+  the data, a graph break); the structural checks and the ops' own checks still run.
+
+Whatever the state holds, the ops stay inside it (reference.py, "Whatever the state holds"): the
+state's header ties it to the geometry it was built with, and every index read from it is
+clamped. ``SparseKVBuffer.check_state`` validates the invariants on demand.
+
+Threads: one buffer must not be used from two threads at once (the ops release the GIL and update
+the state in place). ``plan``/``invalidate``/``reset``/``check_state`` take a per-buffer lock
+without waiting and raise ``RuntimeError`` if another thread holds it; distinct buffers are
+independent.
 """
 from __future__ import annotations
 
 import os
+import threading
 from typing import Dict, NamedTuple, Optional, Sequence, Union
 
 import torch
@@ -79,8 +90,20 @@ def _require_tensor(name: str, t, dtype: Optional[torch.dtype] = None, shape=Non
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
+    _require_real(name, t)
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def _tracing() -> bool:
+    """True while torch.compile traces: value checks would read data (a graph break)."""
+    return torch.compiler.is_compiling()
+
+
+def _require_real(name: str, t: torch.Tensor) -> None:
+    """A meta tensor has no data: an op would run its shape function only and return garbage."""
+    if t.device.type == "meta":
+        raise ValueError(f"{name}: expected a tensor with data, got one on the meta device")
 
 
 def _check_positions(topk_pos: torch.Tensor, seq_lens: torch.Tensor) -> None:
@@ -154,6 +177,9 @@ class SparseKVBuffer:
         self.device = torch.device(device)
         self.check = (self.device.type == "cpu") if check is None else bool(check)
         self.layout = reference.Layout(capacity, hash_buckets)
+        if self.device.type == "meta":
+            raise ValueError("device: a buffer needs real memory, got the meta device")
+        self._busy = threading.Lock()
         self.state = torch.empty(rows, self.layout.width, dtype=torch.int32, device=self.device)
         self.stats_counts = torch.zeros(rows, len(reference.STAT_NAMES), dtype=torch.int64,
                                         device=self.device)
@@ -175,25 +201,64 @@ class SparseKVBuffer:
         _require_tensor("seq_lens", seq_lens, torch.int32, (self.rows,), self.device)
         if matcher not in ("hash", "dual_pointer"):
             raise ValueError(f"matcher: expected 'hash' or 'dual_pointer', got {matcher!r}")
-        if self.check if check is None else check:
-            _check_positions(topk_pos, seq_lens)
         op = torch.ops.avsg.plan if matcher == "hash" else torch.ops.avsg.plan_dual_pointer
-        slots, miss_pos, miss_slots, miss_counts = op(
-            topk_pos, seq_lens, self.state, self.stats_counts, self.capacity, self.hash_buckets,
-            self.lifetime)
+        held = self._hold("plan")
+        try:
+            if (self.check if check is None else check) and not _tracing():
+                _check_positions(topk_pos, seq_lens)
+            slots, miss_pos, miss_slots, miss_counts = op(
+                topk_pos, seq_lens, self.state, self.stats_counts, self.capacity,
+                self.hash_buckets, self.lifetime)
+        finally:
+            self._release(held)
         return Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity)
+
+    def _hold(self, what: str) -> bool:
+        """Take the buffer for one op. Another thread inside an op of this buffer is a bug in
+        the caller (the result would depend on the interleaving), so this raises instead of
+        waiting. Compiled graphs are not guarded (a lock cannot be traced): returns False."""
+        if _tracing():
+            return False
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(f"SparseKVBuffer.{what}: the buffer is in use by another thread; "
+                               f"one buffer must be driven by one thread at a time")
+        return True
+
+    def _release(self, held: bool) -> None:
+        if held:
+            self._busy.release()
 
     def invalidate(self, valid_lens: torch.Tensor) -> None:
         """Drop every entry whose position is ``>= valid_lens[row]`` (int32 ``[R]``), e.g. the
         speculative positions of rejected MTP drafts."""
         _require_tensor("valid_lens", valid_lens, torch.int32, (self.rows,), self.device)
-        torch.ops.avsg.invalidate(self.state, valid_lens, self.capacity, self.hash_buckets)
+        held = self._hold("invalidate")
+        try:
+            torch.ops.avsg.invalidate(self.state, valid_lens, self.capacity, self.hash_buckets)
+        finally:
+            self._release(held)
 
     def reset(self, rows=None) -> None:
         """Forget everything the given rows hold: ``None`` (all rows), a row index, a list of
         indices, an int tensor of indices, or a bool mask ``[R]``. Statistics are kept."""
         mask = self._row_mask(rows)
-        torch.ops.avsg.reset(self.state, mask, self.capacity, self.hash_buckets)
+        held = self._hold("reset")
+        try:
+            torch.ops.avsg.reset(self.state, mask, self.capacity, self.hash_buckets, self.lifetime)
+        finally:
+            self._release(held)
+
+    def check_state(self) -> None:
+        """Validate the invariants of the state (header against this buffer's geometry and
+        lifetime, value ranges, free slots, no position held twice, the index finding every
+        resident position, the stash); raise ``ValueError`` naming row, section and entry.
+        Cheap (a few vectorised passes; it syncs on an NPU). A failing row can be repaired with
+        ``reset(row)``."""
+        held = self._hold("check_state")
+        try:
+            reference.check_state(self.state.cpu(), self.layout, self.lifetime)
+        finally:
+            self._release(held)
 
     def _row_mask(self, rows) -> torch.Tensor:
         if rows is None:
@@ -201,9 +266,13 @@ class SparseKVBuffer:
         if isinstance(rows, torch.Tensor) and rows.dtype == torch.bool:
             _require_tensor("rows", rows, torch.bool, (self.rows,), self.device)
             return rows
-        if isinstance(rows, int) and not isinstance(rows, bool):
+        if isinstance(rows, bool) or not isinstance(rows, (int, list, tuple, range, torch.Tensor)):
+            raise TypeError("rows: expected None, a row index, a list of indices, an int tensor of "
+                            f"indices or a bool mask [R], got {type(rows).__name__}")
+        if isinstance(rows, int):
             rows = [rows]
         if isinstance(rows, torch.Tensor):
+            _require_real("rows", rows)
             if rows.dtype not in (torch.int32, torch.int64) or rows.dim() != 1:
                 raise TypeError("rows: expected a bool mask [R] or a 1-D int tensor of indices, "
                                 f"got dtype {rows.dtype} shape {tuple(rows.shape)}")
@@ -265,6 +334,13 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     """
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: expected avsg.Plan, got {type(plan).__name__}")
+    device = plan.miss_pos.device
+    for field in ("slots", "miss_pos", "miss_slots", "miss_counts"):
+        t = getattr(plan, field)
+        _require_tensor(f"plan.{field}", t, torch.int32)
+        if t.device != device:
+            raise ValueError(f"plan.{field}: expected a tensor on {device} (that of "
+                             f"plan.miss_pos), got one on {t.device}")
     srcs, dsts = _as_list("src", src), _as_list("dst", dst)
     if len(srcs) != len(dsts):
         raise ValueError(f"src/dst: expected the same number of tensors, got {len(srcs)} and "
@@ -276,7 +352,7 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     R = plan.miss_pos.shape[0]
     paged = block_table is not None
     if paged:
-        _require_tensor("block_table", block_table, torch.int32, ndim=2)
+        _require_tensor("block_table", block_table, torch.int32, ndim=2, device=device)
         if block_table.shape[0] != R:
             raise ValueError(f"block_table: expected {R} rows (one per request), got "
                              f"{block_table.shape[0]}")
@@ -286,6 +362,9 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     for i, (s, d) in enumerate(zip(srcs, dsts)):
         _require_tensor(f"dst[{i}]", d)
         _require_tensor(f"src[{i}]", s, dtype=d.dtype)
+        if s.device != device and s.device.type != "cpu":
+            raise ValueError(f"src[{i}]: expected a host (CPU) pool or a tensor on {device} (the "
+                             f"plan's device), got one on {s.device}")
         if d.dim() < 2 or d.shape[0] != R or d.shape[1] != plan.capacity:
             raise ValueError(f"dst[{i}]: expected shape [{R}, {plan.capacity}, ...], got "
                              f"{tuple(d.shape)}")
@@ -305,7 +384,7 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
         raise ValueError("src: paged pools sharing one block_table need the same num_blocks")
     if not paged and any(s.shape[1] != srcs[0].shape[1] for s in srcs):
         raise ValueError("src: contiguous pools sharing one plan need the same max_len")
-    if (dsts[0].device.type == "cpu") if check is None else check:
+    if ((dsts[0].device.type == "cpu") if check is None else check) and not _tracing():
         _check_host_rows(plan, srcs[0], block_table, block_size)
     return torch.ops.avsg.gather(plan.miss_pos, plan.miss_slots, plan.miss_counts, srcs, dsts,
                                  block_table, block_size if paged else 0, partition, cores)

@@ -9,20 +9,55 @@ Memory layout (one int32 state row per request row, one state tensor per layer)
 -------------------------------------------------------------------------------
 A buffer with ``S`` slots and ``H`` hash buckets keeps, per row, one contiguous int32 region so a
 vector core can move a row's whole state GM<->UB with a few DMA copies. Each section is padded to
-a multiple of 64 int32 (one 256-byte vector repeat); padding entries are never read or written::
+a multiple of 64 int32 (one 256-byte vector repeat)::
 
-    [0,        H)          bucket_key   position indexed by the bucket, -1 = never used
-    [H,        2H)         bucket_slot  slot that position was given (0 for a never-used bucket)
-    [2H,       2H+Sp)      slot_pos     position held by each slot, -1 = free
-    [2H+Sp,    2H+2Sp)     slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
-    [2H+2Sp,   2H+3Sp)     stash_key    overflow index: positions no probe bucket could take
-    [2H+3Sp,   2H+4Sp)     stash_slot   their slots
-    [2H+4Sp,   2H+4Sp+8)   stash_count  entry 0 = number of stash entries in use, rest padding
+    [0,        64)          header       the row's geometry and scalars (below)
+    [64,       64+H)        bucket_key   position indexed by the bucket, -1 = never used
+    [64+H,     64+2H)       bucket_slot  slot that position was given (0 for a never-used bucket)
+    [64+2H,    64+2H+Sp)    slot_pos     position held by each slot, -1 = free
+    [.. +Sp,   64+2H+2Sp)   slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
+    [.. +2Sp,  64+2H+3Sp)   stash_key    overflow index: positions no probe bucket could take
+    [.. +3Sp,  64+2H+4Sp)   stash_slot   their slots
+
+    header[0] = HEADER_MAGIC   header[1] = S   header[2] = H   header[3] = L   header[4:8] = 0
+    header[8] = stash_count (stash entries in use)   header[9:64] = 0
 
 ``Sp = roundup(S, 64)``. ``H`` is a power of two, ``64 <= H <= 2**15`` and ``H >= S``; the default
-is ``H = next_pow2(2*S)`` (load factor <= 1/2, see "Index" below). A separate int64 ``stats [R, 4]``
-tensor counts, per row: selections looked up, selections that hit, selections that missed,
-unique positions fetched.
+is ``H = next_pow2(2*S)`` (load factor <= 1/2, see "Index" below). ``reset`` writes the header;
+``plan`` checks magic, ``S``, ``H`` and ``L`` against its arguments and ``invalidate`` the first
+three, so a state cannot be driven with a geometry it was not built for (on CPU a mismatch raises
+``ValueError`` naming the argument; the NPU kernels cannot raise, so they leave such a row
+untouched and report ``miss_counts[r] = -1``, slots and miss lists ``-1``). ``plan`` writes
+``header[8:16]`` only. A separate int64 ``stats [R, 4]`` tensor counts, per row: selections looked
+up, selections that hit, selections that missed, unique positions fetched.
+
+Whatever the state holds
+------------------------
+No content of a state row (or of a plan passed to ``gather``) can make an op touch memory outside
+that row or return a slot outside ``[0, S)``: every value read from the state is brought into its
+domain before it is used, the same way here and in the kernels (so they stay bit-exact on any
+content, up to which slot is returned when ``slot_pos`` holds one position twice, which the
+dual-pointer kernel may resolve differently):
+
+* ``stash_count`` is clamped to ``[0, S]`` (and written back clamped); the stash never grows past
+  ``S`` entries: misses that would overflow it stay resident but unindexed (a later step misses
+  them again; this cannot happen to a state built by the ops);
+* a slot read from ``bucket_slot`` or ``stash_slot`` is clamped to ``[0, S-1]`` before it
+  addresses ``slot_pos`` or is returned (the stored value is kept); the entry is valid only if
+  ``slot_pos`` at the clamped slot holds its key, so a clamped entry is simply stale or names the
+  one slot that really holds the position;
+* the insert's freeness test clamps a bucket key to ``[-1, 2**24]`` (so the kernels can blend
+  keys in float exactly); the lookup compares keys exactly; a negative stash key never matches;
+* every ``plan`` sets the ``Sp - S`` padding entries of ``slot_pos`` and ``slot_life`` to -1, and
+  the decay clamps every lifetime to ``[-1, L-1]`` before the hits are set to ``L``. Then every
+  slot not hit in the step is a victim candidate, so reservation cannot run short (see
+  "Allocate"), whatever ``slot_life`` held or whatever lifetime it was built with;
+* ``invalidate`` drops ``slot_pos >= clamp(valid_len, -1, 2**24)``: positions ``>= 2**24`` are out
+  of range and always dropped;
+* ``gather`` clamps ``miss_counts`` to ``[0, T*K]`` and skips entries whose slot lies outside
+  ``[0, S)`` or whose host row lies outside the pool (``check=True`` rejects both up front).
+
+``check_state`` validates every invariant of a state (cheaply, vectorised over rows).
 
 ``slot_pos`` is the ground truth of residency: position ``p`` is resident in row ``r`` exactly
 when ``slot_pos[r, s] == p`` for some ``s < S``, and then for exactly one ``s``. The hash table
@@ -68,7 +103,8 @@ search runs over slots, and a contiguous ``slot_life`` vector lets decay be one 
 
 One ``plan`` step, per row (all rows independently, all in parallel):
 
-1. **Refresh.** Decay: every slot with ``life > 0`` loses one. Look up every valid selection
+1. **Refresh.** Decay: every slot with ``life > 0`` loses one, then lives are clamped to
+   ``[-1, L-1]`` (a no-op on a state the ops built). Look up every valid selection
    (``0 <= pos < min(seq_len, 2**24)``; everything else is treated as ``-1``). Every hit sets its
    slot's life to ``L``. Hit slots are now exactly the slots with ``life == L``: every other slot
    decayed, so it is at most ``L-1``. That is the pinning of invariant 4, with no extra mask.
@@ -79,8 +115,10 @@ One ``plan`` step, per row (all rows independently, all in parallel):
    ``life < L``: free slots first (life -1), then reclaimable ones (0), then, if there are too few,
    the oldest live ones. This is "decay further, oldest first, until enough are free", without
    rewriting the survivors' lifetimes. ``miss_pos[j]`` gets the ``j``-th victim; its slot gets
-   ``slot_pos = miss_pos[j]`` and ``life = L``. There are always enough victims: the hits of the
-   step pin at most ``#distinct selections - M`` slots and ``S >= T*K >= #distinct selections``.
+   ``slot_pos = miss_pos[j]`` and ``life = L``. There are always enough victims, whatever the state
+   held: after the refresh every slot not hit has ``life <= L-1`` (the decay clamps), the hits of
+   the step pin at most ``#distinct selections - M`` slots (a slot holds one position) and
+   ``S >= T*K >= #distinct selections``.
    The misses are then inserted in the index as above.
 4. **Output.** ``slots[t, k]`` is the slot of ``topk_pos[t, k]`` (hit or newly reserved), ``-1``
    where the selection was ``-1`` or out of range. ``miss_pos``/``miss_slots`` hold ``M`` entries
@@ -117,7 +155,10 @@ MAX_POSITION = 1 << 24                 # positions >= this are out of range (flo
 MAX_BUCKETS = 1 << 15                  # keeps hash products below 2**30
 MAX_LIFETIME = 255
 INT32_MAX = (1 << 31) - 1
-STASH_COUNT_PAD = 8                    # the count lives in a 32-byte tail
+STATE_HEADER = 64                      # int32 words of the per-row header
+HEADER_MAGIC = 0x41565331              # "AVS1": a row written by reset, layout version 1
+HEADER_MAGIC_WORD, HEADER_CAPACITY, HEADER_BUCKETS, HEADER_LIFETIME = range(4)
+HEADER_STASH_COUNT = 8                 # its own 32-byte block: plan rewrites [8, 16) only
 
 HASH_A1 = 0x9E3779B1
 HASH_B1 = 0x85EBCA77
@@ -153,36 +194,40 @@ class Layout(NamedTuple):
         return round_up(self.capacity, VECTOR_INT32)
 
     @property
-    def bucket_key(self) -> int:
+    def header(self) -> int:
         return 0
 
     @property
+    def bucket_key(self) -> int:
+        return STATE_HEADER
+
+    @property
     def bucket_slot(self) -> int:
-        return self.buckets
+        return STATE_HEADER + self.buckets
 
     @property
     def slot_pos(self) -> int:
-        return 2 * self.buckets
+        return STATE_HEADER + 2 * self.buckets
 
     @property
     def slot_life(self) -> int:
-        return 2 * self.buckets + self.padded_capacity
+        return self.slot_pos + self.padded_capacity
 
     @property
     def stash_key(self) -> int:
-        return 2 * self.buckets + 2 * self.padded_capacity
+        return self.slot_pos + 2 * self.padded_capacity
 
     @property
     def stash_slot(self) -> int:
-        return 2 * self.buckets + 3 * self.padded_capacity
+        return self.slot_pos + 3 * self.padded_capacity
 
     @property
     def stash_count(self) -> int:
-        return 2 * self.buckets + 4 * self.padded_capacity
+        return HEADER_STASH_COUNT
 
     @property
     def width(self) -> int:
-        return self.stash_count + STASH_COUNT_PAD
+        return self.slot_pos + 4 * self.padded_capacity
 
 
 class StateView(NamedTuple):
@@ -195,6 +240,7 @@ class StateView(NamedTuple):
     stash_key: torch.Tensor       # [R, S]
     stash_slot: torch.Tensor      # [R, S]
     stash_count: torch.Tensor     # [R]
+    header: torch.Tensor          # [R, 4]: magic, capacity, buckets, lifetime
 
 
 def view_state(state: torch.Tensor, layout: Layout) -> StateView:
@@ -207,31 +253,120 @@ def view_state(state: torch.Tensor, layout: Layout) -> StateView:
         stash_key=state[:, layout.stash_key:layout.stash_key + S],
         stash_slot=state[:, layout.stash_slot:layout.stash_slot + S],
         stash_count=state[:, layout.stash_count],
+        header=state[:, :HEADER_LIFETIME + 1],
     )
 
 
-def new_state(rows: int, layout: Layout, device="cpu") -> torch.Tensor:
+def new_state(rows: int, layout: Layout, lifetime: int, device="cpu") -> torch.Tensor:
     state = torch.empty(rows, layout.width, dtype=torch.int32, device=device)
-    reset(state, layout, torch.ones(rows, dtype=torch.bool, device=device))
+    reset(state, layout, torch.ones(rows, dtype=torch.bool, device=device), lifetime)
     return state
 
 
-def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor) -> None:
-    """Forget everything the masked rows hold (their whole state row returns to empty)."""
+def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor, lifetime: int) -> None:
+    """Forget everything the masked rows hold: the whole row returns to empty, and its header is
+    (re)written with this geometry. It reads nothing from the row, so it also repairs any row."""
     fresh = torch.empty(layout.width, dtype=torch.int32, device=state.device)
     fresh.fill_(-1)
+    fresh[:STATE_HEADER] = 0
+    fresh[HEADER_MAGIC_WORD] = HEADER_MAGIC
+    fresh[HEADER_CAPACITY] = layout.capacity
+    fresh[HEADER_BUCKETS] = layout.buckets
+    fresh[HEADER_LIFETIME] = lifetime
     fresh[layout.bucket_slot:layout.bucket_slot + layout.buckets] = 0
     fresh[layout.stash_slot:layout.stash_slot + layout.padded_capacity] = 0
-    fresh[layout.stash_count:] = 0
     state[row_mask] = fresh
+
+
+def check_header(state: torch.Tensor, layout: Layout, lifetime: Optional[int] = None) -> None:
+    """Raise ``ValueError`` naming the argument when a row's header disagrees with the geometry
+    (and lifetime) an op was called with."""
+    header = state[:, :HEADER_LIFETIME + 1]
+    bad = header[:, HEADER_MAGIC_WORD] != HEADER_MAGIC
+    if bool(bad.any()):
+        r = int(bad.nonzero()[0, 0])
+        raise ValueError(f"state: row {r} holds no AVSG state header (word 0 = "
+                         f"{int(header[r, 0]):#x}, expected {HEADER_MAGIC:#x}): build the state "
+                         f"with reset")
+    expected = [("capacity", HEADER_CAPACITY, layout.capacity),
+                ("buckets", HEADER_BUCKETS, layout.buckets)]
+    if lifetime is not None:
+        expected.append(("lifetime", HEADER_LIFETIME, lifetime))
+    for name, word, value in expected:
+        bad = header[:, word] != value
+        if bool(bad.any()):
+            r = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{name}: the state was built with {int(header[r, word])}, got "
+                             f"{value} (state row {r})")
 
 
 def invalidate(state: torch.Tensor, layout: Layout, valid_lens: torch.Tensor) -> None:
     """Free every slot whose position is ``>= valid_lens[row]``; its index entries go stale."""
+    check_header(state, layout)
     v = view_state(state, layout)
-    drop = v.slot_pos >= valid_lens.to(torch.int32)[:, None]
+    limit = valid_lens.to(torch.int64).clamp(-1, MAX_POSITION).to(torch.int32)
+    drop = v.slot_pos >= limit[:, None]
     v.slot_pos.masked_fill_(drop, -1)
     v.slot_life.masked_fill_(drop, -1)
+
+
+def check_state(state: torch.Tensor, layout: Layout, lifetime: int) -> None:
+    """Validate the invariants of a state built and updated by the ops; raise ``ValueError``
+    naming the row, the section and the entry that breaks one. Vectorised over rows: a few
+    passes over the state (one index lookup per resident slot), no per-step cost.
+
+    Checked: the header (magic, ``S``, ``H``, ``L``, zero words); ``slot_pos`` in
+    ``[-1, 2**24)`` and ``slot_life`` in ``[-1, L]``, free exactly when the other is -1, no
+    position held twice, padding free; ``stash_count`` in ``[0, S]``; every index entry in range
+    (keys in ``[-1, 2**24)``, slots in ``[0, S)``); stash entries past the count are ``(-1, 0)``;
+    every resident position is found by the index at its own slot.
+    """
+    check_header(state, layout, lifetime)
+    S, Sp = layout.capacity, layout.padded_capacity
+    v = view_state(state, layout)
+
+    def fail(section: str, mask: torch.Tensor, what: str) -> None:
+        if bool(mask.any()):
+            r, i = (int(x) for x in mask.nonzero()[0]) if mask.dim() == 2 else (
+                int(mask.nonzero()[0, 0]), 0)
+            value = {"slot_pos": v.slot_pos, "slot_life": v.slot_life, "bucket_key": v.bucket_key,
+                     "bucket_slot": v.bucket_slot, "stash_key": v.stash_key,
+                     "stash_slot": v.stash_slot}.get(section)
+            shown = f"[{r}, {i}] = {int(value[r, i])}" if value is not None and mask.dim() == 2 \
+                else f"[{r}]"
+            raise ValueError(f"state: {section}{shown}: {what}")
+
+    header_rest = torch.cat([state[:, HEADER_LIFETIME + 1:HEADER_STASH_COUNT],
+                             state[:, HEADER_STASH_COUNT + 1:STATE_HEADER]], 1)
+    fail("header", header_rest != 0, "reserved header words must be 0")
+    fail("stash_count", (v.stash_count < 0) | (v.stash_count > S),
+         f"expected a count in [0, {S}]")
+    fail("slot_pos", (v.slot_pos < -1) | (v.slot_pos >= MAX_POSITION),
+         f"expected -1 or a position in [0, 2**24)")
+    fail("slot_life", (v.slot_life < -1) | (v.slot_life > lifetime),
+         f"expected a lifetime in [-1, {lifetime}]")
+    fail("slot_life", (v.slot_life == -1) != (v.slot_pos == -1),
+         "a slot is free (-1) in slot_pos exactly when it is free in slot_life")
+    padding = torch.cat([state[:, layout.slot_pos + S:layout.slot_pos + Sp],
+                         state[:, layout.slot_life + S:layout.slot_life + Sp]], 1)
+    fail("padding", padding != -1, "slot_pos / slot_life padding must be -1")
+    ordered = v.slot_pos.sort(1).values
+    fail("slot_pos", (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0),
+         "a position is held by two slots (sorted index shown)")
+    fail("bucket_key", (v.bucket_key < -1) | (v.bucket_key >= MAX_POSITION),
+         "expected -1 or a position in [0, 2**24)")
+    fail("bucket_slot", (v.bucket_slot < 0) | (v.bucket_slot >= S), f"expected a slot in [0, {S})")
+    in_use = torch.arange(S, device=state.device)[None, :] < v.stash_count[:, None]
+    fail("stash_key", in_use & ((v.stash_key < -1) | (v.stash_key >= MAX_POSITION)),
+         "expected -1 or a position in [0, 2**24)")
+    fail("stash_slot", in_use & ((v.stash_slot < 0) | (v.stash_slot >= S)),
+         f"expected a slot in [0, {S})")
+    fail("stash_key", ~in_use & ((v.stash_key != -1) | (v.stash_slot != 0)),
+         "entries past stash_count must be (-1, 0)")
+    found = index_lookup(v, v.slot_pos, layout.buckets)
+    slot_ids = torch.arange(S, device=state.device, dtype=found.dtype).expand_as(found)
+    fail("slot_pos", (v.slot_pos >= 0) & (found != slot_ids),
+         "this resident position is not found at its slot by the hash index")
 
 
 # ----------------------------------------------------------------------------------------- index
@@ -258,11 +393,21 @@ def _gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return table.gather(1, index.reshape(index.shape[0], -1).long()).view(index.shape)
 
 
+def _capacity(v: StateView) -> int:
+    return v.slot_pos.shape[-1]
+
+
+def _stash_len(v: StateView, r: int) -> int:
+    """Stash entries of row ``r`` in use: the count clamped to ``[0, S]``."""
+    return min(max(int(v.stash_count[r]), 0), _capacity(v))
+
+
 def _stash_lookup(v: StateView, sel: torch.Tensor, found: torch.Tensor) -> None:
     """Fill ``found`` (in place) from the stash for rows whose stash is not empty."""
     for r in torch.nonzero(v.stash_count > 0).flatten().tolist():
-        n = int(v.stash_count[r])
-        keys, slots = v.stash_key[r, :n], v.stash_slot[r, :n]
+        n = _stash_len(v, r)
+        keys = v.stash_key[r, :n]
+        slots = v.stash_slot[r, :n].clamp(0, _capacity(v) - 1)
         live = v.slot_pos[r].gather(0, slots.long()) == keys
         match = (sel[r, :, None] == keys[None, :]) & live[None, :] & (sel[r, :, None] >= 0)
         has = match.any(1) & (found[r] < 0)
@@ -274,7 +419,7 @@ def index_lookup(v: StateView, sel: torch.Tensor, buckets: int) -> torch.Tensor:
     """Slot holding each selected position, or -1: probe buckets first, then the stash."""
     b = probe_buckets(sel.clamp(min=0), buckets)                     # [R, N, P]
     keys = _gather_rows(v.bucket_key, b)
-    slots = _gather_rows(v.bucket_slot, b)
+    slots = _gather_rows(v.bucket_slot, b).clamp(0, _capacity(v) - 1)
     owner = _gather_rows(v.slot_pos, slots)
     want = sel[..., None]
     match = (keys == want) & (owner == want) & (want >= 0)
@@ -315,14 +460,15 @@ def _insert(v: StateView, miss_pos: torch.Tensor, miss_slots: torch.Tensor,
             pending: torch.Tensor, buckets: int) -> None:
     """Place this step's misses in the index: 4 probe rounds, lowest j wins, rest to the stash."""
     R, N = miss_pos.shape
+    S = _capacity(v)
     b = probe_buckets(miss_pos.clamp(min=0), buckets)
     j = torch.arange(N, device=miss_pos.device).expand(R, N)
     row_base = torch.arange(R, device=miss_pos.device)[:, None] * buckets
     pending = pending.clone()
     for i in range(PROBES):
         cand = b[..., i]
-        key = _gather_rows(v.bucket_key, cand)
-        owner = _gather_rows(v.slot_pos, _gather_rows(v.bucket_slot, cand))
+        key = _gather_rows(v.bucket_key, cand).clamp(-1, MAX_POSITION)
+        owner = _gather_rows(v.slot_pos, _gather_rows(v.bucket_slot, cand).clamp(0, S - 1))
         free = (key == -1) | (owner != key)
         propose = pending & free
         winner = torch.full((R * buckets,), N, dtype=torch.int64, device=miss_pos.device)
@@ -340,20 +486,24 @@ def _insert(v: StateView, miss_pos: torch.Tensor, miss_slots: torch.Tensor,
 def compact_stash(v: StateView, rows: Sequence[int], append_keys: Optional[torch.Tensor] = None,
                   append_slots: Optional[torch.Tensor] = None,
                   append: Optional[torch.Tensor] = None) -> None:
-    """Drop the stale stash entries of ``rows`` (order kept), then append the masked entries."""
+    """Drop the stale stash entries of ``rows`` (order kept), then append the masked entries
+    while the stash has room (``S`` entries). Entries past the old count are not touched except
+    by the append; freed entries in between become ``(-1, 0)``."""
+    S = _capacity(v)
     for r in rows:
-        n = int(v.stash_count[r])
+        n = _stash_len(v, r)
         keys, slots = v.stash_key[r, :n].clone(), v.stash_slot[r, :n].clone()
-        live = v.slot_pos[r].gather(0, slots.long()) == keys
+        live = v.slot_pos[r].gather(0, slots.clamp(0, S - 1).long()) == keys
         keys, slots = keys[live], slots[live]
         if append is not None:
-            keys = torch.cat([keys, append_keys[r][append[r]]])
-            slots = torch.cat([slots, append_slots[r][append[r]]])
+            room = S - keys.numel()
+            keys = torch.cat([keys, append_keys[r][append[r]][:room]])
+            slots = torch.cat([slots, append_slots[r][append[r]][:room]])
         count = keys.numel()
         v.stash_key[r, :count] = keys
         v.stash_slot[r, :count] = slots
-        v.stash_key[r, count:] = -1
-        v.stash_slot[r, count:] = 0
+        v.stash_key[r, count:n] = -1
+        v.stash_slot[r, count:n] = 0
         v.stash_count[r] = count
 
 
@@ -370,7 +520,14 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     N = T * K
     S = layout.capacity
     dev = topk_pos.device
+    check_header(state, layout, lifetime)
     v = view_state(state, layout)
+    # whatever the state holds: counts into range, padding slots free (module docstring)
+    v.stash_count.clamp_(0, S)
+    padding = layout.padded_capacity - S
+    if padding:
+        state[:, layout.slot_pos + S:layout.slot_pos + S + padding] = -1
+        state[:, layout.slot_life + S:layout.slot_life + S + padding] = -1
 
     sel = topk_pos.reshape(R, N).to(torch.int32)
     bound = seq_lens.to(torch.int64).clamp(max=MAX_POSITION)[:, None]
@@ -379,7 +536,7 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
 
     # 1. refresh: decay, look up, hits back to L (and thereby pinned)
     life = v.slot_life
-    life.sub_((life > 0).to(torch.int32))
+    life.sub_((life > 0).to(torch.int32)).clamp_(-1, lifetime - 1)
     if matcher == "hash":
         hit_slot = index_lookup(v, sel, layout.buckets)
     elif matcher == "dual_pointer":
@@ -490,11 +647,14 @@ def gather(miss_pos: torch.Tensor, miss_slots: torch.Tensor, miss_counts: torch.
     host row lies outside the pool are skipped (``gather(check=True)`` rejects them up front).
     """
     R, N = miss_pos.shape
+    S = dst[0].shape[1]
+    miss_counts = miss_counts.clamp(0, N)
     core = assign_cores(miss_counts, N, partition, cores)
     rows_per_request = None if block_table is not None else src[0].shape[1]
     pool_rows = src[0].shape[0] * src[0].shape[1]
     flat_rows = host_rows(miss_pos, pool_rows, rows_per_request, block_table, block_size)
-    core = torch.where(flat_rows >= 0, core, torch.full_like(core, -1))
+    inside = (flat_rows >= 0) & (miss_slots >= 0) & (miss_slots < S)
+    core = torch.where(inside, core, torch.full_like(core, -1))
     rr, jj = (core >= 0).nonzero(as_tuple=True)
     for s, d in zip(src, dst):
         host = s.reshape(-1, *s.shape[2:])
