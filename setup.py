@@ -50,7 +50,7 @@ setup(
     ext_modules=[CMakeExtension("avsg._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
-    install_requires=["numpy"],
+    install_requires=["numpy", "tqdm"],
     extras_require={
         "test": ["pytest", "hypothesis"],
         "plot": ["matplotlib"],

@@ -41,7 +41,7 @@ class StrictFastPair:
     def __init__(self, R, S, H, L, matcher="hash"):
         self.S, self.H, self.L = S, H, L
         self.op = torch.ops.avsg.plan if matcher == "hash" else torch.ops.avsg.plan_dual_pointer
-        state = reference.new_state(R, reference.Layout(S, H))
+        state = reference.new_state(R, reference.Layout(S, H), L)
         self.states = {"strict": state, "fast": state.clone()}
         self.stats = {b: torch.zeros(R, 4, dtype=torch.int64) for b in self.states}
 
@@ -64,7 +64,7 @@ class StrictFastPair:
         self._each(lambda st_, _: torch.ops.avsg.invalidate(st_, valid_lens, self.S, self.H))
 
     def reset(self, mask):
-        self._each(lambda st_, _: torch.ops.avsg.reset(st_, mask, self.S, self.H))
+        self._each(lambda st_, _: torch.ops.avsg.reset(st_, mask, self.S, self.H, self.L))
 
 
 def run_session(pair, ops, seed, R, T, K, S):
