@@ -41,6 +41,8 @@ from .spec import parse_acceptance
 from .step import Timers
 
 MODES = ("offload", "avsg", "device")
+DEFAULT_CONTEXT = 32768
+DEFAULT_ACCEPTANCE = "sim:0.8"
 PHASES = ("index_select", "plan", "gather", "attention")
 SHARED_TRACE = os.path.join("..", "shared", "traces", "asyncio_32k.npz")
 
@@ -54,14 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: random weights from --seed)")
     parser.add_argument("--batch", type=int, default=4, help="rows decoded together (default 4)")
     parser.add_argument("--requests", type=int, help="requests to serve (default 2 x batch)")
-    parser.add_argument("--context", type=int, default=32768,
-                        help="context length of a request (default 32768); with trace selection "
-                             "the contexts end at the trace's query positions")
+    parser.add_argument("--context", type=int,
+                        help="context length of a request with --select indexer (default 32768; "
+                             "requests vary by up to 1024 below it); with trace selection the "
+                             "contexts end at the trace's query positions")
     parser.add_argument("--new-tokens", type=int, default=128,
                         help="output tokens per request (default 128; requests vary by +-25%%)")
     parser.add_argument("--mtp", type=int, default=1, choices=range(0, 4), metavar="N",
                         help="MTP drafts per step, 0..3 (default 1)")
-    parser.add_argument("--acceptance", default="sim:0.8",
+    parser.add_argument("--acceptance",
                         help="'sim:MEAN': simulated geometric acceptance, MEAN accepted drafts "
                              "per step (default sim:0.8: random weights draft nothing useful); "
                              "'greedy': real verification of the MTP module's drafts")
@@ -304,7 +307,13 @@ def format_table(results: List[Dict[str, object]]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     _positive("--batch", args.batch)
-    _positive("--context", args.context)
+    if args.context is not None:
+        _positive("--context", args.context)
+        if args.select == "trace":
+            raise UsageError("--context: with --select trace the contexts end at the trace's "
+                             "query positions; use --select indexer to choose a context length")
+    else:
+        args.context = DEFAULT_CONTEXT
     _positive("--new-tokens", args.new_tokens)
     _positive("--capacity", args.capacity)
     requests = _positive("--requests", args.requests) if args.requests is not None \
@@ -324,13 +333,15 @@ def main(args: argparse.Namespace) -> int:
                          f"got {args.capacity}")
     if not 1 <= args.lifetime <= 255:
         raise UsageError(f"--lifetime: expected 1..255, got {args.lifetime}")
+    if args.acceptance is None:
+        args.acceptance = DEFAULT_ACCEPTANCE if args.mtp else "greedy"
     try:
         parse_acceptance(args.acceptance, max(args.mtp, 1))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.acceptance != "greedy" and args.mtp == 0:
         raise UsageError("--acceptance: simulated acceptance needs --mtp >= 1")
-    if args.context > config.max_position_embeddings:
+    if args.select == "indexer" and args.context > config.max_position_embeddings:
         raise UsageError(f"--context: {args.context} exceeds the model's "
                          f"max_position_embeddings = {config.max_position_embeddings}")
     _select_emulation(args.emulation)
