@@ -265,7 +265,7 @@ def test_soak_turnover_with_own_indexer(tiny_model, mtp):
     config = tiny_model.config
     results = {}
     for mode in MODES:
-        engine, store = make_engine(tiny_model, mode, rows=3, mtp=mtp, max_len=200,
+        engine, store = make_engine(tiny_model, mode, rows=3, mtp=mtp, max_len=260,
                                     capacity=(1 + mtp) * config.index_topk + 2,
                                     acceptance=SimulatedAcceptance(mtp, 0.6 * mtp))
         requests = [Request(id=i, max_new_tokens=30 + (i % 7) * 5, context_len=40 + 9 * i,
