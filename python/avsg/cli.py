@@ -2,6 +2,7 @@
 
     avsg run        the decode runtime in offload / avsg / device modes, side by side
     avsg generate   greedy generation from a checkpoint directory
+    avsg bench decode   a modelled DeepSeek-V3.2 decode step per mode on a 910B profile
     avsg demo       plan + gather over decode steps of a selection trace
     avsg trace ...  the trace lab: replay policies, synthesize, inspect
 
@@ -33,6 +34,14 @@ def build_parser() -> OneLineParser:
                                 description=generate_cmd.__doc__.split("\n\n")[0])
     generate_cmd.add_arguments(gen_parser)
     gen_parser.set_defaults(func=generate_cmd.main)
+    from .bench import decode as bench_decode
+    bench_parser = sub.add_parser("bench", help="benchmarks and models")
+    bench_sub = bench_parser.add_subparsers(dest="bench", required=True, parser_class=OneLineParser)
+    decode_parser = bench_sub.add_parser(
+        "decode", help="modelled DeepSeek-V3.2 decode step on a 910B per mode (an estimate)",
+        description=bench_decode.__doc__.split("\n\n")[0])
+    bench_decode.add_arguments(decode_parser)
+    decode_parser.set_defaults(func=bench_decode.main)
     demo_parser = sub.add_parser("demo", help="plan + gather over decode steps of a trace")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.main)
