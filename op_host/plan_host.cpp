@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "plan_tiling.h"
+#include "plan_ub_budget.h"
 
 #if defined(AVSG_CPU_EMULATION) == defined(AVSG_WITH_NPU)
 #error "op_host/plan_host.cpp: build with exactly one of AVSG_CPU_EMULATION (CPU library) or AVSG_WITH_NPU (NPU library)"

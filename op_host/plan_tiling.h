@@ -55,43 +55,25 @@ struct PlanTiling {
     uint32_t fillChunk;                  // invalidate / reset chunk (elements, multiple of 64)
 };
 
-// Helpers shared by the host and the kernels. The kernels include kernel_operator.h first, which
-// defines __aicore__ (a macro: empty in the CPU emulation, the aicore attribute in the device
-// compile), so the device compiler gets an aicore function; the host gets a plain one.
+// The one round-up helper of the plan kernels (x, m > 0). The kernels include kernel_operator.h
+// first, which defines __aicore__ (empty in the CPU emulation, the aicore attribute in the device
+// compile); the host gets a plain function.
 #if defined(__aicore__)
 #define AVSG_PLAN_SHARED_FN constexpr __aicore__ inline
 #else
 #define AVSG_PLAN_SHARED_FN constexpr inline
 #endif
-
-// The one round-up helper of the plan host and kernels (x, m > 0).
 AVSG_PLAN_SHARED_FN uint32_t RoundUp(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
 
-// The kernels DMA the tiling into its own UB buffer (op_kernel/plan_kernel.h, LoadTiling). It is
-// the first buffer of the plan kernel, so its size is rounded to 256 B: the next buffer (the
-// Sort/Sort32 destination region) must start 256 B aligned.
+// Namespace-scope constants are plain expressions, never calls: a constexpr initialised from an
+// __aicore__ function is rejected by an AI-core-only compile (--cce-aicore-only).
 static_assert(sizeof(PlanTiling) % 4 == 0, "PlanTiling is read as uint32 words");
-constexpr uint32_t kPlanTilingUbBytes = RoundUp(static_cast<uint32_t>(sizeof(PlanTiling)), 256);
-
-// Fixed (window-independent) UB bytes of the plan kernels, buffer by buffer (mirrors Init).
-inline uint32_t PlanFixedUbBytes(const PlanTiling& t) {
-    uint32_t b = kPlanTilingUbBytes;                      // tiling copy
-    b += kPlanSortVectors * RoundUp(t.nc * 4, 32);        // Sort / Extract buffers
-    b += kPlanWideVectors * RoundUp(kPlanProbes * t.nc * 4, 32);  // all-probe vectors
-    b += kPlanVectors * RoundUp(t.nc * 4, 32);            // work vectors
-    b += kPlanMasks * RoundUp(kPlanProbes * t.nc / 8, 32);  // compare masks
-    b += RoundUp(t.capPad / 8, 32);                       // hit bitmap over slots
-    b += RoundUp(t.buckets / 8, 32);                      // claimed bitmap over buckets
-    b += RoundUp(t.pendWords * 4, 32);                    // pending bitmap over misses
-    b += 2 * RoundUp(kPlanMaxRuns * kPlanHeadLen * 4, 32);  // merge heads: keys + payload
-    b += 2 * 32 + 64;                                     // stats, scalars, header (+ stash count)
-    return b;
-}
-
-inline uint32_t PlanUbBytes(const PlanTiling& t) {
-    uint32_t b = PlanFixedUbBytes(t);
-    for (uint32_t s = 0; s < SEC_COUNT; ++s) b += RoundUp(t.winLen[s] * 4, 32);
-    return b;
-}
+// The kernels DMA the tiling into its own UB buffer (plan_kernel.h, LoadTiling).
+constexpr uint32_t kPlanTilingUbBytes = (static_cast<uint32_t>(sizeof(PlanTiling)) + 31u) / 32u * 32u;
+// Sort32 on A2 needs its destination 256 B aligned and its sources 128 B aligned; TPipe only
+// promises 32 B. The plan kernel's sort region (with the wide vectors that carry Sort payloads)
+// is one buffer with this much slack, cut at its first 256 B boundary.
+constexpr uint32_t kPlanSortAlign = 256;
+constexpr uint32_t kPlanSortAlignSlack = kPlanSortAlign - 32;
 
 }  // namespace avsg

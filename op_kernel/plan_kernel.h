@@ -36,6 +36,7 @@
 // lookup result is the reference's.
 #pragma once
 #include "kernel_operator.h"
+#include "kernel_compat.h"
 #include "plan_tiling.h"
 
 namespace avsg_kernel {
@@ -111,11 +112,15 @@ public:
                               t_.wsPerCore);
 
         const uint32_t nc = t_.nc;
-        // right after the 256 B-rounded tiling buffer, so the Sort/Sort32 destination (sDst_,
-        // 2*nc*4 B in) is 256 B aligned as Sort32 requires
-        pipe->InitBuffer(sortBuf_, avsg::kPlanSortVectors * nc * 4);
+        // The Sort operands (sort region, and the wide vectors that carry Sort payloads) need
+        // Sort32's alignment (dst 256 B, sources 128 B), which TPipe does not promise: its pool
+        // base is not ours. One buffer with slack, cut at the first 256 B boundary.
         const uint32_t wide = avsg::kPlanProbes * nc;
-        for (uint32_t i = 0; i < avsg::kPlanWideVectors; ++i) pipe->InitBuffer(wideBuf_[i], wide * 4);
+        const uint32_t sortBytes = avsg::kPlanSortVectors * nc * 4, wideBytes = wide * 4;
+        pipe->InitBuffer(alignedBuf_, sortBytes + avsg::kPlanWideVectors * wideBytes + avsg::kPlanSortAlignSlack);
+        const uint32_t alignPad = static_cast<uint32_t>(
+            (avsg::kPlanSortAlign - alignedBuf_.Get<uint8_t>().GetPhyAddr() % avsg::kPlanSortAlign) %
+            avsg::kPlanSortAlign);
         for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], nc * 4);
         for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], avsg::RoundUp(wide / 8, 32));
         pipe->InitBuffer(hitBuf_, avsg::RoundUp(t_.capPad / 8, 32));
@@ -138,11 +143,12 @@ public:
         vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3);
         vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7); vHMask_ = V(8);
         // all-probe vectors: lane (probe i, selection l) at i*nc + l
-        wIdx_ = wideBuf_[0].Get<int32_t>();
-        wWin_ = wideBuf_[1].Get<int32_t>();
-        wSlot_ = wideBuf_[2].Get<int32_t>();
-        wTmp_ = sortBuf_.Get<int32_t>();          // the sort region holds two wide vectors while
-        wKey_ = wTmp_[wide];                      // no sort runs
+        LocalTensor<float> sb = alignedBuf_.GetWithOffset<float>(avsg::kPlanSortVectors * nc, alignPad);
+        wIdx_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + sortBytes);
+        wWin_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + sortBytes + wideBytes);
+        wSlot_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + sortBytes + 2 * wideBytes);
+        wTmp_ = sb.template ReinterpretCast<int32_t>();   // the sort region holds two wide vectors
+        wKey_ = wTmp_[wide];                              // while no sort runs
         wIdx_.SetSize(wide); wWin_.SetSize(wide); wSlot_.SetSize(wide); wTmp_.SetSize(wide); wKey_.SetSize(wide);
         // short-lived nc-element scratch, aliased into wide vectors that are idle whenever these
         // are used (hash temporaries before the wide gathers; the rest outside the lookups)
@@ -155,7 +161,7 @@ public:
         CreateVecIndex(vLane_, 0, nc);            // lane ids, read by Classify's compaction
         Duplicate(vHMask_, static_cast<int32_t>(t_.buckets - 1), nc);   // x mod H (AndMask)
         PipeBarrier<PIPE_V>();
-        LocalTensor<float> sb = sortBuf_.Get<float>();
+        ascendc_assert(sb.GetPhyAddr() % avsg::kPlanSortAlign == 0);
         sConcat_ = sb[0];
         sIdx_ = sb[nc].template ReinterpretCast<uint32_t>();
         sDst_ = sb[2 * nc];
@@ -516,6 +522,9 @@ private:
         if (payload == nullptr) CreateVecIndex(sIdx_.template ReinterpretCast<int32_t>(), 0, n32);
         PipeBarrier<PIPE_V>();
         LocalTensor<uint32_t> idx = payload == nullptr ? sIdx_ : *payload;
+        // Sort32 on A2: scores and index 128 B aligned, pairs 256 B aligned (Init cuts them so).
+        ascendc_assert(sConcat_.GetPhyAddr() % 128 == 0 && idx.GetPhyAddr() % 128 == 0 &&
+                       sDst_.GetPhyAddr() % 256 == 0);
         Sort<float, true>(sDst_, sConcat_, idx, sTmp_, static_cast<int32_t>(n32 / 32));
         PipeBarrier<PIPE_V>();
         Extract(sOutV_, sOutI_, sDst_, static_cast<int32_t>(n32 / 32));
@@ -1229,9 +1238,8 @@ private:
     GlobalTensor<int32_t> topkGm_, seqGm_, stateGm_, slotsGm_, missPosGm_, missSlotsGm_, missCountsGm_, wsGm_;
     GlobalTensor<int64_t> statsGm_;
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
-    TBuf<TPosition::VECCALC> wideBuf_[avsg::kPlanWideVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
-    TBuf<TPosition::VECCALC> tilingBuf_, sortBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, alignedBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
     TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
