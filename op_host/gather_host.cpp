@@ -288,7 +288,7 @@ at::Tensor gather_npu(const at::Tensor& miss_pos, const at::Tensor& miss_slots, 
     const int64_t aiv = npu_aiv_cores();
     TORCH_CHECK_VALUE(num_cores <= aiv, "avsg.gather: num_cores=", num_cores, " exceeds the ", aiv,
                       " AIV cores of this NPU (blockDim must not exceed the physical cores)");
-    // Values are not read here (that would be a host sync, DESIGN.md invariant 7): the kernel
+    // Values are not read here (that would be a host sync, docs/design.md §3, invariant 7): the kernel
     // clamps miss_counts to [0, N] and skips slots outside [0, S) and rows outside the pool.
 
     std::vector<uint64_t> srcAddr, dstAddr;

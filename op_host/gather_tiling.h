@@ -15,7 +15,7 @@ namespace avsg {
 // Tensor pairs one launch copies (a latent and a RoPE cache, say). More pairs: several launches.
 constexpr uint32_t kGatherMaxPairs = 8;
 
-// Partition codes (DESIGN.md §4): the order is the one of reference.PARTITIONS.
+// Partition codes (docs/design.md §4): the order is the one of reference.PARTITIONS.
 enum GatherPartition : uint32_t {
     kPartitionMiss = 0,     // (row, pos)-ordered misses cut into C contiguous chunks (+-1)
     kPartitionRequest = 1,  // row r -> core r % C

@@ -8,7 +8,7 @@
 //   paged pool [num_blocks, block_size, row]: host row = block_table[r, pos / bs] * bs + pos % bs
 // and the row must be < src.shape[0] * src.shape[1]. Entries outside the pool are skipped.
 //
-// Partitions (DESIGN.md §4), C = GetBlockNum(), total = sum(miss_counts):
+// Partitions (docs/design.md §4), C = GetBlockNum(), total = sum(miss_counts):
 //   miss     entries in (row, pos) order, core c takes [c*total/C, (c+1)*total/C)
 //   request  core c takes every row r with r % C == c
 //   topk     the fixed R*N layout, core c takes [c*R*N/C, (c+1)*R*N/C); padding is a no-op

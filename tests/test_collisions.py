@@ -2,7 +2,7 @@
 
 Positions x0 + n*H*H have the same low and high hash limbs, hence identical probe sequences: at
 most 4 of them fit in the table, the rest must go to the stash, and reservation must still
-succeed with every invariant intact (DESIGN.md section 3, invariant 5).
+succeed with every invariant intact (docs/design.md §3, invariant 5).
 """
 import pytest
 from hypothesis import HealthCheck, given, settings

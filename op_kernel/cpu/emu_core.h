@@ -2,7 +2,9 @@
 // emu_core.h: compile shims, enums, the EmuError type, half/bfloat16 stand-ins,
 // per-block context, instrumentation counters, the cost model and the launcher.
 //
-// Specification: ../../shared/ascendc-api-card.md (cited below as "card §N").
+// Specification: the public AscendC API docs and asc-devkit headers; docs/npu.md lists every API
+// the kernels use with its source. "card §N" below cites the team's A2 API notes these rules were
+// first written from; each such fact is checked against its public source in docs/npu.md.
 // The emulation is a correctness tool: every rule it knows is enforced with a
 // static_assert (dtype lists) or an AscendC::EmuError exception (run-time limits).
 // It never aborts the process.

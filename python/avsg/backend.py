@@ -1,6 +1,6 @@
 """Backends and the AscendC emulation's instrumentation, from Python.
 
-What runs where (DESIGN.md §5):
+What runs where (docs/design.md §5):
 
 * ``cpu``: the AscendC kernel sources in ``op_kernel/`` compiled against the project's strict CPU
   emulation; they serve ``torch.ops.avsg.*`` for CPU tensors. ``backend_info()`` says which ops

@@ -177,7 +177,7 @@ def cmd_mtp(args) -> int:
 
 
 def _add_common_trace_args(p, with_policy_opts=True):
-    p.add_argument("trace", help="trace .npz (DESIGN.md section 8 format)")
+    p.add_argument("trace", help="trace .npz (format: docs/design.md §8)")
     p.add_argument("--layers", help="layer subset, e.g. 0-3,7 (default: all)")
     p.add_argument("--steps", type=int, help="replay only the first N steps")
     p.add_argument("--no-check", action="store_true", help="skip the O(size) value validation")
