@@ -85,7 +85,8 @@ def run(trace: Optional[str], layers: int, steps: int, capacity: int, synthetic:
     host_pool = torch.randint(0, 256, (layers, context, ROW_BYTES), dtype=torch.uint8,
                               generator=gen)
     device_buffer = torch.zeros(layers, capacity, ROW_BYTES, dtype=torch.uint8)
-    buf = SparseKVBuffer(rows=layers, capacity=capacity, topk=k, lifetime=lifetime)
+    buf = SparseKVBuffer(rows=layers, capacity=capacity, topk=k, lifetime=lifetime,
+                         max_context=context)
     print(f"avsg demo: {source}: {layers} layers as buffer rows, {steps} steps, top-{k}, "
           f"capacity {capacity} slots x {ROW_BYTES} B, host pool {host_pool.numel() / 2**20:.0f}"
           f" MiB, {avsg_buffer.get_num_cores()} gather cores")

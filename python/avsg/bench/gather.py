@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     dsts = {p: torch.zeros(R, args.capacity, ROW_BYTES, dtype=torch.uint8)
             for p in reference.PARTITIONS}
     paged_dst = torch.zeros(R, args.capacity, ROW_BYTES, dtype=torch.uint8)
-    buf = SparseKVBuffer(rows=R, capacity=args.capacity, topk=k)
+    buf = SparseKVBuffer(rows=R, capacity=args.capacity, topk=k, max_context=context)
     rows = []
     for step in range(steps):
         topk = torch.from_numpy(sel[:, step]).to(torch.int32).view(R, 1, k)

@@ -36,7 +36,7 @@ class AVSGStore(HostPoolStore):
         self.buffers: List[SparseKVBuffer] = [
             SparseKVBuffer(rows=spec.rows, capacity=spec.capacity, topk=spec.topk,
                            queries_per_step=spec.queries_per_step, lifetime=spec.lifetime,
-                           device=spec.device)
+                           max_context=spec.max_len, device=spec.device)
             for _ in range(spec.layers)]
         self.slot_kv = [tuple(torch.zeros(spec.rows, spec.capacity, c.width, dtype=c.dtype,
                                           device=spec.device)
