@@ -131,9 +131,10 @@ def selftest(device: str, steps: int, deadline: float) -> Check:
     from . import reference
     from .buffer import SparseKVBuffer, gather
     rows, queries, topk, capacity, row_bytes, context = 2, 2, 64, 384, 656, 700
-    buf = SparseKVBuffer(rows=rows, capacity=capacity, topk=topk, queries_per_step=queries, device=device)
-    layout = reference.Layout(capacity, buf.hash_buckets)
-    ref_state = reference.new_state(rows, layout, buf.lifetime)
+    buf = SparseKVBuffer(rows=rows, capacity=capacity, topk=topk, queries_per_step=queries,
+                         device=device, max_context=context)
+    layout = buf.layout
+    ref_state = reference.new_state(rows, layout, buf.lifetime, policy=buf.policy)
     ref_stats = torch.zeros(rows, len(reference.STAT_NAMES), dtype=torch.int64)
     host = torch.randint(0, 256, (rows, context, row_bytes), dtype=torch.uint8,
                          generator=torch.Generator().manual_seed(1))
@@ -150,7 +151,8 @@ def selftest(device: str, steps: int, deadline: float) -> Check:
         if time.monotonic() > deadline:
             break
         plan = buf.plan(picks.to(device), seq.to(device))
-        want = reference.plan(ref_state, ref_stats, picks, seq, layout, buf.lifetime)
+        want = reference.plan(ref_state, ref_stats, picks, seq, layout, buf.lifetime,
+                              policy=buf.policy)
         got = (plan.slots, plan.miss_pos, plan.miss_slots, plan.miss_counts)
         for name, g, w in zip(("slots", "miss_pos", "miss_slots", "miss_counts"), got, want):
             if not torch.equal(g.cpu(), w):
