@@ -369,6 +369,14 @@ def fuzz_gather(g, seed, edits, paged, checked, partition):
     src = torch.randn(g.R * blocks, block, D) if paged else torch.randn(g.R, 3 * g.S, D)
     big_dst, dst = guarded(torch.zeros(g.R, g.S, D), float("nan"))
     before = dst.clone()
+    counts = miss_counts.clamp(0, g.N)
+    # distinct slots per row: the copy does not depend on the core order, so it is the reference's
+    rows_distinct = all(
+        (lambda s: s.unique().numel() == s.numel())(
+            miss_slots[r, :int(counts[r])][(miss_slots[r, :int(counts[r])] >= 0)
+                                          & (miss_slots[r, :int(counts[r])] < g.S)])
+        for r in range(g.R))
+    per_core = None
     with host_checks(checked):
         try:
             per_core = torch.ops.avsg.gather(miss_pos, miss_slots, miss_counts, [src], [dst],
@@ -377,23 +385,25 @@ def fuzz_gather(g, seed, edits, paged, checked, partition):
             assert checked
             assert torch.equal(dst, before) and guards_intact(big_dst.isnan(), True)
             return
+        except RuntimeError as e:
+            # A plan naming one slot twice in a row (only corruption makes one) has two copies
+            # racing for that slot: the emulation stops at the write-after-write. On an NPU the
+            # later copy wins in some order; either way the writes stay inside the named slots,
+            # which is what is checked below. Any other emulation error is a failure.
+            if rows_distinct or "write-after-write" not in str(e):
+                raise
     assert bool(big_dst[0].isnan().all()) and bool(big_dst[-1].isnan().all()), \
         "gather wrote outside dst"
     # only the rows' own planned slots changed
     allowed = torch.zeros(g.R, g.S, dtype=torch.bool)
-    counts = miss_counts.clamp(0, g.N)
     for r in range(g.R):
         s = miss_slots[r, :int(counts[r])]
         allowed[r, s[(s >= 0) & (s < g.S)].long()] = True
     changed = (dst != before).any(-1)
     assert not bool((changed & ~allowed).any()), "gather wrote a slot the plan did not name"
+    if per_core is None:
+        return
     assert int(per_core.min()) >= 0 and int(per_core.sum()) <= int(counts.sum())
-    # distinct slots per row: the copy does not depend on the core order, so it is the reference's
-    rows_distinct = all(
-        (lambda s: s.unique().numel() == s.numel())(
-            miss_slots[r, :int(counts[r])][(miss_slots[r, :int(counts[r])] >= 0)
-                                          & (miss_slots[r, :int(counts[r])] < g.S)])
-        for r in range(g.R))
     if rows_distinct:
         want = before.clone()
         want_counts = reference.gather(miss_pos, miss_slots, miss_counts, [src], [want],
