@@ -187,6 +187,8 @@ def main(args: argparse.Namespace) -> int:
     mtps = _int_list("--mtp", args.mtp)
     if max(mtps) > 3:
         raise UsageError(f"--mtp: expected values in 0..3, got {args.mtp!r}")
+    if args.cards < 1:
+        raise UsageError(f"--cards: expected >= 1, got {args.cards}")
     try:
         hw = hardware.load_profile(args.hw)
         config = from_hf_config(args.config)
@@ -199,8 +201,6 @@ def main(args: argparse.Namespace) -> int:
     trace = find_trace(args.trace)
     if trace is None or not os.path.exists(trace):
         raise UsageError("--trace: no trace found (the shared one is ../shared/traces/asyncio_32k.npz)")
-    if args.cards < 1:
-        raise UsageError(f"--cards: expected >= 1, got {args.cards}")
     if args.capacity < 4 * config.index_topk:
         raise UsageError(f"--capacity: expected >= (1 + 3) x top-k = {4 * config.index_topk}")
     print(f"avsg bench decode: DeepSeek-V3.2 ({config.num_hidden_layers} layers, top-"
