@@ -531,14 +531,14 @@ class SparseOffloadManager:
         # writes identical bytes twice rather than anything outside the valid rows; with no
         # valid entry they rewrite host row 0 with its own content.
         any_valid = valid.any()
-        first = valid.to(torch.int32).argmax()
-        fallback_row = torch.where(any_valid, rows[first], torch.zeros_like(rows[first]))
+        first = valid.to(torch.int32).argmax().view(1)    # a tensor index: no host sync
+        fallback_row = torch.where(any_valid, rows.index_select(0, first), 0)
         target = torch.where(valid, rows, fallback_row)
         for pool, part in zip(host, parts):
             flat = pool.view(pool_rows, pool.shape[-1])
             values = part.to(pool.device)
-            fallback = torch.where(any_valid, values[first], flat[0])
-            flat.index_copy_(0, target, torch.where(valid[:, None], values, fallback[None, :]))
+            fallback = torch.where(any_valid, values.index_select(0, first), flat[:1])
+            flat.index_copy_(0, target, torch.where(valid[:, None], values, fallback))
 
     # ------------------------------------------------------------------------ statistics
     def hit_rate(self) -> float:
