@@ -297,6 +297,9 @@ class SparseOffloadManager:
         o[a], o[b] = o[b], o[a]
         self._sync_tables()
 
+    def holds_request(self, row: int) -> bool:
+        return self._occupied_host[self._row("row", row)]
+
     def state_row(self, row: int) -> int:
         """The state row behind batch row ``row`` (inspection, tests)."""
         return self._state_row_host[self._row("row", row)]
