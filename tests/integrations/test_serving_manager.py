@@ -255,6 +255,12 @@ def test_mismatched_layer_counts():
         mgr.add(row)
     with pytest.raises(ValueError, match=r"layer: expected <= 1, got 2"):
         run_step(mgr, 0, layer=2)
+    wt, _ = make(write_through=True)
+    wt.add(0)
+    qsl, seq, topk = decode_inputs(0, rows=1)
+    meta = wt.begin_step(qsl, seq, block_table(1), 2)
+    with pytest.raises(ValueError, match=r"new_kv: expected 2 components \(latent, pe\)"):
+        wt.retrieve(0, topk, meta, new_kv=(torch.zeros(2, 1, LATENT, dtype=torch.bfloat16),))
 
 
 def test_bad_input_unchecked_writes_nothing_outside_the_buffers():

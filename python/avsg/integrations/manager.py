@@ -424,11 +424,12 @@ class SparseOffloadManager:
         host = self._host(layer)
         news = None
         if new_kv is not None and self.write_through:
+            comps = self.kv_format.components
+            if not isinstance(new_kv, (list, tuple)) or len(new_kv) != len(comps):
+                raise ValueError(f"new_kv: expected {len(comps)} components "
+                                 f"({', '.join(c.name for c in comps)})")
             news = [self._token_rows(f"new_kv[{c}]", part, N, comp)
-                    for c, (part, comp) in enumerate(zip(new_kv, self.kv_format.components))]
-            if len(news) != len(self.kv_format.components):
-                raise ValueError(f"new_kv: expected {len(self.kv_format.components)} components, "
-                                 f"got {len(news)}")
+                    for c, (part, comp) in enumerate(zip(new_kv, comps))]
         if (self.check if check is None else check) and not _tracing():
             self._check_topk(topk_indices, meta)
 
