@@ -159,7 +159,8 @@ def test_write_kv_goes_to_the_host_rows_of_the_slot_mapping():
     before = [h.clone() for h in host[1]]
     mgr.write_kv(1, slot_mapping, new)
     for c in range(2):
-        flat, old = host[1][c].view(-1, host[1][c].shape[-1]), before[c].view(-1, host[1][c].shape[-1])
+        width = host[1][c].shape[-1]
+        flat, old = host[1][c].view(-1, width), before[c].view(-1, width)
         assert torch.equal(flat[5], new[c][0, 0]) and torch.equal(flat[17], new[c][2, 0])
         assert torch.equal(flat[100], new[c][3, 0])
         untouched = torch.ones(flat.shape[0], dtype=torch.bool)
@@ -173,7 +174,8 @@ def test_write_kv_out_of_range_unchecked_writes_nothing_else():
     before = [h.clone() for h in host[0]]
     mgr.write_kv(0, torch.tensor([-5, BLOCKS * BS + 3, 7]), new)
     for c in range(2):
-        flat, old = host[0][c].view(-1, host[0][c].shape[-1]), before[c].view(-1, host[0][c].shape[-1])
+        width = host[0][c].shape[-1]
+        flat, old = host[0][c].view(-1, width), before[c].view(-1, width)
         assert torch.equal(flat[7], new[c][2, 0])
         keep = torch.ones(flat.shape[0], dtype=torch.bool)
         keep[7] = False

@@ -65,7 +65,8 @@ host and update the device tables in place.
 """
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+import contextlib
+from typing import Callable, ContextManager, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -128,6 +129,8 @@ class SparseOffloadManager:
             the device instead of fetching them from the host (needs ``new_kv`` at ``retrieve``).
         auto_invalidate: drop positions ``>= seq_len - q_len`` before each plan (see module doc).
         check: value checks (default: on for CPU, off elsewhere, where they would sync).
+        timers: optional ``timers(phase) -> context manager`` wrapped around the ``"plan"`` and
+            ``"gather"`` phases of ``begin_step`` / ``retrieve`` (not while tracing).
     """
 
     def __init__(self, num_layers: int, max_rows: int, capacity: int, topk: int,
@@ -137,7 +140,8 @@ class SparseOffloadManager:
                  device: Union[str, torch.device] = "cpu",
                  host_kv: Optional[Sequence[Sequence[torch.Tensor]]] = None,
                  write_through: bool = False, auto_invalidate: bool = True,
-                 check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64):
+                 check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
+                 timers: Optional[Callable[[str], ContextManager]] = None):
         _require_int("num_layers", num_layers, low=1)
         _require_int("max_rows", max_rows, low=1)
         _require_int("resident_block_size", resident_block_size, low=1)
@@ -154,6 +158,7 @@ class SparseOffloadManager:
         self.pages_per_row = capacity // resident_block_size
         self.write_through, self.auto_invalidate = bool(write_through), bool(auto_invalidate)
         self.check = (self.device.type == "cpu") if check is None else bool(check)
+        self._timers = timers
         self.buffers: List[SparseKVBuffer] = [
             SparseKVBuffer(rows=max_rows, capacity=capacity, topk=topk,
                            queries_per_step=queries_per_step, lifetime=lifetime,
@@ -212,7 +217,8 @@ class SparseOffloadManager:
                                      f"{tuple(parts[0].shape[:2])}, got {tuple(pool.shape[:2])}")
             if parts[0].shape[:2] != (layers[0][0].shape[:2] if layers else parts[0].shape[:2]):
                 raise ValueError(f"host_kv[{layer}]: every layer needs the same blocks; got "
-                                 f"{tuple(parts[0].shape[:2])} after {tuple(layers[0][0].shape[:2])}")
+                                 f"{tuple(parts[0].shape[:2])} after "
+                                 f"{tuple(layers[0][0].shape[:2])}")
             layers.append(parts)
         self.host_kv = layers
         self.block_size = int(layers[0][0].shape[1])
@@ -312,6 +318,11 @@ class SparseOffloadManager:
         state_order.index_copy_(0, self.state_row_of_batch_row, valid_lens)
         for layer in range(self.num_layers) if layers is None else layers:
             self.buffers[self._layer(layer)].invalidate(state_order)
+
+    def _phase(self, name: str) -> ContextManager:
+        if self._timers is None or _tracing():
+            return contextlib.nullcontext()
+        return self._timers(name)
 
     def _layer(self, layer: int) -> int:
         _require_int("layer", layer, low=0, high=self.num_layers - 1)
@@ -433,26 +444,29 @@ class SparseOffloadManager:
         if (self.check if check is None else check) and not _tracing():
             self._check_topk(topk_indices, meta)
 
-        # all T query tokens of a request share its state row; unplanned tokens land in row R*T
-        by_row = torch.full((R * T + 1, K), -1, dtype=torch.int32, device=self.device)
-        by_row.index_copy_(0, meta.plan_index, topk_indices.view(N, K))
-        topk_pos = by_row[:R * T].view(R, T, K)
-        buf = self.buffers[layer]
-        if self.auto_invalidate:
-            buf.invalidate(meta.stable_lens)
-        plan = buf.plan(topk_pos, meta.seq_lens, check=False)
+        with self._phase("plan"):
+            # all T query tokens of a request share its state row; unplanned tokens land in the
+            # spare row R*T
+            by_row = torch.full((R * T + 1, K), -1, dtype=torch.int32, device=self.device)
+            by_row.index_copy_(0, meta.plan_index, topk_indices.view(N, K))
+            topk_pos = by_row[:R * T].view(R, T, K)
+            buf = self.buffers[layer]
+            if self.auto_invalidate:
+                buf.invalidate(meta.stable_lens)
+            plan = buf.plan(topk_pos, meta.seq_lens, check=False)
 
-        # This pass's own positions are the largest a row selects, and miss_pos ascends: the
-        # fresh misses are the tail of each row's miss list, so the host gather just stops early.
-        fresh = torch.zeros_like(plan.miss_pos, dtype=torch.bool)
-        if news is not None:
-            fresh = (plan.miss_pos >= 0) & (plan.miss_pos >= meta.stable_lens[:, None])
-        host_counts = plan.miss_counts - fresh.sum(1, dtype=torch.int32)
-        avsg_buffer.gather(plan._replace(miss_counts=host_counts), src=list(host),
-                           dst=self._buffer_views(layer), block_table=meta.block_table,
-                           block_size=self.block_size, check=False)
-        if news is not None:
-            self._write_through(layer, plan, fresh, meta, news)
+        with self._phase("gather"):
+            # This pass's own positions are the largest a row selects and miss_pos ascends: the
+            # fresh misses are the tail of each row's miss list, so the host gather stops early.
+            fresh = torch.zeros_like(plan.miss_pos, dtype=torch.bool)
+            if news is not None:
+                fresh = (plan.miss_pos >= 0) & (plan.miss_pos >= meta.stable_lens[:, None])
+            host_counts = plan.miss_counts - fresh.sum(1, dtype=torch.int32)
+            avsg_buffer.gather(plan._replace(miss_counts=host_counts), src=list(host),
+                               dst=self._buffer_views(layer), block_table=meta.block_table,
+                               block_size=self.block_size, check=False)
+            if news is not None:
+                self._write_through(layer, plan, fresh, meta, news)
         column = torch.arange(T * K, device=self.device)[None, :]
         host_copied = column < host_counts[:, None]
         self.h2d_rows += host_counts.sum()

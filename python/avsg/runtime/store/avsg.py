@@ -48,7 +48,7 @@ class AVSGStore(HostPoolStore):
             queries_per_step=spec.queries_per_step, kv_format=spec.kv_format,
             lifetime=spec.lifetime, resident_block_size=page, device=spec.device,
             host_kv=[self.pool.layer(layer) for layer in range(spec.layers)],
-            write_through=spec.write_through,
+            write_through=spec.write_through, timers=spec.timers,
             # our own algorithm selects causal, distinct positions: value checks would only
             # cost host syncs
             check=False)
@@ -97,15 +97,15 @@ class AVSGStore(HostPoolStore):
             meta = self.manager.begin_step(query_start_loc, batch.seq_lens,
                                            self.pool.block_table.to(topk_pos.device), R * T,
                                            check=False)
-        with self.timers("gather"):
-            new_kv = self._pass_kv[layer]
-            if new_kv is not None and new_kv[0].shape[0] != R * T:
-                new_kv = None               # not this pass's KV (e.g. a pass without offload)
-            out = self.manager.retrieve(layer, topk_pos.reshape(R * T, 1, K).contiguous(), meta,
-                                        new_kv=new_kv, check=False)
-            plan = out.plan
-            copied = torch.where(out.host_copied, plan.miss_pos, torch.full_like(plan.miss_pos, -1))
-            self._count_copies(layer, copied, out.host_copied.sum(1))
+        new_kv = self._pass_kv[layer]
+        if new_kv is not None and new_kv[0].shape[0] != R * T:
+            new_kv = None                   # not this pass's KV (e.g. a pass without offload)
+        # the manager times its "plan" and "gather" phases itself
+        out = self.manager.retrieve(layer, topk_pos.reshape(R * T, 1, K).contiguous(), meta,
+                                    new_kv=new_kv, check=False)
+        plan = out.plan
+        copied = torch.where(out.host_copied, plan.miss_pos, torch.full_like(plan.miss_pos, -1))
+        self._count_copies(layer, copied, out.host_copied.sum(1))
         view = tuple(kv.view(R, self.spec.capacity, kv.shape[-1]) for kv in self.manager.kv[layer])
         # the plan's slots in selection order (out.slots is compacted valid-first for sparse
         # flash attention); attention here gathers in selection order, like the other stores
