@@ -44,7 +44,7 @@ const std::vector<std::string>& fields()
         "vec_instrs",      "vec_repeats",      "mte2_copies",     "mte2_bytes",
         "mte3_copies",     "mte3_bytes",       "ub_copies",       "ub_bytes",
         "pipe_barriers",   "set_flags",        "wait_flags",      "sync_alls",
-        "queue_syncs",     "dcci",
+        "queue_syncs",     "dcci",             "mte2_inflight_max", "mte2_inflight_bytes_max",
     };
     return f;
 }
@@ -55,8 +55,8 @@ void to_row(const Counters& c, int64_t* row)
                           c.vec_instrs,      c.vec_repeats,      c.mte2_copies,     c.mte2_bytes,
                           c.mte3_copies,     c.mte3_bytes,       c.ub_copies,       c.ub_bytes,
                           c.pipe_barriers,   c.set_flags,        c.wait_flags,      c.sync_alls,
-                          c.queue_syncs,     c.dcci};
-    static_assert(sizeof(v) / sizeof(v[0]) == 18, "keep fields() and to_row/from_row in step");
+                          c.queue_syncs,     c.dcci,             c.mte2_inflight_max, c.mte2_inflight_bytes_max};
+    static_assert(sizeof(v) / sizeof(v[0]) == 20, "keep fields() and to_row/from_row in step");
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); ++i) row[i] = static_cast<int64_t>(v[i]);
 }
 
@@ -67,7 +67,7 @@ Counters from_row(const int64_t* row)
                        &c.vec_instrs,      &c.vec_repeats,      &c.mte2_copies,     &c.mte2_bytes,
                        &c.mte3_copies,     &c.mte3_bytes,       &c.ub_copies,       &c.ub_bytes,
                        &c.pipe_barriers,   &c.set_flags,        &c.wait_flags,      &c.sync_alls,
-                       &c.queue_syncs,     &c.dcci};
+                       &c.queue_syncs,     &c.dcci,             &c.mte2_inflight_max, &c.mte2_inflight_bytes_max};
     for (size_t i = 0; i < sizeof(dst) / sizeof(dst[0]); ++i) *dst[i] = static_cast<uint64_t>(row[i]);
     return c;
 }

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -157,6 +158,14 @@ inline void check_values_cpu(const Args& a, const at::Tensor& miss_slots, const 
     }
 }
 
+// AVSG_GATHER_PAGE_READS=1: a read may fetch unmissed host rows between two misses of the same
+// host page (fewer DMAs, a few more bytes across PCIe). Off by default; read at every call.
+inline bool PageReadsEnabled()
+{
+    const char* v = std::getenv("AVSG_GATHER_PAGE_READS");
+    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
 // Tiling of one launch over pairs [first, first + count).
 inline GatherTiling make_tiling(const Args& a, size_t first, size_t count, const std::vector<uint64_t>& srcAddr,
                                 const std::vector<uint64_t>& dstAddr)
@@ -180,8 +189,13 @@ inline GatherTiling make_tiling(const Args& a, size_t first, size_t count, const
         t.dst[i] = dstAddr[first + i];
         widest = std::max<uint64_t>(widest, t.rowBytes[i]);
     }
-    // One buffer holds a whole row up to 64 KB (rounded up to 32 B); wider rows go in 64 KB pieces.
-    t.copyBytes = std::min<uint64_t>((widest + 31) / 32 * 32, kGatherCopyBytesMax);
+    // A buffer holds up to kGatherMaxSpanRows rows at the 32 B-padded UB pitch of the widest pair,
+    // at most kGatherCopyBytesMax; rows wider than that are copied in pieces, one row per read.
+    const uint64_t pitch = (widest + 31) / 32 * 32;
+    t.copyBytes = std::min<uint64_t>(pitch * kGatherMaxSpanRows, kGatherCopyBytesMax);
+    t.spanRows = pitch <= t.copyBytes ? std::min<uint64_t>(t.copyBytes / pitch, kGatherMaxSpanRows) : 1;
+    // Page reads: skip over at most the rest of one host page between two misses of a read.
+    t.readGapRows = PageReadsEnabled() && t.spanRows > 1 ? (kGatherPageBytes - 1) / widest : 0;
     t.idxChunk = kGatherIdxChunk;
     t.cntChunk = kGatherCntChunk;
     t.btWindow = kGatherBtWindow;
@@ -274,7 +288,7 @@ at::Tensor gather_npu(const at::Tensor& miss_pos, const at::Tensor& miss_slots, 
     const int64_t aiv = npu_aiv_cores();
     TORCH_CHECK_VALUE(num_cores <= aiv, "avsg.gather: num_cores=", num_cores, " exceeds the ", aiv,
                       " AIV cores of this NPU (blockDim must not exceed the physical cores)");
-    // Values are not read here (that would be a host sync, DESIGN.md invariant 7): the kernel
+    // Values are not read here (that would be a host sync, docs/design.md §3, invariant 7): the kernel
     // clamps miss_counts to [0, N] and skips slots outside [0, S) and rows outside the pool.
 
     std::vector<uint64_t> srcAddr, dstAddr;

@@ -15,7 +15,7 @@ namespace avsg {
 // Tensor pairs one launch copies (a latent and a RoPE cache, say). More pairs: several launches.
 constexpr uint32_t kGatherMaxPairs = 8;
 
-// Partition codes (DESIGN.md §4): the order is the one of reference.PARTITIONS.
+// Partition codes (docs/design.md §4): the order is the one of reference.PARTITIONS.
 enum GatherPartition : uint32_t {
     kPartitionMiss = 0,     // (row, pos)-ordered misses cut into C contiguous chunks (+-1)
     kPartitionRequest = 1,  // row r -> core r % C
@@ -23,18 +23,30 @@ enum GatherPartition : uint32_t {
 };
 
 // UB plan of one core (bytes). 192 KB physical, 184 KB for TPipe (card §0):
-//   copy queue  TQueBind<VECIN, VECOUT, 1>, 2 buffers x copyBytes   (<= 2 x 64 KB = 128 KB)
+//   copy queue  TQueBind<VECIN, VECOUT, 4>, 4 buffers x copyBytes     (<= 4 x 32 KB = 128 KB)
 //   miss_pos    idxChunk int32                                       (2048 -> 8 KB)
 //   miss_slots  idxChunk int32                                       (8 KB)
 //   miss_counts cntChunk int32                                       (4096 -> 16 KB)
 //   block_table btWindow int32 (paged pools only, else 32 B)         (2048 -> 8 KB)
-//   per-core count 32 B; the tiling itself 320 B (DMA'd in, read by the scalar unit)
-//   total <= 128 + 8 + 8 + 16 + 8 + 0.35 KB = 168.35 KB < 184 KB.
-constexpr uint32_t kGatherCopyBytesMax = 64 * 1024;
+//   per-core count 32 B; the tiling itself ~350 B (DMA'd in, read by the scalar unit)
+//   total <= 128 + 8 + 8 + 16 + 8 + 0.4 KB = 168.4 KB < 184 KB.
+// Host rows are read across PCIe, where one DMA costs microseconds of latency whatever its size
+// up to ~16 KB: the copy queue keeps kGatherCopyBuffers reads in flight per core, and a read
+// covers up to spanRows host rows (a run of misses contiguous in host row, or, with page reads,
+// several misses of one host page).
+constexpr uint32_t kGatherCopyBytesMax = 32 * 1024;
 constexpr uint32_t kGatherIdxChunk = 2048;
 constexpr uint32_t kGatherCntChunk = 4096;
 constexpr uint32_t kGatherBtWindow = 2048;
-constexpr uint32_t kGatherCopyBuffers = 2;
+// Queue depth = buffers: every buffer can hold a read in flight. Each outstanding EnQue holds one
+// MTE2_MTE3 event id and each freed buffer one MTE3_MTE2 id (kernel_tquebind_impl.h); 4 leaves
+// A2's 8 ids per event room for TPipe's own.
+constexpr uint32_t kGatherCopyBuffers = 4;
+// Most host rows one read may cover, and most separate slot runs (writes) it may feed.
+constexpr uint32_t kGatherMaxSpanRows = 32;
+// Page reads (AVSG_GATHER_PAGE_READS=1): a read may also cover up to this many bytes of host
+// rows nobody missed, when that saves a separate DMA for a miss in the same host page.
+constexpr uint32_t kGatherPageBytes = 4096;
 // Each core writes its count into its own 32 B slot (8 int32) of the [numCores, 8] output, with
 // one 32 B DMA, so no two cores ever write the same 32 B block (card §2/§8.11).
 constexpr uint32_t kGatherCountSlot = 8;
@@ -54,6 +66,9 @@ struct GatherTiling {
     uint64_t idxChunk;        // miss-list entries per index load (<= kGatherIdxChunk)
     uint64_t cntChunk;        // miss_counts entries per load (<= kGatherCntChunk)
     uint64_t btWindow;        // block_table entries per load (<= kGatherBtWindow)
+    uint64_t spanRows;        // host rows one read may cover (1..kGatherMaxSpanRows); 1 when a row
+                              // is wider than copyBytes (such rows are copied in pieces)
+    uint64_t readGapRows;     // unmissed host rows a read may skip over (0: only exact runs)
     uint64_t rowBytes[kGatherMaxPairs];  // bytes of one row of pair i (prod(shape[2:]) * itemsize)
     uint64_t src[kGatherMaxPairs];       // device address of src[i] (host pool, mapped or on device)
     uint64_t dst[kGatherMaxPairs];       // device address of dst[i] [R, S, row]

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "plan_tiling.h"
+#include "plan_ub_budget.h"
 
 #if defined(AVSG_CPU_EMULATION) == defined(AVSG_WITH_NPU)
 #error "op_host/plan_host.cpp: build with exactly one of AVSG_CPU_EMULATION (CPU library) or AVSG_WITH_NPU (NPU library)"
@@ -64,7 +65,8 @@ void SetWindow(PlanTiling& t, uint32_t s, uint32_t wlog) {
 
 // Geometry, section offsets, workspace and the UB plan. Windows start whole and are halved while
 // the plan exceeds the UB budget (order below).
-PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uint32_t buckets, uint32_t lifetime) {
+PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uint32_t buckets, uint32_t lifetime,
+                      uint32_t policy, uint32_t maxContext) {
     PlanTiling t;
     std::memset(&t, 0, sizeof(t));
     t.rows = rows;
@@ -74,17 +76,30 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.buckets = buckets;
     t.logBuckets = CeilLog2(buckets);
     t.lifetime = lifetime;
+    t.policy = policy;
+    t.maxContext = maxContext;
     const uint32_t H = buckets, Sp = t.capPad, hd = kStateHeaderLen;
+    // reuse policy state (empty sections without max_context): counts per slot and position,
+    // heat per 64-position block
+    const uint32_t slotCountLen = maxContext ? Sp : 0;
+    const uint32_t ctxPad = RoundUp(maxContext, 64);
+    const uint32_t heatLen = RoundUp((maxContext + (1u << kReuseBlockLog) - 1) >> kReuseBlockLog, 64);
     t.secOff[SEC_BK] = hd;
     t.secOff[SEC_BS] = hd + H;
     t.secOff[SEC_SP] = hd + 2 * H;
     t.secOff[SEC_SL] = hd + 2 * H + Sp;
     t.secOff[SEC_SK] = hd + 2 * H + 2 * Sp;
     t.secOff[SEC_SS] = hd + 2 * H + 3 * Sp;
+    t.secOff[SEC_SC] = hd + 2 * H + 4 * Sp;
+    t.secOff[SEC_PC] = t.secOff[SEC_SC] + slotCountLen;
+    t.secOff[SEC_HT] = t.secOff[SEC_PC] + ctxPad;
     t.stashCountOff = kHeaderStashCount;
-    t.width = hd + 2 * H + 4 * Sp;
+    t.width = t.secOff[SEC_HT] + heatLen;
     t.secLen[SEC_BK] = t.secLen[SEC_BS] = H;
-    for (uint32_t s = SEC_SP; s < SEC_COUNT; ++s) t.secLen[s] = Sp;
+    for (uint32_t s = SEC_SP; s <= SEC_SS; ++s) t.secLen[s] = Sp;
+    t.secLen[SEC_SC] = slotCountLen;
+    t.secLen[SEC_PC] = ctxPad;
+    t.secLen[SEC_HT] = heatLen;
     t.nc = kPlanChunk;
     t.numChunks = (t.N + t.nc - 1) / t.nc;
     const uint32_t resChunks = (Sp + t.nc - 1) / t.nc;   // sorted resident runs (dual pointer)
@@ -96,19 +111,29 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.wsRunJOff = t.wsResKeyOff;
     t.wsRunLaneOff = t.wsResSlotOff;
     t.wsFreeOff = t.wsResSlotOff + resChunks * t.nc;
-    t.wsPerCore = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
+    t.wsScoreOff = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
+    t.wsPerCore = t.wsScoreOff + (maxContext ? Sp : 0);
     t.hashA1 = kHashA1 & (H - 1);
     t.hashB1 = kHashB1 & (H - 1);
     t.hashA2 = kHashA2 & (H - 1);
     t.hashB2 = kHashB2 & (H - 1);
     t.fillChunk = std::min<uint32_t>(8192, RoundUp(std::max(Sp, H), 64));
-    for (uint32_t s = 0; s < SEC_COUNT; ++s) SetWindow(t, s, CeilLog2(t.secLen[s]));
+    for (uint32_t s = 0; s < SEC_COUNT; ++s) SetWindow(t, s, CeilLog2(std::max<uint32_t>(t.secLen[s], 1)));
+    if (t.secLen[SEC_SC] == 0)   // lifetime policy: no policy sections, no windows
+        for (uint32_t s = SEC_SC; s <= SEC_HT; ++s) t.winLen[s] = 0;
     // Shrink order while the plan exceeds the budget: the stash (touched only in rows whose stash
     // is not empty, sequentially), then slot_life (streamed by decay / victim passes), then the
     // larger of the gathered sections: slot_pos, or bucket_key + bucket_slot. The bucket pair is
     // halved together: the kernels split each bucket index into (window, offset) once for both.
-    // slot_pos keeps at least nc entries (BuildResidentRuns, see the checks below).
-    auto minWin = [&](uint32_t s) { return s == SEC_SP ? std::max(kPlanMinWindow, t.nc) : kPlanMinWindow; };
+    // slot_pos keeps at least nc entries (BuildResidentRuns, see the checks below); so do
+    // slot_life and slot_count under the reuse policy (its score pass reads them in nc-slot
+    // chunks). The per-position counts (touched by scalar loops over misses only) and the heat
+    // go first.
+    const bool reuse = policy == kPolicyReuse;
+    auto minWin = [&](uint32_t s) {
+        return s == SEC_SP || (reuse && (s == SEC_SL || s == SEC_SC)) ? std::max(kPlanMinWindow, t.nc)
+                                                                      : kPlanMinWindow;
+    };
     auto shrinkable = [&](uint32_t s) { return t.winLen[s] > minWin(s); };
     auto halve = [&](PlanTiling& p, uint32_t s) {
         uint32_t wlog = p.winLog[s];   // a section that fitted whole gets a power-of-two window below it
@@ -117,8 +142,8 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     };
     while (PlanUbBytes(t) > kPlanUbBudget) {
         int pick = -1;
-        for (uint32_t s : {SEC_SK, SEC_SS, SEC_SL})
-            if (pick < 0 && shrinkable(s)) pick = static_cast<int>(s);
+        for (uint32_t s : {SEC_PC, SEC_HT, SEC_SK, SEC_SS, SEC_SC, SEC_SL})
+            if (pick < 0 && t.winLen[s] > 0 && shrinkable(s)) pick = static_cast<int>(s);
         if (pick < 0) {
             const bool sp = shrinkable(SEC_SP), bk = shrinkable(SEC_BK);
             if (sp && (!bk || t.winLen[SEC_SP] >= t.winLen[SEC_BK])) pick = SEC_SP;
@@ -133,7 +158,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     // then the stash windows
     for (bool grown = true; grown;) {
         grown = false;
-        for (uint32_t s : {SEC_SL, SEC_SK, SEC_SS}) {
+        for (uint32_t s : {SEC_SL, SEC_SC, SEC_HT, SEC_SK, SEC_SS, SEC_PC}) {
             if (t.winLen[s] >= t.secLen[s]) continue;
             PlanTiling trial = t;
             SetWindow(trial, s, t.winLog[s] + 1);
@@ -159,6 +184,9 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
                 "avsg.plan: slot_pos window of ", t.winLen[SEC_SP], " entries is below the ", t.nc,
                 "-entry chunk the resident runs assume");
     TORCH_CHECK(Sp - capacity < 64 && t.nc % 64 == 0, "avsg.plan: padding / chunk geometry");
+    for (uint32_t s : {SEC_SL, SEC_SC})
+        TORCH_CHECK(!reuse || t.winLen[s] >= t.nc || t.winLen[s] == t.secLen[s], "avsg.plan: reuse score pass needs ",
+                    t.nc, "-slot windows");
     t.ubBytes = PlanUbBytes(t);
     return t;
 }
@@ -182,6 +210,18 @@ void CheckTensor(const at::Tensor& t, const char* name, at::ScalarType dtype, at
     TORCH_CHECK_VALUE(t.is_contiguous(), name, ": expected a contiguous tensor");
 }
 
+constexpr int64_t kMaxContext = kMaxPosition;
+
+void CheckPolicy(int64_t policy, int64_t max_context) {
+    TORCH_CHECK_VALUE(policy == kPolicyLifetime || policy == kPolicyReuse, "policy: expected ", kPolicyLifetime,
+                      " (lifetime) or ", kPolicyReuse, " (reuse), got ", policy);
+    TORCH_CHECK_VALUE(max_context >= 0 && max_context <= kMaxContext, "max_context: expected 0..", kMaxContext,
+                      ", got ", max_context);
+    TORCH_CHECK_VALUE((policy == kPolicyReuse) == (max_context > 0), "max_context: the reuse policy needs "
+                      "max_context >= 1 and the lifetime policy 0, got policy ", policy, " with max_context ",
+                      max_context);
+}
+
 void CheckGeometry(int64_t capacity, int64_t buckets, int64_t lifetime, int64_t selections) {
     TORCH_CHECK_VALUE(capacity >= 1 && capacity <= kMaxBuckets, "capacity: expected 1..", kMaxBuckets, ", got ",
                       capacity);
@@ -194,14 +234,19 @@ void CheckGeometry(int64_t capacity, int64_t buckets, int64_t lifetime, int64_t 
                       " so every step's selections fit, got ", capacity);
 }
 
-int64_t StateWidth(int64_t capacity, int64_t buckets) {
-    return kStateHeaderLen + 2 * buckets + 4 * static_cast<int64_t>(RoundUp(static_cast<uint32_t>(capacity), 64));
+int64_t StateWidth(int64_t capacity, int64_t buckets, int64_t max_context) {
+    const int64_t Sp = RoundUp(static_cast<uint32_t>(capacity), 64);
+    const int64_t policyState = max_context == 0 ? 0
+        : Sp + RoundUp(static_cast<uint32_t>(max_context), 64) +
+          RoundUp((static_cast<uint32_t>(max_context) + 63) >> kReuseBlockLog, 64);
+    return kStateHeaderLen + 2 * buckets + 4 * Sp + policyState;
 }
 
 // The geometry the state was built with (its header, written by reset) against the arguments.
 // CPU state only: on an NPU this read would be a host sync, so there the kernels check the header
 // themselves and leave a mismatched row untouched (miss_counts[r] = -1).
-void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int64_t lifetime /* < 0: none */) {
+void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int64_t max_context,
+                 int64_t lifetime /* < 0: none */, int64_t policy /* < 0: none */) {
     if (!state.device().is_cpu() || !HostValueChecks()) return;
     const int32_t* row = state.data_ptr<int32_t>();
     const int64_t width = state.size(1);
@@ -213,21 +258,29 @@ void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int
                           row[kHeaderCapacity], ", got ", capacity, " (state row ", r, ")");
         TORCH_CHECK_VALUE(row[kHeaderBuckets] == buckets, "buckets: the state was built with ", row[kHeaderBuckets],
                           ", got ", buckets, " (state row ", r, ")");
+        TORCH_CHECK_VALUE(row[kHeaderMaxContext] == max_context, "max_context: the state was built with ",
+                          row[kHeaderMaxContext], ", got ", max_context, " (state row ", r, ")");
         TORCH_CHECK_VALUE(lifetime < 0 || row[kHeaderLifetime] == lifetime, "lifetime: the state was built with ",
                           row[kHeaderLifetime], ", got ", lifetime, " (state row ", r, ")");
+        auto name = [](int64_t p) { return p == kPolicyLifetime ? "'lifetime'" : p == kPolicyReuse ? "'reuse'" : "?"; };
+        TORCH_CHECK_VALUE(policy < 0 || row[kHeaderPolicy] == policy, "policy: the state was built with ",
+                          name(row[kHeaderPolicy]), " (", row[kHeaderPolicy], "), got ", name(policy),
+                          " (state row ", r, ")");
     }
 }
 
 // The state tensor and one per-row companion (valid_lens, row_mask): dtype, shape, device.
 int64_t CheckStateArgs(const char* op, const at::Tensor& state, const at::Tensor& per_row, const char* per_row_name,
-                       at::ScalarType per_row_dtype, int64_t capacity, int64_t buckets) {
+                       at::ScalarType per_row_dtype, int64_t capacity, int64_t buckets, int64_t max_context) {
     TORCH_CHECK_TYPE(state.scalar_type() == at::kInt, "avsg.", op, ": state: expected dtype int32, got ",
                      c10::toString(state.scalar_type()));
     TORCH_CHECK_VALUE(state.dim() == 2 && state.size(0) >= 1, "avsg.", op, ": state: expected shape [R, width], got ",
                       state.sizes());
     const int64_t R = state.size(0);
     CheckGeometry(capacity, buckets, 1, 1);
-    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets)});
+    TORCH_CHECK_VALUE(max_context >= 0 && max_context <= kMaxContext, "max_context: expected 0..", kMaxContext,
+                      ", got ", max_context);
+    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets, max_context)});
     CheckTensor(per_row, per_row_name, per_row_dtype, {R});
     TORCH_CHECK_VALUE(per_row.device() == state.device(), "avsg.", op, ": ", per_row_name, ": expected a tensor on ",
                       state.device(), " (the state's device), got one on ", per_row.device());
@@ -309,7 +362,8 @@ void LaunchStateOp(bool is_reset, uint32_t blockDim, const PlanTiling& tiling, c
 using PlanOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_lens, const at::Tensor& state,
-                 const at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime) {
+                 const at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy,
+                 int64_t max_context) {
     const char* op = dual ? "plan_dual_pointer" : "plan";
     TORCH_CHECK_TYPE(topk_pos.scalar_type() == at::kInt, "topk_pos: expected dtype int32, got ",
                      c10::toString(topk_pos.scalar_type()));
@@ -317,18 +371,20 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     const int64_t R = topk_pos.size(0), T = topk_pos.size(1), K = topk_pos.size(2);
     TORCH_CHECK_VALUE(R >= 1 && T >= 1 && K >= 1, "topk_pos: expected non-empty [R, T, K], got ", topk_pos.sizes());
     CheckGeometry(capacity, buckets, lifetime, T * K);
+    CheckPolicy(policy, max_context);
     CheckTensor(topk_pos, "topk_pos", at::kInt, {R, T, K});
     CheckTensor(seq_lens, "seq_lens", at::kInt, {R});
-    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets)});
+    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets, max_context)});
     CheckTensor(stats, "stats", at::kLong, {R, 4});
     for (const at::Tensor* t : {&topk_pos, &seq_lens, &state, &stats})
         TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": all tensors must be on one device");
-    CheckHeader(state, capacity, buckets, lifetime);
+    CheckHeader(state, capacity, buckets, max_context, lifetime, policy);
 
     const uint32_t blockDim = BlockDimFor(R);
     PlanTiling tiling = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(T * K),
                                    static_cast<uint32_t>(capacity), static_cast<uint32_t>(buckets),
-                                   static_cast<uint32_t>(lifetime));
+                                   static_cast<uint32_t>(lifetime), static_cast<uint32_t>(policy),
+                                   static_cast<uint32_t>(max_context));
     auto opts = topk_pos.options().dtype(at::kInt);
     at::Tensor slots = at::empty({R, T, K}, opts);
     at::Tensor miss_pos = at::empty({R, T * K}, opts);
@@ -341,44 +397,57 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
 }
 
 PlanOut Plan(const at::Tensor& topk_pos, const at::Tensor& seq_lens, at::Tensor& state, at::Tensor& stats,
-             int64_t capacity, int64_t buckets, int64_t lifetime) {
-    return PlanImpl(false, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime);
+             int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy, int64_t max_context) {
+    return PlanImpl(false, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy, max_context);
 }
 PlanOut PlanDualPointer(const at::Tensor& topk_pos, const at::Tensor& seq_lens, at::Tensor& state,
-                        at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime) {
-    return PlanImpl(true, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime);
+                        at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy,
+                        int64_t max_context) {
+    return PlanImpl(true, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy, max_context);
 }
 
-PlanTiling StateTiling(int64_t rows, int64_t capacity, int64_t buckets, int64_t lifetime) {
+PlanTiling StateTiling(int64_t rows, int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy,
+                       int64_t max_context) {
     return MakeTiling(static_cast<uint32_t>(rows), 1, static_cast<uint32_t>(capacity),
-                      static_cast<uint32_t>(buckets), static_cast<uint32_t>(lifetime));
+                      static_cast<uint32_t>(buckets), static_cast<uint32_t>(lifetime), static_cast<uint32_t>(policy),
+                      static_cast<uint32_t>(max_context));
 }
 
-void Invalidate(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacity, int64_t buckets) {
-    const int64_t R = CheckStateArgs("invalidate", state, valid_lens, "valid_lens", at::kInt, capacity, buckets);
-    CheckHeader(state, capacity, buckets, -1);
+void Invalidate(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacity, int64_t buckets,
+                int64_t max_context) {
+    const int64_t R =
+        CheckStateArgs("invalidate", state, valid_lens, "valid_lens", at::kInt, capacity, buckets, max_context);
+    CheckHeader(state, capacity, buckets, max_context, -1, -1);
     const uint32_t blockDim = BlockDimFor(R);
-    // lifetime 0: the invalidate kernel checks the header's magic, capacity and buckets only
-    LaunchStateOp(false, blockDim, StateTiling(R, capacity, buckets, 0), state, valid_lens);
+    // lifetime 0: the invalidate kernel checks the header's magic, capacity, buckets and
+    // max_context only (the policy sections exist exactly when max_context > 0)
+    LaunchStateOp(false, blockDim,
+                  StateTiling(R, capacity, buckets, 0, max_context ? kPolicyReuse : kPolicyLifetime, max_context),
+                  state, valid_lens);
 }
 
 // Reset reads nothing from the rows it rewrites (header included): it is also how a corrupted row
 // is repaired.
-void Reset(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int64_t buckets, int64_t lifetime) {
-    const int64_t R = CheckStateArgs("reset", state, row_mask, "row_mask", at::kBool, capacity, buckets);
+void Reset(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int64_t buckets, int64_t lifetime,
+           int64_t policy, int64_t max_context) {
+    const int64_t R = CheckStateArgs("reset", state, row_mask, "row_mask", at::kBool, capacity, buckets, max_context);
     CheckGeometry(capacity, buckets, lifetime, 1);
+    CheckPolicy(policy, max_context);
     const uint32_t blockDim = BlockDimFor(R);
-    LaunchStateOp(true, blockDim, StateTiling(R, capacity, buckets, lifetime), state, row_mask);
+    LaunchStateOp(true, blockDim, StateTiling(R, capacity, buckets, lifetime, policy, max_context), state, row_mask);
 }
 
 }  // namespace
 
 #ifdef AVSG_CPU_EMULATION
 // For tests and benchmarks: the UB plan chosen for a geometry.
-std::vector<int64_t> PlanUbPlan(int64_t T, int64_t K, int64_t capacity, int64_t buckets) {
+std::vector<int64_t> PlanUbPlan(int64_t T, int64_t K, int64_t capacity, int64_t buckets, int64_t max_context) {
     CheckGeometry(capacity, buckets, 1, T * K);
+    const int64_t policy = max_context ? kPolicyReuse : kPolicyLifetime;
+    CheckPolicy(policy, max_context);
     PlanTiling t = MakeTiling(1, static_cast<uint32_t>(T * K), static_cast<uint32_t>(capacity),
-                              static_cast<uint32_t>(buckets), 1);
+                              static_cast<uint32_t>(buckets), 1, static_cast<uint32_t>(policy),
+                              static_cast<uint32_t>(max_context));
     std::vector<int64_t> out{t.ubBytes, PlanFixedUbBytes(t)};
     for (uint32_t s = 0; s < SEC_COUNT; ++s) out.push_back(static_cast<int64_t>(t.winLen[s]) * 4);
     return out;
@@ -392,8 +461,8 @@ std::vector<int64_t> PlanUbPlan(int64_t T, int64_t K, int64_t capacity, int64_t 
 #ifdef AVSG_CPU_EMULATION
 TORCH_LIBRARY_FRAGMENT(avsg, m) {
     // [total UB bytes, fixed bytes, window bytes of bucket_key, bucket_slot, slot_pos, slot_life,
-    //  stash_key, stash_slot] of the plan kernels for a geometry (introspection for tests/docs).
-    m.def("plan_ub_plan(int T, int K, int capacity, int buckets) -> int[]", &avsg::PlanUbPlan);
+    //  stash_key, stash_slot, slot_count, pos_count, block_heat]; max_context > 0: reuse policy
+    m.def("plan_ub_plan(int T, int K, int capacity, int buckets, int max_context=0) -> int[]", &avsg::PlanUbPlan);
     // Tests only: switch the CPU backend's host-side value checks (state headers in plan /
     // invalidate, plan indices in gather) off to exercise what the kernels do on their own.
     m.def("_set_host_value_checks(bool enabled) -> bool", [](bool enabled) {

@@ -4,14 +4,15 @@
 //
 // State row layout (python/avsg/reference.py): a 64-int32 header (magic, S, H, L at words 0..3,
 // stash_count at word 8), then sections BK bucket_key [H], BS bucket_slot [H], SP slot_pos [Sp],
-// SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp]. Each section is reached through one UB "window" of winLen elements (a power
+// SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp], and for the reuse policy SC
+// slot_count [Sp], PC pos_count [Cp], HT block_heat [Bp] (empty for the lifetime policy). Each section is reached through one UB "window" of winLen elements (a power
 // of two, or the whole section when it fits): see PlanUbBytes for the UB plan.
 #pragma once
 #include <cstdint>
 
 namespace avsg {
 
-enum PlanSection : uint32_t { SEC_BK = 0, SEC_BS, SEC_SP, SEC_SL, SEC_SK, SEC_SS, SEC_COUNT };
+enum PlanSection : uint32_t { SEC_BK = 0, SEC_BS, SEC_SP, SEC_SL, SEC_SK, SEC_SS, SEC_SC, SEC_PC, SEC_HT, SEC_COUNT };
 
 constexpr uint32_t kPlanChunk = 512;        // selections per vector chunk (NC): 8 repeats of int32
 constexpr uint32_t kPlanProbes = 4;         // 1 + RETRIES probe buckets per position
@@ -28,14 +29,23 @@ constexpr uint32_t kStateHeaderLen = 64;    // int32 header at the start of ever
 constexpr uint32_t kHeaderWords = 8;        // geometry block read by the kernels (32 B)
 constexpr uint32_t kHeaderMagic = 0x41565331u;   // "AVS1" (reference.HEADER_MAGIC)
 constexpr uint32_t kHeaderCapacity = 1, kHeaderBuckets = 2, kHeaderLifetime = 3;
+constexpr uint32_t kHeaderPolicy = 4, kHeaderMaxContext = 5;
 constexpr uint32_t kHeaderStashCount = 8;   // stash_count's block starts here
+constexpr uint32_t kHeaderStep = 9;         // reuse: steps since the counts were halved
 constexpr uint32_t kMaxPosition = 1u << 24;
+// Residency policies (reference.POLICY_IDS) and the reuse policy's constants (reference.REUSE_*)
+constexpr uint32_t kPolicyLifetime = 0, kPolicyReuse = 1;
+constexpr int32_t kReuseAgeMax = 1023, kReuseCountMax = 255, kReuseHeatMax = 255;
+constexpr int32_t kReuseBlockLog = 6, kReuseHalveEvery = 256;
+constexpr int32_t kScoreFree = -128, kScorePinned = 127;
 
 struct PlanTiling {
     uint32_t rows, N;                    // N = T*K selections per row
     uint32_t capacity, capPad;           // S, Sp = roundup(S, 64)
     uint32_t buckets, logBuckets;        // H = 2^logBuckets
     uint32_t lifetime;                   // L
+    uint32_t policy;                     // kPolicyLifetime / kPolicyReuse
+    uint32_t maxContext;                 // positions with per-position state (0: none)
     uint32_t width;                      // int32 per state row
     uint32_t secOff[SEC_COUNT];          // section offsets in a state row
     uint32_t secLen[SEC_COUNT];          // section lengths (H or Sp; multiples of 64)
@@ -50,48 +60,31 @@ struct PlanTiling {
     // (dual pointer) or, in the same space, each miss-run entry's lane and index in miss_pos (hash
     // plan, run layout); the insert's free / winner bits (kPlanProbes*nc bits per miss chunk)
     uint32_t wsMissOff, wsResKeyOff, wsResSlotOff, wsRunJOff, wsRunLaneOff, wsFreeOff;
+    uint32_t wsScoreOff;                 // reuse: the slots' scores (float, Sp) for the victim search
     uint32_t hashA1, hashB1, hashA2, hashB2;   // constants mod H
     uint32_t ubBytes;                    // planned UB use of the plan kernels
     uint32_t fillChunk;                  // invalidate / reset chunk (elements, multiple of 64)
 };
 
-// Helpers shared by the host and the kernels. The kernels include kernel_operator.h first, which
-// defines __aicore__ (a macro: empty in the CPU emulation, the aicore attribute in the device
-// compile), so the device compiler gets an aicore function; the host gets a plain one.
+// The one round-up helper of the plan kernels (x, m > 0). The kernels include kernel_operator.h
+// first, which defines __aicore__ (empty in the CPU emulation, the aicore attribute in the device
+// compile); the host gets a plain function.
 #if defined(__aicore__)
 #define AVSG_PLAN_SHARED_FN constexpr __aicore__ inline
 #else
 #define AVSG_PLAN_SHARED_FN constexpr inline
 #endif
-
-// The one round-up helper of the plan host and kernels (x, m > 0).
 AVSG_PLAN_SHARED_FN uint32_t RoundUp(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
 
-// The kernels DMA the tiling into its own UB buffer (op_kernel/plan_kernel.h, LoadTiling). It is
-// the first buffer of the plan kernel, so its size is rounded to 256 B: the next buffer (the
-// Sort/Sort32 destination region) must start 256 B aligned.
+// Namespace-scope constants are plain expressions, never calls: a constexpr initialised from an
+// __aicore__ function is rejected by an AI-core-only compile (--cce-aicore-only).
 static_assert(sizeof(PlanTiling) % 4 == 0, "PlanTiling is read as uint32 words");
-constexpr uint32_t kPlanTilingUbBytes = RoundUp(static_cast<uint32_t>(sizeof(PlanTiling)), 256);
-
-// Fixed (window-independent) UB bytes of the plan kernels, buffer by buffer (mirrors Init).
-inline uint32_t PlanFixedUbBytes(const PlanTiling& t) {
-    uint32_t b = kPlanTilingUbBytes;                      // tiling copy
-    b += kPlanSortVectors * RoundUp(t.nc * 4, 32);        // Sort / Extract buffers
-    b += kPlanWideVectors * RoundUp(kPlanProbes * t.nc * 4, 32);  // all-probe vectors
-    b += kPlanVectors * RoundUp(t.nc * 4, 32);            // work vectors
-    b += kPlanMasks * RoundUp(kPlanProbes * t.nc / 8, 32);  // compare masks
-    b += RoundUp(t.capPad / 8, 32);                       // hit bitmap over slots
-    b += RoundUp(t.buckets / 8, 32);                      // claimed bitmap over buckets
-    b += RoundUp(t.pendWords * 4, 32);                    // pending bitmap over misses
-    b += 2 * RoundUp(kPlanMaxRuns * kPlanHeadLen * 4, 32);  // merge heads: keys + payload
-    b += 2 * 32 + 64;                                     // stats, scalars, header (+ stash count)
-    return b;
-}
-
-inline uint32_t PlanUbBytes(const PlanTiling& t) {
-    uint32_t b = PlanFixedUbBytes(t);
-    for (uint32_t s = 0; s < SEC_COUNT; ++s) b += RoundUp(t.winLen[s] * 4, 32);
-    return b;
-}
+// The kernels DMA the tiling into its own UB buffer (plan_kernel.h, LoadTiling).
+constexpr uint32_t kPlanTilingUbBytes = (static_cast<uint32_t>(sizeof(PlanTiling)) + 31u) / 32u * 32u;
+// Sort32 on A2 needs its destination 256 B aligned and its sources 128 B aligned; TPipe only
+// promises 32 B. The plan kernel's sort region (with the wide vectors that carry Sort payloads)
+// is one buffer with this much slack, cut at its first 256 B boundary.
+constexpr uint32_t kPlanSortAlign = 256;
+constexpr uint32_t kPlanSortAlignSlack = kPlanSortAlign - 32;
 
 }  // namespace avsg

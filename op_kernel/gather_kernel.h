@@ -8,24 +8,34 @@
 //   paged pool [num_blocks, block_size, row]: host row = block_table[r, pos / bs] * bs + pos % bs
 // and the row must be < src.shape[0] * src.shape[1]. Entries outside the pool are skipped.
 //
-// Partitions (DESIGN.md §4), C = GetBlockNum(), total = sum(miss_counts):
+// Partitions (docs/design.md §4), C = GetBlockNum(), total = sum(miss_counts):
 //   miss     entries in (row, pos) order, core c takes [c*total/C, (c+1)*total/C)
 //   request  core c takes every row r with r % C == c
 //   topk     the fixed R*N layout, core c takes [c*R*N/C, (c+1)*R*N/C); padding is a no-op
 // Output: countOut[c*8] = entries core c copied (once per entry, not per pair); the rest of the
 // core's 32 B slot is written with zeros.
 //
-// Data path per row piece: DataCopyPad GM->UB (MTE2) -> EnQue/DeQue (MTE2->MTE3) -> DataCopyPad
-// UB->GM (MTE3) -> FreeTensor (MTE3->MTE2), through a TQueBind<VECIN, VECOUT, 1> with two
-// buffers, so the load of the next piece overlaps the store of the previous one. Any row width in
-// bytes works (DataCopyPad is byte-exact; rows wider than one buffer are split into pieces).
-//
+// Data path, built for the latency of host reads across PCIe (one DMA costs microseconds
+// whatever its size up to ~16 KB, so a core must keep several in flight and make each count):
+//   * consecutive entries of a row whose host rows increase form one read group: a run of
+//     misses contiguous in host row is read by ONE DataCopyPad (blockCount = rows), and, with
+//     page reads (tiling readGapRows > 0), misses a few rows apart in one host page share a read
+//     that also fetches the rows between them; a group spans at most spanRows host rows;
+//   * the group's rows land in UB at a 32 B-padded pitch and are written out by one DataCopyPad
+//     per run contiguous in both host row and slot;
+//   * reads go through a TQueBind<VECIN, VECOUT, kGatherCopyBuffers> whose every buffer can hold
+//     a read in flight: a group is enqueued after its read is issued, and its writes are issued
+//     only when the queue is full (oldest first) or at the end, so up to kGatherCopyBuffers reads
+//     per core overlap one another and the writes;
+//   * rows wider than a buffer (spanRows = 1) are read and written in copyBytes pieces.
+// A row's misses name distinct slots in every plan (checked on CPU), so writes never overlap.
 // Scalar reads of DMA-loaded indices (miss_pos, miss_slots, miss_counts, block_table, tiling) are
 // preceded by an explicit MTE2->S flag; every reload of a scalar-read buffer is preceded by an
 // S->MTE2 flag (write-after-read). The per-core count is written by scalar SetValue to UB, S->MTE3
 // flag, then one 32 B DMA. No scalar GM access at all: mapped host memory is only read by MTE2.
 #pragma once
 #include "kernel_operator.h"
+#include "kernel_compat.h"
 #include "gather_tiling.h"
 
 namespace avsg {
@@ -78,6 +88,7 @@ public:
         } else {
             ProcessTopk();
         }
+        while (queued_ > 0) WriteOldest();
         WriteCount();
     }
 
@@ -116,6 +127,8 @@ private:
         t_.idxChunk = words[k++];
         t_.cntChunk = words[k++];
         t_.btWindow = words[k++];
+        t_.spanRows = words[k++];
+        t_.readGapRows = words[k++];
         for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.rowBytes[p] = words[k++];
         for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.src[p] = words[k++];
         for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.dst[p] = words[k++];
@@ -249,7 +262,7 @@ private:
 
     // ------------------------------------------------------------------------ copies
 
-    // Entries [a, b) of row r: indices loaded in chunks of idxChunk, then one copy per entry/pair.
+    // Entries [a, b) of row r: indices loaded in chunks of idxChunk; entries grouped into reads.
     __aicore__ inline void CopySegment(uint64_t r, uint64_t a, uint64_t b)
     {
         const uint64_t N = t_.entriesPerRow, S = t_.capacity;
@@ -266,30 +279,105 @@ private:
                 if (slot < 0 || static_cast<uint64_t>(slot) >= S) continue;  // never from a valid plan
                 int64_t hostRow = HostRow(r, pos);
                 if (hostRow < 0) continue;
-                for (uint64_t p = 0; p < t_.numPairs; ++p) {
-                    CopyRow(p, static_cast<uint64_t>(hostRow), r * S + static_cast<uint64_t>(slot));
-                }
+                AddToGroup(r, static_cast<uint64_t>(hostRow), static_cast<uint32_t>(slot));
                 ++copied_;
             }
         }
+        FlushGroup();  // groups never span rows: a group's writes go to one dst row block
     }
 
-    // One host row of pair p -> buffer row, in pieces of at most copyBytes.
-    __aicore__ inline void CopyRow(uint64_t p, uint64_t hostRow, uint64_t dstRow)
+    // Entry (host row h -> slot s of row r) joins the open group when its host row follows the
+    // group's last one within readGapRows and the group's span stays within spanRows rows.
+    __aicore__ inline void AddToGroup(uint64_t r, uint64_t h, uint32_t s)
     {
-        const uint64_t bytes = t_.rowBytes[p];
-        const uint64_t srcOff = hostRow * bytes, dstOff = dstRow * bytes;
-        for (uint64_t off = 0; off < bytes; off += t_.copyBytes) {
-            uint32_t len = static_cast<uint32_t>(bytes - off < t_.copyBytes ? bytes - off : t_.copyBytes);
-            AscendC::DataCopyExtParams params{1, len, 0, 0, 0};
-            AscendC::LocalTensor<uint8_t> in = copyQue_.AllocTensor<uint8_t>();
-            AscendC::DataCopyPadExtParams<uint8_t> pad{false, 0, 0, 0};
-            AscendC::DataCopyPad(in, srcGm_[p][srcOff + off], params, pad);
-            copyQue_.EnQue(in);
-            AscendC::LocalTensor<uint8_t> out = copyQue_.DeQue<uint8_t>();
-            AscendC::DataCopyPad(dstGm_[p][dstOff + off], out, params);
-            copyQue_.FreeTensor(out);
+        if (group_.pieces > 0) {
+            const bool after = h > group_.lastHost;
+            if (after && h - group_.lastHost - 1 <= t_.readGapRows && h - group_.firstHost < t_.spanRows) {
+                Piece& last = group_.piece[group_.pieces - 1];
+                if (h == group_.lastHost + 1 && s == last.slot + last.count) {
+                    ++last.count;  // contiguous in host row and slot: the same write
+                } else {
+                    if (group_.pieces == kGatherMaxSpanRows) {
+                        FlushGroup();
+                        StartGroup(r, h, s);
+                        return;
+                    }
+                    group_.piece[group_.pieces++] = Piece{s, static_cast<uint32_t>(h - group_.firstHost), 1};
+                }
+                group_.lastHost = h;
+                return;
+            }
+            FlushGroup();
         }
+        StartGroup(r, h, s);
+    }
+
+    __aicore__ inline void StartGroup(uint64_t r, uint64_t h, uint32_t s)
+    {
+        group_.row = r;
+        group_.firstHost = h;
+        group_.lastHost = h;
+        group_.pieces = 1;
+        group_.piece[0] = Piece{s, 0, 1};
+    }
+
+    // The open group's read, once per tensor pair (pieces of copyBytes for rows wider than that).
+    __aicore__ inline void FlushGroup()
+    {
+        if (group_.pieces == 0) return;
+        const uint64_t spanRows = group_.lastHost - group_.firstHost + 1;
+        for (uint64_t p = 0; p < t_.numPairs; ++p) {
+            const uint64_t bytes = t_.rowBytes[p];
+            if (bytes <= t_.copyBytes) {
+                Enqueue(p, 0, static_cast<uint32_t>(bytes), static_cast<uint16_t>(spanRows));
+            } else {  // spanRows is 1 whenever a row exceeds copyBytes (host tiling)
+                for (uint64_t off = 0; off < bytes; off += t_.copyBytes) {
+                    uint64_t len = bytes - off < t_.copyBytes ? bytes - off : t_.copyBytes;
+                    Enqueue(p, off, static_cast<uint32_t>(len), 1);
+                }
+            }
+        }
+        group_.pieces = 0;
+    }
+
+    // Issue the read of the open group (bytes [rowOff, rowOff + len) of `rows` host rows of pair p)
+    // into a free queue buffer and enqueue it; its writes wait until the queue is full.
+    __aicore__ inline void Enqueue(uint64_t p, uint64_t rowOff, uint32_t len, uint16_t rows)
+    {
+        if (queued_ == kGatherCopyBuffers) WriteOldest();
+        Pending& d = pending_[(head_ + queued_) % kGatherCopyBuffers];
+        d.pair = p;
+        d.row = group_.row;
+        d.rowOff = rowOff;
+        d.len = len;
+        d.pieces = group_.pieces;
+        for (uint32_t k = 0; k < group_.pieces; ++k) d.piece[k] = group_.piece[k];
+        const uint64_t bytes = t_.rowBytes[p];
+        AscendC::LocalTensor<uint8_t> in = copyQue_.AllocTensor<uint8_t>();
+        AscendC::DataCopyExtParams params{rows, len, static_cast<uint32_t>(bytes - len), 0, 0};
+        AscendC::DataCopyPadExtParams<uint8_t> pad{false, 0, 0, 0};
+        AscendC::DataCopyPad(in, srcGm_[p][group_.firstHost * bytes + rowOff], params, pad);
+        copyQue_.EnQue(in);
+        ++queued_;
+    }
+
+    // Dequeue the oldest read and write each of its slot runs (one DMA per run).
+    __aicore__ inline void WriteOldest()
+    {
+        Pending& d = pending_[head_];
+        AscendC::LocalTensor<uint8_t> out = copyQue_.DeQue<uint8_t>();
+        const uint64_t bytes = t_.rowBytes[d.pair];
+        const uint64_t pitch = (static_cast<uint64_t>(d.len) + 31) / 32 * 32;  // UB rows are 32 B padded
+        for (uint32_t k = 0; k < d.pieces; ++k) {
+            const Piece& pc = d.piece[k];
+            AscendC::DataCopyExtParams params{static_cast<uint16_t>(pc.count), d.len, 0,
+                                              static_cast<uint32_t>(bytes - d.len), 0};
+            const uint64_t dstOff = (d.row * t_.capacity + pc.slot) * bytes + d.rowOff;
+            AscendC::DataCopyPad(dstGm_[d.pair][dstOff], out[static_cast<uint32_t>(pc.ubRow * pitch)], params);
+        }
+        copyQue_.FreeTensor(out);
+        head_ = (head_ + 1) % kGatherCopyBuffers;
+        --queued_;
     }
 
     // countOut[c*8 .. c*8+8) = {copied, 0 x 7}: one whole 32 B block per core.
@@ -309,7 +397,28 @@ private:
     uint64_t blockIdx_ = 0;
     uint64_t copied_ = 0;
 
-    AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT, 1> copyQue_;
+    AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT, kGatherCopyBuffers> copyQue_;
+
+    // A run of entries contiguous in host row and slot: one write of `count` rows from UB row
+    // ubRow of its group's read to slot `slot` onwards.
+    struct Piece {
+        uint32_t slot, ubRow, count;
+    };
+    // The read group being formed (entries of row `row`, host rows firstHost..lastHost).
+    struct Group {
+        uint64_t row = 0, firstHost = 0, lastHost = 0;
+        uint32_t pieces = 0;
+        Piece piece[kGatherMaxSpanRows];
+    };
+    // A read in flight in the copy queue, with the writes it feeds.
+    struct Pending {
+        uint64_t pair = 0, row = 0, rowOff = 0;
+        uint32_t len = 0, pieces = 0;
+        Piece piece[kGatherMaxSpanRows];
+    };
+    Group group_;
+    Pending pending_[kGatherCopyBuffers];
+    uint32_t head_ = 0, queued_ = 0;
     AscendC::TBuf<AscendC::TPosition::VECCALC> tilingBuf_, posBuf_, slotBuf_, cntBuf_, btBuf_, outBuf_;
     AscendC::LocalTensor<int32_t> posLocal_, slotLocal_, cntLocal_, btLocal_;
 

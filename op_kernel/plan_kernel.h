@@ -36,6 +36,7 @@
 // lookup result is the reference's.
 #pragma once
 #include "kernel_operator.h"
+#include "kernel_compat.h"
 #include "plan_tiling.h"
 
 namespace avsg_kernel {
@@ -111,11 +112,15 @@ public:
                               t_.wsPerCore);
 
         const uint32_t nc = t_.nc;
-        // right after the 256 B-rounded tiling buffer, so the Sort/Sort32 destination (sDst_,
-        // 2*nc*4 B in) is 256 B aligned as Sort32 requires
-        pipe->InitBuffer(sortBuf_, avsg::kPlanSortVectors * nc * 4);
+        // The Sort operands (sort region, and the wide vectors that carry Sort payloads) need
+        // Sort32's alignment (dst 256 B, sources 128 B), which TPipe does not promise: its pool
+        // base is not ours. One buffer with slack, cut at the first 256 B boundary.
         const uint32_t wide = avsg::kPlanProbes * nc;
-        for (uint32_t i = 0; i < avsg::kPlanWideVectors; ++i) pipe->InitBuffer(wideBuf_[i], wide * 4);
+        const uint32_t sortBytes = avsg::kPlanSortVectors * nc * 4, wideBytes = wide * 4;
+        pipe->InitBuffer(alignedBuf_, sortBytes + avsg::kPlanWideVectors * wideBytes + avsg::kPlanSortAlignSlack);
+        const uint32_t alignPad = static_cast<uint32_t>(
+            (avsg::kPlanSortAlign - alignedBuf_.Get<uint8_t>().GetPhyAddr() % avsg::kPlanSortAlign) %
+            avsg::kPlanSortAlign);
         for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], nc * 4);
         for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], avsg::RoundUp(wide / 8, 32));
         pipe->InitBuffer(hitBuf_, avsg::RoundUp(t_.capPad / 8, 32));
@@ -127,22 +132,26 @@ public:
         pipe->InitBuffer(scalarBuf_, 32);
         pipe->InitBuffer(headerBuf_, 64);
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
-            pipe->InitBuffer(winBuf_[s], t_.winLen[s] * 4);
-            win_[s].buf = winBuf_[s].Get<int32_t>();
             win_[s].len = t_.secLen[s];
             win_[s].wlog = t_.winLog[s];
             win_[s].wlen = t_.winLen[s];
+            win_[s].nwin = 0;
+            if (t_.winLen[s] == 0) continue;   // a policy section the lifetime policy lacks
+            pipe->InitBuffer(winBuf_[s], t_.winLen[s] * 4);
+            win_[s].buf = winBuf_[s].Get<int32_t>();
             win_[s].nwin = (t_.secLen[s] + t_.winLen[s] - 1) / t_.winLen[s];
         }
+        reuse_ = t_.policy == avsg::kPolicyReuse;
         // nc-element vectors that live across the steps of a chunk or a row
         vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3);
         vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7); vHMask_ = V(8);
         // all-probe vectors: lane (probe i, selection l) at i*nc + l
-        wIdx_ = wideBuf_[0].Get<int32_t>();
-        wWin_ = wideBuf_[1].Get<int32_t>();
-        wSlot_ = wideBuf_[2].Get<int32_t>();
-        wTmp_ = sortBuf_.Get<int32_t>();          // the sort region holds two wide vectors while
-        wKey_ = wTmp_[wide];                      // no sort runs
+        LocalTensor<float> sb = alignedBuf_.GetWithOffset<float>(avsg::kPlanSortVectors * nc, alignPad);
+        wIdx_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + sortBytes);
+        wWin_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + sortBytes + wideBytes);
+        wSlot_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + sortBytes + 2 * wideBytes);
+        wTmp_ = sb.template ReinterpretCast<int32_t>();   // the sort region holds two wide vectors
+        wKey_ = wTmp_[wide];                              // while no sort runs
         wIdx_.SetSize(wide); wWin_.SetSize(wide); wSlot_.SetSize(wide); wTmp_.SetSize(wide); wKey_.SetSize(wide);
         // short-lived nc-element scratch, aliased into wide vectors that are idle whenever these
         // are used (hash temporaries before the wide gathers; the rest outside the lookups)
@@ -155,7 +164,7 @@ public:
         CreateVecIndex(vLane_, 0, nc);            // lane ids, read by Classify's compaction
         Duplicate(vHMask_, static_cast<int32_t>(t_.buckets - 1), nc);   // x mod H (AndMask)
         PipeBarrier<PIPE_V>();
-        LocalTensor<float> sb = sortBuf_.Get<float>();
+        ascendc_assert(sb.GetPhyAddr() % avsg::kPlanSortAlign == 0);
         sConcat_ = sb[0];
         sIdx_ = sb[nc].template ReinterpretCast<uint32_t>();
         sDst_ = sb[2 * nc];
@@ -516,6 +525,9 @@ private:
         if (payload == nullptr) CreateVecIndex(sIdx_.template ReinterpretCast<int32_t>(), 0, n32);
         PipeBarrier<PIPE_V>();
         LocalTensor<uint32_t> idx = payload == nullptr ? sIdx_ : *payload;
+        // Sort32 on A2: scores and index 128 B aligned, pairs 256 B aligned (Init cuts them so).
+        ascendc_assert(sConcat_.GetPhyAddr() % 128 == 0 && idx.GetPhyAddr() % 128 == 0 &&
+                       sDst_.GetPhyAddr() % 256 == 0);
         Sort<float, true>(sDst_, sConcat_, idx, sTmp_, static_cast<int32_t>(n32 / 32));
         PipeBarrier<PIPE_V>();
         Extract(sOutV_, sOutI_, sDst_, static_cast<int32_t>(n32 / 32));
@@ -674,11 +686,19 @@ private:
         GatherMask(vKey_, vFoundI_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
         GatherMask(vSlot_, vWant_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
         if (!kDual) GatherMask(vT2_, vLane_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
+        uint64_t nHitPos = 0;   // reuse: the hits' positions (wTmp_ is idle until the sort)
+        if (reuse_) GatherMask(wTmp_, vWant_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHitPos);
         Sync<HardEvent::V_S>();
         lookups_ += static_cast<int64_t>(nValid);
         hits_ += static_cast<int64_t>(nHit);
         misses_ += static_cast<int64_t>(nMiss);
-        for (uint32_t q = 0; q < nHit; ++q) SetWordBit(hitBits_, static_cast<uint32_t>(vKey_.GetValue(q)));
+        for (uint32_t q = 0; q < nHit; ++q) {
+            const uint32_t slot = static_cast<uint32_t>(vKey_.GetValue(q));
+            // reuse: a slot used this step heats its block once (T query tokens may share it);
+            // its count is raised by CountHits
+            if (reuse_ && !WordBit(hitBits_, slot)) AddHeat(wTmp_.GetValue(q));
+            SetWordBit(hitBits_, slot);
+        }
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
         if (!kDual) {
             Sync<HardEvent::V_MTE3>();
@@ -714,18 +734,35 @@ private:
             for (uint32_t off = 0; off < cnt; off += nc) {
                 const uint32_t n = MinU(nc, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
-                // clamp to [-1, L] first (life - 1 would wrap at INT32_MIN), then decay: the same
-                // as the reference's decay-then-clamp to [-1, L-1]
-                Maxs(vT1_, life, -1, n);
-                PipeBarrier<PIPE_V>();
-                Mins(vT1_, vT1_, static_cast<int32_t>(t_.lifetime), n);
-                PipeBarrier<PIPE_V>();
-                Adds(vT2_, vT1_, -1, n);
-                PipeBarrier<PIPE_V>();
-                Mins(vT1_, vT1_, 0, n);
-                PipeBarrier<PIPE_V>();
-                Max(vT2_, vT2_, vT1_, n);                    // max(life-1, min(life,0))
-                PipeBarrier<PIPE_V>();
+                if (reuse_) {
+                    // age: clamp to [-1, 1023], then min(age+1, 1023) + min(age, 0): one step
+                    // older, free slots (-1) stay free
+                    Maxs(vT1_, life, -1, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT1_, vT1_, avsg::kReuseAgeMax, n);
+                    PipeBarrier<PIPE_V>();
+                    Adds(vT2_, vT1_, 1, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT1_, vT1_, 0, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT2_, vT2_, avsg::kReuseAgeMax, n);
+                    PipeBarrier<PIPE_V>();
+                    Add(vT2_, vT2_, vT1_, n);
+                    PipeBarrier<PIPE_V>();
+                } else {
+                    // clamp to [-1, L] first (life - 1 would wrap at INT32_MIN), then decay: the
+                    // same as the reference's decay-then-clamp to [-1, L-1]
+                    Maxs(vT1_, life, -1, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT1_, vT1_, static_cast<int32_t>(t_.lifetime), n);
+                    PipeBarrier<PIPE_V>();
+                    Adds(vT2_, vT1_, -1, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT1_, vT1_, 0, n);
+                    PipeBarrier<PIPE_V>();
+                    Max(vT2_, vT2_, vT1_, n);                    // max(life-1, min(life,0))
+                    PipeBarrier<PIPE_V>();
+                }
                 CompareScalar(mB_, vT2_, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
                 PipeBarrier<PIPE_V>();
                 uint64_t nFree = 0;
@@ -735,14 +772,47 @@ private:
                 Cast(vTmpF_, vT2_, RoundMode::CAST_RINT, n);
                 Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[(id * sl.wlen + off) / 16], n / 16);
                 PipeBarrier<PIPE_V>();
-                Select(vTmpF_, mA_, vTmpF_, static_cast<float>(t_.lifetime), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+                Select(vTmpF_, mA_, vTmpF_, reuse_ ? 0.0f : static_cast<float>(t_.lifetime),
+                       SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                 PipeBarrier<PIPE_V>();
                 Cast(life, vTmpF_, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
+                if (reuse_) CountHits(id * sl.wlen + off, n);
             }
             sl.dirty = true;
         }
         Sync<HardEvent::V_S>();
+    }
+
+    // reuse: slot_count + 1 (saturating) for the hit slots of [base, base+n), one vector pass
+    // with the hit bitmap instead of a scalar access per hit (slot_count is paged: random scalar
+    // accesses would reload its windows). Other counts keep their bits exactly, whatever they
+    // hold: a bitwise blend (count & keep) | (new & ~keep), keep = -1 off the hits.
+    __aicore__ inline void CountHits(uint32_t base, uint32_t n) {
+        const LocalTensor<int32_t> count = ChunkOf(win_[avsg::SEC_SC], base);
+        const LocalTensor<int32_t> keep = vT2_, notKeep = vKey_, bumped = vT1_;
+        Sync<HardEvent::S_V>();
+        Duplicate(vTmpF_, 0.0f, n);
+        Maxs(bumped, count, 0, n);
+        PipeBarrier<PIPE_V>();
+        Select(vTmpF_, hitBits_.ReinterpretCast<uint8_t>()[base / 8], vTmpF_, -1.0f,
+               SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        Mins(bumped, bumped, avsg::kReuseCountMax - 1, n);
+        PipeBarrier<PIPE_V>();
+        Cast(keep, vTmpF_, RoundMode::CAST_RINT, n);
+        Adds(bumped, bumped, 1, n);
+        PipeBarrier<PIPE_V>();
+        Not(notKeep.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(), 2 * n);
+        And(count.ReinterpretCast<uint16_t>(), count.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(),
+            2 * n);
+        PipeBarrier<PIPE_V>();
+        And(bumped.ReinterpretCast<uint16_t>(), bumped.ReinterpretCast<uint16_t>(),
+            notKeep.ReinterpretCast<uint16_t>(), 2 * n);
+        PipeBarrier<PIPE_V>();
+        Or(count.ReinterpretCast<uint16_t>(), count.ReinterpretCast<uint16_t>(), bumped.ReinterpretCast<uint16_t>(),
+           2 * n);
+        PipeBarrier<PIPE_V>();
+        win_[avsg::SEC_SC].dirty = true;
     }
 
     // Scalar merge of the sorted miss runs with dedup -> miss_pos[0:M]. Returns M.
@@ -765,6 +835,7 @@ private:
             if (v != last) {
                 vT1_.SetValue(staged++, v);
                 last = v;
+                if (reuse_) AddHeat(v);
                 if (staged == t_.nc) {
                     Sync<HardEvent::S_MTE3>();
                     StoreInts(missPosGm_[rowN + m], vT1_, staged);
@@ -832,6 +903,231 @@ private:
                         have += take;
                     }
                 }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------------- reuse policy
+    // (reference.py: reuse_scores, lowest_scores, _reuse_refresh, _add_heat, _reuse_install)
+    __aicore__ inline int32_t ClampCount(int32_t c) const {
+        return c < 0 ? 0 : (c > avsg::kReuseCountMax ? avsg::kReuseCountMax : c);
+    }
+    // heat[pos >> 6] += 1, saturating (pos is a valid selection: 0 <= pos < max_context)
+    __aicore__ inline void AddHeat(int32_t pos) {
+        Win& ht = win_[avsg::SEC_HT];
+        const uint32_t b = static_cast<uint32_t>(pos) >> avsg::kReuseBlockLog;
+        const int32_t h = Get(ht, b);
+        Put(ht, b, h < avsg::kReuseHeatMax ? h + 1 : avsg::kReuseHeatMax);
+    }
+    // dst = clamp(src, 0, high) >> 1 over a whole section, window by window (heat every step;
+    // the counts every 256 steps)
+    __aicore__ inline void HalveSection(Win& w, int32_t high) {
+        for (uint32_t id = 0; id < w.nwin; ++id) {
+            Ensure(w, static_cast<int32_t>(id));
+            Sync<HardEvent::S_V>();
+            const uint32_t cnt = WinCount(w, static_cast<int32_t>(id));
+            for (uint32_t off = 0; off < cnt; off += t_.nc) {
+                const uint32_t n = MinU(t_.nc, cnt - off);
+                ClampInts(w.buf[off], 0, high, n);
+                ShiftRight(w.buf[off], w.buf[off], 1, n);
+                PipeBarrier<PIPE_V>();
+            }
+            w.dirty = true;
+        }
+        Sync<HardEvent::V_S>();
+    }
+    __aicore__ inline void CoolHeat() { HalveSection(win_[avsg::SEC_HT], avsg::kReuseHeatMax); }
+    // The step word counts steps since the last halving of the counts (clamped to [0, 255]).
+    __aicore__ inline void AdvanceStep() {
+        int32_t step = countUb_.GetValue(1);
+        step = (step < 0 ? 0 : (step > avsg::kReuseHalveEvery - 1 ? avsg::kReuseHalveEvery - 1 : step)) + 1;
+        if (step == avsg::kReuseHalveEvery) {
+            HalveSection(win_[avsg::SEC_SC], avsg::kReuseCountMax);
+            HalveSection(win_[avsg::SEC_PC], avsg::kReuseCountMax);
+            step = 0;
+        }
+        countUb_.SetValue(1, step);
+    }
+    // x (int32 >= 0, n lanes) -> log8(x) (shift 20) or log4(x) (shift 21) from float32 bits
+    __aicore__ inline void LogBits(const LocalTensor<int32_t>& x, const LocalTensor<float>& tmp, int32_t shift,
+                                   uint32_t n) {
+        Adds(x, x, 1, n);
+        PipeBarrier<PIPE_V>();
+        Cast(tmp, x, RoundMode::CAST_RINT, n);   // exact: x + 1 <= 2^24
+        PipeBarrier<PIPE_V>();
+        ShiftRight(x, tmp.ReinterpretCast<int32_t>(), shift, n);
+        PipeBarrier<PIPE_V>();
+        Adds(x, x, -(127 << (23 - shift)), n);
+        PipeBarrier<PIPE_V>();
+    }
+    // window buffer of section w holding entries [base, base + nc) (windows are >= nc or whole)
+    __aicore__ inline LocalTensor<int32_t> ChunkOf(Win& w, uint32_t base) {
+        const int32_t id = static_cast<int32_t>(base >> w.wlog);
+        Ensure(w, id);
+        return w.buf[base - static_cast<uint32_t>(id) * w.wlen];
+    }
+    // Scores of slots [base, base+n) into the workspace (float; the Sp - S padding slots are
+    // left out: the passes read them back as SCORE_PINNED).
+    __aicore__ inline void ScoreChunk(uint32_t base, uint32_t n) {
+        const uint32_t W = Wide();
+        const LocalTensor<int32_t> a = V(0), b = V(5);
+        const LocalTensor<float> fa = VF(1), fb = VF(4);
+        Sync<HardEvent::S_V>();                   // scalar writes of the windows
+        PipeBarrier<PIPE_V>();
+        // heat of each slot's block: an all-probe gather with the block ids in the first nc lanes
+        Duplicate(wIdx_, 0, W);
+        PipeBarrier<PIPE_V>();
+        Adds(wIdx_, ChunkOf(win_[avsg::SEC_SP], base), 0, n);
+        PipeBarrier<PIPE_V>();
+        ClampInts(wIdx_, 0, static_cast<int32_t>(t_.maxContext) - 1, n);
+        ShiftRight(wIdx_, wIdx_, avsg::kReuseBlockLog, n);
+        PipeBarrier<PIPE_V>();
+        SplitIdx(win_[avsg::SEC_HT], wIdx_);
+        GatherVals(win_[avsg::SEC_HT], wSlot_, 0, avsg::kReuseHeatMax);
+        Adds(a, wSlot_, 0, n);
+        PipeBarrier<PIPE_V>();
+        LogBits(a, fa, 21, n);                                    // log4(heat)
+        Adds(b, ChunkOf(win_[avsg::SEC_SC], base), 0, n);
+        PipeBarrier<PIPE_V>();
+        ClampInts(b, 0, avsg::kReuseCountMax, n);
+        LogBits(b, fb, 20, n);                                    // log8(count)
+        Add(a, a, b, n);
+        PipeBarrier<PIPE_V>();
+        const LocalTensor<int32_t> age = ChunkOf(win_[avsg::SEC_SL], base);
+        Maxs(b, age, 0, n);
+        PipeBarrier<PIPE_V>();
+        LogBits(b, fb, 20, n);                                    // log8(age)
+        Sub(a, a, b, n);
+        PipeBarrier<PIPE_V>();
+        Cast(fa, a, RoundMode::CAST_RINT, n);
+        Cast(fb, age, RoundMode::CAST_RINT, n);                   // age in [-1, 1023]: exact
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mA_, fb, 0.0f, CMPMODE::NE, n);             // used this step: pinned
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kScorePinned), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mA_, fb, -1.0f, CMPMODE::NE, n);            // free: first
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kScoreFree), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        Sync<HardEvent::V_MTE3>();
+        StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
+        Sync<HardEvent::MTE3_V>();
+    }
+    // scores of slots [base, base+n) back into V(1) (float), padding slots as SCORE_PINNED
+    __aicore__ inline LocalTensor<float> LoadScores(uint32_t base, uint32_t n) {
+        const LocalTensor<float> sc = VF(1);
+        Sync<HardEvent::S_V>();
+        PipeBarrier<PIPE_V>();                    // the previous chunk's readers of sc
+        Duplicate(sc, static_cast<float>(avsg::kScorePinned), t_.nc);
+        Sync<HardEvent::V_MTE2>();
+        Sync<HardEvent::S_MTE2>();
+        Sync<HardEvent::MTE3_MTE2>();
+        LoadInts(sc.ReinterpretCast<int32_t>(), wsGm_[t_.wsScoreOff + base], MinU(n, t_.capacity - base),
+                 0x42FE0000);   // float bits of 127.0 (SCORE_PINNED)
+        Sync<HardEvent::MTE2_V>();
+        return sc;
+    }
+    __aicore__ inline uint32_t CountAtMost(int32_t theta) {
+        uint32_t total = 0;
+        for (uint32_t base = 0; base < t_.capPad; base += t_.nc) {
+            const uint32_t n = MinU(t_.nc, t_.capPad - base);
+            const LocalTensor<float> sc = LoadScores(base, n);
+            CompareScalar(mA_, sc, static_cast<float>(theta), CMPMODE::LE, n);
+            PipeBarrier<PIPE_V>();
+            uint64_t got = 0;
+            GatherMask(V(5), sc.ReinterpretCast<int32_t>(), U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
+            Sync<HardEvent::V_S>();
+            total += static_cast<uint32_t>(got);
+        }
+        return total;
+    }
+    // Victims: the m slots with the lowest (score, slot), in ascending slot order -> miss_slots.
+    // Threshold theta by binary search (8 compare + count passes over the scores), then every
+    // slot below it and the first (m - count below) ties, found by a running tie count.
+    __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
+        if (m == 0) return;
+        const uint32_t nc = t_.nc;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        for (uint32_t base = 0; base < t_.capPad; base += nc) ScoreChunk(base, MinU(nc, t_.capPad - base));
+        int32_t lo = avsg::kScoreFree - 1, hi = avsg::kScorePinned;
+        uint32_t below = 0;                       // count(score <= lo)
+        while (hi - lo > 1) {
+            const int32_t mid = lo + ((hi - lo) >> 1);
+            const uint32_t cnt = CountAtMost(mid);
+            if (cnt >= m) {
+                hi = mid;
+            } else {
+                lo = mid;
+                below = cnt;
+            }
+        }
+        const float theta = static_cast<float>(hi);
+        uint32_t ties = m - below, have = 0;       // ties still to take, victims stored
+        const LocalTensor<int32_t> ids = V(0), tieIds = V(5), out = V(6);
+        const LocalTensor<float> idsF = VF(4);
+        for (uint32_t base = 0; base < t_.capPad && have < m; base += nc) {
+            const uint32_t n = MinU(nc, t_.capPad - base);
+            const LocalTensor<float> sc = LoadScores(base, n);
+            CompareScalar(mA_, sc, theta, CMPMODE::LT, n);
+            CompareScalar(mB_, sc, theta, CMPMODE::EQ, n);
+            Adds(ids, vLane_, static_cast<int32_t>(base), n);
+            PipeBarrier<PIPE_V>();
+            uint64_t e = 0;
+            GatherMask(tieIds, ids, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), e);
+            Sync<HardEvent::V_S>();
+            if (static_cast<uint32_t>(e) > ties) {   // the tie boundary lies in this chunk
+                const float last = ties == 0 ? -1.0f : static_cast<float>(tieIds.GetValue(ties - 1));
+                Sync<HardEvent::S_V>();
+                Cast(idsF, ids, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+                CompareScalar(mC_, idsF, last, CMPMODE::LE, n);
+                PipeBarrier<PIPE_V>();
+                And(U16(mB_), U16(mB_), U16(mC_), n / 16);
+                PipeBarrier<PIPE_V>();
+                ties = 0;
+            } else {
+                ties -= static_cast<uint32_t>(e);
+            }
+            Or(U16(mA_), U16(mA_), U16(mB_), n / 16);
+            PipeBarrier<PIPE_V>();
+            uint64_t got = 0;
+            GatherMask(out, ids, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
+            Sync<HardEvent::V_S>();
+            const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
+            if (take) {
+                Sync<HardEvent::V_MTE3>();
+                StoreInts(missSlotsGm_[rowN + have], out, take);
+                Sync<HardEvent::MTE3_V>();
+                have += take;
+            }
+        }
+        Sync<HardEvent::MTE3_S>();
+        missChunk_ = -1;                          // vWant_ / vMS_ were used as scratch
+    }
+    // Evicted positions keep their counts (pos_count), then each miss takes its own back + 1:
+    // all spills before any reload, in miss order (reference: _reuse_install).
+    __aicore__ inline void ScatterVictimsReuse(uint32_t r, uint32_t m) {
+        Win& sp = win_[avsg::SEC_SP];
+        Win& sc = win_[avsg::SEC_SC];
+        Win& pc = win_[avsg::SEC_PC];
+        for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
+            const uint32_t n = LoadMisses(r, j0, m);
+            for (uint32_t q = 0; q < n; ++q) {
+                const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
+                const int32_t old = Get(sp, s);
+                if (old >= 0 && static_cast<uint32_t>(old) < t_.maxContext)
+                    Put(pc, static_cast<uint32_t>(old), ClampCount(Get(sc, s)));
+            }
+        }
+        for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
+            const uint32_t n = LoadMisses(r, j0, m);
+            for (uint32_t q = 0; q < n; ++q) {
+                const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
+                const int32_t pos = vWant_.GetValue(q);
+                const int32_t c = ClampCount(Get(pc, static_cast<uint32_t>(pos)));
+                Put(sc, s, c < avsg::kReuseCountMax ? c + 1 : avsg::kReuseCountMax);
+                Put(sp, s, pos);
+                Put(win_[avsg::SEC_SL], s, 0);
             }
         }
     }
@@ -1119,7 +1415,9 @@ private:
         return static_cast<uint32_t>(headerUb_.GetValue(0)) == avsg::kHeaderMagic &&
                static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderCapacity)) == t_.capacity &&
                static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderBuckets)) == t_.buckets &&
-               static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderLifetime)) == t_.lifetime;
+               static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderLifetime)) == t_.lifetime &&
+               static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderPolicy)) == t_.policy &&
+               static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderMaxContext)) == t_.maxContext;
     }
     // A row whose header does not match: state and stats untouched; no selection, no miss, and
     // miss_counts[r] = -1 so the caller can tell (the CPU host raises before this point).
@@ -1156,6 +1454,7 @@ private:
         }
         int32_t seq = scalarUb_.GetValue(0);
         if (seq > static_cast<int32_t>(avsg::kMaxPosition)) seq = static_cast<int32_t>(avsg::kMaxPosition);
+        if (reuse_ && seq > static_cast<int32_t>(t_.maxContext)) seq = static_cast<int32_t>(t_.maxContext);
         boundF_ = static_cast<float>(seq);
         const int32_t count = countUb_.GetValue(0);
         stashCount_ = count < 0 ? 0u : MinU(static_cast<uint32_t>(count), t_.capacity);
@@ -1165,7 +1464,9 @@ private:
         for (uint32_t s = t_.capacity; s < t_.capPad; ++s) {
             if (Get(win_[avsg::SEC_SP], s) != -1) Put(win_[avsg::SEC_SP], s, -1);
             if (Get(win_[avsg::SEC_SL], s) != -1) Put(win_[avsg::SEC_SL], s, -1);
+            if (reuse_ && Get(win_[avsg::SEC_SC], s) != 0) Put(win_[avsg::SEC_SC], s, 0);
         }
+        if (reuse_) CoolHeat();
 
         // 0. stash compaction #1
         if (stashCount_ > 0) CompactStash();
@@ -1179,8 +1480,13 @@ private:
         DecayAndPin();
         const uint32_t m = MergeMisses(r);
         // 3. allocate and install
-        Allocate(r, m);
-        ScatterVictims(r, m);
+        if (reuse_) {
+            AllocateByScore(r, m);
+            ScatterVictimsReuse(r, m);
+        } else {
+            Allocate(r, m);
+            ScatterVictims(r, m);
+        }
         Insert(r, m);
         bool pending = false;
         for (uint32_t w = 0; w < t_.pendWords && !pending; ++w) pending = pendBits_.GetValue(w) != 0;
@@ -1215,6 +1521,7 @@ private:
         statsUb_.SetValue(3, statsUb_.GetValue(3) + static_cast<int64_t>(m));
         scalarUb_.SetValue(0, static_cast<int32_t>(m));
         countUb_.SetValue(0, static_cast<int32_t>(stashCount_));
+        if (reuse_) AdvanceStep();
         Sync<HardEvent::S_MTE3>();
         DataCopy(statsGm_[static_cast<uint64_t>(r) * 4], statsUb_, 4);
         StoreInts(missCountsGm_[r], scalarUb_, 1);
@@ -1229,9 +1536,8 @@ private:
     GlobalTensor<int32_t> topkGm_, seqGm_, stateGm_, slotsGm_, missPosGm_, missSlotsGm_, missCountsGm_, wsGm_;
     GlobalTensor<int64_t> statsGm_;
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
-    TBuf<TPosition::VECCALC> wideBuf_[avsg::kPlanWideVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
-    TBuf<TPosition::VECCALC> tilingBuf_, sortBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, alignedBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
     TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
@@ -1251,6 +1557,7 @@ private:
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
     uint32_t freeSlots_ = 0;
+    bool reuse_ = false;                     // policy: reuse (else lifetime)
     int32_t missChunk_ = -1;                 // miss chunk held by vWant_ / vMS_ (LoadMisses), -1: none                 // slots at life -1 after DecayAndPin (padding included)
     uint32_t jCap_ = 0, jFill_[avsg::kPlanMaxRuns], jDone_[avsg::kPlanMaxRuns];  // MergeMisses' j staging
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
@@ -1279,6 +1586,7 @@ public:
         pipe->InitBuffer(maskBuf_, avsg::RoundUp(ch / 8, 32));
         pipe->InitBuffer(scalarBuf_, 32);
         pipe->InitBuffer(headerBuf_, 32);
+        if (t_.maxContext) pipe->InitBuffer(countBuf_, ch * 4);   // reuse: slot counts / zeros
     }
     __aicore__ inline void Process() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
@@ -1287,6 +1595,8 @@ public:
         LocalTensor<float> keepF = keep.ReinterpretCast<float>(), zeroF = notKeep.ReinterpretCast<float>();
         LocalTensor<uint8_t> drop = maskBuf_.Get<uint8_t>();
         LocalTensor<int32_t> sc = scalarBuf_.Get<int32_t>(), hdr = headerBuf_.Get<int32_t>();
+        LocalTensor<int32_t> count;
+        if (t_.maxContext) count = countBuf_.Get<int32_t>();
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) {
             const uint64_t base = static_cast<uint64_t>(r) * t_.width;
             Sync<HardEvent::S_MTE2>();
@@ -1295,7 +1605,8 @@ public:
             Sync<HardEvent::MTE2_S>();
             if (static_cast<uint32_t>(hdr.GetValue(0)) != avsg::kHeaderMagic ||
                 static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderCapacity)) != t_.capacity ||
-                static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderBuckets)) != t_.buckets)
+                static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderBuckets)) != t_.buckets ||
+                static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderMaxContext)) != t_.maxContext)
                 continue;
             int32_t lim = sc.GetValue(0);
             if (lim < -1) lim = -1;
@@ -1309,6 +1620,7 @@ public:
                 Sync<HardEvent::V_MTE2>();
                 DataCopy(pos, stateGm_[base + t_.secOff[avsg::SEC_SP] + off], n);
                 DataCopy(life, stateGm_[base + t_.secOff[avsg::SEC_SL] + off], n);
+                if (t_.maxContext) DataCopy(count, stateGm_[base + t_.secOff[avsg::SEC_SC] + off], n);
                 Sync<HardEvent::MTE2_V>();
                 Mins(keep, pos, static_cast<int32_t>(avsg::kMaxPosition), n);
                 Duplicate(zeroF, 0.0f, n);
@@ -1326,6 +1638,9 @@ public:
                     2 * n);
                 And(life.ReinterpretCast<uint16_t>(), life.ReinterpretCast<uint16_t>(),
                     keep.ReinterpretCast<uint16_t>(), 2 * n);
+                if (t_.maxContext)   // a freed slot's count goes to 0
+                    And(count.ReinterpretCast<uint16_t>(), count.ReinterpretCast<uint16_t>(),
+                        keep.ReinterpretCast<uint16_t>(), 2 * n);
                 PipeBarrier<PIPE_V>();
                 Or(pos.ReinterpretCast<uint16_t>(), pos.ReinterpretCast<uint16_t>(), notKeep.ReinterpretCast<uint16_t>(),
                    2 * n);
@@ -1335,16 +1650,33 @@ public:
                 DataCopyExtParams p(1, real * 4, 0, 0, 0);
                 DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SP] + off], pos, p);
                 DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SL] + off], life, p);
+                if (t_.maxContext) DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SC] + off], count, p);
                 Sync<HardEvent::MTE3_V>();
             }
+            if (t_.maxContext) ZeroCountsFrom(base, lim < 0 ? 0u : static_cast<uint32_t>(lim), count);
         }
         Sync<HardEvent::MTE3_MTE2>();
     }
 
 private:
+    // Reuse policy: the counts of positions [from, Cp) return to 0, so a rejected draft's
+    // positions start from nothing when the real tokens arrive (exact-byte stores).
+    __aicore__ inline void ZeroCountsFrom(uint64_t base, uint32_t from, const LocalTensor<int32_t>& zero) {
+        const uint32_t len = t_.secLen[avsg::SEC_PC];
+        if (from >= len) return;
+        Sync<HardEvent::MTE3_V>();
+        Duplicate(zero, 0, t_.fillChunk);
+        Sync<HardEvent::V_MTE3>();
+        for (uint32_t o = from; o < len; o += t_.fillChunk) {
+            const uint32_t n = MinU(t_.fillChunk, len - o);
+            DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_PC] + o], zero, DataCopyExtParams(1, n * 4, 0, 0, 0));
+        }
+        Sync<HardEvent::MTE3_V>();
+    }
     PlanTiling t_;
     GlobalTensor<int32_t> stateGm_, lensGm_;
     TBuf<TPosition::VECCALC> tilingBuf_, posBuf_, lifeBuf_, keepBuf_, notKeepBuf_, maskBuf_, scalarBuf_, headerBuf_;
+    TBuf<TPosition::VECCALC> countBuf_;
 };
 
 // ----------------------------------------------------------------------------------- reset
@@ -1377,6 +1709,8 @@ public:
         hdr.SetValue(avsg::kHeaderCapacity, static_cast<int32_t>(t_.capacity));
         hdr.SetValue(avsg::kHeaderBuckets, static_cast<int32_t>(t_.buckets));
         hdr.SetValue(avsg::kHeaderLifetime, static_cast<int32_t>(t_.lifetime));
+        hdr.SetValue(avsg::kHeaderPolicy, static_cast<int32_t>(t_.policy));
+        hdr.SetValue(avsg::kHeaderMaxContext, static_cast<int32_t>(t_.maxContext));
         Sync<HardEvent::S_MTE3>();
         Sync<HardEvent::V_MTE3>();
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) {
@@ -1393,6 +1727,8 @@ public:
             Fill(base + t_.secOff[avsg::SEC_SL], t_.capPad, neg);
             Fill(base + t_.secOff[avsg::SEC_SK], t_.capPad, neg);
             Fill(base + t_.secOff[avsg::SEC_SS], t_.capPad, zero);
+            for (uint32_t sec = avsg::SEC_SC; sec <= avsg::SEC_HT; ++sec)   // reuse policy state
+                Fill(base + t_.secOff[sec], t_.secLen[sec], zero);
         }
         Sync<HardEvent::MTE3_MTE2>();
     }

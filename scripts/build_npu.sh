@@ -14,7 +14,11 @@
 #      over every op_kernel/*.cpp and the PrivateUse1 op library python/avsg/_npu_ops.so.
 #      AVSG_REQUIRE_NPU=1 turns any NPU configure problem into an error instead of a warning.
 #      Default: `python setup.py build_ext --inplace`; --install: `pip install --no-build-isolation -e .`
-#   5. --test: runs tests/test_npu.py (which skips, with the reason, when no NPU is visible).
+#   5. --test: the first things to run on a new Ascend machine: `avsg doctor` (versions, the
+#      host-register call chosen, an AI-core read of registered host memory, a self-test against
+#      the reference), then tests/test_npu*.py (which skip, with the reason, when no NPU is
+#      visible). Both go into a report file, npu_report_<host>_<date>.txt (or $AVSG_NPU_REPORT),
+#      to attach to an issue; the script exits non-zero when either fails.
 #
 # Environment: ASCEND_HOME_PATH, AVSG_SOC_VERSION, TORCH_NPU_PATH (skip the torch_npu import probe),
 # PYTHON (default: python3).
@@ -35,7 +39,7 @@ while [ $# -gt 0 ]; do
         --soc=*) soc="${1#--soc=}"; shift ;;
         --install) install=1; shift ;;
         --test) run_tests=1; shift ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) echo "build_npu.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -113,5 +117,19 @@ echo "build_npu.sh: built $lib"
 
 # ---- 5. tests ----------------------------------------------------------------------------------
 if [ "$run_tests" = 1 ]; then
-    PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -q -rs tests/test_npu.py
+    report="${AVSG_NPU_REPORT:-$here/npu_report_$(hostname -s 2>/dev/null || echo host)_$(date +%Y%m%d_%H%M%S).txt}"
+    export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
+    {
+        echo "# AVSG NPU report: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -a)"
+        echo "# commit: $(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$here" diff --quiet 2>/dev/null || echo ' (modified)')"
+        echo "# SoC: $AVSG_SOC_VERSION, CANN: $ASCEND_HOME_PATH"
+        if command -v npu-smi >/dev/null 2>&1; then echo "## npu-smi info"; npu-smi info 2>&1 || true; fi
+    } > "$report"
+    status=0
+    echo "## avsg doctor" | tee -a "$report"
+    "$PYTHON" -m avsg.cli doctor 2>&1 | tee -a "$report" || status=1   # pipefail: doctor's status
+    echo "## pytest tests/test_npu*.py" | tee -a "$report"
+    "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/test_npu*.py 2>&1 | tee -a "$report" || status=1
+    echo "build_npu.sh: report written to $report (attach it to an issue)"
+    exit "$status"
 fi

@@ -2,7 +2,7 @@
 
 Positions x0 + n*H*H have the same low and high hash limbs, hence identical probe sequences: at
 most 4 of them fit in the table, the rest must go to the stash, and reservation must still
-succeed with every invariant intact (DESIGN.md section 3, invariant 5).
+succeed with every invariant intact (docs/design.md §3, invariant 5).
 """
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -32,7 +32,7 @@ def test_colliding_positions_share_one_probe_sequence():
 @pytest.mark.parametrize("T,K,buckets", [(1, 64, 64), (2, 32, 64), (4, 16, 64), (1, 100, 128)])
 def test_full_buffer_with_every_probe_colliding(T, K, buckets):
     S = T * K
-    buf = avsg.SparseKVBuffer(rows=2, capacity=S, topk=K, queries_per_step=T, lifetime=2,
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=2, capacity=S, topk=K, queries_per_step=T, lifetime=2,
                               hash_buckets=buckets)
     oracle, model = ContentOracle(2, S), PolicyModel(2, S, 2)
     seq = torch.full((2,), reference.MAX_POSITION, dtype=torch.int32)
@@ -66,7 +66,7 @@ def test_full_buffer_with_every_probe_colliding(T, K, buckets):
 
 def test_stash_survives_invalidate_and_reset():
     buckets, K = 64, 64
-    buf = avsg.SparseKVBuffer(rows=1, capacity=K, topk=K, lifetime=3, hash_buckets=buckets)
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=1, capacity=K, topk=K, lifetime=3, hash_buckets=buckets)
     model, oracle = PolicyModel(1, K, 3), ContentOracle(1, K)
     seq = torch.full((1,), reference.MAX_POSITION, dtype=torch.int32)
     pos = torch.tensor(colliding_positions(buckets, K), dtype=torch.int32).view(1, 1, K)
@@ -99,7 +99,7 @@ def test_random_sessions_in_few_collision_families(R, T, K, ratio, lifetime, fam
     S = max(T * K, int(T * K * ratio))
     buckets = 64 if S <= 64 else 128
     gen = torch.Generator().manual_seed(seed)
-    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime,
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime,
                               hash_buckets=buckets)
     oracle, model = ContentOracle(R, S), PolicyModel(R, S, lifetime)
     family = torch.tensor([colliding_positions(buckets, 3 * S, base=b) for b in (5, 9, 77)][:families])

@@ -22,8 +22,8 @@ def decode_step(buf, topk_pos, seq_lens, host, device_kv, valid_lens, check=Fals
 def test_compiled_decode_step_matches_eager(check):
     """The value checks (default on for CPU) are skipped while tracing: fullgraph still holds."""
     torch._dynamo.reset()
-    eager_buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T)
-    graph_buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T)
+    eager_buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, max_context=64)
+    graph_buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, max_context=64)
     host = torch.randn(R, 64, D)
     eager_kv, graph_kv = torch.zeros(R, S, D), torch.zeros(R, S, D)
     step = torch.compile(decode_step, fullgraph=True, backend=BACKEND)
@@ -45,7 +45,7 @@ def test_compiled_decode_step_matches_eager(check):
 def test_compiled_step_still_gets_the_ops_own_checks():
     """Skipped Python value checks do not open a hole: the op checks the state header itself."""
     torch._dynamo.reset()
-    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T)
+    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, max_context=64)
     step = torch.compile(lambda b, t, s: b.plan(t, s).slots, fullgraph=True, backend=BACKEND)
     topk = torch.arange(T * K, dtype=torch.int32).view(1, T, K).repeat(R, 1, 1)
     seq = torch.full((R,), 64, dtype=torch.int32)

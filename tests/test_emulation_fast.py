@@ -155,17 +155,19 @@ def test_gather_mla_rows_several_pairs(partition, paged):
     assert int(assert_gathers_equal(case).sum()) > 0
 
 
-def test_plan_then_gather_at_real_size():
+@pytest.mark.parametrize("policy", ["reuse", "lifetime"])
+def test_plan_then_gather_at_real_size(policy):
     """The decode step the benchmark times: plan (R 4, T 2, K 2048, capacity 8192) + gather of
-    1152 B rows from a paged pool, three steps, in both builds."""
+    1152 B rows from a paged pool, three steps, in both builds, under both policies."""
     R, T, K, S, block = 4, 2, 2048, 8192, 64
     ctx = 12288
     gen = torch.Generator().manual_seed(5)
     blocks_per_row = ctx // block
     table = torch.randperm(R * blocks_per_row, generator=gen).view(R, blocks_per_row).to(I32)
     pool = torch.randint(0, 256, (R * blocks_per_row, block, 1152), generator=gen, dtype=torch.uint8)
-    bufs = {b: avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, device="cpu",
-                                   check=False)   # draw() repeats positions within a query token
+    bufs = {b: avsg.SparseKVBuffer(policy=policy, rows=R, capacity=S, topk=K, queries_per_step=T,
+                                   device="cpu", check=False,   # draw() repeats positions
+                                   max_context=ctx if policy == "reuse" else None)
             for b in ("strict", "fast")}
     dsts = {b: torch.zeros(R, S, 1152, dtype=torch.uint8) for b in bufs}
     seq = torch.full((R,), ctx - 8, dtype=I32)
@@ -181,6 +183,11 @@ def test_plan_then_gather_at_real_size():
         assert torch.equal(dsts["strict"], dsts["fast"])
         assert torch.equal(bufs["strict"].state, bufs["fast"].state)
         seq += T
+        if policy == "reuse":   # a rejected draft, as MTP serving does after verification
+            for b in bufs:
+                with backend.emulation(b):
+                    bufs[b].invalidate(seq - 1)
+            assert torch.equal(bufs["strict"].state, bufs["fast"].state)
 
 
 # ---------------------------------------------------------------------------------- switch

@@ -32,7 +32,7 @@ def random_rows(shape, dtype, gen):
 def run_steps(R, T, K, S, max_len, fmt, paged, partition, cores, steps, seed):
     dtype, widths = fmt
     gen = torch.Generator().manual_seed(seed)
-    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T)
+    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, max_context=1 << 20)
     block_size = 16
     if paged:
         blocks_per_row = (max_len + block_size - 1) // block_size
@@ -116,7 +116,7 @@ def test_miss_partition_balances_skewed_rows():
 
 
 def test_gather_returns_zero_work_when_everything_hits():
-    buf = avsg.SparseKVBuffer(rows=1, capacity=8, topk=4)
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=1, capacity=8, topk=4)
     pos = torch.tensor([[[1, 2, 3, 4]]], dtype=I32)
     seq = torch.tensor([10], dtype=I32)
     host, dst = torch.randn(1, 10, 2), torch.zeros(1, 8, 2)

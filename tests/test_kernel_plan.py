@@ -18,12 +18,16 @@ OUT_NAMES = ("slots", "miss_pos", "miss_slots", "miss_counts")
 
 
 class Twin:
-    """Kernel state (on ``device``) and reference state (on CPU) driven in lockstep."""
+    """Kernel state (on ``device``) and reference state (on CPU) driven in lockstep, under the
+    lifetime policy (``max_context=0``) or the reuse policy (``max_context >= 1``)."""
 
-    def __init__(self, R, S, H, L, matcher="hash", device="cpu"):
-        self.layout = reference.Layout(S, H)
+    def __init__(self, R, S, H, L, matcher="hash", device="cpu", max_context=0):
+        self.layout = reference.Layout(S, H, max_context)
         self.S, self.H, self.L, self.matcher, self.device = S, H, L, matcher, device
-        self.ref_state = reference.new_state(R, self.layout, L)
+        self.C = max_context
+        self.policy = "reuse" if max_context else "lifetime"
+        self.policy_id = reference.POLICY_IDS[self.policy]
+        self.ref_state = reference.new_state(R, self.layout, L, policy=self.policy)
         self.ref_stats = torch.zeros(R, 4, dtype=torch.int64)
         # clone first: .to() of a CPU tensor to "cpu" would alias the reference state
         self.state = self.ref_state.clone().to(device)
@@ -32,23 +36,24 @@ class Twin:
     def plan(self, topk, seq):
         op = torch.ops.avsg.plan if self.matcher == "hash" else torch.ops.avsg.plan_dual_pointer
         got = op(topk.to(self.device), seq.to(self.device), self.state, self.stats, self.S, self.H,
-                 self.L)
+                 self.L, self.policy_id, self.C)
         got = tuple(t.cpu() for t in got)
         want = reference.plan(self.ref_state, self.ref_stats, topk, seq, self.layout, self.L,
-                              matcher=self.matcher)
+                              matcher=self.matcher, policy=self.policy)
         for name, a, b in zip(OUT_NAMES, got, want):
             assert a.dtype == b.dtype and torch.equal(a, b), f"{name} differs from the reference"
         self.check()
         return got
 
     def invalidate(self, valid_lens):
-        torch.ops.avsg.invalidate(self.state, valid_lens.to(self.device), self.S, self.H)
+        torch.ops.avsg.invalidate(self.state, valid_lens.to(self.device), self.S, self.H, self.C)
         reference.invalidate(self.ref_state, self.layout, valid_lens)
         self.check()
 
     def reset(self, mask):
-        torch.ops.avsg.reset(self.state, mask.to(self.device), self.S, self.H, self.L)
-        reference.reset(self.ref_state, self.layout, mask, self.L)
+        torch.ops.avsg.reset(self.state, mask.to(self.device), self.S, self.H, self.L,
+                             self.policy_id, self.C)
+        reference.reset(self.ref_state, self.layout, mask, self.L, self.policy)
         self.check()
 
     def check(self):
@@ -86,10 +91,17 @@ def test_ub_plan_fits_and_covers_whole_sections_when_small():
     for T, K, S, H in [(1, 1, 1, 64), (4, 16, 64, 128), (1, 2048, 8192, 16384),
                        (4, 2048, 8192, 16384), (2, 4096, 8192, 8192), (4, 8192, 32768, 32768),
                        (1, 32768, 32768, 32768), (1, 100, 32768, 32768)]:
-        total, fixed, *windows = torch.ops.avsg.plan_ub_plan(T, K, S, H)
-        assert total <= budget and fixed < total and all(w >= 256 for w in windows)
+        for max_context in (0, 1, 32768, 1 << 20, 1 << 24):   # lifetime, then reuse
+            total, fixed, *windows = torch.ops.avsg.plan_ub_plan(T, K, S, H, max_context)
+            assert total <= budget and fixed < total and all(w >= 256 for w in windows[:6])
+            assert all(w >= 256 for w in windows[6:]) if max_context else windows[6:] == [0] * 3
     total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128)
-    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 4
+    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 4 + [0] * 3
+    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128, 4096)
+    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 5 + [4096 * 4, 64 * 4]
+    # the largest reuse geometry pages the per-position counts and the heat through windows
+    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(4, 8192, 32768, 32768, 1 << 24)
+    assert windows[7] < (1 << 24) * 4 and windows[8] < (1 << 18) * 4
 
 
 geometry = st.tuples(
@@ -106,12 +118,15 @@ session = st.lists(st.sampled_from(["plan"] * 6 + ["invalidate", "reset"]), min_
 
 @settings(max_examples=120, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(geometry, session, st.integers(0, 2**31 - 1), st.sampled_from(["hash", "dual_pointer"]))
-def test_random_sessions_bit_exact(geo, ops, seed, matcher):
+@given(geometry, session, st.integers(0, 2**31 - 1), st.sampled_from(["hash", "dual_pointer"]),
+       st.sampled_from([0, 1, 64, 200, 1000, 5000]))
+def test_random_sessions_bit_exact(geo, ops, seed, matcher, max_context):
+    """max_context 0: lifetime policy; else reuse, with contexts below, around and beyond the
+    session's positions (selections at or beyond max_context are treated as -1)."""
     R, T, K, ratio, hmul, L = geo
     S = max(T * K, int(T * K * ratio))
     H = min(reference.MAX_BUCKETS, max(64, reference.default_buckets(S) * hmul // 2, S))
-    run_session(Twin(R, S, H, L, matcher), ops, seed, R, T, K, S)
+    run_session(Twin(R, S, H, L, matcher, max_context=max_context), ops, seed, R, T, K, S)
 
 
 def run_session(twin, ops, seed, R, T, K, S):
@@ -181,11 +196,13 @@ def test_dual_pointer_equals_hash():
         assert torch.equal(a.state, b.state) and torch.equal(a.stats, b.stats)
 
 
-@pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
-def test_largest_geometry(matcher):
-    """capacity = buckets = 2**15 (every section windowed), T*K = capacity (full buffer)."""
+@pytest.mark.parametrize("matcher,max_context", [("hash", 0), ("dual_pointer", 0),
+                                                 ("hash", 1 << 20), ("dual_pointer", 200000)])
+def test_largest_geometry(matcher, max_context):
+    """capacity = buckets = 2**15 (every section windowed), T*K = capacity (full buffer); under
+    the reuse policy the per-position counts and the heat are paged through windows too."""
     R, T, K, S, H, L = 1, 4, 8192, 32768, 32768, 3
-    twin = Twin(R, S, H, L, matcher)
+    twin = Twin(R, S, H, L, matcher, max_context=max_context)
     gen = torch.Generator().manual_seed(2)
     seq = torch.full((R,), 100000, dtype=I32)
     for _ in range(3):

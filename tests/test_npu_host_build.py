@@ -14,7 +14,8 @@ from torch.utils.cpp_extension import include_paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUBS = os.path.join(ROOT, "tests", "npu_stubs")
-NPU_HOST_FILES = ["op_host/plan_host.cpp", "op_host/gather_host.cpp", "op_host/npu/host_pool.cpp"]
+NPU_HOST_FILES = ["op_host/plan_host.cpp", "op_host/gather_host.cpp", "op_host/npu/host_pool.cpp",
+                  "op_host/npu/host_register.cpp"]
 
 
 def compile_npu_unit(path, *flags):

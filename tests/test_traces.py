@@ -243,7 +243,8 @@ def test_avsg_equals_prev_step_when_capacity_is_k():
 
 
 @needs_avsg
-def test_avsg_replay_equals_stepping_buffer_directly():
+@pytest.mark.parametrize("name,policy", [("avsg", "reuse"), ("avsg-lifetime", "lifetime")])
+def test_avsg_replay_equals_stepping_buffer_directly(name, policy):
     import torch
     import avsg
     rng = np.random.default_rng(3)
@@ -251,8 +252,10 @@ def test_avsg_replay_equals_stepping_buffer_directly():
     sel = np.stack([np.stack([np.sort(rng.choice(T, K, replace=False)) for _ in range(N)])
                     for _ in range(L)]).astype(np.int32)
     tr = Trace(sel, np.full(N, T - 1, np.int32), T=T, k=K)
-    r = replay(tr, "avsg", C, count_first_step=True, lifetime=4)
-    buf = avsg.SparseKVBuffer(rows=L, capacity=C, topk=K, queries_per_step=1, lifetime=4, device="cpu")
+    r = replay(tr, name, C, count_first_step=True, lifetime=4)
+    buf = avsg.SparseKVBuffer(policy=policy, rows=L, capacity=C, topk=K, queries_per_step=1,
+                              lifetime=4, device="cpu",
+                              max_context=T if policy == "reuse" else None)
     hits = np.zeros((L, N), np.int64)
     for s in range(N):
         plan = buf.plan(torch.from_numpy(sel[:, s][:, None, :].copy()), torch.full((L,), T, dtype=torch.int32))

@@ -11,7 +11,7 @@ I32 = torch.int32
 
 
 def make_buffer():
-    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T)
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T)
     warm = torch.arange(R * T * K, dtype=I32).view(R, T, K) % 11
     warm[:, 1] = warm[:, 0] + 11
     buf.plan(warm, torch.full((R,), 40, dtype=I32))
@@ -37,9 +37,16 @@ SEQ = torch.full((R,), 40, dtype=I32)
     (dict(hash_buckets=96), ValueError, "hash_buckets"),  # not a power of two
     (dict(hash_buckets=8), ValueError, "hash_buckets"),   # below capacity / one repeat
     (dict(hash_buckets=1 << 16), ValueError, "hash_buckets"),
+    (dict(policy="lru-ish"), ValueError, "policy"),
+    (dict(policy=None), ValueError, "policy"),
+    (dict(max_context=None), ValueError, "max_context: required by policy 'reuse'"),
+    (dict(max_context=0), ValueError, "max_context"),
+    (dict(max_context=(1 << 24) + 1), ValueError, "max_context"),
+    (dict(max_context=1.5), TypeError, "max_context"),
+    (dict(policy="lifetime", max_context=-3), ValueError, "max_context"),
 ])
 def test_constructor_rejects(kwargs, error, needle):
-    args = dict(rows=R, capacity=S, topk=K, queries_per_step=T)
+    args = dict(rows=R, capacity=S, topk=K, queries_per_step=T, max_context=4096)
     args.update(kwargs)
     with pytest.raises(error, match=needle):
         avsg.SparseKVBuffer(**args)
@@ -47,7 +54,7 @@ def test_constructor_rejects(kwargs, error, needle):
 
 def test_capacity_message_says_what_is_needed():
     with pytest.raises(ValueError, match=r"capacity: expected >= .*= 8"):
-        avsg.SparseKVBuffer(rows=1, capacity=7, topk=4, queries_per_step=2)
+        avsg.SparseKVBuffer(policy="lifetime", rows=1, capacity=7, topk=4, queries_per_step=2)
 
 
 def _bad_values(pos):

@@ -2,7 +2,9 @@
 // emu_core.h: compile shims, enums, the EmuError type, half/bfloat16 stand-ins,
 // per-block context, instrumentation counters, the cost model and the launcher.
 //
-// Specification: ../../shared/ascendc-api-card.md (cited below as "card §N").
+// Specification: the public AscendC API docs and asc-devkit headers; docs/npu.md lists every API
+// the kernels use with its source. "card §N" below cites the team's A2 API notes these rules were
+// first written from; each such fact is checked against its public source in docs/npu.md.
 // The emulation is a correctness tool: every rule it knows is enforced with a
 // static_assert (dtype lists) or an AscendC::EmuError exception (run-time limits).
 // It never aborts the process.
@@ -36,6 +38,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -217,6 +220,12 @@ constexpr uint32_t kUbAlign = 32;                   // DataBlock
 constexpr uint32_t kRepeatBytes = 256;              // one vector repeat
 constexpr uint32_t kMaxRepeat = 255;                // repeatTime is uint8_t
 constexpr uint8_t kPoisonByte = 0xA5;               // fill for undefined memory (card §9 "Poisoning")
+// Where TPipe starts carving UB. The real TPipe hands out buffers from a pool base the kernel
+// does not choose (kernel_tpipe_impl.h: bufPool_.maxAddr), so a kernel that needs more than 32 B
+// alignment (Sort32: dst 256 B, sources 128 B) must align explicitly from GetPhyAddr(). A base
+// of 32 B is the most hostile 32 B-aligned choice: any reliance on 64/128/256 B alignment of a
+// TPipe buffer fails here. Tests may change it (set_tpipe_base) to show results do not move.
+constexpr uint32_t kDefaultTPipeBase = 32;
 
 // ---- Instrumentation -------------------------------------------------------
 struct VecApiStat {
@@ -234,6 +243,9 @@ struct Counters {
     std::map<std::string, VecApiStat> vec_by_api;
     // PIPE_MTE2: GM -> UB (DataCopy, DataCopyPad)
     uint64_t mte2_copies = 0, mte2_bytes = 0;
+    // Most GM->UB copies (and their bytes) issued and not yet waited for by any other pipe at
+    // the moment one more is issued: the DMAs a core keeps in flight (strict build only).
+    uint64_t mte2_inflight_max = 0, mte2_inflight_bytes_max = 0;
     // PIPE_MTE3: UB -> GM
     uint64_t mte3_copies = 0, mte3_bytes = 0;
     // UB -> UB DataCopy (runs on PIPE_V, card §0 ⚠️); also included in vec_instrs/vec_repeats.
@@ -253,6 +265,8 @@ struct Counters {
             vec_by_api[kv.first].repeats += kv.second.repeats;
         }
         mte2_copies += o.mte2_copies; mte2_bytes += o.mte2_bytes;
+        mte2_inflight_max = std::max(mte2_inflight_max, o.mte2_inflight_max);
+        mte2_inflight_bytes_max = std::max(mte2_inflight_bytes_max, o.mte2_inflight_bytes_max);
         mte3_copies += o.mte3_copies; mte3_bytes += o.mte3_bytes;
         ub_copies += o.ub_copies; ub_bytes += o.ub_bytes;
         pipe_barriers += o.pipe_barriers; set_flags += o.set_flags; wait_flags += o.wait_flags;
@@ -451,7 +465,22 @@ struct Scoreboard {
     uint32_t flag_snap[12][8][kHzPipes] = {};  // what a pending SetFlag(event, id) covers
     std::vector<HzRec> ub;                     // per 32 B UB granule, grown on demand
     std::unordered_map<uint64_t, HzRec> gm;    // per 32 B GM granule touched by this block
+    std::deque<std::pair<uint32_t, uint64_t>> mte2_pending;  // (epoch, bytes) of GM->UB copies
+                                                              // no other pipe has waited for yet
 };
+inline std::atomic<uint32_t>& tpipe_base_ref() {
+    static std::atomic<uint32_t> base{kDefaultTPipeBase};
+    return base;
+}
+// UB offset of the first TPipe buffer (32 B aligned, at most the 8 KB TPipe does not hand out).
+inline void set_tpipe_base(uint32_t bytes) {
+    if (bytes % kUbAlign != 0 || bytes > kUbPhysicalBytes - kUbTPipeBytes)
+        throw AscendC::EmuError("avsg_emu::set_tpipe_base: expected a multiple of 32 B <= 8 KB, got " +
+                                std::to_string(bytes));
+    tpipe_base_ref() = bytes;
+}
+inline uint32_t tpipe_base() { return tpipe_base_ref().load(); }
+
 inline std::atomic<bool>& hazard_checks_ref() {
     static std::atomic<bool> on{true};
     return on;
@@ -481,6 +510,14 @@ inline thread_local BlockContext* tls_block = nullptr;
     if (tls_block) prefix += " [block " + std::to_string(tls_block->idx) + "]";
     throw AscendC::EmuError(prefix + ": " + msg);
 }
+
+// ascendc_assert(expr[, fmt, ...]) (asc-devkit include/utils/debug/asc_assert.h): on the NPU a
+// failed assertion traps the kernel unless built with NDEBUG / ASCENDC_DUMP=0; here it raises
+// naming the expression, in both builds (a kernel invariant, not an API rule).
+#define ascendc_assert(expr, ...)                                                               \
+    (static_cast<bool>(expr) ? void(0)                                                          \
+                             : ::avsg_emu::fail(std::string("ascendc_assert(") + #expr + ") failed at " + \
+                                                __FILE__ + ":" + std::to_string(__LINE__)))
 
 inline BlockContext& ctx(const char* api) {
     if constexpr (!kStrict) return *tls_block;

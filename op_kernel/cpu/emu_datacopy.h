@@ -70,7 +70,11 @@ void check_count32(const char* api, uint32_t count) {
 inline void count_mte(bool to_ub, uint64_t bytes) {
     if constexpr (!avsg_emu::kStrict) return;  // fast build: nothing is counted
     auto& c = avsg_emu::ctx("DataCopy").counters;
-    if (to_ub) { c.mte2_copies++; c.mte2_bytes += bytes; }
+    if (to_ub) {
+        c.mte2_copies++;
+        c.mte2_bytes += bytes;
+        avsg_emu::hz::note_mte2_issue(bytes);
+    }
     else { c.mte3_copies++; c.mte3_bytes += bytes; }
 }
 inline void count_ubcopy(const char* api, uint64_t bytes) {

@@ -208,6 +208,25 @@ inline HzRec& ub_rec(Scoreboard& s, uint64_t g) {
 }
 
 // One instruction on pipe p: call rd()/wr() for its operands (reads first).
+// DMAs in flight: called right after a GM->UB copy was issued. A copy stays in flight until
+// some other pipe has waited for it (vc[B][MTE2] >= its epoch): a queue DeQue, a WaitFlag, a
+// barrier over all pipes. The counters keep the most copies and bytes ever in flight at once.
+inline void note_mte2_issue(uint64_t bytes) {
+    Scoreboard* s = sb();
+    if (!s) return;
+    uint32_t covered = 0;
+    for (int b = 0; b < kHzPipes; ++b)
+        if (b != kHzMte2) covered = std::max(covered, s->vc[b][kHzMte2]);
+    auto& q = s->mte2_pending;
+    while (!q.empty() && q.front().first <= covered) q.pop_front();
+    q.emplace_back(s->epoch[kHzMte2], bytes);
+    uint64_t total = 0;
+    for (const auto& e : q) total += e.second;
+    Counters& c = tls_block->counters;
+    c.mte2_inflight_max = std::max<uint64_t>(c.mte2_inflight_max, q.size());
+    c.mte2_inflight_bytes_max = std::max(c.mte2_inflight_bytes_max, total);
+}
+
 class Instr {
 public:
     Instr(int pipe, const char* api) : s_(sb()), p_(pipe) {

@@ -1,6 +1,6 @@
 // emu_pipe.h: TPipe, TQueBind / TQue, TBuf (card §3).
-// Buffers are carved linearly from offset 0 of the block's UB arena, at most 184 KB
-// (card §0). Freshly allocated memory is poisoned with 0xA5 bytes (card §9).
+// Buffers are carved linearly from avsg_emu::tpipe_base() (32 B by default, never assumed to be
+// 0: see emu_core.h) of the block's UB arena, at most 184 KB (card §0). Freshly allocated memory is poisoned with 0xA5 bytes (card §9).
 #pragma once
 #include "emu_tensor.h"
 
@@ -38,6 +38,7 @@ public:
                            "(card §3: only one TPipe may exist at a time; call Destroy() first)");
         c.live_pipe = this;
         block_ = &c;
+        base_ = avsg_emu::tpipe_base();
     }
     __aicore__ inline ~TPipe() { release(); }
     TPipe(const TPipe&) = delete;
@@ -134,7 +135,7 @@ private:
             avsg_emu::fail(std::string(api) + ": UB budget exceeded: " + std::to_string(used_) + " B already used + " +
                            std::to_string(bytes) + " B requested > " + std::to_string(avsg_emu::kUbTPipeBytes) +
                            " B (card §0: TPipe may hand out 184 KB of the 192 KB UB)");
-        uint32_t off = used_;
+        uint32_t off = base_ + used_;
         used_ += static_cast<uint32_t>(bytes);
         nbufs_ += num;
         avsg_emu::detail::poison(block_->ub + off, bytes);
@@ -146,6 +147,7 @@ private:
     }
     avsg_emu::BlockContext* block_ = nullptr;
     bool live_ = true;
+    uint32_t base_ = 0;  // UB offset of the first buffer
     uint32_t used_ = 0;
     uint32_t nbufs_ = 0;
     uint32_t que_bufs_[static_cast<unsigned>(TPosition::MAX) + 1] = {};

@@ -855,9 +855,10 @@ __aicore__ inline void Sort32(const LocalTensor<T>& dst, const LocalTensor<T>& s
     const char* api = "Sort32";
     emu_detail::check_sort_rep(api, repeatTime);
     uint32_t n = static_cast<uint32_t>(repeatTime) * 32;
-    emu_detail::check_ub(api, "dst", dst, 2 * n, 256);  // dst 256 B aligned (card §5)
-    emu_detail::check_ub(api, "src0", src0, n);
-    emu_detail::check_ub(api, "src1", src1, n);
+    // Per repeat: src0 128 B aligned (float), src1 128 B, dst 256 B (Sort32.md, A2).
+    emu_detail::check_ub(api, "dst", dst, 2 * n, 256);
+    emu_detail::check_ub(api, "src0", src0, n, 128);
+    emu_detail::check_ub(api, "src1", src1, n, 128);
     if (n == 0) return;
     {
         avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);
@@ -879,9 +880,11 @@ __aicore__ inline void Sort(const LocalTensor<T>& dstLocal, const LocalTensor<T>
     const char* api = "Sort";
     emu_detail::check_sort_rep(api, repeatTime);
     uint32_t n = static_cast<uint32_t>(repeatTime) * 32;
-    emu_detail::check_ub(api, "dst", dstLocal, 2 * n);
-    emu_detail::check_ub(api, "concat", concatLocal, n);
-    emu_detail::check_ub(api, "index", indexLocal, n);
+    // On A2 Sort starts with Sort32(dst, concat, index) (kernel_operator_proposal_intf_impl.h), so
+    // Sort32's alignment applies: dst 256 B, concat 128 B (float), index 128 B.
+    emu_detail::check_ub(api, "dst", dstLocal, 2 * n, 256);
+    emu_detail::check_ub(api, "concat", concatLocal, n, 128);
+    emu_detail::check_ub(api, "index", indexLocal, n, 128);
     emu_detail::check_ub(api, "tmp", tmpLocal, isFullSort ? 2 * n : 0);
     if (n == 0) return;
     {

@@ -2,7 +2,7 @@
 //
 // Kernel sources `#include "kernel_operator.h"`; on the host they are compiled with
 // `-std=c++17 -pthread -I op_kernel/cpu` and get this file, on the NPU the real header.
-// Only A2 (910B, dav-c220) AIV APIs from ../../shared/ascendc-api-card.md are declared.
+// Only A2 (910B, dav-c220) AIV APIs are declared (docs/npu.md: each with its public source).
 //
 // Layout:
 //   emu_core.h      compile shims, enums, half/bfloat16_t, EmuError, block context, launcher,

@@ -1,6 +1,6 @@
 """AVSG: miss-only KV-cache offload for DeepSeek Sparse Attention on Ascend NPUs.
 
-    buf  = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T)
+    buf  = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, max_context=N)
     plan = buf.plan(topk_pos, seq_lens)                  # match + reserve
     avsg.gather(plan, src=[host_kv], dst=[buffer_kv])    # copy only the misses
     buf.invalidate(valid_lens); buf.reset(rows); buf.stats()

@@ -37,13 +37,14 @@ def has_kernel(op: str, dispatch_key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"avsg::{op}", dispatch_key)
 
 
-def _layout(capacity: int, buckets: int) -> reference.Layout:
-    return reference.Layout(capacity, buckets)
+def _layout(capacity: int, buckets: int, max_context: int = 0) -> reference.Layout:
+    return reference.Layout(capacity, buckets, max_context)
 
 
 # ------------------------------------------------------------------- fake (shape) implementations
 
-def _plan_fake(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime):
+def _plan_fake(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy=0,
+               max_context=0):
     R, T, K = topk_pos.shape
     return (topk_pos.new_empty((R, T, K), dtype=torch.int32),
             topk_pos.new_empty((R, T * K), dtype=torch.int32),
@@ -70,18 +71,21 @@ torch.library.register_fake("avsg::gather")(_gather_fake)
 # ---------------------------------------------------- reference CPU implementation (fallback)
 
 def _plan_ref(matcher):
-    def impl(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime):
-        return reference.plan(state, stats, topk_pos, seq_lens, _layout(capacity, buckets),
-                              lifetime, matcher=matcher)
+    def impl(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy=0,
+             max_context=0):
+        return reference.plan(state, stats, topk_pos, seq_lens,
+                              _layout(capacity, buckets, max_context), lifetime, matcher=matcher,
+                              policy=reference.POLICY_NAMES[policy])
     return impl
 
 
-def _invalidate_ref(state, valid_lens, capacity, buckets):
-    reference.invalidate(state, _layout(capacity, buckets), valid_lens)
+def _invalidate_ref(state, valid_lens, capacity, buckets, max_context=0):
+    reference.invalidate(state, _layout(capacity, buckets, max_context), valid_lens)
 
 
-def _reset_ref(state, row_mask, capacity, buckets, lifetime):
-    reference.reset(state, _layout(capacity, buckets), row_mask, lifetime)
+def _reset_ref(state, row_mask, capacity, buckets, lifetime, policy=0, max_context=0):
+    reference.reset(state, _layout(capacity, buckets, max_context), row_mask, lifetime,
+                    reference.POLICY_NAMES[policy])
 
 
 def _gather_ref(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_size,

@@ -1,6 +1,6 @@
 """Backends and the AscendC emulation's instrumentation, from Python.
 
-What runs where (DESIGN.md §5):
+What runs where (docs/design.md §5):
 
 * ``cpu``: the AscendC kernel sources in ``op_kernel/`` compiled against the project's strict CPU
   emulation; they serve ``torch.ops.avsg.*`` for CPU tensors. ``backend_info()`` says which ops
@@ -34,10 +34,11 @@ takes as long as its slowest block. Mapped host memory is not modelled slower th
 Host KV on the NPU
 ------------------
 AI cores read a host pool through the device address of memory registered with
-``aclrtHostRegister(ptr, size, ACL_HOST_REGISTER_MAPPED, &dev_ptr)``. Register each pool once,
-before the first ``gather`` that reads it::
+``aclrtHostRegister(ptr, size, ACL_HOST_REGISTER_MAPPED, &dev_ptr)`` on recent CANN, or the
+driver's ``halHostRegister`` on older stacks (chosen at run time, ``host_register_info()``).
+Register each pool once, before the first ``gather`` that reads it::
 
-    host_kv = avsg.backend.alloc_host_pool((R, max_len, 576), torch.bfloat16)  # pinned, 4 KB aligned
+    host_kv = avsg.backend.alloc_host_pool((R, max_len, 576), torch.bfloat16)  # aclrtMallocHost
     avsg.backend.register_host_pool(host_kv)
     avsg.gather(plan, host_kv, buffer_kv_on_npu)     # src on CPU, plan and dst on the NPU
 
@@ -46,6 +47,7 @@ otherwise the op raises. Keep the tensor alive while it is registered.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import glob
@@ -90,7 +92,19 @@ def load_npu_backend() -> bool:
         _npu_error = f"{type(e).__name__}: {e}"
         return False
     _npu_loaded, _npu_error = path, None
+    # atexit runs last-registered first: registered after torch_npu's shutdown hook, this frees
+    # the cached device tilings and unregisters host pools while the NPU runtime is still up.
+    atexit.register(_release_npu_resources)
     return True
+
+
+def _release_npu_resources() -> None:
+    if _has_op("release_npu_resources"):
+        try:
+            torch.npu.synchronize()
+        except Exception:  # noqa: BLE001  (exit path: release what we can)
+            pass
+        torch.ops.avsg.release_npu_resources()
 
 
 def backend_info() -> Dict[str, object]:
@@ -194,7 +208,9 @@ class LaunchCounters:
     accesses), ``vec_instrs``/``vec_repeats`` (PIPE_V, 256 B repeats), ``mte2_copies``/
     ``mte2_bytes`` (GM->UB), ``mte3_copies``/``mte3_bytes`` (UB->GM), ``ub_copies``/``ub_bytes``
     (UB->UB), ``pipe_barriers``, ``set_flags``, ``wait_flags``, ``sync_alls``, ``queue_syncs``
-    (flag pairs inserted by TQue), ``dcci``.
+    (flag pairs inserted by TQue), ``dcci``, and ``mte2_inflight_max`` /
+    ``mte2_inflight_bytes_max`` (the most GM->UB copies, and bytes, a block had issued and no
+    other pipe had yet waited for: the DMAs it kept in flight).
     """
     fields: Tuple[str, ...]
     per_block: torch.Tensor
@@ -212,7 +228,10 @@ class LaunchCounters:
         return dict(zip(self.fields, self.per_block[i].tolist()))
 
     def total(self) -> Dict[str, int]:
-        return dict(zip(self.fields, self.per_block.sum(0).tolist()))
+        """Every counter summed over blocks, except the ``*_max`` ones (the largest block's)."""
+        sums = self.per_block.sum(0).tolist()
+        maxes = self.per_block.max(0).values.tolist() if self.blocks else sums
+        return {f: (m if f.endswith("_max") else s) for f, s, m in zip(self.fields, sums, maxes)}
 
 
 def last_launch_counters() -> LaunchCounters:
@@ -257,13 +276,31 @@ def estimate_npu_time_us(counters: Optional[LaunchCounters] = None, bound: str =
 # ---------------------------------------------------------------------- host pools (NPU)
 
 def alloc_host_pool(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """A pinned host tensor for a KV pool, page-aligned as ``aclrtHostRegister`` requires."""
-    t = torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
-    if t.data_ptr() % HOST_POOL_ALIGNMENT:
-        raise RuntimeError(f"avsg: pinned allocation at {t.data_ptr():#x} is not "
-                           f"{HOST_POOL_ALIGNMENT}-byte aligned; allocate the pool with "
-                           "aclrtMallocHost-backed memory of a page-aligned size")
-    return t
+    """A host tensor for a KV pool: page-aligned, its size rounded up to whole 4 KB pages.
+
+    With the NPU backend it comes from the runtime's own host allocator (``aclrtMallocHost``,
+    pinned) and is freed by its tensor's deleter, which unregisters it first if it is registered:
+    no caching allocator can hand the block to anyone else while it is still mapped for the AI
+    cores. Without it (CPU backend), plain page-aligned host memory owned by the tensor."""
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"shape: expected sizes >= 0, got {shape}")
+    if _has_op("alloc_host_pool") or (npu_library_path() is not None and load_npu_backend()):
+        return torch.ops.avsg.alloc_host_pool(list(shape), dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = max(1, itemsize * int(torch.Size(shape).numel()))
+    pages = -(-nbytes // HOST_POOL_ALIGNMENT) * HOST_POOL_ALIGNMENT
+    raw = torch.empty(pages + HOST_POOL_ALIGNMENT, dtype=torch.uint8)
+    skip = -raw.data_ptr() % HOST_POOL_ALIGNMENT
+    return raw[skip:skip + nbytes].view(dtype).view(shape)
+
+
+def host_register_info() -> Tuple[str, str, str, str, int, bool, bool]:
+    """How host pools get mapped for the AI cores, decided at run time (op_host/npu/host_register.h):
+    ``(call, description, cann_version, driver_version, hal_api_version, has_aclrtHostRegister,
+    has_halHostRegister)``. Needs the NPU backend."""
+    path, describe, cann, driver, hal, acl_ok, hal_ok = _require_npu_op("host_register_info")()
+    return path, describe, cann, driver, int(hal), acl_ok == "1", hal_ok == "1"
 
 
 def register_host_pool(pool: torch.Tensor) -> None:

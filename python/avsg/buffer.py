@@ -146,7 +146,17 @@ class SparseKVBuffer:
         capacity: slots per row (``S``); must be at least ``topk * queries_per_step``.
         topk: selections per query token (``K``).
         queries_per_step: query tokens per request per step (``T`` = 1 + MTP drafts).
-        lifetime: steps an entry survives without a hit before it is reclaimable (1..255).
+        lifetime: steps an entry survives without a hit before it is reclaimable (1..255);
+            the ``lifetime`` policy's parameter (kept in the header under any policy).
+        policy: which resident entries a miss evicts. ``"reuse"`` (default): the lowest
+            predicted reuse, from how often a position was selected (its count survives
+            eviction), how long ago it was last used, and how densely this step selected its
+            64-position neighbourhood; needs ``max_context``. ``"lifetime"``: the AVSG paper's
+            (entries not hit for ``lifetime`` steps tie at 0 and go in slot order, so it forgets
+            recency exactly where it matters; kept for fidelity). ``reference.py`` specifies both.
+        max_context: longest context (positions ``< max_context``) of any request; required by
+            the ``reuse`` policy, which keeps a count per position (``max_context`` int32 per row)
+            and a heat per 64 positions. Selections at or beyond it are treated as ``-1``.
         device: where the state lives (and where the plan runs).
         hash_buckets: hash buckets per row, a power of two in [max(64, capacity), 2**15];
             default ``next_pow2(2 * capacity)``.
@@ -155,7 +165,8 @@ class SparseKVBuffer:
 
     def __init__(self, rows: int, capacity: int, topk: int, queries_per_step: int = 1,
                  lifetime: int = 16, device: Union[str, torch.device] = "cpu",
-                 hash_buckets: Optional[int] = None, check: Optional[bool] = None):
+                 hash_buckets: Optional[int] = None, check: Optional[bool] = None,
+                 policy: str = "reuse", max_context: Optional[int] = None):
         _require_int("rows", rows, low=1)
         _require_int("topk", topk, low=1)
         _require_int("queries_per_step", queries_per_step, low=1)
@@ -171,12 +182,27 @@ class SparseKVBuffer:
                      high=reference.MAX_BUCKETS)
         if hash_buckets & (hash_buckets - 1):
             raise ValueError(f"hash_buckets: expected a power of two, got {hash_buckets}")
+        if not isinstance(policy, str) or policy not in reference.POLICY_IDS:
+            raise ValueError(f"policy: expected one of {tuple(reference.POLICY_IDS)}, got {policy!r}")
+        if policy == "reuse":
+            if max_context is None:
+                raise ValueError("max_context: required by policy 'reuse' (it keeps a count per "
+                                 "position): pass the longest context a request can reach, e.g. "
+                                 "the host pool's max_len; or policy='lifetime'")
+            _require_int("max_context", max_context, low=1, high=reference.MAX_POSITION)
+        elif max_context is not None:
+            _require_int("max_context", max_context, low=1, high=reference.MAX_POSITION)
+        self.policy = policy
+        self.max_context = max_context
+        self._policy_id = reference.POLICY_IDS[policy]
+        # per-position state exists only for the policy that reads it
+        self._state_context = max_context if policy == "reuse" else 0
         self.rows, self.capacity, self.topk = rows, capacity, topk
         self.queries_per_step, self.lifetime = queries_per_step, lifetime
         self.hash_buckets = hash_buckets
         self.device = torch.device(device)
         self.check = (self.device.type == "cpu") if check is None else bool(check)
-        self.layout = reference.Layout(capacity, hash_buckets)
+        self.layout = reference.Layout(capacity, hash_buckets, self._state_context)
         if self.device.type == "meta":
             raise ValueError("device: a buffer needs real memory, got the meta device")
         self._busy = threading.Lock()
@@ -188,13 +214,14 @@ class SparseKVBuffer:
     def __repr__(self) -> str:
         return (f"SparseKVBuffer(rows={self.rows}, capacity={self.capacity}, topk={self.topk}, "
                 f"queries_per_step={self.queries_per_step}, lifetime={self.lifetime}, "
+                f"policy='{self.policy}', max_context={self.max_context}, "
                 f"hash_buckets={self.hash_buckets}, device='{self.device}')")
 
     # -------------------------------------------------------------------------------- ops
     def plan(self, topk_pos: torch.Tensor, seq_lens: torch.Tensor, check: Optional[bool] = None,
              matcher: str = "hash") -> Plan:
         """Match ``topk_pos`` int32 ``[R, T, K]`` (-1 = none) against the buffer; ``seq_lens``
-        int32 ``[R]``. ``matcher="dual_pointer"`` runs the sort + merge baseline instead of the
+        int32 ``[R]`` (at most ``max_context`` under the reuse policy when checked). ``matcher="dual_pointer"`` runs the sort + merge baseline instead of the
         hash index (same results)."""
         shape = (self.rows, self.queries_per_step, self.topk)
         _require_tensor("topk_pos", topk_pos, torch.int32, shape, self.device)
@@ -206,9 +233,13 @@ class SparseKVBuffer:
         try:
             if (self.check if check is None else check) and not _tracing():
                 _check_positions(topk_pos, seq_lens)
+                if self._state_context and bool((seq_lens > self._state_context).any()):
+                    r = int((seq_lens > self._state_context).nonzero()[0, 0])
+                    raise ValueError(f"seq_lens[{r}] = {int(seq_lens[r])}: expected <= "
+                                     f"max_context = {self._state_context}")
             slots, miss_pos, miss_slots, miss_counts = op(
                 topk_pos, seq_lens, self.state, self.stats_counts, self.capacity,
-                self.hash_buckets, self.lifetime)
+                self.hash_buckets, self.lifetime, self._policy_id, self._state_context)
         finally:
             self._release(held)
         return Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity)
@@ -234,7 +265,8 @@ class SparseKVBuffer:
         _require_tensor("valid_lens", valid_lens, torch.int32, (self.rows,), self.device)
         held = self._hold("invalidate")
         try:
-            torch.ops.avsg.invalidate(self.state, valid_lens, self.capacity, self.hash_buckets)
+            torch.ops.avsg.invalidate(self.state, valid_lens, self.capacity, self.hash_buckets,
+                                      self._state_context)
         finally:
             self._release(held)
 
@@ -244,7 +276,8 @@ class SparseKVBuffer:
         mask = self._row_mask(rows)
         held = self._hold("reset")
         try:
-            torch.ops.avsg.reset(self.state, mask, self.capacity, self.hash_buckets, self.lifetime)
+            torch.ops.avsg.reset(self.state, mask, self.capacity, self.hash_buckets, self.lifetime,
+                                 self._policy_id, self._state_context)
         finally:
             self._release(held)
 
@@ -256,7 +289,7 @@ class SparseKVBuffer:
         ``reset(row)``."""
         held = self._hold("check_state")
         try:
-            reference.check_state(self.state.cpu(), self.layout, self.lifetime)
+            reference.check_state(self.state.cpu(), self.layout, self.lifetime, self.policy)
         finally:
             self._release(held)
 

@@ -2,7 +2,9 @@
 
     avsg run        the decode runtime in offload / avsg / device modes, side by side
     avsg generate   greedy generation from a checkpoint directory
+    avsg bench decode   a modelled DeepSeek-V3.2 decode step per mode on a 910B profile
     avsg demo       plan + gather over decode steps of a selection trace
+    avsg doctor     backends, versions, host mapping, and a self-test against the reference
     avsg trace ...  the trace lab: replay policies, synthesize, inspect
 
 A mistake in the arguments prints one line on stderr and exits with status 2; ``--debug`` shows
@@ -17,12 +19,12 @@ from .cli_util import OneLineParser, UsageError
 
 
 def build_parser() -> OneLineParser:
-    from . import demo
+    from . import demo, doctor
     from .runtime import generate as generate_cmd
     from .runtime import run as run_cmd
 
     parser = OneLineParser(prog="avsg", description="AVSG: miss-only KV-cache offload for "
-                           "DeepSeek Sparse Attention (run, generate, demo, trace)")
+                           "DeepSeek Sparse Attention (run, generate, demo, doctor, trace)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for every error")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     run_parser = sub.add_parser("run", help="decode in offload / avsg / device modes, compared",
@@ -33,9 +35,21 @@ def build_parser() -> OneLineParser:
                                 description=generate_cmd.__doc__.split("\n\n")[0])
     generate_cmd.add_arguments(gen_parser)
     gen_parser.set_defaults(func=generate_cmd.main)
+    from .bench import decode as bench_decode
+    bench_parser = sub.add_parser("bench", help="benchmarks and models")
+    bench_sub = bench_parser.add_subparsers(dest="bench", required=True, parser_class=OneLineParser)
+    decode_parser = bench_sub.add_parser(
+        "decode", help="modelled DeepSeek-V3.2 decode step on a 910B per mode (an estimate)",
+        description=bench_decode.__doc__.split("\n\n")[0])
+    bench_decode.add_arguments(decode_parser)
+    decode_parser.set_defaults(func=bench_decode.main)
     demo_parser = sub.add_parser("demo", help="plan + gather over decode steps of a trace")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.main)
+    doctor_parser = sub.add_parser("doctor", help="what this machine runs, checked against the reference",
+                                   description=doctor.__doc__.split("\n\n")[0])
+    doctor.add_arguments(doctor_parser)
+    doctor_parser.set_defaults(func=doctor.main)
     try:
         from .traces.cli import add_trace_commands
     except ImportError:

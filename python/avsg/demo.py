@@ -18,6 +18,7 @@ import torch
 
 from . import buffer as avsg_buffer
 from .buffer import SparseKVBuffer, gather
+from .cli_util import UsageError
 
 ROW_BYTES = 656
 DEFAULT_TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
@@ -52,11 +53,23 @@ def synthetic_selections(layers: int, steps: int, k: int, context: int, seed: in
 
 
 def load_selections(trace: str, layers: int, steps: int):
-    with np.load(trace) as data:
-        sel = data["sel"][:layers, :steps].astype(np.int64)
-        positions = data["positions"][:steps].astype(np.int64)
-        context = int(data["T"])
-    return sel, positions, context
+    """The first ``layers`` x ``steps`` of a trace; asking for more than it holds is an error."""
+    from .traces.format import load_trace
+    try:
+        tr = load_trace(trace, check_values=False)
+    except FileNotFoundError:
+        raise UsageError(f"--trace: no such file: {trace}") from None
+    except (ValueError, OSError, KeyError) as e:
+        raise UsageError(f"--trace: {trace} is not a selection trace ({e})") from None
+    if tr.sel.ndim != 3:
+        raise UsageError(f"--trace: {trace} has an MTP axis; expected sel [layers, steps, k]")
+    if layers > tr.layers:
+        raise UsageError(f"--layers: the trace has {tr.layers} layers, asked for {layers}")
+    if steps > tr.steps:
+        raise UsageError(f"--steps: the trace has {tr.steps} steps, asked for {steps}")
+    sel = tr.sel[:layers, :steps].astype(np.int64)
+    positions = np.asarray(tr.positions[:steps]).astype(np.int64)
+    return sel, positions, int(tr.T)
 
 
 def run(trace: Optional[str], layers: int, steps: int, capacity: int, synthetic: bool,
@@ -72,7 +85,8 @@ def run(trace: Optional[str], layers: int, steps: int, capacity: int, synthetic:
     host_pool = torch.randint(0, 256, (layers, context, ROW_BYTES), dtype=torch.uint8,
                               generator=gen)
     device_buffer = torch.zeros(layers, capacity, ROW_BYTES, dtype=torch.uint8)
-    buf = SparseKVBuffer(rows=layers, capacity=capacity, topk=k, lifetime=lifetime)
+    buf = SparseKVBuffer(rows=layers, capacity=capacity, topk=k, lifetime=lifetime,
+                         max_context=context)
     print(f"avsg demo: {source}: {layers} layers as buffer rows, {steps} steps, top-{k}, "
           f"capacity {capacity} slots x {ROW_BYTES} B, host pool {host_pool.numel() / 2**20:.0f}"
           f" MiB, {avsg_buffer.get_num_cores()} gather cores")
@@ -121,13 +135,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", help="selection trace .npz (default: ../shared/traces/"
                         "asyncio_32k.npz if present, else synthetic)")
     parser.add_argument("--synthetic", action="store_true", help="use a synthetic stream")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--capacity", type=int, default=8192)
-    parser.add_argument("--lifetime", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=4,
+                        help="trace layers to replay, each as one buffer row (default 4)")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps (default 32)")
+    parser.add_argument("--capacity", type=int, default=8192,
+                        help="buffer slots per row (default 8192)")
+    parser.add_argument("--lifetime", type=int, default=16, help="buffer lifetime (default 16)")
 
 
 def main(args: argparse.Namespace) -> int:
+    for name in ("layers", "steps", "capacity", "lifetime"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name}: expected >= 1, got {getattr(args, name)}")
+    if args.capacity < 2048:
+        raise UsageError(f"--capacity: expected >= the trace's top-k (2048), got {args.capacity}")
+    if args.lifetime > 255:
+        raise UsageError(f"--lifetime: expected 1..255, got {args.lifetime}")
     run(find_trace(args.trace), args.layers, args.steps, args.capacity, args.synthetic,
         args.lifetime)
     return 0

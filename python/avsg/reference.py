@@ -18,9 +18,19 @@ a multiple of 64 int32 (one 256-byte vector repeat)::
     [.. +Sp,   64+2H+2Sp)   slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
     [.. +2Sp,  64+2H+3Sp)   stash_key    overflow index: positions no probe bucket could take
     [.. +3Sp,  64+2H+4Sp)   stash_slot   their slots
+    reuse policy only (``max_context = C >= 1``; the lifetime policy has none of these):
+    [.. +4Sp,  .. +5Sp)     slot_count   use count of the position each slot holds, 0..255
+    [.. +5Sp,  .. +Cp)      pos_count    per position: its count while not resident, 0..255
+    [.. ,      .. +Bp)      block_heat   per 64 positions: selection density, 0..255
 
-    header[0] = HEADER_MAGIC   header[1] = S   header[2] = H   header[3] = L   header[4:8] = 0
-    header[8] = stash_count (stash entries in use)   header[9:64] = 0
+    header[0] = HEADER_MAGIC   header[1] = S   header[2] = H   header[3] = L
+    header[4] = policy (0 lifetime, 1 reuse)   header[5] = max_context (0 for lifetime)
+    header[6:8] = 0   header[8] = stash_count (stash entries in use)
+    header[9] = steps since the counts were last halved (reuse)   header[10:64] = 0
+
+``Cp = roundup(C, 64)``, ``Bp = roundup(ceil(C / 64), 64)``. Under the reuse policy
+``slot_life`` holds the slot's *age* (steps since last use, -1 free, saturating at 1023)
+instead of a lifetime.
 
 ``Sp = roundup(S, 64)``. ``H`` is a power of two, ``64 <= H <= 2**15`` and ``H >= S``; the default
 is ``H = next_pow2(2*S)`` (load factor <= 1/2, see "Index" below). ``reset`` writes the header;
@@ -129,6 +139,39 @@ that selects what an earlier token missed shares the reserved slot (invariant 2)
 is fetched once. ``invalidate(valid_lens)`` frees every slot whose position is ``>= valid_lens``:
 speculative positions can never produce a false hit, because residency is ``slot_pos`` itself.
 
+Residency policies
+------------------
+The header records the policy; ``plan`` checks it (and ``max_context``) like the geometry.
+
+* ``lifetime`` (the AVSG paper's): above. Its flaw: entries not hit for ``L`` steps all tie at
+  lifetime 0 and leave in slot order, so it forgets recency exactly where it matters (on the
+  shared trace it trails exact LRU at every capacity). Kept for fidelity.
+* ``reuse`` (default): evict what is least likely to be reused, judged by how often the position
+  was selected, how long ago, and how densely the step selects its neighbourhood. Per step, per
+  row (``_reuse_refresh``, ``reuse_scores``, ``lowest_scores``, ``_reuse_install``):
+
+  1. every age grows by one (saturating at 1023; free slots stay -1); every heat halves;
+  2. lookup as above; a hit sets the slot's age to 0 (which pins it: every other live slot is
+     at least 1) and adds one to its count (once per step, whatever ``T``); positions at or
+     beyond ``max_context`` are treated as -1;
+  3. every used position (hits and misses) adds one to the heat of its 64-position block;
+  4. score every slot: ``log8(count) + log4(heat[pos >> 6]) - log8(age)``, with
+     ``log8(x) ≈ 8·log2(1+x)`` and ``log4(x) ≈ 4·log2(1+x)`` read from float32 bits (exact
+     integer arithmetic); free slots score -128, pinned ones 127. The ``M`` misses take the
+     ``M`` lowest ``(score, slot)``: threshold by binary search over the score range (8 compare
+     + count passes), then all slots below it and the first ties (a prefix count of the tie
+     mask), in ascending slot order; misses ascending by position go to them in that order;
+  5. an evicted position's count moves to ``pos_count`` (it survives eviction); a miss takes
+     its ``pos_count`` back plus one; every 256 steps all counts halve.
+
+  No sort of the slots and no per-access lists: O(S) vector passes, O(M) scalar updates,
+  O(max_context/64) for the heat. ``invalidate`` also zeroes the counts of the slots it frees
+  and of every position ``>= valid_len``, so a rejected MTP draft leaves no count behind; the
+  heat, shared by a block's valid positions and halved every step, is kept.
+  Whatever the state holds, counts and heat are clamped to ``[0, 255]`` and ages to
+  ``[-1, 1023]`` where read, and a held position is clamped into ``[0, max_context)`` before it
+  addresses the heat; a count is spilled only for a position inside ``[0, max_context)``.
+
 Gather
 ------
 Miss ``j`` of row ``r`` copies host row ``hr`` of every ``src`` into slot ``miss_slots[r, j]`` of the
@@ -158,7 +201,20 @@ INT32_MAX = (1 << 31) - 1
 STATE_HEADER = 64                      # int32 words of the per-row header
 HEADER_MAGIC = 0x41565331              # "AVS1": a row written by reset, layout version 1
 HEADER_MAGIC_WORD, HEADER_CAPACITY, HEADER_BUCKETS, HEADER_LIFETIME = range(4)
+HEADER_POLICY, HEADER_MAX_CONTEXT = 4, 5
 HEADER_STASH_COUNT = 8                 # its own 32-byte block: plan rewrites [8, 16) only
+HEADER_STEP = 9                        # reuse policy: steps since the counts were last halved
+
+# Residency policies: the id is stored in the header (word 4) so ops check it.
+POLICY_IDS = {"lifetime": 0, "reuse": 1}
+POLICY_NAMES = {v: k for k, v in POLICY_IDS.items()}
+REUSE_AGE_MAX = 1023                   # steps since last use saturate here (log8 <= 80)
+REUSE_COUNT_MAX = 255                  # per-position use counts saturate here (log8 <= 64)
+REUSE_HEAT_MAX = 255                   # per-block heat saturates here (log4 <= 32)
+REUSE_BLOCK_LOG = 6                    # heat blocks of 64 positions
+REUSE_HALVE_EVERY = 256                # counts are halved every this many steps
+SCORE_FREE = -128                      # below every real score (>= -80): free slots go first
+SCORE_PINNED = 127                     # above every real score (<= 96): never a victim
 
 HASH_A1 = 0x9E3779B1
 HASH_B1 = 0x85EBCA77
@@ -184,10 +240,22 @@ def default_buckets(capacity: int) -> int:
 
 
 class Layout(NamedTuple):
-    """Section offsets (in int32 elements) of one row of the state tensor."""
+    """Section offsets (in int32 elements) of one row of the state tensor. ``max_context`` is
+    the length of the per-position policy state (0 for the lifetime policy, which has none)."""
 
     capacity: int
     buckets: int
+    max_context: int = 0
+
+    @property
+    def padded_context(self) -> int:
+        return round_up(self.max_context, VECTOR_INT32)
+
+    @property
+    def heat_blocks(self) -> int:
+        """Heat blocks, padded: ``roundup(ceil(max_context / 64), 64)`` (0 without policy state)."""
+        blocks = (self.max_context + (1 << REUSE_BLOCK_LOG) - 1) >> REUSE_BLOCK_LOG
+        return round_up(blocks, VECTOR_INT32)
 
     @property
     def padded_capacity(self) -> int:
@@ -222,12 +290,24 @@ class Layout(NamedTuple):
         return self.slot_pos + 3 * self.padded_capacity
 
     @property
+    def slot_count(self) -> int:
+        return self.slot_pos + 4 * self.padded_capacity
+
+    @property
+    def pos_count(self) -> int:
+        return self.slot_count + (self.padded_capacity if self.max_context else 0)
+
+    @property
+    def block_heat(self) -> int:
+        return self.pos_count + self.padded_context
+
+    @property
     def stash_count(self) -> int:
         return HEADER_STASH_COUNT
 
     @property
     def width(self) -> int:
-        return self.slot_pos + 4 * self.padded_capacity
+        return self.block_heat + self.heat_blocks
 
 
 class StateView(NamedTuple):
@@ -241,10 +321,14 @@ class StateView(NamedTuple):
     stash_slot: torch.Tensor      # [R, S]
     stash_count: torch.Tensor     # [R]
     header: torch.Tensor          # [R, 4]: magic, capacity, buckets, lifetime
+    slot_count: torch.Tensor      # [R, Sp] (padding included) or [R, 0]: reuse policy only
+    pos_count: torch.Tensor       # [R, Cp]
+    block_heat: torch.Tensor      # [R, Bp]
 
 
 def view_state(state: torch.Tensor, layout: Layout) -> StateView:
     S, H = layout.capacity, layout.buckets
+    has_policy_state = layout.max_context > 0
     return StateView(
         bucket_key=state[:, layout.bucket_key:layout.bucket_key + H],
         bucket_slot=state[:, layout.bucket_slot:layout.bucket_slot + H],
@@ -254,16 +338,33 @@ def view_state(state: torch.Tensor, layout: Layout) -> StateView:
         stash_slot=state[:, layout.stash_slot:layout.stash_slot + S],
         stash_count=state[:, layout.stash_count],
         header=state[:, :HEADER_LIFETIME + 1],
+        slot_count=state[:, layout.slot_count:layout.slot_count + (
+            layout.padded_capacity if has_policy_state else 0)],
+        pos_count=state[:, layout.pos_count:layout.pos_count + layout.padded_context],
+        block_heat=state[:, layout.block_heat:layout.block_heat + layout.heat_blocks],
     )
 
 
-def new_state(rows: int, layout: Layout, lifetime: int, device="cpu") -> torch.Tensor:
+def new_state(rows: int, layout: Layout, lifetime: int, device="cpu",
+              policy: str = "lifetime") -> torch.Tensor:
     state = torch.empty(rows, layout.width, dtype=torch.int32, device=device)
-    reset(state, layout, torch.ones(rows, dtype=torch.bool, device=device), lifetime)
+    reset(state, layout, torch.ones(rows, dtype=torch.bool, device=device), lifetime, policy)
     return state
 
 
-def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor, lifetime: int) -> None:
+def policy_id(policy: str, layout: Layout) -> int:
+    """The header's policy word; ``ValueError`` when the layout does not fit the policy (the
+    reuse policy needs per-position state, ``max_context >= 1``; lifetime has none)."""
+    if policy not in POLICY_IDS:
+        raise ValueError(f"policy: expected one of {tuple(POLICY_IDS)}, got {policy!r}")
+    if (policy == "reuse") != (layout.max_context > 0):
+        raise ValueError(f"policy {policy!r} with max_context={layout.max_context}: the reuse "
+                         f"policy needs max_context >= 1, the lifetime policy none")
+    return POLICY_IDS[policy]
+
+
+def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor, lifetime: int,
+          policy: str = "lifetime") -> None:
     """Forget everything the masked rows hold: the whole row returns to empty, and its header is
     (re)written with this geometry. It reads nothing from the row, so it also repairs any row."""
     fresh = torch.empty(layout.width, dtype=torch.int32, device=state.device)
@@ -273,15 +374,19 @@ def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor, lifetime:
     fresh[HEADER_CAPACITY] = layout.capacity
     fresh[HEADER_BUCKETS] = layout.buckets
     fresh[HEADER_LIFETIME] = lifetime
+    fresh[HEADER_POLICY] = policy_id(policy, layout)
+    fresh[HEADER_MAX_CONTEXT] = layout.max_context
     fresh[layout.bucket_slot:layout.bucket_slot + layout.buckets] = 0
     fresh[layout.stash_slot:layout.stash_slot + layout.padded_capacity] = 0
+    fresh[layout.slot_count:] = 0                 # counts and heat (reuse policy) start at 0
     state[row_mask] = fresh
 
 
-def check_header(state: torch.Tensor, layout: Layout, lifetime: Optional[int] = None) -> None:
+def check_header(state: torch.Tensor, layout: Layout, lifetime: Optional[int] = None,
+                 policy: Optional[str] = None) -> None:
     """Raise ``ValueError`` naming the argument when a row's header disagrees with the geometry
-    (and lifetime) an op was called with."""
-    header = state[:, :HEADER_LIFETIME + 1]
+    (and lifetime, policy) an op was called with."""
+    header = state[:, :HEADER_MAX_CONTEXT + 1]
     bad = header[:, HEADER_MAGIC_WORD] != HEADER_MAGIC
     if bool(bad.any()):
         r = int(bad.nonzero()[0, 0])
@@ -289,28 +394,47 @@ def check_header(state: torch.Tensor, layout: Layout, lifetime: Optional[int] = 
                          f"{int(header[r, 0]):#x}, expected {HEADER_MAGIC:#x}): build the state "
                          f"with reset")
     expected = [("capacity", HEADER_CAPACITY, layout.capacity),
-                ("buckets", HEADER_BUCKETS, layout.buckets)]
+                ("buckets", HEADER_BUCKETS, layout.buckets),
+                ("max_context", HEADER_MAX_CONTEXT, layout.max_context)]
     if lifetime is not None:
         expected.append(("lifetime", HEADER_LIFETIME, lifetime))
+    if policy is not None:
+        expected.append(("policy", HEADER_POLICY, policy_id(policy, layout)))
     for name, word, value in expected:
         bad = header[:, word] != value
         if bool(bad.any()):
             r = int(bad.nonzero()[0, 0])
-            raise ValueError(f"{name}: the state was built with {int(header[r, word])}, got "
-                             f"{value} (state row {r})")
+            built, got = int(header[r, word]), value
+            if name == "policy":
+                built, got = POLICY_NAMES.get(built, built), POLICY_NAMES[value]
+            raise ValueError(f"{name}: the state was built with {built!r}, got {got!r} "
+                             f"(state row {r})" if name == "policy" else
+                             f"{name}: the state was built with {built}, got {got} (state row {r})")
 
 
 def invalidate(state: torch.Tensor, layout: Layout, valid_lens: torch.Tensor) -> None:
-    """Free every slot whose position is ``>= valid_lens[row]``; its index entries go stale."""
+    """Free every slot whose position is ``>= valid_lens[row]``; its index entries go stale.
+
+    Reuse policy: what a rejected draft did to the counts is undone for the positions it
+    wrote: the counts of the freed slots and of every position ``>= valid_lens`` return to 0,
+    so a speculative position fetched, hit or counted before rejection starts from nothing when
+    the real token arrives. Counts of positions below ``valid_lens`` that rejected draft tokens
+    selected are kept (they are real positions, selected by a real indexer query), and so is
+    the heat (it halves every step; a block's heat is shared with valid positions)."""
     check_header(state, layout)
     v = view_state(state, layout)
     limit = valid_lens.to(torch.int64).clamp(-1, MAX_POSITION).to(torch.int32)
     drop = v.slot_pos >= limit[:, None]
     v.slot_pos.masked_fill_(drop, -1)
     v.slot_life.masked_fill_(drop, -1)
+    if layout.max_context:
+        v.slot_count[:, :layout.capacity].masked_fill_(drop, 0)
+        positions = torch.arange(layout.padded_context, device=state.device)
+        v.pos_count.masked_fill_(positions[None, :] >= limit[:, None], 0)
 
 
-def check_state(state: torch.Tensor, layout: Layout, lifetime: int) -> None:
+def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
+                policy: str = "lifetime") -> None:
     """Validate the invariants of a state built and updated by the ops; raise ``ValueError``
     naming the row, the section and the entry that breaks one. Vectorised over rows: a few
     passes over the state (one index lookup per resident slot), no per-step cost.
@@ -319,9 +443,11 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int) -> None:
     ``[-1, 2**24)`` and ``slot_life`` in ``[-1, L]``, free exactly when the other is -1, no
     position held twice, padding free; ``stash_count`` in ``[0, S]``; every index entry in range
     (keys in ``[-1, 2**24)``, slots in ``[0, S)``); stash entries past the count are ``(-1, 0)``;
-    every resident position is found by the index at its own slot.
+    every resident position is found by the index at its own slot. Reuse policy: ``slot_life``
+    holds ages in ``[-1, 1023]``, counts and heat lie in ``[0, 255]``, a free slot's count is 0,
+    the step word in ``[0, 256)``.
     """
-    check_header(state, layout, lifetime)
+    check_header(state, layout, lifetime, policy)
     S, Sp = layout.capacity, layout.padded_capacity
     v = view_state(state, layout)
 
@@ -331,20 +457,31 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int) -> None:
                 int(mask.nonzero()[0, 0]), 0)
             value = {"slot_pos": v.slot_pos, "slot_life": v.slot_life, "bucket_key": v.bucket_key,
                      "bucket_slot": v.bucket_slot, "stash_key": v.stash_key,
-                     "stash_slot": v.stash_slot}.get(section)
+                     "stash_slot": v.stash_slot, "slot_count": v.slot_count,
+                     "pos_count": v.pos_count, "block_heat": v.block_heat}.get(section)
             shown = f"[{r}, {i}] = {int(value[r, i])}" if value is not None and mask.dim() == 2 \
                 else f"[{r}]"
             raise ValueError(f"state: {section}{shown}: {what}")
 
-    header_rest = torch.cat([state[:, HEADER_LIFETIME + 1:HEADER_STASH_COUNT],
-                             state[:, HEADER_STASH_COUNT + 1:STATE_HEADER]], 1)
+    header_rest = torch.cat([state[:, HEADER_MAX_CONTEXT + 1:HEADER_STASH_COUNT],
+                             state[:, HEADER_STEP + 1:STATE_HEADER]], 1)
     fail("header", header_rest != 0, "reserved header words must be 0")
     fail("stash_count", (v.stash_count < 0) | (v.stash_count > S),
          f"expected a count in [0, {S}]")
     fail("slot_pos", (v.slot_pos < -1) | (v.slot_pos >= MAX_POSITION),
          f"expected -1 or a position in [0, 2**24)")
-    fail("slot_life", (v.slot_life < -1) | (v.slot_life > lifetime),
-         f"expected a lifetime in [-1, {lifetime}]")
+    top = REUSE_AGE_MAX if policy == "reuse" else lifetime
+    fail("slot_life", (v.slot_life < -1) | (v.slot_life > top),
+         f"expected a {'age' if policy == 'reuse' else 'lifetime'} in [-1, {top}]")
+    if policy == "reuse":
+        for name, section, high in (("slot_count", v.slot_count, REUSE_COUNT_MAX),
+                                    ("pos_count", v.pos_count, REUSE_COUNT_MAX),
+                                    ("block_heat", v.block_heat, REUSE_HEAT_MAX)):
+            fail(name, (section < 0) | (section > high), f"expected a value in [0, {high}]")
+        fail("slot_count", (v.slot_count[:, :S] != 0) & (v.slot_pos == -1),
+             "a free slot's count must be 0")
+        fail("header", (state[:, HEADER_STEP] < 0) | (state[:, HEADER_STEP] >= REUSE_HALVE_EVERY),
+             f"step word expected in [0, {REUSE_HALVE_EVERY})")
     fail("slot_life", (v.slot_life == -1) != (v.slot_pos == -1),
          "a slot is free (-1) in slot_pos exactly when it is free in slot_life")
     padding = torch.cat([state[:, layout.slot_pos + S:layout.slot_pos + Sp],
@@ -509,18 +646,106 @@ def compact_stash(v: StateView, rows: Sequence[int], append_keys: Optional[torch
 
 # ------------------------------------------------------------------------------------------ plan
 
+def log8(x: torch.Tensor) -> torch.Tensor:
+    """``≈ 8*log2(1+x)`` for ``0 <= x < 2**24``, from float32 bits: 8 times the exponent plus the
+    top 3 mantissa bits (piecewise linear between powers of two, exact at them). Integer and
+    float bit operations only, so every backend computes it bit for bit."""
+    bits = (x.to(torch.int32) + 1).to(torch.float32).view(torch.int32)
+    return (bits >> 20) - (127 << 3)
+
+
+def log4(x: torch.Tensor) -> torch.Tensor:
+    """``≈ 4*log2(1+x)``: 4 times the exponent plus the top 2 mantissa bits (see ``log8``)."""
+    bits = (x.to(torch.int32) + 1).to(torch.float32).view(torch.int32)
+    return (bits >> 21) - (127 << 2)
+
+
+def reuse_scores(v: StateView, layout: Layout) -> torch.Tensor:
+    """Per slot: how much keeping it is worth (reuse policy, after the step's age and heat
+    updates). ``log8(count) + log4(heat of its 64-position block) - log8(age)``; free slots
+    (age -1) score ``SCORE_FREE``, slots used this step (age 0) ``SCORE_PINNED``."""
+    age = v.slot_life
+    count = v.slot_count[:, :layout.capacity].clamp(0, REUSE_COUNT_MAX)
+    block = v.slot_pos.clamp(0, layout.max_context - 1) >> REUSE_BLOCK_LOG
+    heat = v.block_heat.gather(1, block.long())
+    score = log8(count) + log4(heat) - log8(age.clamp(min=0))
+    score = torch.where(age == 0, torch.full_like(score, SCORE_PINNED), score)
+    return torch.where(age == -1, torch.full_like(score, SCORE_FREE), score)
+
+
+def lowest_scores(score: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Mask of the ``m[r]`` slots with the lowest ``(score, slot)`` of each row, without a sort:
+    binary search for the threshold ``theta`` (the smallest with ``count(score <= theta) >= m``;
+    8 compare + count passes over the slots), then every slot below it and the first
+    ``m - count(score < theta)`` slots equal to it (a prefix count of the tie mask)."""
+    lo = torch.full_like(m, SCORE_FREE - 1)       # count(score <= lo) < m   (or m == 0)
+    hi = torch.full_like(m, SCORE_PINNED)         # count(score <= hi) >= m
+    while bool((hi - lo > 1).any()):
+        mid = (lo + hi) >> 1
+        enough = (score <= mid[:, None]).sum(1) >= m
+        hi = torch.where(enough, mid, hi)
+        lo = torch.where(enough, lo, mid)
+    theta = hi[:, None]
+    below = score < theta
+    ties = score == theta
+    room = m[:, None] - below.sum(1, keepdim=True)
+    return below | (ties & (torch.cumsum(ties.int(), 1) <= room))
+
+
+def _reuse_refresh(v: StateView, layout: Layout) -> None:
+    """Ages one step older (clamped to ``[-1, 1023]`` first, whatever the state held; free
+    slots stay -1) and heat halves (clamped to ``[0, 255]`` first)."""
+    age = v.slot_life.clamp(-1, REUSE_AGE_MAX)
+    v.slot_life.copy_((age + 1).clamp(max=REUSE_AGE_MAX) + age.clamp(max=0))
+    v.block_heat.copy_(v.block_heat.clamp(0, REUSE_HEAT_MAX) >> 1)
+
+
+def _add_heat(v: StateView, positions: torch.Tensor, used: torch.Tensor) -> None:
+    """heat[p >> 6] += 1 (saturating) for every used position (unique per row)."""
+    blocks = v.block_heat.shape[1]
+    rr, ii = used.nonzero(as_tuple=True)
+    flat = rr * blocks + (positions[rr, ii].long() >> REUSE_BLOCK_LOG)
+    added = torch.bincount(flat, minlength=v.block_heat.numel()).view_as(v.block_heat)
+    v.block_heat.copy_((v.block_heat + added).clamp(max=REUSE_HEAT_MAX))
+
+
+def _reuse_install(v: StateView, layout: Layout, miss_pos: torch.Tensor,
+                   miss_slots: torch.Tensor, is_miss: torch.Tensor) -> None:
+    """Evicted positions keep their count (``pos_count``); each miss brings its own back, plus
+    one for this use. Spills first, then reloads; among evictions of one position (only a
+    corrupted state holds a position twice) the last miss wins, as in the kernel's loop."""
+    R, N = miss_pos.shape
+    rr, jj = is_miss.nonzero(as_tuple=True)
+    slots = miss_slots[rr, jj].long()
+    old = v.slot_pos[rr, slots].long()
+    count = v.slot_count[rr, slots].clamp(0, REUSE_COUNT_MAX)
+    spill = (old >= 0) & (old < layout.max_context)
+    rr_s, old_s, count_s, jj_s = rr[spill], old[spill], count[spill], jj[spill]
+    key = (rr_s * layout.padded_context + old_s) * N + jj_s
+    order = torch.argsort(key)
+    target = (rr_s * layout.padded_context + old_s)[order]
+    last = torch.ones_like(target, dtype=torch.bool)
+    last[:-1] = target[1:] != target[:-1]
+    v.pos_count[rr_s[order][last], old_s[order][last]] = count_s[order][last]
+    fresh = v.pos_count[rr, miss_pos[rr, jj].long()].clamp(0, REUSE_COUNT_MAX)
+    v.slot_count[rr, slots] = (fresh + 1).clamp(max=REUSE_COUNT_MAX)
+
+
 def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
-         seq_lens: torch.Tensor, layout: Layout, lifetime: int, matcher: str = "hash"):
+         seq_lens: torch.Tensor, layout: Layout, lifetime: int, matcher: str = "hash",
+         policy: str = "lifetime"):
     """One step for every row. Returns ``(slots, miss_pos, miss_slots, miss_counts)``.
 
     ``matcher="hash"`` is the AVSG index; ``"dual_pointer"`` is the sort + merge baseline.
     Both give the same outputs and leave the same state: only the matching differs.
+    ``policy`` picks the victims (module docstring, "Residency policies").
     """
     R, T, K = topk_pos.shape
     N = T * K
     S = layout.capacity
     dev = topk_pos.device
-    check_header(state, layout, lifetime)
+    reuse = policy == "reuse"
+    check_header(state, layout, lifetime, policy)
     v = view_state(state, layout)
     # whatever the state holds: counts into range, padding slots free (module docstring)
     v.stash_count.clamp_(0, S)
@@ -528,15 +753,23 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     if padding:
         state[:, layout.slot_pos + S:layout.slot_pos + S + padding] = -1
         state[:, layout.slot_life + S:layout.slot_life + S + padding] = -1
+        if reuse:
+            v.slot_count[:, S:] = 0
 
     sel = topk_pos.reshape(R, N).to(torch.int32)
-    bound = seq_lens.to(torch.int64).clamp(max=MAX_POSITION)[:, None]
+    bound = seq_lens.to(torch.int64).clamp(max=MAX_POSITION)
+    if reuse:
+        bound = bound.clamp(max=layout.max_context)
+    bound = bound[:, None]
     valid = (sel >= 0) & (sel < bound)
     sel = torch.where(valid, sel, torch.full_like(sel, -1))
 
-    # 1. refresh: decay, look up, hits back to L (and thereby pinned)
+    # 1. refresh: decay (age), look up, hits back to L (age 0) and thereby pinned
     life = v.slot_life
-    life.sub_((life > 0).to(torch.int32)).clamp_(-1, lifetime - 1)
+    if reuse:
+        _reuse_refresh(v, layout)
+    else:
+        life.sub_((life > 0).to(torch.int32)).clamp_(-1, lifetime - 1)
     if matcher == "hash":
         hit_slot = index_lookup(v, sel, layout.buckets)
     elif matcher == "dual_pointer":
@@ -545,7 +778,7 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
         raise ValueError(f"matcher must be 'hash' or 'dual_pointer', got {matcher!r}")
     hit = hit_slot >= 0
     rr, nn = hit.nonzero(as_tuple=True)
-    life[rr, hit_slot[rr, nn].long()] = lifetime
+    life[rr, hit_slot[rr, nn].long()] = 0 if reuse else lifetime
 
     # 2. classify: unique missed positions, ascending
     missing = valid & ~hit
@@ -559,19 +792,41 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     is_miss = col < miss_counts[:, None]
     miss_pos = torch.where(is_miss, compact, torch.full_like(compact, -1))
 
-    # 3. allocate: victims in (life, slot) order among unpinned slots
+    # 3. allocate
     slot_ids = torch.arange(S, device=dev, dtype=torch.int64)
-    victim_key = torch.where(life < lifetime, (life.to(torch.int64) + 1) * S + slot_ids,
-                             torch.full_like(slot_ids, INT32_MAX))
-    victims = torch.argsort(victim_key, dim=1)[:, :N].to(torch.int32)
+    if reuse:
+        # every slot used this step counts once and heats its block; victims: lowest scores
+        used = torch.zeros(R, S, dtype=torch.bool, device=dev)
+        used[rr, hit_slot[rr, nn].long()] = True
+        count = v.slot_count[:, :S]
+        count.copy_(torch.where(used, (count.clamp(0, REUSE_COUNT_MAX) + 1).clamp(
+            max=REUSE_COUNT_MAX), count))
+        _add_heat(v, v.slot_pos, used)
+        _add_heat(v, miss_pos, is_miss)
+        chosen = lowest_scores(reuse_scores(v, layout), miss_counts.to(torch.int64))
+        victims = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :N]
+        victims = victims.to(torch.int32)
+    else:
+        victim_key = torch.where(life < lifetime, (life.to(torch.int64) + 1) * S + slot_ids,
+                                 torch.full_like(slot_ids, INT32_MAX))
+        victims = torch.argsort(victim_key, dim=1)[:, :N].to(torch.int32)
     miss_slots = torch.where(is_miss, victims, torch.full_like(victims, -1))
     # Entries that went stale before this step go now: a freed slot may be handed back to the
     # same position below, which would revive its stale entry next to the new one.
     compact_stash(v, torch.nonzero(v.stash_count > 0).flatten().tolist())
+    if reuse:
+        _reuse_install(v, layout, miss_pos, miss_slots, is_miss)
     rr, jj = is_miss.nonzero(as_tuple=True)
     v.slot_pos[rr, miss_slots[rr, jj].long()] = miss_pos[rr, jj]
-    life[rr, miss_slots[rr, jj].long()] = lifetime
+    life[rr, miss_slots[rr, jj].long()] = 0 if reuse else lifetime
     _insert(v, miss_pos, miss_slots, is_miss, layout.buckets)
+    if reuse:
+        # every REUSE_HALVE_EVERY steps all counts halve, so old popularity fades
+        step = state[:, HEADER_STEP].clamp(0, REUSE_HALVE_EVERY - 1) + 1
+        halve = step == REUSE_HALVE_EVERY
+        for section in (v.slot_count, v.pos_count):
+            section[halve] = section[halve].clamp(0, REUSE_COUNT_MAX) >> 1
+        state[:, HEADER_STEP] = torch.where(halve, torch.zeros_like(step), step)
 
     # 4. output: every selection's slot
     sorted_misses = torch.where(is_miss, miss_pos, torch.full_like(miss_pos, INT32_MAX))

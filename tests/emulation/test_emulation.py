@@ -72,8 +72,9 @@ RUNTIME = {
     "bad_ub_budget_queue": ["TPipe::InitBuffer(TQue): UB budget exceeded"],
     # 32 B alignment of UB operands (card §0)
     "aligned_view_ok": None,
-    "bad_unaligned_vector_operand": ["Adds: dst UB address 12 is not 32-byte aligned"],
-    "bad_unaligned_dma_operand": ["DataCopy(GM->UB): dst UB address 16 is not 32-byte aligned"],
+    # TPipe's first buffer starts at UB byte 32 (avsg_emu::tpipe_base): 32 + 12, 32 + 16
+    "bad_unaligned_vector_operand": ["Adds: dst UB address 44 is not 32-byte aligned"],
+    "bad_unaligned_dma_operand": ["DataCopy(GM->UB): dst UB address 48 is not 32-byte aligned"],
     # DataCopy 32 B granularity (card §4)
     "datacopy_roundtrip_ok": None,
     "datacopy_params_ok": None,
@@ -129,6 +130,10 @@ RUNTIME = {
     "bad_cast_mode": ["Cast: RoundMode::CAST_NONE not allowed"],
     "reduce_sort_ok": None,
     "bad_sort32_repeat": ["Sort32: repeatTime 256 outside 0..255"],
+    "bad_sort_dst_unaligned": ["Sort: dst UB address", "is not 256-byte aligned"],
+    "bad_sort_index_unaligned": ["Sort32: src1 UB address", "is not 128-byte aligned"],
+    "tpipe_base_is_not_zero": None,
+    "kernel_assert_fails": ["ascendc_assert(rows % 2 == 0) failed"],
     # events (card §6)
     "flags_ok": None,
     "bad_event_id_range": ["SetFlag<HardEvent::MTE2_V>: event id 8 outside 0..7"],
@@ -165,60 +170,60 @@ RUNTIME = {
 _GAP = " or PIPE_ALL barrier in between"
 HAZARD = {
     # MTE2 -> V
-    "hazard_mte2_v_bad": ["hazard: Adds (PIPE_V) reads UB [0x0,0x20) written by DataCopy (PIPE_MTE2) "
+    "hazard_mte2_v_bad": ["hazard: Adds (PIPE_V) reads UB [0x20,0x40) written by DataCopy (PIPE_MTE2) "
                           "with no MTE2_V flag" + _GAP, "read-after-write"],
     "hazard_mte2_v_ok": None,
-    "hazard_wrong_event_bad": ["Adds (PIPE_V) reads UB [0x0,0x20) written by DataCopy (PIPE_MTE2) with no MTE2_V flag"],
-    "hazard_setflag_before_producer_bad": ["Adds (PIPE_V) reads UB [0x0,0x20) written by DataCopy (PIPE_MTE2) "
+    "hazard_wrong_event_bad": ["Adds (PIPE_V) reads UB [0x20,0x40) written by DataCopy (PIPE_MTE2) with no MTE2_V flag"],
+    "hazard_setflag_before_producer_bad": ["Adds (PIPE_V) reads UB [0x20,0x40) written by DataCopy (PIPE_MTE2) "
                                            "with no MTE2_V flag"],
     # MTE2 -> S
-    "hazard_mte2_s_bad": ["hazard: LocalTensor::GetValue (PIPE_S) reads UB [0x14,0x18) written by DataCopy "
+    "hazard_mte2_s_bad": ["hazard: LocalTensor::GetValue (PIPE_S) reads UB [0x34,0x38) written by DataCopy "
                           "(PIPE_MTE2) with no MTE2_S flag" + _GAP],
     "hazard_mte2_s_ok": None,
     "hazard_transitive_mte2_v_s_ok": None,
     # V -> S, S -> V
-    "hazard_v_s_bad": ["LocalTensor::GetValue (PIPE_S) reads UB [0x0,0x4) written by Duplicate (PIPE_V) "
+    "hazard_v_s_bad": ["LocalTensor::GetValue (PIPE_S) reads UB [0x20,0x24) written by Duplicate (PIPE_V) "
                        "with no V_S flag" + _GAP],
     "hazard_v_s_ok": None,
-    "hazard_s_v_bad": ["Adds (PIPE_V) reads UB [0x0,0x20) written by LocalTensor::SetValue (PIPE_S) "
+    "hazard_s_v_bad": ["Adds (PIPE_V) reads UB [0x20,0x40) written by LocalTensor::SetValue (PIPE_S) "
                        "with no S_V flag" + _GAP],
     "hazard_s_v_ok": None,
     # V -> MTE3, S -> MTE3
-    "hazard_v_mte3_bad": ["DataCopy (PIPE_MTE3) reads UB [0x0,0x20) written by Duplicate (PIPE_V) "
+    "hazard_v_mte3_bad": ["DataCopy (PIPE_MTE3) reads UB [0x20,0x40) written by Duplicate (PIPE_V) "
                           "with no V_MTE3 flag" + _GAP],
     "hazard_v_mte3_ok": None,
-    "hazard_s_mte3_bad": ["DataCopy (PIPE_MTE3) reads UB [0x0,0x20) written by LocalTensor::SetValue (PIPE_S) "
+    "hazard_s_mte3_bad": ["DataCopy (PIPE_MTE3) reads UB [0x20,0x40) written by LocalTensor::SetValue (PIPE_S) "
                           "with no S_MTE3 flag" + _GAP],
     "hazard_s_mte3_ok": None,
     "hazard_disjoint_bytes_ok": None,
     # MTE3 -> MTE2
-    "hazard_mte3_mte2_ub_reuse_bad": ["DataCopy (PIPE_MTE2) writes UB [0x0,0x20) read by DataCopy (PIPE_MTE3) "
+    "hazard_mte3_mte2_ub_reuse_bad": ["DataCopy (PIPE_MTE2) writes UB [0x20,0x40) read by DataCopy (PIPE_MTE3) "
                                       "with no MTE3_MTE2 flag" + _GAP, "write-after-read"],
     "hazard_mte3_mte2_ub_reuse_ok": None,
     "hazard_mte3_mte2_gm_bad": ["DataCopy (PIPE_MTE2) reads GM [0x", "written by DataCopy (PIPE_MTE3) "
                                 "with no MTE3_MTE2 flag" + _GAP],
     "hazard_mte3_mte2_gm_ok": None,
     # V -> V
-    "hazard_v_v_raw_bad": ["Adds (PIPE_V) reads UB [0x0,0x20) written by Duplicate (PIPE_V) "
+    "hazard_v_v_raw_bad": ["Adds (PIPE_V) reads UB [0x20,0x40) written by Duplicate (PIPE_V) "
                            "with no PipeBarrier<PIPE_V>" + _GAP],
     "hazard_v_v_raw_ok": None,
-    "hazard_v_v_war_bad": ["Duplicate (PIPE_V) writes UB [0x0,0x20) read by Adds (PIPE_V) "
+    "hazard_v_v_war_bad": ["Duplicate (PIPE_V) writes UB [0x20,0x40) read by Adds (PIPE_V) "
                            "with no PipeBarrier<PIPE_V>" + _GAP, "write-after-read"],
-    "hazard_v_v_waw_bad": ["Duplicate (PIPE_V) writes UB [0x0,0x20) written by Duplicate (PIPE_V) "
+    "hazard_v_v_waw_bad": ["Duplicate (PIPE_V) writes UB [0x20,0x40) written by Duplicate (PIPE_V) "
                            "with no PipeBarrier<PIPE_V>" + _GAP, "write-after-write"],
     "hazard_v_s_orders_later_v_ok": None,
     # write-after-read across pipes
-    "hazard_v_mte2_war_bad": ["DataCopy (PIPE_MTE2) writes UB [0x0,0x20) read by Adds (PIPE_V) "
+    "hazard_v_mte2_war_bad": ["DataCopy (PIPE_MTE2) writes UB [0x20,0x40) read by Adds (PIPE_V) "
                               "with no V_MTE2 flag" + _GAP, "write-after-read"],
     "hazard_v_mte2_war_ok": None,
-    "hazard_s_mte2_war_bad": ["DataCopy (PIPE_MTE2) writes UB [0x0,0x4) read by LocalTensor::GetValue (PIPE_S) "
+    "hazard_s_mte2_war_bad": ["DataCopy (PIPE_MTE2) writes UB [0x20,0x24) read by LocalTensor::GetValue (PIPE_S) "
                               "with no S_MTE2 flag" + _GAP, "write-after-read"],
     "hazard_s_mte2_war_ok": None,
-    "hazard_mte3_v_war_bad": ["Duplicate (PIPE_V) writes UB [0x0,0x20) read by DataCopy (PIPE_MTE3) "
+    "hazard_mte3_v_war_bad": ["Duplicate (PIPE_V) writes UB [0x20,0x40) read by DataCopy (PIPE_MTE3) "
                               "with no MTE3_V flag" + _GAP, "write-after-read"],
     "hazard_mte3_v_war_ok": None,
     # same-pipe DMA destinations
-    "hazard_mte2_waw_bad": ["DataCopy (PIPE_MTE2) writes UB [0x0,0x20) written by DataCopy (PIPE_MTE2) "
+    "hazard_mte2_waw_bad": ["DataCopy (PIPE_MTE2) writes UB [0x20,0x40) written by DataCopy (PIPE_MTE2) "
                             "with no PipeBarrier<PIPE_MTE2>" + _GAP],
     "hazard_mte2_waw_ok": None,
     "hazard_mte3_waw_gm_bad": ["DataCopy (PIPE_MTE3) writes GM [0x", "written by DataCopy (PIPE_MTE3) "
@@ -243,12 +248,12 @@ HAZARD = {
     "hazard_pipe_all_ok": None,
     "hazard_syncall_ok": None,
     # API-specific modelling
-    "hazard_createvecindex_no_barrier_bad": ["Adds (PIPE_V) reads UB [0x100,0x120) written by CreateVecIndex "
+    "hazard_createvecindex_no_barrier_bad": ["Adds (PIPE_V) reads UB [0x120,0x140) written by CreateVecIndex "
                                              "(PIPE_V) with no PipeBarrier<PIPE_V>"],
     "hazard_createvecindex_ok": None,
-    "hazard_createvecindex_scalar_war_bad": ["CreateVecIndex (PIPE_S) writes UB [0x0,0x4)", "(PIPE_V) with no V_S flag"],
+    "hazard_createvecindex_scalar_war_bad": ["CreateVecIndex (PIPE_S) writes UB [0x20,0x24)", "(PIPE_V) with no V_S flag"],
     "hazard_gathermask_count_ok": None,
-    "hazard_gathermask_dst_scalar_bad": ["LocalTensor::GetValue (PIPE_S) reads UB [0x500,0x504) written by "
+    "hazard_gathermask_dst_scalar_bad": ["LocalTensor::GetValue (PIPE_S) reads UB [0x520,0x524) written by "
                                          "GatherMask (PIPE_V) with no V_S flag"],
     # escape hatch
     "hazard_checks_off_ok": None,

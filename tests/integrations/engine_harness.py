@@ -73,7 +73,7 @@ class EngineHarness:
             num_layers=layers, max_rows=rows, capacity=capacity, topk=topk,
             queries_per_step=self.T, kv_format=kv_format, resident_block_size=resident_block_size,
             write_through=write_through, auto_invalidate=auto_invalidate, check=check,
-            latent_dim=latent_dim, rope_dim=rope_dim)
+            latent_dim=latent_dim, rope_dim=rope_dim, max_context=max_len)
         self.comps = self.mgr.kv_format.components
         self.host = [tuple(torch.zeros(self.num_blocks, block_size, 1, c.width, dtype=c.dtype)
                            for c in self.comps) for _ in range(layers)]

@@ -12,7 +12,8 @@ BLOCKS = 24
 
 def make(**kwargs):
     args = dict(num_layers=LAYERS, max_rows=R, capacity=S, topk=K, queries_per_step=T,
-                kv_format="bf16", resident_block_size=BS, latent_dim=LATENT, rope_dim=ROPE)
+                kv_format="bf16", resident_block_size=BS, latent_dim=LATENT, rope_dim=ROPE,
+                max_context=BLOCKS * BS)
     args.update(kwargs)
     mgr = SparseOffloadManager(**args)
     gen = torch.Generator().manual_seed(0)

@@ -254,3 +254,24 @@ def test_kv_formats_identical_across_modes(tiny_model, kv_format):
     for out, logits in got[1:]:
         assert out == got[0][0]
         assert all(torch.equal(logits[i], got[0][1][i]) for i in logits)
+
+
+@pytest.mark.slow
+@pytest.mark.strict_kernels
+@pytest.mark.parametrize("mtp", [1, 3])
+def test_soak_turnover_with_own_indexer(tiny_model, mtp):
+    """Many requests through few rows, the model's own indexer, simulated acceptance, a buffer
+    barely above (1+n)·K: hundreds of steps, modes identical."""
+    config = tiny_model.config
+    results = {}
+    for mode in MODES:
+        engine, store = make_engine(tiny_model, mode, rows=3, mtp=mtp, max_len=260,
+                                    capacity=(1 + mtp) * config.index_topk + 2,
+                                    acceptance=SimulatedAcceptance(mtp, 0.6 * mtp))
+        requests = [Request(id=i, max_new_tokens=30 + (i % 7) * 5, context_len=40 + 9 * i,
+                            first_token=i % config.vocab_size, seed=i) for i in range(12)]
+        results[mode] = run_requests(engine, requests)
+    for mode in MODES[1:]:
+        assert results[mode][0] == results["device"][0]
+        assert all(torch.equal(results[mode][1][i], results["device"][1][i])
+                   for i in results["device"][1])

@@ -42,7 +42,7 @@ def selections(R: int, T: int, K: int, context: int, steps: int, seed: int = 0) 
 def run(build: str, args, steps: List[torch.Tensor], host: torch.Tensor) -> Dict[str, object]:
     R = args.rows
     buf = SparseKVBuffer(rows=R, capacity=args.capacity, topk=args.topk, queries_per_step=args.queries,
-                         device="cpu", check=False)
+                         device="cpu", check=False, max_context=args.context)
     dst = torch.zeros(R, args.capacity, args.row_bytes, dtype=torch.uint8)
     seq = torch.full((R,), args.context, dtype=torch.int32)
     times = {"plan": [], "gather": []}

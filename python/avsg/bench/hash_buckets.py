@@ -24,8 +24,9 @@ from ..demo import find_trace, load_selections
 
 def replay(sel, positions, capacity: int, buckets: int) -> dict:
     layers, steps, k = sel.shape
+    # the index under test does not depend on the policy: the paper's lifetime policy
     buf = SparseKVBuffer(rows=layers, capacity=capacity, topk=k, hash_buckets=buckets,
-                         check=False)
+                         check=False, policy="lifetime")
     stash_after = []
     stashed = 0
     started = time.perf_counter()

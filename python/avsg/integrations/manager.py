@@ -121,7 +121,9 @@ class SparseOffloadManager:
             bypass the buffer.
         kv_format: ``"bf16"`` (k_nope 512 + k_pe 64), ``"fp8"`` (one packed 656-byte row),
             ``"fp32"`` (tests), or a ``KVFormat``.
-        lifetime, hash_buckets: the buffers' policy parameters (README, "How plan works").
+        policy, max_context, lifetime, hash_buckets: the buffers' residency policy and its
+            parameters (``SparseKVBuffer``); the default ``"reuse"`` policy needs ``max_context``,
+            the longest context a request can reach (e.g. ``max_model_len``).
         resident_block_size: page size of the resident block table (128).
         host_kv: per layer, the host pool's components ``[num_blocks, block_size, (1,) width]``
             in the order of ``kv_format``; may be given later with ``register_host_kv``.
@@ -141,7 +143,8 @@ class SparseOffloadManager:
                  host_kv: Optional[Sequence[Sequence[torch.Tensor]]] = None,
                  write_through: bool = False, auto_invalidate: bool = True,
                  check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
-                 timers: Optional[Callable[[str], ContextManager]] = None):
+                 timers: Optional[Callable[[str], ContextManager]] = None,
+                 policy: str = "reuse", max_context: Optional[int] = None):
         _require_int("num_layers", num_layers, low=1)
         _require_int("max_rows", max_rows, low=1)
         _require_int("resident_block_size", resident_block_size, low=1)
@@ -162,7 +165,8 @@ class SparseOffloadManager:
         self.buffers: List[SparseKVBuffer] = [
             SparseKVBuffer(rows=max_rows, capacity=capacity, topk=topk,
                            queries_per_step=queries_per_step, lifetime=lifetime,
-                           device=self.device, hash_buckets=hash_buckets, check=self.check)
+                           device=self.device, hash_buckets=hash_buckets, check=self.check,
+                           policy=policy, max_context=max_context)
             for _ in range(num_layers)]
         R, S = max_rows, capacity
         # storage per layer and component: R*S rows, then the spare row (module docstring)

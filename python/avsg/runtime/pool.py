@@ -23,14 +23,16 @@ from .kvformat import KVFormat
 
 class HostPool:
     def __init__(self, layers: int, rows: int, max_len: int, kv_format: KVFormat,
-                 block_size: int = 128, device: Optional[torch.device] = None, seed: int = 0):
+                 block_size: int = 128, compute_device: Optional[torch.device] = None,
+                 seed: int = 0):
         if block_size < 1:
             raise ValueError(f"block_size: expected >= 1, got {block_size}")
         self.layers, self.rows, self.block_size = layers, rows, block_size
         self.kv_format = kv_format
         self.max_blocks = -(-max_len // block_size)
         self.num_blocks = rows * self.max_blocks
-        self.device = torch.device("cpu") if device is None else torch.device(device)
+        # the pools always live in host memory; the block table lives where gather runs
+        self.device = torch.device("cpu") if compute_device is None else torch.device(compute_device)
         self.pools: Tuple[torch.Tensor, ...] = tuple(
             self._alloc((layers, self.num_blocks, block_size, c.width), c.dtype)
             for c in kv_format.components)
@@ -42,7 +44,7 @@ class HostPool:
 
     def _alloc(self, shape, dtype) -> torch.Tensor:
         if self.device.type == "cpu":
-            return torch.zeros(shape, dtype=dtype)
+            return torch.zeros(shape, dtype=dtype)     # host and "device" are the same memory
         # An NPU reads the pool through the mapping aclrtHostRegister makes: page-aligned pinned
         # memory registered once (see avsg.backend).
         from .. import backend
@@ -89,13 +91,13 @@ class HostPool:
     def write(self, layer: int, rows: torch.Tensor, pos: torch.Tensor,
               parts: Sequence[torch.Tensor]) -> None:
         """Write ``parts[c][i]`` (``[N, width]``) at position ``pos[i]`` of row ``rows[i]``."""
-        host_rows = self.host_rows(rows, pos)
+        host_rows = self.host_rows(rows.to(self.device), pos.to(self.device))
         for pool, part in zip(self.layer(layer), parts):
             pool.view(-1, pool.shape[-1]).index_copy_(0, host_rows.to(pool.device),
                                                       part.to(pool.device, pool.dtype))
 
     def read(self, layer: int, rows: torch.Tensor, pos: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """The stored rows at ``pos`` of ``rows`` (same broadcast shape + ``[width]``)."""
-        host_rows = self.host_rows(rows, pos)
+        host_rows = self.host_rows(rows.to(self.device), pos.to(self.device)).cpu()
         return tuple(pool.view(-1, pool.shape[-1])[host_rows.reshape(-1)].reshape(
             *host_rows.shape, pool.shape[-1]) for pool in self.layer(layer))

@@ -328,6 +328,7 @@ def main(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     config = load_config(args.config)
     topk = config.index_topk
+    args.topk = topk
     if args.capacity < (1 + args.mtp) * topk and "avsg" in modes:
         raise UsageError(f"--capacity: expected >= (1 + mtp) x top-k = {(1 + args.mtp) * topk}, "
                          f"got {args.capacity}")
@@ -404,6 +405,11 @@ def main(args: argparse.Namespace) -> int:
               f"copies are KV produced in the last two passes")
     print(f"  outputs identical across modes (tokens and logits, bit for bit): "
           f"{'yes' if identical else 'NO'}")
+    projection = project_on_npu(results, workload, args, model.num_kv_layers)
+    if projection:
+        print(f"  est. DeepSeek-V3.2 on a 910B with these hit rates (a model, see `avsg bench "
+              f"decode`): TPOT " + ", ".join(f"{m} {1e3 * p['tpot_s']:.1f} ms"
+                                            for m, p in projection.items()))
     if args.record_trace:
         from ..traces import format as trace_format
         recorded = recorder.trace(max(r.context_len for r in workload.requests) + 4 * args.new_tokens,
@@ -422,11 +428,41 @@ def main(args: argparse.Namespace) -> int:
                          "contexts": [r.context_len for r in workload.requests]},
             "modes": summaries,
             "outputs_identical": identical,
+            "npu_projection_estimate": projection,
         }
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=2, default=str)
         print(f"  results written: {args.json}")
     return 0 if identical else 1
+
+
+def project_on_npu(results: List[ModeResult], workload: Workload, args,
+                   kv_layers: int) -> Optional[Dict[str, Dict[str, float]]]:
+    """The decode model of ``avsg bench decode`` fed with this run's measured copies per
+    iteration (real DeepSeek-V3.2 dims, the bundled 910B profile): an estimate, labelled so."""
+    from ..bench import decode, hardware
+    from .config import from_hf_config
+    by_mode = {r.mode: r for r in results}
+    if "offload" not in by_mode or "avsg" not in by_mode:
+        return None
+    iterations = sum(len(rec.emitted) for rec in by_mode["avsg"].records) * kv_layers
+    tokens = sum(len(o) for o in by_mode["avsg"].outputs.values())
+    if not iterations:
+        return None
+    config = from_hf_config(decode.V32_CONFIG)
+    # copies per selection carry over; scale them to DeepSeek-V3.2's top-k
+    scale = config.index_topk / args.topk
+    traffic = decode.Traffic(
+        drafts=args.mtp, accept_mean=0.0,
+        union_rows=scale * by_mode["offload"].h2d_rows / iterations,
+        avsg_rows=scale * by_mode["avsg"].h2d_rows / iterations,
+        tokens_per_iteration=tokens / (iterations / kv_layers), capacity=args.capacity,
+        source="this run")
+    context = int(np.mean([r.context_len for r in workload.requests]))
+    projected = decode.project(config, hardware.load_profile(), traffic, workload.rows, context,
+                               overlap=False)
+    return {m: {"tpot_s": p["tpot_s"], "tokens_per_s": p["tokens_per_s"]}
+            for m, p in projected.items()}
 
 
 def _select_emulation(build: str) -> None:

@@ -1,6 +1,6 @@
 """Selection traces, buffer-policy replay against Belady's optimum, hit-rate reports.
 
-* :mod:`.format`   -- load / save / validate trace ``.npz`` files (DESIGN.md section 8);
+* :mod:`.format`   -- load / save / validate trace ``.npz`` files (docs/design.md §8);
 * :mod:`.policies` -- lru, clock, setassoc-fifo, bucketed-lru, prev-step, belady, avsg;
 * :mod:`.replay`   -- the one driver (warm-up and counting rules);
 * :mod:`.synth`    -- synthetic traces (AVSG paper settings) and gamma / recall measurement;

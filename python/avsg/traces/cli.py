@@ -65,14 +65,14 @@ def cmd_replay(args) -> int:
     tr = _load(args)
     print(f"trace {args.trace}: {tr.summary()}")
     policies = args.policy or policy_names()
-    if "avsg" in policies:
+    if any(p.startswith("avsg") for p in policies):
         why = _avsg_available()
         if why is not None:
             if args.policy:
                 print(f"error: policy 'avsg' needs avsg.SparseKVBuffer: {why}", file=sys.stderr)
                 return 2
             print(f"note: skipping policy 'avsg' (avsg.SparseKVBuffer not importable: {why})")
-            policies = [p for p in policies if p != "avsg"]
+            policies = [p for p in policies if not p.startswith("avsg")]
     results = []
     for cap in args.capacity:
         for p in policies:
@@ -160,7 +160,7 @@ def cmd_mtp(args) -> int:
     from .mtp import MODES, format_mtp, mtp_replay
     from . import report
     tr = _load(args)
-    if args.policy == "avsg":
+    if args.policy.startswith("avsg"):
         why = _avsg_available()
         if why is not None:
             print(f"error: policy 'avsg' needs avsg.SparseKVBuffer: {why}", file=sys.stderr)
@@ -177,7 +177,7 @@ def cmd_mtp(args) -> int:
 
 
 def _add_common_trace_args(p, with_policy_opts=True):
-    p.add_argument("trace", help="trace .npz (DESIGN.md section 8 format)")
+    p.add_argument("trace", help="trace .npz (format: docs/design.md §8)")
     p.add_argument("--layers", help="layer subset, e.g. 0-3,7 (default: all)")
     p.add_argument("--steps", type=int, help="replay only the first N steps")
     p.add_argument("--no-check", action="store_true", help="skip the O(size) value validation")

@@ -1,6 +1,6 @@
 """Selection-trace format: load, save, validate.
 
-A trace is an ``.npz`` file (DESIGN.md section 8) with these keys:
+A trace is an ``.npz`` file (docs/design.md §8) with these keys:
 
 ``sel``        integer array ``[layers, steps, K]`` -- or ``[layers, steps, Tq, K]`` with the optional
                MTP axis (``Tq`` query tokens per step).  Each row (one layer, one step, one query token)

@@ -47,9 +47,11 @@ Policies (names used by the CLI):
                    demand fetching and pinned step sets, this farthest-next-use rule is optimal (the
                    classical exchange argument holds with steps as the time unit), so no demand policy
                    that keeps the constraint gets more hits.
-``avsg``           the real :class:`avsg.SparseKVBuffer` (``plan`` op), one buffer row per trace row,
-                   lifetime ``lifetime`` (default 16); all rows are planned in one batched call per
-                   step. hits = unique selections - ``plan.miss_counts``.
+``avsg``           the real :class:`avsg.SparseKVBuffer` (``plan`` op) with its default residency
+                   policy (``reuse``: counts, log-recency, block heat; ``max_context`` = the trace's
+                   context), one buffer row per trace row; all rows are planned in one batched call
+                   per step. hits = unique selections - ``plan.miss_counts``.
+``avsg-lifetime``  the same op with the paper's lifetime policy, lifetime ``lifetime`` (default 16).
 """
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ from typing import Callable, Dict, NamedTuple
 import numpy as np
 
 __all__ = ["Policy", "StepInput", "POLICIES", "make_policy", "unique_rows", "policy_names",
-           "LRU", "Clock", "SetAssocFIFO", "BucketedLRU", "PrevStep", "Belady", "AVSGPolicy"]
+           "LRU", "Clock", "SetAssocFIFO", "BucketedLRU", "PrevStep", "Belady", "AVSGPolicy",
+           "AVSGLifetimePolicy"]
 
 _INF = np.iinfo(np.int64).max // 4
 _EMPTY = -_INF  # empty slots are always taken first
@@ -415,6 +418,7 @@ class AVSGPolicy(Policy):
     """Drives the real :class:`avsg.SparseKVBuffer` (no re-implementation)."""
 
     name = "avsg"
+    policy = "reuse"
 
     def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=16):
         super().__init__(rows, capacity, k, queries, max_pos)
@@ -431,11 +435,15 @@ class AVSGPolicy(Policy):
         self.reset()
 
     def describe(self):
-        return f"{self.name}(lifetime={self.lifetime})"
+        if self.policy == "lifetime":
+            return f"{self.name}(lifetime={self.lifetime})"
+        return f"{self.name}({self.policy})"
 
     def reset(self):
+        context = {"max_context": self.max_pos} if self.policy == "reuse" else {}
         self.buf = self._cls(rows=self.rows, capacity=self.capacity, topk=self.k,
-                             queries_per_step=self.queries, lifetime=self.lifetime, device="cpu")
+                             queries_per_step=self.queries, lifetime=self.lifetime, device="cpu",
+                             policy=self.policy, **context)
         self.last_plan = None
 
     def step(self, s, inp):
@@ -452,6 +460,13 @@ class AVSGPolicy(Policy):
         self.buf.invalidate(torch.from_numpy(np.ascontiguousarray(valid_lens, dtype=np.int32)))
 
 
+class AVSGLifetimePolicy(AVSGPolicy):
+    """The real op with the AVSG paper's lifetime policy."""
+
+    name = "avsg-lifetime"
+    policy = "lifetime"
+
+
 POLICIES: Dict[str, Callable[..., Policy]] = {
     "lru": LRU,
     "clock": Clock,
@@ -460,6 +475,7 @@ POLICIES: Dict[str, Callable[..., Policy]] = {
     "prev-step": PrevStep,
     "belady": Belady,
     "avsg": AVSGPolicy,
+    "avsg-lifetime": AVSGLifetimePolicy,
 }
 
 # options each policy accepts (from the CLI / make_policy(**opts)); others are ignored
@@ -467,6 +483,7 @@ _POLICY_OPTS = {
     "setassoc-fifo": ("ways",),
     "bucketed-lru": ("buckets", "bucket_width"),
     "avsg": ("lifetime",),
+    "avsg-lifetime": ("lifetime",),
 }
 
 

@@ -317,13 +317,15 @@ CASE_UNSYNCED(reduce_sort_ok) {
         for (int k = 0; k < 128; ++k) x.SetValue(k, 1.0f);
         ReduceSum(d, x, tmp, 128);
         CHECK(d.GetValue(0) == 128.0f);
-        // Sort<float,true> + Extract of 64 scores
-        auto sc = b.GetWithOffset<float>(64, 2048);
-        auto ix = b.GetWithOffset<uint32_t>(64, 2304);
-        auto sd = b.GetWithOffset<float>(128, 2560);
-        auto st = b.GetWithOffset<float>(128, 3072);
-        auto ov = b.GetWithOffset<float>(64, 3584);
-        auto oi = b.GetWithOffset<uint32_t>(64, 3840);
+        // Sort<float,true> + Extract of 64 scores, operands cut at Sort32's alignment from the
+        // buffer's physical address (TPipe's base is not 256 B aligned)
+        const uint32_t pad = static_cast<uint32_t>((256 - b.Get<uint8_t>().GetPhyAddr() % 256) % 256);
+        auto sc = b.GetWithOffset<float>(64, pad + 2048);
+        auto ix = b.GetWithOffset<uint32_t>(64, pad + 2304);
+        auto sd = b.GetWithOffset<float>(128, pad + 2560);
+        auto st = b.GetWithOffset<float>(128, pad + 3072);
+        auto ov = b.GetWithOffset<float>(64, pad + 3584);
+        auto oi = b.GetWithOffset<uint32_t>(64, pad + 3840);
         for (int k = 0; k < 64; ++k) {
             sc.SetValue(k, (float)(k % 10));
             ix.SetValue(k, (uint32_t)k);
@@ -340,6 +342,53 @@ CASE_UNSYNCED(reduce_sort_ok) {
         CHECK_EQ(oi.GetValue(32), 39u);  // second repeat sorted on its own: max 9 at 39
     });
 }
+// Sort32 / Sort alignment (Sort32.md, A2): dst 256 B, scores and index 128 B. TPipe's first
+// buffer starts at avsg_emu::tpipe_base() (32 B), so a buffer start is not enough.
+CASE(bad_sort_dst_unaligned) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto all = b.Get<float>();
+        const uint32_t pad = static_cast<uint32_t>((256 - all.GetPhyAddr() % 256) % 256) / 4;
+        auto sc = all[pad];             // 256 B aligned
+        auto ix = all[pad + 32].ReinterpretCast<uint32_t>();
+        auto sd = all[pad + 64 + 32];   // 128 B past a 256 B boundary
+        auto st = all[pad + 256];
+        Sort<float, true>(sd, sc, ix, st, 1);
+    });
+}
+CASE(bad_sort_index_unaligned) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto all = b.Get<float>();
+        const uint32_t pad = static_cast<uint32_t>((256 - all.GetPhyAddr() % 256) % 256) / 4;
+        auto sc = all[pad];
+        auto ix = all[pad + 40].ReinterpretCast<uint32_t>();  // 160 B: 32 B but not 128 B aligned
+        auto sd = all[pad + 128];
+        auto st = all[pad + 256];
+        Sort32(sd, sc, ix, 1);
+        (void)st;
+    });
+}
+CASE_UNSYNCED(tpipe_base_is_not_zero) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 64);
+        CHECK_EQ(b.Get<uint8_t>().GetPhyAddr(), static_cast<uint64_t>(avsg_emu::tpipe_base()));
+        CHECK(avsg_emu::tpipe_base() != 0);
+    });
+}
+CASE_UNSYNCED(kernel_assert_fails) {
+    run1([] {
+        int rows = 3;
+        ascendc_assert(rows % 2 == 0);
+    });
+}
+
 CASE(bad_sort32_repeat) {
     run1([] {
         TPipe pipe;

@@ -16,7 +16,7 @@ class HostPoolStore(KVStore):
     def __init__(self, spec: StoreSpec):
         super().__init__(spec)
         self.pool = HostPool(spec.layers, spec.rows, spec.max_len, spec.kv_format,
-                             spec.block_size, host_device(spec.device))
+                             spec.block_size, compute_device=spec.device)
         # first position each row wrote in the previous pass, per layer: the "fresh" boundary
         self._previous_start = torch.zeros(spec.layers, spec.rows, dtype=torch.int32,
                                            device=spec.device)
@@ -51,7 +51,7 @@ class HostPoolStore(KVStore):
 
     def fill(self, layer: int, row: int, start: int, parts: Tuple[torch.Tensor, ...]) -> None:
         n = parts[0].shape[0]
-        pos = torch.arange(start, start + n, dtype=torch.int32, device=self.pool.device)
+        pos = torch.arange(start, start + n, dtype=torch.int32)
         rows = torch.full_like(pos, row)
         self.pool.write(layer, rows, pos, parts)
 
@@ -60,8 +60,3 @@ class HostPoolStore(KVStore):
         self._h2d_rows += counts.sum()
         fresh = (copied_pos >= self._previous_start[layer][:, None]) & (copied_pos >= 0)
         self._h2d_fresh_rows += fresh.sum()
-
-
-def host_device(device: torch.device) -> torch.device:
-    """Host pools live in CPU memory whatever device computes."""
-    return torch.device("cpu")

@@ -1,7 +1,7 @@
 #pragma once
+#include <c10/core/Stream.h>
 #include "acl/acl.h"
 namespace c10_npu {
-struct NPUStream { aclrtStream stream(bool need_empty) const; };
+struct NPUStream { aclrtStream stream(bool need_empty) const; c10::Stream unwrap() const; };
 NPUStream getCurrentNPUStream();
-aclError GetDevice(int32_t* device);
 }

@@ -1,0 +1,186 @@
+"""The reuse residency policy (the default): its state, what invalidate does to it, the header
+that ties a state to its policy, and the kernels against an independent sort-based model.
+
+Bit-exactness of the kernels with the reference on random sessions, MTP, invalidate/reset,
+collisions and the largest geometry is in test_kernel_plan.py (parametrised over the policy);
+corrupted reuse state in test_state_safety.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import avsg
+from avsg import reference
+
+I32 = torch.int32
+
+
+def counts(buf, row=0):
+    v = reference.view_state(buf.state, buf.layout)
+    return v.pos_count[row], v.slot_count[row, :buf.capacity], v.slot_pos[row]
+
+
+def count_of(buf, pos, row=0):
+    """A position's count: its slot's while resident, else the per-position one."""
+    pos_count, slot_count, slot_pos = counts(buf, row)
+    held = (slot_pos == pos).nonzero()
+    return int(slot_count[held[0, 0]]) if held.numel() else int(pos_count[pos])
+
+
+def test_rejected_drafts_do_not_inflate_counts():
+    """MTP: the drafts' own positions (>= the accepted length) are selected speculatively; after
+    invalidate they are gone and count nothing, so the real token at that position starts at 1.
+    Positions below the accepted length that rejected query tokens selected keep their count."""
+    buf = avsg.SparseKVBuffer(rows=1, capacity=8, topk=2, queries_per_step=2, max_context=64)
+    seq = torch.tensor([42], dtype=I32)
+    # token 0 selects {3, 40}, the draft token 1 selects {3, 41} (41: its own, speculative)
+    buf.plan(torch.tensor([[[3, 40], [3, 41]]], dtype=I32), seq)
+    assert count_of(buf, 3) == 1 and count_of(buf, 41) == 1     # one use per step, T shares
+    buf.invalidate(torch.tensor([41], dtype=I32))               # the draft was rejected
+    assert 41 not in buf.resident(0)
+    assert count_of(buf, 41) == 0 and count_of(buf, 3) == 1 and count_of(buf, 40) == 1
+    buf.check_state()
+    buf.plan(torch.tensor([[[41, 3], [41, -1]]], dtype=I32), seq)
+    assert count_of(buf, 41) == 1 and count_of(buf, 3) == 2
+
+
+def test_invalidate_forgets_counts_of_evicted_speculative_positions():
+    """A count spilled to pos_count (the position was evicted) is also dropped by invalidate."""
+    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=2, max_context=32)
+    seq = torch.tensor([32], dtype=I32)
+    buf.plan(torch.tensor([[[20, 21]]], dtype=I32), seq)
+    buf.plan(torch.tensor([[[20, 21]]], dtype=I32), seq)
+    buf.plan(torch.tensor([[[1, 2]]], dtype=I32), seq)          # evicts 20, 21 (counts 2)
+    assert count_of(buf, 20) == 2 and 20 not in buf.resident(0)
+    buf.invalidate(torch.tensor([21], dtype=I32))
+    assert count_of(buf, 20) == 2 and count_of(buf, 21) == 0
+    buf.check_state()
+
+
+def test_counts_survive_eviction_and_return():
+    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=4, max_context=100)
+    seq = torch.tensor([100], dtype=I32)
+    for _ in range(3):
+        buf.plan(torch.tensor([[[10, 11, 12, 13]]], dtype=I32), seq)
+    buf.plan(torch.tensor([[[50, 51, 52, 53]]], dtype=I32), seq)
+    assert count_of(buf, 10) == 3 and 10 not in buf.resident(0)
+    buf.plan(torch.tensor([[[10, 51, 52, 53]]], dtype=I32), seq)
+    assert count_of(buf, 10) == 4
+
+
+def test_counts_halve_every_256_steps():
+    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=1, max_context=8)
+    seq = torch.tensor([8], dtype=I32)
+    for step in range(256):
+        buf.plan(torch.tensor([[[5]]], dtype=I32), seq)
+        if step == 254:
+            assert count_of(buf, 5) == 255
+    assert count_of(buf, 5) == 255 >> 1                          # saturated, then halved
+    assert int(buf.state[0, reference.HEADER_STEP]) == 0
+
+
+def test_selections_beyond_max_context_are_none():
+    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, max_context=10)
+    plan = buf.plan(torch.tensor([[[3, 9]]], dtype=I32), torch.tensor([10], dtype=I32))
+    assert int(plan.miss_counts[0]) == 2
+    with pytest.raises(ValueError, match="max_context"):
+        buf.plan(torch.tensor([[[3, 12]]], dtype=I32), torch.tensor([13], dtype=I32))
+    plan = buf.plan(torch.tensor([[[3, 12]]], dtype=I32), torch.tensor([13], dtype=I32),
+                    check=False)
+    assert int(plan.slots[0, 0, 1]) == -1 and int(plan.miss_counts[0]) == 0
+
+
+def test_state_records_its_policy():
+    """The header holds policy and max_context: an op called with others refuses the state (on
+    CPU); without the host checks the kernel rejects the row as it does any geometry mismatch."""
+    buf = avsg.SparseKVBuffer(rows=2, capacity=16, topk=4, max_context=64)
+    topk = torch.tensor([[[1, 2, 3, 4]]] * 2, dtype=I32)
+    seq = torch.full((2,), 64, dtype=I32)
+    with pytest.raises(ValueError, match="policy"):
+        reference.check_header(buf.state, buf.layout, 16, "lifetime")
+    with pytest.raises(ValueError, match="policy"):
+        torch.ops.avsg.plan(topk, seq, buf.state, buf.stats_counts, 16, 64, 16, 0, 64)
+    with pytest.raises(ValueError, match="max_context"):
+        torch.ops.avsg.plan(topk, seq, buf.state, buf.stats_counts, 16, 64, 16, 1, 32)
+    old = torch.ops.avsg._set_host_value_checks(False)
+    try:
+        state = buf.state.clone()
+        state[1, reference.HEADER_POLICY] = 0
+        before = state.clone()
+        out = torch.ops.avsg.plan(topk, seq, state, buf.stats_counts.clone(), 16, 64, 16, 1, 64)
+        assert int(out[3][1]) == -1 and torch.equal(state[1], before[1])
+        assert int(out[3][0]) == 4
+    finally:
+        torch.ops.avsg._set_host_value_checks(old)
+
+
+def test_lifetime_policy_state_is_unchanged():
+    """The lifetime policy keeps the original layout: no policy sections, words 4-5 zero."""
+    buf = avsg.SparseKVBuffer(rows=1, capacity=64, topk=8, policy="lifetime")
+    assert buf.layout.width == reference.STATE_HEADER + 2 * 128 + 4 * 64
+    assert int(buf.state[0, 4]) == 0 and int(buf.state[0, 5]) == 0
+
+
+def model_hits(sel: np.ndarray, capacity: int) -> np.ndarray:
+    """An independent model of the reuse policy: full sort of (score, slot), dense per-position
+    maps, 'last use' steps instead of ages. sel [steps, K] sorted unique positions."""
+    def log8(x):
+        return ((np.asarray(x, np.int64) + 1).astype(np.float32).view(np.int32) >> 20) - 1016
+
+    def log4(x):
+        return ((np.asarray(x, np.int64) + 1).astype(np.float32).view(np.int32) >> 21) - 508
+
+    steps, K = sel.shape
+    maxpos = int(sel.max()) + 1
+    pos_slot = np.full(maxpos, -1)
+    slot_pos = np.full(capacity, -1)
+    last = np.zeros(capacity, np.int64)
+    slot_count = np.zeros(capacity, np.int64)
+    pos_count = np.zeros(maxpos, np.int64)
+    heat = np.zeros(maxpos // 64 + 1, np.int64)
+    hits = np.zeros(steps, np.int64)
+    for t in range(steps):
+        u = sel[t]
+        s_of = pos_slot[u]
+        hit = s_of >= 0
+        hits[t] = hit.sum()
+        heat = np.minimum((heat >> 1) + np.bincount(u // 64, minlength=heat.size), 255)
+        miss = u[~hit]
+        if miss.size:
+            score = log8(slot_count) + log4(heat[np.maximum(slot_pos, 0) // 64]) \
+                - log8(np.minimum(t - last, 1023))
+            score[slot_pos < 0] = -128
+            score[s_of[hit]] = 127
+            victims = np.sort(np.argsort(score * capacity + np.arange(capacity))[:miss.size])
+            old = slot_pos[victims]
+            pos_count[old[old >= 0]] = slot_count[victims[old >= 0]]
+            pos_slot[old[old >= 0]] = -1
+            slot_pos[victims] = miss
+            pos_slot[miss] = victims
+            slot_count[victims] = pos_count[miss]
+        used = pos_slot[u]
+        last[used] = t
+        slot_count[used] = np.minimum(slot_count[used] + 1, 255)
+        if (t + 1) % 256 == 0:
+            slot_count >>= 1
+            pos_count >>= 1
+    return hits
+
+
+def test_kernel_matches_an_independent_model_on_the_shared_trace():
+    path = "../shared/traces/asyncio_32k.npz"
+    try:
+        data = np.load(path)
+    except FileNotFoundError:
+        pytest.skip(f"{path} not found")
+    sel = data["sel"][[16], :300].astype(np.int64)       # the hardest layer, past one halving
+    S, K = 2560, sel.shape[2]
+    buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, max_context=int(data["T"]), check=False)
+    got = []
+    for t in range(sel.shape[1]):
+        plan = buf.plan(torch.from_numpy(sel[:, t]).to(I32).view(1, 1, K),
+                        torch.tensor([int(data["T"])], dtype=I32))
+        got.append(K - int(plan.miss_counts[0]))
+    assert np.array_equal(np.array(got), model_hits(sel[0], S))
