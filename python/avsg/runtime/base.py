@@ -58,6 +58,7 @@ class StoreSpec:
     capacity: int = 8192
     lifetime: int = 16
     block_size: int = 128
+    write_through: bool = False         # avsg: a pass's new KV into its reserved slots directly
     timers: Timers = NULL_TIMERS
 
 

@@ -1,27 +1,34 @@
-"""``avsg``: KV in the host pool, one ``SparseKVBuffer`` per layer, miss-only copies.
+"""``avsg``: KV in the host pool, miss-only copies, through ``integrations.SparseOffloadManager``.
 
-Per layer the store owns a ``SparseKVBuffer`` (rows ``R``, ``capacity`` slots, ``T = 1 + n``
-query tokens per step) and the device buffers it indexes, one per KV component
-(``[R, capacity, width]``). Retrieve is ``plan`` (match the step's selections, reserve a slot per
-miss) then ``gather`` (copy only the misses from the paged pool through the block table); attention
-then reads the buffers through ``plan.slots``.
+The store is a thin adapter: the manager owns one ``SparseKVBuffer`` per layer, the device buffers
+(``[R, capacity, 1, width]`` per KV component) and the row tables, exactly as it would inside a
+serving engine. Retrieve flattens the runtime's ``[R, T, K]`` selections into the TND layout a
+serving engine has (``[R*T, 1, K]`` with ``query_start_loc = arange(R+1) * T``; an idle row's
+tokens are dropped by the manager, since the row holds no request) and reads the returned slots
+back as ``[R, T, K]``.
 
-Lifecycle: a new request in a row is ``reset`` on every layer; rejected MTP drafts are dropped
-with ``invalidate`` before their positions are written again. A pass with fewer query tokens
-than the buffer's ``T`` (the MTP draft chain) pads its selections with ``-1``.
+Rows never move in the runtime's engine, so batch row = state row and ``Retrieved.view`` is the
+buffer itself, ``[R, capacity, width]`` per component.
 
-Fresh KV: a token's KV goes only to the host pool when it is produced, so the first selection
-of a new position is a miss. ``h2d_fresh_rows()`` counts those copies: the traffic a write-through
-of new KV into the buffer would save.
+Lifecycle: ``admit`` adds the row to the manager (a reset on every layer), ``release`` frees it;
+rejected MTP drafts are dropped with ``invalidate``. The manager also drops every position at or
+after a pass's first one before it plans (a no-op after the engine's own invalidation).
+
+Writes: a pass's KV goes to the paged host pool through the manager's ``write_kv`` (host rows
+from the pool's block table). With ``StoreSpec.write_through`` the manager also copies a pass's
+own newly written positions into their reserved slots on the device, so they are not fetched from
+the host; off by default, a fresh position's first selection is a miss copied from the host, and
+``h2d_fresh_rows()`` counts those copies.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ... import buffer as avsg_buffer
 from ...buffer import SparseKVBuffer
+from ...integrations import SparseOffloadManager
+from ...integrations.manager import RESIDENT_BLOCK_SIZE
 from ..base import Retrieved, StoreSpec, register_store
 from ..step import StepBatch
 from .host import HostPoolStore
@@ -33,47 +40,83 @@ class AVSGStore(HostPoolStore):
 
     def __init__(self, spec: StoreSpec):
         super().__init__(spec)
-        self.buffers: List[SparseKVBuffer] = [
-            SparseKVBuffer(rows=spec.rows, capacity=spec.capacity, topk=spec.topk,
-                           queries_per_step=spec.queries_per_step, lifetime=spec.lifetime,
-                           max_context=spec.max_len, device=spec.device)
-            for _ in range(spec.layers)]
-        self.slot_kv = [tuple(torch.zeros(spec.rows, spec.capacity, c.width, dtype=c.dtype,
-                                          device=spec.device)
-                              for c in spec.kv_format.components)
-                        for _ in range(spec.layers)]
+        # vllm-ascend's resident pages are 128 tokens; a buffer that is not a whole number of
+        # them (the small test models) is one page per row
+        page = RESIDENT_BLOCK_SIZE if spec.capacity % RESIDENT_BLOCK_SIZE == 0 else spec.capacity
+        self.manager = SparseOffloadManager(
+            num_layers=spec.layers, max_rows=spec.rows, capacity=spec.capacity, topk=spec.topk,
+            queries_per_step=spec.queries_per_step, kv_format=spec.kv_format,
+            lifetime=spec.lifetime, max_context=spec.max_len, resident_block_size=page,
+            device=spec.device,
+            host_kv=[self.pool.layer(layer) for layer in range(spec.layers)],
+            write_through=spec.write_through, timers=spec.timers,
+            # our own algorithm selects causal, distinct positions: value checks would only
+            # cost host syncs
+            check=False)
+        self._pass_kv: List[Optional[Tuple[torch.Tensor, ...]]] = [None] * spec.layers
 
-    def retrieve(self, layer: int, topk_pos: torch.Tensor, batch: StepBatch) -> Retrieved:
-        R, T, K = topk_pos.shape
-        T_buffer = self.spec.queries_per_step
-        if T < T_buffer:
-            pad = torch.full((R, T_buffer - T, K), -1, dtype=topk_pos.dtype, device=topk_pos.device)
-            topk_pos = torch.cat([topk_pos, pad], dim=1)
-        with self.timers("plan"):
-            # Selections come from our own algorithm, already causal and distinct per query
-            # token: the value checks (a host sync) are skipped; the kernel treats anything out
-            # of range as no selection.
-            plan = self.buffers[layer].plan(topk_pos.contiguous(), batch.seq_lens, check=False)
-        with self.timers("gather"):
-            avsg_buffer.gather(plan, src=list(self.pool.layer(layer)), dst=list(self.slot_kv[layer]),
-                               block_table=self.pool.block_table, block_size=self.pool.block_size,
-                               check=False)
-            self._count_copies(layer, plan.miss_pos, plan.miss_counts)
-        return Retrieved(view=self.slot_kv[layer], index=plan.slots[:, :T])
-
-    def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
-        for layer in range(self.spec.layers) if layers is None else layers:
-            self.buffers[layer].invalidate(valid_lens)
+    @property
+    def buffers(self) -> List[SparseKVBuffer]:
+        return self.manager.buffers
 
     def reset(self, rows: torch.Tensor) -> None:
-        for buf in self.buffers:
-            buf.reset(rows)
+        for row in rows.nonzero().flatten().tolist():
+            if self.manager.holds_request(row):
+                self.manager.free(row)
+            self.manager.add(row)
+
+    def release(self, row: int) -> None:
+        super().release(row)
+        if self.manager.holds_request(row):
+            self.manager.free(row)
+
+    # --------------------------------------------------------------------------- writes
+    def offload(self, layer: int, batch: StepBatch, parts: Tuple[torch.Tensor, ...]) -> None:
+        with self.timers("offload"):
+            R, T = batch.pos.shape
+            rows = torch.arange(R, device=batch.pos.device)[:, None].expand(R, T)
+            # idle rows own no blocks: their tokens are skipped (slot mapping -1)
+            host_rows = torch.where(batch.active[:, None], self.pool.host_rows(rows, batch.pos),
+                                    torch.full_like(batch.pos, -1, dtype=torch.int64))
+            flat = tuple(p.reshape(R * T, p.shape[-1]).contiguous() for p in parts)
+            self.manager.write_kv(layer, host_rows.reshape(-1), flat, check=False)
+            self._pass_kv[layer] = flat
+            self._mark_fresh(layer, batch)
+
+    def fill(self, layer: int, row: int, start: int, parts: Tuple[torch.Tensor, ...]) -> None:
+        n = parts[0].shape[0]
+        pos = torch.arange(start, start + n, dtype=torch.int32, device=self.pool.device)
+        host_rows = self.pool.host_rows(torch.full_like(pos, row), pos)
+        self.manager.write_kv(layer, host_rows, tuple(p.contiguous() for p in parts), check=False)
+
+    # ------------------------------------------------------------------------- retrieve
+    def retrieve(self, layer: int, topk_pos: torch.Tensor, batch: StepBatch) -> Retrieved:
+        R, T, K = topk_pos.shape
+        with self.timers("plan"):
+            query_start_loc = torch.arange(0, (R + 1) * T, T, dtype=torch.int32,
+                                           device=topk_pos.device)
+            meta = self.manager.begin_step(query_start_loc, batch.seq_lens,
+                                           self.pool.block_table.to(topk_pos.device), R * T,
+                                           check=False)
+        new_kv = self._pass_kv[layer]
+        if new_kv is not None and new_kv[0].shape[0] != R * T:
+            new_kv = None                   # not this pass's KV (e.g. a pass without offload)
+        # the manager times its "plan" and "gather" phases itself
+        out = self.manager.retrieve(layer, topk_pos.reshape(R * T, 1, K).contiguous(), meta,
+                                    new_kv=new_kv, check=False)
+        plan = out.plan
+        copied = torch.where(out.host_copied, plan.miss_pos, torch.full_like(plan.miss_pos, -1))
+        self._count_copies(layer, copied, out.host_copied.sum(1))
+        view = tuple(kv.view(R, self.spec.capacity, kv.shape[-1]) for kv in self.manager.kv[layer])
+        # the plan's slots in selection order (out.slots is compacted valid-first for sparse
+        # flash attention); attention here gathers in selection order, like the other stores
+        return Retrieved(view=view, index=plan.slots[:, :T])
+
+    def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
+        self.manager.invalidate(valid_lens, layers)
 
     def hit_rate(self) -> float:
-        lookups = sum(b.stats()["lookups"] for b in self.buffers)
-        hits = sum(b.stats()["hits"] for b in self.buffers)
-        return hits / lookups if lookups else 0.0
+        return self.manager.hit_rate()
 
     def reset_stats(self) -> None:
-        for buf in self.buffers:
-            buf.reset_stats()
+        self.manager.reset_stats()

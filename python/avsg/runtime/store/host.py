@@ -41,9 +41,13 @@ class HostPoolStore(KVStore):
             active = batch.active[:, None].expand_as(batch.pos)
             self.pool.write(layer, rows[active], batch.pos[active],
                             [p[active] for p in parts])
-            self._previous_start[layer] = self._current_start[layer]
-            self._current_start[layer] = torch.where(batch.active, batch.pos[:, 0],
-                                                     self._current_start[layer])
+            self._mark_fresh(layer, batch)
+
+    def _mark_fresh(self, layer: int, batch: StepBatch) -> None:
+        """This pass wrote from ``batch.pos[:, 0]`` on: move the "fresh" boundary."""
+        self._previous_start[layer] = self._current_start[layer]
+        self._current_start[layer] = torch.where(batch.active, batch.pos[:, 0],
+                                                 self._current_start[layer])
 
     def fill(self, layer: int, row: int, start: int, parts: Tuple[torch.Tensor, ...]) -> None:
         n = parts[0].shape[0]

@@ -1,0 +1,584 @@
+"""``SparseOffloadManager``: the AVSG buffers of a whole model, driven by an engine's flat batches.
+
+Three index spaces are kept apart throughout (README, "API"): a ``pos`` is a request-relative
+token position (what the indexer selects), a *host row* is where that position lives in the
+engine's paged host pool (``block_table[req, pos // bs] * bs + pos % bs``: vLLM's slot mapping),
+and a ``slot`` is a row of a device buffer (what attention reads).
+
+Batch rows and state rows
+-------------------------
+An engine keeps a persistent batch of ``max_rows`` rows; request ``i`` of a step's flattened
+batch is batch row ``i`` (vLLM's ``InputBatch`` keeps the running requests in rows ``0..n-1``).
+The manager owns ``max_rows`` *state rows*, each one request's residency: one row of every layer's
+``SparseKVBuffer`` state and the same row of every layer's device KV buffers. A permutation
+``state_row_of_batch_row`` ties the two. Compaction (``move_row``, ``swap_rows``) permutes that
+table and nothing else: a request keeps its state row, so it keeps every hit, and no byte of state
+or KV moves. (Moving the data instead would copy ``capacity`` x 1152 B of KV per layer per moved
+request, about 9.4 MB per layer at capacity 8192, for a change that attention never needs to see:
+it already reads the buffer through a block table, which is where the permutation shows up.)
+
+Device memory per layer (``R = max_rows``, ``S = capacity``, ``bs`` = resident block size, 128)::
+
+    k_nope   [R, S, 1, 512] bf16     | or one packed fp8 row per token: kv [R, S, 1, 656] uint8
+    k_pe     [R, S, 1, 64]  bf16     |   (512 e4m3, 4 fp32 tile scales, 64 bf16 rope)
+    state    int32 [R, width]          the SparseKVBuffer's per-row hash index and slot lifetimes
+
+Each KV buffer sits in storage with one spare row at the end (``R*S + 1`` rows): fixed-shape
+scatters send the entries they must not write there instead of branching. Attention sees each
+buffer as a paged cache ``[R*S/bs, bs, 1, width]`` (``resident_kv``) read through the *resident
+block table* int32 ``[R, S/bs]``: batch row ``b`` lists the pages of its state row ``s``,
+``[s*S/bs, (s+1)*S/bs)``. Slots run ``0..S-1``, so the kv length of every buffered request is ``S``.
+
+One step
+--------
+1. ``begin_step(query_start_loc, seq_lens, block_table, num_tokens)``, once per forward pass:
+   maps every token to its request, its batch row, its state row and its query index ``j`` within
+   the request, and reorders ``seq_lens`` and the host block table into state-row order. A request
+   with ``1..T`` tokens (``T = queries_per_step = 1 + drafts``: decode, MTP verification, a short
+   chunk) goes through the buffer; a longer one (a prefill chunk) bypasses it: its slots are ``-1``
+   and ``planned`` is False for its tokens, and the engine runs it on its own prefill path.
+2. ``write_kv(layer, slot_mapping, kv)``: this pass's new KV goes to the host pool at the host
+   rows the engine's slot mapping names (decode and prefill alike, in the engine's block layout).
+3. ``retrieve(layer, topk_indices, meta, new_kv=...)``, per layer:
+   * positions ``>= seq_len - q_len`` (this pass's own positions, rewritten now: rejected MTP
+     drafts of the previous step among them) are invalidated first, as vllm-ascend's
+     ``stable_prefix_lens`` does, so a stale speculative copy is never a hit;
+   * ``plan``: the ``[num_tokens, 1, K]`` top-k is scattered into ``[R, T, K]`` (all ``T`` query
+     tokens of a request share its state row) and matched against the buffer;
+   * ``gather`` copies the misses host -> buffer through the host block table;
+   * with ``write_through`` and ``new_kv``, a miss on one of this pass's own positions is copied
+     from ``new_kv`` (already on the device) into its reserved slot instead of from the host;
+   * the slots come back in TND layout ``[num_tokens, 1, K]``, valid entries first (order kept)
+     and ``-1`` after, with the resident block table and the kv lengths.
+
+Ordering. Every step's host writes (step 2) must be visible to the host reads of a later gather:
+on an NPU both are on the compute stream, so stream order suffices; a copy engine on another
+stream needs an event. Within one pass, ``write_kv`` for a layer comes before ``retrieve`` for that
+layer when write-through is off (the gather may fetch this pass's positions from the host); with
+write-through those rows are never read from the host, so the host write may overlap the gather.
+
+Fixed shapes, no host sync: ``begin_step`` and ``retrieve`` only launch fixed-shape tensor ops
+(with ``check=False``, the NPU default; ``check=True`` reads values and raises ``ValueError``
+naming the argument), so ``torch.compile(fullgraph=True)`` and graph capture can take a layer
+step. Lifecycle calls (``add``, ``free``, ``move_row``, ``swap_rows``) run between steps on the
+host and update the device tables in place.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .. import buffer as avsg_buffer
+from .. import reference
+from ..buffer import Plan, SparseKVBuffer, _require_int, _require_tensor, _tracing
+from ..runtime.kvformat import KVFormat, get_format
+
+RESIDENT_BLOCK_SIZE = 128         # the page size sparse flash attention reads (PA_BSND)
+_NO_LIMIT = reference.MAX_POSITION    # an invalidate limit that drops nothing
+
+
+class StepMeta(NamedTuple):
+    """Per-pass mapping shared by every layer (``begin_step``); fixed-shape device tensors.
+
+    Token fields are ``[num_tokens]``; state fields are ``[max_rows]`` in state-row order.
+    """
+    num_tokens: int
+    num_reqs: int
+    planned: torch.Tensor            # bool  [N]  token goes through the buffer
+    plan_index: torch.Tensor         # int64 [N]  state_row * T + j, or R * T (a discarded row)
+    token_seq_lens: torch.Tensor     # int32 [N]  seq_len of the token's request
+    seq_lens: torch.Tensor           # int32 [R]  per state row; 0 where no buffered request
+    stable_lens: torch.Tensor        # int32 [R]  seq_len - q_len: positions below are final
+    token_base: torch.Tensor         # int64 [R]  token index of this pass's position p = p + base
+    block_table: torch.Tensor        # int32 [R, max_blocks] host block table, state-row order
+    kv_lens: torch.Tensor            # int32 [Q]  resident kv length per request (S or 0)
+    query_start_loc: torch.Tensor    # int32 [Q + 1] as given
+
+
+class SparseAttentionInputs(NamedTuple):
+    """What one layer's sparse flash attention reads (``retrieve``)."""
+    slots: torch.Tensor              # int32 [N, 1, K]  sparse_indices: valid first, then -1
+    block_table: torch.Tensor        # int32 [Q, S/bs]  resident block table, batch order
+    kv_lens: torch.Tensor            # int32 [Q]        actual_seq_lengths_kv
+    kv: Tuple[torch.Tensor, ...]     # resident paged caches [R*S/bs, bs, 1, width]
+    planned: torch.Tensor            # bool  [N]        False: bypassed (prefill) or padding
+    plan: Plan                       # the layer's plan, state-row order (accounting, tests)
+    host_copied: torch.Tensor        # bool  [R, T*K]   miss entries fetched from the host
+
+
+class SparseOffloadManager:
+    """One per model: per layer a ``SparseKVBuffer`` and device KV buffers, plus the row tables.
+
+    Args:
+        num_layers: attention layers that keep KV (MTP layers included).
+        max_rows: rows of the engine's persistent batch (``max_num_seqs``).
+        capacity: buffer slots per request (``S``), a multiple of ``resident_block_size`` and at
+            least ``topk * queries_per_step``.
+        topk: selections per query token (``K``, 2048 for DeepSeek-V3.2).
+        queries_per_step: ``T = 1 + num_speculative_tokens``; requests with more tokens in a pass
+            bypass the buffer.
+        kv_format: ``"bf16"`` (k_nope 512 + k_pe 64), ``"fp8"`` (one packed 656-byte row),
+            ``"fp32"`` (tests), or a ``KVFormat``.
+        policy, max_context, lifetime, hash_buckets: the buffers' residency policy and its
+            parameters (``SparseKVBuffer``); the default ``"reuse"`` policy needs ``max_context``,
+            the longest context a request can reach (e.g. ``max_model_len``).
+        resident_block_size: page size of the resident block table (128).
+        host_kv: per layer, the host pool's components ``[num_blocks, block_size, (1,) width]``
+            in the order of ``kv_format``; may be given later with ``register_host_kv``.
+        write_through: copy a pass's own newly written positions into their reserved slots from
+            the device instead of fetching them from the host (needs ``new_kv`` at ``retrieve``).
+        auto_invalidate: drop positions ``>= seq_len - q_len`` before each plan (see module doc).
+        check: value checks (default: on for CPU, off elsewhere, where they would sync).
+        timers: optional ``timers(phase) -> context manager`` wrapped around the ``"plan"`` and
+            ``"gather"`` phases of ``begin_step`` / ``retrieve`` (not while tracing).
+    """
+
+    def __init__(self, num_layers: int, max_rows: int, capacity: int, topk: int,
+                 queries_per_step: int = 1, kv_format: Union[str, KVFormat] = "bf16",
+                 lifetime: int = 16, hash_buckets: Optional[int] = None,
+                 resident_block_size: int = RESIDENT_BLOCK_SIZE,
+                 device: Union[str, torch.device] = "cpu",
+                 host_kv: Optional[Sequence[Sequence[torch.Tensor]]] = None,
+                 write_through: bool = False, auto_invalidate: bool = True,
+                 check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
+                 timers: Optional[Callable[[str], ContextManager]] = None,
+                 policy: str = "reuse", max_context: Optional[int] = None):
+        _require_int("num_layers", num_layers, low=1)
+        _require_int("max_rows", max_rows, low=1)
+        _require_int("resident_block_size", resident_block_size, low=1)
+        _require_int("capacity", capacity, low=1)
+        if capacity % resident_block_size:
+            raise ValueError(f"capacity: expected a multiple of resident_block_size = "
+                             f"{resident_block_size} (a row owns whole pages), got {capacity}")
+        self.kv_format = kv_format if isinstance(kv_format, KVFormat) else \
+            get_format(kv_format, latent_dim, rope_dim)
+        self.device = torch.device(device)
+        self.num_layers, self.max_rows, self.capacity = num_layers, max_rows, capacity
+        self.topk, self.queries_per_step = topk, queries_per_step
+        self.resident_block_size = resident_block_size
+        self.pages_per_row = capacity // resident_block_size
+        self.write_through, self.auto_invalidate = bool(write_through), bool(auto_invalidate)
+        self.check = (self.device.type == "cpu") if check is None else bool(check)
+        self._timers = timers
+        self.buffers: List[SparseKVBuffer] = [
+            SparseKVBuffer(rows=max_rows, capacity=capacity, topk=topk,
+                           queries_per_step=queries_per_step, lifetime=lifetime,
+                           device=self.device, hash_buckets=hash_buckets, check=self.check,
+                           policy=policy, max_context=max_context)
+            for _ in range(num_layers)]
+        R, S = max_rows, capacity
+        # storage per layer and component: R*S rows, then the spare row (module docstring)
+        self._storage = [tuple(torch.zeros(R * S + 1, 1, c.width, dtype=c.dtype, device=self.device)
+                               for c in self.kv_format.components) for _ in range(num_layers)]
+        self.kv = [tuple(s[:R * S].view(R, S, 1, s.shape[-1]) for s in layer)
+                   for layer in self._storage]
+        # the row tables: host lists are the truth, device copies are what the steps read
+        self._state_row_host = list(range(R))
+        self._occupied_host = [False] * R
+        self.state_row_of_batch_row = torch.arange(R, dtype=torch.int64, device=self.device)
+        self.occupied = torch.zeros(R, dtype=torch.bool, device=self.device)
+        self.resident_block_table = torch.empty(R, self.pages_per_row, dtype=torch.int32,
+                                                device=self.device)
+        self._sync_tables()
+        self.h2d_rows = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.write_through_rows = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.host_kv: Optional[List[Tuple[torch.Tensor, ...]]] = None
+        if host_kv is not None:
+            self.register_host_kv(host_kv)
+
+    def __repr__(self) -> str:
+        return (f"SparseOffloadManager(num_layers={self.num_layers}, max_rows={self.max_rows}, "
+                f"capacity={self.capacity}, topk={self.topk}, "
+                f"queries_per_step={self.queries_per_step}, kv_format='{self.kv_format.name}')")
+
+    # ------------------------------------------------------------------------- host pool
+    def register_host_kv(self, host_kv: Sequence[Sequence[torch.Tensor]]) -> None:
+        """Per layer, the host pool's components ``[num_blocks, block_size, (1,) width]``."""
+        if not isinstance(host_kv, (list, tuple)):
+            raise TypeError(f"host_kv: expected a list with one entry per layer, got "
+                            f"{type(host_kv).__name__}")
+        if len(host_kv) != self.num_layers:
+            raise ValueError(f"host_kv: expected {self.num_layers} layers (num_layers), got "
+                             f"{len(host_kv)}")
+        comps = self.kv_format.components
+        layers = []
+        for layer, parts in enumerate(host_kv):
+            parts = (parts,) if isinstance(parts, torch.Tensor) else tuple(parts)
+            if len(parts) != len(comps):
+                raise ValueError(f"host_kv[{layer}]: expected {len(comps)} components "
+                                 f"({', '.join(c.name for c in comps)}), got {len(parts)}")
+            for c, (comp, pool) in enumerate(zip(comps, parts)):
+                name = f"host_kv[{layer}][{c}]"
+                _require_tensor(name, pool, comp.dtype)
+                if pool.dim() not in (3, 4) or pool.shape[-1] != comp.width or \
+                        (pool.dim() == 4 and pool.shape[2] != 1):
+                    raise ValueError(f"{name}: expected [num_blocks, block_size, (1,) "
+                                     f"{comp.width}], got {tuple(pool.shape)}")
+                if pool.shape[:2] != parts[0].shape[:2]:
+                    raise ValueError(f"{name}: expected the block layout of component 0, "
+                                     f"{tuple(parts[0].shape[:2])}, got {tuple(pool.shape[:2])}")
+            if parts[0].shape[:2] != (layers[0][0].shape[:2] if layers else parts[0].shape[:2]):
+                raise ValueError(f"host_kv[{layer}]: every layer needs the same blocks; got "
+                                 f"{tuple(parts[0].shape[:2])} after "
+                                 f"{tuple(layers[0][0].shape[:2])}")
+            layers.append(parts)
+        self.host_kv = layers
+        self.block_size = int(layers[0][0].shape[1])
+        self.num_host_blocks = int(layers[0][0].shape[0])
+
+    def _host(self, layer: int) -> Tuple[torch.Tensor, ...]:
+        if self.host_kv is None:
+            raise RuntimeError("host_kv: no host pool registered (register_host_kv)")
+        return self.host_kv[layer]
+
+    def _buffer_views(self, layer: int) -> List[torch.Tensor]:
+        """The layer's device buffers shaped like its host pool's rows (with or without the
+        head dimension), as gather wants them."""
+        return [kv if pool.dim() == 4 else kv.view(self.max_rows, self.capacity, kv.shape[-1])
+                for kv, pool in zip(self.kv[layer], self._host(layer))]
+
+    def resident_kv(self, layer: int) -> Tuple[torch.Tensor, ...]:
+        """The layer's buffers as paged caches ``[R*S/bs, bs, 1, width]`` (PA_BSND)."""
+        bs = self.resident_block_size
+        return tuple(kv.view(self.max_rows * self.pages_per_row, bs, 1, kv.shape[-1])
+                     for kv in self.kv[layer])
+
+    # ------------------------------------------------------------------------- lifecycle
+    def _row(self, name: str, row: int) -> int:
+        _require_int(name, row, low=0, high=self.max_rows - 1)
+        return row
+
+    def _sync_tables(self) -> None:
+        """Host tables -> the device tensors the steps read (in place: compiled graphs keep
+        pointing at them)."""
+        state_rows = torch.tensor(self._state_row_host, dtype=torch.int64)
+        self.state_row_of_batch_row.copy_(state_rows)
+        self.occupied.copy_(torch.tensor(self._occupied_host, dtype=torch.bool))
+        pages = torch.arange(self.pages_per_row, dtype=torch.int64)
+        table = state_rows[:, None] * self.pages_per_row + pages[None, :]
+        self.resident_block_table.copy_(table.to(torch.int32))
+
+    def add(self, row: int) -> None:
+        """A new request takes batch row ``row`` (which must be free): its state row is reset on
+        every layer (a cold start, also for a resumed preempted request)."""
+        self._row("row", row)
+        if self._occupied_host[row]:
+            raise ValueError(f"row: batch row {row} already holds a request; free it first")
+        mask = torch.zeros(self.max_rows, dtype=torch.bool, device=self.device)
+        mask[self._state_row_host[row]] = True
+        for buf in self.buffers:
+            buf.reset(mask)
+        self._occupied_host[row] = True
+        self._sync_tables()
+
+    def free(self, row: int) -> None:
+        """The request in ``row`` finished or was preempted. Its residency is forgotten when the
+        row is next added (nothing is read from a free row meanwhile)."""
+        self._row("row", row)
+        if not self._occupied_host[row]:
+            raise ValueError(f"row: batch row {row} holds no request")
+        self._occupied_host[row] = False
+        self._sync_tables()
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Compaction: the request in ``src`` now sits in the free row ``dst`` (vLLM's
+        ``InputBatch.condense``). It keeps its state row, hence its hits; no data moves."""
+        self._row("src", src)
+        self._row("dst", dst)
+        if not self._occupied_host[src]:
+            raise ValueError(f"src: batch row {src} holds no request to move")
+        if self._occupied_host[dst]:
+            raise ValueError(f"dst: batch row {dst} holds a request; move into a free row or "
+                             f"use swap_rows")
+        self._swap(src, dst)
+
+    def swap_rows(self, a: int, b: int) -> None:
+        """Reordering: batch rows ``a`` and ``b`` exchange their requests (vLLM's
+        ``InputBatch.swap_states``); either may be free."""
+        self._row("a", a)
+        self._row("b", b)
+        self._swap(a, b)
+
+    def _swap(self, a: int, b: int) -> None:
+        s, o = self._state_row_host, self._occupied_host
+        s[a], s[b] = s[b], s[a]
+        o[a], o[b] = o[b], o[a]
+        self._sync_tables()
+
+    def holds_request(self, row: int) -> bool:
+        return self._occupied_host[self._row("row", row)]
+
+    def state_row(self, row: int) -> int:
+        """The state row behind batch row ``row`` (inspection, tests)."""
+        return self._state_row_host[self._row("row", row)]
+
+    def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
+        """Drop positions ``>= valid_lens[b]`` (int32 ``[max_rows]``, batch order) of ``layers``
+        (default: all), e.g. rejected drafts. Free rows should pass ``2**24`` (or anything)."""
+        _require_tensor("valid_lens", valid_lens, torch.int32, (self.max_rows,), self.device)
+        state_order = torch.empty_like(valid_lens)
+        state_order.index_copy_(0, self.state_row_of_batch_row, valid_lens)
+        for layer in range(self.num_layers) if layers is None else layers:
+            self.buffers[self._layer(layer)].invalidate(state_order)
+
+    def _phase(self, name: str) -> ContextManager:
+        if self._timers is None or _tracing():
+            return contextlib.nullcontext()
+        return self._timers(name)
+
+    def _layer(self, layer: int) -> int:
+        _require_int("layer", layer, low=0, high=self.num_layers - 1)
+        return layer
+
+    # ------------------------------------------------------------------------------ step
+    def begin_step(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                   block_table: torch.Tensor, num_tokens: int,
+                   check: Optional[bool] = None) -> StepMeta:
+        """Map a pass's flattened tokens onto state rows (once per pass, shared by the layers).
+
+        ``query_start_loc`` int32 ``[Q + 1]`` (request ``i`` = batch row ``i`` owns tokens
+        ``[qsl[i], qsl[i+1])``; tokens past ``qsl[Q]`` are padding), ``seq_lens`` int32 ``[>= Q]``
+        (KV length after this pass), ``block_table`` int32 ``[>= Q, max_blocks]`` (the host
+        pool's), ``num_tokens`` the padded token count of the pass.
+        """
+        R, T, S = self.max_rows, self.queries_per_step, self.capacity
+        _require_int("num_tokens", num_tokens, low=0)
+        _require_tensor("query_start_loc", query_start_loc, torch.int32, ndim=1, device=self.device)
+        Q = query_start_loc.shape[0] - 1
+        if not 1 <= Q <= R:
+            raise ValueError(f"query_start_loc: expected [num_reqs + 1] with 1 <= num_reqs <= "
+                             f"max_rows = {R}, got shape {tuple(query_start_loc.shape)}")
+        _require_tensor("seq_lens", seq_lens, torch.int32, ndim=1, device=self.device)
+        if seq_lens.shape[0] < Q:
+            raise ValueError(f"seq_lens: expected at least num_reqs = {Q} entries, got "
+                             f"{seq_lens.shape[0]}")
+        _require_tensor("block_table", block_table, torch.int32, ndim=2, device=self.device)
+        if block_table.shape[0] < Q:
+            raise ValueError(f"block_table: expected at least num_reqs = {Q} rows, got "
+                             f"{block_table.shape[0]}")
+        seq_lens, block_table = seq_lens[:Q], block_table[:Q]
+        if (self.check if check is None else check) and not _tracing():
+            self._check_step(query_start_loc, seq_lens, block_table, num_tokens)
+
+        qsl = query_start_loc.to(torch.int64)
+        q_len = qsl[1:] - qsl[:-1]
+        seq = seq_lens.to(torch.int64)
+        token = torch.arange(num_tokens, dtype=torch.int64, device=self.device)
+        req = torch.searchsorted(qsl[1:].contiguous(), token, right=True).clamp(max=Q - 1)
+        j = token - qsl[req]
+        buffered = (q_len > 0) & (q_len <= T) & self.occupied[:Q]
+        planned = (token < qsl[Q]) & (j >= 0) & (j < T) & buffered[req]
+        state_rows = self.state_row_of_batch_row[:Q]
+        plan_index = torch.where(planned, state_rows[req] * T + j, torch.full_like(j, R * T))
+        first_new = (seq - q_len).clamp(0, _NO_LIMIT)
+
+        def by_state_row(values: torch.Tensor, fill) -> torch.Tensor:
+            out = torch.full((R, *values.shape[1:]), fill, dtype=values.dtype, device=self.device)
+            return out.index_copy_(0, state_rows, values)   # state rows are distinct: exact
+
+        seq_state = by_state_row(torch.where(buffered, seq, 0).to(torch.int32), 0)
+        stable = by_state_row(torch.where(buffered, first_new, _NO_LIMIT).to(torch.int32),
+                              _NO_LIMIT)
+        base = by_state_row(qsl[:-1] - first_new, 0)
+        table = by_state_row(block_table, -1)
+        kv_lens = torch.where(buffered, S, 0).to(torch.int32)
+        return StepMeta(num_tokens, Q, planned, plan_index, seq_lens.index_select(0, req),
+                        seq_state, stable, base, table, kv_lens, query_start_loc)
+
+    def _check_step(self, qsl, seq_lens, block_table, num_tokens) -> None:
+        q = qsl.tolist()
+        if q[0] != 0:
+            raise ValueError(f"query_start_loc[0] = {q[0]}: expected 0")
+        for i in range(len(q) - 1):
+            if q[i + 1] < q[i]:
+                raise ValueError(f"query_start_loc[{i + 1}] = {q[i + 1]} < query_start_loc[{i}] "
+                                 f"= {q[i]}: expected non-decreasing offsets")
+        if q[-1] > num_tokens:
+            raise ValueError(f"query_start_loc[-1] = {q[-1]}: more tokens than num_tokens = "
+                             f"{num_tokens}")
+        seq = seq_lens.tolist()
+        bs = self.block_size if self.host_kv is not None else None
+        for i, length in enumerate(seq):
+            q_len = q[i + 1] - q[i]
+            if not 0 <= length <= reference.MAX_POSITION:
+                raise ValueError(f"seq_lens[{i}] = {length}: expected 0 <= seq_len <= 2**24")
+            if q_len == 0:
+                continue
+            if not self._occupied_host[i]:
+                raise ValueError(f"query_start_loc: request {i} has {q_len} token(s) but batch row "
+                                 f"{i} holds no request (add(row) first)")
+            if q_len > length:
+                raise ValueError(f"seq_lens[{i}] = {length}: less than the request's {q_len} "
+                                 f"tokens in this pass (seq_lens count them)")
+            if q_len > self.queries_per_step or bs is None:
+                continue            # bypasses the buffer: its blocks are the engine's business
+            need = -(-length // bs)
+            if need > block_table.shape[1]:
+                raise ValueError(f"block_table: request {i} has seq_len {length}, which needs "
+                                 f"{need} blocks of {bs}, but block_table has "
+                                 f"{block_table.shape[1]} columns")
+            blocks = block_table[i, :need]
+            bad = (blocks < 0) | (blocks >= self.num_host_blocks)
+            if bool(bad.any()):
+                col = int(bad.nonzero()[0, 0])
+                raise ValueError(f"block_table[{i}, {col}] = {int(blocks[col])}: expected a host "
+                                 f"block in [0, {self.num_host_blocks}) for seq_len {length}")
+
+    def retrieve(self, layer: int, topk_indices: torch.Tensor, meta: StepMeta,
+                 new_kv: Optional[Sequence[torch.Tensor]] = None,
+                 check: Optional[bool] = None) -> SparseAttentionInputs:
+        """One layer: plan + gather for ``topk_indices`` int32 ``[num_tokens, 1, K]`` (request-
+        relative positions, ``-1`` = none). ``new_kv``: this pass's KV per component
+        ``[num_tokens, (1,) width]`` in the buffer dtype, for write-through."""
+        self._layer(layer)
+        R, T, K, S = self.max_rows, self.queries_per_step, self.topk, self.capacity
+        N = meta.num_tokens
+        _require_tensor("topk_indices", topk_indices, torch.int32, (N, 1, K), self.device)
+        host = self._host(layer)
+        news = None
+        if new_kv is not None and self.write_through:
+            comps = self.kv_format.components
+            if not isinstance(new_kv, (list, tuple)) or len(new_kv) != len(comps):
+                raise ValueError(f"new_kv: expected {len(comps)} components "
+                                 f"({', '.join(c.name for c in comps)})")
+            news = [self._token_rows(f"new_kv[{c}]", part, N, comp)
+                    for c, (part, comp) in enumerate(zip(new_kv, comps))]
+        if (self.check if check is None else check) and not _tracing():
+            self._check_topk(topk_indices, meta)
+
+        with self._phase("plan"):
+            # all T query tokens of a request share its state row; unplanned tokens land in the
+            # spare row R*T
+            by_row = torch.full((R * T + 1, K), -1, dtype=torch.int32, device=self.device)
+            by_row.index_copy_(0, meta.plan_index, topk_indices.view(N, K))
+            topk_pos = by_row[:R * T].view(R, T, K)
+            buf = self.buffers[layer]
+            if self.auto_invalidate:
+                buf.invalidate(meta.stable_lens)
+            plan = buf.plan(topk_pos, meta.seq_lens, check=False)
+
+        with self._phase("gather"):
+            # This pass's own positions are the largest a row selects and miss_pos ascends: the
+            # fresh misses are the tail of each row's miss list, so the host gather stops early.
+            fresh = torch.zeros_like(plan.miss_pos, dtype=torch.bool)
+            if news is not None:
+                fresh = (plan.miss_pos >= 0) & (plan.miss_pos >= meta.stable_lens[:, None])
+            host_counts = plan.miss_counts - fresh.sum(1, dtype=torch.int32)
+            avsg_buffer.gather(plan._replace(miss_counts=host_counts), src=list(host),
+                               dst=self._buffer_views(layer), block_table=meta.block_table,
+                               block_size=self.block_size, check=False)
+            if news is not None:
+                self._write_through(layer, plan, fresh, meta, news)
+        column = torch.arange(T * K, device=self.device)[None, :]
+        host_copied = column < host_counts[:, None]
+        self.h2d_rows += host_counts.sum()
+        self.write_through_rows += fresh.sum()
+
+        slots = plan.slots.view(R * T, K).index_select(0, meta.plan_index.clamp(max=R * T - 1))
+        slots = torch.where(meta.planned[:, None], slots, torch.full_like(slots, -1))
+        return SparseAttentionInputs(
+            slots=_valid_first(slots).view(N, 1, K),
+            block_table=self.resident_block_table[:meta.num_reqs], kv_lens=meta.kv_lens,
+            kv=self.resident_kv(layer), planned=meta.planned, plan=plan, host_copied=host_copied)
+
+    def _token_rows(self, name: str, part: torch.Tensor, N: int, comp) -> torch.Tensor:
+        _require_tensor(name, part, comp.dtype, device=self.device)
+        if part.shape[0] != N or part.numel() != N * comp.width:
+            raise ValueError(f"{name}: expected [num_tokens = {N}, (1,) {comp.width}], got "
+                             f"{tuple(part.shape)}")
+        return part.view(N, comp.width)
+
+    def _write_through(self, layer, plan: Plan, fresh, meta: StepMeta, news) -> None:
+        """Each fresh miss's slot gets its token's row of ``new_kv``; every other entry writes
+        the spare row (fixed shape, no branch)."""
+        R, S, N = self.max_rows, self.capacity, meta.num_tokens
+        state_row = torch.arange(R, device=self.device)[:, None]
+        target = torch.where(fresh, state_row * S + plan.miss_slots.clamp(0, S - 1).long(),
+                             torch.full_like(plan.miss_pos, R * S, dtype=torch.int64))
+        token = (plan.miss_pos.long() + meta.token_base[:, None]).clamp(0, max(N - 1, 0))
+        for storage, rows in zip(self._storage[layer], news):
+            flat = storage.view(R * S + 1, storage.shape[-1])
+            flat.index_copy_(0, target.reshape(-1), rows.index_select(0, token.reshape(-1)))
+
+    def _check_topk(self, topk: torch.Tensor, meta: StepMeta) -> None:
+        sel = topk[:, 0, :]
+        planned = meta.planned[:, None].expand_as(sel)
+        below = planned & (sel < -1)
+        if bool(below.any()):
+            t, k = (int(i) for i in below.nonzero()[0])
+            raise ValueError(f"topk_indices[token={t}, 0, index={k}] = {int(sel[t, k])}: only -1 "
+                             f"may be negative (it means 'no selection')")
+        beyond = planned & (sel >= meta.token_seq_lens[:, None])
+        if bool(beyond.any()):
+            t, k = (int(i) for i in beyond.nonzero()[0])
+            raise ValueError(f"topk_indices[token={t}, 0, index={k}] = {int(sel[t, k])} is beyond "
+                             f"its request's seq_len = {int(meta.token_seq_lens[t])}")
+        ordered, order = sel.sort(dim=1, stable=True)
+        repeat = planned[:, 1:] & (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+        if bool(repeat.any()):
+            t, i = (int(x) for x in repeat.nonzero()[0])
+            raise ValueError(f"topk_indices[token={t}]: position {int(ordered[t, i])} is repeated "
+                             f"at index {int(order[t, i])} and index {int(order[t, i + 1])}")
+
+    # ------------------------------------------------------------------------ write path
+    def write_kv(self, layer: int, slot_mapping: torch.Tensor, kv: Sequence[torch.Tensor],
+                 check: Optional[bool] = None) -> None:
+        """Write this pass's KV to the host pool: token ``i``'s components ``kv[c][i]`` go to host
+        row ``slot_mapping[i]`` (``block * block_size + offset``, the engine's slot mapping;
+        ``-1`` = padding, skipped). Decode and prefill tokens alike."""
+        self._layer(layer)
+        host = self._host(layer)
+        _require_tensor("slot_mapping", slot_mapping, ndim=1)
+        if slot_mapping.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"slot_mapping: expected an int32 or int64 tensor, got "
+                            f"{slot_mapping.dtype}")
+        N = slot_mapping.shape[0]
+        if not isinstance(kv, (list, tuple)) or len(kv) != len(host):
+            raise ValueError(f"kv: expected {len(host)} components, got "
+                             f"{len(kv) if isinstance(kv, (list, tuple)) else type(kv).__name__}")
+        parts = [self._token_rows(f"kv[{c}]", part, N, comp)
+                 for c, (part, comp) in enumerate(zip(kv, self.kv_format.components))]
+        pool_rows = self.num_host_blocks * self.block_size
+        rows = slot_mapping.to(host[0].device, torch.int64)
+        if (self.check if check is None else check) and not _tracing():
+            bad = rows >= pool_rows
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                raise ValueError(f"slot_mapping[{i}] = {int(rows[i])}: beyond the host pool's "
+                                 f"{pool_rows} rows")
+        valid = (rows >= 0) & (rows < pool_rows)
+        # Skipped entries repeat the first valid entry, index and bytes alike, so the scatter
+        # writes identical bytes twice rather than anything outside the valid rows; with no
+        # valid entry they rewrite host row 0 with its own content.
+        any_valid = valid.any()
+        first = valid.to(torch.int32).argmax().view(1)    # a tensor index: no host sync
+        fallback_row = torch.where(any_valid, rows.index_select(0, first), 0)
+        target = torch.where(valid, rows, fallback_row)
+        for pool, part in zip(host, parts):
+            flat = pool.view(pool_rows, pool.shape[-1])
+            values = part.to(pool.device)
+            fallback = torch.where(any_valid, values.index_select(0, first), flat[:1])
+            flat.index_copy_(0, target, torch.where(valid[:, None], values, fallback))
+
+    # ------------------------------------------------------------------------ statistics
+    def hit_rate(self) -> float:
+        lookups = sum(b.stats()["lookups"] for b in self.buffers)
+        hits = sum(b.stats()["hits"] for b in self.buffers)
+        return hits / lookups if lookups else 0.0
+
+    def reset_stats(self) -> None:
+        for buf in self.buffers:
+            buf.reset_stats()
+        self.h2d_rows.zero_()
+        self.write_through_rows.zero_()
+
+
+def _valid_first(slots: torch.Tensor) -> torch.Tensor:
+    """Per row, the valid (``>= 0``) entries first in their order, then the ``-1`` entries: a
+    stable partition as one scatter (the destinations are a permutation, so it is exact)."""
+    valid = slots >= 0
+    n_valid = valid.sum(1, keepdim=True)
+    dest = torch.where(valid, valid.cumsum(1) - 1, n_valid + (~valid).cumsum(1) - 1)
+    return torch.full_like(slots, -1).scatter_(1, dest, slots)
