@@ -10,7 +10,6 @@ What this cannot show: that a real CANN runtime or driver maps host memory for t
 import os
 import shutil
 import subprocess
-import textwrap
 
 import pytest
 

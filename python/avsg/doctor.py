@@ -22,10 +22,8 @@ import json
 import os
 import platform
 import shutil
-import subprocess
-import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import torch
 

@@ -469,7 +469,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
     fail("stash_count", (v.stash_count < 0) | (v.stash_count > S),
          f"expected a count in [0, {S}]")
     fail("slot_pos", (v.slot_pos < -1) | (v.slot_pos >= MAX_POSITION),
-         f"expected -1 or a position in [0, 2**24)")
+         "expected -1 or a position in [0, 2**24)")
     top = REUSE_AGE_MAX if policy == "reuse" else lifetime
     fail("slot_life", (v.slot_life < -1) | (v.slot_life > top),
          f"expected a {'age' if policy == 'reuse' else 'lifetime'} in [-1, {top}]")

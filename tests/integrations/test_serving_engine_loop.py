@@ -2,7 +2,6 @@
 flattened uneven batches, compaction, preemption and resumption, MTP with acceptance, prefill
 chunks bypassing the buffer; every read through the returned slots equals the full cache."""
 import pytest
-import torch
 
 from engine_harness import EngineHarness
 

@@ -106,8 +106,8 @@ def main(argv=None) -> int:
         print(f"{partition:<10} {med('max_copies'):>12,.0f} {med('imbalance'):>9.2f} "
               f"{med('serial_us'):>16,.1f} {med('overlap_us'):>16,.1f} "
               f"{med('serial_us') / base:>7.2f}x")
-    print(f"\nmiss partition, DMAs per launch (reads GM->UB incl. index loads, writes UB->GM), "
-          f"median over steps:")
+    print("\nmiss partition, DMAs per launch (reads GM->UB incl. index loads, writes UB->GM), "
+          "median over steps:")
     print(f"{'host reads':<22} {'reads':>7} {'writes':>7} {'busiest core r+w':>17} "
           f"{'reads in flight':>16} {'rows in flight':>15} {'host MB':>8} {'est. us (upper)':>16}")
     for key, label, time_key in (("dma", "exact runs (default)", "miss"),

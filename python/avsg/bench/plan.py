@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         h, d = med(f"hash_{key}"), med(f"dual_pointer_{key}")
         print(f"{label:<26} {h:>12,.1f} {d:>14,.1f} {d / h if h else float('nan'):>6.2f}x")
     print()
-    print(f"policy: reuse (default) vs lifetime 16, hash matcher, same steps")
+    print("policy: reuse (default) vs lifetime 16, hash matcher, same steps")
     print(f"{'per step (median)':<26} {'reuse':>12} {'lifetime':>14} {'ratio':>7}")
     for key, label in (("serial_us", "est. NPU us (upper)"), ("overlap_us", "est. NPU us (lower)"),
                        ("vec_repeats", "vector repeats"), ("scalar_ops", "scalar accesses"),

@@ -433,7 +433,7 @@ class SparseOffloadManager:
         relative positions, ``-1`` = none). ``new_kv``: this pass's KV per component
         ``[num_tokens, (1,) width]`` in the buffer dtype, for write-through."""
         self._layer(layer)
-        R, T, K, S = self.max_rows, self.queries_per_step, self.topk, self.capacity
+        R, T, K = self.max_rows, self.queries_per_step, self.topk
         N = meta.num_tokens
         _require_tensor("topk_indices", topk_indices, torch.int32, (N, 1, K), self.device)
         host = self._host(layer)

@@ -16,7 +16,7 @@ inverses on their image: ``encode(decode(x)) == x``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Tuple
+from typing import Tuple
 
 import torch
 

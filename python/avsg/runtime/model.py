@@ -41,7 +41,7 @@ sync-free, which is what the small configs here need.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import nn

@@ -407,8 +407,8 @@ def main(args: argparse.Namespace) -> int:
           f"{'yes' if identical else 'NO'}")
     projection = project_on_npu(results, workload, args, model.num_kv_layers)
     if projection:
-        print(f"  est. DeepSeek-V3.2 on a 910B with these hit rates (a model, see `avsg bench "
-              f"decode`): TPOT " + ", ".join(f"{m} {1e3 * p['tpot_s']:.1f} ms"
+        print("  est. DeepSeek-V3.2 on a 910B with these hit rates (a model, see `avsg bench "
+              "decode`): TPOT " + ", ".join(f"{m} {1e3 * p['tpot_s']:.1f} ms"
                                             for m, p in projection.items()))
     if args.record_trace:
         from ..traces import format as trace_format

@@ -18,7 +18,7 @@ attention is exact sparse MLA over the trace's entries.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import numpy as np
 import torch
