@@ -32,3 +32,46 @@ def test_demo_mistakes_are_one_line(args, named):
 def test_demo_refuses_more_than_the_trace_holds(args, named):
     result = run("--trace", SHARED, *args)
     assert result.returncode == 2 and named in result.stderr
+
+
+# ------------------------------------------------------------------------------ avsg trace
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory):
+    from avsg.traces import synth
+    from avsg.traces.format import save_trace
+    path = tmp_path_factory.mktemp("trace") / "small.npz"
+    save_trace(path, synth.generate(steps=20, layers=2, k=16, max_len=200, seed=0))
+    return str(path)
+
+
+def run_trace(*args):
+    return subprocess.run([sys.executable, "-m", "avsg.cli", "trace", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_trace_mistakes_are_one_line(small_trace, tmp_path):
+    not_a_trace = tmp_path / "junk.npz"
+    not_a_trace.write_bytes(b"not a zip file")
+    cases = [(["info", "/no/such.npz"], "no such file"),
+             (["info", str(not_a_trace)], "junk.npz"),
+             (["replay", small_trace, "--steps", "0"], "--steps"),
+             (["replay", small_trace, "--steps", "-1"], "--steps"),
+             (["replay", small_trace, "--steps", "500"], "--steps"),
+             (["replay", small_trace, "--layer-select", "0-9"], "--layer-select"),
+             (["replay", small_trace, "--layer-select", "x"], "--layer-select"),
+             (["replay", small_trace, "--capacity", "0"], "--capacity"),
+             (["replay", small_trace, "--policy", "nope"], "--policy")]
+    for args, needle in cases:
+        result = run_trace(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and "Traceback" not in result.stderr, args
+
+
+def test_trace_replay_small(small_trace, tmp_path):
+    result = run_trace("replay", small_trace, "--capacity", "32", "--policy", "lru", "belady",
+                       "--layer-select", "1", "--steps", "10", "--out", str(tmp_path),
+                       "--no-plot", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "wrote" in result.stdout

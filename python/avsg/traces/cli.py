@@ -13,6 +13,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..cli_util import OneLineParser, UsageError
+
 __all__ = ["add_trace_commands", "build_parser", "main"]
 
 DEFAULT_CAPACITIES = (4096, 8192, 16384)
@@ -20,26 +22,44 @@ DEFAULT_CAPACITIES = (4096, 8192, 16384)
 
 def _parse_index_list(text: str, n: int) -> List[int]:
     out = []
-    for part in text.split(","):
-        part = part.strip()
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        elif part:
-            out.append(int(part))
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                a, b = part.split("-", 1)
+                out.extend(range(int(a), int(b) + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise UsageError(f"--layer-select: expected indices and ranges like 0-3,7, got {text!r}") \
+            from None
     bad = [i for i in out if not 0 <= i < n]
-    if bad:
-        raise SystemExit(f"--layers: indices {bad} out of range [0, {n})")
+    if bad or not out:
+        raise UsageError(f"--layer-select: indices {bad or text!r} not in [0, {n}) (the trace "
+                         f"has {n} layers)")
     return out
 
 
 def _load(args):
-    from .format import load_trace
-    tr = load_trace(args.trace, check_values=not getattr(args, "no_check", False))
+    """The trace the command names, cut to --layer-select / --steps; mistakes are UsageErrors."""
+    from .format import TraceFormatError, load_trace
+    if not os.path.exists(args.trace):
+        raise UsageError(f"trace: no such file: {args.trace}")
+    try:
+        tr = load_trace(args.trace, check_values=not getattr(args, "no_check", False))
+    except TraceFormatError as e:
+        raise UsageError(f"trace: {args.trace}: {e}") from None
+    except (OSError, ValueError, KeyError, EOFError) as e:
+        raise UsageError(f"trace: {args.trace} is not a readable .npz trace ({e})") from None
     if getattr(args, "layers", None):
         tr = tr.subset(layers=_parse_index_list(args.layers, tr.layers))
-    if getattr(args, "steps", None):
-        tr = tr.subset(steps=slice(0, args.steps))
+    steps = getattr(args, "steps", None)
+    if steps is not None:
+        if steps < 1:
+            raise UsageError(f"--steps: expected >= 1, got {steps}")
+        if steps > tr.steps:
+            raise UsageError(f"--steps: the trace has {tr.steps} steps, asked for {steps}")
+        tr = tr.subset(steps=slice(0, steps))
     return tr
 
 
@@ -73,6 +93,13 @@ def cmd_replay(args) -> int:
                 return 2
             print(f"note: skipping policy 'avsg' (avsg.SparseKVBuffer not importable: {why})")
             policies = [p for p in policies if not p.startswith("avsg")]
+    if args.progress is None:
+        args.progress = sys.stderr.isatty()
+    if args.quiet:
+        args.progress = False
+    for cap in args.capacity:
+        if cap < 1:
+            raise UsageError(f"--capacity: expected >= 1, got {cap}")
     results = []
     for cap in args.capacity:
         for p in policies:
@@ -178,8 +205,10 @@ def cmd_mtp(args) -> int:
 
 def _add_common_trace_args(p, with_policy_opts=True):
     p.add_argument("trace", help="trace .npz (format: docs/design.md §8)")
-    p.add_argument("--layers", help="layer subset, e.g. 0-3,7 (default: all)")
-    p.add_argument("--steps", type=int, help="replay only the first N steps")
+    # a layer *selection* (indices), unlike the layer *counts* --layers of demo and synth
+    p.add_argument("--layer-select", dest="layers", metavar="INDICES",
+                   help="layers to use, e.g. 0-3,7 (default: all)")
+    p.add_argument("--steps", type=int, help="use only the first N steps (default: all)")
     p.add_argument("--no-check", action="store_true", help="skip the O(size) value validation")
     if with_policy_opts:
         p.add_argument("--count-first-step", action="store_true",
@@ -211,7 +240,9 @@ def _fill(trace_sub):
     p.add_argument("--plot", help="PNG path (default OUT/<trace>_replay.png)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--markdown", action="store_true", help="also print a markdown table")
-    p.add_argument("--progress", action="store_true")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="progress bar per replay (default: on when stderr is a terminal)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_replay)
 
     p = trace_sub.add_parser("synth", help="write synthetic traces (AVSG paper settings)",
@@ -253,15 +284,17 @@ def add_trace_commands(subparsers) -> None:
     """Add ``trace {replay,synth,info,mtp}`` to an argparse ``subparsers`` object."""
     p = subparsers.add_parser("trace", help="selection traces: replay policies, synthesize, inspect",
                               description="Selection traces and buffer-policy replay.")
-    sub = p.add_subparsers(dest="trace_command", metavar="{replay,synth,info,mtp}")
+    sub = p.add_subparsers(dest="trace_command", metavar="{replay,synth,info,mtp}",
+                           parser_class=OneLineParser)
     sub.required = True
     _fill(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m avsg.traces.cli",
-                                description="Selection traces and buffer-policy replay.")
-    sub = p.add_subparsers(dest="trace_command", metavar="{replay,synth,info,mtp}")
+    p = OneLineParser(prog="python -m avsg.traces.cli",
+                      description="Selection traces and buffer-policy replay.")
+    sub = p.add_subparsers(dest="trace_command", metavar="{replay,synth,info,mtp}",
+                           parser_class=OneLineParser)
     sub.required = True
     _fill(sub)
     return p
@@ -269,7 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"avsg trace {args.trace_command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
