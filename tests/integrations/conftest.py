@@ -1,18 +1,7 @@
-"""Integration tests drive the manager through engine-like loops on the fast CPU build of the
-kernels (bit-exact with the strict build, tests/test_emulation_fast.py); a test marked
-``strict_kernels`` runs under the strict emulation, so the manager's ways of calling the ops are
-also checked by every emulation rule."""
-import pytest
-
-from avsg import backend
+"""Fast kernel build for these loop-level tests, strict for tests marked ``strict_kernels``
+(see tests/kernel_build.py)."""
+from kernel_build import kernel_build, register_marker  # noqa: F401  (autouse fixture)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "strict_kernels: run under the strict kernel emulation")
-
-
-@pytest.fixture(autouse=True)
-def _kernel_build(request):
-    build = "strict" if request.node.get_closest_marker("strict_kernels") else "fast"
-    with backend.emulation(build):
-        yield
+    register_marker(config)
