@@ -6,6 +6,7 @@
     avsg demo       plan + gather over decode steps of a selection trace
     avsg doctor     backends, versions, host mapping, and a self-test against the reference
     avsg trace ...  the trace lab: replay policies, synthesize, inspect
+    avsg serve-sim  serving under a buffer memory budget: schedulers compared (a model)
 
 A mistake in the arguments prints one line on stderr and exits with status 2; ``--debug`` shows
 the traceback instead.
@@ -24,7 +25,7 @@ def build_parser() -> OneLineParser:
     from .runtime import run as run_cmd
 
     parser = OneLineParser(prog="avsg", description="AVSG: miss-only KV-cache offload for "
-                           "DeepSeek Sparse Attention (run, generate, demo, doctor, trace)")
+                           "DeepSeek Sparse Attention (run, generate, demo, doctor, trace, bench, serve-sim)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for every error")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     run_parser = sub.add_parser("run", help="decode in offload / avsg / device modes, compared",
@@ -50,6 +51,12 @@ def build_parser() -> OneLineParser:
                                    description=doctor.__doc__.split("\n\n")[0])
     doctor.add_arguments(doctor_parser)
     doctor_parser.set_defaults(func=doctor.main)
+    from .budget import cli as serve_sim
+    sim_parser = sub.add_parser("serve-sim", help="serving under a buffer memory budget: "
+                                "fixed, Spin ratio and elastic schedulers (a model)",
+                                description=serve_sim.__doc__.split("\n\n")[0])
+    serve_sim.add_arguments(sim_parser)
+    sim_parser.set_defaults(func=serve_sim.main)
     try:
         from .traces.cli import add_trace_commands
     except ImportError:

@@ -1,0 +1,266 @@
+"""``avsg serve-sim``: serving long-context requests under a device-memory budget for KV buffers.
+
+Simulates continuous-batching decode of Poisson-arriving requests whose selections replay rows of
+real selection traces, once per scheduler variant (fixed buffers, Spin's fixed ratio, the elastic
+utility split with online miss curves, and the same with exact curves), on the decode model of
+``avsg bench decode`` (a 910B profile: a projection, not a measurement). Then, for the elastic
+scheduler, the step time with two micro-batches: split in arrival order or balanced by context
+(CMR), in static order or with OFMS overlap. Prints the tables, writes JSON and plots.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import List
+
+import numpy as np
+
+from ..cli_util import UsageError, progress_bar
+
+DEFAULT_OUT = os.path.join("avsg-results", "serve-sim")
+SHARED = ("asyncio_32k.npz", "debian_reference_32k.npz")
+MICROBATCH_VARIANTS = (("none", "static"), ("arrival", "static"), ("cmr", "static"),
+                       ("cmr", "ofms"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..bench import hardware
+    from ..bench.decode import V32_CONFIG
+    from .sim import VARIANTS, SimConfig
+    d = SimConfig()
+    parser.add_argument("--trace", action="append", metavar="NPZ",
+                        help="selection trace for the requests' locality (repeatable; default: "
+                             "both shared traces in ../shared/traces)")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="use generated traces instead (no trace files needed)")
+    parser.add_argument("--layers-per-trace", type=int, default=8,
+                        help="trace layers used as locality rows, spread over each trace (default 8)")
+    parser.add_argument("--trace-steps", type=int, default=1024,
+                        help="decode steps of each row used (default 1024; caps output lengths)")
+    parser.add_argument("--requests", type=int, default=300, help="requests simulated (default 300)")
+    parser.add_argument("--rate", type=float, default=4.0,
+                        help="Poisson arrival rate, requests per second (default 4: saturating)")
+    parser.add_argument("--prompt-mean", type=int, default=48 * 1024,
+                        help="mean prompt length in tokens (default 48K; log-normal, 8K-128K)")
+    parser.add_argument("--output-mean", type=int, default=384,
+                        help="mean output length in tokens (default 384; log-normal)")
+    parser.add_argument("--buffer-gb", type=float, default=d.buffer_gb,
+                        help=f"device memory for KV buffers and their state per card (default "
+                             f"{d.buffer_gb:g} GB)")
+    parser.add_argument("--max-batch", type=int, default=d.max_batch,
+                        help=f"most requests decoding at once (default {d.max_batch})")
+    parser.add_argument("--fixed-capacity", type=int, default=d.fixed_capacity,
+                        help=f"slots per request for the fixed variant (default {d.fixed_capacity})")
+    parser.add_argument("--spin-ratio", type=float, default=d.spin_ratio,
+                        help=f"buffer / mandatory ratio for the spin variant (default {d.spin_ratio:g})")
+    parser.add_argument("--granule", type=int, default=d.granule,
+                        help=f"capacity step of the elastic split, slots (default {d.granule})")
+    parser.add_argument("--rebalance-every", type=int, default=d.rebalance_every,
+                        help=f"iterations between rebalances, besides admit/finish (default "
+                             f"{d.rebalance_every})")
+    parser.add_argument("--sample-rate", type=float, default=d.sample_rate,
+                        help=f"share of positions the online miss curves track (default "
+                             f"{d.sample_rate:g})")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated subset of {', '.join(VARIANTS)} (default all)")
+    parser.add_argument("--hw", default=hardware.DEFAULT_PROFILE,
+                        help="hardware profile JSON (default: the bundled 910B assumptions)")
+    parser.add_argument("--config", default=V32_CONFIG, help="DeepSeek-V3.2 config.json")
+    parser.add_argument("--cards", type=int, default=d.cards,
+                        help=f"cards serving the model, experts spread over them (default {d.cards})")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help=f"directory for the JSON and plots (default {DEFAULT_OUT})")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _check_args(args) -> None:
+    for name in ("layers_per_trace", "trace_steps", "requests", "max_batch", "granule",
+                 "rebalance_every", "cards", "prompt_mean", "output_mean", "fixed_capacity"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
+    for name in ("rate", "buffer_gb", "spin_ratio"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')}: expected > 0, got {getattr(args, name)}")
+    if not 0 < args.sample_rate <= 1:
+        raise UsageError(f"--sample-rate: expected in (0, 1], got {args.sample_rate}")
+
+
+def _load_traces(args) -> List[tuple]:
+    from ..traces import format as trace_format
+    from ..traces import synth
+    if args.synthetic:
+        return [(f"synthetic gamma {g}", synth.generate(steps=args.trace_steps, layers=args.layers_per_trace,
+                                                        k=2048, max_len=32768, gamma=g, seed=i))
+                for i, g in enumerate((0.6, 0.8))]
+    paths = args.trace
+    if not paths:
+        base = None
+        for cand in (os.path.join("..", "shared", "traces"),
+                     os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "traces")):
+            if all(os.path.exists(os.path.join(cand, n)) for n in SHARED):
+                base = cand
+                break
+        if base is None:
+            raise UsageError("--trace: the shared traces are not in ../shared/traces; pass --trace "
+                             "NPZ or --synthetic")
+        paths = [os.path.join(base, n) for n in SHARED]
+    out = []
+    for p in paths:
+        try:
+            tr = trace_format.load_trace(p, check_values=False)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--trace: cannot read {p}: {e}") from None
+        if tr.k > 4096 or tr.T < 2 * tr.k:
+            raise UsageError(f"--trace: {p}: top-k {tr.k} / context {tr.T} not usable")
+        out.append((os.path.splitext(os.path.basename(p))[0], tr))
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..bench import hardware
+    from ..runtime.config import from_hf_config
+    from . import sim, workload
+    _check_args(args)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in sim.VARIANTS]
+    if bad or not variants:
+        raise UsageError(f"--variants: expected a subset of {', '.join(sim.VARIANTS)}, got "
+                         f"{args.variants!r}")
+    try:
+        hw = hardware.load_profile(args.hw)
+        config = from_hf_config(args.config)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    traces = _load_traces(args)
+    k = config.index_topk
+    for name, tr in traces:
+        if tr.k != k:
+            raise UsageError(f"--trace: {name} selects top-{tr.k}, the model top-{k}")
+    cfg = sim.SimConfig(buffer_gb=args.buffer_gb, max_batch=args.max_batch, granule=args.granule,
+                        fixed_capacity=args.fixed_capacity, spin_ratio=args.spin_ratio,
+                        rebalance_every=args.rebalance_every, sample_rate=args.sample_rate,
+                        cards=args.cards)
+    if args.fixed_capacity < k:
+        raise UsageError(f"--fixed-capacity: expected >= top-k {k}, got {args.fixed_capacity}")
+    if args.spin_ratio * k < k:
+        raise UsageError(f"--spin-ratio: expected >= 1, got {args.spin_ratio}")
+    cost = sim.CostModel(config, hw, cfg.cards)
+    if cfg.buffer_gb * 1e9 < k * cost.bytes_per_slot():
+        raise UsageError(f"--buffer-gb: {args.buffer_gb} GB cannot hold one request's mandatory "
+                         f"{k} slots x {config.num_hidden_layers} layers")
+    show = not args.quiet and sys.stderr.isatty()
+    n_rows = sum(min(args.layers_per_trace, tr.layers) for _, tr in traces)
+    bar = progress_bar(n_rows, "locality rows (stack distances)", "row", show)
+    rows = workload.locality_rows(traces, args.layers_per_trace, args.trace_steps, bar)
+    bar.close()
+    requests = workload.make_requests(args.requests, args.rate, rows, args.seed, args.prompt_mean,
+                                      args.output_mean)
+    print(f"avsg serve-sim: {args.requests} requests, Poisson {args.rate:g}/s, prompts mean "
+          f"{args.prompt_mean:,} tokens, outputs mean {args.output_mean}; locality from {len(rows)} "
+          f"trace rows ({', '.join(n for n, _ in traces)})")
+    print(f"  MODEL ESTIMATE on '{hw.name}' ({hw.status}); buffers modelled as exact LRU; "
+          f"{cfg.buffer_gb:g} GB of buffers per card = {int(cfg.buffer_gb * 1e9 // cost.bytes_per_slot()):,} "
+          f"slots per layer; max batch {cfg.max_batch}; top-{k} mandatory")
+    curves = {}
+    results = []
+    bar = progress_bar(len(variants) * args.requests + 3 * args.requests, "simulating", "req", show)
+    for v in variants:
+        if v.startswith("elastic") and ("exact" if v == "elastic-oracle" else "online") not in curves:
+            key = "exact" if v == "elastic-oracle" else "online"
+            curves[key] = (sim.exact_curves if key == "exact" else sim.online_curves)(rows, cfg, k)
+        results.append(sim.simulate(v, requests, rows, cost, cfg, curves, bar))
+    mb_results = []
+    for mode, order in MICROBATCH_VARIANTS:
+        mcfg = dataclasses.replace(cfg, microbatch=mode, order=order)
+        if mode == "none" and "elastic" in variants:
+            res = next(r for r in results if r["variant"] == "elastic")
+        else:
+            res = sim.simulate("elastic", requests, rows, cost, mcfg, curves, bar)
+        mb_results.append((mode, order, res))
+    bar.close()
+    _print_variants(results)
+    _print_microbatch(mb_results)
+    print("\n  Left out: prefill, MTP, the reuse policy's gain over LRU, launch/host overheads, a "
+          "link shared between cards; nothing here ran on an NPU.")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "serve_sim.json")
+    with open(path, "w") as f:
+        json.dump({"estimate": True, "hardware": hw.sources(), "config": dataclasses.asdict(cfg),
+                   "workload": {"requests": args.requests, "rate": args.rate,
+                                "prompt_mean": args.prompt_mean, "output_mean": args.output_mean,
+                                "rows": [r.name for r in rows], "seed": args.seed},
+                   "variants": results,
+                   "microbatch": [{"split": m, "order": o, **r} for m, o, r in mb_results]}, f)
+    plots = _plot(results, mb_results, args.out)
+    print(f"  results written: {path}" + (f"; plots: {', '.join(plots)}" if plots else ""))
+    return 0
+
+
+def _print_variants(results) -> None:
+    print(f"\n  {'variant':<15} {'tok/s':>8} {'TPOT p50 ms':>11} {'p99':>7} {'wait p50 s':>10} "
+          f"{'concurrency':>11} {'buffer GB':>9} {'hit rate':>8} {'hits/step/GB':>12}")
+    for r in results:
+        print(f"  {r['variant']:<15} {r['tokens_per_s']:>8,.0f} {r['tpot_p50_ms']:>11.1f} "
+              f"{r['tpot_p99_ms']:>7.1f} {r['wait_p50_s']:>10.1f} {r['concurrency']:>11.1f} "
+              f"{r['buffer_gb_used']:>9.2f} {100 * r['hit_rate']:>7.1f}% "
+              f"{r['hits_per_step_per_gb']:>12,.0f}")
+
+
+def _print_microbatch(mb_results) -> None:
+    base = mb_results[0][2]
+    print(f"\n  elastic scheduler, two micro-batches: {'split':<8} {'order':<7} {'tok/s':>8} "
+          f"{'TPOT p50 ms':>11} {'vs one batch':>12}")
+    for mode, order, r in mb_results:
+        print(f"  {'':<38}{mode:<8} {order:<7} {r['tokens_per_s']:>8,.0f} {r['tpot_p50_ms']:>11.1f} "
+              f"{r['tpot_p50_ms'] / base['tpot_p50_ms']:>12.3f}")
+
+
+def _plot(results, mb_results, out: str) -> List[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    names = [r["variant"] for r in results]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
+    for ax, key, label in zip(axes, ("tokens_per_s", "tpot_p50_ms", "concurrency",
+                                     "hits_per_step_per_gb"),
+                              ("throughput, tokens/s", "TPOT p50, ms", "admitted concurrency",
+                               "hits per step per GB of buffer")):
+        ax.bar(names, [r[key] for r in results], color="#4472c4")
+        ax.set_title(label, fontsize=10)
+        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.suptitle("avsg serve-sim: schedulers at an equal buffer budget (model estimate)", fontsize=11)
+    fig.tight_layout()
+    p1 = os.path.join(out, "serve_sim_variants.png")
+    fig.savefig(p1, dpi=110)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharex=True)
+    for r in results:
+        s = r["series"]
+        axes[0].plot(s["t"], s["batch"], label=r["variant"], lw=1)
+        axes[1].plot(s["t"], np.array(s["slots"]) / r["slot_budget"], label=r["variant"], lw=1)
+    axes[0].set_ylabel("running requests")
+    axes[1].set_ylabel("share of the buffer budget in use")
+    for ax in axes:
+        ax.set_xlabel("simulated time, s")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    p2 = os.path.join(out, "serve_sim_timeline.png")
+    fig.savefig(p2, dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    labels = [f"{m}\n{o}" if m != "none" else "one batch" for m, o, _ in mb_results]
+    ax.bar(labels, [r["tpot_p50_ms"] for _, _, r in mb_results], color="#ed7d31")
+    ax.set_ylabel("TPOT p50, ms")
+    ax.set_title("elastic: micro-batch split and order (model estimate)", fontsize=10)
+    fig.tight_layout()
+    p3 = os.path.join(out, "serve_sim_microbatch.png")
+    fig.savefig(p3, dpi=110)
+    plt.close(fig)
+    return [p1, p2, p3]
