@@ -155,9 +155,15 @@ def test_cmr_split_balances_context(contexts):
     assert sorted(a + b) == list(range(len(contexts)))
     la, lb = sum(contexts[i] for i in a), sum(contexts[i] for i in b)
     assert abs(la - lb) <= max(contexts)
-    # never worse balanced than the first-half / second-half split
+
+
+def test_cmr_split_beats_arrival_order_on_sorted_contexts():
+    contexts = [128_000, 120_000, 100_000, 20_000, 10_000, 8_000]
+    a, b = microbatch.cmr_split(contexts)
     x, y = microbatch.arrival_split(len(contexts))
-    assert abs(la - lb) <= abs(sum(contexts[i] for i in x) - sum(contexts[i] for i in y))
+    load = lambda idx: sum(contexts[i] for i in idx)
+    assert abs(load(a) - load(b)) < abs(load(x) - load(y))
+    assert (a, b) == ([0, 3, 4, 5], [1, 2])   # 128K+20K+10K+8K against 120K+100K
 
 
 times = st.lists(st.floats(0, 5, allow_nan=False), min_size=2, max_size=2)

@@ -19,6 +19,9 @@ Variants (all get the same arrivals and the same budget of buffer slots):
                     curve of the others.
 ``elastic-oracle``  the same with each request's exact whole-run curve: the cost of estimating online.
 
+With ``tpot_slo_ms`` every variant also stops admitting when the projected step time (the last
+iteration's mean misses per request, the newcomers' contexts) would exceed the SLO.
+
 Left out: prefill, MTP, the residency policy's gain over LRU (the default ``reuse`` policy beats
 exact LRU on the shared traces), kernel launch and host overheads, and queueing on a link shared
 between cards.
@@ -55,6 +58,7 @@ class SimConfig:
     rebalance_every: int = 32
     sample_rate: float = 1 / 16
     warmup_steps: int = 32          # history before a request's own curve is trusted
+    tpot_slo_ms: float = 0.0        # > 0: admit only while the projected step time stays within
     microbatch: str = "none"        # none | arrival | cmr
     order: str = "static"           # static | ofms (two micro-batches only)
     cards: int = 16
@@ -103,7 +107,9 @@ class CostModel:
             pre.append(a)
             gather.append(g)
             post.append(b)
-        return microbatch.schedule(self.L, pre, gather, post, order if len(parts) == 2 else "static")
+        if len(parts) == 1:                 # one batch: nothing overlaps
+            return self.L * (pre[0] + gather[0] + post[0])
+        return microbatch.schedule(self.L, pre, gather, post, order)
 
     def bytes_per_slot(self) -> int:
         """Buffer bytes one slot costs across the model's layers."""
@@ -152,8 +158,9 @@ def exact_curves(rows: Sequence[LocalityRow], cfg: SimConfig, mandatory: int) ->
 
 def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityRow],
              cost: CostModel, cfg: SimConfig, curves: Optional[Dict[str, List[np.ndarray]]] = None,
-             progress=None) -> Dict:
-    """Run the variant to the last request's end; returns the metrics and per-iteration series."""
+             progress=None, record_batches: bool = False) -> Dict:
+    """Run the variant to the last request's end; returns the metrics and per-iteration series
+    (with ``record_batches``, also every iteration's contexts and misses per request)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
     K = cost.K
@@ -181,7 +188,9 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
     changed = True
     finished: List[Dict] = []
     series = {"t": [], "batch": [], "slots": [], "hit_rate": [], "step_s": []}
+    batches = []
     hits_total = lookups_total = 0
+    last_misses = float(mandatory)      # before any step: assume everything misses
     slot_time = batch_time = 0.0
     while nxt < len(pending) or queue or running:
         while nxt < len(pending) and pending[nxt].arrival_s <= t:
@@ -197,6 +206,8 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
             n = split.admit([mandatory] * len(running), [mandatory] * len(queue), slot_budget,
                             cfg.max_batch)
             cap_new = mandatory
+        if cfg.tpot_slo_ms > 0:
+            n = _within_slo(n, running, queue, cost, cfg, last_misses)
         for r in queue[:n]:
             running.append(_Running(r, ElasticLRU(), cap_new, admitted_s=t))
         del queue[:n]
@@ -214,6 +225,9 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
             step_hits += hits
             step_lookups += d.size
         dt = cost.step_s(contexts, misses, cfg.microbatch, cfg.order)
+        last_misses = float(np.mean(misses)) if misses else last_misses
+        if record_batches:
+            batches.append((contexts, misses))
         slots = sum(r.capacity for r in running)
         series["t"].append(t - t0)
         series["batch"].append(len(running))
@@ -251,7 +265,29 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
             "concurrency": batch_time / span, "buffer_gb_used": buffer_gb_used,
             "buffer_gb": cfg.buffer_gb, "hit_rate": hits_total / max(1, lookups_total),
             "hits_per_step_per_gb": hits_total / max(1, it) / max(1e-12, buffer_gb_used),
-            "slot_budget": slot_budget, "iterations": it, "series": series}
+            "slot_budget": slot_budget, "iterations": it, "series": series,
+            **({"batches": batches} if record_batches else {})}
+
+
+def microbatch_projection(batches: Sequence[tuple], cost: CostModel, mode: str,
+                          order: str) -> float:
+    """Total decode time of the recorded iterations (same batches, same misses) with ``mode``."""
+    return float(sum(cost.step_s(c, m, mode, order) for c, m in batches))
+
+
+def _within_slo(n: int, running: List[_Running], queue: List[Request], cost: CostModel,
+                cfg: SimConfig, misses_per_request: float) -> int:
+    """How many of the ``n`` admissible requests keep the projected step time within the SLO,
+    projected with the last iteration's mean misses per request (at least one runs)."""
+    contexts = [r.req.prompt + r.step for r in running]
+    ok = 0
+    for q in queue[:n]:
+        contexts.append(q.prompt)
+        step = cost.step_s(contexts, [misses_per_request] * len(contexts), cfg.microbatch, cfg.order)
+        if 1e3 * step > cfg.tpot_slo_ms and (running or ok):
+            break
+        ok += 1
+    return ok
 
 
 def _rebalance(running: List[_Running], table: List[np.ndarray], rows: Sequence[LocalityRow],
