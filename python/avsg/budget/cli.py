@@ -1,4 +1,4 @@
-"""``avsg serve-sim``: serving long-context requests under a device-memory budget for KV buffers.
+"""avsg serve-sim: serving long-context requests under a device-memory budget for KV buffers.
 
 Simulates continuous-batching decode of Poisson-arriving requests whose selections replay rows of
 real selection traces, once per scheduler variant (fixed buffers, Spin's fixed ratio, the elastic
