@@ -2,7 +2,7 @@
 
     avsg run        the decode runtime in offload / avsg / device modes, side by side
     avsg generate   greedy generation from a checkpoint directory
-    avsg bench decode   a modelled DeepSeek-V3.2 decode step per mode on a 910B profile
+    avsg bench ...  plan | gather | hash-buckets | emulation | decode | calibrate | all
     avsg demo       plan + gather over decode steps of a selection trace
     avsg doctor     backends, versions, host mapping, and a self-test against the reference
     avsg trace ...  the trace lab: replay policies, synthesize, inspect
@@ -16,6 +16,11 @@ import sys
 from typing import List, Optional
 
 from .cli_util import OneLineParser, UsageError
+
+
+def plain(text: str) -> str:
+    """A docstring paragraph as help text: no RST markup."""
+    return text.replace("``", "'").replace("**", "")
 
 
 def build_parser() -> OneLineParser:
@@ -35,14 +40,18 @@ def build_parser() -> OneLineParser:
                                 description=generate_cmd.__doc__.split("\n\n")[0])
     generate_cmd.add_arguments(gen_parser)
     gen_parser.set_defaults(func=generate_cmd.main)
-    from .bench import decode as bench_decode
-    bench_parser = sub.add_parser("bench", help="benchmarks and models")
+    bench_parser = sub.add_parser("bench", help="benchmarks and models (plan, gather, "
+                                  "hash-buckets, emulation, decode, calibrate, all)",
+                                  description="Benchmarks: each prints a table, writes JSON and "
+                                  "plots under --out (default avsg-results/bench-<command>/).")
     bench_sub = bench_parser.add_subparsers(dest="bench", required=True, parser_class=OneLineParser)
-    decode_parser = bench_sub.add_parser(
-        "decode", help="modelled DeepSeek-V3.2 decode step on a 910B per mode (an estimate)",
-        description=bench_decode.__doc__.split("\n\n")[0])
-    bench_decode.add_arguments(decode_parser)
-    decode_parser.set_defaults(func=bench_decode.main)
+    from .bench import COMMANDS
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = __import__(f"avsg.bench.{module_name}", fromlist=["add_arguments"])
+        p = bench_sub.add_parser(name, help=help_text,
+                                 description=plain(module.__doc__.split("\n\n")[0]))
+        module.add_arguments(p)
+        p.set_defaults(func=module.main)
     demo_parser = sub.add_parser("demo", help="plan + gather over decode steps of a trace")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.main)
@@ -59,17 +68,23 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def _name(args) -> str:
+    sub = getattr(args, "bench", None) if args.command == "bench" else None
+    return f"{args.command} {sub}" if sub else args.command
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
         if args.debug:
             raise
-        print(f"avsg {args.command}: error: {e}", file=sys.stderr)
+        print(f"avsg {_name(args)}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"avsg {args.command}: interrupted", file=sys.stderr)
+        print(f"avsg {_name(args)}: interrupted", file=sys.stderr)
         return 130
 
 
