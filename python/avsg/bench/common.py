@@ -202,15 +202,18 @@ def markdown_table(name: str, header: List[str], rows: List[List[str]], align: s
     return "\n".join(lines) + "\n"
 
 
-def write_tables(path: Optional[str], command: str, blocks: List[str]) -> Optional[str]:
+MODELLED = ("Modelled times are estimates from the CPU emulation's counted work and an assumed "
+            "hardware profile, not measurements.")
+
+
+def write_tables(path: Optional[str], command: str, blocks: List[str],
+                 note: str = MODELLED) -> Optional[str]:
     if not path:
         return None
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
-            f.write(f"Written by `{command}` on {machine()}. Modelled times are estimates from the "
-                    f"CPU emulation's counted work and an assumed hardware profile, not "
-                    f"measurements.\n\n")
+            f.write(f"Written by `{command}` on {machine()}. {note}\n\n")
             f.write("\n".join(blocks))
     except OSError as e:
         raise UsageError(f"--tables: cannot write {path}: {e.strerror}") from None

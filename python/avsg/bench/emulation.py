@@ -144,7 +144,8 @@ def main(args: argparse.Namespace) -> int:
     tables = common.write_tables(args.tables, common.invocation(args), [common.markdown_table(
         "emulation", ["op", "strict CPU ms", "fast CPU ms", "fast speed-up"],
         [[op, f"{r['strict_cpu_ms']:.2f}", f"{r['fast_cpu_ms']:.2f}", f"{r['speedup_cpu']:.1f}x"]
-         for op, r in rows.items()], "lrrr")])
+         for op, r in rows.items()], "lrrr")],
+        note="Times are this machine's CPU per call (median), not NPU time.")
     if tables:
         files["tables"] = tables
     common.report_outputs(files)

@@ -294,7 +294,7 @@ def main(args: argparse.Namespace) -> int:
     print("  " + hardware.GATHER_LEAVES_OUT)
     cpu = measure_cpu_bandwidth(max(rows), args.topk)
     print(f"  this machine's CPU, same run ({cpu['rows']:,} rows of {cpu['row_bytes']} B): gather "
-          f"kernel in the fast emulation {cpu['kernel_fast_emulation_gbps']:.1f} GB/s, torch index "
+          f"kernel in the fast emulation {cpu['kernel_fast_emulation_gbps']:.1f} GB/s, torch advanced-index "
           f"copy {cpu['torch_index_copy_gbps']:.1f} GB/s, plain memcpy {cpu['memcpy_gbps']:.1f} GB/s")
     files = {"JSON": common.write_json(f"{out}/gather.json", dict(
         command="avsg bench gather", estimate=True, machine=common.machine(),
@@ -330,7 +330,7 @@ def main(args: argparse.Namespace) -> int:
          f"{summary['max_S3_over_S1_with_link']:.2f}x / {summary['max_S3_over_S2_with_link']:.2f}x", "-"],
         ["configurations where the link decides S3",
          f"{summary['configs_where_link_decides_S3']} of {summary['configs']}", "-"],
-        [f"this CPU: gather kernel (fast emulation) / torch index copy / memcpy, {cpu['row_bytes']} B rows",
+        [f"this CPU: gather kernel (fast emulation) / torch advanced-index copy / memcpy, {cpu['row_bytes']} B rows",
          f"{cpu['kernel_fast_emulation_gbps']:.1f} / {cpu['torch_index_copy_gbps']:.1f} / "
          f"{cpu['memcpy_gbps']:.1f} GB/s", "-"]], "lrr"))
     tables = common.write_tables(args.tables, common.invocation(args), blocks)

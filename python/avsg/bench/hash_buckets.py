@@ -136,7 +136,8 @@ def main(args: argparse.Namespace) -> int:
              for r in rows]
     tables = common.write_tables(args.tables, common.invocation(args), [common.markdown_table(
         "hash-buckets", ["H/S", "table", "hit rate", "stash entries (mean / max)",
-                         "misses that overflowed"], table, "rrrrr")])
+                         "misses that overflowed"], table, "rrrrr")],
+        note="Counts from replaying the trace with the real plan op; nothing is timed.")
     if tables:
         files["tables"] = tables
     common.report_outputs(files)
