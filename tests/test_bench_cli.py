@@ -212,3 +212,22 @@ def test_readme_tables_match_the_committed_results():
         assert table.strip() == committed[name].strip(), f"README table '{name}' differs from docs/results"
     for name, tables in files.items():
         assert set(tables) & set(readme), f"docs/results/{name} is not quoted in the README"
+
+
+def _walk(parser, name="avsg"):
+    import argparse
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, p in action.choices.items():
+                yield from _walk(p, f"{name} {sub}")
+
+
+def test_every_avsg_command_documents_every_option_without_markup():
+    for name, parser in _walk(cli.build_parser()):
+        text = parser.format_help()
+        for markup in ("``", "**", ":func:", ":class:"):
+            assert markup not in text, f"raw markup {markup!r} in '{name} --help'"
+        for action in parser._actions:
+            if action.dest != "help" and action.option_strings:
+                assert action.help, f"{name}: {action.option_strings} has no help text"

@@ -33,11 +33,11 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for every error")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     run_parser = sub.add_parser("run", help="decode in offload / avsg / device modes, compared",
-                                description=run_cmd.__doc__.split("\n\n")[0])
+                                description=plain(run_cmd.__doc__.split("\n\n")[0]))
     run_cmd.add_arguments(run_parser)
     run_parser.set_defaults(func=run_cmd.main)
     gen_parser = sub.add_parser("generate", help="greedy generation from a checkpoint",
-                                description=generate_cmd.__doc__.split("\n\n")[0])
+                                description=plain(generate_cmd.__doc__.split("\n\n")[0]))
     generate_cmd.add_arguments(gen_parser)
     gen_parser.set_defaults(func=generate_cmd.main)
     bench_parser = sub.add_parser("bench", help="benchmarks and models (plan, gather, "
@@ -56,7 +56,7 @@ def build_parser() -> OneLineParser:
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.main)
     doctor_parser = sub.add_parser("doctor", help="what this machine runs, checked against the reference",
-                                   description=doctor.__doc__.split("\n\n")[0])
+                                   description=plain(doctor.__doc__.split("\n\n")[0]))
     doctor.add_arguments(doctor_parser)
     doctor_parser.set_defaults(func=doctor.main)
     try:

@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         g = json.load(open(os.path.join(root, "gather", "gather.json")))["summary"]
         head.append(f"gather S3 over S1/S2 up to {g['max_S3_over_S1_core_only']:.1f}x/"
-                    f"{g['max_S3_over_S2_core_only']:.2f}x cores only, "
+                    f"{g['max_S3_over_S2_core_only']:.2f}x pipes only, "
                     f"{g['max_S3_over_S1_with_link']:.2f}x/{g['max_S3_over_S2_with_link']:.2f}x with "
                     f"the link (paper 34.44x/3.48x)")
     except (OSError, KeyError):
