@@ -52,7 +52,7 @@ BAD = [
     ("plan", ["--hit-rate", "1.5"], "--hit-rate"), ("plan", ["--rows", "64"], "--rows"),
     ("plan", ["--hw", "/no/such.json"], "--hw"), ("plan", ["--trace", "/no/such.npz"], "--trace"),
     ("plan", ["--steps", "two"], "--steps"), ("plan", ["--device", "gpu"], "--device"),
-    ("plan", ["--device", "npu"], "--device npu"),
+    ("plan", ["--device", "npu"], "--device npu"), ("plan", ["--policies", "--no-trace"], "--policies"),
     ("gather", ["--batch", "0"], "--batch"), ("gather", ["--batch", "1,x"], "--batch"),
     ("gather", ["--batch", ""], "--batch"),
     ("gather", ["--miss-rate", "0"], "--miss-rate"), ("gather", ["--miss-rate", "1.5"], "--miss-rate"),

@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="two points per grid (the ends), for a fast check")
     parser.add_argument("--seed", type=int, default=0, help="pre-filled mode seed (default 0)")
+    parser.add_argument("--policies", action="store_true",
+                        help="also compare the residency policies' cost in the kernel: reuse (the "
+                             "default) against lifetime, hash matcher, on the trace's first --rows "
+                             "layers, capacity 8192, --steps steps after a cold start")
     common.add_common_arguments(parser, "plan")
     common.add_tables_argument(parser, "docs/results/plan.md")
 
@@ -154,6 +158,30 @@ def npu_plan_times(S: int, K: int, fill, measured, seq_for, max_context: int) ->
     return times
 
 
+def policy_comparison(sel: np.ndarray, positions, context: int, hw) -> Dict:
+    """reuse vs lifetime policy, hash matcher, same trace steps (step 0 fills, not counted)."""
+    rows, steps, k = sel.shape
+    bufs = {"reuse": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False,
+                                    max_context=context),
+            "lifetime": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False,
+                                       policy="lifetime")}
+    out: Dict[str, Dict[str, List[float]]] = {p: {} for p in bufs}
+    with backend.emulation("strict"):
+        for step in range(steps):
+            topk = torch.from_numpy(np.ascontiguousarray(sel[:, step])).to(torch.int32).view(rows, 1, k)
+            seq = torch.full((rows,), int(positions[step]) + 1, dtype=torch.int32)
+            for name, buf in bufs.items():
+                plan = buf.plan(topk, seq)
+                if step == 0:
+                    continue
+                row = dict(hardware.launch_estimate(backend.last_launch_counters(), hw),
+                           **common.counted_launch(), misses=int(plan.miss_counts.sum()))
+                for key in ("serial_pipe_us", "overlapped_pipe_us", "vec_repeats", "scalar_ops",
+                            "mte2_bytes", "misses"):
+                    out[name].setdefault(key, []).append(float(row[key]))
+    return {name: {key: float(np.median(v)) for key, v in d.items()} for name, d in out.items()}
+
+
 def anchors(points: List[Dict]) -> Dict[str, Optional[float]]:
     by = {(p["grid"], p["S"], p["K"]): p for p in points}
     h = lambda g, s, k: by.get((g, s, k), {}).get("hash_serial_pipe_us", {}).get("p50")  # noqa: E731
@@ -214,6 +242,8 @@ def main(args: argparse.Namespace) -> int:
     if args.device == "npu":
         common.require_npu("plan")
     trace = None if args.no_trace else common.trace_path(args.trace)
+    if args.policies and trace is None:
+        raise UsageError("--policies: needs the trace (pass --trace; not with --no-trace)")
     sel = None
     if trace is not None:
         from ..demo import load_selections
@@ -281,7 +311,19 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {key:<36} {paper:>5.2f}x   {ours}")
     print("  dual-pointer = whatever op_kernel/plan_kernel.h's plan_dual_pointer is in this build")
     print("  " + hardware.PLAN_LEAVES_OUT)
-    files = {"JSON": common.write_json(f"{out}/plan.json", dict(
+    policies = None
+    if args.policies:
+        policies = policy_comparison(sel[:, :args.steps + 1], positions, context, hw)
+        print(f"\n  policy cost in the kernel: reuse (default) vs lifetime 16, hash matcher, "
+              f"{sel.shape[0]} rows, capacity 8192, median of {args.steps} steps after a cold start")
+        print(f"  {'per step (median)':<26} {'reuse':>12} {'lifetime':>12} {'ratio':>7}")
+        for key, label in (("serial_pipe_us", "est. us serial-pipe"),
+                           ("overlapped_pipe_us", "est. us overlapped-pipe"),
+                           ("vec_repeats", "vector repeats"), ("scalar_ops", "scalar accesses"),
+                           ("mte2_bytes", "GM->UB bytes"), ("misses", "misses (all rows)")):
+            a, b = policies["reuse"][key], policies["lifetime"][key]
+            print(f"  {label:<26} {a:>12,.1f} {b:>12,.1f} {a / b if b else float('nan'):>6.2f}x")
+    files = {"JSON": common.write_json(f"{out}/plan.json", dict(policies=policies,
         command="avsg bench plan", estimate=True, machine=common.machine(), hardware_name=hw.name,
         hardware=hw.sources(), trace=trace, rows=args.rows, steps=args.steps,
         hit_rate=args.hit_rate, warmup=args.warmup, points=points, anchors=summary, paper=PAPER,
