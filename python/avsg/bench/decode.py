@@ -169,6 +169,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory for decode.json and the TPOT plot (default "
                              "avsg-results/bench-decode/)")
     parser.add_argument("--json", metavar="PATH", help="JSON path (default OUT/decode.json)")
+    parser.add_argument("--tables", metavar="PATH",
+                        help="also write the summary tables as Markdown to PATH (the README's copy "
+                             "is docs/results/decode.md, regenerated this way)")
 
 
 def _int_list(name: str, text: str) -> List[int]:
@@ -259,7 +262,35 @@ def main(args: argparse.Namespace) -> int:
     plot_path = os.path.join(out, "decode_tpot.png")
     _plot(results, plot_path)
     print(f"  JSON: {json_path}\n  plot: {plot_path}")
+    if args.tables:
+        common.write_tables(args.tables, common.invocation(args), _tables(results, args.kv_budget_gb),
+                            note="A model of a 910B with assumed constants, not a measurement.")
+        print(f"  tables: {args.tables}")
     return 0
+
+
+HEADLINE = ((0, 8, 32768), (0, 64, 32768), (3, 8, 131072), (3, 64, 131072))
+
+
+def _tables(results: List[Dict], budget_gb: float) -> List[str]:
+    from . import common
+
+    def row(r):
+        m = r["modes"]
+        return [str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K",
+                f"{1e3 * m['device']['tpot_s']:.1f} ms", f"{1e3 * m['offload']['tpot_s']:.1f} ms",
+                f"{1e3 * m['avsg']['tpot_s']:.1f} ms",
+                f"{m['avsg']['tpot_s'] / m['offload']['tpot_s']:.2f}",
+                f"{m['avsg']['tokens_per_s'] / m['offload']['tokens_per_s']:.2f}x",
+                f"{r['requests_in_budget']['device']} / {r['requests_in_budget']['avsg']}"]
+    header = ["MTP", "batch", "context", "TPOT device", "offload", "avsg", "avsg/offload TPOT",
+              "throughput", f"requests in {budget_gb:g} GB: device / avsg"]
+    head = [row(r) for key in HEADLINE for r in results
+            if (r["mtp"], r["batch"], r["context"]) == key]
+    blocks = [common.markdown_table("decode", header, [row(r) for r in results], "rrrrrrrrr")]
+    if head:
+        blocks.insert(0, common.markdown_table("decode-headline", header, head, "rrrrrrrrr"))
+    return blocks
 
 
 def _plot(results: List[Dict], path: str) -> None:
