@@ -81,8 +81,11 @@ def main(args: argparse.Namespace) -> int:
         head.append(f"decode avsg/offload TPOT {min(ratios):.2f}-{max(ratios):.2f} (paper 0.61)")
     except (OSError, KeyError, ValueError):
         pass
-    failed = [n for n, rc in status.items() if rc != 0]
+    # a sub-benchmark's exit status 2 here can only mean its input is missing (the shared trace)
+    skipped = [n for n, rc in status.items() if rc == 2]
+    failed = [n for n, rc in status.items() if rc not in (0, 2)]
     print(f"\nresults under {root}/ ({', '.join(files)}); {time.perf_counter() - started:.0f} s"
-          + (f"; FAILED or skipped: {', '.join(failed)}" if failed else ""))
+          + (f"; skipped (see its message): {', '.join(skipped)}" if skipped else "")
+          + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     print("headline (modelled, CPU emulation; see each table): " + "; ".join(head or ["none"]))
     return 0 if not failed else 1
