@@ -231,3 +231,25 @@ def test_every_avsg_command_documents_every_option_without_markup():
         for action in parser._actions:
             if action.dest != "help" and action.option_strings:
                 assert action.help, f"{name}: {action.option_strings} has no help text"
+
+
+def test_without_the_shared_trace_plan_skips_and_hash_buckets_goes_synthetic(capsys, tmp_path,
+                                                                              monkeypatch):
+    """A CI clone has no ../shared/traces: plan says so and runs pre-filled only; hash-buckets
+    says so and replays synthetic selections."""
+    from avsg.bench import common
+    monkeypatch.setattr(common, "trace_path", lambda _value: None)
+    status, text, _ = run(["bench", "plan", "--quick", "--steps", "1", "--rows", "1",
+                           "--out", str(tmp_path / "p")], capsys)
+    assert status == 0 and "shared trace not found" in text and "trace:" not in text
+    status, text, _ = run(["bench", "hash-buckets", "--layers", "1", "--steps", "3", "--capacity",
+                           "2048", "--ratios", "1", "--out", str(tmp_path / "h")], capsys)
+    assert status == 0 and "synthetic selections" in text
+
+
+@pytest.mark.slow
+def test_bench_all_quick_reports_every_benchmark(capsys, tmp_path):
+    status, text, _ = run(["bench", "all", "--quick", "--quiet", "--out", str(tmp_path)], capsys)
+    assert status == 0
+    for name in ("plan", "gather", "hash-buckets", "emulation", "decode"):
+        assert os.path.isdir(tmp_path / name)

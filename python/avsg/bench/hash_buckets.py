@@ -102,8 +102,7 @@ def main(args: argparse.Namespace) -> int:
         source = f"trace {trace}"
     else:
         k = min(2048, args.capacity)
-        sel = synthetic_selections(args.layers, args.steps, k, 32768)
-        positions = np.full(args.steps, 32767)
+        sel, positions, _ = synthetic_selections(args.layers, args.steps, k, 32768)
         source = "synthetic selections (shared trace not found; pass --trace)"
         print(f"  {source}")
     if sel.shape[2] > args.capacity:
