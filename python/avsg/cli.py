@@ -29,7 +29,7 @@ def build_parser() -> OneLineParser:
     from .runtime import run as run_cmd
 
     parser = OneLineParser(prog="avsg", description="AVSG: miss-only KV-cache offload for "
-                           "DeepSeek Sparse Attention (run, generate, demo, doctor, trace)")
+                           "DeepSeek Sparse Attention (run, generate, bench, demo, doctor, trace)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for every error")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     run_parser = sub.add_parser("run", help="decode in offload / avsg / device modes, compared",
