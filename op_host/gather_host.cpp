@@ -52,7 +52,9 @@ inline uint32_t parse_partition(c10::string_view p)
     if (p == "miss") return kPartitionMiss;
     if (p == "request") return kPartitionRequest;
     if (p == "topk") return kPartitionTopk;
-    TORCH_CHECK_VALUE(false, "avsg.gather: partition: expected one of ('miss', 'request', 'topk'), got '",
+    if (p == "selection") return kPartitionSelection;
+    TORCH_CHECK_VALUE(false, "avsg.gather: partition: expected one of ('miss', 'request', 'topk', 'selection'), "
+                      "got '",
                       std::string(p.data(), p.size()), "'");
     return 0;
 }
@@ -139,11 +141,27 @@ inline Args validate(const at::Tensor& miss_pos, const at::Tensor& miss_slots, c
 // Value checks that need the index tensors on the host (CPU backend): every miss-list entry the
 // kernel will visit names a slot of the buffer, and a row's misses name distinct slots, so the
 // result never depends on which core copies first. Plans always satisfy both.
-inline void check_values_cpu(const Args& a, const at::Tensor& miss_slots, const at::Tensor& miss_counts)
+inline void check_values_cpu(const Args& a, const at::Tensor& miss_pos, const at::Tensor& miss_slots,
+                             const at::Tensor& miss_counts)
 {
     const int32_t* cnt = miss_counts.data_ptr<int32_t>();
     const int32_t* slots = miss_slots.data_ptr<int32_t>();
     std::vector<int64_t> seen(static_cast<size_t>(a.S), -1);
+    if (a.partition == kPartitionSelection) {
+        // selection layout: every entry with a position and a slot in range is a copy
+        const int32_t* pos = miss_pos.data_ptr<int32_t>();
+        for (int64_t r = 0; r < a.R; ++r) {
+            for (int64_t j = 0; j < a.N; ++j) {
+                int32_t s = slots[r * a.N + j];
+                if (pos[r * a.N + j] < 0 || s < 0 || s >= a.S) continue;
+                TORCH_CHECK_VALUE(seen[s] != r, "avsg.gather: miss_slots[", r, ", ", j, "] = ", s,
+                                  " repeats an earlier copy of row ", r, " (selection layout: a row's "
+                                  "copies need distinct slots)");
+                seen[s] = r;
+            }
+        }
+        return;
+    }
     for (int64_t r = 0; r < a.R; ++r) {
         TORCH_CHECK_VALUE(cnt[r] >= 0 && cnt[r] <= a.N, "avsg.gather: miss_counts[", r, "] = ", cnt[r],
                           ": expected a count in [0, ", a.N, "]");
@@ -228,7 +246,7 @@ at::Tensor gather_cpu(const at::Tensor& miss_pos, const at::Tensor& miss_slots, 
                       " exceeds the emulated AIV core count ", emulated,
                       " (blockDim may not exceed the physical cores; 910B3/B4 have 40, 910B1/B2 48): "
                       "raise it with avsg.backend.set_emulated_cores(n)");
-    if (HostValueChecks()) check_values_cpu(a, miss_slots, miss_counts);
+    if (HostValueChecks()) check_values_cpu(a, miss_pos, miss_slots, miss_counts);
 
     std::vector<uint64_t> srcAddr, dstAddr;
     for (size_t i = 0; i < src.size(); ++i) {

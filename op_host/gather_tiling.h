@@ -20,6 +20,8 @@ enum GatherPartition : uint32_t {
     kPartitionMiss = 0,     // (row, pos)-ordered misses cut into C contiguous chunks (+-1)
     kPartitionRequest = 1,  // row r -> core r % C
     kPartitionTopk = 2,     // the fixed R*N miss-list layout cut into C chunks; padding = no-op
+    kPartitionSelection = 3,  // the paper's S2: the R*N selection layout cut into C chunks,
+                              // entries of hits (-1) are no-ops, miss_counts unused
 };
 
 // UB plan of one core (bytes). 192 KB physical, 184 KB for TPipe (card §0):

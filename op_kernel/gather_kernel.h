@@ -12,6 +12,12 @@
 //   miss     entries in (row, pos) order, core c takes [c*total/C, (c+1)*total/C)
 //   request  core c takes every row r with r % C == c
 //   topk     the fixed R*N layout, core c takes [c*R*N/C, (c+1)*R*N/C); padding is a no-op
+//            (an older baseline: it splits the compacted miss list, so it behaves like S1)
+//   selection the paper's S2: miss_pos / miss_slots in the selection layout (entry r*N + j is
+//            selection j of row r: its position and slot if it is the row's first selection of a
+//            missed position, else -1; reference.selection_layout), core c takes
+//            [c*R*N/C, (c+1)*R*N/C) and every entry with a valid slot is a copy, hits no-ops;
+//            miss_counts is not read
 // Output: countOut[c*8] = entries core c copied (once per entry, not per pair); the rest of the
 // core's 32 B slot is written with zeros.
 //
@@ -85,6 +91,8 @@ public:
             ProcessMiss();
         } else if (t_.partition == kPartitionRequest) {
             ProcessRequest();
+        } else if (t_.partition == kPartitionSelection) {
+            ProcessSelection();
         } else {
             ProcessTopk();
         }
@@ -256,6 +264,23 @@ private:
             uint64_t b = hi < rowStart + N ? hi - rowStart : N;
             uint64_t cnt = CountOf(r);
             if (b > cnt) b = cnt;  // entries past the row's miss count are padding: no-ops
+            if (b > a) CopySegment(r, a, b);
+        }
+    }
+
+    // The paper's S2: equal chunks of the R*N selection layout; entries that are not first
+    // misses hold -1 and are skipped by CopySegment (slot < 0), so hits cost an index read each.
+    __aicore__ inline void ProcessSelection()
+    {
+        const uint64_t N = t_.entriesPerRow, C = t_.numCores;
+        const uint64_t L = t_.rows * N;
+        if (L == 0) return;
+        const uint64_t lo = blockIdx_ * L / C, hi = (blockIdx_ + 1) * L / C;
+        if (lo >= hi) return;
+        for (uint64_t r = lo / N; r <= (hi - 1) / N; ++r) {
+            uint64_t rowStart = r * N;
+            uint64_t a = lo > rowStart ? lo - rowStart : 0;
+            uint64_t b = hi < rowStart + N ? hi - rowStart : N;
             if (b > a) CopySegment(r, a, b);
         }
     }

@@ -30,7 +30,7 @@ def test_bench_decode_runs_and_avsg_copies_less(tmp_path):
     out = tmp_path / "decode.json"
     status = cli.main(["bench", "decode", "--trace", str(trace), "--trace-steps", "40",
                        "--trace-layers", "1", "--batch", "1,16", "--context", "32768",
-                       "--mtp", "0,1", "--json", str(out)])
+                       "--mtp", "0,1", "--json", str(out), "--out", str(tmp_path)])
     assert status == 0
     result = json.loads(out.read_text())
     assert result["estimate"] is True

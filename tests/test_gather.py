@@ -1,4 +1,5 @@
-"""Gather: exact bytes for every pool layout, dtype and row width; the three partitions' balance."""
+"""Gather: exact bytes for every pool layout, dtype and row width; the partitions' balance
+(S1 request, S2 selection = the paper's, S3 miss, and the older topk list split)."""
 from __future__ import annotations
 
 import pytest
@@ -67,7 +68,7 @@ def run_steps(R, T, K, S, max_len, fmt, paged, partition, cores, steps, seed):
 
 @pytest.mark.parametrize("fmt", ROW_FORMATS, ids=lambda f: f"{f[0]}-{f[1]}")
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-@pytest.mark.parametrize("partition", reference.PARTITIONS)
+@pytest.mark.parametrize("partition", reference.ALL_PARTITIONS)
 def test_gather_exact_bytes(fmt, paged, partition):
     run_steps(R=3, T=2, K=8, S=32, max_len=70, fmt=fmt, paged=paged, partition=partition,
               cores=5, steps=3, seed=11)
@@ -124,3 +125,43 @@ def test_gather_returns_zero_work_when_everything_hits():
     before = dst.clone()
     counts = avsg.gather(buf.plan(pos, seq), host, dst, num_cores=4)
     assert counts.tolist() == [0, 0, 0, 0] and torch.equal(dst, before)
+
+
+def test_selection_layout_marks_first_misses_in_selection_order():
+    """selection_layout: a selection is a copy exactly when it is the row's first selection of a
+    missed position; every miss appears once, with its plan slot."""
+    gen = torch.Generator().manual_seed(5)
+    R, T, K, S, max_len = 3, 2, 16, 64, 80
+    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, max_context=1 << 20)
+    seq = torch.full((R,), max_len, dtype=I32)
+    for _ in range(4):
+        topk = torch.stack([torch.stack([torch.randperm(max_len, generator=gen)[:K]
+                                         for _ in range(T)]) for _ in range(R)]).to(I32)
+        topk[torch.rand(R, T, K, generator=gen) < 0.1] = -1
+        plan = buf.plan(topk, seq)
+        pos, slot = reference.selection_layout(plan.slots, plan.miss_pos, plan.miss_slots,
+                                               plan.miss_counts)
+        flat = topk.view(R, T * K)
+        for r in range(R):
+            missed = dict(zip(plan.miss_pos[r, :int(plan.miss_counts[r])].tolist(),
+                              plan.miss_slots[r, :int(plan.miss_counts[r])].tolist()))
+            seen = set()
+            for j, p in enumerate(flat[r].tolist()):
+                if p in missed and p not in seen:
+                    seen.add(p)
+                    assert (int(pos[r, j]), int(slot[r, j])) == (p, missed[p])
+                else:
+                    assert (int(pos[r, j]), int(slot[r, j])) == (-1, -1)
+            assert seen == set(missed)
+
+
+def test_selection_partition_splits_selections_evenly():
+    """The paper's S2: every core takes an equal share of the R*T*K selections; its copies are
+    the misses among them (one heavy row lands on the cores that hold that row's selections)."""
+    R, N, cores = 4, 512, 8
+    pos = torch.full((R, N), -1, dtype=I32)
+    pos[0, :400] = torch.arange(400, dtype=I32)   # row 0: 400 misses at the front of its selections
+    pos[3, 100:105] = torch.arange(5, dtype=I32)
+    core = reference.assign_cores(torch.zeros(R, dtype=I32), N, "selection", cores, pos)
+    per_core = torch.bincount(core[core >= 0], minlength=cores)
+    assert per_core.tolist() == [256, 144, 0, 0, 0, 0, 5, 0]

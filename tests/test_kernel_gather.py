@@ -93,6 +93,16 @@ def make_case(seed: int, R: int, N: int, S: int, formats, paged: bool, partition
     for r in range(R):
         c = int(counts[r])
         slots[r, :c] = torch.randperm(S, generator=gen)[:c].to(I32)
+    if partition == reference.SELECTION_PARTITION:
+        # the selection layout: copies (distinct slots) scattered among hits (-1), some entries
+        # with a slot out of range or a position of -1 (no-ops for kernel and reference alike)
+        copy = torch.rand(R, N, generator=gen) < 0.6
+        slots = torch.where(torch.rand(R, N, generator=gen) < 0.5, torch.full_like(slots, -1),
+                            torch.full_like(slots, S + 1))
+        for r in range(R):
+            c = int(copy[r].sum())
+            slots[r, copy[r]] = torch.randperm(S, generator=gen)[:c].to(I32)
+        pos[~copy & (torch.rand(R, N, generator=gen) < 0.7)] = -1
     srcs, dsts = [], []
     for dtype, shape in formats:
         srcs.append(random_bytes((*pool_lead, *shape), dtype, gen))
@@ -158,7 +168,7 @@ def cases(draw):
     S = N + draw(st.integers(0, 6))
     formats = draw(st.lists(st.sampled_from(ROW_MENU), min_size=1, max_size=3))
     paged = draw(st.booleans())
-    partition = draw(st.sampled_from(reference.PARTITIONS))
+    partition = draw(st.sampled_from(reference.ALL_PARTITIONS))
     cores = draw(st.integers(1, 40))
     max_len = draw(st.integers(1, 40))
     block_size = draw(st.integers(1, 8))
@@ -176,7 +186,7 @@ def test_kernel_matches_reference_bit_for_bit(case):
 
 # ------------------------------------------------------------------ targeted cases
 
-@pytest.mark.parametrize("partition", reference.PARTITIONS)
+@pytest.mark.parametrize("partition", reference.ALL_PARTITIONS)
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_mla_row_formats(partition, paged):
     """576 x bf16 rows, the split 512 + 64 caches sharing one plan, 656-byte FP8 rows."""
@@ -208,7 +218,7 @@ def test_more_pairs_than_one_launch_holds():
     check_against_reference(case)
 
 
-@pytest.mark.parametrize("partition", reference.PARTITIONS)
+@pytest.mark.parametrize("partition", reference.ALL_PARTITIONS)
 def test_index_windows_larger_than_ub(partition):
     """Past the UB windows of the kernel: rows with more than 2048 misses (index chunks), more
     than 4096 rows (miss_counts chunks), block tables wider than 2048 entries (block-table

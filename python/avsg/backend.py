@@ -262,8 +262,11 @@ def estimate_cost(counters: Optional[LaunchCounters] = None) -> List[Dict[str, f
 def estimate_npu_time_us(counters: Optional[LaunchCounters] = None, bound: str = "serial") -> float:
     """Estimated NPU time of one launch in microseconds: the slowest block's estimate.
 
-    ``bound="serial"`` (default, upper bound: pipes do not overlap) or ``"overlap"`` (lower bound:
-    the busiest pipe plus synchronisation). A model, not a measurement (see the module docstring).
+    ``bound="serial"`` (default, the *serial-pipe* estimate: a block's pipes one after another) or
+    ``"overlap"`` (the *overlapped-pipe* estimate: the busiest pipe plus synchronisation). They
+    bracket the model's own assumptions, not real hardware; a model, not a measurement (see the
+    module docstring). ``avsg.bench.hardware.launch_estimate`` computes the same from a hardware
+    profile JSON, and adds the host link for gather.
     """
     if bound not in ("serial", "overlap"):
         raise ValueError(f"bound: expected 'serial' or 'overlap', got {bound!r}")

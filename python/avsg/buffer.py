@@ -362,7 +362,10 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     ``[R, max_blocks]``, a paged pool ``[num_blocks, block_size, ...]``; ``dst[i]`` is
     ``[R, capacity, ...]`` with the same trailing shape and dtype. Several pairs (a latent and a
     RoPE cache, say) share one plan. ``partition`` is ``"miss"`` (default, balanced chunks),
-    ``"request"`` or ``"topk"`` (baselines). Returns int32 ``[num_cores]``: entries each core
+    ``"request"`` (S1), ``"selection"`` (the paper's S2: the selections split evenly over cores,
+    hits no-ops; the plan is first rewritten into the selection layout by torch,
+    ``reference.selection_layout``) or ``"topk"`` (an older baseline that splits the compacted
+    miss list and so behaves like S1). Returns int32 ``[num_cores]``: entries each core
     copied. ``check`` (default: on when ``dst`` is on CPU) verifies host rows lie in the pool.
     """
     if not isinstance(plan, Plan):
@@ -378,8 +381,8 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     if len(srcs) != len(dsts):
         raise ValueError(f"src/dst: expected the same number of tensors, got {len(srcs)} and "
                          f"{len(dsts)}")
-    if partition not in reference.PARTITIONS:
-        raise ValueError(f"partition: expected one of {reference.PARTITIONS}, got {partition!r}")
+    if partition not in reference.ALL_PARTITIONS:
+        raise ValueError(f"partition: expected one of {reference.ALL_PARTITIONS}, got {partition!r}")
     cores = _num_cores if num_cores is None else num_cores
     _require_int("num_cores", cores, low=1)
     R = plan.miss_pos.shape[0]
@@ -419,7 +422,11 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
         raise ValueError("src: contiguous pools sharing one plan need the same max_len")
     if ((dsts[0].device.type == "cpu") if check is None else check) and not _tracing():
         _check_host_rows(plan, srcs[0], block_table, block_size)
-    return torch.ops.avsg.gather(plan.miss_pos, plan.miss_slots, plan.miss_counts, srcs, dsts,
+    miss_pos, miss_slots = plan.miss_pos, plan.miss_slots
+    if partition == reference.SELECTION_PARTITION:
+        miss_pos, miss_slots = reference.selection_layout(plan.slots, plan.miss_pos,
+                                                          plan.miss_slots, plan.miss_counts)
+    return torch.ops.avsg.gather(miss_pos, miss_slots, plan.miss_counts, srcs, dsts,
                                  block_table, block_size if paged else 0, partition, cores)
 
 

@@ -2,7 +2,7 @@
 
     avsg run        the decode runtime in offload / avsg / device modes, side by side
     avsg generate   greedy generation from a checkpoint directory
-    avsg bench decode   a modelled DeepSeek-V3.2 decode step per mode on a 910B profile
+    avsg bench ...  plan | gather | hash-buckets | emulation | decode | calibrate | all
     avsg demo       plan + gather over decode steps of a selection trace
     avsg doctor     backends, versions, host mapping, and a self-test against the reference
     avsg trace ...  the trace lab: replay policies, synthesize, inspect
@@ -19,42 +19,51 @@ from typing import List, Optional
 from .cli_util import OneLineParser, UsageError
 
 
+def plain(text: str) -> str:
+    """A docstring paragraph as help text: no RST markup."""
+    return text.replace("``", "'").replace("**", "")
+
+
 def build_parser() -> OneLineParser:
     from . import demo, doctor
     from .runtime import generate as generate_cmd
     from .runtime import run as run_cmd
 
     parser = OneLineParser(prog="avsg", description="AVSG: miss-only KV-cache offload for "
-                           "DeepSeek Sparse Attention (run, generate, demo, doctor, trace, bench, serve-sim)")
+                           "DeepSeek Sparse Attention (run, generate, bench, demo, doctor, trace, serve-sim)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for every error")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     run_parser = sub.add_parser("run", help="decode in offload / avsg / device modes, compared",
-                                description=run_cmd.__doc__.split("\n\n")[0])
+                                description=plain(run_cmd.__doc__.split("\n\n")[0]))
     run_cmd.add_arguments(run_parser)
     run_parser.set_defaults(func=run_cmd.main)
     gen_parser = sub.add_parser("generate", help="greedy generation from a checkpoint",
-                                description=generate_cmd.__doc__.split("\n\n")[0])
+                                description=plain(generate_cmd.__doc__.split("\n\n")[0]))
     generate_cmd.add_arguments(gen_parser)
     gen_parser.set_defaults(func=generate_cmd.main)
-    from .bench import decode as bench_decode
-    bench_parser = sub.add_parser("bench", help="benchmarks and models")
+    bench_parser = sub.add_parser("bench", help="benchmarks and models (plan, gather, "
+                                  "hash-buckets, emulation, decode, calibrate, all)",
+                                  description="Benchmarks: each prints a table, writes JSON and "
+                                  "plots under --out (default avsg-results/bench-<command>/).")
     bench_sub = bench_parser.add_subparsers(dest="bench", required=True, parser_class=OneLineParser)
-    decode_parser = bench_sub.add_parser(
-        "decode", help="modelled DeepSeek-V3.2 decode step on a 910B per mode (an estimate)",
-        description=bench_decode.__doc__.split("\n\n")[0])
-    bench_decode.add_arguments(decode_parser)
-    decode_parser.set_defaults(func=bench_decode.main)
+    from .bench import COMMANDS
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = __import__(f"avsg.bench.{module_name}", fromlist=["add_arguments"])
+        p = bench_sub.add_parser(name, help=help_text,
+                                 description=plain(module.__doc__.split("\n\n")[0]))
+        module.add_arguments(p)
+        p.set_defaults(func=module.main)
     demo_parser = sub.add_parser("demo", help="plan + gather over decode steps of a trace")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.main)
     doctor_parser = sub.add_parser("doctor", help="what this machine runs, checked against the reference",
-                                   description=doctor.__doc__.split("\n\n")[0])
+                                   description=plain(doctor.__doc__.split("\n\n")[0]))
     doctor.add_arguments(doctor_parser)
     doctor_parser.set_defaults(func=doctor.main)
     from .budget import cli as serve_sim
     sim_parser = sub.add_parser("serve-sim", help="serving under a buffer memory budget: "
                                 "fixed, Spin ratio and elastic schedulers (a model)",
-                                description=serve_sim.__doc__.split("\n\n")[0])
+                                description=plain(serve_sim.__doc__.split("\n\n")[0]))
     serve_sim.add_arguments(sim_parser)
     sim_parser.set_defaults(func=serve_sim.main)
     try:
@@ -66,17 +75,23 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def _name(args) -> str:
+    sub = getattr(args, "bench", None) if args.command == "bench" else None
+    return f"{args.command} {sub}" if sub else args.command
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
         if args.debug:
             raise
-        print(f"avsg {args.command}: error: {e}", file=sys.stderr)
+        print(f"avsg {_name(args)}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"avsg {args.command}: interrupted", file=sys.stderr)
+        print(f"avsg {_name(args)}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -225,6 +225,10 @@ STAT_LOOKUPS, STAT_HITS, STAT_MISSES, STAT_FETCHED = range(4)
 STAT_NAMES = ("lookups", "hits", "misses", "fetched")
 
 PARTITIONS = ("miss", "request", "topk")
+# The paper's S2: the R*N selection layout (selection_layout) split into equal chunks, hits no-ops.
+# Apart from PARTITIONS because it reads the miss list in another layout.
+SELECTION_PARTITION = "selection"
+ALL_PARTITIONS = PARTITIONS + (SELECTION_PARTITION,)
 
 
 def round_up(x: int, multiple: int) -> int:
@@ -848,14 +852,58 @@ def chunk_bounds(total: int, cores: int) -> List[int]:
     return [c * total // cores for c in range(cores + 1)]
 
 
+def selection_layout(slots: torch.Tensor, miss_pos: torch.Tensor, miss_slots: torch.Tensor,
+                     miss_counts: torch.Tensor):
+    """The plan's misses in the selection layout the paper's S2 partition reads.
+
+    Entry ``(r, t*K + k)`` is selection ``(t, k)`` of row ``r``: its position and slot when it is
+    the row's first selection of a missed position, else ``-1`` (hits, repeats, ``-1``
+    selections). Returns int32 ``(pos, slot)`` of shape ``[R, T*K]``. A miss's slot is never a
+    hit's (the step pins its hits), so a selection is a miss exactly when its slot is one of the
+    row's ``miss_slots``.
+    """
+    R, N = miss_pos.shape
+    dev = miss_pos.device
+    S = int(max(int(slots.max()) if slots.numel() else 0,
+                int(miss_slots.max()) if miss_slots.numel() else 0)) + 1
+    sel = slots.reshape(R, N).to(torch.int64)
+    col = torch.arange(N, device=dev).expand(R, N)
+    counts = miss_counts.to(torch.int64).clamp(0, N)
+    valid = (col < counts[:, None]) & (miss_slots >= 0)
+    slot_to_miss = torch.full((R, S + 1), -1, dtype=torch.int64, device=dev)
+    ms = torch.where(valid, miss_slots.to(torch.int64), torch.full_like(col, S))
+    slot_to_miss.scatter_(1, ms, torch.where(valid, col, torch.full_like(col, -1)))
+    slot_to_miss[:, S] = -1
+    idx = slot_to_miss.gather(1, torch.where(sel >= 0, sel, torch.full_like(sel, S)))
+    is_miss = idx >= 0
+    first = torch.full((R, N + 1), N, dtype=torch.int64, device=dev)
+    first.scatter_reduce_(1, torch.where(is_miss, idx, torch.full_like(idx, N)),
+                          torch.where(is_miss, col, torch.full_like(col, N)), reduce="amin")
+    keep = is_miss & (first.gather(1, idx.clamp(min=0)) == col)
+    safe = idx.clamp(min=0)
+    pos = torch.where(keep, miss_pos.to(torch.int64).gather(1, safe), torch.full_like(col, -1))
+    slot = torch.where(keep, sel, torch.full_like(col, -1))
+    return pos.to(torch.int32), slot.to(torch.int32)
+
+
 def assign_cores(miss_counts: torch.Tensor, entries_per_row: int, partition: str,
-                 cores: int) -> torch.Tensor:
-    """Core that copies each miss-list entry: int64 ``[R, entries_per_row]``, -1 for padding."""
+                 cores: int, miss_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Core that copies each miss-list entry: int64 ``[R, entries_per_row]``, -1 for padding.
+
+    ``selection`` (the paper's S2) reads the selection layout: ``miss_pos`` is needed, an entry is
+    a copy when its position is ``>= 0``, and ``miss_counts`` is not used."""
     R = miss_counts.shape[0]
     dev = miss_counts.device
     col = torch.arange(entries_per_row, device=dev).expand(R, entries_per_row)
     is_miss = col < miss_counts[:, None].to(torch.int64)
-    if partition == "request":
+    if partition == SELECTION_PARTITION:
+        if miss_pos is None:
+            raise ValueError("assign_cores: the selection partition needs miss_pos")
+        is_miss = miss_pos >= 0
+        order = torch.arange(R, device=dev)[:, None] * entries_per_row + col
+        bounds = torch.tensor(chunk_bounds(R * entries_per_row, cores), device=dev)
+        core = torch.searchsorted(bounds, order, right=True) - 1
+    elif partition == "request":
         core = torch.arange(R, device=dev)[:, None].expand(R, entries_per_row) % cores
     elif partition == "miss":
         first = torch.cumsum(miss_counts.to(torch.int64), 0) - miss_counts.to(torch.int64)
@@ -868,7 +916,7 @@ def assign_cores(miss_counts: torch.Tensor, entries_per_row: int, partition: str
         bounds = torch.tensor(chunk_bounds(R * entries_per_row, cores), device=dev)
         core = torch.searchsorted(bounds, order, right=True) - 1
     else:
-        raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
+        raise ValueError(f"partition must be one of {ALL_PARTITIONS}, got {partition!r}")
     return torch.where(is_miss, core, torch.full_like(core, -1))
 
 
@@ -904,7 +952,7 @@ def gather(miss_pos: torch.Tensor, miss_slots: torch.Tensor, miss_counts: torch.
     R, N = miss_pos.shape
     S = dst[0].shape[1]
     miss_counts = miss_counts.clamp(0, N)
-    core = assign_cores(miss_counts, N, partition, cores)
+    core = assign_cores(miss_counts, N, partition, cores, miss_pos)
     rows_per_request = None if block_table is not None else src[0].shape[1]
     pool_rows = src[0].shape[0] * src[0].shape[1]
     flat_rows = host_rows(miss_pos, pool_rows, rows_per_request, block_table, block_size)

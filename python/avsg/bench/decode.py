@@ -165,8 +165,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "over the cards (default 16)")
     parser.add_argument("--overlap", action="store_true",
                         help="overlap each layer's gather with its compute")
-    parser.add_argument("--json", default="results/bench_decode.json",
-                        help="where the numbers go (default results/bench_decode.json)")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="directory for decode.json and the TPOT plot (default "
+                             "avsg-results/bench-decode/)")
+    parser.add_argument("--json", metavar="PATH", help="JSON path (default OUT/decode.json)")
+    parser.add_argument("--tables", metavar="PATH",
+                        help="also write the summary tables as Markdown to PATH (the README's copy "
+                             "is docs/results/decode.md, regenerated this way)")
 
 
 def _int_list(name: str, text: str) -> List[int]:
@@ -245,11 +250,72 @@ def main(args: argparse.Namespace) -> int:
     print("\n  Left out of the model: kernel launch and host overheads, cross-layer pipelining other "
           "than --overlap, MoE all-to-all across cards, the FP8 dequantisation cost, queueing on a "
           "shared link between cards, and any NPU measurement: calibrate the profile on a card.")
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
+    from . import common
+    out = common.out_dir(args, "decode")
+    json_path = args.json or os.path.join(out, "decode.json")
+    os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
+    with open(json_path, "w") as f:
         json.dump({"hardware": hw.sources(), "hardware_name": hw.name, "estimate": True,
                    "kv_budget_gb": args.kv_budget_gb, "overlap": args.overlap,
                    "cards": args.cards,
                    "results": results}, f, indent=1)
-    print(f"  results written: {args.json}")
+    plot_path = os.path.join(out, "decode_tpot.png")
+    _plot(results, plot_path)
+    print(f"  JSON: {json_path}\n  plot: {plot_path}")
+    if args.tables:
+        common.write_tables(args.tables, common.invocation(args), _tables(results, args.kv_budget_gb),
+                            note="A model of a 910B with assumed constants, not a measurement.")
+        print(f"  tables: {args.tables}")
     return 0
+
+
+HEADLINE = ((0, 8, 32768), (0, 64, 32768), (3, 8, 131072), (3, 64, 131072))
+
+
+def _tables(results: List[Dict], budget_gb: float) -> List[str]:
+    from . import common
+
+    def row(r):
+        m = r["modes"]
+        return [str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K",
+                f"{1e3 * m['device']['tpot_s']:.1f} ms", f"{1e3 * m['offload']['tpot_s']:.1f} ms",
+                f"{1e3 * m['avsg']['tpot_s']:.1f} ms",
+                f"{m['avsg']['tpot_s'] / m['offload']['tpot_s']:.2f}",
+                f"{m['avsg']['tokens_per_s'] / m['offload']['tokens_per_s']:.2f}x",
+                f"{r['requests_in_budget']['device']} / {r['requests_in_budget']['avsg']}"]
+    header = ["MTP", "batch", "context", "TPOT device", "offload", "avsg", "avsg/offload TPOT",
+              "throughput", f"requests in {budget_gb:g} GB: device / avsg"]
+    head = [row(r) for key in HEADLINE for r in results
+            if (r["mtp"], r["batch"], r["context"]) == key]
+    blocks = [common.markdown_table("decode", header, [row(r) for r in results], "rrrrrrrrr")]
+    if head:
+        blocks.insert(0, common.markdown_table("decode-headline", header, head, "rrrrrrrrr"))
+    return blocks
+
+
+def _plot(results: List[Dict], path: str) -> None:
+    from . import common
+    plt = common.pyplot()
+    mtps = sorted({r["mtp"] for r in results})
+    contexts = sorted({r["context"] for r in results})
+    fig, axes = plt.subplots(1, len(mtps), figsize=(6 * len(mtps), 4.2), squeeze=False)
+    colors = {"device": "tab:green", "offload": "tab:red", "avsg": "tab:blue"}
+    styles = ["-", "--", ":", "-."]
+    for ax, n in zip(axes[0], mtps):
+        for ci, ctx in enumerate(contexts):
+            for mode in MODES:
+                pts = sorted((r["batch"], r["modes"][mode]["tpot_s"] * 1e3) for r in results
+                             if r["mtp"] == n and r["context"] == ctx)
+                ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", color=colors[mode],
+                        linestyle=styles[ci % len(styles)], label=f"{mode}, {ctx // 1024}K")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch per card")
+        ax.set_ylabel("TPOT ms (modelled)")
+        ax.set_title(f"MTP-{n}: TPOT vs batch and context")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle("avsg bench decode: DeepSeek-V3.2 on an assumed 910B profile, an estimate",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

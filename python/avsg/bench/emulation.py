@@ -1,17 +1,14 @@
-"""CPU time per call of plan and gather in the strict and the fast emulation build.
+"""``avsg bench emulation``: CPU time per call of plan and gather, strict vs fast emulation build.
 
 Both builds run the same AscendC kernel sources (avsg.backend.set_emulation): strict checks every
 rule of the emulation and counts the work, fast compiles that out. This times one decode step's
 ops on the CPU backend, the same steps in both builds from the same start, and checks that the
 outputs, the state and the buffer are identical. The numbers are this machine's CPU, not NPU time
-(for that, see the counted-work estimates of avsg.bench.plan / avsg.bench.gather).
+(for that, see the counted-work estimates of 'avsg bench plan' / 'avsg bench gather').
 
 Workload: R requests x T query tokens x top-K selections over a context, drawn from slowly
 drifting per-request scores (consecutive steps share most of their selections, as decode steps
 do); a contiguous host pool of ``--row-bytes`` rows; gather with the default miss partition.
-
-    python -m avsg.bench.emulation [--rows 4] [--queries 2] [--topk 2048] [--capacity 8192]
-                                   [--context 16384] [--row-bytes 1152] [--steps 12] [--json PATH]
 """
 from __future__ import annotations
 
@@ -24,7 +21,8 @@ import torch
 
 from .. import backend
 from ..buffer import SparseKVBuffer, gather
-from .common import machine, write_json
+from ..cli_util import UsageError
+from . import common
 
 
 def selections(R: int, T: int, K: int, context: int, steps: int, seed: int = 0) -> List[torch.Tensor]:
@@ -66,19 +64,54 @@ def median_ms(samples, which: int) -> float:
     return 1000.0 * statistics.median(s[which] for s in samples)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=4)
-    parser.add_argument("--queries", type=int, default=2, help="T: query tokens per step (MTP)")
-    parser.add_argument("--topk", type=int, default=2048)
-    parser.add_argument("--capacity", type=int, default=8192)
-    parser.add_argument("--context", type=int, default=16384)
-    parser.add_argument("--row-bytes", type=int, default=1152, help="bytes per KV row (1152: bf16 MLA)")
-    parser.add_argument("--steps", type=int, default=12, help="timed steps per build (after warm-up)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps (cold buffer)")
-    parser.add_argument("--json", default=None, help="also write the results here")
-    args = parser.parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=4, help="R: requests per call (default 4)")
+    parser.add_argument("--queries", type=int, default=2, help="T: query tokens per step, MTP (default 2)")
+    parser.add_argument("--topk", type=int, default=2048, help="K: selections per query token (default 2048)")
+    parser.add_argument("--capacity", type=int, default=8192, help="slots per request (default 8192)")
+    parser.add_argument("--context", type=int, default=16384, help="positions per request (default 16384)")
+    parser.add_argument("--row-bytes", type=int, default=1152, help="bytes per KV row (default 1152: bf16 MLA)")
+    parser.add_argument("--steps", type=int, default=12, help="timed steps per build, after warm-up (default 12)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps, cold buffer (default 2)")
+    common.add_common_arguments(parser, "emulation", hw=False)
+    common.add_tables_argument(parser, "docs/results/emulation.md")
 
+
+def plot(rows, path: str, title: str) -> None:
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ops = list(rows)
+    x = range(len(ops))
+    ax.bar([i - 0.2 for i in x], [rows[o]["strict_cpu_ms"] for o in ops], 0.4, label="strict build")
+    ax.bar([i + 0.2 for i in x], [rows[o]["fast_cpu_ms"] for o in ops], 0.4, label="fast build")
+    for i, o in enumerate(ops):
+        ax.annotate(f"{rows[o]['speedup_cpu']:.1f}x", (i + 0.2, rows[o]["fast_cpu_ms"]),
+                    ha="center", va="bottom")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(ops)
+    ax.set_ylabel("CPU ms per call (median)")
+    ax.set_title(title, fontsize=8)
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    for name in ("rows", "queries", "topk", "capacity", "context", "row_bytes", "steps"):
+        common.at_least("--" + name.replace("_", "-"), getattr(args, name))
+    common.at_least("--warmup", args.warmup, 0)
+    if args.capacity < args.topk * args.queries:
+        raise UsageError(f"--capacity: expected >= topk x queries = {args.topk * args.queries}, "
+                         f"got {args.capacity}")
+    if args.context < args.topk:
+        raise UsageError(f"--context: expected >= --topk = {args.topk}, got {args.context}")
+    if args.device == "npu":
+        common.require_npu("emulation")
+        raise UsageError("--device npu: the emulation benchmark times the CPU emulation; use "
+                         "'avsg bench plan --device npu' or 'avsg bench gather --device npu'")
+    out = common.out_dir(args, "emulation")
     steps = selections(args.rows, args.queries, args.topk, args.context, args.warmup + args.steps)
     host = torch.randint(0, 256, (args.rows, args.context, args.row_bytes), dtype=torch.uint8)
     results = {b: run(b, args, steps, host) for b in ("strict", "fast")}
@@ -88,7 +121,7 @@ def main(argv=None) -> int:
                  and torch.equal(s["state"], f["state"]) and torch.equal(s["dst"], f["dst"]))
     print(f"emulation builds: R={args.rows} T={args.queries} K={args.topk} capacity={args.capacity} "
           f"context={args.context} rows of {args.row_bytes} B; {args.steps} steps after {args.warmup} "
-          f"warm-up (median {statistics.median(s['misses']):,.0f} misses/step); {machine()}")
+          f"warm-up (median {statistics.median(s['misses']):,.0f} misses/step); {common.machine()}")
     print("times are this machine's CPU per call (median), not NPU time")
     print(f"{'op':<8} {'strict wall ms':>15} {'strict cpu ms':>14} {'fast wall ms':>13} {'fast cpu ms':>12} "
           f"{'speed-up (cpu)':>15}")
@@ -101,10 +134,27 @@ def main(argv=None) -> int:
                         speedup_wall=sw / fw if fw else float("inf"))
         print(f"{op:<8} {sw:>15.2f} {sc:>14.2f} {fw:>13.2f} {fc:>12.2f} {rows[op]['speedup_cpu']:>14.1f}x")
     print(f"outputs, state and buffer identical across builds: {identical}")
-    if args.json:
-        write_json(args.json, dict(config=vars(args), machine=machine(), ops=rows, identical=identical))
-    return 0 if identical else 1
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    files = {"JSON": common.write_json(f"{out}/emulation.json", dict(
+        command="avsg bench emulation", config=config, machine=common.machine(), ops=rows,
+        identical=identical))}
+    files["plot"] = f"{out}/emulation.png"
+    plot(rows, files["plot"], f"CPU emulation, R={args.rows} T={args.queries} K={args.topk} "
+         f"S={args.capacity}, {args.row_bytes} B rows\n{common.machine()}")
+    tables = common.write_tables(args.tables, common.invocation(args), [common.markdown_table(
+        "emulation", ["op", "strict CPU ms", "fast CPU ms", "fast speed-up"],
+        [[op, f"{r['strict_cpu_ms']:.2f}", f"{r['fast_cpu_ms']:.2f}", f"{r['speedup_cpu']:.1f}x"]
+         for op, r in rows.items()], "lrrr")],
+        note="Times are this machine's CPU per call (median), not NPU time.")
+    if tables:
+        files["tables"] = tables
+    common.report_outputs(files)
+    if not identical:
+        raise RuntimeError("strict and fast emulation builds disagree")
+    return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # thin: the command is 'avsg bench emulation'
+    import sys
+    from ..cli import main as _cli_main
+    sys.exit(_cli_main(["bench", "emulation", *sys.argv[1:]]))

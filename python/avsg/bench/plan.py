@@ -1,86 +1,360 @@
-"""plan (vectorised hash matcher) against the scalar dual-pointer baseline, on a real trace; and
-the default residency policy (reuse) against the paper's lifetime policy (same matcher).
+"""``avsg bench plan``: the hash plan against the dual-pointer baseline on the paper's three grids.
 
-Both run as AscendC kernels through the CPU emulation, on the same selections and the same state
-(the dual-pointer plan gives identical results, checked every step). NPU time is *estimated* from
-the work each launch issued (vector repeats, scalar accesses, DMA bytes and issues, syncs) with the
-emulation's cost model (op_kernel/cpu/emu_core.h: every constant an assumption); CPU wall time of
-the emulation is printed too but says nothing about an NPU.
-
-    python -m avsg.bench.plan [--trace T] [--layers 24] [--steps 24] [--capacity 8192]
+Grids (S = buffer slots per request, K = selections per step):
+  S = K = N for N in 256..2048;  S = 4096 with K 256..2048;  K = 512 with S 512..8192.
+Each point runs twice: on **pre-filled** buffers (filled to capacity first, then steps whose
+selections hit ``--hit-rate`` of the time, drawn from the previous step, misses new positions) and
+on the **shared trace** (``--trace``; K of its 2048 selections per step, chosen by a fixed position hash, after
+``--warmup`` steps; how full the buffer got is printed). Both matchers run as AscendC kernels
+through the strict CPU emulation on the same selections and state, and must produce identical plans
+every step. Each launch's counted work becomes a modelled NPU time with the hardware profile
+(``--hw``): *serial-pipe* and *overlapped-pipe* (hardware.launch_estimate); p10 / p50 / p90 over
+steps. Fill and warm-up steps run in the fast emulation (uncounted).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+from typing import Dict, List, Optional
 
+import numpy as np
 import torch
 
+from .. import backend, reference
 from ..buffer import SparseKVBuffer
-from ..demo import find_trace, load_selections
-from .common import counted_launch, machine, write_json
+from ..cli_util import UsageError
+from . import common, hardware
+
+MATCHERS = ("hash", "dual_pointer")
+GRIDS = {"S=K=N": [(n, n) for n in (256, 512, 1024, 2048)],
+         "S=4096, K": [(4096, k) for k in (256, 512, 1024, 2048)],
+         "K=512, S": [(s, 512) for s in (512, 1024, 2048, 4096, 8192)]}
+QUICK_GRIDS = {"S=K=N": [(256, 256), (2048, 2048)],
+               "S=4096, K": [(4096, 256), (4096, 2048)],
+               "K=512, S": [(512, 512), (8192, 512)]}
+PAPER = {"dual/hash at S=K=2048": 2.80, "hash K 256->2048 (S=4096)": 1.27,
+         "hash S 512->8192 (K=512)": 1.60}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace")
-    parser.add_argument("--layers", type=int, default=24, help="trace layers = buffer rows")
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--capacity", type=int, default=8192)
-    parser.add_argument("--json", default="results/bench_plan.json")
-    args = parser.parse_args(argv)
-    trace = find_trace(args.trace)
-    if trace is None:
-        raise SystemExit("no trace: pass --trace (the shared one is ../shared/traces/asyncio_32k.npz)")
-    sel, positions, context = load_selections(trace, args.layers, args.steps)
-    layers, steps, k = sel.shape
-    bufs = {m: SparseKVBuffer(rows=layers, capacity=args.capacity, topk=k, check=False,
-                              max_context=context)
-            for m in ("hash", "dual_pointer")}
-    lifetime_buf = SparseKVBuffer(rows=layers, capacity=args.capacity, topk=k, check=False,
-                                  policy="lifetime")
-    rows = []
-    for step in range(steps):
-        topk = torch.from_numpy(sel[:, step]).to(torch.int32).view(layers, 1, k)
-        seq = torch.full((layers,), int(positions[step]) + 1, dtype=torch.int32)
-        out = {}
-        for matcher, buf in bufs.items():
-            started = time.perf_counter()
-            plan = buf.plan(topk, seq, matcher=matcher)
-            out[matcher] = dict(counted_launch(), cpu_ms=1e3 * (time.perf_counter() - started),
-                                misses=int(plan.miss_counts.sum()), plan=plan)
-        started = time.perf_counter()
-        plan = lifetime_buf.plan(topk, seq)
-        out["lifetime"] = dict(counted_launch(), cpu_ms=1e3 * (time.perf_counter() - started),
-                               misses=int(plan.miss_counts.sum()))
-        for a, b in zip(out["hash"].pop("plan")[:4], out["dual_pointer"].pop("plan")[:4]):
-            assert torch.equal(a, b), "dual-pointer plan differs from the hash plan"
-        if step:  # step 0 fills an empty buffer: not a steady-state step
-            rows.append(dict(step=step, **{f"{m}_{key}": v for m, d in out.items()
-                                           for key, v in d.items()}))
-    med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
-    print(f"plan vs dual-pointer: {trace}, {layers} rows x top-{k}, capacity {args.capacity}, "
-          f"{len(rows)} steady steps, {rows[0]['hash_blocks']} cores; {machine()}")
-    print(f"{'per step (median)':<26} {'hash':>12} {'dual-pointer':>14} {'ratio':>7}")
-    for key, label in (("serial_us", "est. NPU us (upper)"), ("overlap_us", "est. NPU us (lower)"),
-                       ("vec_repeats", "vector repeats"), ("scalar_ops", "scalar accesses"),
-                       ("mte2_bytes", "GM->UB bytes"), ("cpu_ms", "CPU ms (emulation)")):
-        h, d = med(f"hash_{key}"), med(f"dual_pointer_{key}")
-        print(f"{label:<26} {h:>12,.1f} {d:>14,.1f} {d / h if h else float('nan'):>6.2f}x")
-    print()
-    print("policy: reuse (default) vs lifetime 16, hash matcher, same steps")
-    print(f"{'per step (median)':<26} {'reuse':>12} {'lifetime':>14} {'ratio':>7}")
-    for key, label in (("serial_us", "est. NPU us (upper)"), ("overlap_us", "est. NPU us (lower)"),
-                       ("vec_repeats", "vector repeats"), ("scalar_ops", "scalar accesses"),
-                       ("mte2_bytes", "GM->UB bytes"), ("misses", "misses (all rows)"),
-                       ("cpu_ms", "CPU ms (emulation)")):
-        h, d = med(f"hash_{key}"), med(f"lifetime_{key}")
-        print(f"{label:<26} {h:>12,.1f} {d:>14,.1f} {h / d if d else float('nan'):>6.2f}x")
-    write_json(args.json, dict(trace=trace, layers=layers, topk=k, capacity=args.capacity,
-                               machine=machine(), steps=rows))
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=2,
+                        help="requests per launch, one per emulated core (default 2)")
+    parser.add_argument("--steps", type=int, default=6,
+                        help="measured steps per point and mode (default 6)")
+    parser.add_argument("--hit-rate", type=float, default=0.9,
+                        help="pre-filled mode: share of each step's selections that hit (default 0.9)")
+    parser.add_argument("--trace", help="selection trace (default the shared "
+                        "../shared/traces/asyncio_32k.npz; skipped with a message when absent)")
+    parser.add_argument("--warmup", type=int, default=128,
+                        help="trace mode: steps before measuring, fast emulation (default 128)")
+    parser.add_argument("--no-trace", action="store_true", help="pre-filled buffers only")
+    parser.add_argument("--quick", action="store_true",
+                        help="two points per grid (the ends), for a fast check")
+    parser.add_argument("--seed", type=int, default=0, help="pre-filled mode seed (default 0)")
+    parser.add_argument("--policies", action="store_true",
+                        help="also compare the residency policies' cost in the kernel: reuse (the "
+                             "default) against lifetime, hash matcher, on the trace's first --rows "
+                             "layers, capacity 8192, --steps steps after a cold start")
+    common.add_common_arguments(parser, "plan")
+    common.add_tables_argument(parser, "docs/results/plan.md")
+
+
+def _fullness(buf: SparseKVBuffer) -> float:
+    slot_pos = reference.view_state(buf.state, buf.layout).slot_pos
+    return float((slot_pos >= 0).double().mean())
+
+
+def prefilled_stream(S: int, K: int, rows: int, steps: int, hit_rate: float, seed: int):
+    """(fill steps, measured steps, max position): selections int32 [rows, 1, K] per step."""
+    rng = np.random.default_rng(seed)
+    fill, nxt = [], 0
+    while nxt < S:
+        n = min(K, S - nxt)
+        block = np.arange(nxt, nxt + K) if n == K else np.concatenate(
+            [np.arange(nxt, nxt + n), np.arange(nxt - (K - n), nxt)])
+        fill.append(np.sort(np.tile(block, (rows, 1)), axis=1))
+        nxt += n
+    prev = fill[-1]
+    measured = []
+    hits = int(round(hit_rate * K))
+    for _ in range(steps):
+        cur = np.empty((rows, K), np.int64)
+        for r in range(rows):
+            keep = rng.choice(prev[r], size=hits, replace=False)
+            new = np.arange(nxt, nxt + K - hits)
+            cur[r] = np.sort(np.concatenate([keep, new]))
+        nxt += K - hits
+        measured.append(cur)
+        prev = cur
+    as_t = lambda a: torch.from_numpy(a).to(torch.int32).view(rows, 1, K)  # noqa: E731
+    return [as_t(a) for a in fill], [as_t(a) for a in measured], nxt
+
+
+def trace_stream(sel: np.ndarray, K: int, warmup: int, steps: int):
+    """K of each step's selections: those whose positions rank lowest under a fixed hash, so a
+    position kept one step is kept the next while it stays selected (reuse is preserved)."""
+    rows = sel.shape[0]
+    prio = (sel.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(1 << 32)
+    keep = np.argsort(prio, axis=2, kind="stable")[:, :, :K]
+    sub = np.sort(np.take_along_axis(sel, keep, axis=2), axis=2)
+    as_t = lambda s: torch.from_numpy(np.ascontiguousarray(sub[:, s])).to(torch.int32).view(rows, 1, K)  # noqa: E731
+    return [as_t(s) for s in range(warmup)], [as_t(s) for s in range(warmup, warmup + steps)]
+
+
+def run_point(S: int, K: int, fill, measured, seq_for, max_context: int, hw) -> Dict:
+    rows = fill[0].shape[0] if fill else measured[0].shape[0]
+    bufs = {m: SparseKVBuffer(rows=rows, capacity=S, topk=K, check=False, max_context=max_context)
+            for m in MATCHERS}
+    with backend.emulation("fast"):
+        for i, topk in enumerate(fill):
+            for m, buf in bufs.items():
+                buf.plan(topk, seq_for("fill", i), matcher=m)
+    fullness = _fullness(bufs["hash"])
+    samples: Dict[str, Dict[str, List[float]]] = {m: {"serial_pipe_us": [], "overlapped_pipe_us": [],
+                                                      "misses": []} for m in MATCHERS}
+    with backend.emulation("strict"):
+        for i, topk in enumerate(measured):
+            plans = {}
+            for m, buf in bufs.items():
+                plans[m] = buf.plan(topk, seq_for("measured", i), matcher=m)
+                est = hardware.launch_estimate(backend.last_launch_counters(), hw)
+                samples[m]["serial_pipe_us"].append(est["serial_pipe_us"])
+                samples[m]["overlapped_pipe_us"].append(est["overlapped_pipe_us"])
+                samples[m]["misses"].append(int(plans[m].miss_counts.sum()))
+            for a, b in zip(plans["hash"][:4], plans["dual_pointer"][:4]):
+                if not torch.equal(a, b):
+                    raise RuntimeError(f"dual-pointer plan differs from the hash plan at S={S} K={K}")
+    out = dict(S=S, K=K, rows=rows, max_context=max_context, fullness_before=fullness, fullness_after=_fullness(bufs["hash"]),
+               hit_rate=1 - float(np.mean(samples["hash"]["misses"])) / (rows * K))
+    for m in MATCHERS:
+        for key in ("serial_pipe_us", "overlapped_pipe_us"):
+            v = samples[m][key]
+            out[f"{m}_{key}"] = {"p10": float(np.percentile(v, 10)), "p50": float(np.percentile(v, 50)),
+                                 "p90": float(np.percentile(v, 90)), "samples": v}
+    out["ratio_p50_serial"] = out["dual_pointer_serial_pipe_us"]["p50"] / out["hash_serial_pipe_us"]["p50"]
+    out["ratio_p50_overlapped"] = (out["dual_pointer_overlapped_pipe_us"]["p50"]
+                                   / out["hash_overlapped_pipe_us"]["p50"])
+    return out
+
+
+def npu_plan_times(S: int, K: int, fill, measured, seq_for, max_context: int) -> Dict[str, List[float]]:
+    """--device npu: the same steps on NPU buffers, each measured step timed with torch.npu.Event
+    (the fill steps are the warm-up). Unverified: never run, no NPU was available."""
+    rows = measured[0].shape[0]
+    times: Dict[str, List[float]] = {}
+    for m in MATCHERS:
+        buf = SparseKVBuffer(rows=rows, capacity=S, topk=K, check=False, max_context=max_context,
+                             device="npu")
+        for i, topk in enumerate(fill):
+            buf.plan(topk.npu(), seq_for("fill", i).npu(), matcher=m)
+        times[m] = []
+        for i, topk in enumerate(measured):
+            t, q = topk.npu(), seq_for("measured", i).npu()
+            start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+            start.record()
+            buf.plan(t, q, matcher=m)
+            end.record()
+            end.synchronize()
+            times[m].append(1e3 * start.elapsed_time(end))
+    return times
+
+
+def policy_comparison(sel: np.ndarray, positions, context: int, hw) -> Dict:
+    """reuse vs lifetime policy, hash matcher, same trace steps (step 0 fills, not counted)."""
+    rows, steps, k = sel.shape
+    bufs = {"reuse": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False,
+                                    max_context=context),
+            "lifetime": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False,
+                                       policy="lifetime")}
+    out: Dict[str, Dict[str, List[float]]] = {p: {} for p in bufs}
+    with backend.emulation("strict"):
+        for step in range(steps):
+            topk = torch.from_numpy(np.ascontiguousarray(sel[:, step])).to(torch.int32).view(rows, 1, k)
+            seq = torch.full((rows,), int(positions[step]) + 1, dtype=torch.int32)
+            for name, buf in bufs.items():
+                plan = buf.plan(topk, seq)
+                if step == 0:
+                    continue
+                row = dict(hardware.launch_estimate(backend.last_launch_counters(), hw),
+                           **common.counted_launch(), misses=int(plan.miss_counts.sum()))
+                for key in ("serial_pipe_us", "overlapped_pipe_us", "vec_repeats", "scalar_ops",
+                            "mte2_bytes", "misses"):
+                    out[name].setdefault(key, []).append(float(row[key]))
+    return {name: {key: float(np.median(v)) for key, v in d.items()} for name, d in out.items()}
+
+
+def anchors(points: List[Dict]) -> Dict[str, Optional[float]]:
+    by = {(p["grid"], p["S"], p["K"]): p for p in points}
+    h = lambda g, s, k: by.get((g, s, k), {}).get("hash_serial_pipe_us", {}).get("p50")  # noqa: E731
+    r = by.get(("S=K=N", 2048, 2048), {}).get("ratio_p50_serial")
+    k_grow = (h("S=4096, K", 4096, 2048) / h("S=4096, K", 4096, 256)
+              if h("S=4096, K", 4096, 2048) and h("S=4096, K", 4096, 256) else None)
+    s_grow = (h("K=512, S", 8192, 512) / h("K=512, S", 512, 512)
+              if h("K=512, S", 8192, 512) and h("K=512, S", 512, 512) else None)
+    return {"dual/hash at S=K=2048": r, "hash K 256->2048 (S=4096)": k_grow,
+            "hash S 512->8192 (K=512)": s_grow}
+
+
+def plot(points: List[Dict], path: str) -> None:
+    plt = common.pyplot()
+    from matplotlib import ticker
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    xs = {"S=K=N": ("K", "N (= S = K)"), "S=4096, K": ("K", "K (S = 4096)"),
+          "K=512, S": ("S", "S (K = 512)")}
+    for ax, (grid, (axis, label)) in zip(axes, xs.items()):
+        for mode, marker in (("pre-filled", "o"), ("trace", "s")):
+            for m, color in (("hash", "tab:blue"), ("dual_pointer", "tab:red")):
+                pts = sorted((p[axis], p[f"{m}_serial_pipe_us"]) for p in points
+                             if p["grid"] == grid and p["mode"] == mode)
+                if not pts:
+                    continue
+                x = [a for a, _ in pts]
+                y = [b["p50"] for _, b in pts]
+                err = [[b["p50"] - b["p10"] for _, b in pts], [b["p90"] - b["p50"] for _, b in pts]]
+                ax.errorbar(x, y, yerr=err, marker=marker, color=color, capsize=3,
+                            linestyle="-" if mode == "pre-filled" else "--",
+                            label=f"{'hash' if m == 'hash' else 'dual-pointer'}, {mode}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("modelled us per launch (serial-pipe p50, bars p10-p90)")
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(ticker.FuncFormatter(
+            lambda v, _: f"{v:g}" if str(int(v))[0] in "25" else ""))
+        ax.set_title(f"latency vs {axis}: {grid}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle("avsg bench plan: modelled 910B plan time from the CPU emulation's counted work "
+                 "(assumed profile), not measured", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    common.at_least("--rows", args.rows)
+    common.at_least("--steps", args.steps)
+    common.at_least("--warmup", args.warmup, 0)
+    if not 0.0 <= args.hit_rate < 1.0:
+        raise UsageError(f"--hit-rate: expected a share in [0, 1), got {args.hit_rate}")
+    if args.rows > 40:
+        raise UsageError(f"--rows: expected at most 40 (one per AIV core), got {args.rows}")
+    hw = common.load_hw(args)
+    if args.device == "npu":
+        common.require_npu("plan")
+    trace = None if args.no_trace else common.trace_path(args.trace)
+    if args.policies and trace is None:
+        raise UsageError("--policies: needs the trace (pass --trace; not with --no-trace)")
+    sel = None
+    if trace is not None:
+        from ..demo import load_selections
+        tsel, positions, context = load_selections(trace, args.rows, args.warmup + args.steps)
+        if tsel.shape[2] < 2048:
+            raise UsageError(f"--trace: expected top-2048 selections, the trace has top-{tsel.shape[2]}")
+        sel = tsel
+    out = common.out_dir(args, "plan")
+    grids = QUICK_GRIDS if args.quick else GRIDS
+    print(f"avsg bench plan: hash vs dual-pointer (matcher='dual_pointer'), {args.rows} rows = "
+          f"{args.rows} emulated cores, {args.steps} measured steps per point; hardware '{hw.name}'; "
+          f"{common.machine()}")
+    print("  MODEL ESTIMATE from the CPU emulation's counted work, not a measurement: " + hw.status)
+    if trace is None and not args.no_trace:
+        print("  shared trace not found (../shared/traces/asyncio_32k.npz; pass --trace): trace "
+              "mode skipped, pre-filled buffers only")
+    modes = ["pre-filled"] + (["trace"] if sel is not None else [])
+    todo = [(g, s, k, mode) for g, pts in grids.items() for s, k in pts for mode in modes]
+    progress = common.bar(len(todo), "plan", args)
+    points = []
+    try:
+        for grid, S, K, mode in todo:
+            if mode == "pre-filled":
+                fill, measured, top = prefilled_stream(S, K, args.rows, args.steps, args.hit_rate,
+                                                       args.seed)
+                seq = torch.full((args.rows,), top + 1, dtype=torch.int32)
+                p = run_point(S, K, fill, measured, lambda *_: seq, top + 1, hw)
+            else:
+                fill, measured = trace_stream(sel, K, args.warmup, args.steps)
+
+                def seq_fn(phase, i):
+                    step = i + (args.warmup if phase == "measured" else 0)
+                    return torch.full((args.rows,), int(positions[step]) + 1, dtype=torch.int32)
+                p = run_point(S, K, fill, measured, seq_fn, context, hw)
+            if args.device == "npu":
+                measured_us = npu_plan_times(S, K, fill, measured, (lambda *_: seq) if mode ==
+                                             "pre-filled" else seq_fn, p["max_context"])
+                p["npu_measured_us"] = {m: {"p50": float(np.percentile(v, 50)), "samples": v}
+                                        for m, v in measured_us.items()}
+            points.append(dict(p, grid=grid, mode=mode))
+            progress.update()
+    finally:
+        progress.close()
+    for mode in modes:
+        src = (f"trace {trace}, {args.warmup} warm-up steps" if mode == "trace" else
+               f"buffers filled to capacity, then {100 * args.hit_rate:.0f}% hits per step")
+        print(f"\n  {mode}: {src}; modelled us per launch (serial-pipe p10 / p50 / p90; "
+              f"overlapped-pipe p50)")
+        print(f"  {'grid':<11} {'S':>5} {'K':>5} {'full':>5} {'hits':>5} | "
+              f"{'hash p10':>8} {'p50':>7} {'p90':>7} {'ovl p50':>7} | {'dual p10':>8} {'p50':>8} "
+              f"{'p90':>8} {'ovl p50':>8} | {'dual/hash':>9}")
+        for p in (x for x in points if x["mode"] == mode):
+            h, d = p["hash_serial_pipe_us"], p["dual_pointer_serial_pipe_us"]
+            print(f"  {p['grid']:<11} {p['S']:>5} {p['K']:>5} {p['fullness_before']:>5.0%} "
+                  f"{p['hit_rate']:>5.0%} | {h['p10']:>8.1f} {h['p50']:>7.1f} {h['p90']:>7.1f} "
+                  f"{p['hash_overlapped_pipe_us']['p50']:>7.1f} | {d['p10']:>8.1f} {d['p50']:>8.1f} "
+                  f"{d['p90']:>8.1f} {p['dual_pointer_overlapped_pipe_us']['p50']:>8.1f} | "
+                  f"{p['ratio_p50_serial']:>8.2f}x")
+    summary = {}
+    print("\n  paper anchors (p50, serial-pipe)      paper   " + "   ".join(f"{m:>10}" for m in modes))
+    for mode in modes:
+        summary[mode] = anchors([p for p in points if p["mode"] == mode])
+    for key, paper in PAPER.items():
+        ours = "   ".join(f"{summary[m][key]:>9.2f}x" if summary[m][key] else f"{'-':>10}" for m in modes)
+        print(f"  {key:<36} {paper:>5.2f}x   {ours}")
+    print("  dual-pointer = whatever op_kernel/plan_kernel.h's plan_dual_pointer is in this build")
+    print("  " + hardware.PLAN_LEAVES_OUT)
+    policies = None
+    if args.policies:
+        policies = policy_comparison(sel[:, :args.steps + 1], positions, context, hw)
+        print(f"\n  policy cost in the kernel: reuse (default) vs lifetime 16, hash matcher, "
+              f"{sel.shape[0]} rows, capacity 8192, median of {args.steps} steps after a cold start")
+        print(f"  {'per step (median)':<26} {'reuse':>12} {'lifetime':>12} {'ratio':>7}")
+        for key, label in (("serial_pipe_us", "est. us serial-pipe"),
+                           ("overlapped_pipe_us", "est. us overlapped-pipe"),
+                           ("vec_repeats", "vector repeats"), ("scalar_ops", "scalar accesses"),
+                           ("mte2_bytes", "GM->UB bytes"), ("misses", "misses (all rows)")):
+            a, b = policies["reuse"][key], policies["lifetime"][key]
+            print(f"  {label:<26} {a:>12,.1f} {b:>12,.1f} {a / b if b else float('nan'):>6.2f}x")
+    files = {"JSON": common.write_json(f"{out}/plan.json", dict(policies=policies,
+        command="avsg bench plan", estimate=True, machine=common.machine(), hardware_name=hw.name,
+        hardware=hw.sources(), trace=trace, rows=args.rows, steps=args.steps,
+        hit_rate=args.hit_rate, warmup=args.warmup, points=points, anchors=summary, paper=PAPER,
+        leaves_out=hardware.PLAN_LEAVES_OUT))}
+    files["plot"] = f"{out}/plan_latency.png"
+    plot(points, files["plot"])
+    blocks = []
+    for mode in modes:
+        rows = []
+        for p in (x for x in points if x["mode"] == mode):
+            h, d = p["hash_serial_pipe_us"], p["dual_pointer_serial_pipe_us"]
+            rows.append([p["grid"], str(p["S"]), str(p["K"]), f"{p['fullness_before']:.0%}",
+                         f"{p['hit_rate']:.0%}", f"{h['p10']:.1f} / {h['p50']:.1f} / {h['p90']:.1f}",
+                         f"{d['p10']:.1f} / {d['p50']:.1f} / {d['p90']:.1f}",
+                         f"{p['ratio_p50_serial']:.2f}x"])
+        blocks.append(common.markdown_table(
+            f"plan-{'prefilled' if mode == 'pre-filled' else 'trace'}",
+            ["grid", "S", "K", "buffer full", "hits", "hash est. us p10 / p50 / p90",
+             "dual-pointer est. us p10 / p50 / p90", "dual / hash (p50)"], rows, "lrrrrrrr"))
+    blocks.append(common.markdown_table(
+        "plan-anchors", ["anchor (p50, serial-pipe)", "paper", *modes],
+        [[k, f"{v:.2f}x", *[f"{summary[m][k]:.2f}x" if summary[m][k] else "-" for m in modes]]
+         for k, v in PAPER.items()]))
+    tables = common.write_tables(args.tables, common.invocation(args), blocks)
+    if tables:
+        files["tables"] = tables
+    common.report_outputs(files)
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # thin: the command is 'avsg bench plan'
+    import sys
+    from ..cli import main as _cli_main
+    sys.exit(_cli_main(["bench", "plan", *sys.argv[1:]]))

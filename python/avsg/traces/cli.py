@@ -235,10 +235,11 @@ def _fill(trace_sub):
     p.add_argument("--policy", nargs="+", choices=names, help="policies (default: all)")
     p.add_argument("--entry-bytes", type=int, default=DEFAULT_ENTRY_BYTES,
                    help=f"bytes per KV entry per layer (default {DEFAULT_ENTRY_BYTES}: MLA 576 x bf16)")
-    p.add_argument("--out", default="trace_results", help="directory for JSON/PNG (default trace_results)")
+    p.add_argument("--out", default=os.path.join("avsg-results", "trace-replay"),
+                   help="directory for JSON/PNG (default avsg-results/trace-replay/)")
     p.add_argument("--json", help="JSON path (default OUT/<trace>_replay.json)")
     p.add_argument("--plot", help="PNG path (default OUT/<trace>_replay.png)")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-plot", action="store_true", help="skip the hit-rate plot")
     p.add_argument("--markdown", action="store_true", help="also print a markdown table")
     p.add_argument("--progress", action="store_true", default=None,
                    help="progress bar per replay (default: on when stderr is a terminal)")
@@ -250,15 +251,22 @@ def _fill(trace_sub):
                                          "definitions of gamma and historical recall. With several "
                                          "gamma/mu values OUT is a directory.")
     p.add_argument("out", help="output .npz (or directory for a grid)")
-    p.add_argument("--steps", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--k", type=int, default=2048)
-    p.add_argument("--max-len", type=int, default=16384)
-    p.add_argument("--gamma", type=float, nargs="+", default=[0.7])
-    p.add_argument("--mu-hist", type=float, nargs="+", default=[0.7])
-    p.add_argument("--sigma", type=float, default=0.01)
-    p.add_argument("--window", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=1024, help="decode steps recorded (default 1024)")
+    p.add_argument("--layers", type=int, default=1, help="layers, independent draws (default 1)")
+    p.add_argument("--k", type=int, default=2048, help="selections per step, top-k (default 2048)")
+    p.add_argument("--max-len", type=int, default=16384,
+                   help="context length at the last step (default 16384)")
+    p.add_argument("--gamma", type=float, nargs="+", default=[0.7],
+                   help="adjacent-step similarity: share of a step's selections kept from the "
+                        "previous step, in [0, 1]; several values make a grid (default 0.7)")
+    p.add_argument("--mu-hist", type=float, nargs="+", default=[0.7],
+                   help="mean historical recall: share of the new selections drawn from the last "
+                        "--window steps, in [0, 1]; several values make a grid (default 0.7)")
+    p.add_argument("--sigma", type=float, default=0.01,
+                   help="standard deviation of the per-step recall (default 0.01)")
+    p.add_argument("--window", type=int, default=8,
+                   help="history window in steps for the recall (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.set_defaults(func=cmd_synth)
 
     p = trace_sub.add_parser("info", help="validate a trace and print its summary")
@@ -269,14 +277,16 @@ def _fill(trace_sub):
 
     p = trace_sub.add_parser("mtp", help="MTP replay: shared vs separate vs cold-start buffers")
     _add_common_trace_args(p)
-    p.add_argument("--policy", default="lru", choices=names)
-    p.add_argument("--capacity", type=int, default=8192)
-    p.add_argument("--drafts", type=int, default=3)
-    p.add_argument("--accept-mean", type=float, default=1.44)
-    p.add_argument("--accept-model", choices=("geometric", "fixed"), default="geometric")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", nargs="+", choices=MODES)
-    p.add_argument("--json")
+    p.add_argument("--policy", default="lru", choices=names, help="buffer policy (default lru)")
+    p.add_argument("--capacity", type=int, default=8192, help="buffer entries per layer (default 8192)")
+    p.add_argument("--drafts", type=int, default=3, help="MTP draft tokens per step (default 3)")
+    p.add_argument("--accept-mean", type=float, default=1.44,
+                   help="mean accepted drafts per step (default 1.44)")
+    p.add_argument("--accept-model", choices=("geometric", "fixed"), default="geometric",
+                   help="how accepted drafts are drawn (default geometric)")
+    p.add_argument("--seed", type=int, default=0, help="acceptance seed (default 0)")
+    p.add_argument("--modes", nargs="+", choices=MODES, help="buffer sharing modes (default all)")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
     p.set_defaults(func=cmd_mtp)
 
 

@@ -1,0 +1,91 @@
+"""``avsg bench all``: every benchmark in turn, under one output directory, headline ratios last.
+
+plan, gather, hash-buckets, emulation and decode, each into ``--out``/<command>/ (default
+avsg-results/bench-all/). ``--quick`` runs reduced grids (a few minutes on a 2-core machine);
+without it, each benchmark's full defaults (much longer). The last line summarises the headline
+ratios: hash vs dual-pointer plan at S = K = 2048, S3 vs S1 / S2 gather, and AVSG vs offload TPOT.
+A benchmark that needs the shared trace and cannot find it is skipped with a message.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from ..cli_util import UsageError
+from . import common
+
+QUICK = {
+    "plan": ["--steps", "3", "--warmup", "16"],
+    "gather": ["--batch", "1,2,4,8,16,32", "--miss-rate", "0.25,0.5,1.0", "--row-bytes", "656,1152"],
+    "hash-buckets": ["--layers", "8", "--steps", "64"],
+    "emulation": ["--steps", "4", "--warmup", "1", "--rows", "2"],
+    "decode": ["--trace-layers", "2", "--trace-steps", "128", "--batch", "1,8,32,64",
+               "--context", "32768,131072"],
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="reduced grids: a few minutes on a 2-core machine")
+    parser.add_argument("--only", default="plan,gather,hash-buckets,emulation,decode",
+                        help="comma-separated benchmarks to run (default all five)")
+    common.add_common_arguments(parser, "all")
+
+
+def main(args: argparse.Namespace) -> int:
+    from .. import cli
+    only = [b.strip() for b in args.only.split(",") if b.strip()]
+    bad = [b for b in only if b not in QUICK]
+    if bad or not only:
+        raise UsageError(f"--only: expected names among {', '.join(QUICK)}, got {args.only!r}")
+    if args.device == "npu":
+        common.require_npu("all")
+    root = common.out_dir(args, "all")
+    hw_args = ["--hw", args.hw] if args.hw else []
+    status, files, started = {}, {}, time.perf_counter()
+    for name in only:
+        out = os.path.join(root, name)
+        argv = ["bench", name, *(QUICK[name] if args.quick else []), "--out", out]
+        if name != "emulation" and name != "hash-buckets":
+            argv += hw_args
+        if name != "decode" and args.device != "cpu":
+            argv += ["--device", args.device]
+        if args.quiet and name != "decode":
+            argv.append("--quiet")
+        print(f"\n===== avsg {' '.join(argv)}", flush=True)
+        t0 = time.perf_counter()
+        rc = cli.main(argv)
+        status[name] = rc
+        print(f"===== {name}: exit {rc}, {time.perf_counter() - t0:.0f} s", flush=True)
+        files[name] = out
+    head = []
+    try:
+        plan = json.load(open(os.path.join(root, "plan", "plan.json")))
+        r = plan["anchors"]["pre-filled"]["dual/hash at S=K=2048"]
+        head.append(f"plan dual/hash at S=K=2048 {r:.2f}x (paper 2.80x)")
+    except (OSError, KeyError, TypeError):
+        pass
+    try:
+        g = json.load(open(os.path.join(root, "gather", "gather.json")))["summary"]
+        head.append(f"gather S3 over S1/S2 up to {g['max_S3_over_S1_core_only']:.1f}x/"
+                    f"{g['max_S3_over_S2_core_only']:.2f}x pipes only, "
+                    f"{g['max_S3_over_S1_with_link']:.2f}x/{g['max_S3_over_S2_with_link']:.2f}x with "
+                    f"the link (paper 34.44x/3.48x)")
+    except (OSError, KeyError):
+        pass
+    try:
+        d = json.load(open(os.path.join(root, "decode", "decode.json")))["results"]
+        ratios = [x["modes"]["avsg"]["tpot_s"] / x["modes"]["offload"]["tpot_s"] for x in d]
+        head.append(f"decode avsg/offload TPOT {min(ratios):.2f}-{max(ratios):.2f} (paper 0.61)")
+    except (OSError, KeyError, ValueError):
+        pass
+    # a sub-benchmark's exit status 2 here can only mean its input is missing (the shared trace)
+    skipped = [n for n, rc in status.items() if rc == 2]
+    failed = [n for n, rc in status.items() if rc not in (0, 2)]
+    print(f"\nresults under {root}/ ({', '.join(files)}); {time.perf_counter() - started:.0f} s"
+          + (f"; skipped (see its message): {', '.join(skipped)}" if skipped else "")
+          + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    print("headline (modelled, CPU emulation; see each table): " + "; ".join(head or ["none"]))
+    return 0 if not failed else 1
