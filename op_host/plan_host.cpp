@@ -105,12 +105,13 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     const uint32_t resChunks = (Sp + t.nc - 1) / t.nc;   // sorted resident runs (dual pointer)
     t.pendWords = t.numChunks * t.nc / 32;
     t.wsMissOff = 0;
+    // resident runs (dual pointer) or stash runs (hash plan; the stash holds at most Sp entries)
     t.wsResKeyOff = t.numChunks * t.nc;
     t.wsResSlotOff = t.wsResKeyOff + resChunks * t.nc;
-    // the hash plan's run lanes / indices reuse the dual pointer's resident-run space (numChunks <= resChunks)
-    t.wsRunJOff = t.wsResKeyOff;
-    t.wsRunLaneOff = t.wsResSlotOff;
-    t.wsFreeOff = t.wsResSlotOff + resChunks * t.nc;
+    t.wsRunLaneOff = t.wsResSlotOff + resChunks * t.nc;
+    t.wsSelKeyOff = t.wsRunLaneOff + t.numChunks * t.nc;
+    t.wsSelLaneOff = t.wsSelKeyOff + t.numChunks * t.nc;
+    t.wsFreeOff = t.wsSelLaneOff + t.numChunks * t.nc;
     t.wsScoreOff = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
     t.wsPerCore = t.wsScoreOff + (maxContext ? Sp : 0);
     t.hashA1 = kHashA1 & (H - 1);
@@ -170,8 +171,9 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     }
     TORCH_CHECK(t.winLen[SEC_BK] == t.winLen[SEC_BS], "avsg.plan: bucket_key and bucket_slot windows differ");
     // Assumptions of the kernels, checked here for every geometry the ops accept:
-    //  * the scalar k-way merges (PlanKernel::Merger) hold at most kPlanMaxRuns runs: one miss run
-    //    per selection chunk, and (dual pointer) one resident run per nc-slot chunk of slot_pos.
+    //  * the scalar k-way merges (PlanKernel::Merger) hold at most kPlanMaxRuns runs: one miss or
+    //    selection run per selection chunk, one stash run per nc stash entries (at most S), and
+    //    (dual pointer) one resident run per nc-slot chunk of slot_pos.
     //    BuildResidentRuns cuts its runs at window boundaries, so a slot_pos window of at least nc
     //    entries (a power of two, hence a multiple of nc) or the whole section keeps the runs at
     //    ceil(Sp / nc), which is also what the workspace reserves;

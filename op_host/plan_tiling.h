@@ -16,8 +16,9 @@ enum PlanSection : uint32_t { SEC_BK = 0, SEC_BS, SEC_SP, SEC_SL, SEC_SK, SEC_SS
 
 constexpr uint32_t kPlanChunk = 512;        // selections per vector chunk (NC): 8 repeats of int32
 constexpr uint32_t kPlanProbes = 4;         // 1 + RETRIES probe buckets per position
-constexpr uint32_t kPlanMaxRuns = 64;       // sorted runs merged by the scalar k-way merge
-constexpr uint32_t kPlanHeadLen = 16;       // int32 per run head buffer (64 B)
+constexpr uint32_t kPlanMaxRuns = 64;       // sorted runs merged by one scalar k-way merge
+constexpr uint32_t kPlanHeadLen = 16;       // int32 per run and merge head space (x 2 x kPlanMaxRuns)
+constexpr uint32_t kPlanMergeRegions = 3;   // head space regions: two merges (one with payload) at once
 constexpr uint32_t kPlanMinWindow = 256;    // keeps bitmap slices 32 B aligned
 constexpr uint32_t kPlanUbBudget = 184 * 1024;
 constexpr uint32_t kPlanVectors = 9;        // NC-element int32/float work vectors
@@ -56,10 +57,12 @@ struct PlanTiling {
     uint32_t numChunks;                  // ceil(N / nc): sorted miss runs per row
     uint32_t pendWords;                  // uint32 words of the pending bitmap (numChunks*nc/32)
     uint32_t wsPerCore;                  // int32 workspace per core
-    // workspace (int32 offsets in the core's slice): sorted miss runs (nc per run); resident runs
-    // (dual pointer) or, in the same space, each miss-run entry's lane and index in miss_pos (hash
-    // plan, run layout); the insert's free / winner bits (kPlanProbes*nc bits per miss chunk)
-    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff, wsRunJOff, wsRunLaneOff, wsFreeOff;
+    // workspace (int32 offsets in the core's slice), nc entries per run: sorted miss runs (each
+    // entry overwritten by its index in miss_pos once merged); sorted (key, payload) runs of the
+    // resident slots (dual pointer) or, in the same space, of the stash (hash plan); the miss runs'
+    // lanes; the dual pointer's sorted selection runs (overwritten by their match) and their lanes;
+    // the insert's free / winner bits (kPlanProbes*nc bits per miss chunk)
+    uint32_t wsMissOff, wsResKeyOff, wsResSlotOff, wsRunLaneOff, wsSelKeyOff, wsSelLaneOff, wsFreeOff;
     uint32_t wsScoreOff;                 // reuse: the slots' scores (float, Sp) for the victim search
     uint32_t hashA1, hashB1, hashA2, hashB2;   // constants mod H
     uint32_t ubBytes;                    // planned UB use of the plan kernels

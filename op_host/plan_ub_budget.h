@@ -17,7 +17,8 @@ inline uint32_t PlanFixedUbBytes(const PlanTiling& t) {
     b += RoundUp(t.capPad / 8, 32);                       // hit bitmap over slots
     b += RoundUp(t.buckets / 8, 32);                      // claimed bitmap over buckets
     b += RoundUp(t.pendWords * 4, 32);                    // pending bitmap over misses
-    b += 2 * RoundUp(kPlanMaxRuns * kPlanHeadLen * 4, 32);  // merge heads: keys + payload
+    b += RoundUp(2 * kPlanMaxRuns * kPlanHeadLen * 4, 32);   // merge heads (kPlanMergeRegions)
+    b += RoundUp(2 * kPlanMaxRuns * 4, 32);                  // two merges' loser trees
     b += 2 * 32 + 64;                                     // stats, scalars, header (+ stash count)
     return b;
 }

@@ -6,18 +6,20 @@
 // core's workspace are written by that core only (no GM atomics, no shared 64 B lines written
 // by two cores except through exact-byte DataCopyPad stores).
 //
-// Per row (hash matcher; the dual pointer differs in Match and in step 4):
+// Per row (hash matcher; the dual pointer differs in step 1's match: the row's selections and
+// resident slots sorted and walked once with two pointers, no hash and no stash lookup):
 //   0. stash compaction #1 (scalar; before the lookup, see below)
 //   1. refresh: per chunk of NC selections: validity (Cast->float, Compares GE/LT, And on u16,
 //      Select, Cast back), hash (shifts, u16 And against H-1, Muls/Add), then the 4 probes of
 //      the chunk at once (4*NC lanes, HashLookup): Gather bucket_key -> match bits, Gather
 //      bucket_slot, Gather slot_pos[slot] -> match bits, window by window (each window of a
-//      split section loaded at most once per chunk, the resident one first); stash: Compares NE
-//      + Select per live entry. Hit slots -> hit bitmap; the chunk's result is stored as its
-//      slots. Then one pass over slot_life: decay (Mins/Adds/Max) + hits to L (Not + Select).
+//      split section loaded at most once per chunk, the resident one first). Hit slots -> hit
+//      bitmap; the chunk's result is stored as its slots.
 //   2. classify: GatherMask compaction of the chunk's misses, Cast->float, Sort + Extract
-//      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge with
-//      dedup -> miss_pos (and each run entry's index in it).
+//      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge (loser
+//      tree) with dedup -> miss_pos (and each run entry's index in it). The stash, sorted once per
+//      row (Sort in nc-entry runs), is merged along: a miss found there is a hit after all.
+//      Then one pass over slot_life: decay (Mins/Adds/Max) + hits to L (Not + Select).
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
 //      insert: freeness of all 4 buckets of every miss (all-probe gathers), 4 scalar rounds
@@ -126,8 +128,8 @@ public:
         pipe->InitBuffer(hitBuf_, avsg::RoundUp(t_.capPad / 8, 32));
         pipe->InitBuffer(claimBuf_, avsg::RoundUp(t_.buckets / 8, 32));
         pipe->InitBuffer(pendBuf_, avsg::RoundUp(t_.pendWords * 4, 32));
-        pipe->InitBuffer(headKeyBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
-        pipe->InitBuffer(headPayBuf_, avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
+        pipe->InitBuffer(headBuf_, 2 * avsg::kPlanMaxRuns * avsg::kPlanHeadLen * 4);
+        pipe->InitBuffer(treeBuf_, 2 * avsg::kPlanMaxRuns * 4);
         pipe->InitBuffer(statsBuf_, 32);
         pipe->InitBuffer(scalarBuf_, 32);
         pipe->InitBuffer(headerBuf_, 64);
@@ -176,8 +178,8 @@ public:
         hitBits_ = hitBuf_.Get<uint32_t>();
         claimBits_ = claimBuf_.Get<uint32_t>();
         pendBits_ = pendBuf_.Get<uint32_t>();
-        headKey_ = headKeyBuf_.Get<int32_t>();
-        headPay_ = headPayBuf_.Get<int32_t>();
+        heads_ = headBuf_.Get<int32_t>();
+        treeUb_ = treeBuf_.Get<int32_t>();
         statsUb_ = statsBuf_.Get<int64_t>();
         scalarUb_ = scalarBuf_.Get<int32_t>();
         headerUb_ = headerBuf_.Get<int32_t>();
@@ -462,11 +464,10 @@ private:
         return n;
     }
 
-    // Hash lookup of vWant_ (nc lanes; invalid lanes hold -2) -> vFoundF_ (slot or -1).
-    // Any valid index entry (bucket or stash) with key p names the one slot holding p (slot_pos
-    // is the ground truth and holds p at most once), so "first valid probe, else first valid
-    // stash entry" is "the slot of any valid entry whose key is p": the probes and the stash are
-    // folded in any order. Stash entries are all live here (compacted before every lookup pass).
+    // Hash lookup of vWant_ (nc lanes; invalid lanes hold -2) -> vFoundF_ (slot or -1), probes
+    // only: the probes run last to first, so the first valid probe wins as in the reference even
+    // if slot_pos held a position twice. A lane no probe finds is looked up in the stash once per
+    // row, by the sorted merge in MergeMisses (reference: the stash is consulted only then).
     __aicore__ inline void HashLookup() {
         const uint32_t nc = t_.nc, n = Wide();
         Win& bk = win_[avsg::SEC_BK];
@@ -485,24 +486,6 @@ private:
         And(U16(mKey_), U16(mKey_), U16(mOwn_), n / 16);
         Cast(wSlot_.ReinterpretCast<float>(), wSlot_, RoundMode::CAST_RINT, n);
         Duplicate(vFoundF_, -1.0f, nc);
-        PipeBarrier<PIPE_V>();
-        // stash: lanes != key keep their value, the rest take the entry's slot. Valid selections
-        // are below 2^24 and exact in float; a key >= 2^24 rounds to >= 2^24 and matches none, and
-        // a negative key is skipped (invalid lanes hold -2). Two masks alternate so an entry needs
-        // one barrier: its compare only overwrites the mask of the entry before last. Entries run
-        // last to first and the probes last to first after them, so the first valid probe, else
-        // the first valid stash entry, wins as in the reference even if slot_pos held a position
-        // twice.
-        uint32_t used = 0;
-        for (uint32_t k = stashCount_; k-- > 0;) {
-            const int32_t key = Get(win_[avsg::SEC_SK], k);
-            if (key < 0) continue;
-            const uint32_t slot = ClampSlot(Get(win_[avsg::SEC_SS], k));
-            const LocalTensor<uint8_t>& ne = (used++ & 1u) ? mB_ : mA_;
-            CompareScalar(ne, vWantF_, static_cast<float>(key), CMPMODE::NE, nc);
-            PipeBarrier<PIPE_V>();
-            Select(vFoundF_, ne, vFoundF_, static_cast<float>(slot), SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
-        }
         PipeBarrier<PIPE_V>();
         const LocalTensor<float> slotF = wSlot_.ReinterpretCast<float>();
         for (uint32_t i = avsg::kPlanProbes; i-- > 0;) {
@@ -539,11 +522,15 @@ private:
     }
 
     // ---- scalar k-way merge over sorted runs in the workspace (run c at keyOff + c*nc). Each run
-    // streams through a head buffer of hlen entries: the whole head space shared by the runs in
-    // use (fewer refills, each a DMA with two syncs, when there are few runs).
+    // streams through a head buffer of hlen entries (the merge's region of the head space, shared
+    // by its runs). The runs' heads meet in a loser tree (UB, one int per node), so a step costs
+    // O(log runs) scalar accesses, not O(runs). Ties go to the lower run. With `out`, the merge
+    // also writes one value per consumed entry in place of its key (Emit): a head block goes back
+    // to outOff + c*nc in the run's layout once it is consumed, so no staging is needed.
     struct Merger {
-        uint32_t runs = 0, keyOff = 0, payOff = 0, hlen = avsg::kPlanHeadLen;
-        bool pay = false;
+        uint32_t runs = 0, leaves = 1, keyOff = 0, payOff = 0, outOff = 0;
+        uint32_t keyBase = 0, payBase = 0, treeBase = 0, hlen = 8;
+        bool pay = false, out = false;
         uint32_t len[avsg::kPlanMaxRuns];
         uint32_t pos[avsg::kPlanMaxRuns];
         uint32_t bpos[avsg::kPlanMaxRuns];
@@ -552,48 +539,108 @@ private:
         int32_t key = 0, val = 0;
         uint32_t best = 0;
     };
+    // Head space regions (int32 offsets, 32 B aligned): one merge's keys, another's keys and payload.
+    __aicore__ inline uint32_t Region(uint32_t i) const {
+        return i * (2 * avsg::kPlanMaxRuns * avsg::kPlanHeadLen / avsg::kPlanMergeRegions / 8 * 8);
+    }
+    __aicore__ inline void Configure(Merger& g, uint32_t runs, uint32_t keyOff, uint32_t payOff, bool out,
+                                     uint32_t keyRegion, uint32_t payRegion, uint32_t tree) {
+        g.runs = runs;
+        g.keyOff = keyOff;
+        g.payOff = payOff;
+        g.outOff = keyOff;
+        g.pay = payRegion != keyRegion;
+        g.out = out;
+        g.keyBase = Region(keyRegion);
+        g.payBase = Region(payRegion);
+        g.treeBase = tree * avsg::kPlanMaxRuns;
+    }
+    __aicore__ inline bool Live(const Merger& g, uint32_t c) const { return c < g.runs && g.pos[c] < g.len[c]; }
+    __aicore__ inline int32_t HeadKey(const Merger& g, uint32_t c) {
+        return heads_.GetValue(g.keyBase + c * g.hlen + g.bpos[c]);
+    }
+    // run a (key ka) goes before run b (key kb); an exhausted run goes after every live one
+    __aicore__ inline bool Before(uint32_t a, int32_t ka, bool aLive, uint32_t b, int32_t kb, bool bLive) const {
+        if (!aLive || !bLive) return aLive || (!bLive && a < b);
+        return ka < kb || (ka == kb && a < b);
+    }
     __aicore__ inline void Refill(Merger& g, uint32_t c) {
         const uint32_t n = MinU(g.hlen, g.len[c] - g.pos[c]);
         Sync<HardEvent::S_MTE2>();
-        LoadInts(headKey_[c * g.hlen], wsGm_[g.keyOff + c * t_.nc + g.pos[c]], n, 0);
-        if (g.pay) LoadInts(headPay_[c * g.hlen], wsGm_[g.payOff + c * t_.nc + g.pos[c]], n, 0);
+        LoadInts(heads_[g.keyBase + c * g.hlen], wsGm_[g.keyOff + c * t_.nc + g.pos[c]], n, 0);
+        if (g.pay) LoadInts(heads_[g.payBase + c * g.hlen], wsGm_[g.payOff + c * t_.nc + g.pos[c]], n, 0);
         Sync<HardEvent::MTE2_S>();
         g.bpos[c] = 0;
         g.blen[c] = n;
     }
-    __aicore__ inline void Pick(Merger& g) {
-        g.has = false;
-        for (uint32_t c = 0; c < g.runs; ++c) {
-            if (g.pos[c] >= g.len[c]) continue;
-            const int32_t k = headKey_.GetValue(c * g.hlen + g.bpos[c]);
-            if (!g.has || k < g.key) {
-                g.has = true;
-                g.key = k;
-                g.best = c;
+    __aicore__ inline void SetWinner(Merger& g, uint32_t c, int32_t key, bool live) {
+        g.best = c;
+        g.has = live;
+        g.key = key;
+        if (live && g.pay) g.val = heads_.GetValue(g.payBase + c * g.hlen + g.bpos[c]);
+    }
+    // Run c's head changed: replay its path to the root.
+    __aicore__ inline void Replay(Merger& g, uint32_t c) {
+        uint32_t cur = c;
+        bool curLive = Live(g, c);
+        int32_t curKey = curLive ? HeadKey(g, c) : 0;
+        for (uint32_t node = (c + g.leaves) >> 1; node >= 1; node >>= 1) {
+            const uint32_t other = static_cast<uint32_t>(treeUb_.GetValue(g.treeBase + node));
+            const bool live = Live(g, other);
+            const int32_t k = live ? HeadKey(g, other) : 0;
+            if (Before(other, k, live, cur, curKey, curLive)) {
+                treeUb_.SetValue(g.treeBase + node, static_cast<int32_t>(cur));
+                cur = other;
+                curKey = k;
+                curLive = live;
             }
         }
-        if (g.has && g.pay) g.val = headPay_.GetValue(g.best * g.hlen + g.bpos[g.best]);
-    }
-    __aicore__ inline uint32_t HeadShare(uint32_t runs) const {   // multiple of 8: 32 B aligned
-        return runs == 0 ? avsg::kPlanHeadLen : avsg::kPlanMaxRuns * avsg::kPlanHeadLen / runs / 8 * 8;
+        SetWinner(g, cur, curKey, curLive);
     }
     __aicore__ inline void Start(Merger& g) {
-        g.hlen = HeadShare(g.runs);
+        const uint32_t region = Region(1);
+        g.hlen = g.runs == 0 ? region : (region / g.runs / 8 * 8);
+        g.leaves = 1;
+        while (g.leaves < g.runs) g.leaves <<= 1;
         Sync<HardEvent::MTE3_MTE2>();   // runs were just stored
-        for (uint32_t c = 0; c < g.runs; ++c) {
+        for (uint32_t c = 0; c < g.leaves; ++c) {
+            if (c >= g.runs) g.len[c] = 0;
             g.pos[c] = 0;
             g.blen[c] = 0;
             g.bpos[c] = 0;
             if (g.len[c] > 0) Refill(g, c);
         }
-        Pick(g);
+        // winners bottom-up (once per merge); each node keeps the loser, the root's winner leads
+        uint32_t win[2 * avsg::kPlanMaxRuns];
+        for (uint32_t c = 0; c < g.leaves; ++c) win[g.leaves + c] = c;
+        for (uint32_t node = g.leaves - 1; node >= 1; --node) {
+            const uint32_t a = win[2 * node], b = win[2 * node + 1];
+            const bool la = Live(g, a), lb = Live(g, b);
+            const bool aFirst = Before(a, la ? HeadKey(g, a) : 0, la, b, lb ? HeadKey(g, b) : 0, lb);
+            win[node] = aFirst ? a : b;
+            treeUb_.SetValue(g.treeBase + node, static_cast<int32_t>(aFirst ? b : a));
+        }
+        const uint32_t w = win[1];
+        SetWinner(g, w, Live(g, w) ? HeadKey(g, w) : 0, Live(g, w));
+    }
+    // the value of the current entry (merges with `out`), written over its key
+    __aicore__ inline void Emit(Merger& g, int32_t v) {
+        heads_.SetValue(g.keyBase + g.best * g.hlen + g.bpos[g.best], v);
     }
     __aicore__ inline void Advance(Merger& g) {
         const uint32_t c = g.best;
         g.pos[c]++;
         g.bpos[c]++;
-        if (g.bpos[c] == g.blen[c] && g.pos[c] < g.len[c]) Refill(g, c);
-        Pick(g);
+        if (g.bpos[c] == g.blen[c]) {
+            if (g.out) {
+                Sync<HardEvent::S_MTE3>();
+                StoreInts(wsGm_[g.outOff + c * t_.nc + g.pos[c] - g.blen[c]], heads_[g.keyBase + c * g.hlen], g.blen[c]);
+                Sync<HardEvent::MTE3_MTE2>();
+                Sync<HardEvent::MTE3_S>();
+            }
+            if (g.pos[c] < g.len[c]) Refill(g, c);
+        }
+        Replay(g, c);
     }
 
     // Dual pointer: sorted runs of (slot_pos, slot) for resident slots, into the workspace.
@@ -619,6 +666,9 @@ private:
                 PipeBarrier<PIPE_V>();
                 resRuns_.len[run] = static_cast<uint32_t>(m);
                 if (m == 0) continue;
+                // whatever slot_pos holds, keys stay exact in the float sort (no selection is >= 2^24)
+                Mins(vKey_, vKey_, static_cast<int32_t>(avsg::kMaxPosition), static_cast<uint32_t>(m));
+                PipeBarrier<PIPE_V>();
                 LocalTensor<uint32_t> pay = vSlot_.ReinterpretCast<uint32_t>();
                 SortAscending(vKey_, static_cast<uint32_t>(m), &pay);
                 Sync<HardEvent::V_MTE3>();
@@ -629,43 +679,121 @@ private:
                 Sync<HardEvent::MTE3_V>();
             }
         }
-        resRuns_.runs = run;
-        resRuns_.keyOff = t_.wsResKeyOff;
-        resRuns_.payOff = t_.wsResSlotOff;
-        resRuns_.pay = true;
+        Configure(resRuns_, run, t_.wsResKeyOff, t_.wsResSlotOff, false, 1, 2, 1);
     }
 
-    // Dual pointer lookup of vWant -> vFoundF: sort the chunk's valid selections (lane payload),
-    // then walk them and the merged resident runs with two pointers on the scalar unit.
-    __aicore__ inline void DualMatch() {
+    // Dual pointer, once per row: the row's valid selections sorted per chunk (lanes as payload),
+    // then one walk of two pointers over them and the merged resident runs. Both sides ascend, so
+    // every resident entry and every selection is passed once: O((S + T*K) log runs) scalar steps
+    // for the row. Each selection's match (slot or -1) replaces its key in the workspace run.
+    __aicore__ inline void DualMatchRow(uint32_t r) {
         const uint32_t nc = t_.nc;
-        Duplicate(vFoundI_, -1, nc);
-        CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);
-        PipeBarrier<PIPE_V>();
-        uint64_t m = 0, m2 = 0;
-        GatherMask(vKey_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m);
-        GatherMask(vSlot_, vLane_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m2);
-        PipeBarrier<PIPE_V>();
-        if (m > 0) {
+        for (uint32_t c = 0; c < t_.numChunks; ++c) {
+            PrepareWant(r, c);
+            CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);
+            PipeBarrier<PIPE_V>();
+            uint64_t m = 0, m2 = 0;
+            GatherMask(vKey_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m);
+            GatherMask(vSlot_, vLane_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m2);
+            PipeBarrier<PIPE_V>();
+            selRuns_.len[c] = static_cast<uint32_t>(m);
+            if (m == 0) continue;
             LocalTensor<uint32_t> pay = vSlot_.ReinterpretCast<uint32_t>();
             SortAscending(vKey_, static_cast<uint32_t>(m), &pay);
+            Sync<HardEvent::V_MTE3>();
+            StoreInts(wsGm_[t_.wsSelKeyOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
+                      static_cast<uint32_t>(m));
+            StoreInts(wsGm_[t_.wsSelLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
+                      static_cast<uint32_t>(m));
+            Sync<HardEvent::MTE3_V>();
+        }
+        Configure(selRuns_, t_.numChunks, t_.wsSelKeyOff, 0, true, 0, 0, 0);
+        Start(resRuns_);
+        Start(selRuns_);
+        while (selRuns_.has) {
+            const int32_t want = selRuns_.key;
+            while (resRuns_.has && resRuns_.key < want) Advance(resRuns_);
+            Emit(selRuns_, resRuns_.has && resRuns_.key == want ? resRuns_.val : -1);
+            Advance(selRuns_);
+        }
+    }
+    // Chunk c's matches (from DualMatchRow) -> vFoundF_: scattered to their lanes.
+    __aicore__ inline void DualFound(uint32_t c) {
+        const uint32_t nc = t_.nc, len = selRuns_.len[c];
+        const LocalTensor<int32_t> lanes = vT1_, found = vT2_;
+        Duplicate(vFoundI_, -1, nc);
+        if (len > 0) {
+            Sync<HardEvent::V_MTE2>();
+            Sync<HardEvent::S_MTE2>();
+            Sync<HardEvent::MTE3_MTE2>();
+            LoadInts(lanes, wsGm_[t_.wsSelLaneOff + c * nc], len, 0);
+            LoadInts(found, wsGm_[t_.wsSelKeyOff + c * nc], len, 0);
+            Sync<HardEvent::MTE2_S>();
             Sync<HardEvent::V_S>();
-            Start(resRuns_);
-            const LocalTensor<int32_t> sk = sOutV_.template ReinterpretCast<int32_t>();
-            for (uint32_t q = 0; q < m; ++q) {
-                const int32_t want = sk.GetValue(q);
-                while (resRuns_.has && resRuns_.key < want) Advance(resRuns_);
-                if (resRuns_.has && resRuns_.key == want)
-                    vFoundI_.SetValue(sOutI_.GetValue(q), resRuns_.val);
-            }
+            for (uint32_t e = 0; e < len; ++e)
+                vFoundI_.SetValue(static_cast<uint32_t>(lanes.GetValue(e)), found.GetValue(e));
             Sync<HardEvent::S_V>();
         }
+        PipeBarrier<PIPE_V>();
         Cast(vFoundF_, vFoundI_, RoundMode::CAST_RINT, nc);
         PipeBarrier<PIPE_V>();
     }
 
-    __aicore__ inline void Match() {
-        if (kDual) DualMatch();
+    // Hash plan: the stash, compacted (every entry live), sorted in runs of nc entries by key with
+    // payload (k << 16) | slot, into the workspace; MergeMisses merges it with the sorted misses.
+    // Keys are clamped to [-1, 2^24] (exact in float; no selection reaches 2^24) and slots to
+    // [0, S-1], as the lookup clamps them; k < S <= 2^15 keeps the payload positive.
+    __aicore__ inline void BuildStashRuns() {
+        const uint32_t nc = t_.nc;
+        const uint32_t runs = (stashCount_ + nc - 1) / nc;
+        Sync<HardEvent::S_V>();                   // CompactStash's scalar writes of the windows
+        for (uint32_t q = 0; q < runs; ++q) {
+            const uint32_t base = q * nc, n = MinU(nc, stashCount_ - base);
+            CopySection(win_[avsg::SEC_SK], base, n, vKey_);
+            CopySection(win_[avsg::SEC_SS], base, n, vSlot_);
+            Adds(vT1_, vLane_, static_cast<int32_t>(base), n);   // stash index k
+            PipeBarrier<PIPE_V>();
+            ClampInts(vKey_, -1, static_cast<int32_t>(avsg::kMaxPosition), n);
+            ClampInts(vSlot_, 0, SlotMax(), n);
+            ShiftLeft(vT1_, vT1_, 16, n);
+            PipeBarrier<PIPE_V>();
+            Add(vSlot_, vSlot_, vT1_, n);
+            PipeBarrier<PIPE_V>();
+            LocalTensor<uint32_t> pay = vSlot_.ReinterpretCast<uint32_t>();
+            SortAscending(vKey_, n, &pay);
+            Sync<HardEvent::V_MTE3>();
+            StoreInts(wsGm_[t_.wsResKeyOff + q * nc], sOutV_.template ReinterpretCast<int32_t>(), n);
+            StoreInts(wsGm_[t_.wsResSlotOff + q * nc], sOutI_.template ReinterpretCast<int32_t>(), n);
+            Sync<HardEvent::MTE3_V>();
+            stashRuns_.len[q] = n;
+        }
+        Configure(stashRuns_, runs, t_.wsResKeyOff, t_.wsResSlotOff, false, 1, 2, 1);
+    }
+    // dst[0:n] = section entries [base, base+n), window by window (vector copies)
+    __aicore__ inline void CopySection(Win& w, uint32_t base, uint32_t n, const LocalTensor<int32_t>& dst) {
+        for (uint32_t done = 0; done < n;) {
+            const uint32_t idx = base + done;
+            const int32_t id = static_cast<int32_t>(idx >> w.wlog);
+            Ensure(w, id);
+            const uint32_t off = idx - static_cast<uint32_t>(id) * w.wlen;
+            const uint32_t cnt = MinU(n - done, WinCount(w, id) - off);
+            Adds(dst[done], w.buf[off], 0, cnt);
+            done += cnt;
+        }
+    }
+    // Stash lookup of v (ascending over calls): the slot of the first stash entry (lowest k, the
+    // payload's high half) whose key is v, or -1.
+    __aicore__ inline int32_t StashSlot(int32_t v) {
+        Merger& g = stashRuns_;
+        while (g.has && g.key < v) Advance(g);
+        int32_t first = -1;
+        for (; g.has && g.key == v; Advance(g))
+            if (first < 0 || g.val < first) first = g.val;
+        return first < 0 ? -1 : (first & 0xFFFF);
+    }
+
+    __aicore__ inline void Match(uint32_t c) {
+        if (kDual) DualFound(c);
         else HashLookup();
     }
 
@@ -685,7 +813,7 @@ private:
         GatherMask(vT1_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), nValid);
         GatherMask(vKey_, vFoundI_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
         GatherMask(vSlot_, vWant_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
-        if (!kDual) GatherMask(vT2_, vLane_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
+        GatherMask(vT2_, vLane_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
         uint64_t nHitPos = 0;   // reuse: the hits' positions (wTmp_ is idle until the sort)
         if (reuse_) GatherMask(wTmp_, vWant_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHitPos);
         Sync<HardEvent::V_S>();
@@ -700,21 +828,18 @@ private:
             SetWordBit(hitBits_, slot);
         }
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
-        if (!kDual) {
-            Sync<HardEvent::V_MTE3>();
-            StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.N + c * nc], vFoundI_, n);
-            if (nMiss == 0) Sync<HardEvent::MTE3_V>();
-        }
+        Sync<HardEvent::V_MTE3>();
+        StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.N + c * nc], vFoundI_, n);
+        if (nMiss == 0) Sync<HardEvent::MTE3_V>();
         if (nMiss == 0) return;
         Sync<HardEvent::S_V>();
         const LocalTensor<uint32_t> lanes = vT2_.ReinterpretCast<uint32_t>();
-        SortAscending(vSlot_, static_cast<uint32_t>(nMiss), kDual ? nullptr : &lanes);
+        SortAscending(vSlot_, static_cast<uint32_t>(nMiss), &lanes);
         Sync<HardEvent::V_MTE3>();
         StoreInts(wsGm_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
                   static_cast<uint32_t>(nMiss));
-        if (!kDual)
-            StoreInts(wsGm_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
-                      static_cast<uint32_t>(nMiss));
+        StoreInts(wsGm_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
+                  static_cast<uint32_t>(nMiss));
         Sync<HardEvent::MTE3_V>();
     }
 
@@ -815,36 +940,47 @@ private:
         win_[avsg::SEC_SC].dirty = true;
     }
 
-    // Scalar merge of the sorted miss runs with dedup -> miss_pos[0:M]. Returns M.
-    // The hash plan also records, for every run entry, the index j of its position in miss_pos
-    // (workspace, run layout), staged per run in headPay_ (unused by the miss merge, which has no
-    // payload): OutputMisses turns it into the lane's reserved slot, miss_slots[j].
+    // Scalar merge of the sorted miss runs with dedup -> miss_pos[0:M]. Returns M. Every run
+    // entry's key is replaced by its index j in miss_pos (workspace, run layout): OutputMisses
+    // turns it into the lane's reserved slot, miss_slots[j]. The misses here are the lanes no
+    // probe found; each distinct one is looked up in the sorted stash on the way (both ascend): a
+    // stash hit is a hit (hit bitmap, stats), its entries get -2 - slot instead of a j.
     __aicore__ inline uint32_t MergeMisses(uint32_t r) {
-        missRuns_.runs = t_.numChunks;
-        missRuns_.keyOff = t_.wsMissOff;
-        missRuns_.pay = false;
-        // per-run j staging: an equal share of headPay_, a multiple of 8 entries (32 B aligned)
-        jCap_ = HeadShare(t_.numChunks);
-        for (uint32_t c = 0; c < t_.numChunks; ++c) jFill_[c] = jDone_[c] = 0;
+        const bool stash = stashRuns_.runs > 0;
+        Configure(missRuns_, t_.numChunks, t_.wsMissOff, 0, true, 0, 0, 0);
+        if (stash) Start(stashRuns_);
         Start(missRuns_);
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         uint32_t m = 0, staged = 0;
-        int32_t last = -1;
+        int32_t last = -1, code = -1;
         while (missRuns_.has) {
             const int32_t v = missRuns_.key;
             if (v != last) {
-                vT1_.SetValue(staged++, v);
                 last = v;
-                if (reuse_) AddHeat(v);
-                if (staged == t_.nc) {
-                    Sync<HardEvent::S_MTE3>();
-                    StoreInts(missPosGm_[rowN + m], vT1_, staged);
-                    Sync<HardEvent::MTE3_S>();
-                    m += staged;
-                    staged = 0;
+                const int32_t slot = stash ? StashSlot(v) : -1;
+                if (slot >= 0) {
+                    code = -2 - slot;
+                    // reuse: a slot used this step heats its block once, as in Classify
+                    if (reuse_ && !WordBit(hitBits_, static_cast<uint32_t>(slot))) AddHeat(v);
+                    SetWordBit(hitBits_, static_cast<uint32_t>(slot));
+                } else {
+                    code = static_cast<int32_t>(m + staged);
+                    vT1_.SetValue(staged++, v);
+                    if (reuse_) AddHeat(v);
+                    if (staged == t_.nc) {
+                        Sync<HardEvent::S_MTE3>();
+                        StoreInts(missPosGm_[rowN + m], vT1_, staged);
+                        Sync<HardEvent::MTE3_S>();
+                        m += staged;
+                        staged = 0;
+                    }
                 }
             }
-            if (!kDual) RecordJ(missRuns_.best, m + staged - 1);
+            if (code < 0) {   // a lane Classify counted as a miss
+                ++hits_;
+                --misses_;
+            }
+            Emit(missRuns_, code);
             Advance(missRuns_);
         }
         if (staged) {
@@ -853,21 +989,7 @@ private:
             Sync<HardEvent::MTE3_S>();
             m += staged;
         }
-        if (!kDual)
-            for (uint32_t c = 0; c < t_.numChunks; ++c) FlushJ(c);
         return m;
-    }
-    __aicore__ inline void RecordJ(uint32_t c, uint32_t j) {
-        headPay_.SetValue(c * jCap_ + jFill_[c], static_cast<int32_t>(j));
-        if (++jFill_[c] == jCap_) FlushJ(c);
-    }
-    __aicore__ inline void FlushJ(uint32_t c) {
-        if (jFill_[c] == 0) return;
-        Sync<HardEvent::S_MTE3>();
-        StoreInts(wsGm_[t_.wsRunJOff + c * t_.nc + jDone_[c]], headPay_[c * jCap_], jFill_[c]);
-        Sync<HardEvent::MTE3_S>();
-        jDone_[c] += jFill_[c];
-        jFill_[c] = 0;
     }
 
     // Victims in (life, slot) order among life < L: one Compares EQ + GatherMask per level and
@@ -1322,20 +1444,41 @@ private:
         }
     }
 
-    // Drops stale stash entries, order kept (scalar: the stash holds a few entries in practice).
+    // Drops stale stash entries, order kept. Liveness (slot_pos[clamped slot] == key) is tested
+    // nc entries at a time with the all-probe gather (the slots in the first nc lanes), and the
+    // live entries are compacted by GatherMask; only their write-back is scalar. A scalar test per
+    // entry would alternate between the window being read (k) and the one written (c < k) at
+    // every entry once one entry was dropped, a window reload each time with small stash windows.
     __aicore__ inline void CompactStash() {
+        const uint32_t nc = t_.nc, W = Wide();
         Win& sk = win_[avsg::SEC_SK];
         Win& ss = win_[avsg::SEC_SS];
+        const LocalTensor<int32_t> keys = vKey_, slots = vSlot_, liveKeys = vFoundI_, liveSlots = vFirst_;
         uint32_t c = 0;
-        for (uint32_t k = 0; k < stashCount_; ++k) {
-            const int32_t key = Get(sk, k);
-            const int32_t slot = Get(ss, k);
-            if (Get(win_[avsg::SEC_SP], ClampSlot(slot)) == key) {
-                if (c != k) {
-                    Put(sk, c, key);
-                    Put(ss, c, slot);
-                }
-                ++c;
+        for (uint32_t base = 0; base < stashCount_; base += nc) {
+            const uint32_t n = MinU(nc, stashCount_ - base);
+            Sync<HardEvent::S_V>();               // scalar writes of the windows / reads of the lists
+            PipeBarrier<PIPE_V>();
+            CopySection(sk, base, n, keys);
+            CopySection(ss, base, n, slots);
+            Duplicate(wIdx_, 0, W);
+            PipeBarrier<PIPE_V>();
+            Adds(wIdx_, slots, 0, n);
+            PipeBarrier<PIPE_V>();
+            ClampInts(wIdx_, 0, SlotMax(), n);
+            SplitIdx(win_[avsg::SEC_SP], wIdx_);
+            MatchBits(win_[avsg::SEC_SP], keys, false, mOwn_);   // first nc bits: live
+            uint64_t cnt = 0, cnt2 = 0;
+            GatherMask(liveKeys, keys, U32(mOwn_), true, n, GatherMaskParams(1, 1, 8, 0), cnt);
+            GatherMask(liveSlots, slots, U32(mOwn_), true, n, GatherMaskParams(1, 1, 8, 0), cnt2);
+            Sync<HardEvent::V_S>();
+            if (c == base && static_cast<uint32_t>(cnt) == n) {   // nothing dropped so far
+                c += n;
+                continue;
+            }
+            for (uint32_t q = 0; q < static_cast<uint32_t>(cnt); ++q, ++c) {
+                Put(sk, c, liveKeys.GetValue(q));
+                Put(ss, c, liveSlots.GetValue(q));
             }
         }
         for (uint32_t k = c; k < stashCount_; ++k) {
@@ -1366,11 +1509,11 @@ private:
         Sync<HardEvent::MTE3_V>();
     }
 
-    // Hash plan, step 4: the slots of the missed lanes (reference: miss_slots[searchsorted]).
-    // Classify stored every chunk's lookup result (final for hits and invalid lanes) and its
-    // sorted miss run's lanes; MergeMisses stored each run entry's index j in miss_pos. So a
-    // missed lane's slot is miss_slots[j], with j ascending along the run: one pass per chunk
-    // with misses, miss_slots streamed in nc blocks, no second lookup.
+    // Step 4: the slots of the lanes the match missed (reference: miss_slots[searchsorted]).
+    // Classify stored every chunk's match (final for hits and invalid lanes) and its sorted miss
+    // run's lanes; MergeMisses stored each run entry's index j in miss_pos (or -2 - slot for a
+    // stash hit). So a missed lane's slot is miss_slots[j], with j ascending along the run: one
+    // pass per chunk with misses, miss_slots streamed in nc blocks, no second lookup.
     __aicore__ inline void OutputMisses(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
@@ -1387,11 +1530,16 @@ private:
             Sync<HardEvent::MTE3_MTE2>();
             LoadInts(out, slotsGm_[rowN + c * nc], n, 0);
             LoadInts(lanes, wsGm_[t_.wsRunLaneOff + c * nc], len, 0);
-            LoadInts(js, wsGm_[t_.wsRunJOff + c * nc], len, 0);
+            LoadInts(js, wsGm_[t_.wsMissOff + c * nc], len, 0);
             Sync<HardEvent::MTE2_S>();
             int32_t cur = -1;                     // miss_slots block in `block`
             for (uint32_t e = 0; e < len; ++e) {
-                const uint32_t j = static_cast<uint32_t>(js.GetValue(e));
+                const int32_t code = js.GetValue(e);
+                if (code < 0) {                   // stash hit
+                    out.SetValue(static_cast<uint32_t>(lanes.GetValue(e)), -2 - code);
+                    continue;
+                }
+                const uint32_t j = static_cast<uint32_t>(code);
                 const int32_t blk = static_cast<int32_t>(j / nc);
                 if (blk != cur) {
                     Sync<HardEvent::S_MTE2>();
@@ -1468,17 +1616,23 @@ private:
         }
         if (reuse_) CoolHeat();
 
-        // 0. stash compaction #1
+        // 0. stash compaction #1, and the sorted stash (hash plan) or the matches (dual pointer)
         if (stashCount_ > 0) CompactStash();
-        if (kDual) BuildResidentRuns();
-        // 1+2. refresh and classify, chunk by chunk
+        stashRuns_.runs = 0;
+        if (!kDual && stashCount_ > 0) BuildStashRuns();
+        if (kDual) {
+            BuildResidentRuns();
+            DualMatchRow(r);
+        }
+        // 1+2. refresh and classify, chunk by chunk; the stash hits join the hits in the merge,
+        // before the decay pins them
         for (uint32_t c = 0; c < t_.numChunks; ++c) {
             const uint32_t n = PrepareWant(r, c);
-            Match();
+            Match(c);
             Classify(r, c, n);
         }
-        DecayAndPin();
         const uint32_t m = MergeMisses(r);
+        DecayAndPin();
         // 3. allocate and install
         if (reuse_) {
             AllocateByScore(r, m);
@@ -1494,20 +1648,8 @@ private:
             CompactStash();
             AppendPending(r, m);
         }
-        // 4. output: every selection's slot (the dual pointer matches every chunk again)
-        if (kDual) {
-            BuildResidentRuns();
-            for (uint32_t c = 0; c < t_.numChunks; ++c) {
-                const uint32_t n = PrepareWant(r, c);
-                Match();
-                Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, t_.nc);
-                Sync<HardEvent::V_MTE3>();
-                StoreInts(slotsGm_[rowN + c * t_.nc], vFoundI_, n);
-                Sync<HardEvent::MTE3_V>();
-            }
-        } else {
-            OutputMisses(r, m);
-        }
+        // 4. output: every selection's slot
+        OutputMisses(r, m);
         FillTail(missPosGm_, rowN, m, t_.N);
         FillTail(missSlotsGm_, rowN, m, t_.N);
         // counts, stats, stash count, state write-back
@@ -1537,7 +1679,7 @@ private:
     GlobalTensor<int64_t> statsGm_;
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
-    TBuf<TPosition::VECCALC> tilingBuf_, alignedBuf_, hitBuf_, claimBuf_, pendBuf_, headKeyBuf_, headPayBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, alignedBuf_, hitBuf_, claimBuf_, pendBuf_, headBuf_, treeBuf_;
     TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
@@ -1550,16 +1692,15 @@ private:
     LocalTensor<float> sConcat_, sDst_, sTmp_, sOutV_;
     LocalTensor<uint32_t> sIdx_, sOutI_;
     LocalTensor<uint32_t> hitBits_, claimBits_, pendBits_;
-    LocalTensor<int32_t> headKey_, headPay_;
+    LocalTensor<int32_t> heads_, treeUb_;
     LocalTensor<int64_t> statsUb_;
     LocalTensor<int32_t> scalarUb_, headerUb_, countUb_;
-    Merger missRuns_, resRuns_;
+    Merger missRuns_, resRuns_, selRuns_, stashRuns_;
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
     uint32_t freeSlots_ = 0;
     bool reuse_ = false;                     // policy: reuse (else lifetime)
     int32_t missChunk_ = -1;                 // miss chunk held by vWant_ / vMS_ (LoadMisses), -1: none                 // slots at life -1 after DecayAndPin (padding included)
-    uint32_t jCap_ = 0, jFill_[avsg::kPlanMaxRuns], jDone_[avsg::kPlanMaxRuns];  // MergeMisses' j staging
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
 };
 
