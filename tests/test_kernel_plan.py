@@ -273,3 +273,88 @@ def test_op_rejects_bad_geometry():
         torch.ops.avsg.invalidate(state, seq.long(), 16, 64)
     with pytest.raises(TypeError, match="row_mask"):
         torch.ops.avsg.reset(state, seq, 16, 64, 4)
+
+
+def stash_the_index(state, layout, gen, share=0.75, stale=400):
+    """Move `share` of every row's resident positions from the hash table into the stash, in
+    shuffled order, with `stale` entries (keys their slot does not hold) mixed in. The index
+    stays valid: every resident position is still found at its slot."""
+    v = reference.view_state(state, layout)
+    S = layout.capacity
+    for r in range(state.shape[0]):
+        slots = (v.slot_pos[r] >= 0).nonzero().flatten()
+        slots = slots[torch.randperm(slots.numel(), generator=gen)][:int(share * slots.numel())]
+        keys = v.slot_pos[r, slots]
+        moved = torch.isin(v.bucket_key[r], keys)
+        v.bucket_key[r][moved] = -1
+        v.bucket_slot[r][moved] = 0
+        junk_slots = torch.randint(0, S, (stale,), generator=gen)
+        junk_keys = v.slot_pos[r, junk_slots] + 1 + torch.randint(0, 50, (stale,), generator=gen,
+                                                                  dtype=I32)
+        all_keys = torch.cat([keys, junk_keys.to(I32)])
+        all_slots = torch.cat([slots, junk_slots]).to(I32)
+        order = torch.randperm(all_keys.numel(), generator=gen)[:S]
+        n = order.numel()
+        v.stash_key[r, :n] = all_keys[order]
+        v.stash_slot[r, :n] = all_slots[order]
+        v.stash_key[r, n:] = -1
+        v.stash_slot[r, n:] = 0
+        v.stash_count[r] = n
+    return v
+
+
+@pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
+def test_stash_of_thousands(matcher):
+    """buckets = capacity and an index that lives mostly in the stash: ~6,500 entries per row,
+    stale ones among them, sorted in 13 runs and merged with the misses (the stash windows of
+    the reuse policy hold 256 entries, so every sort run spans two windows). Hits found only in
+    the stash must be pinned, counted and returned exactly as the reference does."""
+    R, T, K, S, H, L, C = 2, 2, 2048, 8192, 8192, 4, 65536
+    twin = Twin(R, S, H, L, matcher, max_context=C)
+    gen = torch.Generator().manual_seed(17)
+    seq = torch.full((R,), C, dtype=I32)
+    for step in range(S // (T * K)):           # fill the buffer with distinct positions
+        fill = torch.stack([torch.randperm(C, generator=gen)[:T * K] for _ in range(R)])
+        twin.plan(fill.view(R, T, K).to(I32), seq)
+    v = stash_the_index(twin.ref_state, twin.layout, gen)
+    twin.state.copy_(twin.ref_state)
+    assert int(v.stash_count.min()) > 6000
+    for step in range(3):
+        # half the selections are resident positions (most of them stashed), half new
+        topk = torch.empty(R, T, K, dtype=I32)
+        for r in range(R):
+            resident = v.slot_pos[r][v.slot_pos[r] >= 0]
+            old = resident[torch.randint(0, resident.numel(), (T * K // 2,), generator=gen)]
+            new = torch.randint(0, C, (T * K - old.numel(),), generator=gen, dtype=I32)
+            topk[r] = torch.cat([old, new])[torch.randperm(T * K, generator=gen)].view(T, K)
+        before = twin.ref_stats[:, reference.STAT_HITS].clone()
+        twin.plan(topk, seq)
+        hits = twin.ref_stats[:, reference.STAT_HITS] - before
+        assert int(hits.min()) > T * K // 4, "the stashed positions did not hit"
+        v = reference.view_state(twin.ref_state, twin.layout)
+
+
+def test_stash_first_entry_wins_across_runs():
+    """A corrupted state holding one position in two slots, both stashed: the lookup returns the
+    first stash entry's slot (the reference's rule), though the other entry sorts into an earlier
+    run position and names the lower slot."""
+    R, T, K, S, H, L = 1, 1, 2048, 4096, 4096, 4
+    twin = Twin(R, S, H, L, "hash")
+    gen = torch.Generator().manual_seed(23)
+    seq = torch.full((R,), 50000, dtype=I32)
+    for step in range(S // K):
+        twin.plan(torch.randperm(50000, generator=gen)[:K].view(1, 1, K).to(I32), seq)
+    v = stash_the_index(twin.ref_state, twin.layout, gen, share=1.0, stale=0)
+    n = int(v.stash_count[0])
+    lo, hi = int(v.stash_slot[0, n - 1]), int(v.stash_slot[0, 3])
+    lo, hi = min(lo, hi), max(lo, hi)
+    p = int(v.slot_pos[0, lo])
+    v.slot_pos[0, hi] = p                        # p is now held by both slots
+    v.stash_key[0, 3], v.stash_slot[0, 3] = p, hi            # first entry: the higher slot
+    v.stash_key[0, n - 1], v.stash_slot[0, n - 1] = p, lo    # last entry, last run
+    twin.state.copy_(twin.ref_state)
+    topk = torch.full((1, 1, K), -1, dtype=I32)
+    topk[0, 0, 0] = p
+    topk[0, 0, 1:100] = v.slot_pos[0, :99]
+    slots, *_ = twin.plan(topk, seq)
+    assert int(slots[0, 0, 0]) == hi
