@@ -4,7 +4,17 @@
 //
 // Work split: core c handles rows c, c+numBlocks, ... : a row's state, outputs, stats and the
 // core's workspace are written by that core only (no GM atomics, no shared 64 B lines written
-// by two cores except through exact-byte DataCopyPad stores).
+// by two cores except through exact-byte DataCopyPad stores). A batch of fewer rows than cores
+// leaves cores idle; a row is not split over several because the lookup (step 1, the only part
+// that splits without moving the allocation) is about a third of a row's modelled time under
+// the lifetime policy, and under the reuse policy most of it is the per-hit heat update, which
+// must stay with the row's owner. Splitting would need, per row: the owner's prologue (header,
+// padding, stash compaction and sort) flushed to GM, then a SyncAll; helper cores looking up
+// their chunks and storing slots, miss runs, hit lists and counts to a per-row workspace (DMA
+// only: scalar GM goes through the non-coherent DCache), a second SyncAll; the owner folding
+// the hit lists into its bitmap before step 2. A rejected row must reach the helpers through
+// the workspace too, and on the NPU SyncAll needs KERNEL_TYPE_MIX_AIV_1_0 or a zeroed soft-sync
+// workspace per launch.
 //
 // Per row (hash matcher; the dual pointer differs in step 1's match: the row's selections and
 // resident slots sorted and walked once with two pointers, no hash and no stash lookup):
@@ -494,8 +504,9 @@ private:
         }
     }
 
-    // Sort `m` int32 keys (UB, < 2^24, >= 0) ascending with a uint32 payload (or lane ids when
-    // payload is null): Cast->float, negate (Sort is descending), Sort + Extract, negate, Cast.
+    // Sort `m` int32 keys (UB, in [-1, 2^24]: exact in float) ascending with a uint32 payload (or
+    // lane ids when payload is null): Cast->float, negate (Sort is descending), Sort + Extract,
+    // negate, Cast.
     // Result: sOutV_ (as int32) keys, sOutI_ payload; m <= nc.
     __aicore__ inline void SortAscending(const LocalTensor<int32_t>& keys, uint32_t m,
                                          const LocalTensor<uint32_t>* payload) {
@@ -634,7 +645,8 @@ private:
         if (g.bpos[c] == g.blen[c]) {
             if (g.out) {
                 Sync<HardEvent::S_MTE3>();
-                StoreInts(wsGm_[g.outOff + c * t_.nc + g.pos[c] - g.blen[c]], heads_[g.keyBase + c * g.hlen], g.blen[c]);
+                const uint32_t first = g.pos[c] - g.blen[c];   // the block's first entry in its run
+                StoreInts(wsGm_[g.outOff + c * t_.nc + first], heads_[g.keyBase + c * g.hlen], g.blen[c]);
                 Sync<HardEvent::MTE3_MTE2>();
                 Sync<HardEvent::MTE3_S>();
             }
@@ -797,9 +809,9 @@ private:
         else HashLookup();
     }
 
-    // Counts, hit bitmap and the chunk's sorted miss run (workspace run c). The hash plan also
-    // stores the lookup result as the chunk's slots (final for hits and invalid lanes) and the
-    // run's lanes (the sort's payload), so OutputMisses can patch just the missed lanes.
+    // Counts, hit bitmap and the chunk's sorted miss run (workspace run c). The match is stored
+    // as the chunk's slots (final for hits and invalid lanes) with the run's lanes (the sort's
+    // payload), so OutputMisses patches just the missed lanes.
     __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n) {
         const uint32_t nc = t_.nc;
         Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, nc);
