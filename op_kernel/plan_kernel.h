@@ -535,12 +535,12 @@ private:
     // ---- scalar k-way merge over sorted runs in the workspace (run c at keyOff + c*nc). Each run
     // streams through a head buffer of hlen entries (the merge's region of the head space, shared
     // by its runs). The runs' heads meet in a loser tree (UB, one int per node), so a step costs
-    // O(log runs) scalar accesses, not O(runs). Ties go to the lower run. With `out`, the merge
+    // O(log runs) scalar accesses, not O(runs) (a scan for a few runs). Ties go to the lower run. With `out`, the merge
     // also writes one value per consumed entry in place of its key (Emit): a head block goes back
     // to outOff + c*nc in the run's layout once it is consumed, so no staging is needed.
     struct Merger {
         uint32_t runs = 0, leaves = 1, keyOff = 0, payOff = 0, outOff = 0;
-        uint32_t keyBase = 0, payBase = 0, treeBase = 0, hlen = 8;
+        uint32_t keyBase = 0, payBase = 0, space = 0, treeBase = 0, hlen = 8;
         bool pay = false, out = false;
         uint32_t len[avsg::kPlanMaxRuns];
         uint32_t pos[avsg::kPlanMaxRuns];
@@ -554,8 +554,11 @@ private:
     __aicore__ inline uint32_t Region(uint32_t i) const {
         return i * (2 * avsg::kPlanMaxRuns * avsg::kPlanHeadLen / avsg::kPlanMergeRegions / 8 * 8);
     }
+    // A merge alone (no payload, no second merge at the same time) may take the whole head space:
+    // fewer refills and write-backs.
     __aicore__ inline void Configure(Merger& g, uint32_t runs, uint32_t keyOff, uint32_t payOff, bool out,
-                                     uint32_t keyRegion, uint32_t payRegion, uint32_t tree) {
+                                     uint32_t keyRegion, uint32_t payRegion, uint32_t tree, bool alone = false) {
+        g.space = alone ? 2 * avsg::kPlanMaxRuns * avsg::kPlanHeadLen : Region(1);
         g.runs = runs;
         g.keyOff = keyOff;
         g.payOff = payOff;
@@ -590,8 +593,30 @@ private:
         g.key = key;
         if (live && g.pay) g.val = heads_.GetValue(g.payBase + c * g.hlen + g.bpos[c]);
     }
+    // Few runs: a scan of the heads reads fewer keys than a replay through the tree (about two
+    // accesses per level), so up to kScanRuns runs the winner is found by a scan.
+    static constexpr uint32_t kScanRuns = 4;
+    __aicore__ inline void Scan(Merger& g) {
+        uint32_t best = 0;
+        int32_t key = 0;
+        bool has = false;
+        for (uint32_t c = 0; c < g.runs; ++c) {
+            if (!Live(g, c)) continue;
+            const int32_t k = HeadKey(g, c);
+            if (!has || k < key) {
+                has = true;
+                key = k;
+                best = c;
+            }
+        }
+        SetWinner(g, best, key, has);
+    }
     // Run c's head changed: replay its path to the root.
     __aicore__ inline void Replay(Merger& g, uint32_t c) {
+        if (g.leaves <= kScanRuns) {
+            Scan(g);
+            return;
+        }
         uint32_t cur = c;
         bool curLive = Live(g, c);
         int32_t curKey = curLive ? HeadKey(g, c) : 0;
@@ -609,8 +634,7 @@ private:
         SetWinner(g, cur, curKey, curLive);
     }
     __aicore__ inline void Start(Merger& g) {
-        const uint32_t region = Region(1);
-        g.hlen = g.runs == 0 ? region : (region / g.runs / 8 * 8);
+        g.hlen = g.runs == 0 ? g.space : (g.space / g.runs / 8 * 8);
         g.leaves = 1;
         while (g.leaves < g.runs) g.leaves <<= 1;
         Sync<HardEvent::MTE3_MTE2>();   // runs were just stored
@@ -620,6 +644,10 @@ private:
             g.blen[c] = 0;
             g.bpos[c] = 0;
             if (g.len[c] > 0) Refill(g, c);
+        }
+        if (g.leaves <= kScanRuns) {
+            Scan(g);
+            return;
         }
         // winners bottom-up (once per merge); each node keeps the loser, the root's winner leads
         uint32_t win[2 * avsg::kPlanMaxRuns];
@@ -959,7 +987,7 @@ private:
     // stash hit is a hit (hit bitmap, stats), its entries get -2 - slot instead of a j.
     __aicore__ inline uint32_t MergeMisses(uint32_t r) {
         const bool stash = stashRuns_.runs > 0;
-        Configure(missRuns_, t_.numChunks, t_.wsMissOff, 0, true, 0, 0, 0);
+        Configure(missRuns_, t_.numChunks, t_.wsMissOff, 0, true, 0, 0, 0, !stash);
         if (stash) Start(stashRuns_);
         Start(missRuns_);
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
