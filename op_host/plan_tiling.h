@@ -37,6 +37,7 @@ constexpr uint32_t kMaxPosition = 1u << 24;
 constexpr uint32_t kPolicyLifetime = 0, kPolicyReuse = 1;
 constexpr int32_t kReuseAgeMax = 1023, kReuseCountMax = 255, kReuseHeatMax = 255;
 constexpr int32_t kReuseBlockLog = 6, kReuseHalveEvery = 256;
+constexpr int32_t kReuseGainStreak = 1, kReuseGainReturn = 2;   // count gain: used last step / not
 constexpr int32_t kScoreFree = -128, kScorePinned = 127;
 
 struct PlanTiling {

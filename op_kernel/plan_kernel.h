@@ -784,23 +784,34 @@ private:
         Sync<HardEvent::V_S>();
     }
 
-    // reuse: slot_count + 1 (saturating) for the hit slots of [base, base+n), one vector pass
+    // reuse: slot_count + gain (saturating) for the hit slots of [base, base+n), one vector pass
     // with the hit bitmap instead of a scalar access per hit (slot_count is paged: random scalar
-    // accesses would reload its windows). Other counts keep their bits exactly, whatever they
-    // hold: a bitwise blend (count & keep) | (new & ~keep), keep = -1 off the hits.
+    // accesses would reload its windows). The gain comes from the ages one step older, still in
+    // vT2_ (DecayAndPin): a return (age > 1) gains more than a streak (reference: plan, step 3).
+    // Other counts keep their bits exactly, whatever they hold: a bitwise blend
+    // (count & keep) | (new & ~keep), keep = -1 off the hits.
     __aicore__ inline void CountHits(uint32_t base, uint32_t n) {
+        static_assert(avsg::kReuseGainReturn - avsg::kReuseGainStreak == 1, "gain = streak + [age > 1]");
         const LocalTensor<int32_t> count = ChunkOf(win_[avsg::SEC_SC], base);
-        const LocalTensor<int32_t> keep = vT2_, notKeep = vKey_, bumped = vT1_;
+        const LocalTensor<int32_t> aged = vT2_, keep = vT2_, notKeep = vKey_, bumped = vT1_, gain = vKey_;
         Sync<HardEvent::S_V>();
         Duplicate(vTmpF_, 0.0f, n);
+        Adds(gain, aged, -1, n);                  // ages are in [-1, 1023]: no overflow
         Maxs(bumped, count, 0, n);
         PipeBarrier<PIPE_V>();
         Select(vTmpF_, hitBits_.ReinterpretCast<uint8_t>()[base / 8], vTmpF_, -1.0f,
                SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
-        Mins(bumped, bumped, avsg::kReuseCountMax - 1, n);
+        Maxs(gain, gain, 0, n);
+        Mins(bumped, bumped, avsg::kReuseCountMax, n);
+        PipeBarrier<PIPE_V>();
+        Mins(gain, gain, 1, n);
+        PipeBarrier<PIPE_V>();
+        Adds(gain, gain, avsg::kReuseGainStreak, n);
+        PipeBarrier<PIPE_V>();
+        Add(bumped, bumped, gain, n);
         PipeBarrier<PIPE_V>();
         Cast(keep, vTmpF_, RoundMode::CAST_RINT, n);
-        Adds(bumped, bumped, 1, n);
+        Mins(bumped, bumped, avsg::kReuseCountMax, n);
         PipeBarrier<PIPE_V>();
         Not(notKeep.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(), 2 * n);
         And(count.ReinterpretCast<uint16_t>(), count.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(),
@@ -1104,7 +1115,7 @@ private:
         Sync<HardEvent::MTE3_S>();
         missChunk_ = -1;                          // vWant_ / vMS_ were used as scratch
     }
-    // Evicted positions keep their counts (pos_count), then each miss takes its own back + 1:
+    // Evicted positions keep their counts (pos_count), then each miss takes its own back + the return gain:
     // all spills before any reload, in miss order (reference: _reuse_install).
     __aicore__ inline void ScatterVictimsReuse(uint32_t r, uint32_t m) {
         Win& sp = win_[avsg::SEC_SP];
@@ -1124,8 +1135,8 @@ private:
             for (uint32_t q = 0; q < n; ++q) {
                 const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
                 const int32_t pos = vWant_.GetValue(q);
-                const int32_t c = ClampCount(Get(pc, static_cast<uint32_t>(pos)));
-                Put(sc, s, c < avsg::kReuseCountMax ? c + 1 : avsg::kReuseCountMax);
+                const int32_t c = ClampCount(Get(pc, static_cast<uint32_t>(pos))) + avsg::kReuseGainReturn;
+                Put(sc, s, c < avsg::kReuseCountMax ? c : avsg::kReuseCountMax);   // a miss is a return
                 Put(sp, s, pos);
                 Put(win_[avsg::SEC_SL], s, 0);
             }

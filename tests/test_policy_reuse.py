@@ -31,19 +31,20 @@ def count_of(buf, pos, row=0):
 
 def test_rejected_drafts_do_not_inflate_counts():
     """MTP: the drafts' own positions (>= the accepted length) are selected speculatively; after
-    invalidate they are gone and count nothing, so the real token at that position starts at 1.
-    Positions below the accepted length that rejected query tokens selected keep their count."""
+    invalidate they are gone and count nothing, so the real token at that position starts from 0
+    (a miss gains 2). Positions below the accepted length that rejected query tokens selected
+    keep their count."""
     buf = avsg.SparseKVBuffer(rows=1, capacity=8, topk=2, queries_per_step=2, max_context=64)
     seq = torch.tensor([42], dtype=I32)
     # token 0 selects {3, 40}, the draft token 1 selects {3, 41} (41: its own, speculative)
     buf.plan(torch.tensor([[[3, 40], [3, 41]]], dtype=I32), seq)
-    assert count_of(buf, 3) == 1 and count_of(buf, 41) == 1     # one use per step, T shares
+    assert count_of(buf, 3) == 2 and count_of(buf, 41) == 2     # one use per step, T shares
     buf.invalidate(torch.tensor([41], dtype=I32))               # the draft was rejected
     assert 41 not in buf.resident(0)
-    assert count_of(buf, 41) == 0 and count_of(buf, 3) == 1 and count_of(buf, 40) == 1
+    assert count_of(buf, 41) == 0 and count_of(buf, 3) == 2 and count_of(buf, 40) == 2
     buf.check_state()
     buf.plan(torch.tensor([[[41, 3], [41, -1]]], dtype=I32), seq)
-    assert count_of(buf, 41) == 1 and count_of(buf, 3) == 2
+    assert count_of(buf, 41) == 2 and count_of(buf, 3) == 3     # 3 continues a streak
 
 
 def test_invalidate_forgets_counts_of_evicted_speculative_positions():
@@ -52,10 +53,10 @@ def test_invalidate_forgets_counts_of_evicted_speculative_positions():
     seq = torch.tensor([32], dtype=I32)
     buf.plan(torch.tensor([[[20, 21]]], dtype=I32), seq)
     buf.plan(torch.tensor([[[20, 21]]], dtype=I32), seq)
-    buf.plan(torch.tensor([[[1, 2]]], dtype=I32), seq)          # evicts 20, 21 (counts 2)
-    assert count_of(buf, 20) == 2 and 20 not in buf.resident(0)
+    buf.plan(torch.tensor([[[1, 2]]], dtype=I32), seq)          # evicts 20, 21 (counts 3)
+    assert count_of(buf, 20) == 3 and 20 not in buf.resident(0)
     buf.invalidate(torch.tensor([21], dtype=I32))
-    assert count_of(buf, 20) == 2 and count_of(buf, 21) == 0
+    assert count_of(buf, 20) == 3 and count_of(buf, 21) == 0
     buf.check_state()
 
 
@@ -65,9 +66,32 @@ def test_counts_survive_eviction_and_return():
     for _ in range(3):
         buf.plan(torch.tensor([[[10, 11, 12, 13]]], dtype=I32), seq)
     buf.plan(torch.tensor([[[50, 51, 52, 53]]], dtype=I32), seq)
-    assert count_of(buf, 10) == 3 and 10 not in buf.resident(0)
+    assert count_of(buf, 10) == 4 and 10 not in buf.resident(0)   # 2 (miss) + 1 + 1 (streak)
     buf.plan(torch.tensor([[[10, 51, 52, 53]]], dtype=I32), seq)
-    assert count_of(buf, 10) == 4
+    assert count_of(buf, 10) == 6                                  # back: a return gains 2
+
+
+def test_a_return_counts_double_a_streak_once():
+    """Hand-checked: a hit one step after the last use gains 1, a hit after a gap gains 2, a
+    miss (always a return) its spilled count + 2; with T query tokens a slot gains once."""
+    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, queries_per_step=2, max_context=64)
+    seq = torch.tensor([64], dtype=I32)
+
+    def step(*tokens):
+        buf.plan(torch.tensor([list(tokens)], dtype=I32), seq)
+
+    step([7, 8], [7, -1])                 # both miss: 2 each (7 used by both tokens: once)
+    assert (count_of(buf, 7), count_of(buf, 8)) == (2, 2)
+    step([7, -1], [7, -1])                # 7 streak: +1
+    assert (count_of(buf, 7), count_of(buf, 8)) == (3, 2)
+    step([8, -1], [-1, -1])               # 8 away one step, then back: +2
+    assert (count_of(buf, 7), count_of(buf, 8)) == (3, 4)
+    step([8, 7], [-1, -1])                # 8 streak +1, 7 return +2
+    assert (count_of(buf, 7), count_of(buf, 8)) == (5, 5)
+    step([1, 2], [3, 4])                  # evicts 7 and 8: counts kept
+    step([7, 1], [2, 3])                  # 7 misses: 5 + 2
+    assert count_of(buf, 7) == 7 and count_of(buf, 8) == 5
+    buf.check_state()
 
 
 def test_counts_halve_every_256_steps():
@@ -160,9 +184,10 @@ def model_hits(sel: np.ndarray, capacity: int) -> np.ndarray:
             slot_pos[victims] = miss
             pos_slot[miss] = victims
             slot_count[victims] = pos_count[miss]
+            last[victims] = -2                     # a miss is a return
         used = pos_slot[u]
+        slot_count[used] = np.minimum(slot_count[used] + np.where(t - last[used] > 1, 2, 1), 255)
         last[used] = t
-        slot_count[used] = np.minimum(slot_count[used] + 1, 255)
         if (t + 1) % 256 == 0:
             slot_count >>= 1
             pos_count >>= 1
