@@ -10,9 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import avsg
 from avsg import reference
+from avsg.backend import emulation
+from test_kernel_plan import Twin
 
 I32 = torch.int32
 
@@ -209,3 +213,43 @@ def test_kernel_matches_an_independent_model_on_the_shared_trace():
                         torch.tensor([int(data["T"])], dtype=I32))
         got.append(K - int(plan.miss_counts[0]))
     assert np.array_equal(np.array(got), model_hits(sel[0], S))
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.integers(1, 2), st.integers(1, 4), st.sampled_from([2, 5, 16]),
+       st.sampled_from([1.0, 1.5, 3.0]), st.integers(0, 2**31 - 1),
+       st.lists(st.integers(0, 3), min_size=4, max_size=24), st.sampled_from(["strict", "fast"]))
+def test_mtp_sessions_with_rejected_drafts_bit_exact(R, T, K, ratio, seed, accepted, build):
+    """MTP decode as served: T query tokens per step (the token and T - 1 drafts, each also
+    selecting its own position), then the rejected drafts invalidated. Long enough for streaks,
+    returns, evictions and spilled counts to mix; kernel state equals the reference's after
+    every op, and no position at or beyond the accepted length keeps a count."""
+    S = max(T * K, int(T * K * ratio))
+    context = 4 * S + 64
+    gen = torch.Generator().manual_seed(seed)
+    with emulation(build):
+        twin = Twin(R, S, reference.default_buckets(S), 16, max_context=context)
+        seq = torch.randint(T + 1, 2 * S, (R,), generator=gen, dtype=I32)
+        for n_ok in accepted:
+            hot = torch.clamp(seq[:, None, None] - torch.randint(1, 3 * K, (R, T, K), generator=gen),
+                              min=0).to(I32)
+            own = (seq[:, None] + torch.arange(T, dtype=I32)[None, :] - 1).to(I32)
+            hot[:, :, 0] = own                        # each token (draft) selects itself
+            topk = torch.full_like(hot, -1)
+            for r in range(R):                        # unique within each query token
+                for q in range(T):
+                    u = torch.unique(hot[r, q])
+                    topk[r, q, :u.numel()] = u
+            twin.plan(topk, seq + T - 1)
+            keep = min(n_ok, T - 1)                   # accepted drafts
+            if keep < T - 1:
+                valid = (seq + keep).to(I32)
+                twin.invalidate(valid)
+                v = reference.view_state(twin.ref_state, twin.layout)
+                for r in range(R):
+                    assert not bool(v.pos_count[r, int(valid[r]):].any())
+                    held = v.slot_pos[r] >= 0
+                    assert not bool((v.slot_pos[r][held] >= int(valid[r])).any())
+            seq = (seq + keep + 1).to(I32)
+        reference.check_state(twin.ref_state, twin.layout, 16, "reuse")
