@@ -142,6 +142,7 @@ public:
             win_[s].nwin = (t_.secLen[s] + t_.winLen[s] - 1) / t_.winLen[s];
         }
         reuse_ = t_.policy == avsg::kPolicyReuse;
+        lru_ = t_.policy == avsg::kPolicyLru;
         // nc-element vectors that live across the steps of a chunk or a row
         vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3);
         vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7); vHMask_ = V(8);
@@ -734,7 +735,7 @@ private:
             for (uint32_t off = 0; off < cnt; off += nc) {
                 const uint32_t n = MinU(nc, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
-                if (reuse_) {
+                if (reuse_ || lru_) {
                     // age: clamp to [-1, 1023], then min(age+1, 1023) + min(age, 0): one step
                     // older, free slots (-1) stay free
                     Maxs(vT1_, life, -1, n);
@@ -772,7 +773,7 @@ private:
                 Cast(vTmpF_, vT2_, RoundMode::CAST_RINT, n);
                 Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[(id * sl.wlen + off) / 16], n / 16);
                 PipeBarrier<PIPE_V>();
-                Select(vTmpF_, mA_, vTmpF_, reuse_ ? 0.0f : static_cast<float>(t_.lifetime),
+                Select(vTmpF_, mA_, vTmpF_, reuse_ || lru_ ? 0.0f : static_cast<float>(t_.lifetime),
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                 PipeBarrier<PIPE_V>();
                 Cast(life, vTmpF_, RoundMode::CAST_RINT, n);
@@ -1024,6 +1025,27 @@ private:
         StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
         Sync<HardEvent::MTE3_V>();
     }
+    // lru: score -age (exact in float: ages are in [-1, 1023] after DecayAndPin), free and pinned
+    // slots as in ScoreChunk, with the lru's bounds
+    __aicore__ inline void ScoreChunkLru(uint32_t base, uint32_t n) {
+        const LocalTensor<float> fa = VF(1), fb = VF(4);
+        const LocalTensor<int32_t> age = ChunkOf(win_[avsg::SEC_SL], base);
+        Sync<HardEvent::S_V>();                   // scalar writes of the windows
+        PipeBarrier<PIPE_V>();
+        Cast(fb, age, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+        Muls(fa, fb, -1.0f, n);
+        CompareScalar(mA_, fb, 0.0f, CMPMODE::NE, n);             // used this step: pinned
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kLruScorePinned), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mA_, fb, -1.0f, CMPMODE::NE, n);            // free: first
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kLruScoreFree), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        Sync<HardEvent::V_MTE3>();
+        StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
+        Sync<HardEvent::MTE3_V>();
+    }
     // scores of slots [base, base+n) back into V(1) (float), padding slots as SCORE_PINNED
     __aicore__ inline LocalTensor<float> LoadScores(uint32_t base, uint32_t n) {
         const LocalTensor<float> sc = VF(1);
@@ -1053,14 +1075,18 @@ private:
         return total;
     }
     // Victims: the m slots with the lowest (score, slot), in ascending slot order -> miss_slots.
-    // Threshold theta by binary search (8 compare + count passes over the scores), then every
+    // Threshold theta by binary search (8 compare + count passes over the scores; 11 for lru), then every
     // slot below it and the first (m - count below) ties, found by a running tie count.
     __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
         if (m == 0) return;
         const uint32_t nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
-        for (uint32_t base = 0; base < t_.capPad; base += nc) ScoreChunk(base, MinU(nc, t_.capPad - base));
-        int32_t lo = avsg::kScoreFree - 1, hi = avsg::kScorePinned;
+        for (uint32_t base = 0; base < t_.capPad; base += nc) {
+            if (lru_) ScoreChunkLru(base, MinU(nc, t_.capPad - base));
+            else ScoreChunk(base, MinU(nc, t_.capPad - base));
+        }
+        int32_t lo = (lru_ ? avsg::kLruScoreFree : avsg::kScoreFree) - 1;
+        int32_t hi = lru_ ? avsg::kLruScorePinned : avsg::kScorePinned;
         uint32_t below = 0;                       // count(score <= lo)
         while (hi - lo > 1) {
             const int32_t mid = lo + ((hi - lo) >> 1);
@@ -1168,7 +1194,7 @@ private:
             for (uint32_t q = 0; q < n; ++q) {
                 const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
                 Put(win_[avsg::SEC_SP], s, vWant_.GetValue(q));
-                Put(win_[avsg::SEC_SL], s, static_cast<int32_t>(t_.lifetime));
+                Put(win_[avsg::SEC_SL], s, lru_ ? 0 : static_cast<int32_t>(t_.lifetime));   // lru: an age
             }
         }
     }
@@ -1494,6 +1520,9 @@ private:
         if (reuse_) {
             AllocateByScore(r, m);
             ScatterVictimsReuse(r, m);
+        } else if (lru_) {
+            AllocateByScore(r, m);
+            ScatterVictims(r, m);
         } else {
             Allocate(r, m);
             ScatterVictims(r, m);
@@ -1569,6 +1598,7 @@ private:
     uint32_t stashCount_ = 0;
     uint32_t freeSlots_ = 0;
     bool reuse_ = false;                     // policy: reuse (else lifetime)
+    bool lru_ = false;                       // policy: lru (ages like reuse, scores -age)
     int32_t missChunk_ = -1;                 // miss chunk held by vWant_ / vMS_ (LoadMisses), -1: none                 // slots at life -1 after DecayAndPin (padding included)
     uint32_t jCap_ = 0, jFill_[avsg::kPlanMaxRuns], jDone_[avsg::kPlanMaxRuns];  // MergeMisses' j staging
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;

@@ -180,6 +180,15 @@ The header records the policy; ``plan`` checks it (and ``max_context``) like the
   Whatever the state holds, counts and heat are clamped to ``[0, 255]`` and ages to
   ``[-1, 1023]`` where read, and a held position is clamped into ``[0, max_context)`` before it
   addresses the heat; a count is spilled only for a position inside ``[0, max_context)``.
+  With ``T > 1`` (MTP), "the previous step" is the previous ``plan`` call: a rejected draft's
+  selection of a valid position counts as a use (it was selected by a real query), so that
+  position's next use continues a streak rather than returning.
+* ``lru``: exact least recently used at step granularity, the reference point (no
+  ``max_context``, no per-position state). Ages as in ``reuse`` (``_reuse_refresh``); every
+  slot scores ``-age`` (free ``-1024``, used this step ``1``) and the misses take the lowest
+  ``(score, slot)`` with ``lowest_scores`` (11 passes). Ages saturate at 1023 steps, beyond
+  which entries tie and go by slot; ties within a step go by slot too, where the trace lab's
+  numpy ``lru`` breaks them by position. ``invalidate`` frees slots as under ``lifetime``.
 
 Gather
 ------
@@ -215,7 +224,7 @@ HEADER_STASH_COUNT = 8                 # its own 32-byte block: plan rewrites [8
 HEADER_STEP = 9                        # reuse policy: steps since the counts were last halved
 
 # Residency policies: the id is stored in the header (word 4) so ops check it.
-POLICY_IDS = {"lifetime": 0, "reuse": 1}
+POLICY_IDS = {"lifetime": 0, "reuse": 1, "lru": 2}
 POLICY_NAMES = {v: k for k, v in POLICY_IDS.items()}
 REUSE_AGE_MAX = 1023                   # steps since last use saturate here (log8 <= 80)
 REUSE_COUNT_MAX = 255                  # per-position use counts saturate here (log8 <= 64)
@@ -226,6 +235,8 @@ REUSE_GAIN_STREAK = 1                  # count gain of a use in the step after a
 REUSE_GAIN_RETURN = 2                  # ... and of a return after at least one step away
 SCORE_FREE = -128                      # below every real score (>= -80): free slots go first
 SCORE_PINNED = 127                     # above every real score (<= 96): never a victim
+LRU_SCORE_FREE = -REUSE_AGE_MAX - 1    # lru scores are -age: free below every real one
+LRU_SCORE_PINNED = 1                   # and used this step above
 
 HASH_A1 = 0x9E3779B1
 HASH_B1 = 0x85EBCA77
@@ -370,7 +381,7 @@ def policy_id(policy: str, layout: Layout) -> int:
         raise ValueError(f"policy: expected one of {tuple(POLICY_IDS)}, got {policy!r}")
     if (policy == "reuse") != (layout.max_context > 0):
         raise ValueError(f"policy {policy!r} with max_context={layout.max_context}: the reuse "
-                         f"policy needs max_context >= 1, the lifetime policy none")
+                         f"policy needs max_context >= 1, the lifetime and lru policies none")
     return POLICY_IDS[policy]
 
 
@@ -481,9 +492,10 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
          f"expected a count in [0, {S}]")
     fail("slot_pos", (v.slot_pos < -1) | (v.slot_pos >= MAX_POSITION),
          "expected -1 or a position in [0, 2**24)")
-    top = REUSE_AGE_MAX if policy == "reuse" else lifetime
+    aged = policy in ("reuse", "lru")
+    top = REUSE_AGE_MAX if aged else lifetime
     fail("slot_life", (v.slot_life < -1) | (v.slot_life > top),
-         f"expected a {'age' if policy == 'reuse' else 'lifetime'} in [-1, {top}]")
+         f"expected a {'age' if aged else 'lifetime'} in [-1, {top}]")
     if policy == "reuse":
         for name, section, high in (("slot_count", v.slot_count, REUSE_COUNT_MAX),
                                     ("pos_count", v.pos_count, REUSE_COUNT_MAX),
@@ -684,13 +696,23 @@ def reuse_scores(v: StateView, layout: Layout) -> torch.Tensor:
     return torch.where(age == -1, torch.full_like(score, SCORE_FREE), score)
 
 
-def lowest_scores(score: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+def lru_scores(v: StateView) -> torch.Tensor:
+    """Per slot (lru policy): ``-age``; free slots ``LRU_SCORE_FREE``, used this step
+    ``LRU_SCORE_PINNED``."""
+    age = v.slot_life
+    score = torch.where(age == 0, torch.full_like(age, LRU_SCORE_PINNED), -age)
+    return torch.where(age == -1, torch.full_like(score, LRU_SCORE_FREE), score)
+
+
+def lowest_scores(score: torch.Tensor, m: torch.Tensor, free: int = SCORE_FREE,
+                  pinned: int = SCORE_PINNED) -> torch.Tensor:
     """Mask of the ``m[r]`` slots with the lowest ``(score, slot)`` of each row, without a sort:
     binary search for the threshold ``theta`` (the smallest with ``count(score <= theta) >= m``;
-    8 compare + count passes over the slots), then every slot below it and the first
-    ``m - count(score < theta)`` slots equal to it (a prefix count of the tie mask)."""
-    lo = torch.full_like(m, SCORE_FREE - 1)       # count(score <= lo) < m   (or m == 0)
-    hi = torch.full_like(m, SCORE_PINNED)         # count(score <= hi) >= m
+    ``ceil(log2(pinned - free + 2))`` compare + count passes over the slots: 8 for reuse, 11
+    for lru), then every slot below it and the first ``m - count(score < theta)`` slots equal
+    to it (a prefix count of the tie mask)."""
+    lo = torch.full_like(m, free - 1)             # count(score <= lo) < m   (or m == 0)
+    hi = torch.full_like(m, pinned)               # count(score <= hi) >= m
     while bool((hi - lo > 1).any()):
         mid = (lo + hi) >> 1
         enough = (score <= mid[:, None]).sum(1) >= m
@@ -705,7 +727,7 @@ def lowest_scores(score: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 def _reuse_refresh(v: StateView, layout: Layout) -> None:
     """Ages one step older (clamped to ``[-1, 1023]`` first, whatever the state held; free
-    slots stay -1) and heat halves (clamped to ``[0, 255]`` first)."""
+    slots stay -1) and heat halves (clamped to ``[0, 255]`` first; lru: no heat)."""
     age = v.slot_life.clamp(-1, REUSE_AGE_MAX)
     v.slot_life.copy_((age + 1).clamp(max=REUSE_AGE_MAX) + age.clamp(max=0))
     v.block_heat.copy_(v.block_heat.clamp(0, REUSE_HEAT_MAX) >> 1)
@@ -756,6 +778,7 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     S = layout.capacity
     dev = topk_pos.device
     reuse = policy == "reuse"
+    lru = policy == "lru"
     check_header(state, layout, lifetime, policy)
     v = view_state(state, layout)
     # whatever the state holds: counts into range, padding slots free (module docstring)
@@ -777,7 +800,7 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
 
     # 1. refresh: decay (age), look up, hits back to L (age 0) and thereby pinned
     life = v.slot_life
-    if reuse:
+    if reuse or lru:
         _reuse_refresh(v, layout)
         aged = life.clone()               # before the hits pin: > 1 marks a return
     else:
@@ -790,7 +813,7 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
         raise ValueError(f"matcher must be 'hash' or 'dual_pointer', got {matcher!r}")
     hit = hit_slot >= 0
     rr, nn = hit.nonzero(as_tuple=True)
-    life[rr, hit_slot[rr, nn].long()] = 0 if reuse else lifetime
+    life[rr, hit_slot[rr, nn].long()] = 0 if reuse or lru else lifetime
 
     # 2. classify: unique missed positions, ascending
     missing = valid & ~hit
@@ -819,6 +842,12 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
         chosen = lowest_scores(reuse_scores(v, layout), miss_counts.to(torch.int64))
         victims = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :N]
         victims = victims.to(torch.int32)
+    elif lru:
+        # least recently used first (ages saturate at 1023 steps: older ones tie, by slot)
+        chosen = lowest_scores(lru_scores(v), miss_counts.to(torch.int64), LRU_SCORE_FREE,
+                               LRU_SCORE_PINNED)
+        victims = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :N]
+        victims = victims.to(torch.int32)
     else:
         victim_key = torch.where(life < lifetime, (life.to(torch.int64) + 1) * S + slot_ids,
                                  torch.full_like(slot_ids, INT32_MAX))
@@ -831,7 +860,7 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
         _reuse_install(v, layout, miss_pos, miss_slots, is_miss)
     rr, jj = is_miss.nonzero(as_tuple=True)
     v.slot_pos[rr, miss_slots[rr, jj].long()] = miss_pos[rr, jj]
-    life[rr, miss_slots[rr, jj].long()] = 0 if reuse else lifetime
+    life[rr, miss_slots[rr, jj].long()] = 0 if reuse or lru else lifetime
     _insert(v, miss_pos, miss_slots, is_miss, layout.buckets)
     if reuse:
         # every REUSE_HALVE_EVERY steps all counts halve, so old popularity fades
