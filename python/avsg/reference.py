@@ -170,7 +170,7 @@ The header records the policy; ``plan`` checks it (and ``max_context``) like the
   a gap. A position selected in a long unbroken run (the step's own neighbourhood, a sink) is
   resident, pinned, while the run lasts; how long the run was says less about a later return
   than how often the position has already returned. Measured on ``asyncio_32k`` (the tuning
-  trace), this lifts the gap closed at 8192 from 25.7% to 26.1%; gains of 3 for a return are
+  trace), this lifts the gap closed at 8192 from 25.6% to 26.1%; gains of 3 for a return are
   within 0.1 of 2 (docs/hit_rate.md).
 
   No sort of the slots and no per-access lists: O(S) vector passes, O(M) scalar updates,
