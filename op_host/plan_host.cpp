@@ -113,7 +113,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.wsSelLaneOff = t.wsSelKeyOff + t.numChunks * t.nc;
     t.wsFreeOff = t.wsSelLaneOff + t.numChunks * t.nc;
     t.wsScoreOff = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
-    t.wsPerCore = t.wsScoreOff + (maxContext ? Sp : 0);
+    t.wsPerCore = t.wsScoreOff + (policy != kPolicyLifetime ? Sp : 0);
     t.hashA1 = kHashA1 & (H - 1);
     t.hashB1 = kHashB1 & (H - 1);
     t.hashA2 = kHashA2 & (H - 1);
@@ -130,10 +130,10 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     // slot_life and slot_count under the reuse policy (its score pass reads them in nc-slot
     // chunks). The per-position counts (touched by scalar loops over misses only) and the heat
     // go first.
-    const bool reuse = policy == kPolicyReuse;
+    const bool scored = policy != kPolicyLifetime;   // reuse, lru: victims by score
     auto minWin = [&](uint32_t s) {
-        return s == SEC_SP || (reuse && (s == SEC_SL || s == SEC_SC)) ? std::max(kPlanMinWindow, t.nc)
-                                                                      : kPlanMinWindow;
+        return s == SEC_SP || (scored && (s == SEC_SL || s == SEC_SC)) ? std::max(kPlanMinWindow, t.nc)
+                                                                       : kPlanMinWindow;
     };
     auto shrinkable = [&](uint32_t s) { return t.winLen[s] > minWin(s); };
     auto halve = [&](PlanTiling& p, uint32_t s) {
@@ -187,7 +187,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
                 "-entry chunk the resident runs assume");
     TORCH_CHECK(Sp - capacity < 64 && t.nc % 64 == 0, "avsg.plan: padding / chunk geometry");
     for (uint32_t s : {SEC_SL, SEC_SC})
-        TORCH_CHECK(!reuse || t.winLen[s] >= t.nc || t.winLen[s] == t.secLen[s], "avsg.plan: reuse score pass needs ",
+        TORCH_CHECK(!scored || t.winLen[s] >= t.nc || t.winLen[s] == t.secLen[s], "avsg.plan: the score pass needs ",
                     t.nc, "-slot windows");
     t.ubBytes = PlanUbBytes(t);
     return t;
@@ -215,8 +215,9 @@ void CheckTensor(const at::Tensor& t, const char* name, at::ScalarType dtype, at
 constexpr int64_t kMaxContext = kMaxPosition;
 
 void CheckPolicy(int64_t policy, int64_t max_context) {
-    TORCH_CHECK_VALUE(policy == kPolicyLifetime || policy == kPolicyReuse, "policy: expected ", kPolicyLifetime,
-                      " (lifetime) or ", kPolicyReuse, " (reuse), got ", policy);
+    TORCH_CHECK_VALUE(policy == kPolicyLifetime || policy == kPolicyReuse || policy == kPolicyLru,
+                      "policy: expected ", kPolicyLifetime, " (lifetime), ", kPolicyReuse, " (reuse) or ", kPolicyLru,
+                      " (lru), got ", policy);
     TORCH_CHECK_VALUE(max_context >= 0 && max_context <= kMaxContext, "max_context: expected 0..", kMaxContext,
                       ", got ", max_context);
     TORCH_CHECK_VALUE((policy == kPolicyReuse) == (max_context > 0), "max_context: the reuse policy needs "
@@ -264,7 +265,9 @@ void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int
                           row[kHeaderMaxContext], ", got ", max_context, " (state row ", r, ")");
         TORCH_CHECK_VALUE(lifetime < 0 || row[kHeaderLifetime] == lifetime, "lifetime: the state was built with ",
                           row[kHeaderLifetime], ", got ", lifetime, " (state row ", r, ")");
-        auto name = [](int64_t p) { return p == kPolicyLifetime ? "'lifetime'" : p == kPolicyReuse ? "'reuse'" : "?"; };
+        auto name = [](int64_t p) {
+            return p == kPolicyLifetime ? "'lifetime'" : p == kPolicyReuse ? "'reuse'" : p == kPolicyLru ? "'lru'" : "?";
+        };
         TORCH_CHECK_VALUE(policy < 0 || row[kHeaderPolicy] == policy, "policy: the state was built with ",
                           name(row[kHeaderPolicy]), " (", row[kHeaderPolicy], "), got ", name(policy),
                           " (state row ", r, ")");

@@ -35,17 +35,19 @@ constexpr uint32_t kHeaderStashCount = 8;   // stash_count's block starts here
 constexpr uint32_t kHeaderStep = 9;         // reuse: steps since the counts were halved
 constexpr uint32_t kMaxPosition = 1u << 24;
 // Residency policies (reference.POLICY_IDS) and the reuse policy's constants (reference.REUSE_*)
-constexpr uint32_t kPolicyLifetime = 0, kPolicyReuse = 1;
+constexpr uint32_t kPolicyLifetime = 0, kPolicyReuse = 1, kPolicyLru = 2;
 constexpr int32_t kReuseAgeMax = 1023, kReuseCountMax = 255, kReuseHeatMax = 255;
 constexpr int32_t kReuseBlockLog = 6, kReuseHalveEvery = 256;
+constexpr int32_t kReuseGainStreak = 1, kReuseGainReturn = 2;   // count gain: used last step / not
 constexpr int32_t kScoreFree = -128, kScorePinned = 127;
+constexpr int32_t kLruScoreFree = -kReuseAgeMax - 1, kLruScorePinned = 1;   // lru scores: -age
 
 struct PlanTiling {
     uint32_t rows, N;                    // N = T*K selections per row
     uint32_t capacity, capPad;           // S, Sp = roundup(S, 64)
     uint32_t buckets, logBuckets;        // H = 2^logBuckets
     uint32_t lifetime;                   // L
-    uint32_t policy;                     // kPolicyLifetime / kPolicyReuse
+    uint32_t policy;                     // kPolicyLifetime / kPolicyReuse / kPolicyLru
     uint32_t maxContext;                 // positions with per-position state (0: none)
     uint32_t width;                      // int32 per state row
     uint32_t secOff[SEC_COUNT];          // section offsets in a state row

@@ -154,6 +154,7 @@ public:
             win_[s].nwin = (t_.secLen[s] + t_.winLen[s] - 1) / t_.winLen[s];
         }
         reuse_ = t_.policy == avsg::kPolicyReuse;
+        lru_ = t_.policy == avsg::kPolicyLru;
         // nc-element vectors that live across the steps of a chunk or a row
         vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3);
         vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7); vHMask_ = V(8);
@@ -899,7 +900,7 @@ private:
             for (uint32_t off = 0; off < cnt; off += nc) {
                 const uint32_t n = MinU(nc, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
-                if (reuse_) {
+                if (reuse_ || lru_) {
                     // age: clamp to [-1, 1023], then min(age+1, 1023) + min(age, 0): one step
                     // older, free slots (-1) stay free
                     Maxs(vT1_, life, -1, n);
@@ -937,7 +938,7 @@ private:
                 Cast(vTmpF_, vT2_, RoundMode::CAST_RINT, n);
                 Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[(id * sl.wlen + off) / 16], n / 16);
                 PipeBarrier<PIPE_V>();
-                Select(vTmpF_, mA_, vTmpF_, reuse_ ? 0.0f : static_cast<float>(t_.lifetime),
+                Select(vTmpF_, mA_, vTmpF_, reuse_ || lru_ ? 0.0f : static_cast<float>(t_.lifetime),
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                 PipeBarrier<PIPE_V>();
                 Cast(life, vTmpF_, RoundMode::CAST_RINT, n);
@@ -949,23 +950,34 @@ private:
         Sync<HardEvent::V_S>();
     }
 
-    // reuse: slot_count + 1 (saturating) for the hit slots of [base, base+n), one vector pass
+    // reuse: slot_count + gain (saturating) for the hit slots of [base, base+n), one vector pass
     // with the hit bitmap instead of a scalar access per hit (slot_count is paged: random scalar
-    // accesses would reload its windows). Other counts keep their bits exactly, whatever they
-    // hold: a bitwise blend (count & keep) | (new & ~keep), keep = -1 off the hits.
+    // accesses would reload its windows). The gain comes from the ages one step older, still in
+    // vT2_ (DecayAndPin): a return (age > 1) gains more than a streak (reference: plan, step 3).
+    // Other counts keep their bits exactly, whatever they hold: a bitwise blend
+    // (count & keep) | (new & ~keep), keep = -1 off the hits.
     __aicore__ inline void CountHits(uint32_t base, uint32_t n) {
+        static_assert(avsg::kReuseGainReturn - avsg::kReuseGainStreak == 1, "gain = streak + [age > 1]");
         const LocalTensor<int32_t> count = ChunkOf(win_[avsg::SEC_SC], base);
-        const LocalTensor<int32_t> keep = vT2_, notKeep = vKey_, bumped = vT1_;
+        const LocalTensor<int32_t> aged = vT2_, keep = vT2_, notKeep = vKey_, bumped = vT1_, gain = vKey_;
         Sync<HardEvent::S_V>();
         Duplicate(vTmpF_, 0.0f, n);
+        Adds(gain, aged, -1, n);                  // ages are in [-1, 1023]: no overflow
         Maxs(bumped, count, 0, n);
         PipeBarrier<PIPE_V>();
         Select(vTmpF_, hitBits_.ReinterpretCast<uint8_t>()[base / 8], vTmpF_, -1.0f,
                SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
-        Mins(bumped, bumped, avsg::kReuseCountMax - 1, n);
+        Maxs(gain, gain, 0, n);
+        Mins(bumped, bumped, avsg::kReuseCountMax, n);
+        PipeBarrier<PIPE_V>();
+        Mins(gain, gain, 1, n);
+        PipeBarrier<PIPE_V>();
+        Adds(gain, gain, avsg::kReuseGainStreak, n);
+        PipeBarrier<PIPE_V>();
+        Add(bumped, bumped, gain, n);
         PipeBarrier<PIPE_V>();
         Cast(keep, vTmpF_, RoundMode::CAST_RINT, n);
-        Adds(bumped, bumped, 1, n);
+        Mins(bumped, bumped, avsg::kReuseCountMax, n);
         PipeBarrier<PIPE_V>();
         Not(notKeep.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(), 2 * n);
         And(count.ReinterpretCast<uint16_t>(), count.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(),
@@ -1175,6 +1187,27 @@ private:
         StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
         Sync<HardEvent::MTE3_V>();
     }
+    // lru: score -age (exact in float: ages are in [-1, 1023] after DecayAndPin), free and pinned
+    // slots as in ScoreChunk, with the lru's bounds
+    __aicore__ inline void ScoreChunkLru(uint32_t base, uint32_t n) {
+        const LocalTensor<float> fa = VF(1), fb = VF(4);
+        const LocalTensor<int32_t> age = ChunkOf(win_[avsg::SEC_SL], base);
+        Sync<HardEvent::S_V>();                   // scalar writes of the windows
+        PipeBarrier<PIPE_V>();
+        Cast(fb, age, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+        Muls(fa, fb, -1.0f, n);
+        CompareScalar(mA_, fb, 0.0f, CMPMODE::NE, n);             // used this step: pinned
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kLruScorePinned), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mA_, fb, -1.0f, CMPMODE::NE, n);            // free: first
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kLruScoreFree), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        Sync<HardEvent::V_MTE3>();
+        StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
+        Sync<HardEvent::MTE3_V>();
+    }
     // scores of slots [base, base+n) back into V(1) (float), padding slots as SCORE_PINNED
     __aicore__ inline LocalTensor<float> LoadScores(uint32_t base, uint32_t n) {
         const LocalTensor<float> sc = VF(1);
@@ -1204,14 +1237,18 @@ private:
         return total;
     }
     // Victims: the m slots with the lowest (score, slot), in ascending slot order -> miss_slots.
-    // Threshold theta by binary search (8 compare + count passes over the scores), then every
+    // Threshold theta by binary search (8 compare + count passes over the scores; 11 for lru), then every
     // slot below it and the first (m - count below) ties, found by a running tie count.
     __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
         if (m == 0) return;
         const uint32_t nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
-        for (uint32_t base = 0; base < t_.capPad; base += nc) ScoreChunk(base, MinU(nc, t_.capPad - base));
-        int32_t lo = avsg::kScoreFree - 1, hi = avsg::kScorePinned;
+        for (uint32_t base = 0; base < t_.capPad; base += nc) {
+            if (lru_) ScoreChunkLru(base, MinU(nc, t_.capPad - base));
+            else ScoreChunk(base, MinU(nc, t_.capPad - base));
+        }
+        int32_t lo = (lru_ ? avsg::kLruScoreFree : avsg::kScoreFree) - 1;
+        int32_t hi = lru_ ? avsg::kLruScorePinned : avsg::kScorePinned;
         uint32_t below = 0;                       // count(score <= lo)
         while (hi - lo > 1) {
             const int32_t mid = lo + ((hi - lo) >> 1);
@@ -1266,7 +1303,7 @@ private:
         Sync<HardEvent::MTE3_S>();
         missChunk_ = -1;                          // vWant_ / vMS_ were used as scratch
     }
-    // Evicted positions keep their counts (pos_count), then each miss takes its own back + 1:
+    // Evicted positions keep their counts (pos_count), then each miss takes its own back + the return gain:
     // all spills before any reload, in miss order (reference: _reuse_install).
     __aicore__ inline void ScatterVictimsReuse(uint32_t r, uint32_t m) {
         Win& sp = win_[avsg::SEC_SP];
@@ -1286,8 +1323,8 @@ private:
             for (uint32_t q = 0; q < n; ++q) {
                 const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
                 const int32_t pos = vWant_.GetValue(q);
-                const int32_t c = ClampCount(Get(pc, static_cast<uint32_t>(pos)));
-                Put(sc, s, c < avsg::kReuseCountMax ? c + 1 : avsg::kReuseCountMax);
+                const int32_t c = ClampCount(Get(pc, static_cast<uint32_t>(pos))) + avsg::kReuseGainReturn;
+                Put(sc, s, c < avsg::kReuseCountMax ? c : avsg::kReuseCountMax);   // a miss is a return
                 Put(sp, s, pos);
                 Put(win_[avsg::SEC_SL], s, 0);
             }
@@ -1319,7 +1356,7 @@ private:
             for (uint32_t q = 0; q < n; ++q) {
                 const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
                 Put(win_[avsg::SEC_SP], s, vWant_.GetValue(q));
-                Put(win_[avsg::SEC_SL], s, static_cast<int32_t>(t_.lifetime));
+                Put(win_[avsg::SEC_SL], s, lru_ ? 0 : static_cast<int32_t>(t_.lifetime));   // lru: an age
             }
         }
     }
@@ -1677,6 +1714,9 @@ private:
         if (reuse_) {
             AllocateByScore(r, m);
             ScatterVictimsReuse(r, m);
+        } else if (lru_) {
+            AllocateByScore(r, m);
+            ScatterVictims(r, m);
         } else {
             Allocate(r, m);
             ScatterVictims(r, m);
@@ -1740,6 +1780,7 @@ private:
     uint32_t stashCount_ = 0;
     uint32_t freeSlots_ = 0;
     bool reuse_ = false;                     // policy: reuse (else lifetime)
+    bool lru_ = false;                       // policy: lru (ages like reuse, scores -age)
     int32_t missChunk_ = -1;                 // miss chunk held by vWant_ / vMS_ (LoadMisses), -1: none                 // slots at life -1 after DecayAndPin (padding included)
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
 };

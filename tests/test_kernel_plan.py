@@ -19,13 +19,14 @@ OUT_NAMES = ("slots", "miss_pos", "miss_slots", "miss_counts")
 
 class Twin:
     """Kernel state (on ``device``) and reference state (on CPU) driven in lockstep, under the
-    lifetime policy (``max_context=0``) or the reuse policy (``max_context >= 1``)."""
+    lifetime policy (``max_context=0``), the reuse policy (``max_context >= 1``) or
+    ``policy="lru"``."""
 
-    def __init__(self, R, S, H, L, matcher="hash", device="cpu", max_context=0):
+    def __init__(self, R, S, H, L, matcher="hash", device="cpu", max_context=0, policy=None):
         self.layout = reference.Layout(S, H, max_context)
         self.S, self.H, self.L, self.matcher, self.device = S, H, L, matcher, device
         self.C = max_context
-        self.policy = "reuse" if max_context else "lifetime"
+        self.policy = policy or ("reuse" if max_context else "lifetime")
         self.policy_id = reference.POLICY_IDS[self.policy]
         self.ref_state = reference.new_state(R, self.layout, L, policy=self.policy)
         self.ref_stats = torch.zeros(R, 4, dtype=torch.int64)
@@ -119,14 +120,17 @@ session = st.lists(st.sampled_from(["plan"] * 6 + ["invalidate", "reset"]), min_
 @settings(max_examples=120, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(geometry, session, st.integers(0, 2**31 - 1), st.sampled_from(["hash", "dual_pointer"]),
-       st.sampled_from([0, 1, 64, 200, 1000, 5000]))
+       st.sampled_from([0, 1, 64, 200, 1000, 5000, "lru"]))
 def test_random_sessions_bit_exact(geo, ops, seed, matcher, max_context):
-    """max_context 0: lifetime policy; else reuse, with contexts below, around and beyond the
-    session's positions (selections at or beyond max_context are treated as -1)."""
+    """max_context 0: lifetime policy; "lru": the lru policy; else reuse, with contexts below,
+    around and beyond the session's positions (selections at or beyond max_context are treated
+    as -1)."""
     R, T, K, ratio, hmul, L = geo
     S = max(T * K, int(T * K * ratio))
     H = min(reference.MAX_BUCKETS, max(64, reference.default_buckets(S) * hmul // 2, S))
-    run_session(Twin(R, S, H, L, matcher, max_context=max_context), ops, seed, R, T, K, S)
+    policy = "lru" if max_context == "lru" else None
+    twin = Twin(R, S, H, L, matcher, max_context=0 if policy else max_context, policy=policy)
+    run_session(twin, ops, seed, R, T, K, S)
 
 
 def run_session(twin, ops, seed, R, T, K, S):
@@ -197,12 +201,14 @@ def test_dual_pointer_equals_hash():
 
 
 @pytest.mark.parametrize("matcher,max_context", [("hash", 0), ("dual_pointer", 0),
-                                                 ("hash", 1 << 20), ("dual_pointer", 200000)])
+                                                 ("hash", 1 << 20), ("dual_pointer", 200000),
+                                                 ("hash", "lru")])
 def test_largest_geometry(matcher, max_context):
     """capacity = buckets = 2**15 (every section windowed), T*K = capacity (full buffer); under
     the reuse policy the per-position counts and the heat are paged through windows too."""
     R, T, K, S, H, L = 1, 4, 8192, 32768, 32768, 3
-    twin = Twin(R, S, H, L, matcher, max_context=max_context)
+    policy = "lru" if max_context == "lru" else None
+    twin = Twin(R, S, H, L, matcher, max_context=0 if policy else max_context, policy=policy)
     gen = torch.Generator().manual_seed(2)
     seq = torch.full((R,), 100000, dtype=I32)
     for _ in range(3):

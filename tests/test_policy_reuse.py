@@ -10,9 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import avsg
 from avsg import reference
+from avsg.backend import emulation
+from test_kernel_plan import Twin
 
 I32 = torch.int32
 
@@ -31,19 +35,20 @@ def count_of(buf, pos, row=0):
 
 def test_rejected_drafts_do_not_inflate_counts():
     """MTP: the drafts' own positions (>= the accepted length) are selected speculatively; after
-    invalidate they are gone and count nothing, so the real token at that position starts at 1.
-    Positions below the accepted length that rejected query tokens selected keep their count."""
+    invalidate they are gone and count nothing, so the real token at that position starts from 0
+    (a miss gains 2). Positions below the accepted length that rejected query tokens selected
+    keep their count."""
     buf = avsg.SparseKVBuffer(rows=1, capacity=8, topk=2, queries_per_step=2, max_context=64)
     seq = torch.tensor([42], dtype=I32)
     # token 0 selects {3, 40}, the draft token 1 selects {3, 41} (41: its own, speculative)
     buf.plan(torch.tensor([[[3, 40], [3, 41]]], dtype=I32), seq)
-    assert count_of(buf, 3) == 1 and count_of(buf, 41) == 1     # one use per step, T shares
+    assert count_of(buf, 3) == 2 and count_of(buf, 41) == 2     # one use per step, T shares
     buf.invalidate(torch.tensor([41], dtype=I32))               # the draft was rejected
     assert 41 not in buf.resident(0)
-    assert count_of(buf, 41) == 0 and count_of(buf, 3) == 1 and count_of(buf, 40) == 1
+    assert count_of(buf, 41) == 0 and count_of(buf, 3) == 2 and count_of(buf, 40) == 2
     buf.check_state()
     buf.plan(torch.tensor([[[41, 3], [41, -1]]], dtype=I32), seq)
-    assert count_of(buf, 41) == 1 and count_of(buf, 3) == 2
+    assert count_of(buf, 41) == 2 and count_of(buf, 3) == 3     # 3 continues a streak
 
 
 def test_invalidate_forgets_counts_of_evicted_speculative_positions():
@@ -52,10 +57,10 @@ def test_invalidate_forgets_counts_of_evicted_speculative_positions():
     seq = torch.tensor([32], dtype=I32)
     buf.plan(torch.tensor([[[20, 21]]], dtype=I32), seq)
     buf.plan(torch.tensor([[[20, 21]]], dtype=I32), seq)
-    buf.plan(torch.tensor([[[1, 2]]], dtype=I32), seq)          # evicts 20, 21 (counts 2)
-    assert count_of(buf, 20) == 2 and 20 not in buf.resident(0)
+    buf.plan(torch.tensor([[[1, 2]]], dtype=I32), seq)          # evicts 20, 21 (counts 3)
+    assert count_of(buf, 20) == 3 and 20 not in buf.resident(0)
     buf.invalidate(torch.tensor([21], dtype=I32))
-    assert count_of(buf, 20) == 2 and count_of(buf, 21) == 0
+    assert count_of(buf, 20) == 3 and count_of(buf, 21) == 0
     buf.check_state()
 
 
@@ -65,9 +70,32 @@ def test_counts_survive_eviction_and_return():
     for _ in range(3):
         buf.plan(torch.tensor([[[10, 11, 12, 13]]], dtype=I32), seq)
     buf.plan(torch.tensor([[[50, 51, 52, 53]]], dtype=I32), seq)
-    assert count_of(buf, 10) == 3 and 10 not in buf.resident(0)
+    assert count_of(buf, 10) == 4 and 10 not in buf.resident(0)   # 2 (miss) + 1 + 1 (streak)
     buf.plan(torch.tensor([[[10, 51, 52, 53]]], dtype=I32), seq)
-    assert count_of(buf, 10) == 4
+    assert count_of(buf, 10) == 6                                  # back: a return gains 2
+
+
+def test_a_return_counts_double_a_streak_once():
+    """Hand-checked: a hit one step after the last use gains 1, a hit after a gap gains 2, a
+    miss (always a return) its spilled count + 2; with T query tokens a slot gains once."""
+    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, queries_per_step=2, max_context=64)
+    seq = torch.tensor([64], dtype=I32)
+
+    def step(*tokens):
+        buf.plan(torch.tensor([list(tokens)], dtype=I32), seq)
+
+    step([7, 8], [7, -1])                 # both miss: 2 each (7 used by both tokens: once)
+    assert (count_of(buf, 7), count_of(buf, 8)) == (2, 2)
+    step([7, -1], [7, -1])                # 7 streak: +1
+    assert (count_of(buf, 7), count_of(buf, 8)) == (3, 2)
+    step([8, -1], [-1, -1])               # 8 away one step, then back: +2
+    assert (count_of(buf, 7), count_of(buf, 8)) == (3, 4)
+    step([8, 7], [-1, -1])                # 8 streak +1, 7 return +2
+    assert (count_of(buf, 7), count_of(buf, 8)) == (5, 5)
+    step([1, 2], [3, 4])                  # evicts 7 and 8: counts kept
+    step([7, 1], [2, 3])                  # 7 misses: 5 + 2
+    assert count_of(buf, 7) == 7 and count_of(buf, 8) == 5
+    buf.check_state()
 
 
 def test_counts_halve_every_256_steps():
@@ -160,9 +188,10 @@ def model_hits(sel: np.ndarray, capacity: int) -> np.ndarray:
             slot_pos[victims] = miss
             pos_slot[miss] = victims
             slot_count[victims] = pos_count[miss]
+            last[victims] = -2                     # a miss is a return
         used = pos_slot[u]
+        slot_count[used] = np.minimum(slot_count[used] + np.where(t - last[used] > 1, 2, 1), 255)
         last[used] = t
-        slot_count[used] = np.minimum(slot_count[used] + 1, 255)
         if (t + 1) % 256 == 0:
             slot_count >>= 1
             pos_count >>= 1
@@ -184,3 +213,43 @@ def test_kernel_matches_an_independent_model_on_the_shared_trace():
                         torch.tensor([int(data["T"])], dtype=I32))
         got.append(K - int(plan.miss_counts[0]))
     assert np.array_equal(np.array(got), model_hits(sel[0], S))
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.integers(1, 2), st.integers(1, 4), st.sampled_from([2, 5, 16]),
+       st.sampled_from([1.0, 1.5, 3.0]), st.integers(0, 2**31 - 1),
+       st.lists(st.integers(0, 3), min_size=4, max_size=24), st.sampled_from(["strict", "fast"]))
+def test_mtp_sessions_with_rejected_drafts_bit_exact(R, T, K, ratio, seed, accepted, build):
+    """MTP decode as served: T query tokens per step (the token and T - 1 drafts, each also
+    selecting its own position), then the rejected drafts invalidated. Long enough for streaks,
+    returns, evictions and spilled counts to mix; kernel state equals the reference's after
+    every op, and no position at or beyond the accepted length keeps a count."""
+    S = max(T * K, int(T * K * ratio))
+    context = 4 * S + 64
+    gen = torch.Generator().manual_seed(seed)
+    with emulation(build):
+        twin = Twin(R, S, reference.default_buckets(S), 16, max_context=context)
+        seq = torch.randint(T + 1, 2 * S, (R,), generator=gen, dtype=I32)
+        for n_ok in accepted:
+            hot = torch.clamp(seq[:, None, None] - torch.randint(1, 3 * K, (R, T, K), generator=gen),
+                              min=0).to(I32)
+            own = (seq[:, None] + torch.arange(T, dtype=I32)[None, :] - 1).to(I32)
+            hot[:, :, 0] = own                        # each token (draft) selects itself
+            topk = torch.full_like(hot, -1)
+            for r in range(R):                        # unique within each query token
+                for q in range(T):
+                    u = torch.unique(hot[r, q])
+                    topk[r, q, :u.numel()] = u
+            twin.plan(topk, seq + T - 1)
+            keep = min(n_ok, T - 1)                   # accepted drafts
+            if keep < T - 1:
+                valid = (seq + keep).to(I32)
+                twin.invalidate(valid)
+                v = reference.view_state(twin.ref_state, twin.layout)
+                for r in range(R):
+                    assert not bool(v.pos_count[r, int(valid[r]):].any())
+                    held = v.slot_pos[r] >= 0
+                    assert not bool((v.slot_pos[r][held] >= int(valid[r])).any())
+            seq = (seq + keep + 1).to(I32)
+        reference.check_state(twin.ref_state, twin.layout, 16, "reuse")

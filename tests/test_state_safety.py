@@ -65,12 +65,13 @@ def guards_intact(big: torch.Tensor, fill) -> bool:
 # ----------------------------------------------------------------------------- geometry + state
 
 class Geometry:
-    def __init__(self, R, T, K, S, H, L, C=0):
-        """``C``: max_context; 0 is the lifetime policy, else the reuse policy."""
+    def __init__(self, R, T, K, S, H, L, C=0, policy=None):
+        """``C``: max_context; 0 is the lifetime policy (or ``policy="lru"``), else the reuse
+        policy."""
         self.R, self.T, self.K, self.S, self.H, self.L, self.C = R, T, K, S, H, L, C
         self.N = T * K
         self.layout = reference.Layout(S, H, C)
-        self.policy = "reuse" if C else "lifetime"
+        self.policy = policy or ("reuse" if C else "lifetime")
         self.policy_id = reference.POLICY_IDS[self.policy]
 
     def section(self, name):
@@ -97,10 +98,11 @@ class Geometry:
 geometries = st.builds(
     lambda R, T, K, extra, H2, L, C: Geometry(R, T, K, T * K + extra,
                                               max(64, 1 << (T * K + extra - 1).bit_length()) * H2,
-                                              L, C * (T * K + extra) // 4),
+                                              L, max(C, 0) * (T * K + extra) // 4,
+                                              "lru" if C < 0 else None),
     st.integers(2, 3), st.integers(1, 2), st.sampled_from([8, 16, 24]),
     st.sampled_from([0, 0, 5, 21, 40]), st.sampled_from([1, 2]), st.sampled_from([1, 3, 16, 255]),
-    st.sampled_from([0, 0, 5, 13, 40]))     # max_context in S/4 units: 0 = lifetime policy
+    st.sampled_from([0, 0, 5, 13, 40, -1]))   # max_context in S/4 units: 0 lifetime, -1 lru
 
 
 def selections(gen, g: Geometry, seq, hot=None):

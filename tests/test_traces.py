@@ -243,7 +243,8 @@ def test_avsg_equals_prev_step_when_capacity_is_k():
 
 
 @needs_avsg
-@pytest.mark.parametrize("name,policy", [("avsg", "reuse"), ("avsg-lifetime", "lifetime")])
+@pytest.mark.parametrize("name,policy", [("avsg", "reuse"), ("avsg-lifetime", "lifetime"),
+                                         ("avsg-lru", "lru")])
 def test_avsg_replay_equals_stepping_buffer_directly(name, policy):
     import torch
     import avsg

@@ -153,7 +153,9 @@ class SparseKVBuffer:
             eviction), how long ago it was last used, and how densely this step selected its
             64-position neighbourhood; needs ``max_context``. ``"lifetime"``: the AVSG paper's
             (entries not hit for ``lifetime`` steps tie at 0 and go in slot order, so it forgets
-            recency exactly where it matters; kept for fidelity). ``reference.py`` specifies both.
+            recency exactly where it matters; kept for fidelity). ``"lru"``: exact least recently
+            used at step granularity (ages saturate at 1023 steps; ties by slot), the reference
+            point. ``reference.py`` specifies all three.
         max_context: longest context (positions ``< max_context``) of any request; required by
             the ``reuse`` policy, which keeps a count per position (``max_context`` int32 per row)
             and a heat per 64 positions. Selections at or beyond it are treated as ``-1``.

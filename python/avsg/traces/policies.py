@@ -52,6 +52,8 @@ Policies (names used by the CLI):
                    context), one buffer row per trace row; all rows are planned in one batched call
                    per step. hits = unique selections - ``plan.miss_counts``.
 ``avsg-lifetime``  the same op with the paper's lifetime policy, lifetime ``lifetime`` (default 16).
+``avsg-lru``       the same op with its ``lru`` policy (exact LRU at step granularity; ties within a
+                   step go by slot, where ``lru`` breaks them by position).
 """
 from __future__ import annotations
 
@@ -467,6 +469,14 @@ class AVSGLifetimePolicy(AVSGPolicy):
     policy = "lifetime"
 
 
+class AVSGLruPolicy(AVSGPolicy):
+    """The real op with its lru policy (ties within a step by slot, where ``lru`` breaks them by
+    position: the two may differ by a few hits)."""
+
+    name = "avsg-lru"
+    policy = "lru"
+
+
 POLICIES: Dict[str, Callable[..., Policy]] = {
     "lru": LRU,
     "clock": Clock,
@@ -476,6 +486,7 @@ POLICIES: Dict[str, Callable[..., Policy]] = {
     "belady": Belady,
     "avsg": AVSGPolicy,
     "avsg-lifetime": AVSGLifetimePolicy,
+    "avsg-lru": AVSGLruPolicy,
 }
 
 # options each policy accepts (from the CLI / make_policy(**opts)); others are ignored
