@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="pre-filled mode seed (default 0)")
     parser.add_argument("--policies", action="store_true",
                         help="also compare the residency policies' cost in the kernel: reuse (the "
-                             "default) against lifetime, hash matcher, on the trace's first --rows "
+                             "default) against lifetime and lru, hash matcher, on the trace's first --rows "
                              "layers, capacity 8192, --steps steps after a cold start")
     common.add_common_arguments(parser, "plan")
     common.add_tables_argument(parser, "docs/results/plan.md")
@@ -159,12 +159,13 @@ def npu_plan_times(S: int, K: int, fill, measured, seq_for, max_context: int) ->
 
 
 def policy_comparison(sel: np.ndarray, positions, context: int, hw) -> Dict:
-    """reuse vs lifetime policy, hash matcher, same trace steps (step 0 fills, not counted)."""
+    """reuse vs lifetime vs lru policy, hash matcher, same trace steps (step 0 fills, not counted)."""
     rows, steps, k = sel.shape
     bufs = {"reuse": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False,
                                     max_context=context),
             "lifetime": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False,
-                                       policy="lifetime")}
+                                       policy="lifetime"),
+            "lru": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False, policy="lru")}
     out: Dict[str, Dict[str, List[float]]] = {p: {} for p in bufs}
     with backend.emulation("strict"):
         for step in range(steps):
@@ -314,15 +315,17 @@ def main(args: argparse.Namespace) -> int:
     policies = None
     if args.policies:
         policies = policy_comparison(sel[:, :args.steps + 1], positions, context, hw)
-        print(f"\n  policy cost in the kernel: reuse (default) vs lifetime 16, hash matcher, "
+        print(f"\n  policy cost in the kernel: reuse (default) vs lifetime 16 and lru, hash matcher, "
               f"{sel.shape[0]} rows, capacity 8192, median of {args.steps} steps after a cold start")
-        print(f"  {'per step (median)':<26} {'reuse':>12} {'lifetime':>12} {'ratio':>7}")
+        print(f"  {'per step (median)':<26} {'reuse':>12} {'lifetime':>12} {'lru':>12} "
+              f"{'reuse/lifetime':>14}")
         for key, label in (("serial_pipe_us", "est. us serial-pipe"),
                            ("overlapped_pipe_us", "est. us overlapped-pipe"),
                            ("vec_repeats", "vector repeats"), ("scalar_ops", "scalar accesses"),
                            ("mte2_bytes", "GM->UB bytes"), ("misses", "misses (all rows)")):
-            a, b = policies["reuse"][key], policies["lifetime"][key]
-            print(f"  {label:<26} {a:>12,.1f} {b:>12,.1f} {a / b if b else float('nan'):>6.2f}x")
+            a, b, c = (policies[p][key] for p in ("reuse", "lifetime", "lru"))
+            print(f"  {label:<26} {a:>12,.1f} {b:>12,.1f} {c:>12,.1f} "
+                  f"{a / b if b else float('nan'):>13.2f}x")
     files = {"JSON": common.write_json(f"{out}/plan.json", dict(policies=policies,
         command="avsg bench plan", estimate=True, machine=common.machine(), hardware_name=hw.name,
         hardware=hw.sources(), trace=trace, rows=args.rows, steps=args.steps,
