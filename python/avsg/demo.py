@@ -25,11 +25,13 @@ DEFAULT_TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "share
                              "asyncio_32k.npz")
 
 
-def find_trace(path: Optional[str]) -> Optional[str]:
-    """The given trace, else the shared one beside the repository (``../shared/traces``)."""
+def find_trace(path: Optional[str], name: str = "asyncio_32k.npz") -> Optional[str]:
+    """The given trace, else the shared one ``name`` in ``../shared/traces`` (from the current
+    directory, then beside the repository); None when it is absent."""
     if path:
         return path
-    for candidate in (os.path.join("..", "shared", "traces", "asyncio_32k.npz"), DEFAULT_TRACE):
+    for base in (os.path.join("..", "shared", "traces"), os.path.dirname(DEFAULT_TRACE)):
+        candidate = os.path.join(base, name)
         if os.path.exists(candidate):
             return os.path.abspath(candidate)
     return None

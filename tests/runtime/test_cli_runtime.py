@@ -47,6 +47,17 @@ def test_run_small_end_to_end(tiny_trace, tmp_path, capsys):
     assert "simulated" in result["workload"]["acceptance"]
 
 
+@pytest.mark.parametrize("policy", ["lifetime", "lru"])
+def test_run_with_every_residency_policy(tiny_trace, tmp_path, capsys, policy):
+    out = tmp_path / "run.json"
+    status = cli.main(TINY_RUN + ["--trace", tiny_trace, "--mtp", "1", "--policy", policy,
+                                  "--json", str(out)])
+    assert status == 0
+    assert f"{policy} policy" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["outputs_identical"] is True and result["workload"]["policy"] == policy
+
+
 def test_run_with_own_indexer_and_trace_recording(tmp_path, capsys):
     trace_out = tmp_path / "rec.npz"
     status = cli.main(TINY_RUN + ["--select", "indexer", "--context", "200", "--mtp", "0",

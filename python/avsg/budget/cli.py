@@ -103,16 +103,11 @@ def _load_traces(args) -> List[tuple]:
                 for i, g in enumerate((0.6, 0.8))]
     paths = args.trace
     if not paths:
-        base = None
-        for cand in (os.path.join("..", "shared", "traces"),
-                     os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "traces")):
-            if all(os.path.exists(os.path.join(cand, n)) for n in SHARED):
-                base = cand
-                break
-        if base is None:
+        from ..demo import find_trace
+        paths = [find_trace(None, name) for name in SHARED]
+        if None in paths:
             raise UsageError("--trace: the shared traces are not in ../shared/traces; pass --trace "
                              "NPZ or --synthetic")
-        paths = [os.path.join(base, n) for n in SHARED]
     out = []
     for p in paths:
         try:

@@ -56,7 +56,8 @@ class StoreSpec:
     kv_format: KVFormat
     device: torch.device
     capacity: int = 8192
-    lifetime: int = 16
+    policy: str = "reuse"               # avsg: the buffers' residency policy (SparseKVBuffer)
+    lifetime: int = 16                  # avsg: the lifetime policy's L
     block_size: int = 128
     write_through: bool = False         # avsg: a pass's new KV into its reserved slots directly
     timers: Timers = NULL_TIMERS

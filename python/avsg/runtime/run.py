@@ -70,7 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'greedy': real verification of the MTP module's drafts")
     parser.add_argument("--capacity", type=int, default=8192, help="buffer slots per row and "
                         "layer for the avsg mode (default 8192)")
-    parser.add_argument("--lifetime", type=int, default=16, help="avsg buffer lifetime (default 16)")
+    parser.add_argument("--policy", choices=("reuse", "lifetime", "lru"), default="reuse",
+                        help="the avsg buffers' residency policy (default reuse)")
+    parser.add_argument("--lifetime", type=int, default=16,
+                        help="the lifetime policy's L, 1..255 (default 16; only with --policy lifetime)")
     parser.add_argument("--select", choices=("trace", "indexer"), default="trace",
                         help="selection source: a recorded trace (default) or the model's indexer")
     parser.add_argument("--trace", help=f"selection trace .npz (default {SHARED_TRACE} when present, "
@@ -142,8 +145,8 @@ def load_selection_trace(path: Optional[str], layers: int, topk: int, context: i
                          seed: int):
     """The trace to replay, and a line saying where it came from."""
     from ..traces import format as trace_format, synth
-    if path is None and os.path.exists(SHARED_TRACE):
-        path = SHARED_TRACE
+    from ..demo import find_trace
+    path = find_trace(path)
     if path is not None:
         if not os.path.exists(path):
             raise UsageError(f"--trace: no such file: {path}")
@@ -250,7 +253,8 @@ def run_mode(mode: str, model, config, workload: Workload, args, kv_format, devi
                   for r in workload.requests)
     spec = StoreSpec(layers=model.num_kv_layers, rows=workload.rows, max_len=max_len,
                      topk=config.index_topk, queries_per_step=1 + mtp, kv_format=kv_format,
-                     device=device, capacity=args.capacity, lifetime=args.lifetime, timers=timers)
+                     device=device, capacity=args.capacity, policy=args.policy,
+                     lifetime=args.lifetime, timers=timers)
     store = STORES[mode](spec)
     algo = DSA(config, rows=workload.rows, max_len=max_len, device=device,
                layers=model.num_kv_layers, timers=timers)
@@ -374,7 +378,8 @@ def main(args: argparse.Namespace) -> int:
           f"{workload.description}")
     print(f"  MTP-{args.mtp} ({accept_text if args.mtp else 'no drafts'}), selections from "
           f"{trace_line}, KV {args.kv_format} ({kv_format.row_bytes} B/token/layer), "
-          f"avsg buffer {args.capacity} slots, lifetime {args.lifetime}")
+          f"avsg buffer {args.capacity} slots, {args.policy} policy"
+          + (f" (lifetime {args.lifetime})" if args.policy == "lifetime" else ""))
     print(f"  times: this machine's CPU ({os.cpu_count()} cores, kernels via the "
           f"{args.emulation} CPU build), not an NPU")
     context_fill = ContextFill(model, kv_format, document_seed=args.seed)
@@ -423,7 +428,7 @@ def main(args: argparse.Namespace) -> int:
             "workload": {"rows": args.batch, "requests": requests, "mtp": args.mtp,
                          "acceptance": accept_text, "selection": trace_line,
                          "kv_format": args.kv_format, "capacity": args.capacity,
-                         "lifetime": args.lifetime, "device": args.device,
+                         "policy": args.policy, "lifetime": args.lifetime, "device": args.device,
                          "emulation": args.emulation, "description": workload.description,
                          "contexts": [r.context_len for r in workload.requests]},
             "modes": summaries,

@@ -46,7 +46,8 @@ class AVSGStore(HostPoolStore):
         self.manager = SparseOffloadManager(
             num_layers=spec.layers, max_rows=spec.rows, capacity=spec.capacity, topk=spec.topk,
             queries_per_step=spec.queries_per_step, kv_format=spec.kv_format,
-            lifetime=spec.lifetime, max_context=spec.max_len, resident_block_size=page,
+            policy=spec.policy, lifetime=spec.lifetime, max_context=spec.max_len,
+            resident_block_size=page,
             device=spec.device,
             host_kv=[self.pool.layer(layer) for layer in range(spec.layers)],
             write_through=spec.write_through, timers=spec.timers,
