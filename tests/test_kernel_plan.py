@@ -344,7 +344,7 @@ def test_stash_first_entry_wins_across_runs():
     """A corrupted state holding one position in two slots, both stashed: the lookup returns the
     first stash entry's slot (the reference's rule), though the other entry sorts into an earlier
     run position and names the lower slot."""
-    R, T, K, S, H, L = 1, 1, 2048, 4096, 4096, 4
+    R, K, S, H, L = 1, 2048, 4096, 4096, 4
     twin = Twin(R, S, H, L, "hash")
     gen = torch.Generator().manual_seed(23)
     seq = torch.full((R,), 50000, dtype=I32)
