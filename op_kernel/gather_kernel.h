@@ -92,9 +92,9 @@ public:
         } else if (t_.partition == kPartitionRequest) {
             ProcessRequest();
         } else if (t_.partition == kPartitionSelection) {
-            ProcessSelection();
+            ProcessEqualChunks(false);
         } else {
-            ProcessTopk();
+            ProcessEqualChunks(true);
         }
         while (queued_ > 0) WriteOldest();
         WriteCount();
@@ -251,7 +251,11 @@ private:
         }
     }
 
-    __aicore__ inline void ProcessTopk()
+    // Equal chunks of the R*N entry layout, one per core. `topk` (the older split) walks the
+    // compacted miss list: entries past a row's miss count are padding, no-ops. `selection` (the
+    // paper's S2) walks the selection layout: entries that are not first misses hold -1 and are
+    // skipped by CopySegment (slot < 0), so hits cost an index read each.
+    __aicore__ inline void ProcessEqualChunks(bool clipToMissCount)
     {
         const uint64_t N = t_.entriesPerRow, C = t_.numCores;
         const uint64_t L = t_.rows * N;
@@ -262,25 +266,10 @@ private:
             uint64_t rowStart = r * N;
             uint64_t a = lo > rowStart ? lo - rowStart : 0;
             uint64_t b = hi < rowStart + N ? hi - rowStart : N;
-            uint64_t cnt = CountOf(r);
-            if (b > cnt) b = cnt;  // entries past the row's miss count are padding: no-ops
-            if (b > a) CopySegment(r, a, b);
-        }
-    }
-
-    // The paper's S2: equal chunks of the R*N selection layout; entries that are not first
-    // misses hold -1 and are skipped by CopySegment (slot < 0), so hits cost an index read each.
-    __aicore__ inline void ProcessSelection()
-    {
-        const uint64_t N = t_.entriesPerRow, C = t_.numCores;
-        const uint64_t L = t_.rows * N;
-        if (L == 0) return;
-        const uint64_t lo = blockIdx_ * L / C, hi = (blockIdx_ + 1) * L / C;
-        if (lo >= hi) return;
-        for (uint64_t r = lo / N; r <= (hi - 1) / N; ++r) {
-            uint64_t rowStart = r * N;
-            uint64_t a = lo > rowStart ? lo - rowStart : 0;
-            uint64_t b = hi < rowStart + N ? hi - rowStart : N;
+            if (clipToMissCount) {
+                const uint64_t cnt = CountOf(r);
+                if (b > cnt) b = cnt;
+            }
             if (b > a) CopySegment(r, a, b);
         }
     }
