@@ -14,8 +14,8 @@ from torch.utils.cpp_extension import include_paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUBS = os.path.join(ROOT, "tests", "npu_stubs")
-NPU_HOST_FILES = ["op_host/plan_host.cpp", "op_host/gather_host.cpp", "op_host/npu/host_pool.cpp",
-                  "op_host/npu/host_register.cpp"]
+NPU_HOST_FILES = ["op_host/plan_host.cpp", "op_host/gather_host.cpp", "op_host/calibrate_host.cpp",
+                  "op_host/npu/host_pool.cpp", "op_host/npu/host_register.cpp"]
 
 
 def compile_npu_unit(path, *flags):
@@ -39,7 +39,8 @@ def test_npu_unit_compiles_and_registers_only_npu_kernels(path):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_plan_host_refuses_both_or_neither_backend():
+@pytest.mark.parametrize("path", ["op_host/plan_host.cpp", "op_host/calibrate_host.cpp"])
+def test_host_refuses_both_or_neither_backend(path):
     for flags in (["-UAVSG_WITH_NPU"], ["-DAVSG_CPU_EMULATION=1"]):
-        result = compile_npu_unit("op_host/plan_host.cpp", "-fsyntax-only", *flags)
+        result = compile_npu_unit(path, "-fsyntax-only", *flags)
         assert result.returncode != 0 and "exactly one of" in result.stderr
