@@ -127,3 +127,33 @@ def test_npu_checksum_matches_golden(mode):   # never run: no NPU was available 
     backend.load_npu_backend()
     out = torch.ops.avsg.calibrate(VALUES.to("npu"), mode, 5).cpu()
     assert torch.equal(out, calibrate.golden(VALUES, mode, 5))
+
+
+def test_profile_from_synthetic_timings_recovers_the_constants():
+    """The NPU path's arithmetic, on CPU: timings made from known constants (plus a launch
+    overhead) must give those constants back as 'measured' profile entries."""
+    hw = hardware.load_profile()
+    scalar, issue, per_repeat = 3.0, 12.0, 1.5
+    reps = {"gather": 32, "sort": 32, "gathermask": 8}
+
+    def cycles(mode):
+        if mode == "scalar":
+            return scalar
+        return issue + reps[mode] * per_repeat + hw["barrier_cycles"]
+
+    def time_us(values, mode, n):
+        assert values.device.type == "cpu"
+        return 4.0 + n * cycles(mode) / (hw["clock_ghz"] * 1e3)
+
+    stamp = "measured by avsg bench calibrate on TestDevice 2026-01-01"
+    micro = calibrate.microkernel_profile(hw, stamp, time_us, device="cpu",
+                                          iters_by_mode={m: (2, 4, 8) for m in calibrate.MODES})
+    e = micro["entries"]
+    assert e["scalar_ub_cycles"]["value"] == pytest.approx(scalar)
+    assert e["vec_issue_cycles"]["value"] == pytest.approx(issue)
+    assert e["vec_cycles_per_repeat"]["value"] == pytest.approx(per_repeat)
+    assert all(v["source"].startswith(stamp) for v in e.values())
+    for mode, m in micro["modes"].items():
+        assert m["checksum_ok"] and m["counts_linear"], mode
+        assert m["intercept_us"] == pytest.approx(4.0)
+        assert e[f"calib_{mode}_cycles_per_iter"]["value"] == pytest.approx(cycles(mode))
