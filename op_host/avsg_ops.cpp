@@ -34,4 +34,9 @@ TORCH_LIBRARY(avsg, m) {
     m.def("gather(Tensor miss_pos, Tensor miss_slots, Tensor miss_counts, Tensor[] src, "
           "Tensor(a!)[] dst, Tensor? block_table, int block_size, str partition, int num_cores) "
           "-> Tensor");
+    // Calibration microkernel (op_kernel/calibrate_kernel.h), one block: `iters` repeats of one of
+    // the plan kernel's operations, mode one of "scalar", "gather", "sort", "gathermask", over
+    // values int32 [L] (L a power of two in [2048, 8192]). Returns int32 [kCalibOutLen]: an 8-word
+    // header and the mode's checksum (op_host/calibrate_tiling.h). For `avsg bench calibrate`.
+    m.def("calibrate(Tensor values, str mode, int iters) -> Tensor");
 }

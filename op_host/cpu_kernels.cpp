@@ -15,6 +15,7 @@ extern "C" void avsg_plan_dual_pointer(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_AD
 extern "C" void avsg_invalidate(GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_reset(GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_gather(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+extern "C" void avsg_calibrate(GM_ADDR, GM_ADDR, GM_ADDR);
 
 namespace avsg_cpu {
 
@@ -33,6 +34,7 @@ const KernelBuild& fast_kernels()
         &avsg_invalidate,
         &avsg_reset,
         &avsg_gather,
+        &avsg_calibrate,
     };
     return build;
 }

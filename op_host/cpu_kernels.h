@@ -27,6 +27,7 @@ struct KernelBuild {
     void (*reset)(GmAddr state, GmAddr rowMask, GmAddr tiling);
     void (*gather)(GmAddr missPos, GmAddr missSlots, GmAddr missCounts, GmAddr blockTable, GmAddr countOut,
                    GmAddr tiling);
+    void (*calibrate)(GmAddr values, GmAddr out, GmAddr tiling);
 };
 
 const KernelBuild& strict_kernels();

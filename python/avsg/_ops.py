@@ -17,7 +17,14 @@ import torch
 from . import reference
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "gather")
+OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "gather", "calibrate")
+
+# op_host/calibrate_tiling.h: the calibration microkernel's lanes (the plan's kPlanProbes *
+# kPlanChunk and kPlanChunk) and its output length. tests/test_calibrate.py checks them against
+# the compiled op.
+CALIB_GATHER_LANES = 4 * 512
+CALIB_VECTOR_LANES = 512
+CALIB_OUT_LEN = 8 + CALIB_GATHER_LANES
 
 
 def _load_library() -> str:
@@ -57,6 +64,10 @@ def _gather_fake(miss_pos, miss_slots, miss_counts, src, dst, block_table, block
     return miss_pos.new_empty((num_cores,), dtype=torch.int32)
 
 
+def _calibrate_fake(values, mode, iters):
+    return values.new_empty((CALIB_OUT_LEN,), dtype=torch.int32)
+
+
 def _none_fake(*args):
     return None
 
@@ -66,6 +77,7 @@ torch.library.register_fake("avsg::plan_dual_pointer")(_plan_fake)
 torch.library.register_fake("avsg::invalidate")(_none_fake)
 torch.library.register_fake("avsg::reset")(_none_fake)
 torch.library.register_fake("avsg::gather")(_gather_fake)
+torch.library.register_fake("avsg::calibrate")(_calibrate_fake)
 
 
 # ---------------------------------------------------- reference CPU implementation (fallback)
