@@ -855,19 +855,12 @@ private:
         GatherMask(vKey_, vFoundI_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
         GatherMask(vSlot_, vWant_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
         GatherMask(vT2_, vLane_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
-        uint64_t nHitPos = 0;   // reuse: the hits' positions (wTmp_ is idle until the sort)
-        if (reuse_) GatherMask(wTmp_, vWant_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHitPos);
         Sync<HardEvent::V_S>();
         lookups_ += static_cast<int64_t>(nValid);
         hits_ += static_cast<int64_t>(nHit);
         misses_ += static_cast<int64_t>(nMiss);
-        for (uint32_t q = 0; q < nHit; ++q) {
-            const uint32_t slot = static_cast<uint32_t>(vKey_.GetValue(q));
-            // reuse: a slot used this step heats its block once (T query tokens may share it);
-            // its count is raised by CountHits
-            if (reuse_ && !WordBit(hitBits_, slot)) AddHeat(wTmp_.GetValue(q));
-            SetWordBit(hitBits_, slot);
-        }
+        // reuse: heat and counts follow from the final bitmap (HeatUsed, CountHits)
+        for (uint32_t q = 0; q < nHit; ++q) SetWordBit(hitBits_, static_cast<uint32_t>(vKey_.GetValue(q)));
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
         Sync<HardEvent::V_MTE3>();
         StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.N + c * nc], vFoundI_, n);
@@ -1012,13 +1005,10 @@ private:
                 const int32_t slot = stash ? StashSlot(v) : -1;
                 if (slot >= 0) {
                     code = -2 - slot;
-                    // reuse: a slot used this step heats its block once, as in Classify
-                    if (reuse_ && !WordBit(hitBits_, static_cast<uint32_t>(slot))) AddHeat(v);
                     SetWordBit(hitBits_, static_cast<uint32_t>(slot));
                 } else {
                     code = static_cast<int32_t>(m + staged);
                     vT1_.SetValue(staged++, v);
-                    if (reuse_) AddHeat(v);
                     if (staged == t_.nc) {
                         Sync<HardEvent::S_MTE3>();
                         StoreInts(missPosGm_[rowN + m], vT1_, staged);
@@ -1086,12 +1076,84 @@ private:
     __aicore__ inline int32_t ClampCount(int32_t c) const {
         return c < 0 ? 0 : (c > avsg::kReuseCountMax ? avsg::kReuseCountMax : c);
     }
-    // heat[pos >> 6] += 1, saturating (pos is a valid selection: 0 <= pos < max_context)
-    __aicore__ inline void AddHeat(int32_t pos) {
+    // heat[b] = min(heat[b] + c, 255) for the runs of equal block ids in wIdx_[0:n) (ascending;
+    // wIdx_[n] = -1, no block). Run lengths come from the vector unit (ends where a lane differs
+    // from the next one, compacted with their lane ids), so the scalar unit touches each heated
+    // block once per call instead of once per use, in ascending order: each window of a paged
+    // heat section is loaded at most once per call. Heat is in [0, 127] after CoolHeat and a
+    // block's increments in one step commute with the clamp, so adding a run's length at once
+    // saturates exactly as one increment per use does.
+    __aicore__ inline void AddHeat(uint32_t n) {
+        if (n == 0) return;
+        const uint32_t n64 = (n + 63) / 64 * 64;
+        const LocalTensor<int32_t> next = wSlot_, endKey = wSlot_[t_.nc], endLane = wSlot_[2 * t_.nc];
+        const LocalTensor<int32_t> off = wWin_;
+        Muls(off, vLane_, 4, n64);
+        PipeBarrier<PIPE_V>();
+        Adds(off, off, 4, n64);                   // byte offset of lane i + 1
+        PipeBarrier<PIPE_V>();
+        Gather(next, wIdx_, off.ReinterpretCast<uint32_t>(), 0u, n64);
+        PipeBarrier<PIPE_V>();
+        Compare(mA_, wIdx_, next, CMPMODE::EQ, n64);
+        PipeBarrier<PIPE_V>();
+        Not(U16(mA_), U16(mA_), n64 / 16);        // run ends
+        PipeBarrier<PIPE_V>();
+        uint64_t runs = 0, lanes = 0;
+        GatherMask(endKey, wIdx_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), runs);
+        GatherMask(endLane, vLane_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), lanes);
+        Sync<HardEvent::V_S>();
         Win& ht = win_[avsg::SEC_HT];
-        const uint32_t b = static_cast<uint32_t>(pos) >> avsg::kReuseBlockLog;
-        const int32_t h = Get(ht, b);
-        Put(ht, b, h < avsg::kReuseHeatMax ? h + 1 : avsg::kReuseHeatMax);
+        int32_t prev = -1;
+        for (uint32_t k = 0; k < static_cast<uint32_t>(runs); ++k) {
+            const uint32_t b = static_cast<uint32_t>(endKey.GetValue(k));
+            const int32_t e = endLane.GetValue(k);
+            const int32_t h = Get(ht, b) + (e - prev);
+            Put(ht, b, h < avsg::kReuseHeatMax ? h : avsg::kReuseHeatMax);
+            prev = e;
+        }
+        Sync<HardEvent::S_V>();
+    }
+    // Every slot used this step (hit bitmap: probe and stash hits, T tokens sharing a slot count
+    // once) heats the block of the position it holds, then every miss heats its own (reference:
+    // the two _add_heat calls). Hits: per nc-slot chunk, the used slots' positions compacted,
+    // their blocks sorted; misses: miss_pos is ascending and unique already.
+    __aicore__ inline void HeatUsed(uint32_t r, uint32_t m) {
+        const uint32_t nc = t_.nc;
+        const int32_t lastBlock = static_cast<int32_t>((t_.maxContext - 1) >> avsg::kReuseBlockLog);
+        Sync<HardEvent::S_V>();                   // scalar writes of the hit bitmap
+        for (uint32_t base = 0; base < t_.capPad; base += nc) {
+            const uint32_t n = MinU(nc, t_.capPad - base);
+            uint64_t used = 0;
+            GatherMask(vT1_, ChunkOf(win_[avsg::SEC_SP], base), hitBits_[base / 32], true, n,
+                       GatherMaskParams(1, 1, 8, 0), used);
+            Sync<HardEvent::V_S>();
+            if (used == 0) continue;
+            const uint32_t u = static_cast<uint32_t>(used);
+            // a hit slot holds the selection it matched (< max_context); the clamp only keeps
+            // any state content inside the heat section
+            ShiftRight(vT1_, vT1_, avsg::kReuseBlockLog, u);
+            PipeBarrier<PIPE_V>();
+            ClampInts(vT1_, 0, lastBlock, u);
+            SortAscending(vT1_, u, nullptr);
+            Duplicate(wIdx_, -1, (u + 63) / 64 * 64 + 64);
+            PipeBarrier<PIPE_V>();
+            Adds(wIdx_, sOutV_.template ReinterpretCast<int32_t>(), 0, u);
+            PipeBarrier<PIPE_V>();
+            AddHeat(u);
+        }
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        for (uint32_t j0 = 0; j0 < m; j0 += nc) {
+            const uint32_t n = MinU(nc, m - j0);
+            Duplicate(wIdx_, -1, (n + 63) / 64 * 64 + 64);
+            Sync<HardEvent::V_MTE2>();
+            Sync<HardEvent::S_MTE2>();
+            Sync<HardEvent::MTE3_MTE2>();        // MergeMisses stored miss_pos
+            LoadInts(wIdx_, missPosGm_[rowN + j0], n, -1);
+            Sync<HardEvent::MTE2_V>();
+            ShiftRight(wIdx_, wIdx_, avsg::kReuseBlockLog, n);   // valid selections: >= 0
+            PipeBarrier<PIPE_V>();
+            AddHeat(n);
+        }
     }
     // dst = clamp(src, 0, high) >> 1 over a whole section, window by window (heat every step;
     // the counts every 256 steps)
@@ -1709,6 +1771,7 @@ private:
             Classify(r, c, n);
         }
         const uint32_t m = MergeMisses(r);
+        if (reuse_) HeatUsed(r, m);
         DecayAndPin();
         // 3. allocate and install
         if (reuse_) {
