@@ -122,6 +122,9 @@ public:
         wsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(workspace) +
                                   static_cast<uint64_t>(GetBlockIdx()) * t_.wsPerCore,
                               t_.wsPerCore);
+        wsBase_ = reinterpret_cast<__gm__ int32_t*>(workspace);
+        rowWs_ = wsGm_;
+        split_ = kDual ? 1u : t_.split;
 
         const uint32_t nc = t_.nc;
         // The Sort operands (sort region, and the wide vectors that carry Sort payloads) need
@@ -199,6 +202,14 @@ public:
 
     __aicore__ inline void Process() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
+        if (split_ > 1) {                         // one (row, part) per core: rows * split blocks
+            const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
+            part_ = b / t_.rows;
+            rowWs_.SetGlobalBuffer(wsBase_ + static_cast<uint64_t>(b % t_.rows) * t_.wsPerCore, t_.wsPerCore);
+            if (part_ == 0) Row(b % t_.rows);
+            else HelpRow(b % t_.rows);
+            return;
+        }
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) Row(r);
     }
 
@@ -870,9 +881,9 @@ private:
         const LocalTensor<uint32_t> lanes = vT2_.ReinterpretCast<uint32_t>();
         SortAscending(vSlot_, static_cast<uint32_t>(nMiss), &lanes);
         Sync<HardEvent::V_MTE3>();
-        StoreInts(wsGm_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
+        StoreInts(rowWs_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
                   static_cast<uint32_t>(nMiss));
-        StoreInts(wsGm_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
+        StoreInts(rowWs_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
                   static_cast<uint32_t>(nMiss));
         Sync<HardEvent::MTE3_V>();
     }
@@ -1722,37 +1733,112 @@ private:
         Sync<HardEvent::MTE3_MTE2>();
     }
 
-    __aicore__ inline void Row(uint32_t r) {
-        const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+    // Row start, owner and helpers alike: windows bound, seq_len and header loaded, hit bitmap
+    // cleared; false if the header does not match (the row is left alone). Sets the lookup bound.
+    __aicore__ inline bool StartRow(uint32_t r) {
         BindRow(r);
         missChunk_ = -1;
-        // row meta: seq_len and stash_count
         Sync<HardEvent::S_MTE2>();
         Sync<HardEvent::MTE3_MTE2>();
         LoadInts(scalarUb_, seqGm_[r], 1, 0);
-        DataCopy(headerUb_, stateGm_[rowState], avsg::kHeaderWords + avsg::kStashCountPad);
+        DataCopy(headerUb_, stateGm_[static_cast<uint64_t>(r) * t_.width], avsg::kHeaderWords + avsg::kStashCountPad);
         Duplicate(hitBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.capPad / 16);
         Sync<HardEvent::MTE2_S>();
         Sync<HardEvent::V_S>();
-        if (!HeaderMatches()) {
-            RejectRow(r);
-            return;
-        }
+        if (!HeaderMatches()) return false;
         int32_t seq = scalarUb_.GetValue(0);
         if (seq > static_cast<int32_t>(avsg::kMaxPosition)) seq = static_cast<int32_t>(avsg::kMaxPosition);
         if (reuse_ && seq > static_cast<int32_t>(t_.maxContext)) seq = static_cast<int32_t>(t_.maxContext);
         boundF_ = static_cast<float>(seq);
-        const int32_t count = countUb_.GetValue(0);
-        stashCount_ = count < 0 ? 0u : MinU(static_cast<uint32_t>(count), t_.capacity);
         lookups_ = hits_ = misses_ = 0;
-        // padding slots free, so Allocate's free count and the dual pointer's resident runs see
-        // only real slots
+        return true;
+    }
+    // padding slots free, so Allocate's free count and the dual pointer's resident runs see only
+    // real slots. Nothing before DecayAndPin reads them in the hash plan (every slot read from
+    // the index or the stash is clamped to [0, S-1]), so a split row resets them after its
+    // lookup: no GM write of the owner overlaps the helpers' reads of slot_pos.
+    __aicore__ inline void FreePadding() {
         for (uint32_t s = t_.capacity; s < t_.capPad; ++s) {
             if (Get(win_[avsg::SEC_SP], s) != -1) Put(win_[avsg::SEC_SP], s, -1);
             if (Get(win_[avsg::SEC_SL], s) != -1) Put(win_[avsg::SEC_SL], s, -1);
             if (reuse_ && Get(win_[avsg::SEC_SC], s) != 0) Put(win_[avsg::SEC_SC], s, 0);
         }
+    }
+    // Every core of a split launch calls this exactly once (rejected rows included): the soft
+    // form (zeroed counters after the cores' slices, wIdx_ as its UB scratch) needs no mixed
+    // kernel type. Its PipeBarrier<PIPE_ALL> completes the helpers' stores before the owner loads.
+    __aicore__ inline void SyncParts() {
+        const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
+        GlobalTensor<int32_t> counters;
+        counters.SetGlobalBuffer(wsBase_ + static_cast<uint64_t>(blocks) * t_.wsPerCore, blocks * avsg::kPlanSyncWords);
+        SyncAll(counters, wIdx_, 0);
+    }
+    // Lookup part of a split row (helper core): its chunks looked up and classified as the owner
+    // does its own; slots to the row's output, miss runs to the owner's workspace slice; then its
+    // counts, run lengths and hit bitmap to its part region there. Reads of the row's state only.
+    __aicore__ inline void HelpRow(uint32_t r) {
+        if (StartRow(r)) {
+            for (uint32_t c = part_; c < t_.numChunks; c += split_) {
+                const uint32_t n = PrepareWant(r, c);
+                Match(c);
+                Classify(r, c, n);
+            }
+            const LocalTensor<int32_t> head = vFoundI_;
+            const uint32_t headLen = avsg::kPlanPartHead + t_.numChunks;
+            Sync<HardEvent::MTE3_S>();            // Classify's store of vFoundI_ (write-after-read)
+            Sync<HardEvent::V_S>();
+            head.SetValue(0, static_cast<int32_t>(lookups_));
+            head.SetValue(1, static_cast<int32_t>(hits_));
+            head.SetValue(2, static_cast<int32_t>(misses_));
+            head.SetValue(3, 0);
+            for (uint32_t c = 0; c < t_.numChunks; ++c)
+                head.SetValue(avsg::kPlanPartHead + c, static_cast<int32_t>(missRuns_.len[c]));
+            const uint32_t off = t_.wsPartOff + part_ * t_.partWords;
+            Sync<HardEvent::S_MTE3>();
+            StoreInts(rowWs_[off], head, headLen);
+            StoreInts(rowWs_[off + avsg::RoundUp(headLen, 8)], hitBits_.ReinterpretCast<int32_t>(), t_.capPad / 32);
+            Sync<HardEvent::MTE3_S>();
+            Sync<HardEvent::MTE3_V>();
+        }
+        SyncParts();
+    }
+    // Owner, after the SyncAll: the helpers' counts and run lengths, their hit bits or-ed in.
+    __aicore__ inline void FoldParts() {
+        const LocalTensor<int32_t> head = vFoundI_, bits = wIdx_;
+        const uint32_t headLen = avsg::kPlanPartHead + t_.numChunks;
+        for (uint32_t p = 1; p < split_; ++p) {
+            const uint32_t off = t_.wsPartOff + p * t_.partWords;
+            Sync<HardEvent::S_MTE2>();
+            Sync<HardEvent::V_MTE2>();
+            Sync<HardEvent::MTE3_MTE2>();
+            LoadInts(head, rowWs_[off], headLen, 0);
+            LoadInts(bits, rowWs_[off + avsg::RoundUp(headLen, 8)], t_.capPad / 32, 0);
+            Sync<HardEvent::MTE2_S>();
+            Sync<HardEvent::MTE2_V>();
+            Sync<HardEvent::S_V>();               // the owner's scalar writes of the bitmap
+            Or(hitBits_.ReinterpretCast<uint16_t>(), hitBits_.ReinterpretCast<uint16_t>(),
+               bits.ReinterpretCast<uint16_t>(), t_.capPad / 16);
+            lookups_ += head.GetValue(0);
+            hits_ += head.GetValue(1);
+            misses_ += head.GetValue(2);
+            for (uint32_t c = p; c < t_.numChunks; c += split_)
+                missRuns_.len[c] = static_cast<uint32_t>(head.GetValue(avsg::kPlanPartHead + c));
+            PipeBarrier<PIPE_V>();
+            Sync<HardEvent::V_S>();
+        }
+    }
+
+    __aicore__ inline void Row(uint32_t r) {
+        const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        if (!StartRow(r)) {
+            RejectRow(r);
+            if (split_ > 1) SyncParts();
+            return;
+        }
+        const int32_t count = countUb_.GetValue(0);
+        stashCount_ = count < 0 ? 0u : MinU(static_cast<uint32_t>(count), t_.capacity);
+        if (split_ == 1) FreePadding();
         if (reuse_) CoolHeat();
 
         // 0. stash compaction #1, and the sorted stash (hash plan) or the matches (dual pointer)
@@ -1765,10 +1851,15 @@ private:
         }
         // 1+2. refresh and classify, chunk by chunk; the stash hits join the hits in the merge,
         // before the decay pins them
-        for (uint32_t c = 0; c < t_.numChunks; ++c) {
+        for (uint32_t c = 0; c < t_.numChunks; c += split_) {
             const uint32_t n = PrepareWant(r, c);
             Match(c);
             Classify(r, c, n);
+        }
+        if (split_ > 1) {
+            SyncParts();
+            FoldParts();
+            FreePadding();
         }
         const uint32_t m = MergeMisses(r);
         if (reuse_) HeatUsed(r, m);
@@ -1841,6 +1932,9 @@ private:
     Merger missRuns_, resRuns_, selRuns_, stashRuns_;
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
+    __gm__ int32_t* wsBase_ = nullptr;
+    GlobalTensor<int32_t> rowWs_;                 // the row's workspace: the owner core's slice
+    uint32_t split_ = 1, part_ = 0;
     uint32_t freeSlots_ = 0;
     bool reuse_ = false;                     // policy: reuse (else lifetime)
     bool lru_ = false;                       // policy: lru (ages like reuse, scores -age)
