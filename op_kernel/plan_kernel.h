@@ -2,20 +2,23 @@
 // Specification: python/avsg/reference.py (state layout, hash, lookup, stash, lifetime, victims,
 // insert rounds, outputs, stats). Tiling: op_host/plan_tiling.h.
 //
-// Work split: core c handles rows c, c+numBlocks, ... : a row's state, outputs, stats and the
-// core's workspace are written by that core only (no GM atomics, no shared 64 B lines written
-// by two cores except through exact-byte DataCopyPad stores). A batch of fewer rows than cores
-// leaves cores idle; a row is not split over several because the lookup (step 1, the only part
-// that splits without moving the allocation) is about a third of a row's modelled time under
-// the lifetime policy, and under the reuse policy most of it is the per-hit heat update, which
-// must stay with the row's owner. Splitting would need, per row: the owner's prologue (header,
-// padding, stash compaction and sort) flushed to GM, then a SyncAll; helper cores looking up
-// their chunks and storing slots, miss runs, hit lists and counts to a per-row workspace (DMA
-// only: scalar GM goes through the non-coherent DCache), a second SyncAll; the owner folding
-// the hit lists into its bitmap before step 2. A rejected row must reach the helpers through
-// the workspace too, and on the NPU SyncAll needs KERNEL_TYPE_MIX_AIV_1_0 or a zeroed soft-sync
-// workspace per launch.
-//
+// Work split: with rows * 2 > cores (or the dual pointer), core c handles rows c, c+numBlocks,
+// ... : a row's state, outputs, stats and the core's workspace are written by that core only (no
+// GM atomics, no shared 64 B lines written by two cores except through exact-byte DataCopyPad
+// stores). With fewer rows the hash plan splits each row's lookup (step 1 and the per-chunk part
+// of step 2, 35-45% of a row's modelled time at K 2048) over split = min(cores / rows, chunks)
+// cores: core b works on row b % rows as part b / rows; part 0 owns the row and does everything
+// else. Helpers check the row's header themselves (a rejected row is skipped by every part),
+// look up chunks part, part + split, ..., store the chunks' slots to the row's output and their
+// sorted miss runs to the owner's workspace slice (DMA only: scalar GM goes through the
+// non-coherent DCache), then their counts, run lengths and hit bitmap to their part region there.
+// One soft SyncAll (counters after the slices, zeroed by the host per launch; no mixed kernel
+// type needed), called exactly once by every core, separates the parts from the owner's fold
+// (counts summed, bitmaps or-ed) and step 2's merge. During the lookup the owner writes no GM
+// that a helper reads: helpers read bucket_key, bucket_slot and slot_pos only, the owner's
+// prologue writes the stash and the heat, and it frees the padding slots (slot_pos) after the
+// SyncAll. The reuse policy's heat comes from the final bitmap and miss list (HeatUsed), so
+// nothing per hit stays with the owner but one bit.
 // Per row (hash matcher; the dual pointer differs in step 1's match: the row's selections and
 // resident slots sorted and walked once with two pointers, no hash and no stash lookup):
 //   0. stash compaction #1 (scalar; before the lookup, see below)
@@ -29,7 +32,10 @@
 //      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge (loser
 //      tree) with dedup -> miss_pos (and each run entry's index in it). The stash, sorted once per
 //      row (Sort in nc-entry runs), is merged along: a miss found there is a hit after all.
-//      Then one pass over slot_life: decay (Mins/Adds/Max) + hits to L (Not + Select).
+//      Reuse: block heat from the hit bitmap (used slots' positions, per nc-slot chunk, sorted)
+//      and the sorted misses: run lengths of equal block ids by vector compare + GatherMask, one
+//      scalar update per heated block. Then one pass over slot_life: decay (Mins/Adds/Max) +
+//      hits to L (Not + Select).
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
 //      insert: freeness of all 4 buckets of every miss (all-probe gathers), 4 scalar rounds
