@@ -114,6 +114,9 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.wsFreeOff = t.wsSelLaneOff + t.numChunks * t.nc;
     t.wsScoreOff = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
     t.wsPerCore = t.wsScoreOff + (policy != kPolicyLifetime ? Sp : 0);
+    t.split = 1;
+    t.wsPartOff = t.wsPerCore;
+    t.partWords = RoundUp(kPlanPartHead + t.numChunks, 8) + RoundUp(Sp / 32, 8);
     t.hashA1 = kHashA1 & (H - 1);
     t.hashB1 = kHashB1 & (H - 1);
     t.hashA2 = kHashA2 & (H - 1);
@@ -193,7 +196,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     return t;
 }
 
-uint32_t BlockDimFor(int64_t rows) {
+int64_t CoreCount() {
 #ifdef AVSG_WITH_NPU
     // blockDim must not exceed the physical AIV cores (910B3/B4: 40, 910B1/B2 and A3 dies: 48).
     auto* platform = platform_ascendc::PlatformAscendCManager::GetInstance();
@@ -202,7 +205,23 @@ uint32_t BlockDimFor(int64_t rows) {
 #else
     const int64_t cores = avsg_emu::core_count();
 #endif
-    return static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(rows, cores)));
+    return cores;
+}
+
+uint32_t BlockDimFor(int64_t rows) {
+    return static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(rows, CoreCount())));
+}
+
+// Hash plan with idle cores: every row's lookup chunks spread over up to cores / rows cores (at
+// most one chunk each). The lookup is 35-45% of a row's modelled time at K 2048 and pays for one
+// soft SyncAll and the owner's fold from two chunks on. Workspace: the parts' regions in each
+// slice, and 8 int32 of sync counters per core after the slices (zeroed per launch).
+void ApplySplit(PlanTiling& t, int64_t rows) {
+    const int64_t split = std::min<int64_t>(CoreCount() / rows, t.numChunks);
+    // the owner folds a part's hit bitmap through the all-probe vector wIdx_
+    if (split < 2 || t.capPad / 8 > kPlanProbes * t.nc * 4) return;
+    t.split = static_cast<uint32_t>(split);
+    t.wsPerCore = t.wsPartOff + t.split * t.partWords;
 }
 
 void CheckTensor(const at::Tensor& t, const char* name, at::ScalarType dtype, at::IntArrayRef shape) {
@@ -385,17 +404,21 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
         TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": all tensors must be on one device");
     CheckHeader(state, capacity, buckets, max_context, lifetime, policy);
 
-    const uint32_t blockDim = BlockDimFor(R);
     PlanTiling tiling = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(T * K),
                                    static_cast<uint32_t>(capacity), static_cast<uint32_t>(buckets),
                                    static_cast<uint32_t>(lifetime), static_cast<uint32_t>(policy),
                                    static_cast<uint32_t>(max_context));
+    if (!dual) ApplySplit(tiling, R);
+    const uint32_t blockDim = tiling.split > 1 ? static_cast<uint32_t>(R) * tiling.split : BlockDimFor(R);
     auto opts = topk_pos.options().dtype(at::kInt);
     at::Tensor slots = at::empty({R, T, K}, opts);
     at::Tensor miss_pos = at::empty({R, T * K}, opts);
     at::Tensor miss_slots = at::empty({R, T * K}, opts);
     at::Tensor miss_counts = at::empty({R}, opts);
-    at::Tensor workspace = at::empty({static_cast<int64_t>(blockDim) * tiling.wsPerCore}, opts);
+    const int64_t slices = static_cast<int64_t>(blockDim) * tiling.wsPerCore;
+    const int64_t syncWords = tiling.split > 1 ? static_cast<int64_t>(blockDim) * kPlanSyncWords : 0;
+    at::Tensor workspace = at::empty({slices + syncWords}, opts);
+    if (syncWords) workspace.narrow(0, slices, syncWords).zero_();   // soft SyncAll counters
     LaunchPlan(dual, blockDim, tiling, topk_pos, seq_lens, state, stats, slots, miss_pos, miss_slots, miss_counts,
                workspace);
     return {slots, miss_pos, miss_slots, miss_counts};

@@ -21,6 +21,8 @@ constexpr uint32_t kPlanHeadLen = 16;       // int32 per run and merge head spac
 constexpr uint32_t kPlanMergeRegions = 3;   // head space regions: two merges (one with payload) at once
 constexpr uint32_t kPlanMinWindow = 256;    // keeps bitmap slices 32 B aligned
 constexpr uint32_t kPlanUbBudget = 184 * 1024;
+constexpr uint32_t kPlanPartHead = 4;       // a lookup part's counts: lookups, hits, misses, pad
+constexpr uint32_t kPlanSyncWords = 8;      // soft SyncAll counter per core (32 B)
 constexpr uint32_t kPlanVectors = 9;        // NC-element int32/float work vectors
 constexpr uint32_t kPlanWideVectors = 3;    // kPlanProbes*NC-element vectors (all probes of a chunk)
 constexpr uint32_t kPlanMasks = 4;          // kPlanProbes*NC-bit compare masks
@@ -69,6 +71,11 @@ struct PlanTiling {
     uint32_t hashA1, hashB1, hashA2, hashB2;   // constants mod H
     uint32_t ubBytes;                    // planned UB use of the plan kernels
     uint32_t fillChunk;                  // invalidate / reset chunk (elements, multiple of 64)
+    // Split lookup (hash plan, few rows): core b looks up the chunks c = part, part + split, ...
+    // of row b % rows, part = b / rows (part 0 owns the row). Each part's counts, chunk run
+    // lengths and hit bitmap go to the owner's workspace slice at wsPartOff + part * partWords;
+    // the soft SyncAll's counters follow the cores' slices. split = 1: one core per row.
+    uint32_t split, wsPartOff, partWords;
 };
 
 // The one round-up helper of the plan kernels (x, m > 0). The kernels include kernel_operator.h

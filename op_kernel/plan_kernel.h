@@ -2,20 +2,23 @@
 // Specification: python/avsg/reference.py (state layout, hash, lookup, stash, lifetime, victims,
 // insert rounds, outputs, stats). Tiling: op_host/plan_tiling.h.
 //
-// Work split: core c handles rows c, c+numBlocks, ... : a row's state, outputs, stats and the
-// core's workspace are written by that core only (no GM atomics, no shared 64 B lines written
-// by two cores except through exact-byte DataCopyPad stores). A batch of fewer rows than cores
-// leaves cores idle; a row is not split over several because the lookup (step 1, the only part
-// that splits without moving the allocation) is about a third of a row's modelled time under
-// the lifetime policy, and under the reuse policy most of it is the per-hit heat update, which
-// must stay with the row's owner. Splitting would need, per row: the owner's prologue (header,
-// padding, stash compaction and sort) flushed to GM, then a SyncAll; helper cores looking up
-// their chunks and storing slots, miss runs, hit lists and counts to a per-row workspace (DMA
-// only: scalar GM goes through the non-coherent DCache), a second SyncAll; the owner folding
-// the hit lists into its bitmap before step 2. A rejected row must reach the helpers through
-// the workspace too, and on the NPU SyncAll needs KERNEL_TYPE_MIX_AIV_1_0 or a zeroed soft-sync
-// workspace per launch.
-//
+// Work split: with rows * 2 > cores (or the dual pointer), core c handles rows c, c+numBlocks,
+// ... : a row's state, outputs, stats and the core's workspace are written by that core only (no
+// GM atomics, no shared 64 B lines written by two cores except through exact-byte DataCopyPad
+// stores). With fewer rows the hash plan splits each row's lookup (step 1 and the per-chunk part
+// of step 2, 35-45% of a row's modelled time at K 2048) over split = min(cores / rows, chunks)
+// cores: core b works on row b % rows as part b / rows; part 0 owns the row and does everything
+// else. Helpers check the row's header themselves (a rejected row is skipped by every part),
+// look up chunks part, part + split, ..., store the chunks' slots to the row's output and their
+// sorted miss runs to the owner's workspace slice (DMA only: scalar GM goes through the
+// non-coherent DCache), then their counts, run lengths and hit bitmap to their part region there.
+// One soft SyncAll (counters after the slices, zeroed by the host per launch; no mixed kernel
+// type needed), called exactly once by every core, separates the parts from the owner's fold
+// (counts summed, bitmaps or-ed) and step 2's merge. During the lookup the owner writes no GM
+// that a helper reads: helpers read bucket_key, bucket_slot and slot_pos only, the owner's
+// prologue writes the stash and the heat, and it frees the padding slots (slot_pos) after the
+// SyncAll. The reuse policy's heat comes from the final bitmap and miss list (HeatUsed), so
+// nothing per hit stays with the owner but one bit.
 // Per row (hash matcher; the dual pointer differs in step 1's match: the row's selections and
 // resident slots sorted and walked once with two pointers, no hash and no stash lookup):
 //   0. stash compaction #1 (scalar; before the lookup, see below)
@@ -29,7 +32,10 @@
 //      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge (loser
 //      tree) with dedup -> miss_pos (and each run entry's index in it). The stash, sorted once per
 //      row (Sort in nc-entry runs), is merged along: a miss found there is a hit after all.
-//      Then one pass over slot_life: decay (Mins/Adds/Max) + hits to L (Not + Select).
+//      Reuse: block heat from the hit bitmap (used slots' positions, per nc-slot chunk, sorted)
+//      and the sorted misses: run lengths of equal block ids by vector compare + GatherMask, one
+//      scalar update per heated block. Then one pass over slot_life: decay (Mins/Adds/Max) +
+//      hits to L (Not + Select).
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
 //      insert: freeness of all 4 buckets of every miss (all-probe gathers), 4 scalar rounds
@@ -122,6 +128,9 @@ public:
         wsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(workspace) +
                                   static_cast<uint64_t>(GetBlockIdx()) * t_.wsPerCore,
                               t_.wsPerCore);
+        wsBase_ = reinterpret_cast<__gm__ int32_t*>(workspace);
+        rowWs_ = wsGm_;
+        split_ = kDual ? 1u : t_.split;
 
         const uint32_t nc = t_.nc;
         // The Sort operands (sort region, and the wide vectors that carry Sort payloads) need
@@ -199,6 +208,14 @@ public:
 
     __aicore__ inline void Process() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
+        if (split_ > 1) {                         // one (row, part) per core: rows * split blocks
+            const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
+            part_ = b / t_.rows;
+            rowWs_.SetGlobalBuffer(wsBase_ + static_cast<uint64_t>(b % t_.rows) * t_.wsPerCore, t_.wsPerCore);
+            if (part_ == 0) Row(b % t_.rows);
+            else HelpRow(b % t_.rows);
+            return;
+        }
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) Row(r);
     }
 
@@ -855,19 +872,12 @@ private:
         GatherMask(vKey_, vFoundI_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
         GatherMask(vSlot_, vWant_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
         GatherMask(vT2_, vLane_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
-        uint64_t nHitPos = 0;   // reuse: the hits' positions (wTmp_ is idle until the sort)
-        if (reuse_) GatherMask(wTmp_, vWant_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHitPos);
         Sync<HardEvent::V_S>();
         lookups_ += static_cast<int64_t>(nValid);
         hits_ += static_cast<int64_t>(nHit);
         misses_ += static_cast<int64_t>(nMiss);
-        for (uint32_t q = 0; q < nHit; ++q) {
-            const uint32_t slot = static_cast<uint32_t>(vKey_.GetValue(q));
-            // reuse: a slot used this step heats its block once (T query tokens may share it);
-            // its count is raised by CountHits
-            if (reuse_ && !WordBit(hitBits_, slot)) AddHeat(wTmp_.GetValue(q));
-            SetWordBit(hitBits_, slot);
-        }
+        // reuse: heat and counts follow from the final bitmap (HeatUsed, CountHits)
+        for (uint32_t q = 0; q < nHit; ++q) SetWordBit(hitBits_, static_cast<uint32_t>(vKey_.GetValue(q)));
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
         Sync<HardEvent::V_MTE3>();
         StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.N + c * nc], vFoundI_, n);
@@ -877,9 +887,9 @@ private:
         const LocalTensor<uint32_t> lanes = vT2_.ReinterpretCast<uint32_t>();
         SortAscending(vSlot_, static_cast<uint32_t>(nMiss), &lanes);
         Sync<HardEvent::V_MTE3>();
-        StoreInts(wsGm_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
+        StoreInts(rowWs_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
                   static_cast<uint32_t>(nMiss));
-        StoreInts(wsGm_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
+        StoreInts(rowWs_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
                   static_cast<uint32_t>(nMiss));
         Sync<HardEvent::MTE3_V>();
     }
@@ -1012,13 +1022,10 @@ private:
                 const int32_t slot = stash ? StashSlot(v) : -1;
                 if (slot >= 0) {
                     code = -2 - slot;
-                    // reuse: a slot used this step heats its block once, as in Classify
-                    if (reuse_ && !WordBit(hitBits_, static_cast<uint32_t>(slot))) AddHeat(v);
                     SetWordBit(hitBits_, static_cast<uint32_t>(slot));
                 } else {
                     code = static_cast<int32_t>(m + staged);
                     vT1_.SetValue(staged++, v);
-                    if (reuse_) AddHeat(v);
                     if (staged == t_.nc) {
                         Sync<HardEvent::S_MTE3>();
                         StoreInts(missPosGm_[rowN + m], vT1_, staged);
@@ -1086,12 +1093,84 @@ private:
     __aicore__ inline int32_t ClampCount(int32_t c) const {
         return c < 0 ? 0 : (c > avsg::kReuseCountMax ? avsg::kReuseCountMax : c);
     }
-    // heat[pos >> 6] += 1, saturating (pos is a valid selection: 0 <= pos < max_context)
-    __aicore__ inline void AddHeat(int32_t pos) {
+    // heat[b] = min(heat[b] + c, 255) for the runs of equal block ids in wIdx_[0:n) (ascending;
+    // wIdx_[n] = -1, no block). Run lengths come from the vector unit (ends where a lane differs
+    // from the next one, compacted with their lane ids), so the scalar unit touches each heated
+    // block once per call instead of once per use, in ascending order: each window of a paged
+    // heat section is loaded at most once per call. Heat is in [0, 127] after CoolHeat and a
+    // block's increments in one step commute with the clamp, so adding a run's length at once
+    // saturates exactly as one increment per use does.
+    __aicore__ inline void AddHeat(uint32_t n) {
+        if (n == 0) return;
+        const uint32_t n64 = (n + 63) / 64 * 64;
+        const LocalTensor<int32_t> next = wSlot_, endKey = wSlot_[t_.nc], endLane = wSlot_[2 * t_.nc];
+        const LocalTensor<int32_t> off = wWin_;
+        Muls(off, vLane_, 4, n64);
+        PipeBarrier<PIPE_V>();
+        Adds(off, off, 4, n64);                   // byte offset of lane i + 1
+        PipeBarrier<PIPE_V>();
+        Gather(next, wIdx_, off.ReinterpretCast<uint32_t>(), 0u, n64);
+        PipeBarrier<PIPE_V>();
+        Compare(mA_, wIdx_, next, CMPMODE::EQ, n64);
+        PipeBarrier<PIPE_V>();
+        Not(U16(mA_), U16(mA_), n64 / 16);        // run ends
+        PipeBarrier<PIPE_V>();
+        uint64_t runs = 0, lanes = 0;
+        GatherMask(endKey, wIdx_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), runs);
+        GatherMask(endLane, vLane_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), lanes);
+        Sync<HardEvent::V_S>();
         Win& ht = win_[avsg::SEC_HT];
-        const uint32_t b = static_cast<uint32_t>(pos) >> avsg::kReuseBlockLog;
-        const int32_t h = Get(ht, b);
-        Put(ht, b, h < avsg::kReuseHeatMax ? h + 1 : avsg::kReuseHeatMax);
+        int32_t prev = -1;
+        for (uint32_t k = 0; k < static_cast<uint32_t>(runs); ++k) {
+            const uint32_t b = static_cast<uint32_t>(endKey.GetValue(k));
+            const int32_t e = endLane.GetValue(k);
+            const int32_t h = Get(ht, b) + (e - prev);
+            Put(ht, b, h < avsg::kReuseHeatMax ? h : avsg::kReuseHeatMax);
+            prev = e;
+        }
+        Sync<HardEvent::S_V>();
+    }
+    // Every slot used this step (hit bitmap: probe and stash hits, T tokens sharing a slot count
+    // once) heats the block of the position it holds, then every miss heats its own (reference:
+    // the two _add_heat calls). Hits: per nc-slot chunk, the used slots' positions compacted,
+    // their blocks sorted; misses: miss_pos is ascending and unique already.
+    __aicore__ inline void HeatUsed(uint32_t r, uint32_t m) {
+        const uint32_t nc = t_.nc;
+        const int32_t lastBlock = static_cast<int32_t>((t_.maxContext - 1) >> avsg::kReuseBlockLog);
+        Sync<HardEvent::S_V>();                   // scalar writes of the hit bitmap
+        for (uint32_t base = 0; base < t_.capPad; base += nc) {
+            const uint32_t n = MinU(nc, t_.capPad - base);
+            uint64_t used = 0;
+            GatherMask(vT1_, ChunkOf(win_[avsg::SEC_SP], base), hitBits_[base / 32], true, n,
+                       GatherMaskParams(1, 1, 8, 0), used);
+            Sync<HardEvent::V_S>();
+            if (used == 0) continue;
+            const uint32_t u = static_cast<uint32_t>(used);
+            // a hit slot holds the selection it matched (< max_context); the clamp only keeps
+            // any state content inside the heat section
+            ShiftRight(vT1_, vT1_, avsg::kReuseBlockLog, u);
+            PipeBarrier<PIPE_V>();
+            ClampInts(vT1_, 0, lastBlock, u);
+            SortAscending(vT1_, u, nullptr);
+            Duplicate(wIdx_, -1, (u + 63) / 64 * 64 + 64);
+            PipeBarrier<PIPE_V>();
+            Adds(wIdx_, sOutV_.template ReinterpretCast<int32_t>(), 0, u);
+            PipeBarrier<PIPE_V>();
+            AddHeat(u);
+        }
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        for (uint32_t j0 = 0; j0 < m; j0 += nc) {
+            const uint32_t n = MinU(nc, m - j0);
+            Duplicate(wIdx_, -1, (n + 63) / 64 * 64 + 64);
+            Sync<HardEvent::V_MTE2>();
+            Sync<HardEvent::S_MTE2>();
+            Sync<HardEvent::MTE3_MTE2>();        // MergeMisses stored miss_pos
+            LoadInts(wIdx_, missPosGm_[rowN + j0], n, -1);
+            Sync<HardEvent::MTE2_V>();
+            ShiftRight(wIdx_, wIdx_, avsg::kReuseBlockLog, n);   // valid selections: >= 0
+            PipeBarrier<PIPE_V>();
+            AddHeat(n);
+        }
     }
     // dst = clamp(src, 0, high) >> 1 over a whole section, window by window (heat every step;
     // the counts every 256 steps)
@@ -1660,37 +1739,112 @@ private:
         Sync<HardEvent::MTE3_MTE2>();
     }
 
-    __aicore__ inline void Row(uint32_t r) {
-        const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+    // Row start, owner and helpers alike: windows bound, seq_len and header loaded, hit bitmap
+    // cleared; false if the header does not match (the row is left alone). Sets the lookup bound.
+    __aicore__ inline bool StartRow(uint32_t r) {
         BindRow(r);
         missChunk_ = -1;
-        // row meta: seq_len and stash_count
         Sync<HardEvent::S_MTE2>();
         Sync<HardEvent::MTE3_MTE2>();
         LoadInts(scalarUb_, seqGm_[r], 1, 0);
-        DataCopy(headerUb_, stateGm_[rowState], avsg::kHeaderWords + avsg::kStashCountPad);
+        DataCopy(headerUb_, stateGm_[static_cast<uint64_t>(r) * t_.width], avsg::kHeaderWords + avsg::kStashCountPad);
         Duplicate(hitBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.capPad / 16);
         Sync<HardEvent::MTE2_S>();
         Sync<HardEvent::V_S>();
-        if (!HeaderMatches()) {
-            RejectRow(r);
-            return;
-        }
+        if (!HeaderMatches()) return false;
         int32_t seq = scalarUb_.GetValue(0);
         if (seq > static_cast<int32_t>(avsg::kMaxPosition)) seq = static_cast<int32_t>(avsg::kMaxPosition);
         if (reuse_ && seq > static_cast<int32_t>(t_.maxContext)) seq = static_cast<int32_t>(t_.maxContext);
         boundF_ = static_cast<float>(seq);
-        const int32_t count = countUb_.GetValue(0);
-        stashCount_ = count < 0 ? 0u : MinU(static_cast<uint32_t>(count), t_.capacity);
         lookups_ = hits_ = misses_ = 0;
-        // padding slots free, so Allocate's free count and the dual pointer's resident runs see
-        // only real slots
+        return true;
+    }
+    // padding slots free, so Allocate's free count and the dual pointer's resident runs see only
+    // real slots. Nothing before DecayAndPin reads them in the hash plan (every slot read from
+    // the index or the stash is clamped to [0, S-1]), so a split row resets them after its
+    // lookup: no GM write of the owner overlaps the helpers' reads of slot_pos.
+    __aicore__ inline void FreePadding() {
         for (uint32_t s = t_.capacity; s < t_.capPad; ++s) {
             if (Get(win_[avsg::SEC_SP], s) != -1) Put(win_[avsg::SEC_SP], s, -1);
             if (Get(win_[avsg::SEC_SL], s) != -1) Put(win_[avsg::SEC_SL], s, -1);
             if (reuse_ && Get(win_[avsg::SEC_SC], s) != 0) Put(win_[avsg::SEC_SC], s, 0);
         }
+    }
+    // Every core of a split launch calls this exactly once (rejected rows included): the soft
+    // form (zeroed counters after the cores' slices, wIdx_ as its UB scratch) needs no mixed
+    // kernel type. Its PipeBarrier<PIPE_ALL> completes the helpers' stores before the owner loads.
+    __aicore__ inline void SyncParts() {
+        const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
+        GlobalTensor<int32_t> counters;
+        counters.SetGlobalBuffer(wsBase_ + static_cast<uint64_t>(blocks) * t_.wsPerCore, blocks * avsg::kPlanSyncWords);
+        SyncAll(counters, wIdx_, 0);
+    }
+    // Lookup part of a split row (helper core): its chunks looked up and classified as the owner
+    // does its own; slots to the row's output, miss runs to the owner's workspace slice; then its
+    // counts, run lengths and hit bitmap to its part region there. Reads of the row's state only.
+    __aicore__ inline void HelpRow(uint32_t r) {
+        if (StartRow(r)) {
+            for (uint32_t c = part_; c < t_.numChunks; c += split_) {
+                const uint32_t n = PrepareWant(r, c);
+                Match(c);
+                Classify(r, c, n);
+            }
+            const LocalTensor<int32_t> head = vFoundI_;
+            const uint32_t headLen = avsg::kPlanPartHead + t_.numChunks;
+            Sync<HardEvent::MTE3_S>();            // Classify's store of vFoundI_ (write-after-read)
+            Sync<HardEvent::V_S>();
+            head.SetValue(0, static_cast<int32_t>(lookups_));
+            head.SetValue(1, static_cast<int32_t>(hits_));
+            head.SetValue(2, static_cast<int32_t>(misses_));
+            head.SetValue(3, 0);
+            for (uint32_t c = 0; c < t_.numChunks; ++c)
+                head.SetValue(avsg::kPlanPartHead + c, static_cast<int32_t>(missRuns_.len[c]));
+            const uint32_t off = t_.wsPartOff + part_ * t_.partWords;
+            Sync<HardEvent::S_MTE3>();
+            StoreInts(rowWs_[off], head, headLen);
+            StoreInts(rowWs_[off + avsg::RoundUp(headLen, 8)], hitBits_.ReinterpretCast<int32_t>(), t_.capPad / 32);
+            Sync<HardEvent::MTE3_S>();
+            Sync<HardEvent::MTE3_V>();
+        }
+        SyncParts();
+    }
+    // Owner, after the SyncAll: the helpers' counts and run lengths, their hit bits or-ed in.
+    __aicore__ inline void FoldParts() {
+        const LocalTensor<int32_t> head = vFoundI_, bits = wIdx_;
+        const uint32_t headLen = avsg::kPlanPartHead + t_.numChunks;
+        for (uint32_t p = 1; p < split_; ++p) {
+            const uint32_t off = t_.wsPartOff + p * t_.partWords;
+            Sync<HardEvent::S_MTE2>();
+            Sync<HardEvent::V_MTE2>();
+            Sync<HardEvent::MTE3_MTE2>();
+            LoadInts(head, rowWs_[off], headLen, 0);
+            LoadInts(bits, rowWs_[off + avsg::RoundUp(headLen, 8)], t_.capPad / 32, 0);
+            Sync<HardEvent::MTE2_S>();
+            Sync<HardEvent::MTE2_V>();
+            Sync<HardEvent::S_V>();               // the owner's scalar writes of the bitmap
+            Or(hitBits_.ReinterpretCast<uint16_t>(), hitBits_.ReinterpretCast<uint16_t>(),
+               bits.ReinterpretCast<uint16_t>(), t_.capPad / 16);
+            lookups_ += head.GetValue(0);
+            hits_ += head.GetValue(1);
+            misses_ += head.GetValue(2);
+            for (uint32_t c = p; c < t_.numChunks; c += split_)
+                missRuns_.len[c] = static_cast<uint32_t>(head.GetValue(avsg::kPlanPartHead + c));
+            PipeBarrier<PIPE_V>();
+            Sync<HardEvent::V_S>();
+        }
+    }
+
+    __aicore__ inline void Row(uint32_t r) {
+        const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        if (!StartRow(r)) {
+            RejectRow(r);
+            if (split_ > 1) SyncParts();
+            return;
+        }
+        const int32_t count = countUb_.GetValue(0);
+        stashCount_ = count < 0 ? 0u : MinU(static_cast<uint32_t>(count), t_.capacity);
+        if (split_ == 1) FreePadding();
         if (reuse_) CoolHeat();
 
         // 0. stash compaction #1, and the sorted stash (hash plan) or the matches (dual pointer)
@@ -1703,12 +1857,18 @@ private:
         }
         // 1+2. refresh and classify, chunk by chunk; the stash hits join the hits in the merge,
         // before the decay pins them
-        for (uint32_t c = 0; c < t_.numChunks; ++c) {
+        for (uint32_t c = 0; c < t_.numChunks; c += split_) {
             const uint32_t n = PrepareWant(r, c);
             Match(c);
             Classify(r, c, n);
         }
+        if (split_ > 1) {
+            SyncParts();
+            FoldParts();
+            FreePadding();
+        }
         const uint32_t m = MergeMisses(r);
+        if (reuse_) HeatUsed(r, m);
         DecayAndPin();
         // 3. allocate and install
         if (reuse_) {
@@ -1778,6 +1938,9 @@ private:
     Merger missRuns_, resRuns_, selRuns_, stashRuns_;
     float boundF_ = 0.0f;
     uint32_t stashCount_ = 0;
+    __gm__ int32_t* wsBase_ = nullptr;
+    GlobalTensor<int32_t> rowWs_;                 // the row's workspace: the owner core's slice
+    uint32_t split_ = 1, part_ = 0;
     uint32_t freeSlots_ = 0;
     bool reuse_ = false;                     // policy: reuse (else lifetime)
     bool lru_ = false;                       // policy: lru (ages like reuse, scores -age)

@@ -238,6 +238,57 @@ def test_more_rows_than_cores():
         twin.plan(draw(gen, R, T, K, seq, hot=20), seq)
 
 
+@pytest.mark.parametrize("build", ["strict", "fast"])
+@pytest.mark.parametrize("policy", ["reuse", "lifetime", "lru"])
+@pytest.mark.parametrize("R,T,K,S,H", [(1, 2, 2048, 8192, 8192), (3, 1, 1100, 1600, 2048),
+                                       (8, 2, 640, 1400, 2048), (20, 1, 600, 640, 1024)])
+def test_split_lookup_bit_exact(build, policy, R, T, K, S, H):
+    """Few rows, several selection chunks: each row's lookup is spread over min(40 / R, chunks)
+    cores (one SyncAll). Buckets as few as slots, so the stash is in use and stash hits are
+    folded with the helpers' hits; MTP repeats across tokens put one slot's hits on several
+    cores; -1 and junk lanes; an invalidate. Every output, the state and the stats stay the
+    reference's in both builds; the strict build also shows the split launch."""
+    from avsg.backend import emulation, last_launch_counters
+    C = {"reuse": 4 * S, "lifetime": 0, "lru": 0}[policy]
+    gen = torch.Generator().manual_seed(R * 1000 + K)
+    with emulation(build):
+        twin = Twin(R, S, H, 5, max_context=C, policy=policy)
+        seq = torch.randint(S, 3 * S, (R,), generator=gen, dtype=I32)
+        for step in range(4):
+            twin.plan(draw(gen, R, T, K, seq, hot=2 * S, pad=0.05, repeat=0.5, wild=0.02), seq)
+            if build == "strict":
+                split = min(40 // R, -(-T * K // 512))
+                assert last_launch_counters().blocks == R * split
+            seq += T
+            if step == 1:
+                twin.invalidate(seq - 3)
+
+
+def test_split_lookup_rejected_row():
+    """A row whose header does not match is left alone by its owner and by its helpers (each
+    checks the header itself) while the other row of the launch splits as usual."""
+    R, T, K, S, H = 2, 1, 1500, 2048, 2048
+    twin = Twin(R, S, H, 4)
+    gen = torch.Generator().manual_seed(4)
+    seq = torch.full((R,), 3000, dtype=I32)
+    twin.plan(draw(gen, R, T, K, seq, hot=2500), seq)
+    twin.state[1, reference.HEADER_CAPACITY] += 1
+    before = twin.state.clone()
+    topk = draw(gen, R, T, K, seq, hot=2500)
+    old = torch.ops.avsg._set_host_value_checks(False)       # the kernel's own check
+    try:
+        got = torch.ops.avsg.plan(topk, seq, twin.state, twin.stats, S, H, 4, 0, 0)
+    finally:
+        torch.ops.avsg._set_host_value_checks(old)
+    assert int(got[3][1]) == -1 and bool((got[0][1] == -1).all())
+    assert torch.equal(twin.state[1], before[1])
+    ref_state, ref_stats = twin.ref_state[:1].clone(), twin.ref_stats[:1].clone()
+    want = reference.plan(ref_state, ref_stats, topk[:1], seq[:1], twin.layout, 4)
+    for a, b in zip(got, want):
+        assert torch.equal(a[:1], b)
+    assert torch.equal(twin.state[:1], ref_state) and torch.equal(twin.stats[:1], ref_stats)
+
+
 # ---------------------------------------------------------------- input checks of the ops
 def _args():
     layout = reference.Layout(16, 64)

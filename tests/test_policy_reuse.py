@@ -253,3 +253,49 @@ def test_mtp_sessions_with_rejected_drafts_bit_exact(R, T, K, ratio, seed, accep
                     assert not bool((v.slot_pos[r][held] >= int(valid[r])).any())
             seq = (seq + keep + 1).to(I32)
         reference.check_state(twin.ref_state, twin.layout, 16, "reuse")
+
+
+def _heat(state, layout, row=0):
+    return reference.view_state(state, layout).block_heat[row]
+
+
+@pytest.mark.parametrize("build", ["strict", "fast"])
+def test_block_heat_runs_bit_exact(build):
+    """The kernel adds each heated block's use count at once (run lengths of the sorted block
+    ids), with the heat paged in windows (a 2**20-position context: 32 windows of 512 blocks at
+    this geometry). Steps: every valid selection in one block (one run of 64 across both
+    tokens, shared positions counted once); blocks on both sides of every window boundary;
+    unsorted selections spread over the whole context, so runs cross chunk boundaries; and a
+    corrupted heat (out of range both ways) that the step must clamp before it adds."""
+    S, K, T, C = 8192, 2048, 2, 1 << 20
+    H = reference.default_buckets(S)
+    assert torch.ops.avsg.plan_ub_plan(T, K, S, H, C)[-1] < 4 * (C >> 6)   # heat is paged
+    gen = torch.Generator().manual_seed(7)
+    seq = torch.tensor([C], dtype=I32)
+    with emulation(build):
+        twin = Twin(1, S, H, 16, max_context=C)
+        block = 1000                                   # one heat block, hit and missed
+        for step in range(3):
+            topk = torch.full((1, T, K), -1, dtype=I32)
+            topk[0, 0, :64] = block * 64 + torch.randperm(64, generator=gen).to(I32)
+            topk[0, 1, :40] = block * 64 + torch.arange(24, 64, dtype=I32)
+            twin.plan(topk, seq)
+            # all 64 used once per step: (h >> 1) + 64, never past 191 from a clamped 255
+            assert int(_heat(twin.ref_state, twin.layout)[block]) == [64, 96, 112][step]
+        edges = torch.arange(1, C // 32768, dtype=I32) * 32768
+        near = torch.cat([edges - 1, edges, edges - 64, edges + 63, edges - 65, edges + 64])
+        for step in range(3):
+            spread = torch.randperm(C, generator=gen)[:K - near.numel()].to(I32)
+            topk = torch.stack([torch.cat([near, spread])[torch.randperm(K, generator=gen)],
+                                torch.cat([near[::2], spread, near[1::2]])])[None]
+            twin.plan(topk.to(I32), seq)
+        for state in (twin.state, twin.ref_state):
+            heat = _heat(state, twin.layout)
+            heat[block] = 10 ** 6
+            heat[block + 1] = -7
+            heat[0] = 255
+        topk = torch.full((1, T, K), -1, dtype=I32)
+        topk[0, 0, :128] = block * 64 + torch.arange(128, dtype=I32)
+        topk[0, 1, :64] = torch.arange(64, dtype=I32)
+        twin.plan(topk, seq)
+        assert _heat(twin.ref_state, twin.layout)[[block, block + 1, 0]].tolist() == [191, 64, 191]

@@ -285,6 +285,23 @@ def test_plan_survives_corrupted_state_long(matcher, g, seed, row, edits, whole,
     fuzz_plan(g, seed, row, edits, whole, matcher, checked)
 
 
+split_geometries = st.builds(
+    lambda T, K, extra, L, C: Geometry(2, T, K, T * K + extra, 1 << (T * K + extra - 1).bit_length(), L,
+                                       max(C, 0) * (T * K + extra) // 4, "lru" if C < 0 else None),
+    st.sampled_from([1, 2]), st.sampled_from([520, 700]), st.sampled_from([0, 40]),
+    st.sampled_from([1, 16]), st.sampled_from([0, 13, -1]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(g=split_geometries, seed=st.integers(0, 2**16), row=st.integers(0, 1), edits=corruptions,
+       whole=st.one_of(st.none(), st.sampled_from(SECTIONS)), checked=st.booleans())
+def test_split_plan_survives_corrupted_state(g, seed, row, edits, whole, checked):
+    """Two rows of more than one selection chunk: each row's lookup is split over up to 20
+    cores, the helpers reading the corrupted row's state (and its header, to skip a rejected
+    row) and writing only its outputs and its owner's workspace."""
+    fuzz_plan(g, seed, row, edits, whole, "hash", checked)
+
+
 # --------------------------------------------------------------------- invalidate and reset
 
 def fuzz_state_op(g, seed, row, edits, whole, checked, valid_shift, reset_rows):
