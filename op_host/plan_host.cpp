@@ -249,7 +249,8 @@ int64_t StateWidth(int64_t capacity, int64_t buckets, int64_t max_context) {
 // CPU state only: on an NPU this read would be a host sync, so there the kernels check the header
 // themselves and leave a mismatched row untouched (miss_counts[r] = -1).
 void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int64_t max_context,
-                 int64_t lifetime /* < 0: none */, int64_t policy /* < 0: none */) {
+                 int64_t lifetime /* < 0: none */, int64_t policy /* < 0: none */,
+                 int64_t min_active /* < 0: none */) {
     if (!state.device().is_cpu() || !HostValueChecks()) return;
     const int32_t* row = state.data_ptr<int32_t>();
     const int64_t width = state.size(1);
@@ -271,6 +272,9 @@ void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int
         TORCH_CHECK_VALUE(policy < 0 || row[kHeaderPolicy] == policy, "policy: the state was built with ",
                           name(row[kHeaderPolicy]), " (", row[kHeaderPolicy], "), got ", name(policy),
                           " (state row ", r, ")");
+        TORCH_CHECK_VALUE(min_active < 0 || (row[kHeaderActive] >= min_active && row[kHeaderActive] <= capacity),
+                          "state: row ", r, " records an active capacity of ", row[kHeaderActive],
+                          ", expected one in [", min_active, ", ", capacity, "] (T*K .. S)");
     }
 }
 
@@ -383,7 +387,7 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     CheckTensor(stats, "stats", at::kLong, {R, 4});
     for (const at::Tensor* t : {&topk_pos, &seq_lens, &state, &stats})
         TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": all tensors must be on one device");
-    CheckHeader(state, capacity, buckets, max_context, lifetime, policy);
+    CheckHeader(state, capacity, buckets, max_context, lifetime, policy, T * K);
 
     const uint32_t blockDim = BlockDimFor(R);
     PlanTiling tiling = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(T * K),
@@ -422,7 +426,8 @@ void Invalidate(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacit
                 int64_t max_context) {
     const int64_t R =
         CheckStateArgs("invalidate", state, valid_lens, "valid_lens", at::kInt, capacity, buckets, max_context);
-    CheckHeader(state, capacity, buckets, max_context, -1, -1);
+    // invalidate only frees slots: any active capacity stays valid, so it is not checked
+    CheckHeader(state, capacity, buckets, max_context, -1, -1, -1);
     const uint32_t blockDim = BlockDimFor(R);
     // lifetime 0: the invalidate kernel checks the header's magic, capacity, buckets and
     // max_context only (the policy sections exist exactly when max_context > 0)

@@ -31,6 +31,7 @@ constexpr uint32_t kHeaderWords = 8;        // geometry block read by the kernel
 constexpr uint32_t kHeaderMagic = 0x41565331u;   // "AVS1" (reference.HEADER_MAGIC)
 constexpr uint32_t kHeaderCapacity = 1, kHeaderBuckets = 2, kHeaderLifetime = 3;
 constexpr uint32_t kHeaderPolicy = 4, kHeaderMaxContext = 5;
+constexpr uint32_t kHeaderActive = 6;       // active capacity in [N, S] (resize; reset writes S)
 constexpr uint32_t kHeaderStashCount = 8;   // stash_count's block starts here
 constexpr uint32_t kHeaderStep = 9;         // reuse: steps since the counts were halved
 constexpr uint32_t kMaxPosition = 1u << 24;
