@@ -379,3 +379,44 @@ def test_sessions_with_resizes(policy, geo, ops, seed, pad_rate):
        st.sampled_from([0.0, 0.1, 0.5]))
 def test_sessions_with_resizes_long(policy, geo, ops, seed, pad_rate):
     run_resize_session(policy, geo, ops, seed, pad_rate)
+
+
+# -------------------------------------------------------------------------------- the kernel
+
+def test_cpu_resize_is_the_kernel():
+    assert _ops.CPU_BACKEND["resize"] == "kernel"
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_fast_build_equals_strict(seed):
+    """The same session under the fast emulation build (checks compiled out): same everything."""
+    from avsg import backend
+    with backend.emulation("fast"):
+        for policy in POLICIES:
+            run_resize_session(policy, (2, 2, 5, 4.0, 6),
+                               ["plan", "plan", "resize", "plan", "resize", "invalidate", "plan",
+                                "resize", "reset", "plan", "resize"], seed, 0.1)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_largest_geometry_shrinks_to_the_minimum(policy):
+    """S = H = 2^15 (every section paged through several windows, the longest move lists) and a
+    reuse context of 2^20; a full row shrinks to T*K and the kernel equals the reference."""
+    R, T, K, S = 2, 1, 2048, 1 << 15
+    C = 1 << 20 if policy == "reuse" else None
+    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, lifetime=9, policy=policy,
+                              max_context=C, hash_buckets=S)
+    gen = torch.Generator().manual_seed(5)
+    seq = torch.full((R,), 1 << 20, dtype=I32)
+    for step in range(18):
+        topk = torch.stack([torch.randperm(1 << 20, generator=gen)[:K] for _ in range(R)])
+        buf.plan(topk.to(I32).view(R, 1, K), seq, check=False)
+    spec = buf.state.clone()
+    rows, caps = rows_caps([0, 1], [K, S // 2 + 17])
+    moves = buf.resize(rows, caps)
+    want = reference.resize(spec, buf.layout, rows, caps, 9, policy, K)
+    for got, exp in zip((moves.miss_pos, moves.miss_slots, moves.miss_counts), want):
+        assert torch.equal(got, exp)
+    assert torch.equal(buf.state, spec)
+    assert int(moves.miss_counts[0]) > 0
+    buf.check_state()

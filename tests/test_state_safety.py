@@ -297,10 +297,12 @@ def test_plan_survives_corrupted_state_long(matcher, g, seed, row, edits, whole,
 
 # --------------------------------------------------------------------------------- resize
 
-def fuzz_resize(g, seed, row, edits, whole, shrink):
-    """resize on a corrupted row: a clean ValueError with the state untouched (a bad header),
-    or every write inside the resized rows, the moves in bounds (sources in [c, S), destinations
-    in [0, c)), the rows' slots past c free and the other rows as on the clean state."""
+def fuzz_resize(g, seed, row, edits, whole, shrink, checked):
+    """resize on a corrupted row: a clean ValueError with the state untouched (a bad header,
+    host checks on), the row rejected by the kernel (move_counts -1, row untouched: checks off),
+    or the kernel equal to the reference, every write inside the resized row, the moves in
+    bounds (sources in [c, S), destinations in [0, c)), the row's slots past c free and the
+    other rows as on the clean state."""
     clean, _, gen = lived_in_state(g, seed)
     dirty = clean.clone()
     corrupt(dirty, g, row, edits, gen, whole)
@@ -310,7 +312,9 @@ def fuzz_resize(g, seed, row, edits, whole, shrink):
     for state in (clean, dirty):
         big, view = guarded(state, GUARD_STATE)
         try:
-            out = torch.ops.avsg.resize(view, rows, caps, g.S, g.H, g.L, g.policy_id, g.C, g.N)
+            with host_checks(checked if state is dirty else True):
+                out = torch.ops.avsg.resize(view, rows, caps, g.S, g.H, g.L, g.policy_id, g.C,
+                                            g.N)
         except ValueError as e:
             out = e
         assert guards_intact(big, GUARD_STATE), "resize wrote outside the state tensor"
@@ -318,12 +322,21 @@ def fuzz_resize(g, seed, row, edits, whole, shrink):
     (clean_out, clean_after), (out, after) = outs
     assert not isinstance(clean_out, Exception), clean_out
     if isinstance(out, Exception):
-        assert not bool(header_ok(dirty, g).all()), f"refused good headers: {out}"
+        assert checked and not bool(header_ok(dirty, g).all()), f"refused good headers: {out}"
         assert torch.equal(after, dirty), "a refused resize wrote"
         return
     others = torch.arange(g.R) != row
     assert torch.equal(after[others], dirty[others]), "resize changed another row"
     src, dst, counts = out
+    if not bool(header_ok(dirty, g)[row]):
+        assert int(counts[row]) == -1 and torch.equal(after, dirty), "a bad row was not rejected"
+        assert bool((src[row] == -1).all() & (dst[row] == -1).all())
+        return
+    want_state = dirty.clone()
+    want = reference.resize(want_state, g.layout, rows, caps, g.L, g.policy, g.N)
+    for name, a, b in zip(("src_slots", "dst_slots", "move_counts"), out, want):
+        assert torch.equal(a, b), f"{name} differs from the reference"
+    assert torch.equal(after, want_state), (after != want_state).nonzero()[:8].tolist()
     c, n = int(caps[0]), int(counts[row])
     assert 0 <= n <= reference.resize_width(g.S) and int(counts[others].abs().sum()) == 0
     assert bool((src[row, :n] >= c).all() & (src[row, :n] < g.S).all())
@@ -344,9 +357,19 @@ def fuzz_resize(g, seed, row, edits, whole, shrink):
 
 @FAST
 @given(g=geometries, seed=st.integers(0, 2**16), row=st.integers(0, 1), edits=corruptions,
-       whole=st.one_of(st.none(), st.sampled_from(SECTIONS)), shrink=st.integers(0, 4))
-def test_resize_survives_corrupted_state(g, seed, row, edits, whole, shrink):
-    fuzz_resize(g, seed, row, edits, whole, shrink)
+       whole=st.one_of(st.none(), st.sampled_from(SECTIONS)), shrink=st.integers(0, 4),
+       checked=st.booleans())
+def test_resize_survives_corrupted_state(g, seed, row, edits, whole, shrink, checked):
+    fuzz_resize(g, seed, row, edits, whole, shrink, checked)
+
+
+@pytest.mark.slow
+@SLOW
+@given(g=geometries, seed=st.integers(0, 2**16), row=st.integers(0, 1), edits=corruptions,
+       whole=st.one_of(st.none(), st.sampled_from(SECTIONS)), shrink=st.integers(0, 4),
+       checked=st.booleans())
+def test_resize_survives_corrupted_state_long(g, seed, row, edits, whole, shrink, checked):
+    fuzz_resize(g, seed, row, edits, whole, shrink, checked)
 
 
 # --------------------------------------------------------------------- invalidate and reset

@@ -298,16 +298,11 @@ class SparseKVBuffer:
         are source slots and ``miss_slots`` destination slots (``[R, max(1, capacity // 2)]``,
         ``miss_counts`` moves per row, ``slots`` the destinations again as ``[R, 1, W]``): pass it
         to ``apply_moves`` with the buffer's KV tensors before anything reads them. Bad input
-        raises ``TypeError``/``ValueError`` naming the argument, with the state untouched.
-
-        CPU only for now (the reference implementation serves the op; no kernel port yet): on
-        another device this raises ``NotImplementedError``."""
+        raises ``TypeError``/``ValueError`` naming the argument, with the state untouched; the
+        value checks (rows in range and distinct, capacities in range) always run outside
+        ``torch.compile`` tracing, a host sync on an NPU (resize is not on the per-step path)."""
         _require_tensor("rows", rows, torch.int64, ndim=1, device=self.device)
         _require_tensor("capacities", capacities, torch.int64, (rows.shape[0],), self.device)
-        if self.device.type != "cpu":
-            raise NotImplementedError(
-                f"SparseKVBuffer.resize: no {self.device.type} kernel yet (the op runs the "
-                f"reference on CPU only); keep the buffer on CPU or do not resize it")
         if not _tracing():
             self._check_resize(rows, capacities)
         held = self._hold("resize")

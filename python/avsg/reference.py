@@ -565,7 +565,7 @@ def resize(state: torch.Tensor, layout: Layout, rows: torch.Tensor, capacities: 
         victims = eviction_order(v, layout, 0, lifetime, policy)
         evict = victims[:max(0, victims.numel() - c)]
         if policy == "reuse":
-            for s in evict.tolist():               # spill in eviction order (last one wins)
+            for s in sorted(evict.tolist()):       # spill in slot order (last one wins)
                 held = int(v.slot_pos[0, s])
                 if held < layout.max_context:
                     v.pos_count[0, held] = v.slot_count[0, s].clamp(0, REUSE_COUNT_MAX)
