@@ -86,9 +86,11 @@ constexpr uint32_t kResizeWindowLog = 11;
 constexpr uint32_t kResizeBins = 1024;       // rank histogram: lru ranks -1023..0 need the most
 constexpr uint32_t kResizeStage = 256;       // move-list entries staged per DMA
 constexpr uint32_t kResizeMaxWidth = 16384;  // W <= S / 2 <= 2^15 / 2
+constexpr uint32_t kMaxBucketsResize = 32768;  // H <= 2^15 (reference.MAX_BUCKETS): claim bitmap
 constexpr uint32_t kResizeTilingUbBytes = (static_cast<uint32_t>(sizeof(ResizeTiling)) + 31u) / 32u * 32u;
 constexpr uint32_t kResizeUbBytes = kResizeTilingUbBytes + SEC_COUNT * kResizeWindow * 4 + kResizeBins * 4 +
-                                    3 * kResizeStage * 4 + kResizeMaxWidth / 8 + 3 * 64;
+                                    3 * kResizeStage * 4 + kResizeMaxWidth / 8 + kMaxBucketsResize / 8 +
+                                    3 * 64;
 static_assert(kResizeUbBytes <= kPlanUbBudget, "the resize kernel's UB plan exceeds the budget");
 static_assert((1u << kResizeWindowLog) == kResizeWindow, "windows are addressed by shifts");
 

@@ -20,8 +20,9 @@
 //      the reuse policy spills each evicted count to pos_count;
 //   3. survivors at slots >= c, ascending, move into the lowest free slots < c (two pointers) with
 //      life/age and count; the moves are staged to the move lists in GM; slots >= c end free;
-//   4. stash compaction, then the 4 insert rounds over the moves in order (lowest j wins a bucket:
-//      a claimed bucket holds a valid entry, so a later j sees it taken), the rest to the stash.
+//   4. stash compaction, then the 4 insert rounds over the moves in order (lowest j wins a bucket
+//      it finds free at the start of the round: the round's claims are kept in a bitmap, since a
+//      claimed entry need not test valid when slot_pos held garbage >= 2^24), the rest to the stash.
 // Whatever the state holds: every slot read from the index is clamped to [0, S-1], stash_count
 // to [0, S], every value to its domain before it ranks or addresses anything, and the free-slot
 // pointer never passes c, so no state content moves an access outside the row's sections.
@@ -59,6 +60,7 @@ public:
         pipe->InitBuffer(stageDstBuf_, avsg::kResizeStage * 4);
         pipe->InitBuffer(negBuf_, avsg::kResizeStage * 4);
         pipe->InitBuffer(pendBuf_, avsg::kResizeMaxWidth / 8);
+        pipe->InitBuffer(claimBuf_, avsg::kMaxBucketsResize / 8);
         pipe->InitBuffer(headerBuf_, 64);
         pipe->InitBuffer(scalarBuf_, 64);
         pipe->InitBuffer(targetBuf_, 64);
@@ -67,6 +69,7 @@ public:
         stageDst_ = stageDstBuf_.Get<int32_t>();
         neg_ = negBuf_.Get<int32_t>();
         pend_ = pendBuf_.Get<uint32_t>();
+        claim_ = claimBuf_.Get<uint32_t>();
         hdr_ = headerBuf_.Get<int32_t>();
         scalar_ = scalarBuf_.Get<int32_t>();
         target_ = targetBuf_.Get<int32_t>();
@@ -376,14 +379,17 @@ private:
         }
         loadedChunk_ = 0xFFFFFFFFu;
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            for (uint32_t w = 0; w < rt_.plan.buckets / 32; ++w) claim_.SetValue(w, 0u);
             for (uint32_t j = 0; j < moves; ++j) {
                 if (!Pending(j)) continue;
                 const uint32_t dst = MoveDst(r, j);
                 const int32_t pos = Get(sp, dst);
                 const uint32_t b = Probe(pos, i);
+                if ((claim_.GetValue(b / 32) >> (b % 32)) & 1u) continue;   // a lower j won it
                 const int32_t key = Clamp(Get(bk, b), -1, static_cast<int32_t>(avsg::kMaxPosition));
                 const int32_t owner = Get(sp, static_cast<uint32_t>(Clamp(Get(bs, b), 0, slotMax)));
                 if (key != -1 && owner == key) continue;
+                claim_.SetValue(b / 32, claim_.GetValue(b / 32) | (1u << (b % 32)));
                 Put(bk, b, pos);
                 Put(bs, b, static_cast<int32_t>(dst));
                 pend_.SetValue(j / 32, pend_.GetValue(j / 32) & ~(1u << (j % 32)));
@@ -405,12 +411,12 @@ private:
     uint32_t staged_ = 0, written_ = 0;      // move-list entries staged in UB / stored to GM
     uint32_t loadedChunk_ = 0xFFFFFFFFu;     // move-list chunk held by stageDst_ (Insert)
     GlobalTensor<int32_t> stateGm_, targetGm_, srcGm_, dstGm_, countsGm_;
-    TBuf<TPosition::VECCALC> tilingBuf_, histBuf_, stageSrcBuf_, stageDstBuf_, negBuf_, pendBuf_;
+    TBuf<TPosition::VECCALC> tilingBuf_, histBuf_, stageSrcBuf_, stageDstBuf_, negBuf_, pendBuf_, claimBuf_;
     TBuf<TPosition::VECCALC> headerBuf_, scalarBuf_, targetBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
     LocalTensor<int32_t> hist_, stageSrc_, stageDst_, neg_, hdr_, scalar_, target_;
-    LocalTensor<uint32_t> pend_;
+    LocalTensor<uint32_t> pend_, claim_;   // pending moves; buckets claimed in the current round
 };
 
 }  // namespace avsg_kernel
