@@ -35,8 +35,9 @@ instead of a lifetime.
 
 ``Sp = roundup(S, 64)``. ``H`` is a power of two, ``64 <= H <= 2**15`` and ``H >= S``; the default
 is ``H = next_pow2(2*S)`` (load factor <= 1/2, see "Index" below). ``reset`` writes the header;
-``plan`` checks magic, ``S``, ``H`` and ``L`` against its arguments and ``invalidate`` the first
-three, so a state cannot be driven with a geometry it was not built for (on CPU a mismatch raises
+``plan`` checks magic, ``S``, ``H`` and ``L`` against its arguments (and the active capacity
+against ``[T*K, S]``) and ``invalidate`` the first three (it only frees slots, so any active
+capacity is harmless to it), so a state cannot be driven with a geometry it was not built for (on CPU a mismatch raises
 ``ValueError`` naming the argument; the NPU kernels cannot raise, so they leave such a row
 untouched and report ``miss_counts[r] = -1``, slots and miss lists ``-1``). ``plan`` writes
 ``header[8:16]`` only. A separate int64 ``stats [R, 4]`` tensor counts, per row: selections looked
@@ -123,7 +124,8 @@ One ``plan`` step, per row (all rows independently, all in parallel):
    and sorted ascending: ``miss_pos[:M]``. ``M = miss_counts[r]``. Sorting by position orders the
    batch's miss list by (row, pos), as the gather partition wants, and makes host reads ascend.
 3. **Allocate.** Victims are the ``M`` slots with the smallest ``(life, slot)`` among slots with
-   ``life < L``: free slots first (life -1), then reclaimable ones (0), then, if there are too few,
+   ``life < L`` below the row's active capacity ``A`` (``resize``; the policies' score searches
+   likewise treat slots ``>= A`` as pinned; ``A >= T*K`` keeps the count below valid): free slots first (life -1), then reclaimable ones (0), then, if there are too few,
    the oldest live ones. This is "decay further, oldest first, until enough are free", without
    rewriting the survivors' lifetimes. ``miss_pos[j]`` gets the ``j``-th victim; its slot gets
    ``slot_pos = miss_pos[j]`` and ``life = L``. There are always enough victims, whatever the state
