@@ -348,7 +348,7 @@ def run_resize_session(policy, geo, ops, seed, pad_rate):
                     n = int(moves.miss_counts[r])
                     got = list(zip(moves.miss_pos[r, :n].tolist(), moves.miss_slots[r, :n].tolist()))
                     assert got == expect.get(r, []), "moves differ from the policy model"
-            avsg.apply_moves(moves, kv)
+            avsg.apply_moves(moves, kv, num_cores=3)
             for r in range(R):
                 for p, s in buf.resident(r).items():
                     assert torch.equal(kv[r, s], host[r, p]), f"row {r} pos {p}: bytes lost"
@@ -420,3 +420,17 @@ def test_largest_geometry_shrinks_to_the_minimum(policy):
     assert torch.equal(buf.state, spec)
     assert int(moves.miss_counts[0]) > 0
     buf.check_state()
+
+
+def test_more_rows_than_cores():
+    """Rows are strided over the cores: 7 rows on 3 emulated cores, every policy."""
+    from avsg import backend
+    old = backend.emulated_cores()
+    backend.set_emulated_cores(3)
+    try:
+        for policy in POLICIES:
+            run_resize_session(policy, (7, 1, 4, 4.0, 5),
+                               ["plan", "plan", "plan", "resize", "plan", "resize", "resize"], 7,
+                               0.1)
+    finally:
+        backend.set_emulated_cores(old)
