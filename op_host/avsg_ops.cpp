@@ -28,6 +28,12 @@ TORCH_LIBRARY(avsg, m) {
     // and lifetime, which plan / invalidate check).
     m.def("reset(Tensor(a!) state, Tensor row_mask, int capacity, int buckets, int lifetime, "
           "int policy=0, int max_context=0) -> ()");
+    // Set the active capacity of rows[i] (int64 [n]) to capacities[i] (int64 [n], in
+    // [min_active = T*K, capacity]); a shrink evicts by the policy's order and moves the survivors
+    // past the new capacity below it. Returns (src_slots [R, W], dst_slots [R, W], move_counts [R])
+    // int32, W = max(1, capacity / 2), for gather(buffer -> buffer). Runs between steps.
+    m.def("resize(Tensor(a!) state, Tensor rows, Tensor capacities, int capacity, int buckets, "
+          "int lifetime, int policy, int max_context, int min_active) -> (Tensor, Tensor, Tensor)");
     // Copy the planned misses host -> buffer for every (src, dst) pair. partition is one of
     // "miss", "request", "topk". block_size is 0 for a contiguous pool. Returns int32 [num_cores]:
     // miss-list entries each core copied.

@@ -14,6 +14,7 @@ extern "C" void avsg_plan_dual_pointer(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_AD
                                        GM_ADDR, GM_ADDR);
 extern "C" void avsg_invalidate(GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_reset(GM_ADDR, GM_ADDR, GM_ADDR);
+extern "C" void avsg_resize(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_gather(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_calibrate(GM_ADDR, GM_ADDR, GM_ADDR);
 
@@ -33,6 +34,7 @@ const KernelBuild& fast_kernels()
         &avsg_plan_dual_pointer,
         &avsg_invalidate,
         &avsg_reset,
+        &avsg_resize,
         &avsg_gather,
         &avsg_calibrate,
     };

@@ -25,6 +25,7 @@ struct KernelBuild {
                               GmAddr missSlots, GmAddr missCounts, GmAddr workspace, GmAddr tiling);
     void (*invalidate)(GmAddr state, GmAddr validLens, GmAddr tiling);
     void (*reset)(GmAddr state, GmAddr rowMask, GmAddr tiling);
+    void (*resize)(GmAddr state, GmAddr target, GmAddr srcSlots, GmAddr dstSlots, GmAddr moveCounts, GmAddr tiling);
     void (*gather)(GmAddr missPos, GmAddr missSlots, GmAddr missCounts, GmAddr blockTable, GmAddr countOut,
                    GmAddr tiling);
     void (*calibrate)(GmAddr values, GmAddr out, GmAddr tiling);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "plan_tiling.h"
 #include "plan_ub_budget.h"
@@ -34,6 +35,7 @@ using GM_ADDR_T = GM_ADDR;
 #include "aclrtlaunch_avsg_plan_dual_pointer.h"
 #include "aclrtlaunch_avsg_invalidate.h"
 #include "aclrtlaunch_avsg_reset.h"
+#include "aclrtlaunch_avsg_resize.h"
 #include "npu/launch_util.h"
 using GM_ADDR_T = uint8_t*;
 #endif
@@ -268,7 +270,8 @@ int64_t StateWidth(int64_t capacity, int64_t buckets, int64_t max_context) {
 // CPU state only: on an NPU this read would be a host sync, so there the kernels check the header
 // themselves and leave a mismatched row untouched (miss_counts[r] = -1).
 void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int64_t max_context,
-                 int64_t lifetime /* < 0: none */, int64_t policy /* < 0: none */) {
+                 int64_t lifetime /* < 0: none */, int64_t policy /* < 0: none */,
+                 int64_t min_active /* < 0: none */) {
     if (!state.device().is_cpu() || !HostValueChecks()) return;
     const int32_t* row = state.data_ptr<int32_t>();
     const int64_t width = state.size(1);
@@ -290,6 +293,9 @@ void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int
         TORCH_CHECK_VALUE(policy < 0 || row[kHeaderPolicy] == policy, "policy: the state was built with ",
                           name(row[kHeaderPolicy]), " (", row[kHeaderPolicy], "), got ", name(policy),
                           " (state row ", r, ")");
+        TORCH_CHECK_VALUE(min_active < 0 || (row[kHeaderActive] >= min_active && row[kHeaderActive] <= capacity),
+                          "state: row ", r, " records an active capacity of ", row[kHeaderActive],
+                          ", expected one in [", min_active, ", ", capacity, "] (T*K .. S)");
     }
 }
 
@@ -402,7 +408,7 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     CheckTensor(stats, "stats", at::kLong, {R, 4});
     for (const at::Tensor* t : {&topk_pos, &seq_lens, &state, &stats})
         TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": all tensors must be on one device");
-    CheckHeader(state, capacity, buckets, max_context, lifetime, policy);
+    CheckHeader(state, capacity, buckets, max_context, lifetime, policy, T * K);
 
     PlanTiling tiling = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(T * K),
                                    static_cast<uint32_t>(capacity), static_cast<uint32_t>(buckets),
@@ -445,13 +451,79 @@ void Invalidate(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacit
                 int64_t max_context) {
     const int64_t R =
         CheckStateArgs("invalidate", state, valid_lens, "valid_lens", at::kInt, capacity, buckets, max_context);
-    CheckHeader(state, capacity, buckets, max_context, -1, -1);
+    // invalidate only frees slots: any active capacity stays valid, so it is not checked
+    CheckHeader(state, capacity, buckets, max_context, -1, -1, -1);
     const uint32_t blockDim = BlockDimFor(R);
     // lifetime 0: the invalidate kernel checks the header's magic, capacity, buckets and
     // max_context only (the policy sections exist exactly when max_context > 0)
     LaunchStateOp(false, blockDim,
                   StateTiling(R, capacity, buckets, 0, max_context ? kPolicyReuse : kPolicyLifetime, max_context),
                   state, valid_lens);
+}
+
+// resize: (rows, capacities) become one int32 target per row (-1: not listed) on the state's
+// device, so the kernel needs no host sync; a shrink's moves come back as fixed-shape lists.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> Resize(at::Tensor& state, const at::Tensor& rows,
+                                                      const at::Tensor& capacities, int64_t capacity, int64_t buckets,
+                                                      int64_t lifetime, int64_t policy, int64_t max_context,
+                                                      int64_t min_active) {
+    TORCH_CHECK_TYPE(state.scalar_type() == at::kInt, "avsg.resize: state: expected dtype int32, got ",
+                     c10::toString(state.scalar_type()));
+    TORCH_CHECK_VALUE(state.dim() == 2 && state.size(0) >= 1, "avsg.resize: state: expected shape [R, width], got ",
+                      state.sizes());
+    const int64_t R = state.size(0);
+    TORCH_CHECK_VALUE(min_active >= 1, "min_active: expected >= 1 (T*K), got ", min_active);
+    CheckGeometry(capacity, buckets, lifetime, min_active);
+    CheckPolicy(policy, max_context);
+    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets, max_context)});
+    TORCH_CHECK_VALUE(rows.dim() == 1, "rows: expected a 1-D tensor, got shape ", rows.sizes());
+    CheckTensor(rows, "rows", at::kLong, {rows.size(0)});
+    CheckTensor(capacities, "capacities", at::kLong, {rows.size(0)});
+    for (const at::Tensor* t : {&rows, &capacities})
+        TORCH_CHECK_VALUE(t->device() == state.device(), "avsg.resize: all tensors must be on one device");
+    if (state.device().is_cpu()) {
+        // always checked on CPU: an index outside [0, R) would make the scatter below fault
+        const int64_t* row = rows.data_ptr<int64_t>();
+        const int64_t* cap = capacities.data_ptr<int64_t>();
+        std::vector<bool> seen(static_cast<size_t>(R), false);
+        for (int64_t i = 0; i < rows.size(0); ++i) {
+            TORCH_CHECK_VALUE(row[i] >= 0 && row[i] < R, "rows[", i, "] = ", row[i], ": expected a row in [0, ", R, ")");
+            TORCH_CHECK_VALUE(!seen[row[i]], "rows: row ", row[i], " is listed twice; each row takes one capacity");
+            seen[row[i]] = true;
+            TORCH_CHECK_VALUE(cap[i] >= min_active && cap[i] <= capacity, "capacities[", i, "] = ", cap[i],
+                              ": expected a capacity in [", min_active, ", ", capacity,
+                              "] (T*K .. S, the allocated slots)");
+        }
+    }
+    CheckHeader(state, capacity, buckets, max_context, lifetime, policy, min_active);
+    auto opts = state.options().dtype(at::kInt);
+    at::Tensor target = at::full({R}, -1, opts);
+    target.index_put_({rows}, capacities.to(at::kInt));
+    const int64_t W = std::max<int64_t>(1, capacity / 2);
+    at::Tensor src = at::empty({R, W}, opts), dst = at::empty({R, W}, opts), counts = at::empty({R}, opts);
+    ResizeTiling tiling{};
+    tiling.plan = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(min_active),
+                             static_cast<uint32_t>(capacity), static_cast<uint32_t>(buckets),
+                             static_cast<uint32_t>(lifetime), static_cast<uint32_t>(policy),
+                             static_cast<uint32_t>(max_context));
+    tiling.moveWidth = static_cast<uint32_t>(W);
+    const uint32_t blockDim = BlockDimFor(R);
+#ifdef AVSG_CPU_EMULATION
+    GM_ADDR_T tl = reinterpret_cast<GM_ADDR_T>(&tiling);
+    const avsg_cpu::KernelBuild& k = avsg_cpu::selected_kernels();
+    RunOnCpu("resize", k, blockDim,
+             [&] { k.resize(Addr(state), Addr(target), Addr(src), Addr(dst), Addr(counts), tl); });
+#else
+    c10::OptionalDeviceGuard guard(state.device());
+    at::Tensor tl = npu::DeviceTiling(&tiling, sizeof(tiling), state.device());
+    aclrtStream stream = npu::CurrentStream();
+    at_npu::native::OpCommand::RunOpApi("resize", [=]() -> int {
+        return npu::LaunchStatus(ACLRT_LAUNCH_KERNEL(avsg_resize)(blockDim, stream, state.data_ptr(),
+                                                                  target.data_ptr(), src.data_ptr(), dst.data_ptr(),
+                                                                  counts.data_ptr(), tl.data_ptr()));
+    });
+#endif
+    return {src, dst, counts};
 }
 
 // Reset reads nothing from the rows it rewrites (header included): it is also how a corrupted row
@@ -503,6 +575,7 @@ TORCH_LIBRARY_IMPL(avsg, CPU, m) {
     m.impl("plan_dual_pointer", &avsg::PlanDualPointer);
     m.impl("invalidate", &avsg::Invalidate);
     m.impl("reset", &avsg::Reset);
+    m.impl("resize", &avsg::Resize);
 }
 #endif
 
@@ -512,5 +585,6 @@ TORCH_LIBRARY_IMPL(avsg, PrivateUse1, m) {
     m.impl("plan_dual_pointer", &avsg::PlanDualPointer);
     m.impl("invalidate", &avsg::Invalidate);
     m.impl("reset", &avsg::Reset);
+    m.impl("resize", &avsg::Resize);
 }
 #endif

@@ -33,6 +33,7 @@ constexpr uint32_t kHeaderWords = 8;        // geometry block read by the kernel
 constexpr uint32_t kHeaderMagic = 0x41565331u;   // "AVS1" (reference.HEADER_MAGIC)
 constexpr uint32_t kHeaderCapacity = 1, kHeaderBuckets = 2, kHeaderLifetime = 3;
 constexpr uint32_t kHeaderPolicy = 4, kHeaderMaxContext = 5;
+constexpr uint32_t kHeaderActive = 6;       // active capacity in [N, S] (resize; reset writes S)
 constexpr uint32_t kHeaderStashCount = 8;   // stash_count's block starts here
 constexpr uint32_t kHeaderStep = 9;         // reuse: steps since the counts were halved
 constexpr uint32_t kMaxPosition = 1u << 24;
@@ -77,6 +78,28 @@ struct PlanTiling {
     // the soft SyncAll's counters follow the cores' slices. split = 1: one core per row.
     uint32_t split, wsPartOff, partWords;
 };
+
+// resize (op_kernel/resize_kernel.h): the plan geometry (N = T*K, the smallest active capacity),
+// the width of the move lists, and the kernel's fixed UB plan. The kernel runs on the scalar unit
+// through kResizeWindow-element windows per section, so its UB use does not depend on the
+// geometry: the budget is checked once, here.
+struct ResizeTiling {
+    PlanTiling plan;
+    uint32_t moveWidth;                  // W = max(1, S / 2) entries per row of the move lists
+    uint32_t reserved;
+};
+constexpr uint32_t kResizeWindow = 2048;     // int32 per section window (power of two)
+constexpr uint32_t kResizeWindowLog = 11;
+constexpr uint32_t kResizeBins = 1024;       // rank histogram: lru ranks -1023..0 need the most
+constexpr uint32_t kResizeStage = 256;       // move-list entries staged per DMA
+constexpr uint32_t kResizeMaxWidth = 16384;  // W <= S / 2 <= 2^15 / 2
+constexpr uint32_t kMaxBucketsResize = 32768;  // H <= 2^15 (reference.MAX_BUCKETS): claim bitmap
+constexpr uint32_t kResizeTilingUbBytes = (static_cast<uint32_t>(sizeof(ResizeTiling)) + 31u) / 32u * 32u;
+constexpr uint32_t kResizeUbBytes = kResizeTilingUbBytes + SEC_COUNT * kResizeWindow * 4 + kResizeBins * 4 +
+                                    3 * kResizeStage * 4 + kResizeMaxWidth / 8 + kMaxBucketsResize / 8 +
+                                    3 * 64;
+static_assert(kResizeUbBytes <= kPlanUbBudget, "the resize kernel's UB plan exceeds the budget");
+static_assert((1u << kResizeWindowLog) == kResizeWindow, "windows are addressed by shifts");
 
 // The one round-up helper of the plan kernels (x, m > 0). The kernels include kernel_operator.h
 // first, which defines __aicore__ (empty in the CPU emulation, the aicore attribute in the device

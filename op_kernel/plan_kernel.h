@@ -1058,8 +1058,10 @@ private:
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
         Win& sl = win_[avsg::SEC_SL];
         uint32_t have = 0;
-        // level -1 only if a real slot is free (the Sp - S padding slots always hold -1)
-        const int32_t lv0 = freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
+        // level -1 only if a real slot is free (the Sp - S padding slots always hold -1). Below a
+        // shrunk active capacity the free count cannot tell: slots past it are free on a state
+        // the ops built but need not be on any other, so level -1 is always searched there.
+        const int32_t lv0 = activeCap_ < t_.capacity || freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
         for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
             for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
                 Ensure(sl, static_cast<int32_t>(id));
@@ -1075,7 +1077,8 @@ private:
                     GatherMask(vT2_, vT1_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
                     Sync<HardEvent::V_S>();
                     uint32_t k = static_cast<uint32_t>(got);
-                    while (k > 0 && static_cast<uint32_t>(vT2_.GetValue(k - 1)) >= t_.capacity) --k;  // padding
+                    // ids ascend: padding and slots past the active capacity (resize) are a tail
+                    while (k > 0 && static_cast<uint32_t>(vT2_.GetValue(k - 1)) >= activeCap_) --k;
                     const uint32_t take = MinU(k, m - have);
                     if (take) {
                         Sync<HardEvent::V_MTE3>();
@@ -1287,7 +1290,8 @@ private:
         StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
         Sync<HardEvent::MTE3_V>();
     }
-    // scores of slots [base, base+n) back into V(1) (float), padding slots as SCORE_PINNED
+    // scores of slots [base, base+n) back into V(1) (float), padding slots and slots past the
+    // active capacity (resize) as SCORE_PINNED: never victims
     __aicore__ inline LocalTensor<float> LoadScores(uint32_t base, uint32_t n) {
         const LocalTensor<float> sc = VF(1);
         Sync<HardEvent::S_V>();
@@ -1296,14 +1300,15 @@ private:
         Sync<HardEvent::V_MTE2>();
         Sync<HardEvent::S_MTE2>();
         Sync<HardEvent::MTE3_MTE2>();
-        LoadInts(sc.ReinterpretCast<int32_t>(), wsGm_[t_.wsScoreOff + base], MinU(n, t_.capacity - base),
+        LoadInts(sc.ReinterpretCast<int32_t>(), wsGm_[t_.wsScoreOff + base],
+                 base < activeCap_ ? MinU(n, activeCap_ - base) : 0u,
                  0x42FE0000);   // float bits of 127.0 (SCORE_PINNED)
         Sync<HardEvent::MTE2_V>();
         return sc;
     }
     __aicore__ inline uint32_t CountAtMost(int32_t theta) {
         uint32_t total = 0;
-        for (uint32_t base = 0; base < t_.capPad; base += t_.nc) {
+        for (uint32_t base = 0; base < activeCap_; base += t_.nc) {   // the rest is pinned
             const uint32_t n = MinU(t_.nc, t_.capPad - base);
             const LocalTensor<float> sc = LoadScores(base, n);
             CompareScalar(mA_, sc, static_cast<float>(theta), CMPMODE::LE, n);
@@ -1343,7 +1348,7 @@ private:
         uint32_t ties = m - below, have = 0;       // ties still to take, victims stored
         const LocalTensor<int32_t> ids = V(0), tieIds = V(5), out = V(6);
         const LocalTensor<float> idsF = VF(4);
-        for (uint32_t base = 0; base < t_.capPad && have < m; base += nc) {
+        for (uint32_t base = 0; base < activeCap_ && have < m; base += nc) {
             const uint32_t n = MinU(nc, t_.capPad - base);
             const LocalTensor<float> sc = LoadScores(base, n);
             CompareScalar(mA_, sc, theta, CMPMODE::LT, n);
@@ -1714,9 +1719,13 @@ private:
         Sync<HardEvent::MTE3_V>();
     }
 
-    // The row was built (reset) with the geometry and lifetime of this call.
+    // The row was built (reset) with the geometry and lifetime of this call, and its active
+    // capacity (resize) lets a step's N selections fit without leaving the allocation; it is
+    // kept for the victim searches.
     __aicore__ inline bool HeaderMatches() {
-        return static_cast<uint32_t>(headerUb_.GetValue(0)) == avsg::kHeaderMagic &&
+        activeCap_ = static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderActive));
+        return activeCap_ >= t_.N && activeCap_ <= t_.capacity &&
+               static_cast<uint32_t>(headerUb_.GetValue(0)) == avsg::kHeaderMagic &&
                static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderCapacity)) == t_.capacity &&
                static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderBuckets)) == t_.buckets &&
                static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderLifetime)) == t_.lifetime &&
@@ -1942,6 +1951,7 @@ private:
     GlobalTensor<int32_t> rowWs_;                 // the row's workspace: the owner core's slice
     uint32_t split_ = 1, part_ = 0;
     uint32_t freeSlots_ = 0;
+    uint32_t activeCap_ = 0;                 // header word 6, checked in [N, S]: victims lie below it
     bool reuse_ = false;                     // policy: reuse (else lifetime)
     bool lru_ = false;                       // policy: lru (ages like reuse, scores -age)
     int32_t missChunk_ = -1;                 // miss chunk held by vWant_ / vMS_ (LoadMisses), -1: none                 // slots at life -1 after DecayAndPin (padding included)
@@ -2096,6 +2106,7 @@ public:
         hdr.SetValue(avsg::kHeaderLifetime, static_cast<int32_t>(t_.lifetime));
         hdr.SetValue(avsg::kHeaderPolicy, static_cast<int32_t>(t_.policy));
         hdr.SetValue(avsg::kHeaderMaxContext, static_cast<int32_t>(t_.maxContext));
+        hdr.SetValue(avsg::kHeaderActive, static_cast<int32_t>(t_.capacity));
         Sync<HardEvent::S_MTE3>();
         Sync<HardEvent::V_MTE3>();
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) {

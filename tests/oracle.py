@@ -23,6 +23,7 @@ def _valid(p: int, seq_len: int) -> bool:
 class ContentOracle:
     def __init__(self, rows: int, capacity: int):
         self.capacity = capacity
+        self.active = [capacity] * rows                                      # resize
         self.content: List[Dict[int, int]] = [dict() for _ in range(rows)]  # slot -> pos
 
     def resident(self, r: int) -> Dict[int, int]:
@@ -45,7 +46,8 @@ class ContentOracle:
             assert all(s == -1 for s in miss_slots[count:]), "miss_slots padding must be -1"
             fetched = miss_pos[:count]
             assert fetched == sorted(set(fetched)), "misses must be unique and ascending"
-            assert all(0 <= s < self.capacity for s in miss_slots[:count])
+            assert all(0 <= s < self.active[r] for s in miss_slots[:count]), \
+                f"row {r}: a miss slot at or past the active capacity {self.active[r]}"
             assert len(set(miss_slots[:count])) == count, "each miss needs its own slot"
 
             # miss-only: fetched exactly the valid selections that were not resident
@@ -82,6 +84,43 @@ class ContentOracle:
     def reset(self, rows) -> None:
         for r in rows:
             self.content[r] = {}
+            self.active[r] = self.capacity
+
+    def resize(self, rows, capacities, moves, T: int, K: int, resident) -> None:
+        """Check a resize against what each slot held. ``resident(r)`` is what row r holds after
+        it ({pos: slot}, from the buffer: which positions a shrink evicts is the policy's
+        business, not this oracle's). A grow moves and evicts nothing; a shrink to c keeps
+        min(held, c) positions, all below c, each in its old slot or moved from a slot >= c to
+        a slot < c, the moves ascending and disjoint."""
+        for r, c in zip(rows, capacities):
+            assert T * K <= c <= self.capacity
+            count = int(moves.miss_counts[r])
+            src = moves.miss_pos[r].tolist()
+            dst = moves.miss_slots[r].tolist()
+            assert all(x == -1 for x in src[count:] + dst[count:]), "move padding must be -1"
+            src, dst = src[:count], dst[:count]
+            before = dict(self.content[r])                      # slot -> pos
+            after = resident(r)                                 # pos -> slot
+            if c >= self.active[r]:
+                assert count == 0, "a grow moves nothing"
+                assert after == {p: s for s, p in before.items()}, "a grow changes nothing"
+                self.active[r] = c
+                continue
+            assert src == sorted(src) and dst == sorted(dst), "moves ascend"
+            assert all(s >= c for s in src) and all(d < c for d in dst), "sources >= c > dests"
+            assert len(set(src)) == count and len(set(dst)) == count
+            assert all(s in before for s in src), "only resident positions move"
+            assert len(after) == min(len(before), c), \
+                f"row {r}: {len(after)} survivors of {len(before)} at capacity {c}"
+            moved_to = dict(zip(src, dst))
+            for s, p in before.items():
+                if s in moved_to:
+                    assert after.get(p) == moved_to[s], f"row {r}: pos {p} not moved {s}->{moved_to[s]}"
+                elif p in after:
+                    assert s < c and after[p] == s, f"row {r}: pos {p} left slot {s} unmoved"
+            assert all(p in before.values() for p in after), "a resize brings no new position"
+            self.content[r] = {s: p for p, s in after.items()}
+            self.active[r] = c
 
 
 class PolicyModel:
@@ -91,6 +130,7 @@ class PolicyModel:
         self.capacity, self.lifetime = capacity, lifetime
         self.pos = [[-1] * capacity for _ in range(rows)]
         self.life = [[-1] * capacity for _ in range(rows)]
+        self.active = [capacity] * rows
 
     def plan(self, topk_pos: torch.Tensor, seq_lens: torch.Tensor):
         R, T, K = topk_pos.shape
@@ -108,7 +148,7 @@ class PolicyModel:
                 if p in where:
                     life[where[p]] = L
             misses = sorted({p for p in sel if p >= 0 and p not in where})
-            candidates = sorted((life[s], s) for s in range(self.capacity) if life[s] < L)
+            candidates = sorted((life[s], s) for s in range(self.active[r]) if life[s] < L)
             victims = [s for _, s in candidates[:len(misses)]]
             assert len(victims) == len(misses)
             for p, s in zip(misses, victims):
@@ -133,6 +173,29 @@ class PolicyModel:
         for r in rows:
             self.pos[r] = [-1] * self.capacity
             self.life[r] = [-1] * self.capacity
+            self.active[r] = self.capacity
+
+    def resize(self, rows, capacities):
+        """Shrink: evict the lowest (life, slot) until the row fits, then move the survivors past
+        the capacity, lowest first, into the lowest free slots. Returns {row: [(src, dst)]}."""
+        moves = {}
+        for r, c in zip(rows, capacities):
+            pos, life = self.pos[r], self.life[r]
+            moves[r] = []
+            if c >= self.active[r]:
+                self.active[r] = c
+                continue
+            held = sorted((life[s], s) for s in range(self.capacity) if pos[s] >= 0)
+            for _, s in held[:max(0, len(held) - c)]:
+                pos[s], life[s] = -1, -1
+            free = [s for s in range(c) if pos[s] < 0]
+            for s in range(c, self.capacity):
+                if pos[s] >= 0:
+                    d = free.pop(0)
+                    pos[d], life[d], pos[s], life[s] = pos[s], life[s], -1, -1
+                    moves[r].append((s, d))
+            self.active[r] = c
+        return moves
 
 
 def brute_force_lookup(slot_pos: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:

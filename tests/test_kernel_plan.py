@@ -83,7 +83,7 @@ def draw(gen, R, T, K, seq_lens, hot, pad=0.1, repeat=0.3, wild=0.05):
 
 
 def test_cpu_backend_is_the_kernel():
-    for op in ("plan", "plan_dual_pointer", "invalidate", "reset"):
+    for op in ("plan", "plan_dual_pointer", "invalidate", "reset", "resize"):
         assert _ops.CPU_BACKEND[op] == "kernel", op
 
 

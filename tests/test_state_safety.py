@@ -37,7 +37,8 @@ GUARD_STATE = 0x5A5A5A5A          # int32 pattern of the guard rows around the s
 GUARD_STATS = 0x0123456789ABCDEF
 SECTIONS = ("header", "bucket_key", "bucket_slot", "slot_pos", "slot_life", "stash_key",
             "stash_slot", "stash_count", "padding", "slot_count", "pos_count", "block_heat",
-            "step")              # the last four: reuse policy state (empty under lifetime)
+            "step",              # the last four: reuse policy state (empty under lifetime)
+            "active")            # the active capacity (resize)
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 SLOW = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -86,13 +87,15 @@ class Geometry:
                 "slot_count": (lay.slot_count, lay.pos_count - lay.slot_count),
                 "pos_count": (lay.pos_count, lay.padded_context),
                 "block_heat": (lay.block_heat, lay.heat_blocks),
-                "step": (reference.HEADER_STEP, 1 if self.C else 0)}[name]
+                "step": (reference.HEADER_STEP, 1 if self.C else 0),
+                "active": (reference.HEADER_ACTIVE, 1)}[name]
 
     def targeted(self):
         S, Sp, H, L = self.S, self.layout.padded_capacity, self.H, self.L
         return [-(1 << 31), -(1 << 24), -2, -1, 0, 1, S - 1, S, S + 1, Sp, H - 1, H, 2 * H, L - 1,
                 L, L + 1, 255, 256, (1 << 24) - 1, 1 << 24, (1 << 24) + 1, (1 << 31) - 1,
-                1023, 1024, self.C - 1, self.C, self.C + 1, 127, 128]
+                1023, 1024, self.C - 1, self.C, self.C + 1, 127, 128, self.N - 1, self.N,
+                self.N + 1]
 
 
 geometries = st.builds(
@@ -127,6 +130,11 @@ def lived_in_state(g: Geometry, seed: int, steps: int = 4):
                        policy=g.policy)
         if step == 1:
             reference.invalidate(state, g.layout, seq - g.S // 3)
+        if step == 2 and seed % 2:
+            # half the states live at a shrunk active capacity (resize), some at T*K exactly
+            caps = torch.randint(g.N, g.S + 1, (g.R,), generator=gen)
+            caps[0] = g.N if seed % 4 == 1 else caps[0]
+            reference.resize(state, g.layout, torch.arange(g.R), caps, g.L, g.policy, g.N)
     return state, stats, gen
 
 
@@ -158,12 +166,14 @@ def corrupt(state: torch.Tensor, g: Geometry, row: int, edits, gen=None, whole=N
 # ----------------------------------------------------------------------------------- the ops
 
 def header_ok(state: torch.Tensor, g: Geometry, lifetime=True) -> torch.Tensor:
-    """lifetime=False: the words invalidate checks (magic, S, H, max_context)."""
-    h = state[:, :reference.HEADER_MAX_CONTEXT + 1]
+    """lifetime=False: the words invalidate checks (magic, S, H, max_context); else also the
+    lifetime, the policy and the active capacity in [T*K, S] (plan, resize)."""
+    h = state[:, :reference.HEADER_ACTIVE + 1]
     ok = (h[:, 0] == reference.HEADER_MAGIC) & (h[:, 1] == g.S) & (h[:, 2] == g.H)
     ok &= h[:, reference.HEADER_MAX_CONTEXT] == g.C
-    return ok & (h[:, 3] == g.L) & (h[:, reference.HEADER_POLICY] == g.policy_id) if lifetime \
-        else ok
+    active = h[:, reference.HEADER_ACTIVE]
+    return ok & (h[:, 3] == g.L) & (h[:, reference.HEADER_POLICY] == g.policy_id) & \
+        (active >= g.N) & (active <= g.S) if lifetime else ok
 
 
 def run_plan(op, state, stats, topk, seq, g):
@@ -300,6 +310,83 @@ def test_split_plan_survives_corrupted_state(g, seed, row, edits, whole, checked
     cores, the helpers reading the corrupted row's state (and its header, to skip a rejected
     row) and writing only its outputs and its owner's workspace."""
     fuzz_plan(g, seed, row, edits, whole, "hash", checked)
+
+
+# --------------------------------------------------------------------------------- resize
+
+def fuzz_resize(g, seed, row, edits, whole, shrink, checked):
+    """resize on a corrupted row: a clean ValueError with the state untouched (a bad header,
+    host checks on), the row rejected by the kernel (move_counts -1, row untouched: checks off),
+    or the kernel equal to the reference, every write inside the resized row, the moves in
+    bounds (sources in [c, S), destinations in [0, c)), the row's slots past c free and the
+    other rows as on the clean state."""
+    clean, _, gen = lived_in_state(g, seed)
+    dirty = clean.clone()
+    corrupt(dirty, g, row, edits, gen, whole)
+    rows = torch.tensor([row], dtype=torch.int64)
+    caps = torch.tensor([g.N + (g.S - g.N) * shrink // 4], dtype=torch.int64)
+    outs = []
+    for state in (clean, dirty):
+        big, view = guarded(state, GUARD_STATE)
+        try:
+            with host_checks(checked if state is dirty else True):
+                out = torch.ops.avsg.resize(view, rows, caps, g.S, g.H, g.L, g.policy_id, g.C,
+                                            g.N)
+        except ValueError as e:
+            out = e
+        assert guards_intact(big, GUARD_STATE), "resize wrote outside the state tensor"
+        outs.append((out, view.clone()))
+    (clean_out, clean_after), (out, after) = outs
+    assert not isinstance(clean_out, Exception), clean_out
+    if isinstance(out, Exception):
+        assert checked and not bool(header_ok(dirty, g).all()), f"refused good headers: {out}"
+        assert torch.equal(after, dirty), "a refused resize wrote"
+        return
+    others = torch.arange(g.R) != row
+    assert torch.equal(after[others], dirty[others]), "resize changed another row"
+    src, dst, counts = out
+    if not bool(header_ok(dirty, g)[row]):
+        assert int(counts[row]) == -1 and torch.equal(after, dirty), "a bad row was not rejected"
+        assert bool((src[row] == -1).all() & (dst[row] == -1).all())
+        return
+    want_state = dirty.clone()
+    want = reference.resize(want_state, g.layout, rows, caps, g.L, g.policy, g.N)
+    for name, a, b in zip(("src_slots", "dst_slots", "move_counts"), out, want):
+        assert torch.equal(a, b), f"{name} differs from the reference"
+    assert torch.equal(after, want_state), (after != want_state).nonzero()[:8].tolist()
+    c, n = int(caps[0]), int(counts[row])
+    assert 0 <= n <= reference.resize_width(g.S) and int(counts[others].abs().sum()) == 0
+    assert bool((src[row, :n] >= c).all() & (src[row, :n] < g.S).all())
+    assert bool((dst[row, :n] >= 0).all() & (dst[row, :n] < c).all())
+    assert bool((src[row, n:] == -1).all() & (dst[row, n:] == -1).all())
+    assert int(after[row, reference.HEADER_ACTIVE]) == c
+    assert torch.equal(after[row, :reference.HEADER_ACTIVE], dirty[row, :reference.HEADER_ACTIVE])
+    v = reference.view_state(after, g.layout)
+    if c < int(dirty[row, reference.HEADER_ACTIVE]):
+        assert bool((v.slot_pos[row, c:] == -1).all()), "a slot past the new capacity is held"
+    # the row goes on: plan keeps it in bounds, reset repairs it
+    seq = torch.full((g.R,), 3 * g.S + 4, dtype=I32)
+    with host_checks(False):
+        check_plan_outcome(torch.ops.avsg.plan, "hash", clean_after, after,
+                           torch.zeros(g.R, 4, dtype=torch.int64), g, row,
+                           selections(gen, g, seq), seq, False)
+
+
+@FAST
+@given(g=geometries, seed=st.integers(0, 2**16), row=st.integers(0, 1), edits=corruptions,
+       whole=st.one_of(st.none(), st.sampled_from(SECTIONS)), shrink=st.integers(0, 4),
+       checked=st.booleans())
+def test_resize_survives_corrupted_state(g, seed, row, edits, whole, shrink, checked):
+    fuzz_resize(g, seed, row, edits, whole, shrink, checked)
+
+
+@pytest.mark.slow
+@SLOW
+@given(g=geometries, seed=st.integers(0, 2**16), row=st.integers(0, 1), edits=corruptions,
+       whole=st.one_of(st.none(), st.sampled_from(SECTIONS)), shrink=st.integers(0, 4),
+       checked=st.booleans())
+def test_resize_survives_corrupted_state_long(g, seed, row, edits, whole, shrink, checked):
+    fuzz_resize(g, seed, row, edits, whole, shrink, checked)
 
 
 # --------------------------------------------------------------------- invalidate and reset

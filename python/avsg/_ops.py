@@ -17,7 +17,7 @@ import torch
 from . import reference
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "gather", "calibrate")
+OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "resize", "gather", "calibrate")
 
 # op_host/calibrate_tiling.h: the calibration microkernel's lanes (the plan's kPlanProbes *
 # kPlanChunk and kPlanChunk) and its output length. tests/test_calibrate.py checks them against
@@ -72,10 +72,18 @@ def _none_fake(*args):
     return None
 
 
+def _resize_fake(state, rows, capacities, capacity, buckets, lifetime, policy, max_context,
+                 min_active):
+    R, W = state.shape[0], reference.resize_width(capacity)
+    return (state.new_empty((R, W), dtype=torch.int32), state.new_empty((R, W), dtype=torch.int32),
+            state.new_empty((R,), dtype=torch.int32))
+
+
 torch.library.register_fake("avsg::plan")(_plan_fake)
 torch.library.register_fake("avsg::plan_dual_pointer")(_plan_fake)
 torch.library.register_fake("avsg::invalidate")(_none_fake)
 torch.library.register_fake("avsg::reset")(_none_fake)
+torch.library.register_fake("avsg::resize")(_resize_fake)
 torch.library.register_fake("avsg::gather")(_gather_fake)
 torch.library.register_fake("avsg::calibrate")(_calibrate_fake)
 
@@ -100,6 +108,12 @@ def _reset_ref(state, row_mask, capacity, buckets, lifetime, policy=0, max_conte
                     reference.POLICY_NAMES[policy])
 
 
+def _resize_ref(state, rows, capacities, capacity, buckets, lifetime, policy, max_context,
+                min_active):
+    return reference.resize(state, _layout(capacity, buckets, max_context), rows, capacities,
+                            lifetime, reference.POLICY_NAMES[policy], min_active)
+
+
 def _gather_ref(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_size,
                 partition, num_cores):
     return reference.gather(miss_pos, miss_slots, miss_counts, src, dst, block_table,
@@ -111,6 +125,7 @@ _REFERENCE_IMPLS = {
     "plan_dual_pointer": _plan_ref("dual_pointer"),
     "invalidate": _invalidate_ref,
     "reset": _reset_ref,
+    "resize": _resize_ref,
     "gather": _gather_ref,
 }
 

@@ -274,7 +274,9 @@ class SparseKVBuffer:
 
     def reset(self, rows=None) -> None:
         """Forget everything the given rows hold: ``None`` (all rows), a row index, a list of
-        indices, an int tensor of indices, or a bool mask ``[R]``. Statistics are kept."""
+        indices, an int tensor of indices, or a bool mask ``[R]``. Statistics are kept. A reset
+        row's active capacity returns to ``capacity`` (reset reads nothing from the row, so it
+        also repairs it): resize it again after a reset to keep it smaller."""
         mask = self._row_mask(rows)
         held = self._hold("reset")
         try:
@@ -282,6 +284,54 @@ class SparseKVBuffer:
                                  self._policy_id, self._state_context)
         finally:
             self._release(held)
+
+    def resize(self, rows: torch.Tensor, capacities: torch.Tensor) -> Plan:
+        """Set the active capacity of row ``rows[i]`` to ``capacities[i]`` (both int64 ``[n]``,
+        on the buffer's device; each capacity in ``[topk * queries_per_step, capacity]``). A row
+        only ever occupies slots ``[0, active)``, so the slots past it can serve other requests.
+        Call it between steps (after a step's gather, before the next plan): nothing is pinned
+        then.
+
+        Growing only raises the limit. Shrinking evicts by the policy's own order until the row
+        holds at most the new capacity, then moves every survivor held past it into a free slot
+        below it (reference.py, ``resize``). Returns the moves as a ``Plan`` whose ``miss_pos``
+        are source slots and ``miss_slots`` destination slots (``[R, max(1, capacity // 2)]``,
+        ``miss_counts`` moves per row, ``slots`` the destinations again as ``[R, 1, W]``): pass it
+        to ``apply_moves`` with the buffer's KV tensors before anything reads them. Bad input
+        raises ``TypeError``/``ValueError`` naming the argument, with the state untouched; the
+        value checks (rows in range and distinct, capacities in range) always run outside
+        ``torch.compile`` tracing, a host sync on an NPU (resize is not on the per-step path)."""
+        _require_tensor("rows", rows, torch.int64, ndim=1, device=self.device)
+        _require_tensor("capacities", capacities, torch.int64, (rows.shape[0],), self.device)
+        if not _tracing():
+            self._check_resize(rows, capacities)
+        held = self._hold("resize")
+        try:
+            src, dst, counts = torch.ops.avsg.resize(
+                self.state, rows, capacities, self.capacity, self.hash_buckets, self.lifetime,
+                self._policy_id, self._state_context, self.topk * self.queries_per_step)
+        finally:
+            self._release(held)
+        return Plan(dst.view(self.rows, 1, -1), src, dst, counts, self.capacity)
+
+    def _check_resize(self, rows: torch.Tensor, capacities: torch.Tensor) -> None:
+        low, high = self.topk * self.queries_per_step, self.capacity
+        outside = (rows < 0) | (rows >= self.rows)
+        if bool(outside.any()):
+            i = int(outside.nonzero()[0, 0])
+            raise ValueError(f"rows[{i}] = {int(rows[i])}: expected a row in [0, {self.rows})")
+        if rows.unique().numel() != rows.numel():
+            raise ValueError(f"rows: a row is listed twice ({rows.tolist()}); each row takes one "
+                             f"capacity")
+        bad = (capacities < low) | (capacities > high)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"capacities[{i}] = {int(capacities[i])}: expected a capacity in "
+                             f"[{low}, {high}] (topk * queries_per_step .. capacity)")
+
+    def active_capacity(self) -> torch.Tensor:
+        """Active capacity of every row (int64 ``[R]``, on the buffer's device)."""
+        return self.state[:, reference.HEADER_ACTIVE].to(torch.int64)
 
     def check_state(self) -> None:
         """Validate the invariants of the state (header against this buffer's geometry and
@@ -291,7 +341,8 @@ class SparseKVBuffer:
         ``reset(row)``."""
         held = self._hold("check_state")
         try:
-            reference.check_state(self.state.cpu(), self.layout, self.lifetime, self.policy)
+            reference.check_state(self.state.cpu(), self.layout, self.lifetime, self.policy,
+                                  min_active=self.topk * self.queries_per_step)
         finally:
             self._release(held)
 
@@ -430,6 +481,16 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
                                                           plan.miss_slots, plan.miss_counts)
     return torch.ops.avsg.gather(miss_pos, miss_slots, plan.miss_counts, srcs, dsts,
                                  block_table, block_size if paged else 0, partition, cores)
+
+
+def apply_moves(moves: Plan, buffers: TensorList, num_cores: Optional[int] = None) -> torch.Tensor:
+    """Copy the KV rows ``SparseKVBuffer.resize`` moved: every ``buffers[i]`` (``[R, capacity,
+    ...]``, the buffer's KV tensors) is both the pool (host row = source slot) and the
+    destination of ``gather``. Safe in place: a move's source lies at or past the new capacity
+    and its destination below it, so no copy reads a row another one writes. Returns what
+    ``gather`` returns."""
+    tensors = _as_list("buffers", buffers)
+    return gather(moves, tensors, tensors, num_cores=num_cores)
 
 
 def _check_host_rows(plan: Plan, src: torch.Tensor, block_table, block_size) -> None:

@@ -25,7 +25,8 @@ a multiple of 64 int32 (one 256-byte vector repeat)::
 
     header[0] = HEADER_MAGIC   header[1] = S   header[2] = H   header[3] = L
     header[4] = policy (0 lifetime, 1 reuse)   header[5] = max_context (0 for lifetime)
-    header[6:8] = 0   header[8] = stash_count (stash entries in use)
+    header[6] = active capacity A (slots the row may occupy: ``[0, A)``; ``T*K <= A <= S``)
+    header[7] = 0   header[8] = stash_count (stash entries in use)
     header[9] = steps since the counts were last halved (reuse)   header[10:64] = 0
 
 ``Cp = roundup(C, 64)``, ``Bp = roundup(ceil(C / 64), 64)``. Under the reuse policy
@@ -34,8 +35,9 @@ instead of a lifetime.
 
 ``Sp = roundup(S, 64)``. ``H`` is a power of two, ``64 <= H <= 2**15`` and ``H >= S``; the default
 is ``H = next_pow2(2*S)`` (load factor <= 1/2, see "Index" below). ``reset`` writes the header;
-``plan`` checks magic, ``S``, ``H`` and ``L`` against its arguments and ``invalidate`` the first
-three, so a state cannot be driven with a geometry it was not built for (on CPU a mismatch raises
+``plan`` checks magic, ``S``, ``H`` and ``L`` against its arguments (and the active capacity
+against ``[T*K, S]``) and ``invalidate`` the first three (it only frees slots, so any active
+capacity is harmless to it), so a state cannot be driven with a geometry it was not built for (on CPU a mismatch raises
 ``ValueError`` naming the argument; the NPU kernels cannot raise, so they leave such a row
 untouched and report ``miss_counts[r] = -1``, slots and miss lists ``-1``). ``plan`` writes
 ``header[8:16]`` only. A separate int64 ``stats [R, 4]`` tensor counts, per row: selections looked
@@ -122,7 +124,8 @@ One ``plan`` step, per row (all rows independently, all in parallel):
    and sorted ascending: ``miss_pos[:M]``. ``M = miss_counts[r]``. Sorting by position orders the
    batch's miss list by (row, pos), as the gather partition wants, and makes host reads ascend.
 3. **Allocate.** Victims are the ``M`` slots with the smallest ``(life, slot)`` among slots with
-   ``life < L``: free slots first (life -1), then reclaimable ones (0), then, if there are too few,
+   ``life < L`` below the row's active capacity ``A`` (``resize``; the policies' score searches
+   likewise treat slots ``>= A`` as pinned; ``A >= T*K`` keeps the count below valid): free slots first (life -1), then reclaimable ones (0), then, if there are too few,
    the oldest live ones. This is "decay further, oldest first, until enough are free", without
    rewriting the survivors' lifetimes. ``miss_pos[j]`` gets the ``j``-th victim; its slot gets
    ``slot_pos = miss_pos[j]`` and ``life = L``. There are always enough victims, whatever the state
@@ -220,6 +223,7 @@ STATE_HEADER = 64                      # int32 words of the per-row header
 HEADER_MAGIC = 0x41565331              # "AVS1": a row written by reset, layout version 1
 HEADER_MAGIC_WORD, HEADER_CAPACITY, HEADER_BUCKETS, HEADER_LIFETIME = range(4)
 HEADER_POLICY, HEADER_MAX_CONTEXT = 4, 5
+HEADER_ACTIVE = 6                      # active capacity: resident slots all lie below it (resize)
 HEADER_STASH_COUNT = 8                 # its own 32-byte block: plan rewrites [8, 16) only
 HEADER_STEP = 9                        # reuse policy: steps since the counts were last halved
 
@@ -402,6 +406,9 @@ def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor, lifetime:
     fresh[HEADER_LIFETIME] = lifetime
     fresh[HEADER_POLICY] = policy_id(policy, layout)
     fresh[HEADER_MAX_CONTEXT] = layout.max_context
+    # A reset row gets the whole allocation back: reset reads nothing from the row (that is what
+    # lets it repair any row), so it cannot keep an active capacity it would have to trust.
+    fresh[HEADER_ACTIVE] = layout.capacity
     fresh[layout.bucket_slot:layout.bucket_slot + layout.buckets] = 0
     fresh[layout.stash_slot:layout.stash_slot + layout.padded_capacity] = 0
     fresh[layout.slot_count:] = 0                 # counts and heat (reuse policy) start at 0
@@ -409,9 +416,10 @@ def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor, lifetime:
 
 
 def check_header(state: torch.Tensor, layout: Layout, lifetime: Optional[int] = None,
-                 policy: Optional[str] = None) -> None:
+                 policy: Optional[str] = None, min_active: Optional[int] = None) -> None:
     """Raise ``ValueError`` naming the argument when a row's header disagrees with the geometry
-    (and lifetime, policy) an op was called with."""
+    (and lifetime, policy) an op was called with. ``min_active``: the active capacity must lie in
+    ``[min_active, S]`` (plan passes ``T*K``: below it a step's selections might not fit)."""
     header = state[:, :HEADER_MAX_CONTEXT + 1]
     bad = header[:, HEADER_MAGIC_WORD] != HEADER_MAGIC
     if bool(bad.any()):
@@ -436,6 +444,13 @@ def check_header(state: torch.Tensor, layout: Layout, lifetime: Optional[int] = 
             raise ValueError(f"{name}: the state was built with {built!r}, got {got!r} "
                              f"(state row {r})" if name == "policy" else
                              f"{name}: the state was built with {built}, got {got} (state row {r})")
+    if min_active is not None:
+        active = state[:, HEADER_ACTIVE]
+        bad = (active < min_active) | (active > layout.capacity)
+        if bool(bad.any()):
+            r = int(bad.nonzero()[0, 0])
+            raise ValueError(f"state: row {r} records an active capacity of {int(active[r])}, "
+                             f"expected one in [{min_active}, {layout.capacity}] (T*K .. S)")
 
 
 def invalidate(state: torch.Tensor, layout: Layout, valid_lens: torch.Tensor) -> None:
@@ -459,8 +474,131 @@ def invalidate(state: torch.Tensor, layout: Layout, valid_lens: torch.Tensor) ->
         v.pos_count.masked_fill_(positions[None, :] >= limit[:, None], 0)
 
 
+def resize_width(capacity: int) -> int:
+    """Entries per row of ``resize``'s move lists. A shrink to ``c`` moves only survivors held at
+    or past ``c`` into free slots below it: at most ``min(c, S - c) <= S // 2`` of them."""
+    return max(1, capacity // 2)
+
+
+def eviction_order(v: StateView, layout: Layout, r: int, lifetime: int,
+                   policy: str) -> torch.Tensor:
+    """The occupied slots of row ``r``, first victim first, as ``plan`` ranks them for its
+    misses, with nothing pinned (``resize`` runs between steps, where no slot is in use) and the
+    state taken as it stands (no decay or ageing: ``resize`` is not a step).
+
+    lifetime: ``(life, slot)``; lru: ``(-age, slot)``, oldest first; reuse: ``(score, slot)``
+    with ``reuse_scores``' formula, a slot used in the last step (age 0) scored like any other.
+    Values are clamped to their domains first, as everywhere ("Whatever the state holds")."""
+    S = layout.capacity
+    life = v.slot_life[r]
+    if policy == "lifetime":
+        rank = life.clamp(-1, lifetime).to(torch.int64)
+    else:
+        age = life.clamp(0, REUSE_AGE_MAX).to(torch.int64)
+        if policy == "lru":
+            rank = -age
+        else:
+            count = v.slot_count[r, :S].clamp(0, REUSE_COUNT_MAX)
+            block = v.slot_pos[r].clamp(0, layout.max_context - 1) >> REUSE_BLOCK_LOG
+            heat = v.block_heat[r].gather(0, block.long()).clamp(0, REUSE_HEAT_MAX)
+            rank = (log8(count) + log4(heat) - log8(age)).to(torch.int64)
+    occupied = v.slot_pos[r] >= 0
+    rank = torch.where(occupied, rank, torch.full_like(rank, INT32_MAX))
+    order = torch.argsort(rank, stable=True)          # stable: ties go by slot
+    return order[:int(occupied.sum())]
+
+
+def resize(state: torch.Tensor, layout: Layout, rows: torch.Tensor, capacities: torch.Tensor,
+           lifetime: int, policy: str, min_active: int):
+    """Set the active capacity of row ``rows[i]`` to ``capacities[i]`` (int64 ``[n]`` each).
+
+    A row's resident slots always lie below its active capacity ``A`` (header word 6), so a
+    paged device pool can lend the slots past it to other requests. Run between steps: nothing is
+    pinned there. Per row, with ``c`` the new capacity:
+
+    * grow (``c >= A``): ``A = c``; the new slots are empty;
+    * shrink (``c < A``): evict ``occupied - c`` positions (when positive) in ``eviction_order``,
+      exactly as ``plan`` evicts (the reuse policy spills each evicted count to ``pos_count``);
+      then every survivor held in a slot ``>= c`` (ascending slot order) moves into the lowest free
+      slot ``< c`` (ascending), keeping its position, life/age and count; the moved positions are
+      re-indexed as ``plan`` inserts its misses (stale stash entries dropped first, then the probe
+      rounds in move order, the rest to the stash). Their old index entries name a slot that is
+      now free, so they are stale. Slots ``>= c`` end free whatever the state held.
+
+    Returns int32 ``(src_slots, dst_slots, move_counts)``: ``[R, W]``, ``[R, W]`` and ``[R]``,
+    ``W = resize_width(S)``; row ``r``'s first ``move_counts[r]`` entries say slot
+    ``src_slots[r, j]`` moved to ``dst_slots[r, j]``, the rest are -1 (and rows not resized have
+    none). Sources are ``>= c`` and destinations ``< c``, so the KV rows can be copied with
+    ``gather`` using the device buffer as both the pool (host row = source slot) and the
+    destination. Stats are not touched.
+
+    Bad input raises ``ValueError`` naming the argument before anything changes: a row outside
+    ``[0, R)`` or listed twice, a capacity outside ``[min_active, S]`` (``min_active = T*K``), a
+    header that does not match."""
+    R = state.shape[0]
+    S = layout.capacity
+    rows = rows.to(torch.int64).cpu()
+    capacities = capacities.to(torch.int64).cpu()
+    if rows.shape != capacities.shape or rows.dim() != 1:
+        raise ValueError(f"capacities: expected the shape of rows {tuple(rows.shape)} (1-D), got "
+                         f"{tuple(capacities.shape)}")
+    if bool(((rows < 0) | (rows >= R)).any()):
+        i = int(((rows < 0) | (rows >= R)).nonzero()[0, 0])
+        raise ValueError(f"rows[{i}] = {int(rows[i])}: expected a row in [0, {R})")
+    if rows.unique().numel() != rows.numel():
+        raise ValueError(f"rows: a row is listed twice ({rows.tolist()}); each row takes one capacity")
+    bad = (capacities < min_active) | (capacities > S)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"capacities[{i}] = {int(capacities[i])}: expected a capacity in "
+                         f"[{min_active}, {S}] (T*K .. S, the allocated slots)")
+    check_header(state, layout, lifetime, policy, min_active=min_active)
+    W = resize_width(S)
+    dev = state.device
+    src = torch.full((R, W), -1, dtype=torch.int32, device=dev)
+    dst = torch.full((R, W), -1, dtype=torch.int32, device=dev)
+    counts = torch.zeros(R, dtype=torch.int32, device=dev)
+    for r, c in zip(rows.tolist(), capacities.tolist()):
+        if c >= int(state[r, HEADER_ACTIVE]):
+            state[r, HEADER_ACTIVE] = c
+            continue
+        row = state[r:r + 1]                       # a view: the ops below write the state
+        v = view_state(row, layout)
+        victims = eviction_order(v, layout, 0, lifetime, policy)
+        evict = victims[:max(0, victims.numel() - c)]
+        if policy == "reuse":
+            for s in sorted(evict.tolist()):       # spill in slot order (last one wins)
+                held = int(v.slot_pos[0, s])
+                if held < layout.max_context:
+                    v.pos_count[0, held] = v.slot_count[0, s].clamp(0, REUSE_COUNT_MAX)
+            v.slot_count[0, evict] = 0
+        v.slot_pos[0, evict] = -1
+        v.slot_life[0, evict] = -1
+        slot_ids = torch.arange(S, device=dev)
+        movers = slot_ids[(slot_ids >= c) & (v.slot_pos[0] >= 0)]
+        targets = slot_ids[(slot_ids < c) & (v.slot_pos[0] < 0)][:movers.numel()]
+        for section in (v.slot_pos, v.slot_life) + ((v.slot_count,) if policy == "reuse" else ()):
+            section[0, targets] = section[0, movers]
+        v.slot_pos[0, c:] = -1
+        v.slot_life[0, c:] = -1
+        if policy == "reuse":
+            v.slot_count[0, c:S] = 0
+        n = movers.numel()
+        src[r, :n] = movers.to(torch.int32)
+        dst[r, :n] = targets.to(torch.int32)
+        counts[r] = n
+        row[0, HEADER_ACTIVE] = c
+        if n:
+            # as plan: stale entries go before a freed slot can take back its old position
+            compact_stash(v, [0])
+            moved = v.slot_pos[0, targets][None, :]
+            _insert(v, moved, targets.to(torch.int32)[None, :],
+                    torch.ones_like(moved, dtype=torch.bool), layout.buckets)
+    return src, dst, counts
+
+
 def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
-                policy: str = "lifetime") -> None:
+                policy: str = "lifetime", min_active: int = 1) -> None:
     """Validate the invariants of a state built and updated by the ops; raise ``ValueError``
     naming the row, the section and the entry that breaks one. Vectorised over rows: a few
     passes over the state (one index lookup per resident slot), no per-step cost.
@@ -471,9 +609,10 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
     (keys in ``[-1, 2**24)``, slots in ``[0, S)``); stash entries past the count are ``(-1, 0)``;
     every resident position is found by the index at its own slot. Reuse policy: ``slot_life``
     holds ages in ``[-1, 1023]``, counts and heat lie in ``[0, 255]``, a free slot's count is 0,
-    the step word in ``[0, 256)``.
+    the step word in ``[0, 256)``. The active capacity lies in ``[min_active, S]`` and no slot at
+    or past it is occupied.
     """
-    check_header(state, layout, lifetime, policy)
+    check_header(state, layout, lifetime, policy, min_active=min_active)
     S, Sp = layout.capacity, layout.padded_capacity
     v = view_state(state, layout)
 
@@ -489,7 +628,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
                 else f"[{r}]"
             raise ValueError(f"state: {section}{shown}: {what}")
 
-    header_rest = torch.cat([state[:, HEADER_MAX_CONTEXT + 1:HEADER_STASH_COUNT],
+    header_rest = torch.cat([state[:, HEADER_ACTIVE + 1:HEADER_STASH_COUNT],
                              state[:, HEADER_STEP + 1:STATE_HEADER]], 1)
     fail("header", header_rest != 0, "reserved header words must be 0")
     fail("stash_count", (v.stash_count < 0) | (v.stash_count > S),
@@ -509,6 +648,9 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
              "a free slot's count must be 0")
         fail("header", (state[:, HEADER_STEP] < 0) | (state[:, HEADER_STEP] >= REUSE_HALVE_EVERY),
              f"step word expected in [0, {REUSE_HALVE_EVERY})")
+    beyond = torch.arange(S, device=state.device)[None, :] >= state[:, HEADER_ACTIVE, None]
+    fail("slot_pos", beyond & (v.slot_pos != -1),
+         "a slot at or past the row's active capacity (header word 6) must be free")
     fail("slot_life", (v.slot_life == -1) != (v.slot_pos == -1),
          "a slot is free (-1) in slot_pos exactly when it is free in slot_life")
     padding = torch.cat([state[:, layout.slot_pos + S:layout.slot_pos + Sp],
@@ -783,8 +925,10 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     dev = topk_pos.device
     reuse = policy == "reuse"
     lru = policy == "lru"
-    check_header(state, layout, lifetime, policy)
+    check_header(state, layout, lifetime, policy, min_active=N)
     v = view_state(state, layout)
+    # victims only below the active capacity (resize): slots at or past it stay as they are
+    beyond = torch.arange(S, device=dev)[None, :] >= state[:, HEADER_ACTIVE].long()[:, None]
     # whatever the state holds: counts into range, padding slots free (module docstring)
     v.stash_count.clamp_(0, S)
     padding = layout.padded_capacity - S
@@ -843,17 +987,20 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
             max=REUSE_COUNT_MAX), count))
         _add_heat(v, v.slot_pos, used)
         _add_heat(v, miss_pos, is_miss)
-        chosen = lowest_scores(reuse_scores(v, layout), miss_counts.to(torch.int64))
+        score = reuse_scores(v, layout).masked_fill(beyond, SCORE_PINNED)
+        chosen = lowest_scores(score, miss_counts.to(torch.int64))
         victims = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :N]
         victims = victims.to(torch.int32)
     elif lru:
         # least recently used first (ages saturate at 1023 steps: older ones tie, by slot)
-        chosen = lowest_scores(lru_scores(v), miss_counts.to(torch.int64), LRU_SCORE_FREE,
+        score = lru_scores(v).masked_fill(beyond, LRU_SCORE_PINNED)
+        chosen = lowest_scores(score, miss_counts.to(torch.int64), LRU_SCORE_FREE,
                                LRU_SCORE_PINNED)
         victims = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :N]
         victims = victims.to(torch.int32)
     else:
-        victim_key = torch.where(life < lifetime, (life.to(torch.int64) + 1) * S + slot_ids,
+        victim_key = torch.where((life < lifetime) & ~beyond,
+                                 (life.to(torch.int64) + 1) * S + slot_ids,
                                  torch.full_like(slot_ids, INT32_MAX))
         victims = torch.argsort(victim_key, dim=1)[:, :N].to(torch.int32)
     miss_slots = torch.where(is_miss, victims, torch.full_like(victims, -1))
