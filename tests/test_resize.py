@@ -402,7 +402,7 @@ def test_fast_build_equals_strict(seed):
 def test_largest_geometry_shrinks_to_the_minimum(policy):
     """S = H = 2^15 (every section paged through several windows, the longest move lists) and a
     reuse context of 2^20; a full row shrinks to T*K and the kernel equals the reference."""
-    R, T, K, S = 2, 1, 2048, 1 << 15
+    R, K, S = 2, 2048, 1 << 15
     C = 1 << 20 if policy == "reuse" else None
     buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, lifetime=9, policy=policy,
                               max_context=C, hash_buckets=S)
