@@ -261,6 +261,19 @@ def main(args: argparse.Namespace) -> int:
     if trace is None and not args.no_trace:
         print("  shared trace not found (../shared/traces/asyncio_32k.npz; pass --trace): trace "
               "mode skipped, pre-filled buffers only")
+    # One emulated core per row: each matcher's per-row cost, as the paper compares them (with
+    # idle cores the hash plan would also spread a row's lookup over them; the dual pointer
+    # cannot). Restored before returning.
+    saved_cores = backend.emulated_cores()
+    backend.set_emulated_cores(args.rows)
+    try:
+        return _run(args, hw, trace, sel, positions if sel is not None else None,
+                    context if sel is not None else None, out, grids)
+    finally:
+        backend.set_emulated_cores(saved_cores)
+
+
+def _run(args, hw, trace, sel, positions, context, out, grids) -> int:
     modes = ["pre-filled"] + (["trace"] if sel is not None else [])
     todo = [(g, s, k, mode) for g, pts in grids.items() for s, k in pts for mode in modes]
     progress = common.bar(len(todo), "plan", args)
