@@ -71,6 +71,10 @@ BAD = [
     ("calibrate", ["--rows", "0"], "--rows"), ("calibrate", [], "torch_npu"),
     ("all", ["--only", "nothing"], "--only"), ("all", ["--device", "npu"], "--device npu"),
     ("decode", ["--batch", "0"], "--batch"),
+    ("plan", ["--msprof", "prof", "--no-trace"], "--msprof"),
+    ("gather", ["--msprof", "prof"], "--msprof"),
+    ("hash-buckets", ["--msprof", "prof"], "--msprof"),
+    ("emulation", ["--msprof", "prof"], "--msprof"),
 ]
 
 

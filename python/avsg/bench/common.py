@@ -56,9 +56,22 @@ def add_common_arguments(parser: argparse.ArgumentParser, command: str, hw: bool
                             help="cpu: kernels through the CPU emulation, counted work and the "
                                  "cost model (default); npu: time the kernels on an Ascend NPU "
                                  "(needs torch_npu and the NPU build)")
+        parser.add_argument("--msprof", metavar="DIR", default=None,
+                            help="with --device npu: also record the timed launches with the "
+                                 "Ascend PyTorch profiler (torch_npu.profiler, msprof data) into "
+                                 "DIR, for the MindStudio Insight / msprof tools")
+
+
+_msprof_dir: Optional[str] = None     # set by out_dir from --msprof; read by npu_time_us
 
 
 def out_dir(args: argparse.Namespace, command: str) -> str:
+    """The output directory (created), after checking the output options (--out, --msprof)."""
+    global _msprof_dir
+    msprof = getattr(args, "msprof", None)
+    if msprof and getattr(args, "device", "cpu") != "npu":
+        raise UsageError("--msprof: profiles NPU launches; it needs --device npu")
+    _msprof_dir = msprof
     path = args.out or default_out(command)
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--out: {path} exists and is not a directory")
@@ -100,18 +113,31 @@ def require_npu(command: str):
 
 def npu_time_us(fn, warmup: int = 3, iters: int = 10) -> List[float]:
     """Device time of ``fn()`` per call with torch.npu.Event, after ``warmup`` calls.
-    Unverified: written from the torch_npu docs, never run (no NPU was available)."""
+    With ``--msprof DIR`` the timed calls also run under torch_npu's profiler, one profiler step
+    each, written to DIR. Unverified: written from the torch_npu docs, never run (no NPU was
+    available)."""
+    import contextlib
     for _ in range(warmup):
         fn()
     torch.npu.synchronize()
+    profiler = contextlib.nullcontext()
+    if _msprof_dir:
+        import torch_npu
+        activity = torch_npu.profiler.ProfilerActivity
+        profiler = torch_npu.profiler.profile(
+            activities=[activity.CPU, activity.NPU],
+            on_trace_ready=torch_npu.profiler.tensorboard_trace_handler(_msprof_dir))
     times = []
-    for _ in range(iters):
-        start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(1e3 * start.elapsed_time(end))
+    with profiler as prof:
+        for _ in range(iters):
+            start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(1e3 * start.elapsed_time(end))
+            if prof is not None:
+                prof.step()
     return times
 
 
