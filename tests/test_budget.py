@@ -221,7 +221,8 @@ def test_simulation_variants_at_an_equal_budget():
 def test_serve_sim_cli_end_to_end(tmp_path):
     cmd = [sys.executable, "-m", "avsg.cli", "serve-sim", "--synthetic", "--layers-per-trace", "2",
            "--trace-steps", "64", "--requests", "12", "--rate", "20", "--output-mean", "40",
-           "--buffer-gb", "2", "--quiet", "--out", str(tmp_path)]
+           "--buffer-gb", "2", "--quiet", "--out", str(tmp_path), "--tables",
+           str(tmp_path / "t.md")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     data = json.loads((tmp_path / "serve_sim.json").read_text())
@@ -231,6 +232,9 @@ def test_serve_sim_cli_end_to_end(tmp_path):
     for name in ("serve_sim_variants.png", "serve_sim_timeline.png", "serve_sim_microbatch.png"):
         assert (tmp_path / name).stat().st_size > 1000
     assert str(tmp_path) in res.stdout
+    tables = (tmp_path / "t.md").read_text()
+    assert "<!-- results:serve-sim -->" in tables and "| elastic |" in tables
+    assert "<!-- /results:serve-sim-microbatch -->" in tables
 
 
 @pytest.mark.parametrize("args, option", [

@@ -432,6 +432,27 @@ def test_cli_synth_info_replay(tmp_path, capsys):
     assert "shared" in capsys.readouterr().out
 
 
+def test_cli_replay_gap_table(tmp_path):
+    """--tables: one row per capacity, the gap closed computed from the same replay's hit rates."""
+    from avsg.traces.cli import main
+    from avsg.traces.format import load_trace
+    from avsg.traces.replay import replay
+    out = tmp_path / "g.npz"
+    assert main(["synth", str(out), "--steps", "24", "--layers", "2", "--k", "64", "--max-len",
+                 "1024", "--seed", "2"]) == 0
+    table = tmp_path / "t.md"
+    assert main(["replay", str(out), "--capacity", "96", "160", "--policy", "avsg", "lru", "belady",
+                 "--out", str(tmp_path / "res"), "--no-plot", "--tables", str(table)]) == 0
+    text = table.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| 96 |") or line.startswith("| 160 |")]
+    assert len(rows) == 2 and "<!-- results:hit-rate-g -->" in text
+    tr = load_trace(out)
+    lru, ours, bel = (replay(tr, p, 96) for p in ("lru", "avsg", "belady"))
+    gap = 100 * (ours.hit_rate - lru.hit_rate) / (bel.hit_rate - lru.hit_rate)
+    assert rows[0].split(" | ")[4] == f"{gap:.1f}%"
+    assert main(["replay", str(out), "--capacity", "96", "--policy", "lru", "--tables", str(table)]) == 2
+
+
 def test_cli_grid_and_parent_parser(tmp_path):
     import argparse
     from avsg.traces.cli import add_trace_commands

@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument("--out", default=DEFAULT_OUT,
                         help=f"directory for the JSON and plots (default {DEFAULT_OUT})")
+    parser.add_argument("--tables", metavar="PATH",
+                        help="also write the schedulers table (markdown) to PATH, for README "
+                             "(scripts/update_readme_tables.py)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -201,9 +204,34 @@ def main(args: argparse.Namespace) -> int:
                                 "rows": [r.name for r in rows], "seed": args.seed},
                    "variants": results,
                    "microbatch": mb_results}, f)
+    if args.tables:
+        with open(args.tables, "w") as f:
+            name = "serve-sim" + (f"-slo{args.tpot_slo_ms:g}ms" if args.tpot_slo_ms else "")
+            f.write(f"`{' '.join(['avsg'] + sys.argv[1:])}`\n\n{_markdown(results, mb_results, name)}")
     plots = _plot(results, mb_results, args.out)
     print(f"  results written: {path}" + (f"; plots: {', '.join(plots)}" if plots else ""))
     return 0
+
+
+def _markdown(results, mb_results, name: str) -> str:
+    names = {"fixed": "fixed", "spin": "spin (fixed ratio)", "elastic": "elastic",
+             "elastic-oracle": "elastic, exact curves"}
+    lines = [f"<!-- results:{name} -->",
+             "| scheduler | tok/s | TPOT p50 | TPOT p99 | admitted (mean) | buffer in use | hit rate | "
+             "hits / step / GB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {names[r['variant']]} | {r['tokens_per_s']:,.0f} | {r['tpot_p50_ms']:.1f} ms | "
+                     f"{r['tpot_p99_ms']:.1f} ms | {r['concurrency']:.1f} | "
+                     f"{r['buffer_gb_used']:.2f} GB | {100 * r['hit_rate']:.1f}% | "
+                     f"{r['hits_per_step_per_gb']:,.0f} |")
+    lines += [f"<!-- /results:{name} -->", "", f"<!-- results:{name}-microbatch -->",
+              f"| two micro-batches on the {mb_results[0]['variant']} run | decode time vs one batch |",
+              "|---|---:|"]
+    for r in mb_results:
+        label = "one batch" if r["split"] == "none" else f"{r['split']} split, {r['order']} order"
+        lines.append(f"| {label} | {r['vs_one_batch']:.3f} |")
+    lines.append(f"<!-- /results:{name}-microbatch -->")
+    return "\n".join(lines) + "\n"
 
 
 def _print_variants(results) -> None:

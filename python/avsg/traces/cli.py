@@ -93,6 +93,9 @@ def cmd_replay(args) -> int:
                 return 2
             print(f"note: skipping policy 'avsg' (avsg.SparseKVBuffer not importable: {why})")
             policies = [p for p in policies if not p.startswith("avsg")]
+    if args.tables and not {"lru", "avsg", "belady"} <= set(policies):
+        raise UsageError("--tables: the gap table needs the policies lru, avsg and belady "
+                         f"(got {' '.join(policies)})")
     if args.progress is None:
         args.progress = sys.stderr.isatty()
     if args.quiet:
@@ -136,6 +139,11 @@ def cmd_replay(args) -> int:
     if args.markdown:
         print()
         print(report.markdown_table(results))
+    if args.tables:
+        table = report.gap_table(results, f"hit-rate-{stem}")
+        with open(args.tables, "w") as f:
+            f.write(f"`{' '.join(['avsg'] + sys.argv[1:])}`\n\n{table}")
+        print(f"\nwrote {args.tables}")
     print(f"total elapsed {time.perf_counter() - t_all:.1f}s")
     return 0
 
@@ -241,6 +249,9 @@ def _fill(trace_sub):
     p.add_argument("--plot", help="PNG path (default OUT/<trace>_replay.png)")
     p.add_argument("--no-plot", action="store_true", help="skip the hit-rate plot")
     p.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    p.add_argument("--tables", metavar="PATH",
+                   help="also write the default policy's gap table (lru, avsg and belady needed) "
+                        "to PATH, for README (scripts/update_readme_tables.py)")
     p.add_argument("--progress", action="store_true", default=None,
                    help="progress bar per replay (default: on when stderr is a terminal)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -10,7 +10,8 @@ import numpy as np
 
 from .replay import ReplayResult
 
-__all__ = ["results_table", "layer_spread_table", "write_json", "plot_hit_rates", "build_report"]
+__all__ = ["results_table", "layer_spread_table", "write_json", "plot_hit_rates", "build_report",
+           "gap_table"]
 
 
 def _by_key(results: Sequence[ReplayResult]):
@@ -83,6 +84,38 @@ def markdown_table(results: Sequence[ReplayResult]) -> str:
                                                         if fb is not None and p != "belady" else ""))
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def gap_table(results: Sequence[ReplayResult], name: str, policy: str = "avsg") -> str:
+    """Markdown, one row per capacity: exact LRU, ``policy`` (the default residency policy), Belady,
+    the share of the LRU -> Belady gap ``policy`` closes (overall, and on the layer where LRU does
+    worst), and its largest per-layer loss against LRU. Wrapped in ``<!-- results:NAME -->``
+    markers so README copies can be checked against it. Needs lru, ``policy`` and belady."""
+    by = _by_key(results)
+    caps = sorted(c for p, c in by if p == policy and ("lru", c) in by and ("belady", c) in by)
+    if not caps:
+        raise ValueError(f"--tables: needs the policies lru, {policy} and belady at one capacity")
+
+    def gap(lru: float, ours: float, bel: float) -> str:
+        return f"{100 * (ours - lru) / (bel - lru):.1f}%" if bel > lru else "-"
+
+    lines = [f"<!-- results:{name} -->",
+             f"| C | lru | **{policy} (reuse)** | belady | LRU→Belady gap closed | worst layer (lowest "
+             "LRU): LRU → reuse (Belady), gap closed | largest per-layer loss vs LRU |",
+             "|---:|---:|---:|---:|---:|---|---:|"]
+    for c in caps:
+        lru, ours, bel = by[("lru", c)], by[(policy, c)], by[("belady", c)]
+        w = int(np.argmin(lru.per_layer))
+        lw, ow, bw = lru.per_layer[w], ours.per_layer[w], bel.per_layer[w]
+        diff = 100 * (ours.per_layer - lru.per_layer)
+        loss = (f"none (+{diff.min():.3f} pp)" if diff.min() > 0 else
+                "0" if diff.min() == 0 else f"−{-diff.min():.3f} pp (L{int(np.argmin(diff))})")
+        lines.append(f"| {c} | {100 * lru.hit_rate:.2f}% | **{100 * ours.hit_rate:.2f}%** | "
+                     f"{100 * bel.hit_rate:.2f}% | {gap(lru.hit_rate, ours.hit_rate, bel.hit_rate)} | "
+                     f"L{w}: {100 * lw:.2f} → {100 * ow:.2f} ({100 * bw:.2f}), {gap(lw, ow, bw)} | "
+                     f"{loss} |")
+    lines.append(f"<!-- /results:{name} -->")
+    return "\n".join(lines) + "\n"
 
 
 def build_report(results: Sequence[ReplayResult], trace_info: Dict, settings: Dict) -> Dict:
