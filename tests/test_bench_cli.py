@@ -72,6 +72,8 @@ BAD = [
     ("all", ["--only", "nothing"], "--only"), ("all", ["--device", "npu"], "--device npu"),
     ("decode", ["--batch", "0"], "--batch"),
     ("plan", ["--msprof", "prof", "--no-trace"], "--msprof"),
+    ("decode", ["--json", "/proc/no/such/x.json"], "--json"),
+    ("all", ["--quick", "--only", "decode,gather", "--hw", "/no/such.json"], "--hw"),
     ("gather", ["--msprof", "prof"], "--msprof"),
     ("hash-buckets", ["--msprof", "prof"], "--msprof"),
     ("emulation", ["--msprof", "prof"], "--msprof"),

@@ -85,6 +85,13 @@ def test_sampled_curve_tracks_the_exact_curve_on_a_trace():
     assert np.all(np.diff(est.hit_rate(caps)) >= 0)
 
 
+def test_sampled_curve_rate_is_what_it_samples():
+    """A rate that is not 1/n is rounded to the 1/n actually sampled (else capacities would be
+    scaled by one rate and positions sampled at another)."""
+    assert curves.SampledCurve(100, rate=0.7).rate == 1.0
+    assert curves.SampledCurve(100, rate=0.3).rate == pytest.approx(1 / 3)
+
+
 def test_elastic_lru_rejects_a_capacity_below_the_step():
     with pytest.raises(ValueError, match="capacity"):
         curves.ElasticLRU().step(np.arange(8, dtype=np.int32), 4)
@@ -247,6 +254,10 @@ def test_serve_sim_cli_end_to_end(tmp_path):
     (["--fixed-capacity", "100"], "--fixed-capacity"),
     (["--trace", "/nonexistent.npz"], "--trace"),
     (["--max-batch", "0"], "--max-batch"),
+    (["--buffer-gb", "inf"], "--buffer-gb"),
+    (["--buffer-gb", "0.5", "--variants", "fixed"], "--fixed-capacity"),
+    (["--tables", "/proc/no/such/t.md"], "--tables"),
+    (["--out", "/proc/version/x"], "--out"),
 ])
 def test_serve_sim_user_mistakes_are_one_line(args, option):
     base = ["--synthetic"] if "--trace" not in args else []

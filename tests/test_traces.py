@@ -451,6 +451,8 @@ def test_cli_replay_gap_table(tmp_path):
     gap = 100 * (ours.hit_rate - lru.hit_rate) / (bel.hit_rate - lru.hit_rate)
     assert rows[0].split(" | ")[4] == f"{gap:.1f}%"
     assert main(["replay", str(out), "--capacity", "96", "--policy", "lru", "--tables", str(table)]) == 2
+    assert main(["replay", str(out), "--capacity", "96", "--policy", "avsg", "lru", "belady",
+                 "--tables", "/proc/no/such/t.md"]) == 2
 
 
 def test_cli_grid_and_parent_parser(tmp_path):

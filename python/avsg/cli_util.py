@@ -22,6 +22,20 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def check_writable(option: str, path) -> None:
+    """Refuse, before any long work, an output file that cannot be written (one-line error)."""
+    if not path:
+        return
+    import os
+    parent = os.path.dirname(str(path)) or "."
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{option}: cannot create the directory {parent}: {e.strerror}") from None
+    if os.path.isdir(path) or not os.access(parent, os.W_OK):
+        raise UsageError(f"{option}: cannot write {path}")
+
+
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass

@@ -187,6 +187,9 @@ def _int_list(name: str, text: str) -> List[int]:
 def main(args: argparse.Namespace) -> int:
     from ..runtime.config import from_hf_config
     from ..demo import find_trace
+    from ..cli_util import check_writable
+    check_writable("--json", args.json)
+    check_writable("--tables", args.tables)
     batches = _int_list("--batch", args.batch)
     contexts = _int_list("--context", args.context)
     mtps = _int_list("--mtp", args.mtp)

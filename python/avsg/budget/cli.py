@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 from typing import List
 
 import numpy as np
 
-from ..cli_util import UsageError, progress_bar
+from ..cli_util import UsageError, check_writable, progress_bar
 
 DEFAULT_OUT = os.path.join("avsg-results", "serve-sim")
 SHARED = ("asyncio_32k.npz", "debian_reference_32k.npz")
@@ -62,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"iterations between rebalances, besides admit/finish (default "
                              f"{d.rebalance_every})")
     parser.add_argument("--sample-rate", type=float, default=d.sample_rate,
-                        help=f"share of positions the online miss curves track (default "
-                             f"{d.sample_rate:g})")
+                        help=f"share of positions the online miss curves track, rounded to 1/n "
+                             f"(default {d.sample_rate:g})")
     parser.add_argument("--tpot-slo-ms", type=float, default=0.0,
                         help="admit only while the projected time per output token stays within "
                              "this many ms (default 0: no SLO, admission by memory only)")
@@ -90,6 +91,10 @@ def _check_args(args) -> None:
             raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
     if args.tpot_slo_ms < 0:
         raise UsageError(f"--tpot-slo-ms: expected >= 0, got {args.tpot_slo_ms}")
+    for name in ("rate", "buffer_gb", "spin_ratio", "tpot_slo_ms"):
+        if not math.isfinite(getattr(args, name)):
+            raise UsageError(f"--{name.replace('_', '-')}: expected a finite number, got "
+                             f"{getattr(args, name)}")
     for name in ("rate", "buffer_gb", "spin_ratio"):
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name.replace('_', '-')}: expected > 0, got {getattr(args, name)}")
@@ -124,10 +129,12 @@ def _load_traces(args) -> List[tuple]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..bench import hardware
+    from ..bench import common, hardware
     from ..runtime.config import from_hf_config
     from . import sim, workload
     _check_args(args)
+    check_writable("--tables", args.tables)
+    out_dir = common.out_dir(args, "serve-sim")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in sim.VARIANTS]
     if bad or not variants:
@@ -152,9 +159,15 @@ def main(args: argparse.Namespace) -> int:
     if args.spin_ratio * k < k:
         raise UsageError(f"--spin-ratio: expected >= 1, got {args.spin_ratio}")
     cost = sim.CostModel(config, hw, cfg.cards)
-    if cfg.buffer_gb * 1e9 < k * cost.bytes_per_slot():
+    slots = int(cfg.buffer_gb * 1e9 // cost.bytes_per_slot())
+    if slots < k:
         raise UsageError(f"--buffer-gb: {args.buffer_gb} GB cannot hold one request's mandatory "
                          f"{k} slots x {config.num_hidden_layers} layers")
+    for v, option, need in (("fixed", "--fixed-capacity", args.fixed_capacity),
+                            ("spin", "--spin-ratio", int(args.spin_ratio * k))):
+        if v in variants and need > slots:
+            raise UsageError(f"{option}: one {v} buffer ({need} slots) exceeds the budget of "
+                             f"--buffer-gb {args.buffer_gb:g} ({slots} slots per layer)")
     show = not args.quiet and sys.stderr.isatty()
     n_rows = sum(min(args.layers_per_trace, tr.layers) for _, tr in traces)
     bar = progress_bar(n_rows, "locality rows (stack distances)", "row", show)
@@ -195,8 +208,7 @@ def main(args: argparse.Namespace) -> int:
     _print_microbatch(mb_results)
     print("\n  Left out: prefill, MTP, the reuse policy's gain over LRU, launch/host overheads, a "
           "link shared between cards; nothing here ran on an NPU.")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "serve_sim.json")
+    path = os.path.join(out_dir, "serve_sim.json")
     with open(path, "w") as f:
         json.dump({"estimate": True, "hardware": hw.sources(), "config": dataclasses.asdict(cfg),
                    "workload": {"requests": args.requests, "rate": args.rate,
@@ -208,7 +220,7 @@ def main(args: argparse.Namespace) -> int:
         with open(args.tables, "w") as f:
             name = "serve-sim" + (f"-slo{args.tpot_slo_ms:g}ms" if args.tpot_slo_ms else "")
             f.write(f"`{' '.join(['avsg'] + sys.argv[1:])}`\n\n{_markdown(results, mb_results, name)}")
-    plots = _plot(results, mb_results, args.out)
+    plots = _plot(results, mb_results, out_dir)
     print(f"  results written: {path}" + (f"; plots: {', '.join(plots)}" if plots else ""))
     return 0
 

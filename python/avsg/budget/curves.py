@@ -96,9 +96,9 @@ class SampledCurve:
                  half_life: int = 256, seed: int = 0x9E3779B1) -> None:
         if not 0 < rate <= 1:
             raise ValueError(f"rate: expected in (0, 1], got {rate}")
-        self.rate = float(rate)
-        self.scale = 1.0 / self.rate
-        period = max(1, int(round(self.scale)))
+        # one position in `period` is tracked, so the rate actually sampled is 1 / period
+        period = max(1, int(round(1.0 / rate)))
+        self.rate = 1.0 / period
         # Set sampling by a multiplicative hash of the position: the same positions are always
         # tracked, so their recency is exact among themselves.
         pos = np.arange(context, dtype=np.uint64)

@@ -170,8 +170,9 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
         raise ValueError(f"buffer_gb: {cfg.buffer_gb} GB holds {slot_budget} slots per layer, "
                          f"fewer than one request's mandatory {mandatory}")
     fixed = {"fixed": cfg.fixed_capacity, "spin": int(cfg.spin_ratio * mandatory)}.get(variant)
-    if fixed is not None and fixed < mandatory:
-        raise ValueError(f"capacity: {variant} gives {fixed} slots, below the mandatory {mandatory}")
+    if fixed is not None and not mandatory <= fixed <= slot_budget:
+        raise ValueError(f"capacity: {variant} gives {fixed} slots per request, outside "
+                         f"[{mandatory} (mandatory), {slot_budget} (the budget)]")
     if variant.startswith("elastic"):
         key = "exact" if variant == "elastic-oracle" else "online"
         if curves is None or key not in curves:
@@ -298,7 +299,9 @@ def _rebalance(running: List[_Running], table: List[np.ndarray], rows: Sequence[
     est = []
     for r in running:
         t = table[r.req.row]
-        est.append(t[min(r.step, t.shape[0] - 1)] if online else t)
+        # online: what the ghost tags have seen before this step (nothing at step 0)
+        est.append((t[min(r.step, t.shape[0]) - 1] if r.step else np.zeros(t.shape[1]))
+                   if online else t)
     trusted = [e for r, e in zip(running, est) if not online or r.step >= cfg.warmup_steps]
     utilities = []
     for r, e in zip(running, est):

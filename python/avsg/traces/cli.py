@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..cli_util import OneLineParser, UsageError
+from ..cli_util import OneLineParser, UsageError, check_writable
 
 __all__ = ["add_trace_commands", "build_parser", "main"]
 
@@ -93,6 +93,8 @@ def cmd_replay(args) -> int:
                 return 2
             print(f"note: skipping policy 'avsg' (avsg.SparseKVBuffer not importable: {why})")
             policies = [p for p in policies if not p.startswith("avsg")]
+    check_writable("--tables", args.tables)
+    check_writable("--json", args.json)
     if args.tables and not {"lru", "avsg", "belady"} <= set(policies):
         raise UsageError("--tables: the gap table needs the policies lru, avsg and belady "
                          f"(got {' '.join(policies)})")
