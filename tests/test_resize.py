@@ -158,8 +158,8 @@ def test_moves_reindex_through_the_stash():
 # --------------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("rows, caps, error, needle", [
-    (torch.tensor([0], dtype=I32), torch.tensor([8], dtype=I64), TypeError, "rows"),
-    (torch.tensor([0], dtype=I64), torch.tensor([8], dtype=I32), TypeError, "capacities"),
+    (torch.tensor([0], dtype=torch.int16), torch.tensor([8], dtype=I64), TypeError, "rows"),
+    (torch.tensor([0], dtype=I64), torch.tensor([8.0]), TypeError, "capacities"),
     (torch.tensor([0, 1], dtype=I64), torch.tensor([8], dtype=I64), ValueError, "capacities"),
     (torch.tensor([[0]], dtype=I64), torch.tensor([8], dtype=I64), ValueError, "rows"),
     (torch.tensor([0, 0], dtype=I64), torch.tensor([8, 9], dtype=I64), ValueError, "rows"),

@@ -2,6 +2,8 @@
 
 The schemas live in C++ (``op_host/avsg_ops.cpp``). This module adds:
 * fake (Meta) implementations, so ``torch.compile(fullgraph=True)`` can trace a decode step;
+  they serve FakeTensors and all-meta calls only, and refuse a call that mixes meta with real
+  tensors (``check_meta_call``);
 * the reference as the CPU implementation, only when the library brings no CPU kernel of its own.
 
 The rest of the package calls the ops only through ``torch.ops.avsg``, so a backend swaps in
@@ -79,13 +81,66 @@ def _resize_fake(state, rows, capacities, capacity, buckets, lifetime, policy, m
             state.new_empty((R,), dtype=torch.int32))
 
 
-torch.library.register_fake("avsg::plan")(_plan_fake)
-torch.library.register_fake("avsg::plan_dual_pointer")(_plan_fake)
-torch.library.register_fake("avsg::invalidate")(_none_fake)
-torch.library.register_fake("avsg::reset")(_none_fake)
-torch.library.register_fake("avsg::resize")(_resize_fake)
-torch.library.register_fake("avsg::gather")(_gather_fake)
-torch.library.register_fake("avsg::calibrate")(_calibrate_fake)
+# The tensor arguments of each op, in schema order (op_host/avsg_ops.cpp), for the device check.
+TENSOR_ARGS = {
+    "plan": ("topk_pos", "seq_lens", "state", "stats"),
+    "plan_dual_pointer": ("topk_pos", "seq_lens", "state", "stats"),
+    "invalidate": ("state", "valid_lens"),
+    "reset": ("state", "row_mask"),
+    "resize": ("state", "rows", "capacities"),
+    "gather": ("miss_pos", "miss_slots", "miss_counts", "src", "dst", "block_table"),
+    "calibrate": ("values",),
+}
+
+
+def _named_tensors(op: str, args, kwargs=None):
+    pairs = list(zip(TENSOR_ARGS[op], args)) + list((kwargs or {}).items())
+    for name, value in pairs:
+        if isinstance(value, (list, tuple)):
+            for i, t in enumerate(value):
+                yield f"{name}[{i}]", t
+        elif value is not None:
+            yield name, value
+
+
+def check_meta_call(op: str, args, kwargs=None) -> None:
+    """The fake kernels serve two callers: FakeTensorMode (torch.compile tracing: every tensor a
+    FakeTensor, whatever device it stands for) and a call on real meta tensors. The dispatcher
+    also picks them when any ONE argument is on meta, which would run no kernel and leave the
+    other tensors' outputs uninitialised: refuse that, naming the odd argument out."""
+    from torch._subclasses.fake_tensor import is_fake
+    real = [(name, t) for name, t in _named_tensors(op, args, kwargs)
+            if isinstance(t, torch.Tensor) and not is_fake(t)]
+    on_meta = [(name, t) for name, t in real if t.device.type == "meta"]
+    others = [(name, t) for name, t in real if t.device.type != "meta"]
+    if not on_meta or not others:
+        return
+    why = "(a call with a meta tensor runs only the shape function): pass all on one device"
+    if len(on_meta) <= len(others):
+        (name, _), (like, t) = on_meta[0], others[0]
+        raise ValueError(f"avsg.{op}: {name}: expected a tensor on {t.device} like {like}, got "
+                         f"one on meta {why}")
+    (name, t), (like, _) = others[0], on_meta[0]
+    raise ValueError(f"avsg.{op}: {name}: expected a tensor on meta like {like}, got one on "
+                     f"{t.device} {why}")
+
+
+def _device_checked(op: str, fake):
+    def impl(*args, **kwargs):
+        check_meta_call(op, args, kwargs)
+        return fake(*args, **kwargs)
+    impl.__name__ = f"_{op}_fake"
+    return impl
+
+
+torch.library.register_fake("avsg::plan")(_device_checked("plan", _plan_fake))
+torch.library.register_fake("avsg::plan_dual_pointer")(_device_checked("plan_dual_pointer",
+                                                                       _plan_fake))
+torch.library.register_fake("avsg::invalidate")(_device_checked("invalidate", _none_fake))
+torch.library.register_fake("avsg::reset")(_device_checked("reset", _none_fake))
+torch.library.register_fake("avsg::resize")(_device_checked("resize", _resize_fake))
+torch.library.register_fake("avsg::gather")(_device_checked("gather", _gather_fake))
+torch.library.register_fake("avsg::calibrate")(_device_checked("calibrate", _calibrate_fake))
 
 
 # ---------------------------------------------------- reference CPU implementation (fallback)

@@ -17,10 +17,27 @@ Whatever the state holds, the ops stay inside it (reference.py, "Whatever the st
 state's header ties it to the geometry it was built with, and every index read from it is
 clamped. ``SparseKVBuffer.check_state`` validates the invariants on demand.
 
-Threads: one buffer must not be used from two threads at once (the ops release the GIL and update
-the state in place). ``plan``/``invalidate``/``reset``/``check_state`` take a per-buffer lock
-without waiting and raise ``RuntimeError`` if another thread holds it; distinct buffers are
-independent.
+Threads and stale plans. One buffer must not be used from two threads at once (the ops release
+the GIL and update the state in place). ``plan``/``invalidate``/``reset``/``resize``/
+``check_state``, and ``gather``/``apply_moves`` of a plan the buffer made, take a per-buffer lock
+without waiting and raise ``RuntimeError`` if another thread holds it (detected, not serialised);
+distinct buffers are independent. Calls that interleave without overlapping are caught by the
+buffer's *generation*, a Python int that ``plan``/``invalidate``/``reset``/``resize`` advance
+(no device access: no host sync on an NPU). A ``Plan`` records its buffer (``source``) and the
+generation it was made at, and ``gather``/``apply_moves`` raise ``ValueError`` naming ``plan``
+for a plan that a later call of that buffer superseded; the same current plan may be gathered
+any number of times, into any number of ``dst`` tensors.
+
+Guaranteed, in eager mode, for plans made by ``SparseKVBuffer.plan``/``resize`` and used through
+``gather``/``apply_moves``: a gather never applies a plan to a state that changed after the plan,
+whichever thread made either call. Not guaranteed:
+* raw ``torch.ops.avsg.*`` calls: they take tensors and know nothing of plans or generations;
+* a ``Plan`` built by hand, or with ``source=None`` (nothing to compare with);
+* ``torch.compile``: a plan made while tracing records no source, and compiled calls neither take
+  the lock nor advance the generation, so an eager plan made before a compiled call of the same
+  buffer is not refused;
+* the KV tensors: ``dst`` is not tied to the buffer, so gathering into another buffer's KV is not
+  detected; and the device order of the launches is the stream's (one stream: call order).
 """
 from __future__ import annotations
 
@@ -58,6 +75,9 @@ class Plan(NamedTuple):
     miss_slots   [R, T*K]   slot each one goes to, then -1
     miss_counts  [R]        number of valid entries in miss_pos
     capacity     int        slots per row of the buffer that made the plan
+    source       the SparseKVBuffer that made it (None: built by hand or under tracing, unguarded)
+    generation   the source's generation when it was made: ``gather`` refuses the plan once a
+                 later ``plan``/``invalidate``/``reset``/``resize`` of the source has run
     """
 
     slots: torch.Tensor
@@ -65,6 +85,8 @@ class Plan(NamedTuple):
     miss_slots: torch.Tensor
     miss_counts: torch.Tensor
     capacity: int
+    source: Optional["SparseKVBuffer"] = None
+    generation: int = 0
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -93,6 +115,71 @@ def _require_tensor(name: str, t, dtype: Optional[torch.dtype] = None, shape=Non
     _require_real(name, t)
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def _require_bool(name: str, value, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected {'None, ' if optional else ''}True or False, got "
+                        f"{value!r}")
+
+
+def _require_device(name: str, device) -> torch.device:
+    """A device the ops have kernels for (CPU, or the NPU backend) and that exists here."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name}: expected a device such as 'cpu' or 'npu:0', got "
+                        f"{type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{name}: expected a device such as 'cpu' or 'npu:0', got {device!r} "
+                         f"({str(e).splitlines()[0]})") from None
+    if dev.type == "meta":
+        raise ValueError(f"{name}: a buffer needs real memory, got the meta device")
+    npu = torch._C._get_privateuse1_backend_name()
+    if dev.type not in ("cpu", npu):
+        raise ValueError(f"{name}: expected 'cpu' or '{npu}' (the devices avsg has kernels for), "
+                         f"got {str(dev)!r}")
+    try:
+        torch.empty(0, device=dev)
+    except Exception as e:  # noqa: BLE001  (torch raises several kinds for an absent device)
+        raise ValueError(f"{name}: {str(dev)!r} is not available here "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") \
+            from None
+    return dev
+
+
+def available_bytes(device: torch.device) -> Optional[int]:
+    """Memory an allocation on ``device`` can still get (host: MemAvailable; NPU: the
+    runtime's free memory), or None when it cannot be told."""
+    try:
+        if device.type == "cpu":
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        backend = getattr(torch, device.type, None)
+        if backend is not None and hasattr(backend, "mem_get_info"):
+            return int(backend.mem_get_info(device)[0])
+    except (OSError, ValueError, RuntimeError):
+        pass
+    return None
+
+
+_FITS_WITHOUT_ASKING = 1 << 28     # smaller allocations are not worth a look at the free memory
+
+
+def _require_fits(name: str, nbytes: int, device: torch.device, what: str) -> None:
+    """Refuse an allocation that cannot succeed before trying it (the allocator's own error
+    names no argument, and on a host a huge one may start swapping first)."""
+    if nbytes < _FITS_WITHOUT_ASKING or _tracing():
+        return
+    free = available_bytes(device)
+    if free is not None and nbytes > free:
+        raise ValueError(f"{name}: {what} needs {nbytes / 2**30:.3g} GiB on {device}, more than "
+                         f"the {free / 2**30:.3g} GiB available")
 
 
 def _tracing() -> bool:
@@ -202,12 +289,15 @@ class SparseKVBuffer:
         self.rows, self.capacity, self.topk = rows, capacity, topk
         self.queries_per_step, self.lifetime = queries_per_step, lifetime
         self.hash_buckets = hash_buckets
-        self.device = torch.device(device)
-        self.check = (self.device.type == "cpu") if check is None else bool(check)
+        _require_bool("check", check, optional=True)
+        self.device = _require_device("device", device)
+        self.check = (self.device.type == "cpu") if check is None else check
         self.layout = reference.Layout(capacity, hash_buckets, self._state_context)
-        if self.device.type == "meta":
-            raise ValueError("device: a buffer needs real memory, got the meta device")
+        row_bytes = 4 * self.layout.width + 8 * len(reference.STAT_NAMES)
+        _require_fits("rows", rows * row_bytes, self.device,
+                      f"rows = {rows} x {row_bytes} B of state per row")
         self._busy = threading.Lock()
+        self._generation = 0       # bumped by every op that changes residency (Plan.generation)
         self.state = torch.empty(rows, self.layout.width, dtype=torch.int32, device=self.device)
         self.stats_counts = torch.zeros(rows, len(reference.STAT_NAMES), dtype=torch.int64,
                                         device=self.device)
@@ -228,6 +318,7 @@ class SparseKVBuffer:
         shape = (self.rows, self.queries_per_step, self.topk)
         _require_tensor("topk_pos", topk_pos, torch.int32, shape, self.device)
         _require_tensor("seq_lens", seq_lens, torch.int32, (self.rows,), self.device)
+        _require_bool("check", check, optional=True)
         if matcher not in ("hash", "dual_pointer"):
             raise ValueError(f"matcher: expected 'hash' or 'dual_pointer', got {matcher!r}")
         op = torch.ops.avsg.plan if matcher == "hash" else torch.ops.avsg.plan_dual_pointer
@@ -239,12 +330,12 @@ class SparseKVBuffer:
                     r = int((seq_lens > self._state_context).nonzero()[0, 0])
                     raise ValueError(f"seq_lens[{r}] = {int(seq_lens[r])}: expected <= "
                                      f"max_context = {self._state_context}")
-            slots, miss_pos, miss_slots, miss_counts = op(
-                topk_pos, seq_lens, self.state, self.stats_counts, self.capacity,
+            (slots, miss_pos, miss_slots, miss_counts), source, generation = self._apply(
+                op, topk_pos, seq_lens, self.state, self.stats_counts, self.capacity,
                 self.hash_buckets, self.lifetime, self._policy_id, self._state_context)
         finally:
             self._release(held)
-        return Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity)
+        return Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity, source, generation)
 
     def _hold(self, what: str) -> bool:
         """Take the buffer for one op. Another thread inside an op of this buffer is a bug in
@@ -261,14 +352,36 @@ class SparseKVBuffer:
         if held:
             self._busy.release()
 
+    def _apply(self, op, *args):
+        """Run an op that changes the state (with the lock held) and supersede every earlier
+        plan. An op refusing the call with a check (``ValueError``/``TypeError``, raised before
+        it writes) supersedes nothing: a rejected call changes nothing. Returns the op's
+        outputs and what a plan made now records, ``source`` and ``generation``."""
+        try:
+            out = op(*args)
+        except (ValueError, TypeError):
+            raise
+        except BaseException:
+            self._advance()          # it may have written part of the state
+            raise
+        return (out, *self._advance())
+
+    def _advance(self):
+        """Under tracing ``(None, 0)``: a compiled graph neither counts nor is guarded (reading
+        a Python counter would be a guard, hence a recompile per step)."""
+        if _tracing():
+            return None, 0
+        self._generation += 1
+        return self, self._generation
+
     def invalidate(self, valid_lens: torch.Tensor) -> None:
         """Drop every entry whose position is ``>= valid_lens[row]`` (int32 ``[R]``), e.g. the
         speculative positions of rejected MTP drafts."""
         _require_tensor("valid_lens", valid_lens, torch.int32, (self.rows,), self.device)
         held = self._hold("invalidate")
         try:
-            torch.ops.avsg.invalidate(self.state, valid_lens, self.capacity, self.hash_buckets,
-                                      self._state_context)
+            self._apply(torch.ops.avsg.invalidate, self.state, valid_lens, self.capacity,
+                        self.hash_buckets, self._state_context)
         finally:
             self._release(held)
 
@@ -280,14 +393,15 @@ class SparseKVBuffer:
         mask = self._row_mask(rows)
         held = self._hold("reset")
         try:
-            torch.ops.avsg.reset(self.state, mask, self.capacity, self.hash_buckets, self.lifetime,
-                                 self._policy_id, self._state_context)
+            self._apply(torch.ops.avsg.reset, self.state, mask, self.capacity, self.hash_buckets,
+                        self.lifetime, self._policy_id, self._state_context)
         finally:
             self._release(held)
 
     def resize(self, rows: torch.Tensor, capacities: torch.Tensor) -> Plan:
-        """Set the active capacity of row ``rows[i]`` to ``capacities[i]`` (both int64 ``[n]``,
-        on the buffer's device; each capacity in ``[topk * queries_per_step, capacity]``). A row
+        """Set the active capacity of row ``rows[i]`` to ``capacities[i]`` (both ``[n]``, int32
+        or int64, on the buffer's device; each capacity in ``[topk * queries_per_step,
+        capacity]``). A row
         only ever occupies slots ``[0, active)``, so the slots past it can serve other requests.
         Call it between steps (after a step's gather, before the next plan): nothing is pinned
         then.
@@ -301,18 +415,23 @@ class SparseKVBuffer:
         raises ``TypeError``/``ValueError`` naming the argument, with the state untouched; the
         value checks (rows in range and distinct, capacities in range) always run outside
         ``torch.compile`` tracing, a host sync on an NPU (resize is not on the per-step path)."""
-        _require_tensor("rows", rows, torch.int64, ndim=1, device=self.device)
-        _require_tensor("capacities", capacities, torch.int64, (rows.shape[0],), self.device)
+        _require_tensor("rows", rows, ndim=1, device=self.device)
+        _require_tensor("capacities", capacities, shape=(rows.shape[0],), device=self.device)
+        for name, t in (("rows", rows), ("capacities", capacities)):
+            if t.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"{name}: expected dtype torch.int32 or torch.int64, got {t.dtype}")
         if not _tracing():
             self._check_resize(rows, capacities)
         held = self._hold("resize")
         try:
-            src, dst, counts = torch.ops.avsg.resize(
-                self.state, rows, capacities, self.capacity, self.hash_buckets, self.lifetime,
+            (src, dst, counts), source, generation = self._apply(
+                torch.ops.avsg.resize, self.state, rows.to(torch.int64),
+                capacities.to(torch.int64), self.capacity, self.hash_buckets, self.lifetime,
                 self._policy_id, self._state_context, self.topk * self.queries_per_step)
         finally:
             self._release(held)
-        return Plan(dst.view(self.rows, 1, -1), src, dst, counts, self.capacity)
+        return Plan(dst.view(self.rows, 1, -1), src, dst, counts, self.capacity, source,
+                    generation)
 
     def _check_resize(self, rows: torch.Tensor, capacities: torch.Tensor) -> None:
         low, high = self.topk * self.queries_per_step, self.capacity
@@ -391,6 +510,7 @@ class SparseKVBuffer:
 
     def resident(self, row: int) -> Dict[int, int]:
         """``{pos: slot}`` for what ``row`` holds now (for inspection and tests; syncs)."""
+        _require_int("row", row, low=0, high=self.rows - 1)
         slot_pos = reference.view_state(self.state, self.layout).slot_pos[row].cpu()
         return {int(p): s for s, p in enumerate(slot_pos.tolist()) if p >= 0}
 
@@ -436,6 +556,7 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
                          f"{len(dsts)}")
     if partition not in reference.ALL_PARTITIONS:
         raise ValueError(f"partition: expected one of {reference.ALL_PARTITIONS}, got {partition!r}")
+    _require_bool("check", check, optional=True)
     cores = _num_cores if num_cores is None else num_cores
     _require_int("num_cores", cores, low=1)
     R = plan.miss_pos.shape[0]
@@ -479,8 +600,24 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     if partition == reference.SELECTION_PARTITION:
         miss_pos, miss_slots = reference.selection_layout(plan.slots, plan.miss_pos,
                                                           plan.miss_slots, plan.miss_counts)
-    return torch.ops.avsg.gather(miss_pos, miss_slots, plan.miss_counts, srcs, dsts,
-                                 block_table, block_size if paged else 0, partition, cores)
+    source = plan.source
+    guarded = source is not None and not _tracing()
+    if guarded and not isinstance(source, SparseKVBuffer):
+        raise TypeError(f"plan.source: expected the SparseKVBuffer that made the plan or None, "
+                        f"got {type(source).__name__}")
+    held = source._hold("gather") if guarded else False
+    try:
+        if guarded and plan.generation != source._generation:
+            raise ValueError(
+                f"plan: superseded; the buffer ran {source._generation - plan.generation} "
+                f"plan/invalidate/reset/resize call(s) since it made this plan (generation "
+                f"{plan.generation}, buffer at {source._generation}), so its slots no longer "
+                f"describe the buffer: gather a plan before the buffer's next call")
+        return torch.ops.avsg.gather(miss_pos, miss_slots, plan.miss_counts, srcs, dsts,
+                                     block_table, block_size if paged else 0, partition, cores)
+    finally:
+        if guarded:
+            source._release(held)
 
 
 def apply_moves(moves: Plan, buffers: TensorList, num_cores: Optional[int] = None) -> torch.Tensor:

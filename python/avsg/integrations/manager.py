@@ -42,7 +42,8 @@ One step
 3. ``retrieve(layer, topk_indices, meta, new_kv=...)``, per layer:
    * positions ``>= seq_len - q_len`` (this pass's own positions, rewritten now: rejected MTP
      drafts of the previous step among them) are invalidated first, as vllm-ascend's
-     ``stable_prefix_lens`` does, so a stale speculative copy is never a hit;
+     ``stable_prefix_lens`` does, so a stale speculative copy is never a hit (see "Stale
+     copies" below for the requests that bypass the buffer);
    * ``plan``: the ``[num_tokens, 1, K]`` top-k is scattered into ``[R, T, K]`` (all ``T`` query
      tokens of a request share its state row) and matched against the buffer;
    * ``gather`` copies the misses host -> buffer through the host block table;
@@ -50,6 +51,16 @@ One step
      from ``new_kv`` (already on the device) into its reserved slot instead of from the host;
    * the slots come back in TND layout ``[num_tokens, 1, K]``, valid entries first (order kept)
      and ``-1`` after, with the resident block table and the kv lengths.
+
+Stale copies. The manager never serves a position's old bytes after a pass rewrote it. A pass
+rewrites positions ``[seq_len - q_len, seq_len)`` of each of its requests. For a buffered request
+the layer's ``retrieve`` drops them before it plans (``auto_invalidate``; without it the engine
+calls ``invalidate`` itself). A request that bypasses the buffer (``q_len > T``) may still hold
+copies of some of them, e.g. rejected drafts of its previous pass: ``begin_step`` records its
+``seq_len - q_len`` for every layer, and each layer's next ``retrieve`` drops those positions in
+the same invalidate launch, before its plan, also when ``auto_invalidate`` is off and also when
+the engine skipped ``retrieve`` for the bypassing pass (the record accumulates until it is used).
+Only a plan can read a resident copy, so none is ever read stale.
 
 Ordering. Every step's host writes (step 2) must be visible to the host reads of a later gather:
 on an NPU both are on the compute stream, so stream order suffices; a copy engine on another
@@ -72,11 +83,15 @@ import torch
 
 from .. import buffer as avsg_buffer
 from .. import reference
-from ..buffer import Plan, SparseKVBuffer, _require_int, _require_tensor, _tracing
+from ..buffer import (Plan, SparseKVBuffer, _require_bool, _require_device, _require_fits,
+                      _require_int, _require_tensor, _tracing)
 from ..runtime.kvformat import KVFormat, get_format
 
 RESIDENT_BLOCK_SIZE = 128         # the page size sparse flash attention reads (PA_BSND)
 _NO_LIMIT = reference.MAX_POSITION    # an invalidate limit that drops nothing
+_MAX_WIDTH = 1 << 16                  # latent / RoPE widths: DeepSeek's are 512 and 64
+_MAX_TOKENS = (1 << 31) - 1           # query_start_loc is int32
+_TOKEN_BYTES = 64                     # what begin_step and retrieve allocate per token, about
 
 
 class StepMeta(NamedTuple):
@@ -129,7 +144,8 @@ class SparseOffloadManager:
             in the order of ``kv_format``; may be given later with ``register_host_kv``.
         write_through: copy a pass's own newly written positions into their reserved slots from
             the device instead of fetching them from the host (needs ``new_kv`` at ``retrieve``).
-        auto_invalidate: drop positions ``>= seq_len - q_len`` before each plan (see module doc).
+        auto_invalidate: drop positions ``>= seq_len - q_len`` before each plan (see module doc);
+            requests that bypass the buffer are always dropped ("Stale copies").
         check: value checks (default: on for CPU, off elsewhere, where they would sync).
         timers: optional ``timers(phase) -> context manager`` wrapped around the ``"plan"`` and
             ``"gather"`` phases of ``begin_step`` / ``retrieve`` (not while tracing).
@@ -148,19 +164,38 @@ class SparseOffloadManager:
         _require_int("num_layers", num_layers, low=1)
         _require_int("max_rows", max_rows, low=1)
         _require_int("resident_block_size", resident_block_size, low=1)
-        _require_int("capacity", capacity, low=1)
+        _require_int("capacity", capacity, low=1, high=reference.MAX_BUCKETS)
+        _require_int("topk", topk, low=1)
+        _require_int("queries_per_step", queries_per_step, low=1)
         if capacity % resident_block_size:
             raise ValueError(f"capacity: expected a multiple of resident_block_size = "
                              f"{resident_block_size} (a row owns whole pages), got {capacity}")
+        _require_int("latent_dim", latent_dim, low=1, high=_MAX_WIDTH)
+        _require_int("rope_dim", rope_dim, low=1, high=_MAX_WIDTH)
+        _require_bool("write_through", write_through)
+        _require_bool("auto_invalidate", auto_invalidate)
+        _require_bool("check", check, optional=True)
+        if timers is not None and not callable(timers):
+            raise TypeError(f"timers: expected None or a callable phase -> context manager, got "
+                            f"{type(timers).__name__}")
+        if not isinstance(kv_format, (str, KVFormat)):
+            raise TypeError(f"kv_format: expected a format name or a KVFormat, got "
+                            f"{type(kv_format).__name__}")
         self.kv_format = kv_format if isinstance(kv_format, KVFormat) else \
             get_format(kv_format, latent_dim, rope_dim)
-        self.device = torch.device(device)
+        self.device = _require_device("device", device)
+        kv_bytes = num_layers * (max_rows * capacity + 1) * sum(
+            c.width * torch.empty((), dtype=c.dtype).element_size()
+            for c in self.kv_format.components)
+        _require_fits("max_rows", kv_bytes, self.device,
+                      f"the device KV of num_layers = {num_layers} x max_rows = {max_rows} x "
+                      f"capacity = {capacity} rows of {self.kv_format.name}")
         self.num_layers, self.max_rows, self.capacity = num_layers, max_rows, capacity
         self.topk, self.queries_per_step = topk, queries_per_step
         self.resident_block_size = resident_block_size
         self.pages_per_row = capacity // resident_block_size
-        self.write_through, self.auto_invalidate = bool(write_through), bool(auto_invalidate)
-        self.check = (self.device.type == "cpu") if check is None else bool(check)
+        self.write_through, self.auto_invalidate = write_through, auto_invalidate
+        self.check = (self.device.type == "cpu") if check is None else check
         self._timers = timers
         self.buffers: List[SparseKVBuffer] = [
             SparseKVBuffer(rows=max_rows, capacity=capacity, topk=topk,
@@ -182,6 +217,10 @@ class SparseOffloadManager:
         self.resident_block_table = torch.empty(R, self.pages_per_row, dtype=torch.int32,
                                                 device=self.device)
         self._sync_tables()
+        # per layer and state row: the first position a bypassing pass rewrote since the layer's
+        # last retrieve (module docstring, "Stale copies"); _NO_LIMIT = nothing pending
+        self._rewritten_from = torch.full((num_layers, R), _NO_LIMIT, dtype=torch.int32,
+                                          device=self.device)
         self.h2d_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         self.write_through_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         self.host_kv: Optional[List[Tuple[torch.Tensor, ...]]] = None
@@ -241,6 +280,7 @@ class SparseOffloadManager:
 
     def resident_kv(self, layer: int) -> Tuple[torch.Tensor, ...]:
         """The layer's buffers as paged caches ``[R*S/bs, bs, 1, width]`` (PA_BSND)."""
+        self._layer(layer)
         bs = self.resident_block_size
         return tuple(kv.view(self.max_rows * self.pages_per_row, bs, 1, kv.shape[-1])
                      for kv in self.kv[layer])
@@ -270,6 +310,7 @@ class SparseOffloadManager:
         mask[self._state_row_host[row]] = True
         for buf in self.buffers:
             buf.reset(mask)
+        self._rewritten_from[:, self._state_row_host[row]] = _NO_LIMIT     # nothing left to drop
         self._occupied_host[row] = True
         self._sync_tables()
 
@@ -318,10 +359,17 @@ class SparseOffloadManager:
         """Drop positions ``>= valid_lens[b]`` (int32 ``[max_rows]``, batch order) of ``layers``
         (default: all), e.g. rejected drafts. Free rows should pass ``2**24`` (or anything)."""
         _require_tensor("valid_lens", valid_lens, torch.int32, (self.max_rows,), self.device)
+        if layers is None:
+            layers = range(self.num_layers)
+        elif not isinstance(layers, (list, tuple, range)):
+            raise TypeError(f"layers: expected None or a list of layer indices, got "
+                            f"{type(layers).__name__}")
+        for i, layer in enumerate(layers):       # every layer checked before any is touched
+            _require_int(f"layers[{i}]", layer, low=0, high=self.num_layers - 1)
         state_order = torch.empty_like(valid_lens)
         state_order.index_copy_(0, self.state_row_of_batch_row, valid_lens)
-        for layer in range(self.num_layers) if layers is None else layers:
-            self.buffers[self._layer(layer)].invalidate(state_order)
+        for layer in layers:
+            self.buffers[layer].invalidate(state_order)
 
     def _phase(self, name: str) -> ContextManager:
         if self._timers is None or _tracing():
@@ -344,7 +392,10 @@ class SparseOffloadManager:
         pool's), ``num_tokens`` the padded token count of the pass.
         """
         R, T, S = self.max_rows, self.queries_per_step, self.capacity
-        _require_int("num_tokens", num_tokens, low=0)
+        _require_int("num_tokens", num_tokens, low=0, high=_MAX_TOKENS)
+        _require_bool("check", check, optional=True)
+        _require_fits("num_tokens", num_tokens * (_TOKEN_BYTES + 4 * self.topk), self.device,
+                      f"a pass of num_tokens = {num_tokens}")
         _require_tensor("query_start_loc", query_start_loc, torch.int32, ndim=1, device=self.device)
         Q = query_start_loc.shape[0] - 1
         if not 1 <= Q <= R:
@@ -381,6 +432,11 @@ class SparseOffloadManager:
         seq_state = by_state_row(torch.where(buffered, seq, 0).to(torch.int32), 0)
         stable = by_state_row(torch.where(buffered, first_new, _NO_LIMIT).to(torch.int32),
                               _NO_LIMIT)
+        # a bypassing request rewrites its positions >= first_new with no plan of its own: every
+        # layer drops them before its next plan (retrieve), whatever the engine calls meanwhile
+        bypass = by_state_row(torch.where(q_len > T, first_new, _NO_LIMIT).to(torch.int32),
+                              _NO_LIMIT)
+        self._rewritten_from.copy_(torch.minimum(self._rewritten_from, bypass[None, :]))
         base = by_state_row(qsl[:-1] - first_new, 0)
         table = by_state_row(block_table, -1)
         kv_lens = torch.where(buffered, S, 0).to(torch.int32)
@@ -434,8 +490,10 @@ class SparseOffloadManager:
         ``[num_tokens, (1,) width]`` in the buffer dtype, for write-through."""
         self._layer(layer)
         R, T, K = self.max_rows, self.queries_per_step, self.topk
+        self._check_meta(meta)
         N = meta.num_tokens
         _require_tensor("topk_indices", topk_indices, torch.int32, (N, 1, K), self.device)
+        _require_bool("check", check, optional=True)
         host = self._host(layer)
         news = None
         if new_kv is not None and self.write_through:
@@ -455,8 +513,11 @@ class SparseOffloadManager:
             by_row.index_copy_(0, meta.plan_index, topk_indices.view(N, K))
             topk_pos = by_row[:R * T].view(R, T, K)
             buf = self.buffers[layer]
+            limit = self._rewritten_from[layer]
             if self.auto_invalidate:
-                buf.invalidate(meta.stable_lens)
+                limit = torch.minimum(limit, meta.stable_lens)
+            buf.invalidate(limit)               # one launch for both kinds of rewrite
+            self._rewritten_from[layer].fill_(_NO_LIMIT)
             plan = buf.plan(topk_pos, meta.seq_lens, check=False)
 
         with self._phase("gather"):
@@ -482,6 +543,25 @@ class SparseOffloadManager:
             slots=_valid_first(slots).view(N, 1, K),
             block_table=self.resident_block_table[:meta.num_reqs], kv_lens=meta.kv_lens,
             kv=self.resident_kv(layer), planned=meta.planned, plan=plan, host_copied=host_copied)
+
+    def _check_meta(self, meta) -> None:
+        """Structure only (no data read): everything ``retrieve`` does after its checks, the
+        invalidate and the plan included, must then run through."""
+        if not isinstance(meta, StepMeta):
+            raise TypeError(f"meta: expected the StepMeta of this pass's begin_step, got "
+                            f"{type(meta).__name__}")
+        _require_int("meta.num_tokens", meta.num_tokens, low=0, high=_MAX_TOKENS)
+        N, R = meta.num_tokens, self.max_rows
+        for field, dtype, shape in (
+                ("planned", torch.bool, (N,)), ("plan_index", torch.int64, (N,)),
+                ("token_seq_lens", torch.int32, (N,)), ("seq_lens", torch.int32, (R,)),
+                ("stable_lens", torch.int32, (R,)), ("token_base", torch.int64, (R,))):
+            _require_tensor(f"meta.{field}", getattr(meta, field), dtype, shape, self.device)
+        _require_tensor("meta.block_table", meta.block_table, torch.int32, ndim=2,
+                        device=self.device)
+        if meta.block_table.shape[0] != R:
+            raise ValueError(f"meta.block_table: expected {R} rows (max_rows), got "
+                             f"{tuple(meta.block_table.shape)}: a StepMeta of another manager?")
 
     def _token_rows(self, name: str, part: torch.Tensor, N: int, comp) -> torch.Tensor:
         _require_tensor(name, part, comp.dtype, device=self.device)
@@ -530,6 +610,7 @@ class SparseOffloadManager:
         ``-1`` = padding, skipped). Decode and prefill tokens alike."""
         self._layer(layer)
         host = self._host(layer)
+        _require_bool("check", check, optional=True)
         _require_tensor("slot_mapping", slot_mapping, ndim=1)
         if slot_mapping.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"slot_mapping: expected an int32 or int64 tensor, got "

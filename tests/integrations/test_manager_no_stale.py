@@ -1,0 +1,173 @@
+"""The manager never serves stale KV (issue 17, item 1).
+
+A pass rewrites its own positions ``[seq_len - q_len, seq_len)`` in the host pool; a copy of one
+of them still resident in a buffer from an earlier pass (a rejected MTP draft, typically) must
+not be a hit afterwards, whether the rewriting pass went through the buffer (``q_len <= T``) or
+bypassed it (``q_len > T``: a prefill chunk, or a verification longer than the buffer's T).
+
+Every test drives the manager like an engine (``begin_step``, then per layer ``write_kv`` with
+fresh random bytes and ``retrieve``) and checks, after every pass and for every planned token,
+that the rows attention reads through the returned slots equal the host pool's rows at the
+selected positions, bit for bit. The host pool is the truth: it holds the latest write of every
+position.
+"""
+from __future__ import annotations
+
+import random
+from typing import List, Optional, Sequence
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from avsg.integrations import SparseOffloadManager
+
+POLICIES = ("reuse", "lifetime", "lru")
+T, K, S, BS = 3, 4, 16, 8             # S >= T*K; the resident block size divides S
+HOST_BS, MAX_LEN, WIDTH = 8, 128, 4
+
+
+class Driver:
+    """``rows`` requests in fixed batch rows, each with its own host blocks; ``computed[r]``
+    positions of request ``r`` are final."""
+
+    def __init__(self, policy: str, write_through: bool, rows: int = 2, layers: int = 2,
+                 seed: int = 0):
+        self.R, self.L = rows, layers
+        self.mgr = SparseOffloadManager(
+            num_layers=layers, max_rows=rows, capacity=S, topk=K, queries_per_step=T,
+            kv_format="fp32", resident_block_size=BS, latent_dim=WIDTH, rope_dim=WIDTH,
+            write_through=write_through, policy=policy, max_context=MAX_LEN)
+        self.gen = torch.Generator().manual_seed(seed)
+        blocks_per_row = MAX_LEN // HOST_BS
+        num_blocks = rows * blocks_per_row + 3
+        order = torch.randperm(num_blocks, generator=self.gen)[:rows * blocks_per_row]
+        self.block_table = order.view(rows, blocks_per_row).to(torch.int32).contiguous()
+        self.host = [tuple(torch.zeros(num_blocks, HOST_BS, 1, c.width, dtype=c.dtype)
+                           for c in self.mgr.kv_format.components) for _ in range(layers)]
+        self.mgr.register_host_kv(self.host)
+        for r in range(rows):
+            self.mgr.add(r)
+        self.computed = [0] * rows
+        self.planned_reads = 0          # selections checked against the host pool
+
+    def host_rows(self, r: int, pos: Sequence[int]) -> torch.Tensor:
+        pos = torch.tensor(list(pos), dtype=torch.int64)
+        return self.block_table[r, pos // HOST_BS].long() * HOST_BS + pos % HOST_BS
+
+    def run_pass(self, q_lens: Sequence[int], selections, num_tokens: Optional[int] = None):
+        """One pass: request ``r`` writes ``q_lens[r]`` tokens at ``computed[r]...``;
+        ``selections(r, pos, layer)`` gives a token's top-k (distinct, ``< pos + 1``)."""
+        qsl = [0]
+        for q in q_lens:
+            qsl.append(qsl[-1] + q)
+        N = qsl[-1] if num_tokens is None else num_tokens
+        seq = [c + q for c, q in zip(self.computed, q_lens)]
+        token_pos = [-1] * N
+        token_row = [-1] * N
+        for r, q in enumerate(q_lens):
+            for j in range(q):
+                token_pos[qsl[r] + j] = self.computed[r] + j
+                token_row[qsl[r] + j] = r
+        slot_mapping = torch.full((N,), -1, dtype=torch.int64)
+        for t, (p, r) in enumerate(zip(token_pos, token_row)):
+            if p >= 0:
+                slot_mapping[t] = self.host_rows(r, [p])[0]
+        meta = self.mgr.begin_step(torch.tensor(qsl, dtype=torch.int32),
+                                   torch.tensor(seq, dtype=torch.int32), self.block_table, N)
+        for layer in range(self.L):
+            new = [torch.randn(N, 1, c.width, generator=self.gen).to(c.dtype)
+                   for c in self.mgr.kv_format.components]
+            self.mgr.write_kv(layer, slot_mapping, new)
+            topk = torch.full((N, 1, K), -1, dtype=torch.int32)
+            for t, (p, r) in enumerate(zip(token_pos, token_row)):
+                if p >= 0:
+                    picked = list(selections(r, p, layer))
+                    topk[t, 0, :len(picked)] = torch.tensor(picked, dtype=torch.int32)
+            out = self.mgr.retrieve(layer, topk, meta, new_kv=new)
+            self.verify(layer, topk, out, token_pos, token_row, q_lens)
+        return seq
+
+    def verify(self, layer, topk, out, token_pos, token_row, q_lens) -> None:
+        for t, (p, r) in enumerate(zip(token_pos, token_row)):
+            slots = out.slots[t, 0]
+            if p < 0 or q_lens[r] > T:
+                assert not bool(out.planned[t]) and bool((slots == -1).all())
+                continue
+            want_pos = [int(x) for x in topk[t, 0] if x >= 0]
+            n = len(want_pos)
+            got = slots[:n]
+            assert bool((got >= 0).all()) and bool((slots[n:] == -1).all())
+            pages = out.block_table[r, (got // BS).long()].long()
+            rows = self.host_rows(r, want_pos)
+            for c, pool in enumerate(self.host[layer]):
+                read = out.kv[c][pages, (got % BS).long(), 0]
+                want = pool.view(-1, pool.shape[-1])[rows]
+                stale = [want_pos[i] for i in range(n) if not torch.equal(read[i], want[i])]
+                assert not stale, (f"layer {layer} row {r} token at pos {p}: positions {stale} "
+                                   f"read bytes that are not the host pool's (stale KV)")
+            self.planned_reads += n
+
+
+@pytest.mark.parametrize("write_through", [False, True], ids=["host-gather", "write-through"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_long_pass_after_rejected_drafts_is_not_stale(policy, write_through):
+    """The review's reproducer: MTP with T = 3. Pass 1 at length 40 selects its drafts 41 and
+    42, which are then rejected; pass 2 writes 4 tokens at 41..44 (more than T: it bypasses the
+    buffer); pass 3 selects 41 and 42 and must read pass 2's bytes."""
+    d = Driver(policy, write_through, rows=1)
+    d.run_pass([40], lambda r, p, layer: [])              # prefill 0..39 (bypasses)
+    d.computed = [40]
+    d.run_pass([3], lambda r, p, layer: [q for q in (41, 42, 7, 3) if q <= p][:K])
+    d.computed = [41]                                    # drafts 41 and 42 rejected
+    assert {41, 42} <= set(d.mgr.buffers[0].resident(0))  # their old copies are resident
+    d.run_pass([4], lambda r, p, layer: [])              # 41..44: q_len 4 > T, bypass
+    d.computed = [45]
+    d.run_pass([1], lambda r, p, layer: [41, 42, 7, 3])  # pass 3 at position 45
+    assert d.planned_reads == 2 * (2 + 3 + 4) + 2 * 4
+
+
+def _selector(rng: random.Random, driver: Driver, first_new: List[int]):
+    """Causal top-k biased toward the positions most recently rewritten (this pass's and the
+    ones just before it: where a stale copy would show)."""
+    def select(r: int, pos: int, layer: int) -> List[int]:
+        visible = pos + 1
+        recent = list(range(max(0, first_new[r] - 4), visible))
+        rng.shuffle(recent)
+        cands = recent[:3] + [rng.randrange(visible) for _ in range(K)]
+        want = rng.randint(1, K)
+        picked: List[int] = []
+        for q in cands:
+            if q not in picked and len(picked) < want:
+                picked.append(q)
+        return picked
+    return select
+
+
+PASS = st.tuples(
+    st.lists(st.integers(0, T + 3), min_size=2, max_size=2),    # q_len per row (> T: bypass)
+    st.lists(st.integers(0, 6), min_size=2, max_size=2),        # tokens accepted, clamped
+    st.integers(0, 2 ** 16))                                     # selection seed
+
+
+@pytest.mark.parametrize("write_through", [False, True], ids=["host-gather", "write-through"])
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(passes=st.lists(PASS, min_size=2, max_size=10))
+def test_random_pass_lengths_never_read_stale_kv(policy, write_through, passes):
+    """Random passes per row: decode/MTP (1..T tokens) and longer ones that bypass the buffer,
+    each followed by a random acceptance (rejected drafts are rewritten by the next pass,
+    whatever its length). Every selection of every pass reads the host pool's bytes."""
+    d = Driver(policy, write_through)
+    d.run_pass([12, 20], lambda r, p, layer: [])            # prefill
+    d.computed = [12, 20]
+    for q_lens, accepted, seed in passes + [([1, 1], [1, 1], 0)]:    # a decode pass to end
+        q_lens = [min(q, MAX_LEN - c) for q, c in zip(q_lens, d.computed)]
+        first_new = list(d.computed)
+        d.run_pass(q_lens, _selector(random.Random(seed), d, first_new),
+                   num_tokens=2 * (T + 3))                   # padded to a fixed count
+        for r, q in enumerate(q_lens):
+            if q:
+                d.computed[r] += max(1, min(accepted[r], q))
+    assert d.planned_reads > 0
