@@ -91,8 +91,10 @@ inline Args validate(const at::Tensor& miss_pos, const at::Tensor& miss_slots, c
     TORCH_CHECK_VALUE(src.size() == dst.size(), "avsg.gather: src/dst: expected the same number of tensors, got ",
                       src.size(), " and ", dst.size());
     const at::Device dev = miss_pos.device();
-    TORCH_CHECK_VALUE(miss_slots.device() == dev && miss_counts.device() == dev, "avsg.gather: miss_pos, "
-                      "miss_slots and miss_counts must be on one device");
+    TORCH_CHECK_VALUE(miss_slots.device() == dev, "avsg.gather: miss_slots: expected a tensor on ", dev,
+                      " (that of miss_pos), got one on ", miss_slots.device());
+    TORCH_CHECK_VALUE(miss_counts.device() == dev, "avsg.gather: miss_counts: expected a tensor on ", dev,
+                      " (that of miss_pos), got one on ", miss_counts.device());
     for (size_t i = 0; i < dst.size(); ++i) {
         const at::Tensor& d = dst[i];
         const at::Tensor& s = src[i];
@@ -123,7 +125,8 @@ inline Args validate(const at::Tensor& miss_pos, const at::Tensor& miss_slots, c
         check_index_tensor(bt, "block_table", 2);
         TORCH_CHECK_VALUE(bt.size(0) == a.R, "avsg.gather: block_table: expected ", a.R,
                           " rows (one per request), got ", bt.sizes());
-        TORCH_CHECK_VALUE(bt.device() == dev, "avsg.gather: block_table: expected a tensor on ", dev);
+        TORCH_CHECK_VALUE(bt.device() == dev, "avsg.gather: block_table: expected a tensor on ", dev,
+                          " (that of miss_pos), got one on ", bt.device());
         TORCH_CHECK_VALUE(block_size >= 1, "avsg.gather: block_size: expected >= 1 with a block_table, got ",
                           block_size);
         TORCH_CHECK_VALUE(src[0].size(1) == block_size, "avsg.gather: src[0]: a paged pool is [num_blocks, "

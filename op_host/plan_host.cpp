@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "plan_tiling.h"
@@ -406,8 +407,11 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     CheckTensor(seq_lens, "seq_lens", at::kInt, {R});
     CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets, max_context)});
     CheckTensor(stats, "stats", at::kLong, {R, 4});
-    for (const at::Tensor* t : {&topk_pos, &seq_lens, &state, &stats})
-        TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": all tensors must be on one device");
+    const std::pair<const char*, const at::Tensor*> same_device[] = {
+        {"seq_lens", &seq_lens}, {"state", &state}, {"stats", &stats}};
+    for (const auto& [name, t] : same_device)
+        TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": ", name, ": expected a tensor on ",
+                          topk_pos.device(), " (that of topk_pos), got one on ", t->device());
     CheckHeader(state, capacity, buckets, max_context, lifetime, policy, T * K);
 
     PlanTiling tiling = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(T * K),
@@ -479,8 +483,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Resize(at::Tensor& state, const a
     TORCH_CHECK_VALUE(rows.dim() == 1, "rows: expected a 1-D tensor, got shape ", rows.sizes());
     CheckTensor(rows, "rows", at::kLong, {rows.size(0)});
     CheckTensor(capacities, "capacities", at::kLong, {rows.size(0)});
-    for (const at::Tensor* t : {&rows, &capacities})
-        TORCH_CHECK_VALUE(t->device() == state.device(), "avsg.resize: all tensors must be on one device");
+    const std::pair<const char*, const at::Tensor*> same_device[] = {{"rows", &rows}, {"capacities", &capacities}};
+    for (const auto& [name, t] : same_device)
+        TORCH_CHECK_VALUE(t->device() == state.device(), "avsg.resize: ", name, ": expected a tensor on ",
+                          state.device(), " (the state's device), got one on ", t->device());
     if (state.device().is_cpu()) {
         // always checked on CPU: an index outside [0, R) would make the scatter below fault
         const int64_t* row = rows.data_ptr<int64_t>();
