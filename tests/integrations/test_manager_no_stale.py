@@ -33,12 +33,13 @@ class Driver:
     positions of request ``r`` are final."""
 
     def __init__(self, policy: str, write_through: bool, rows: int = 2, layers: int = 2,
-                 seed: int = 0):
+                 seed: int = 0, auto_invalidate: bool = True):
         self.R, self.L = rows, layers
         self.mgr = SparseOffloadManager(
             num_layers=layers, max_rows=rows, capacity=S, topk=K, queries_per_step=T,
             kv_format="fp32", resident_block_size=BS, latent_dim=WIDTH, rope_dim=WIDTH,
-            write_through=write_through, policy=policy, max_context=MAX_LEN)
+            write_through=write_through, policy=policy, max_context=MAX_LEN,
+            auto_invalidate=auto_invalidate)
         self.gen = torch.Generator().manual_seed(seed)
         blocks_per_row = MAX_LEN // HOST_BS
         num_blocks = rows * blocks_per_row + 3
@@ -56,9 +57,11 @@ class Driver:
         pos = torch.tensor(list(pos), dtype=torch.int64)
         return self.block_table[r, pos // HOST_BS].long() * HOST_BS + pos % HOST_BS
 
-    def run_pass(self, q_lens: Sequence[int], selections, num_tokens: Optional[int] = None):
+    def run_pass(self, q_lens: Sequence[int], selections, num_tokens: Optional[int] = None,
+                 retrieve: bool = True):
         """One pass: request ``r`` writes ``q_lens[r]`` tokens at ``computed[r]...``;
-        ``selections(r, pos, layer)`` gives a token's top-k (distinct, ``< pos + 1``)."""
+        ``selections(r, pos, layer)`` gives a token's top-k (distinct, ``< pos + 1``).
+        ``retrieve=False``: the engine only writes KV (a pass it runs on its prefill path)."""
         qsl = [0]
         for q in q_lens:
             qsl.append(qsl[-1] + q)
@@ -80,6 +83,8 @@ class Driver:
             new = [torch.randn(N, 1, c.width, generator=self.gen).to(c.dtype)
                    for c in self.mgr.kv_format.components]
             self.mgr.write_kv(layer, slot_mapping, new)
+            if not retrieve:
+                continue
             topk = torch.full((N, 1, K), -1, dtype=torch.int32)
             for t, (p, r) in enumerate(zip(token_pos, token_row)):
                 if p >= 0:
@@ -110,25 +115,30 @@ class Driver:
             self.planned_reads += n
 
 
+@pytest.mark.parametrize("engine", ["retrieve-every-pass", "no-retrieve-on-bypass",
+                                    "no-auto-invalidate"])
 @pytest.mark.parametrize("write_through", [False, True], ids=["host-gather", "write-through"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_long_pass_after_rejected_drafts_is_not_stale(policy, write_through):
+def test_long_pass_after_rejected_drafts_is_not_stale(policy, write_through, engine):
     """The review's reproducer: MTP with T = 3. Pass 1 at length 40 selects its drafts 41 and
     42, which are then rejected; pass 2 writes 4 tokens at 41..44 (more than T: it bypasses the
-    buffer); pass 3 selects 41 and 42 and must read pass 2's bytes."""
-    d = Driver(policy, write_through, rows=1)
+    buffer); pass 3 selects 41 and 42 and must read pass 2's bytes. Also when the engine calls
+    no retrieve for the bypassing pass, and with auto_invalidate off (the engine drops its
+    rejected drafts itself, but not what a bypassing pass rewrites: that is the manager's)."""
+    d = Driver(policy, write_through, rows=1, auto_invalidate=engine != "no-auto-invalidate")
+    bypass_retrieves = engine != "no-retrieve-on-bypass"
     d.run_pass([40], lambda r, p, layer: [])              # prefill 0..39 (bypasses)
     d.computed = [40]
     d.run_pass([3], lambda r, p, layer: [q for q in (41, 42, 7, 3) if q <= p][:K])
     d.computed = [41]                                    # drafts 41 and 42 rejected
     assert {41, 42} <= set(d.mgr.buffers[0].resident(0))  # their old copies are resident
-    d.run_pass([4], lambda r, p, layer: [])              # 41..44: q_len 4 > T, bypass
+    d.run_pass([4], lambda r, p, layer: [], retrieve=bypass_retrieves)   # 41..44: q_len 4 > T
     d.computed = [45]
     d.run_pass([1], lambda r, p, layer: [41, 42, 7, 3])  # pass 3 at position 45
     assert d.planned_reads == 2 * (2 + 3 + 4) + 2 * 4
 
 
-def _selector(rng: random.Random, driver: Driver, first_new: List[int]):
+def _selector(rng: random.Random, first_new: List[int]):
     """Causal top-k biased toward the positions most recently rewritten (this pass's and the
     ones just before it: where a stale copy would show)."""
     def select(r: int, pos: int, layer: int) -> List[int]:
@@ -158,15 +168,19 @@ PASS = st.tuples(
 def test_random_pass_lengths_never_read_stale_kv(policy, write_through, passes):
     """Random passes per row: decode/MTP (1..T tokens) and longer ones that bypass the buffer,
     each followed by a random acceptance (rejected drafts are rewritten by the next pass,
-    whatever its length). Every selection of every pass reads the host pool's bytes."""
+    whatever its length), some passes that plan nothing without a retrieve. Every selection of
+    every pass reads the host pool's bytes."""
     d = Driver(policy, write_through)
     d.run_pass([12, 20], lambda r, p, layer: [])            # prefill
     d.computed = [12, 20]
     for q_lens, accepted, seed in passes + [([1, 1], [1, 1], 0)]:    # a decode pass to end
         q_lens = [min(q, MAX_LEN - c) for q, c in zip(q_lens, d.computed)]
         first_new = list(d.computed)
-        d.run_pass(q_lens, _selector(random.Random(seed), d, first_new),
-                   num_tokens=2 * (T + 3))                   # padded to a fixed count
+        # a pass with nothing to plan may run without retrieve (the engine's prefill path)
+        nothing_planned = all(q == 0 or q > T for q in q_lens)
+        d.run_pass(q_lens, _selector(random.Random(seed), first_new),
+                   num_tokens=2 * (T + 3),                   # padded to a fixed count
+                   retrieve=not (nothing_planned and seed % 2))
         for r, q in enumerate(q_lens):
             if q:
                 d.computed[r] += max(1, min(accepted[r], q))
