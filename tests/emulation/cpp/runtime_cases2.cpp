@@ -772,3 +772,30 @@ CASE_UNSYNCED(sort_network_fuzz_ok) {
         }
     });
 }
+
+// GM granule ownership (avsg_emu::set_granule_checks): within one launch no 32 B GM granule may
+// be written by DMA from two blocks. Each block writes 16 B (ragged, DataCopyPad) at `pitch`
+// bytes from the previous block's output.
+static void write_16B_per_block(uint32_t pitch, bool check) {
+    struct Restore {
+        bool was = avsg_emu::granule_checks();
+        ~Restore() { avsg_emu::set_granule_checks(was); }
+    } restore;
+    avsg_emu::set_granule_checks(check);
+    alignas(64) static int32_t out[64];
+    avsg_emu::launch(2, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 32);
+        GlobalTensor<int32_t> g;
+        g.SetGlobalBuffer(out + GetBlockIdx() * (pitch / 4), 4);
+        LocalTensor<int32_t> u = b.Get<int32_t>();
+        Duplicate(u, static_cast<int32_t>(GetBlockIdx()), 8);
+        PipeBarrier<PIPE_ALL>();
+        DataCopyPad(g, u, DataCopyExtParams(1, 16, 0, 0, 0));
+        DataCopyPad(g, u, DataCopyExtParams(1, 16, 0, 0, 0));   // a block may rewrite its own granule
+    });
+}
+CASE_UNSYNCED(granule_padded_pitch_ok) { write_16B_per_block(32, true); }
+CASE_UNSYNCED(granule_shared_unchecked_ok) { write_16B_per_block(16, false); }
+CASE_UNSYNCED(bad_granule_shared_by_two_blocks) { write_16B_per_block(16, true); }
