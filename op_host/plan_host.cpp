@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -220,6 +221,14 @@ uint32_t BlockDimFor(int64_t rows) {
 // soft SyncAll and the owner's fold from two chunks on. Workspace: the parts' regions in each
 // slice, and 8 int32 of sync counters per core after the slices (zeroed per launch).
 void ApplySplit(PlanTiling& t, int64_t rows) {
+#ifdef AVSG_WITH_NPU
+    // On the NPU the split waits across cores in a soft SyncAll, which has no timeout; and
+    // ACLRT_LAUNCH_KERNEL sets no batch schedule mode, so a kernel that syncs across cores can
+    // deadlock when other streams hold some of its cores. It stays off until `avsg doctor` has
+    // run it on this device (in a child process it can kill) and AVSG_NPU_SPLIT=1 turns it on.
+    const char* enabled = std::getenv("AVSG_NPU_SPLIT");
+    if (enabled == nullptr || std::string(enabled) != "1") return;
+#endif
     const int64_t split = std::min<int64_t>(CoreCount() / rows, t.numChunks);
     // the owner folds a part's hit bitmap through the all-probe vector wIdx_
     if (split < 2 || t.capPad / 8 > kPlanProbes * t.nc * 4) return;

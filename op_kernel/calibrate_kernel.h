@@ -70,7 +70,7 @@ public:
         const uint32_t sortBytes = avsg::kPlanSortVectors * nc * 4;
         pipe->InitBuffer(sortBuf_, sortBytes + avsg::kPlanSortAlignSlack);
         const uint32_t pad = static_cast<uint32_t>(
-            (avsg::kPlanSortAlign - sortBuf_.Get<uint8_t>().GetPhyAddr() % avsg::kPlanSortAlign) %
+            (avsg::kPlanSortAlign - avsg::UbAddr(sortBuf_.Get<uint8_t>()) % avsg::kPlanSortAlign) %
             avsg::kPlanSortAlign);
         LocalTensor<float> sb = sortBuf_.GetWithOffset<float>(avsg::kPlanSortVectors * nc, pad);
         sConcat_ = sb[0];
@@ -168,8 +168,8 @@ private:
         Cast(sConcat_, vecA_, RoundMode::CAST_RINT, nc);
         CreateVecIndex(sIdx_.template ReinterpretCast<int32_t>(), 0, nc);
         PipeBarrier<PIPE_V>();
-        ascendc_assert(sConcat_.GetPhyAddr() % 128 == 0 && sIdx_.GetPhyAddr() % 128 == 0 &&
-                       sDst_.GetPhyAddr() % 256 == 0);
+        ascendc_assert(avsg::UbAddr(sConcat_) % 128 == 0 && avsg::UbAddr(sIdx_) % 128 == 0 &&
+                       avsg::UbAddr(sDst_) % 256 == 0);
         for (uint64_t i = 0; i < t_.iters; ++i) {
             Sort<float, true>(sDst_, sConcat_, sIdx_, sTmp_, static_cast<int32_t>(nc / 32));
             PipeBarrier<PIPE_V>();

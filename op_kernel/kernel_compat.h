@@ -8,3 +8,21 @@
 #ifndef ascendc_assert
 #define ascendc_assert(...) ((void)0)
 #endif
+
+namespace avsg {
+// The UB byte address of a LocalTensor, as an integer, for alignment arithmetic (Sort32 wants
+// 256 B / 128 B boundaries that TPipe does not promise). GetPhyAddr() is that integer on the device
+// (uint64_t) and in the CPU emulation; in CANN's CPU-debug build (RUN_MODE=cpu,
+// ASCENDC_CPU_DEBUG) it is a host pointer into the modelled UB, so the address is taken relative
+// to that UB's base, which is what the device alignment refers to.
+template <typename T>
+__aicore__ inline uint64_t UbAddr(const AscendC::LocalTensor<T>& t)
+{
+#if defined(ASCENDC_CPU_DEBUG) && ASCENDC_CPU_DEBUG == 1
+    return static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(t.GetPhyAddr()) -
+                                 AscendC::GetBaseAddrCpu(static_cast<int8_t>(t.GetPosition())));
+#else
+    return static_cast<uint64_t>(t.GetPhyAddr());
+#endif
+}
+}  // namespace avsg

@@ -140,7 +140,7 @@ public:
         const uint32_t sortBytes = avsg::kPlanSortVectors * nc * 4, wideBytes = wide * 4;
         pipe->InitBuffer(alignedBuf_, sortBytes + avsg::kPlanWideVectors * wideBytes + avsg::kPlanSortAlignSlack);
         const uint32_t alignPad = static_cast<uint32_t>(
-            (avsg::kPlanSortAlign - alignedBuf_.Get<uint8_t>().GetPhyAddr() % avsg::kPlanSortAlign) %
+            (avsg::kPlanSortAlign - avsg::UbAddr(alignedBuf_.Get<uint8_t>()) % avsg::kPlanSortAlign) %
             avsg::kPlanSortAlign);
         for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], nc * 4);
         for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], avsg::RoundUp(wide / 8, 32));
@@ -186,7 +186,7 @@ public:
         CreateVecIndex(vLane_, 0, nc);            // lane ids, read by Classify's compaction
         Duplicate(vHMask_, static_cast<int32_t>(t_.buckets - 1), nc);   // x mod H (AndMask)
         PipeBarrier<PIPE_V>();
-        ascendc_assert(sb.GetPhyAddr() % avsg::kPlanSortAlign == 0);
+        ascendc_assert(avsg::UbAddr(sb) % avsg::kPlanSortAlign == 0);
         sConcat_ = sb[0];
         sIdx_ = sb[nc].template ReinterpretCast<uint32_t>();
         sDst_ = sb[2 * nc];
@@ -538,8 +538,8 @@ private:
         PipeBarrier<PIPE_V>();
         LocalTensor<uint32_t> idx = payload == nullptr ? sIdx_ : *payload;
         // Sort32 on A2: scores and index 128 B aligned, pairs 256 B aligned (Init cuts them so).
-        ascendc_assert(sConcat_.GetPhyAddr() % 128 == 0 && idx.GetPhyAddr() % 128 == 0 &&
-                       sDst_.GetPhyAddr() % 256 == 0);
+        ascendc_assert(avsg::UbAddr(sConcat_) % 128 == 0 && avsg::UbAddr(idx) % 128 == 0 &&
+                       avsg::UbAddr(sDst_) % 256 == 0);
         Sort<float, true>(sDst_, sConcat_, idx, sTmp_, static_cast<int32_t>(n32 / 32));
         PipeBarrier<PIPE_V>();
         Extract(sOutV_, sOutI_, sDst_, static_cast<int32_t>(n32 / 32));

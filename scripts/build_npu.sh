@@ -71,7 +71,9 @@ else
     export ASCEND_HOME_PATH
 fi
 found_cmake=""
-for d in compiler/tikcpp/ascendc_kernel_cmake tools/tikcpp/ascendc_kernel_cmake ascendc_devkit/tikcpp/samples/cmake; do
+# The same candidates as avsg_find_ascendc_cmake (op_host/npu/avsg_build.cmake).
+for d in compiler/tikcpp/ascendc_kernel_cmake tools/tikcpp/ascendc_kernel_cmake ascendc_devkit/tikcpp/samples/cmake \
+         "$(uname -m)-linux/tikcpp/ascendc_kernel_cmake" $(cd "$ASCEND_HOME_PATH" && ls -d ./*-linux/tikcpp/ascendc_kernel_cmake 2>/dev/null | sort); do
     if [ -f "$ASCEND_HOME_PATH/$d/ascendc.cmake" ]; then found_cmake="$ASCEND_HOME_PATH/$d"; break; fi
 done
 [ -n "$found_cmake" ] || die "ascendc.cmake not found under $ASCEND_HOME_PATH (CANN toolkit incomplete?)"

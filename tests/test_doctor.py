@@ -28,7 +28,8 @@ def test_doctor_here_says_what_is_missing_and_exits_0(tmp_path):
     lines = res.stdout.strip().splitlines()
     assert lines[-1].startswith("verdict: CPU backend OK; NPU backend not available here")
     text = res.stdout
-    for name in ("torch_npu", "CANN", "driver", "backend npu", "host registration", "self-test npu"):
+    for name in ("torch_npu", "CANN", "driver", "backend npu", "host registration", "split lookup",
+                 "self-test npu"):
         assert any(name in line and "[--  ]" in line for line in lines), (name, text)
     assert any("self-test cpu" in line and "[ok  ]" in line and "exact" in line for line in lines), text
     data = json.loads(report.read_text())
@@ -70,3 +71,19 @@ def test_build_script_without_cann_fails_clearly(tmp_path):
     if os.path.isdir("/usr/local/Ascend"):
         pytest.skip("this machine has an Ascend install")
     assert res.returncode == 1 and "CANN not found" in res.stderr
+
+
+def test_split_probe_reports_a_hang_and_a_failure_in_one_line_and_keeps_the_split_off(monkeypatch):
+    """The split lookup's cross-core wait has no timeout: the doctor tries it in a child process
+    with AVSG_NPU_SPLIT=1 and kills it after the limit. Here the child cannot load the NPU
+    backend (its one line says so); a hang is simulated."""
+    check = doctor.split_lookup_probe(120)
+    assert check.status == "fail" and check.detail.startswith("stays off: the NPU backend is not loaded")
+    assert "\n" not in check.detail
+
+    def hang(*args, **kwargs):
+        assert kwargs["env"]["AVSG_NPU_SPLIT"] == "1"
+        raise subprocess.TimeoutExpired(args[0], kwargs["timeout"])
+    monkeypatch.setattr(subprocess, "run", hang)
+    check = doctor.split_lookup_probe(7)
+    assert check.status == "fail" and "did not finish in 7 s" in check.detail and "stays off" in check.detail

@@ -19,6 +19,14 @@
 #include "torch_npu/csrc/core/npu/NPUFunctions.h"  // c10_npu::GetDevice
 #include "npu/launch_util.h"
 
+#ifndef AVSG_NPU_SOC_VERSION
+#define AVSG_NPU_SOC_VERSION "unknown"   // op_host/npu/CMakeLists.txt sets it to SOC_VERSION
+#endif
+// The SoC the kernels were built for. avsg.backend reads this tag from the file, without loading
+// it, and refuses a library built for another SoC than the device's.
+extern "C" __attribute__((used, visibility("default"))) const char avsg_npu_soc_tag[] =
+    "AVSG_NPU_SOC_VERSION=" AVSG_NPU_SOC_VERSION;
+
 namespace avsg {
 namespace npu {
 

@@ -440,7 +440,24 @@ struct LaunchState {
     // blocks not yet run on their own threads (so the barrier can complete) and sets `threaded`.
     std::function<void()> start_remaining_blocks;
     bool threaded = false;
+    // GM granule ownership (strict build, granule_checks() on): the block that first wrote each
+    // 32 B GM granule by DMA in this launch. Whether two cores' partial writes of one granule
+    // are safe is undocumented, so a second writer is an error.
+    std::mutex granule_mu;
+    std::unordered_map<uintptr_t, uint32_t> granule_owner;
 };
+
+// Off by default: the kernels' output pitches are not padded yet. AVSG_EMU_GRANULE_CHECK=1 in the
+// environment (read once) or set_granule_checks(true) turns the check on for later launches.
+inline std::atomic<bool>& granule_checks_ref() {
+    static std::atomic<bool> on{[] {
+        const char* e = std::getenv("AVSG_EMU_GRANULE_CHECK");
+        return e != nullptr && e[0] == '1';
+    }()};
+    return on;
+}
+inline void set_granule_checks(bool on) { granule_checks_ref() = on; }
+inline bool granule_checks() { return granule_checks_ref().load(); }
 
 // Global mutex for emulated DMA atomics (SetAtomicAdd) across blocks.
 inline std::mutex& atomic_mutex() {

@@ -92,8 +92,22 @@ inline void count_ubcopy(const char* api, uint64_t bytes) {
 // UB->GM write honouring SetAtomicAdd.
 inline void gm_write(uint8_t* dst, const uint8_t* src, size_t n) {
     auto& c = avsg_emu::ctx("DataCopy");
-    if (c.atomic_add) c.atomic_add(dst, src, n);
-    else std::memcpy(dst, src, n);
+    if (c.atomic_add) {
+        c.atomic_add(dst, src, n);   // DMA atomics exist to let cores accumulate into one place
+        return;
+    }
+    if (avsg_emu::kStrict && n && c.launch && c.num > 1 && avsg_emu::granule_checks()) {
+        std::lock_guard<std::mutex> lk(c.launch->granule_mu);
+        const uintptr_t first = reinterpret_cast<uintptr_t>(dst) / 32, last = (reinterpret_cast<uintptr_t>(dst) + n - 1) / 32;
+        for (uintptr_t g = first; g <= last; ++g) {
+            auto it = c.launch->granule_owner.emplace(g, c.idx).first;
+            if (it->second != c.idx)
+                fail("DataCopy(UB->GM): the 32 B GM granule at " + std::to_string(g * 32) + " is written by block " +
+                     std::to_string(it->second) + " and block " + std::to_string(c.idx) +
+                     " in one launch (pad the output pitch so that no granule has two writers)");
+        }
+    }
+    std::memcpy(dst, src, n);
 }
 inline bool atomic_on() { return avsg_emu::ctx("DataCopy").atomic_add != nullptr; }
 inline void check_params(const char* api, uint32_t blockCount) {

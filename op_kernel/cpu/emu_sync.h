@@ -125,7 +125,8 @@ __aicore__ inline void SyncAll() {
 
 // Soft form (card §6): gmWs >= numBlocks*32 B, zeroed before the first call of a launch;
 // ubWs >= numBlocks*32 B. Emulated with the same barrier; the per-block counter in gmWs is
-// checked and advanced as the real implementation does, so a non-zeroed workspace is caught.
+// checked and advanced as the real implementation does, so a non-zeroed workspace is caught;
+// ubWs is poisoned after the call (strict build).
 template <bool isAIVOnly = true>
 __aicore__ inline void SyncAll(const GlobalTensor<int32_t>& gmWorkspace, const LocalTensor<int32_t>& ubWorkspace,
                                const int32_t usedCores = 0) {
@@ -150,6 +151,9 @@ __aicore__ inline void SyncAll(const GlobalTensor<int32_t>& gmWorkspace, const L
     }
     avsg_emu::hz::all();
     emu_detail::sync_all_wait(c);
+    // The library stages its counters through ubWs (DMA in and out, scalar compares): what it
+    // leaves there is its own, so a kernel must not read ubWs after the call without writing it.
+    avsg_emu::detail::poison(ubWorkspace.bytes(), static_cast<size_t>(c.num) * 32);
 }
 
 // The DCache is not modelled (GM accesses are direct); the call is checked and counted. It has no

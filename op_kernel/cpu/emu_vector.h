@@ -846,6 +846,78 @@ inline void sort_pairs(float* out_pairs, const float* scores, const uint32_t* id
         std::memcpy(&out_pairs[2 * k + 1], &idx[ord[k]], 4);
     }
 }
+
+// One vmrgsort4 (MrgSort, A2): merge the lists whose validBit is set, each `len[i]` (score,
+// index) pairs sorted by descending score, into `out`; the sources are read before anything is
+// written, as they are distinct from `out` in the network below. On equal scores the list with
+// the lower number goes first. ⚠️ The docs do not state the tie order; this is the order that
+// makes Sort's merge network stable, as Sort32 is (lower original position first).
+inline void mrgsort4(float* out, const float* const src[4], const uint32_t len[4], uint16_t validBit) {
+    uint32_t at[4] = {0, 0, 0, 0}, total = 0;
+    for (int i = 0; i < 4; ++i)
+        if (validBit & (1u << i)) total += len[i];
+    std::vector<float> merged(2ull * total);
+    for (uint32_t k = 0; k < total; ++k) {
+        int best = -1;
+        for (int i = 0; i < 4; ++i) {
+            if (!(validBit & (1u << i)) || at[i] == len[i]) continue;
+            if (best < 0 || src[i][2 * at[i]] > src[best][2 * at[best]]) best = i;
+        }
+        std::memcpy(&merged[2 * k], &src[best][2 * at[best]], 8);
+        ++at[best];
+    }
+    std::memcpy(out, merged.data(), merged.size() * 4);
+}
+
+// Sort<float, true>'s merge stage on A2 (asc-devkit impl/basic_api/dav_c220/
+// kernel_operator_proposal_impl.h, DoFullSort with FullSortInnerLoop / FullSortInnerLoopTail /
+// ComSortInnerLoopTail), on `dst` (the Sort32 runs of 32 pairs) and `tmp`, both 2*32*repeatTime
+// floats. Each round copies dst to tmp and merges groups of four runs from tmp into dst
+// (MrgSort4 with repeatTimes = full groups), then the tail group: 2..4 runs, the last one
+// `elementCountTail` long, in one MrgSort4, or a single run copied. Offsets in floats (a pair is
+// two). Kept line for line so that its tail arithmetic, not a stable sort, decides the result.
+inline void full_sort_network(float* dst, float* tmp, int32_t repeatTime) {
+    constexpr uint32_t kLists = 4, kRun = 32;
+    uint32_t loop = 0;
+    for (int32_t q = repeatTime; q > 1; q = (q + 3) / 4) ++loop;
+    uint16_t single = kRun;                       // singleMergeTmpElementCount (uint16_t, as there)
+    const uint32_t srcCount = static_cast<uint32_t>(repeatTime) * kRun;
+    const uint32_t dstFloats = srcCount * 2;
+    int32_t totalQue = repeatTime, tailQue = repeatTime % kLists;
+    int32_t reps = repeatTime / kLists;
+    std::memcpy(tmp, dst, dstFloats * 4);
+    for (uint32_t i = 0; i < loop; ++i) {
+        const uint32_t base = single * 2u;
+        for (int32_t r = 0; r < reps; ++r) {        // FullSortInnerLoop: MrgSort4, repeatTimes = reps
+            const uint32_t off = r * kLists * base;
+            const float* src[4] = {tmp + off, tmp + off + base, tmp + off + 2 * base, tmp + off + 3 * base};
+            const uint32_t len[4] = {single, single, single, single};
+            if (single > 4095) fail("Sort: a merge list of " + std::to_string(single) + " pairs (MrgSort takes <= 4095)");
+            mrgsort4(dst + off, src, len, 0b1111);
+        }
+        const uint16_t tailCount = srcCount % single ? srcCount % single : single;
+        if (tailQue > 0) {                          // FullSortInnerLoopTail
+            const uint32_t off0 = kLists * base * reps;
+            if (tailQue > 1) {
+                uint32_t len[4] = {single, single, single, single};
+                uint16_t valid = 0b1111;
+                if (tailQue == 2) { len[1] = tailCount; len[2] = len[3] = 0; valid = 0b0011; }
+                else if (tailQue == 3) { len[2] = tailCount; len[3] = 0; valid = 0b0111; }
+                else len[3] = tailCount;
+                const float* src[4] = {tmp + off0, tmp + off0 + base, tmp + off0 + 2 * base, tmp + off0 + 3 * base};
+                mrgsort4(dst + off0, src, len, valid);
+            } else {
+                std::memcpy(dst + off0, tmp + off0, tailCount * 2u * 4);
+            }
+        }
+        std::memcpy(tmp, dst, dstFloats * 4);
+        single = static_cast<uint16_t>(single * kLists);
+        totalQue = totalQue % kLists ? totalQue / kLists + 1 : totalQue / kLists;
+        tailQue = totalQue % kLists;
+        if (tailQue == 0 && tailCount != single) tailQue = kLists;
+        reps = (totalQue - tailQue) / kLists;
+    }
+}
 }  // namespace emu_detail
 
 template <class T>
@@ -871,8 +943,9 @@ __aicore__ inline void Sort32(const LocalTensor<T>& dst, const LocalTensor<T>& s
     std::memcpy(dst.bytes(), out.data(), out.size() * 4);
     emu_detail::vec_issue(api, static_cast<uint64_t>(repeatTime));
 }
-// Sort<T, isFullSort>: Sort32 plus (isFullSort) a merge of all repeatTime*32 elements; tmp must be
-// as large as dst (card §5). `concatLocal` holds the scores (Concat is a no-op alias on A2).
+// Sort<T, isFullSort>: Sort32 plus (isFullSort) the MrgSort4 merge network of A2 over all
+// repeatTime*32 elements (emu_detail::full_sort_network); tmp must be as large as dst (card §5).
+// `concatLocal` holds the scores (Concat is a no-op alias on A2).
 template <class T, bool isFullSort>
 __aicore__ inline void Sort(const LocalTensor<T>& dstLocal, const LocalTensor<T>& concatLocal,
                             const LocalTensor<uint32_t>& indexLocal, LocalTensor<T>& tmpLocal, const int32_t repeatTime) {
@@ -895,12 +968,14 @@ __aicore__ inline void Sort(const LocalTensor<T>& dstLocal, const LocalTensor<T>
         avsg_emu::detail::hz_wr(hi, dstLocal, 2ull * n * 4);
     }
     std::vector<float> out(2 * n);
-    if (isFullSort)
-        emu_detail::sort_pairs(out.data(), concatLocal.ptr(), indexLocal.ptr(), n);
-    else
-        for (int32_t r = 0; r < repeatTime; ++r)
-            emu_detail::sort_pairs(&out[64 * r], concatLocal.ptr() + 32 * r, indexLocal.ptr() + 32 * r, 32);
+    for (int32_t r = 0; r < repeatTime; ++r)        // Sort32
+        emu_detail::sort_pairs(&out[64 * r], concatLocal.ptr() + 32 * r, indexLocal.ptr() + 32 * r, 32);
+    if (isFullSort) {                                // the MrgSort4 network, through tmp
+        std::vector<float> tmp(2 * n);
+        emu_detail::full_sort_network(out.data(), tmp.data(), repeatTime);
+    }
     std::memcpy(dstLocal.bytes(), out.data(), out.size() * 4);
+    // tmp's last contents (a copy of dst) are the implementation's, not the API's: poisoned.
     if (isFullSort) avsg_emu::detail::poison(tmpLocal.bytes(), 2ull * n * sizeof(T));
     emu_detail::vec_issue(api, emu_detail::reps_for(2ull * n * sizeof(T)) * (isFullSort ? 2 : 1));
 }

@@ -74,6 +74,33 @@ def npu_library_path() -> Optional[str]:
 _npu_loaded: Optional[str] = None
 _npu_error: Optional[str] = None
 
+SOC_TAG = b"AVSG_NPU_SOC_VERSION="
+
+
+def built_soc_version(path: str) -> Optional[str]:
+    """The SoC the NPU library's kernels were built for (the ``SOC_VERSION`` tag that
+    op_host/npu/host_pool.cpp compiles in), read from the file without loading it; None when the
+    library has no tag."""
+    with open(path, "rb") as f:
+        data = f.read()
+    at = data.find(SOC_TAG)
+    if at < 0:
+        return None
+    end = data.find(b"\0", at)
+    soc = data[at + len(SOC_TAG):end if end >= 0 else None].decode("ascii", "replace")
+    return None if soc in ("", "unknown") else soc
+
+
+def soc_mismatch(built: Optional[str], device: Optional[str]) -> Optional[str]:
+    """Why a library built for ``built`` must not run on a ``device`` (torch.npu.get_device_name),
+    or None. Kernels are compiled per SoC (core count, UB, instruction set): no near matches."""
+    if built is None or not device:
+        return None
+    if built.strip().lower() == device.strip().lower():
+        return None
+    return (f"the NPU library was built for {built} but device 0 is {device}: rebuild with "
+            f"scripts/build_npu.sh --soc {device.strip()}")
+
 
 def load_npu_backend() -> bool:
     """Load the NPU op library (registers ``torch.ops.avsg.*`` for PrivateUse1). Needs torch_npu.
@@ -87,6 +114,11 @@ def load_npu_backend() -> bool:
         return False
     try:
         import torch_npu  # noqa: F401  (registers the PrivateUse1 backend the library links against)
+        device = torch.npu.get_device_name(0) if torch.npu.is_available() else None
+        why = soc_mismatch(built_soc_version(path), device)
+        if why is not None:
+            _npu_error = why
+            return False
         torch.ops.load_library(path)
     except Exception as e:  # ImportError, OSError: report, do not break the CPU backend
         _npu_error = f"{type(e).__name__}: {e}"

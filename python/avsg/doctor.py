@@ -1,7 +1,10 @@
 """``avsg doctor``: what this machine can run, and whether it runs it right.
 
 Prints the backends present; the torch, torch_npu, CANN and driver versions; the core counts;
-how host memory gets mapped for the AI cores (and whether it works); then a self-test: plan +
+how host memory gets mapped for the AI cores (and whether an AI core reads the first and the last
+row of a registered pool); whether the plan's split lookup works on this NPU (it waits across
+cores with no timeout, so it is off on the NPU until proven: tried in a child process killed
+after a time limit, then AVSG_NPU_SPLIT=1 turns it on); then a self-test: plan +
 gather over a small multi-step session on every backend present, compared bit for bit with the
 reference on CPU (the NPU part is bounded by ``--seconds``, 30 by default). The last line is a
 one-line verdict. Without an NPU it says what is missing and exits 0: a CPU-only machine is a
@@ -218,9 +221,12 @@ def run_checks(seconds: float, selftest_on: bool, say: Callable[[str], None]) ->
         path, describe = backend.host_register_info()[:2]
         add(Check("host registration", "info", describe))
         add(host_registration_probe(backend))
+        add(split_lookup_probe(min(seconds, 60.0)))
     else:
         add(Check("host registration", "missing", "needs the NPU backend and an NPU"))
         add(Check("AI-core host reads", "missing", "needs the NPU backend and an NPU"))
+        add(Check("split lookup", "missing", "needs the NPU backend and an NPU (off on the NPU until "
+                  "proven here; the CPU emulation always splits)"))
 
     if selftest_on:
         add(selftest("cpu", steps=3, deadline=time.monotonic() + seconds))
@@ -235,26 +241,33 @@ def run_checks(seconds: float, selftest_on: bool, say: Callable[[str], None]) ->
 
 
 def host_registration_probe(backend) -> Check:
-    """Register a pool, gather two rows from it on the NPU, compare: does an AI core read host
-    memory through the mapping?"""
+    """Register a pool, gather its first and its last row (the two ends of the registered range,
+    where an off-by-one mapping faults, error 507035) and one from the middle on the NPU,
+    compare: does an AI core read host memory through the mapping, end to end?"""
+    rows, row_bytes = 1024, 64
     try:
-        pool = backend.alloc_host_pool((1, 64, 64), torch.uint8)
-        pool.copy_(torch.arange(64 * 64, dtype=torch.int32).view(1, 64, 64).to(torch.uint8))
+        pool = backend.alloc_host_pool((1, rows, row_bytes), torch.uint8)
+        pool.copy_(torch.randint(0, 256, (1, rows, row_bytes), dtype=torch.uint8,
+                                 generator=torch.Generator().manual_seed(7)))
         backend.register_host_pool(pool)
     except Exception as e:  # noqa: BLE001
         return Check("AI-core host reads", "fail", f"registration failed: {e}")
     try:
+        picks = [0, rows // 2 + 3, rows - 1]                    # pos: first, middle, last row
         miss_pos = torch.full((1, 4), -1, dtype=torch.int32)
-        miss_pos[0, :2] = torch.tensor([5, 60], dtype=torch.int32)
-        miss_slots = torch.tensor([[1, 3, -1, -1]], dtype=torch.int32)
-        counts = torch.tensor([2], dtype=torch.int32)
-        dst = torch.zeros(1, 4, 64, dtype=torch.uint8, device="npu")
+        miss_pos[0, :3] = torch.tensor(picks, dtype=torch.int32)
+        miss_slots = torch.tensor([[1, 3, 0, -1]], dtype=torch.int32)
+        counts = torch.tensor([3], dtype=torch.int32)
+        dst = torch.zeros(1, 4, row_bytes, dtype=torch.uint8, device="npu")
         torch.ops.avsg.gather(miss_pos.npu(), miss_slots.npu(), counts.npu(), [pool], [dst], None, 0, "miss", 1)
         torch.npu.synchronize()
         got = dst.cpu()
-        ok = torch.equal(got[0, 1], pool[0, 5]) and torch.equal(got[0, 3], pool[0, 60])
-        return Check("AI-core host reads", "ok" if ok else "fail",
-                     "a gather read registered host memory exactly" if ok else "gathered bytes differ from the host rows")
+        bad = [name for name, slot, pos in zip(("first", "middle", "last"), (1, 3, 0), picks)
+                if not torch.equal(got[0, slot], pool[0, pos])]
+        if bad:
+            return Check("AI-core host reads", "fail", f"gathered bytes differ from the host rows: {', '.join(bad)}")
+        return Check("AI-core host reads", "ok", f"a gather read the first, a middle and the last of {rows} "
+                     "rows of a registered pool exactly")
     except Exception as e:  # noqa: BLE001
         return Check("AI-core host reads", "fail", f"{type(e).__name__}: {e}")
     finally:
@@ -262,6 +275,62 @@ def host_registration_probe(backend) -> Check:
             backend.unregister_host_pool(pool)
         except Exception:  # noqa: BLE001
             pass
+
+
+SPLIT_ENV = "AVSG_NPU_SPLIT"
+
+
+def split_probe_child() -> int:
+    """Run in a child process with AVSG_NPU_SPLIT=1: a one-row hash plan with 8 selection chunks
+    (so its lookup is split over idle cores and waits in a soft SyncAll) on the NPU, twice,
+    against the reference. Exit 0 when exact; prints what differs otherwise."""
+    from . import backend, reference
+    if not backend.load_npu_backend():
+        print(f"the NPU backend is not loaded: {backend.backend_info()['npu_error']}")
+        return 1
+    S, H, L, T, K = 8192, 8192, 4, 2, 2048
+    layout = reference.Layout(S, H, 0)
+    ref_state = reference.new_state(1, layout, L)
+    ref_stats = torch.zeros(1, 4, dtype=torch.int64)
+    state, stats = ref_state.clone().npu(), ref_stats.clone().npu()
+    gen = torch.Generator().manual_seed(3)
+    seq = torch.tensor([3 * S], dtype=torch.int32)
+    for step in range(2):
+        topk = torch.randint(0, 2 * S, (1, T, K), dtype=torch.int32, generator=gen)
+        got = torch.ops.avsg.plan(topk.npu(), seq.npu(), state, stats, S, H, L, 0, 0)
+        torch.npu.synchronize()
+        want = reference.plan(ref_state, ref_stats, topk, seq, layout, L)
+        for name, a, b in zip(("slots", "miss_pos", "miss_slots", "miss_counts"), got, want):
+            if not torch.equal(a.cpu(), b):
+                print(f"step {step}: {name} differs from the reference")
+                return 1
+        if not torch.equal(state.cpu(), ref_state):
+            print(f"step {step}: the state differs from the reference")
+            return 1
+        seq += T
+    return 0
+
+
+def split_lookup_probe(seconds: float) -> Check:
+    """The split lookup is off on the NPU until proven: its cross-core wait has no timeout. Run
+    it in a child process that is killed after ``seconds``; report whether it worked and that
+    AVSG_NPU_SPLIT=1 turns it on (or, in one line, why it stays off)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, **{SPLIT_ENV: "1"})
+    code = "import sys; from avsg.doctor import split_probe_child; sys.exit(split_probe_child())"
+    try:
+        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return Check("split lookup", "fail", f"stays off: the split plan did not finish in {seconds:g} s "
+                     "(a cross-core wait that never completed; the child was killed)")
+    if res.returncode != 0:
+        why = (res.stdout.strip() or res.stderr.strip() or f"exit {res.returncode}").splitlines()[-1]
+        return Check("split lookup", "fail", f"stays off: {why}")
+    on = os.environ.get(SPLIT_ENV) == "1"
+    return Check("split lookup", "ok", "a split plan matched the reference on this device; "
+                 + ("on (AVSG_NPU_SPLIT=1)" if on else "turn it on with AVSG_NPU_SPLIT=1"))
 
 
 def verdict(checks: List[Check]) -> str:

@@ -158,6 +158,11 @@ RUNTIME = {
     "bad_syncall_soft_dirty_workspace": ["[block 1]", "SyncAll(soft): workspace counter of block 1 is 3"],
     "bad_block_fails_before_syncall": ["[block 1]", "event id 9 outside 0..7"],
     "bad_unequal_syncall_counts": ["SyncAll", "exited"],
+    "syncall_soft_ub_workspace_poisoned": None,
+    "sort_network_fuzz_ok": None,
+    "granule_padded_pitch_ok": None,
+    "granule_shared_unchecked_ok": None,
+    "bad_granule_shared_by_two_blocks": ["32 B GM granule", "in one launch (pad the output pitch"],
     "atomic_add_ok": None,
     # instrumentation and cost model
     "counters_ok": None,

@@ -3,6 +3,7 @@
 //   ./runtime_cases <case>     (see test_harness.h for exit codes)
 // "bad_*" cases violate a rule and must end with EMUERROR; the others are controls that
 // must print OK (their numeric checks run in C++ with CHECK).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -710,3 +711,91 @@ CASE(bad_datacopy_gm_misaligned) {
         DataCopy(b.Get<int32_t>(), gx, 64);
     });
 }
+
+// SyncAll(soft) leaves its UB workspace to the library: poisoned after the call, whatever the
+// kernel wrote there before.
+CASE_UNSYNCED(syncall_soft_ub_workspace_poisoned) {
+    std::vector<int32_t> ws(8 * 2, 0);
+    std::vector<uint32_t> after(2 * 16, 0);
+    avsg_emu::launch(2, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 2 * 32);
+        GlobalTensor<int32_t> w;
+        w.SetGlobalBuffer(ws.data(), 16);
+        LocalTensor<int32_t> u = b.Get<int32_t>();
+        for (int i = 0; i < 16; ++i) u.SetValue(i, 7);
+        SyncAll(w, u);
+        for (int i = 0; i < 16; ++i) after[GetBlockIdx() * 16 + i] = static_cast<uint32_t>(u.GetValue(i));
+    });
+    for (uint32_t v : after) CHECK_EQ(v, poison32());
+}
+
+// Sort<float, true> is Sort32 plus A2's MrgSort4 network with its tails (repeat counts that are
+// not powers of 4): for every repeat count 1..16 and random scores with many ties, the result is
+// the stable descending sort (ties: lower original position first), computed here independently.
+CASE_UNSYNCED(sort_network_fuzz_ok) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 16 * 1024 + 256);
+        const uint32_t pad = static_cast<uint32_t>((256 - b.Get<uint8_t>().GetPhyAddr() % 256) % 256);
+        const uint32_t nmax = 16 * 32;
+        auto sc = b.GetWithOffset<float>(nmax, pad);
+        auto ix = b.GetWithOffset<uint32_t>(nmax, pad + 4 * nmax);
+        auto sd = b.GetWithOffset<float>(2 * nmax, pad + 8 * nmax);
+        auto st = b.GetWithOffset<float>(2 * nmax, pad + 16 * nmax);
+        uint64_t rng = 0x9E3779B97F4A7C15ull;
+        auto next = [&] { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; };
+        for (int32_t rep = 1; rep <= 16; ++rep) {
+            for (int trial = 0; trial < 6; ++trial) {
+                const uint32_t n = 32u * rep;
+                const uint32_t range = trial % 3 == 0 ? 4u : (trial % 3 == 1 ? 64u : 100000u);
+                std::vector<float> scores(n);
+                for (uint32_t k = 0; k < n; ++k) {
+                    scores[k] = static_cast<float>(static_cast<int64_t>(next() % range) - range / 2);
+                    sc.SetValue(k, scores[k]);
+                    ix.SetValue(k, 1000u + k);
+                }
+                std::vector<uint32_t> want(n);
+                for (uint32_t k = 0; k < n; ++k) want[k] = k;
+                std::stable_sort(want.begin(), want.end(), [&](uint32_t a, uint32_t c) { return scores[a] > scores[c]; });
+                Sort<float, true>(sd, sc, ix, st, rep);
+                for (uint32_t k = 0; k < n; ++k) {
+                    uint32_t idx;
+                    float v = sd.GetValue(2 * k + 1);
+                    std::memcpy(&idx, &v, 4);
+                    CHECK_EQ(idx, 1000u + want[k]);
+                    CHECK(sd.GetValue(2 * k) == scores[want[k]]);
+                }
+            }
+        }
+    });
+}
+
+// GM granule ownership (avsg_emu::set_granule_checks): within one launch no 32 B GM granule may
+// be written by DMA from two blocks. Each block writes 16 B (ragged, DataCopyPad) at `pitch`
+// bytes from the previous block's output.
+static void write_16B_per_block(uint32_t pitch, bool check) {
+    struct Restore {
+        bool was = avsg_emu::granule_checks();
+        ~Restore() { avsg_emu::set_granule_checks(was); }
+    } restore;
+    avsg_emu::set_granule_checks(check);
+    alignas(64) static int32_t out[64];
+    avsg_emu::launch(2, [&] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 32);
+        GlobalTensor<int32_t> g;
+        g.SetGlobalBuffer(out + GetBlockIdx() * (pitch / 4), 4);
+        LocalTensor<int32_t> u = b.Get<int32_t>();
+        Duplicate(u, static_cast<int32_t>(GetBlockIdx()), 8);
+        PipeBarrier<PIPE_ALL>();
+        DataCopyPad(g, u, DataCopyExtParams(1, 16, 0, 0, 0));
+        DataCopyPad(g, u, DataCopyExtParams(1, 16, 0, 0, 0));   // a block may rewrite its own granule
+    });
+}
+CASE_UNSYNCED(granule_padded_pitch_ok) { write_16B_per_block(32, true); }
+CASE_UNSYNCED(granule_shared_unchecked_ok) { write_16B_per_block(16, false); }
+CASE_UNSYNCED(bad_granule_shared_by_two_blocks) { write_16B_per_block(16, true); }
