@@ -185,15 +185,27 @@ def _read_counters():
 
 def counted_plan(trace_path: str, policy: str, queries: int, capacity: int,
                  warmup: int = 48, measured: int = 3, rows: int = 2) -> List:
+    """Counters of ``measured`` plan launches of the real kernel on the trace's first ``rows``
+    layers (see :func:`counted_plan_on`)."""
+    from ..demo import load_selections
+    sel, positions, context = load_selections(trace_path, rows, warmup + (measured + 1) * queries)
+    return counted_plan_on(sel, positions, int(context), policy, queries, capacity, warmup,
+                           measured)
+
+
+def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy: str,
+                    queries: int, capacity: int, warmup: int = 48, measured: int = 3) -> List:
     """Counters of ``measured`` plan launches of the real kernel (strict emulation, one row per
-    emulated core), ``queries`` query tokens per row from consecutive trace steps, after
-    ``warmup`` uncounted steps (fast emulation) so the buffers are warm."""
+    emulated core: ``sel`` int [rows, steps, K]), ``queries`` query tokens per row from
+    consecutive steps, after ``warmup`` uncounted steps (fast emulation) so the buffers are warm;
+    rejected drafts are never modelled here (every query token's KV stays valid)."""
     import torch
     from .. import backend
     from ..buffer import SparseKVBuffer
-    from ..demo import load_selections
-    sel, positions, context = load_selections(trace_path, rows, warmup + (measured + 1) * queries)
-    K = sel.shape[2]
+    rows, steps, K = sel.shape
+    if steps < warmup + measured * queries:
+        raise ValueError(f"trace: expected at least {warmup + measured * queries} steps for the "
+                         f"counted plan, got {steps}")
     extra = {"max_context": int(context) + 8} if policy == "reuse" else {}
     buf = SparseKVBuffer(rows=rows, capacity=capacity, topk=K, queries_per_step=queries,
                          check=False, policy=policy, **extra)
@@ -202,20 +214,16 @@ def counted_plan(trace_path: str, policy: str, queries: int, capacity: int,
         topk = torch.from_numpy(np.ascontiguousarray(sel[:, s:s + queries])).to(torch.int32)
         seq = torch.full((rows,), int(positions[s + queries - 1]) + 1, dtype=torch.int32)
         buf.plan(topk, seq)
-        buf.invalidate(torch.full((rows,), int(positions[s + queries - 1]) + 1, dtype=torch.int32))
     saved = backend.emulated_cores()
     backend.set_emulated_cores(rows)
     try:
         with backend.emulation("fast"):
-            for s in range(0, warmup, queries):
+            for s in range(0, warmup - queries + 1, queries):
                 launch(s)
         out = []
         with backend.emulation("strict"):
             for j in range(measured):
-                s = warmup + j * queries
-                topk = torch.from_numpy(np.ascontiguousarray(sel[:, s:s + queries])).to(torch.int32)
-                seq = torch.full((rows,), int(positions[s + queries - 1]) + 1, dtype=torch.int32)
-                buf.plan(topk, seq)
+                launch(warmup + j * queries)
                 out.append(_read_counters())
     finally:
         backend.set_emulated_cores(saved)
