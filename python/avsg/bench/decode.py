@@ -650,7 +650,31 @@ def main(args: argparse.Namespace) -> int:
     limits = {(m, ctx, n): max_batch(config, hw, m, ctx, 1 + n, args.capacity,
                                      args.topk_buffer_size, args.cards)
               for m in MODES for ctx in contexts for n in mtps}
+    at_memory = []
+    for n in mtps:
+        for context in contexts:
+            entry = {"mtp": n, "context": context}
+            for name in PROFILES:
+                hwp = profile_variant(hw, name)
+                per_mode = {}
+                for m in MODES:
+                    b = limits[(m, context, n)]
+                    if b < 1:
+                        per_mode[m] = {"batch": 0, "tokens_per_s": None}
+                        continue
+                    r = project(config, hwp, traffic[n], costs[name], b, context, args.cards,
+                                args.overlap, modes=(m,))[m]
+                    per_mode[m] = {"batch": b, "tokens_per_s": r["tokens_per_s"],
+                                   "tpot_ms": 1e3 * r["tpot_s"]}
+                peers = [m for m in PEERS if per_mode[m]["tokens_per_s"]]
+                best = max(peers, key=lambda m: per_mode[m]["tokens_per_s"]) if peers else None
+                entry[name] = {"modes": per_mode, "best_peer": best,
+                               "throughput_ratio": (per_mode["avsg"]["tokens_per_s"]
+                                                    / per_mode[best]["tokens_per_s"])
+                               if best and per_mode["avsg"]["tokens_per_s"] else None}
+            at_memory.append(entry)
     _print_summary(rows, limits, mtps, contexts, hw, config, args.cards)
+    _print_at_memory(at_memory)
     from . import common
     out = common.out_dir(args, "decode")
     json_path = args.json or os.path.join(out, "decode.json")
@@ -664,13 +688,14 @@ def main(args: argparse.Namespace) -> int:
                    "host_lru": counters["host"], "max_batch": [
                        {"mode": m, "context": ctx, "mtp": n, "max_batch": v}
                        for (m, ctx, n), v in limits.items()],
-                   "summary": rows, "records": records}, f, indent=1, default=str)
+                   "summary": rows, "at_memory": at_memory, "records": records}, f, indent=1,
+                  default=str)
     plot_path = os.path.join(out, "decode_tpot.png")
     _plot(records, plot_path)
     print(f"  JSON: {json_path}\n  plot: {plot_path}\n  ({time.perf_counter() - t0:.0f} s)")
     if args.tables:
-        common.write_tables(args.tables, common.invocation(args), _tables(rows, limits, mtps,
-                                                                         contexts, hw, args.cards),
+        common.write_tables(args.tables, common.invocation(args),
+                            _tables(rows, limits, mtps, contexts, hw, args.cards, at_memory),
                             note="A model of a 910B with assumed constants, not a measurement.")
         print(f"  tables: {args.tables}")
     return 0
@@ -744,17 +769,53 @@ def _print_summary(rows, limits, mtps, contexts, hw, config, cards) -> None:
           "measurement: calibrate the profile on a card.")
 
 
-def _tables(rows, limits, mtps, contexts, hw, cards) -> List[str]:
+def _at_memory_row(e: Dict) -> List[str]:
+    b = e["bundled"]
+    a = b["modes"]["avsg"]
+    peer = b["best_peer"]
+    ratios = [e[p]["throughput_ratio"] for p in PROFILES]
+    if any(r is None for r in ratios):
+        verdict = "-"
+    elif all(r > 1.03 for r in ratios):
+        verdict = "avsg higher (all three)"
+    elif all(r < 0.97 for r in ratios):
+        verdict = "avsg lower (all three)"
+    else:
+        verdict = "depends on the profile"
+    fmt = lambda r: f"{r:.2f}x" if r is not None else "-"  # noqa: E731
+    return [str(e["mtp"]), f"{e['context'] // 1024}K",
+            f"{a['batch']}: {a['tokens_per_s']:,.0f} tok/s" if a["tokens_per_s"] else "none fits",
+            f"{peer} {b['modes'][peer]['batch']}: {b['modes'][peer]['tokens_per_s']:,.0f} tok/s"
+            if peer else "none fits", *[fmt(r) for r in ratios], verdict]
+
+
+AT_MEMORY_HEADER = ["MTP", "context", "avsg at its largest batch", "best peer at its largest batch",
+                    "throughput avsg/peer", "pessimistic", "optimistic", "conclusion"]
+
+
+def _print_at_memory(at_memory: List[Dict]) -> None:
+    print("\n  throughput per card with each mode at the largest batch its memory allows:")
+    for e in at_memory:
+        print("    " + " | ".join(_at_memory_row(e)))
+
+
+def _tables(rows, limits, mtps, contexts, hw, cards, at_memory=()) -> List[str]:
     from . import common
     body = []
     for r in rows:
         dev = r["bundled"]
         body.append([str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K", *_cell(r),
                      f"{dev['device_tpot_ms']:.1f} ms" if dev["device_feasible"] else "infeasible"])
+    head = [row for r, row in zip(rows, body) if r["mtp"] in (0, 3) and r["batch"] in (1, 8)]
     blocks = [common.markdown_table("decode", HEADER, body, "rrrrlrrrrlr")]
+    if head:
+        blocks.insert(0, common.markdown_table("decode-headline", HEADER, head, "rrrrlrrrrlr"))
     cap = [[f"{ctx // 1024}K", str(n), *[str(limits[(m, ctx, n)]) for m in MODES]]
            for ctx in contexts for n in mtps]
     blocks.append(common.markdown_table("decode-max-batch", ["context", "MTP", *MODES], cap))
+    if at_memory:
+        blocks.append(common.markdown_table("decode-at-memory", AT_MEMORY_HEADER,
+                                            [_at_memory_row(e) for e in at_memory], "rrllrrrl"))
     return blocks
 
 
