@@ -224,3 +224,30 @@ def test_bench_decode_bad_input_exit_2(args, capsys, tmp_path):
     assert cli.main(["bench", "decode", *extra, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and args[0] in err[0]
+
+
+def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
+    """`avsg run`'s last line goes through decode.project with the run's copies and plan's
+    counted cost: the same figures as calling the model directly."""
+    from types import SimpleNamespace as NS
+    from avsg.runtime.run import project_on_npu
+    monkeypatch.setattr(decode, "counted_plan_on", lambda *a, **k: ["counted"])
+    monkeypatch.setattr(decode, "counted_us", lambda counters, hw: 123.0)
+    records = [NS(emitted=[1, 1]) for _ in range(10)]
+    outputs = {0: [1] * 15, 1: [1] * 15}
+    kv_layers, iterations = 5, 10 * 2 * 5
+    results = [NS(mode="offload", records=records, outputs=outputs, h2d_rows=iterations * 3000.0),
+               NS(mode="avsg", records=records, outputs=outputs, h2d_rows=iterations * 200.0),
+               NS(mode="device", records=records, outputs=outputs, h2d_rows=0.0)]
+    workload = NS(rows=4, requests=[NS(context_len=32768)] * 4)
+    args = NS(mtp=1, topk=2048, capacity=8192, trace=None)
+    line = project_on_npu(results, workload, args, kv_layers)
+    traffic = decode.Traffic(1, 0.0, 30 / 20, 8192, 4096,
+                             {"offload": [3000.0], "avsg": [200.0]}, "test")
+    direct = decode.project(CONFIG, hardware.load_profile(), traffic,
+                            decode.Costs({"avsg": {2: 123.0}}, 0.0, ""), 4, 32768, 32,
+                            modes=("device", "offload", "avsg"))
+    for mode in ("device", "offload", "avsg"):
+        assert line[mode]["feasible"] == direct[mode]["feasible"]
+        assert line[mode]["tpot_s"] == pytest.approx(direct[mode]["tpot_s"])
+    assert line["avsg"]["plan_us_per_layer"] == pytest.approx(123.0)

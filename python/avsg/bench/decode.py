@@ -395,8 +395,9 @@ def max_batch(c, hw, mode, context, T, capacity, topk_buffer, cards, limit: int 
 
 def _compute_layer_s(c, hw, fmt: KVFormat, batch: int, tokens: int, context: int,
                      cards: int) -> float:
-    """One layer's compute (s) for ``tokens`` query tokens of ``batch`` requests: its share of the
-    weights, the indexer over every cached key, sparse MLA over K rows per token."""
+    """(compute, sparse MLA) seconds of one layer for ``tokens`` query tokens of ``batch``
+    requests: its share of the weights, the indexer over every cached key, sparse MLA over K
+    rows per token (the part copies may overlap)."""
     L, K = c.num_hidden_layers, c.index_topk
     bits = 8 if fmt.name == "fp8" else 16
     weights = sum(_weights_bytes(c, tokens, cards, hw["weight_bytes_per_param"]).values()) / L
@@ -461,7 +462,7 @@ def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], b
         rec = {"feasible": bool(mem["feasible"]), "memory": mem,
                "h2d_bytes_per_token": (L * traffic.mean(mode) * fmt.row_bytes
                                        / traffic.tokens_per_iteration) if mode != "device" else 0.0}
-        if mode != "device" and mode not in ("offload",) and mode != "lru-host" and costs is None:
+        if costs is None and mode not in ("device", "offload"):
             continue
         per_layer = []
         for rows in (traffic.rows[mode] if mode != "device" else [0.0]):

@@ -480,9 +480,7 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
         except ValueError:
             sel = None
     if sel is None or sel.shape[2] != config.index_topk:
-        context_max = 32768
-        sel = synthetic_selections(2, 48 + 4 * T, config.index_topk, context_max)
-        positions = np.arange(context_max - sel.shape[1], context_max)
+        sel, positions, context_max = synthetic_selections(2, 48 + 4 * T, config.index_topk, 32768)
     counters = decode.counted_plan_on(sel, positions, int(context_max), "reuse", T, capacity)
     costs = decode.Costs({"avsg": {T: decode.counted_us(counters, hw)}}, 0.0, "")
     context = int(np.mean([r.context_len for r in workload.requests]))
