@@ -109,6 +109,10 @@ def test_projection_is_monotone_and_device_is_the_floor():
     q = decode.project(CONFIG, hw, decode.Traffic(**{**traffic.__dict__, "rows": more}), costs, 8,
                        32768, 32, modes=("avsg",))
     assert q["avsg"]["step_s"] > p["avsg"]["step_s"]
+    hidden = decode.project(CONFIG, hw, traffic, costs, 8, 32768, 32, overlap_avsg=True,
+                            modes=("avsg",))
+    assert hidden["avsg"]["step_s"] <= p["avsg"]["step_s"]
+    assert hidden["avsg"]["plan_us_per_layer"] == p["avsg"]["plan_us_per_layer"]
 
 
 def test_sensitivity_profiles_scale_the_named_constants():

@@ -37,6 +37,12 @@ a configuration that does not fit is reported infeasible and never projected.
 
 **Sensitivity**: every row also under a pessimistic and an optimistic profile (scalar,
 vector-issue and link/host-latency constants at 3x and 1/3x).
+
+**Records** (``--out DIR``/decode.json, ``records``): one per mode, batch, context, MTP and profile,
+with ``feasible``, ``tpot_ms`` and ``tokens_per_s`` (None when infeasible), ``h2d_bytes_per_token``,
+``plan_us_per_layer`` (the mode's matching cost per layer: plan or the slot-map lookup for the
+device modes, the D2H + host LRU + descriptor copies for ``lru-host``), ``copy_us_per_layer`` (its
+exposed copy time), the rows it copies and its memory per card (GB).
 """
 from __future__ import annotations
 
