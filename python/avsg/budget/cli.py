@@ -106,9 +106,12 @@ def _counted_plan_us(trace, hw) -> float:
     """The default policy's plan cost per row (one query token, capacity 8192), read from the
     kernel's counted work on the first trace's first layers."""
     from ..bench import decode
-    sel = np.asarray(trace.sel[:2, :64])
-    counters = decode.counted_plan_on(sel, np.asarray(trace.positions[:64]), int(trace.T),
-                                      "reuse", 1, 8192)
+    steps = min(64, trace.sel.shape[1])
+    if steps < 4:
+        raise UsageError(f"--trace-steps: expected >= 4 for plan's counted cost, got {steps}")
+    sel = np.asarray(trace.sel[:2, :steps])
+    counters = decode.counted_plan_on(sel, np.asarray(trace.positions[:steps]), int(trace.T),
+                                      "reuse", 1, 8192, warmup=min(48, steps - 3))
     return decode.counted_us(counters, hw)
 
 
