@@ -212,7 +212,8 @@ def test_simulation_variants_at_an_equal_budget():
     from avsg.budget import sim, workload
     from avsg.runtime.config import from_hf_config
     rows = _rows()
-    cost = sim.CostModel(from_hf_config(V32_CONFIG), hardware.load_profile(), 16)
+    cost = sim.CostModel(from_hf_config(V32_CONFIG), hardware.load_profile(), 32,
+                         plan_us_per_row=100.0)
     cfg = sim.SimConfig(buffer_gb=2.0, max_capacity=16384, fixed_capacity=16384)
     reqs = workload.make_requests(40, 8.0, rows, seed=2, output_mean=64)
     out = {v: sim.simulate(v, reqs, rows, cost, cfg) for v in sim.VARIANTS}
@@ -223,6 +224,32 @@ def test_simulation_variants_at_an_equal_budget():
         assert 0 < r["hit_rate"] < 1
     assert out["elastic"]["concurrency"] > out["spin"]["concurrency"] > out["fixed"]["concurrency"]
     assert out["elastic"]["hits_per_step_per_gb"] > out["fixed"]["hits_per_step_per_gb"]
+
+
+def test_simulation_admits_only_while_the_indexer_keys_fit():
+    """The indexer keys of the running requests never exceed what the card's HBM leaves them
+    (HBM - weights - activations - buffers), and less HBM admits fewer requests at once."""
+    from avsg.bench import hardware
+    from avsg.bench.decode import V32_CONFIG
+    from avsg.budget import sim, workload
+    from avsg.runtime.config import from_hf_config
+    rows = _rows()
+    config = from_hf_config(V32_CONFIG)
+    cfg = sim.SimConfig(buffer_gb=8.0, max_capacity=16384, fixed_capacity=16384)
+    reqs = workload.make_requests(30, 50.0, rows, seed=3, output_mean=32)
+    concurrency = []
+    for spare_gb in (6.0, 2.0):
+        hw = hardware.load_profile()
+        weights = sim.CostModel(config, hw, 32, 100.0).weights_bytes
+        hw.override("hbm_bytes", weights + hw["activation_reserve_bytes"] + 8e9 + spare_gb * 1e9,
+                    "test")
+        cost = sim.CostModel(config, hw, 32, 100.0)
+        assert abs(cost.index_budget_bytes(8.0) - spare_gb * 1e9) < 1e3
+        r = sim.simulate("fixed", reqs, rows, cost, cfg)
+        assert r["requests"] == len(reqs)
+        assert r["index_gb_peak"] <= spare_gb + 1e-9
+        concurrency.append(r["concurrency"])
+    assert concurrency[1] < concurrency[0]
 
 
 def test_serve_sim_cli_end_to_end(tmp_path):

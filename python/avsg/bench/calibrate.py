@@ -19,7 +19,7 @@ available to this project). With torch.npu.Event it times:
   model divides by again, so that assumption cancels. Each mode's checksum is compared with a
   Python golden, and a mismatch is reported.
 
-The plan kernel itself is not timed here: plan_us_per_row_step stays the model's estimate.
+The plan kernel itself is not timed here: the decode model reads its cost from the counted work.
 
 It writes a profile JSON (``--out``, default avsg-results/bench-calibrate/profile.json) with the
 measured entries replaced, each source saying "measured by avsg bench calibrate on <device>", and

@@ -21,8 +21,8 @@ QUICK = {
     "gather": ["--batch", "1,2,4,8,16,32", "--miss-rate", "0.25,0.5,1.0", "--row-bytes", "656,1152"],
     "hash-buckets": ["--layers", "8", "--steps", "64"],
     "emulation": ["--steps", "4", "--warmup", "1", "--rows", "2"],
-    "decode": ["--trace-layers", "2", "--trace-steps", "128", "--batch", "1,8,32,64",
-               "--context", "32768,131072"],
+    "decode": ["--trace-layers", "2", "--trace-steps", "128", "--batch", "1,8",
+               "--context", "32768,131072", "--mtp", "0,3"],
 }
 
 
@@ -82,9 +82,10 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, KeyError):
         pass
     try:
-        d = json.load(open(os.path.join(root, "decode", "decode.json")))["results"]
-        ratios = [x["modes"]["avsg"]["tpot_s"] / x["modes"]["offload"]["tpot_s"] for x in d]
-        head.append(f"decode avsg/offload TPOT {min(ratios):.2f}-{max(ratios):.2f} (paper 0.61)")
+        d = json.load(open(os.path.join(root, "decode", "decode.json")))["summary"]
+        ratios = [x["bundled"]["tpot_ratio"] for x in d if x["bundled"].get("tpot_ratio")]
+        head.append(f"decode avsg/best peer TPOT {min(ratios):.2f}-{max(ratios):.2f} (feasible "
+                    f"rows; the paper's 0.61 is against a no-reuse baseline)")
     except (OSError, KeyError, ValueError):
         pass
     # skipped: a benchmark that needs the shared trace, when it is absent; any other non-zero

@@ -102,6 +102,19 @@ def _check_args(args) -> None:
         raise UsageError(f"--sample-rate: expected in (0, 1], got {args.sample_rate}")
 
 
+def _counted_plan_us(trace, hw) -> float:
+    """The default policy's plan cost per row (one query token, capacity 8192), read from the
+    kernel's counted work on the first trace's first layers."""
+    from ..bench import decode
+    steps = min(64, trace.sel.shape[1])
+    if steps < 4:
+        raise UsageError(f"--trace-steps: expected >= 4 for plan's counted cost, got {steps}")
+    sel = np.asarray(trace.sel[:2, :steps])
+    counters = decode.counted_plan_on(sel, np.asarray(trace.positions[:steps]), int(trace.T),
+                                      "reuse", 1, 8192, warmup=min(48, steps - 3))
+    return decode.counted_us(counters, hw)
+
+
 def _load_traces(args) -> List[tuple]:
     from ..traces import format as trace_format
     from ..traces import synth
@@ -158,7 +171,19 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--fixed-capacity: expected >= top-k {k}, got {args.fixed_capacity}")
     if args.spin_ratio * k < k:
         raise UsageError(f"--spin-ratio: expected >= 1, got {args.spin_ratio}")
-    cost = sim.CostModel(config, hw, cfg.cards)
+    try:
+        for key in ("fp8_compute", "weight_bytes_per_param", "activation_reserve_bytes", "hbm_bytes"):
+            hw[key]
+    except KeyError as e:
+        raise UsageError(f"--hw: {str(e).strip(chr(39) + chr(34))}") from None
+    plan_us = _counted_plan_us(traces[0][1], hw)
+    cost = sim.CostModel(config, hw, cfg.cards, plan_us)
+    index_budget = cost.index_budget_bytes(cfg.buffer_gb)
+    if index_budget <= 0:
+        raise UsageError(f"--buffer-gb: {args.buffer_gb:g} GB of buffers + "
+                         f"{cost.weights_bytes / 1e9:.1f} GB of weights + "
+                         f"{cost.reserve_bytes / 1e9:.1f} GB of activations exceed the card's "
+                         f"{hw['hbm_bytes'] / 1e9:.0f} GB (try --cards or a smaller --buffer-gb)")
     slots = int(cfg.buffer_gb * 1e9 // cost.bytes_per_slot())
     if slots < k:
         raise UsageError(f"--buffer-gb: {args.buffer_gb} GB cannot hold one request's mandatory "
@@ -180,7 +205,13 @@ def main(args: argparse.Namespace) -> int:
           f"trace rows ({', '.join(n for n, _ in traces)})")
     print(f"  MODEL ESTIMATE on '{hw.name}' ({hw.status}); buffers modelled as exact LRU; "
           f"{cfg.buffer_gb:g} GB of buffers per card = {int(cfg.buffer_gb * 1e9 // cost.bytes_per_slot()):,} "
-          f"slots per layer; max batch {cfg.max_batch}; top-{k} mandatory")
+          f"slots per layer; max batch {cfg.max_batch}; top-{k} mandatory; plan "
+          f"{plan_us:.0f} us per row and layer (the kernel's counted work, serial-pipe)")
+    print(f"  device memory per card: weights {cost.weights_bytes / 1e9:.1f} GB ({args.cards} "
+          f"cards) + activations {cost.reserve_bytes / 1e9:.1f} GB + buffers {cfg.buffer_gb:g} GB "
+          f"+ indexer keys up to {index_budget / 1e9:.1f} GB ({cost.index_bytes_per_token / 1e3:.1f} "
+          f"KB per token, {cost.fmt.name}) = {hw['hbm_bytes'] / 1e9:.0f} GB of HBM; a request is "
+          f"admitted only while its indexer keys fit")
     curves = {}
     results = []
     bar = progress_bar(len(variants) * args.requests, "simulating", "req", show)

@@ -5,8 +5,13 @@ Per iteration every running request decodes one token (MTP off). Its buffer is m
 LRU at its current capacity from its locality row's stack distances (:class:`curves.ElasticLRU`:
 exact under any sequence of resizes). The iteration's time comes from the decode model of
 ``avsg bench decode`` on the hardware profile, per layer: the indexer scan over the batch's context
-and plan (``pre``), the gather of the batch's misses over the host link (``gather``), sparse MLA and
+and plan (``pre``; plan's cost per row is the kernel's counted work, passed in), the gather of the batch's misses over the host link (``gather``), sparse MLA and
 the layer's weights (``post``); with two micro-batches, :func:`microbatch.schedule` overlaps them.
+
+Device memory per card: the weights (per the profile's format, experts spread over the cards),
+the activations reserve, the buffer budget ``buffer_gb`` and the indexer keys of every running
+request (``L x context`` rows, on the device in every design). Every variant admits a request only
+while its indexer keys, at its final length, fit in what the rest leaves of the card's HBM.
 
 Variants (all get the same arrivals and the same budget of buffer slots):
 
@@ -42,9 +47,7 @@ from .workload import LocalityRow, Request
 __all__ = ["SimConfig", "CostModel", "simulate", "VARIANTS"]
 
 VARIANTS = ("fixed", "spin", "elastic", "elastic-oracle")
-FP8_ROW_BYTES = 656
 STATE_BYTES_PER_SLOT = 16
-INDEX_ROW_BYTES = 132
 
 
 @dataclasses.dataclass
@@ -61,33 +64,47 @@ class SimConfig:
     tpot_slo_ms: float = 0.0        # > 0: admit only while the projected step time stays within
     microbatch: str = "none"        # none | arrival | cmr
     order: str = "static"           # static | ofms (two micro-batches only)
-    cards: int = 16
+    cards: int = 32                 # cards serving the model (experts spread): sets the weights per card
 
 
 class CostModel:
     """Per-layer task times of one decode iteration (seconds), DeepSeek-V3.2 on a hardware profile."""
 
-    def __init__(self, model_config, hw: hardware.Profile, cards: int):
-        from ..bench.decode import _weights_bytes
+    def __init__(self, model_config, hw: hardware.Profile, cards: int, plan_us_per_row: float):
+        from ..bench import decode
         self.c, self.hw, self.cards = model_config, hw, cards
         self.L = model_config.num_hidden_layers
         self.K = model_config.index_topk
-        self._weights_bytes = _weights_bytes
+        self.plan_us_per_row = float(plan_us_per_row)
+        self.fmt = decode.kv_format(hw)
+        self._weights_bytes = decode._weights_bytes
+        self._bits = 8 if self.fmt.name == "fp8" else 16
+        kv_layers = model_config.num_hidden_layers + model_config.num_nextn_predict_layers
+        self.index_bytes_per_token = kv_layers * self.fmt.index_row_bytes
+        self.weights_bytes = decode.weights_per_card(model_config, cards,
+                                                     hw["weight_bytes_per_param"])
+        self.reserve_bytes = hw["activation_reserve_bytes"]
+
+    def index_budget_bytes(self, buffer_gb: float) -> float:
+        """HBM left for indexer keys on one card: all of it minus weights, activations reserve
+        and the buffer budget."""
+        return self.hw["hbm_bytes"] - self.weights_bytes - self.reserve_bytes - buffer_gb * 1e9
 
     def tasks(self, tokens: int, context_sum: int, miss_rows: float):
         """(pre, gather, post) per layer for a micro-batch of ``tokens`` requests."""
         c, hw = self.c, self.hw
         if tokens == 0:
             return 0.0, 0.0, 0.0
-        weights = sum(self._weights_bytes(c, tokens, self.cards).values()) / self.L
-        index_s = max(hardware.hbm_time_s(hw, context_sum * INDEX_ROW_BYTES),
+        weights = sum(self._weights_bytes(c, tokens, self.cards,
+                                          hw["weight_bytes_per_param"]).values()) / self.L
+        index_s = max(hardware.hbm_time_s(hw, context_sum * self.fmt.index_row_bytes),
                       hardware.cube_time_s(hw, 2 * context_sum * c.index_n_heads
-                                           * c.index_head_dim, 8))
-        plan_s = math.ceil(tokens / hw["aiv_cores"]) * hw["plan_us_per_row_step"] * 1e-6
-        mla_s = max(hardware.hbm_time_s(hw, tokens * self.K * FP8_ROW_BYTES),
+                                           * c.index_head_dim, self._bits))
+        plan_s = math.ceil(tokens / hw["aiv_cores"]) * self.plan_us_per_row * 1e-6
+        mla_s = max(hardware.hbm_time_s(hw, tokens * self.K * self.fmt.row_bytes),
                     hardware.cube_time_s(hw, 2 * tokens * self.K * c.num_attention_heads
                                          * (2 * c.kv_lora_rank + c.qk_rope_head_dim), 16))
-        gather_s = hardware.link_time_s(hw, miss_rows, FP8_ROW_BYTES)
+        gather_s = hardware.link_time_s(hw, miss_rows, self.fmt.row_bytes)
         return index_s + plan_s, gather_s, mla_s + hardware.hbm_time_s(hw, weights)
 
     def step_s(self, contexts: Sequence[int], misses: Sequence[float], mode: str = "none",
@@ -113,7 +130,7 @@ class CostModel:
 
     def bytes_per_slot(self) -> int:
         """Buffer bytes one slot costs across the model's layers."""
-        return self.L * (FP8_ROW_BYTES + STATE_BYTES_PER_SLOT)
+        return self.L * (self.fmt.row_bytes + STATE_BYTES_PER_SLOT)
 
 
 @dataclasses.dataclass
@@ -169,6 +186,17 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
     if slot_budget < mandatory:
         raise ValueError(f"buffer_gb: {cfg.buffer_gb} GB holds {slot_budget} slots per layer, "
                          f"fewer than one request's mandatory {mandatory}")
+    index_budget = cost.index_budget_bytes(cfg.buffer_gb)
+    if index_budget <= 0:
+        raise ValueError(f"buffer_gb: {cfg.buffer_gb} GB of buffers + {cost.weights_bytes / 1e9:.1f} "
+                         f"GB of weights + {cost.reserve_bytes / 1e9:.1f} GB of activations exceed "
+                         f"the card's {cost.hw['hbm_bytes'] / 1e9:.0f} GB")
+    index_final = lambda req: (req.prompt + req.output) * cost.index_bytes_per_token  # noqa: E731
+    too_long = [r for r in requests if index_final(r) > index_budget]
+    if too_long:
+        raise ValueError(f"buffer_gb: request {too_long[0].rid}'s indexer keys "
+                         f"({index_final(too_long[0]) / 1e9:.2f} GB) exceed the {index_budget / 1e9:.2f} "
+                         f"GB the card has left for them")
     fixed = {"fixed": cfg.fixed_capacity, "spin": int(cfg.spin_ratio * mandatory)}.get(variant)
     if fixed is not None and not mandatory <= fixed <= slot_budget:
         raise ValueError(f"capacity: {variant} gives {fixed} slots per request, outside "
@@ -188,7 +216,7 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
     it = 0
     changed = True
     finished: List[Dict] = []
-    series = {"t": [], "batch": [], "slots": [], "hit_rate": [], "step_s": []}
+    series = {"t": [], "batch": [], "slots": [], "hit_rate": [], "step_s": [], "index_gb": []}
     batches = []
     hits_total = lookups_total = 0
     last_misses = float(mandatory)      # before any step: assume everything misses
@@ -207,6 +235,12 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
             n = split.admit([mandatory] * len(running), [mandatory] * len(queue), slot_budget,
                             cfg.max_batch)
             cap_new = mandatory
+        held = sum(index_final(r.req) for r in running)
+        fit = 0
+        while fit < n and held + index_final(queue[fit]) <= index_budget:
+            held += index_final(queue[fit])
+            fit += 1
+        n = fit
         if cfg.tpot_slo_ms > 0:
             n = _within_slo(n, running, queue, cost, cfg, last_misses)
         for r in queue[:n]:
@@ -235,6 +269,7 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
         series["slots"].append(slots)
         series["hit_rate"].append(step_hits / max(1, step_lookups))
         series["step_s"].append(dt)
+        series["index_gb"].append(sum(c * cost.index_bytes_per_token for c in contexts) / 1e9)
         hits_total += step_hits
         lookups_total += step_lookups
         slot_time += slots * dt
@@ -267,6 +302,8 @@ def simulate(variant: str, requests: Sequence[Request], rows: Sequence[LocalityR
             "buffer_gb": cfg.buffer_gb, "hit_rate": hits_total / max(1, lookups_total),
             "hits_per_step_per_gb": hits_total / max(1, it) / max(1e-12, buffer_gb_used),
             "slot_budget": slot_budget, "iterations": it, "series": series,
+            "index_gb_budget": index_budget / 1e9,
+            "index_gb_peak": max(series["index_gb"], default=0.0),
             **({"batches": batches} if record_batches else {})}
 
 

@@ -412,9 +412,10 @@ def main(args: argparse.Namespace) -> int:
           f"{'yes' if identical else 'NO'}")
     projection = project_on_npu(results, workload, args, model.num_kv_layers)
     if projection:
-        print("  est. DeepSeek-V3.2 on a 910B with these hit rates (a model, see `avsg bench "
-              "decode`): TPOT " + ", ".join(f"{m} {1e3 * p['tpot_s']:.1f} ms"
-                                            for m, p in projection.items()))
+        print("  est. DeepSeek-V3.2 on a 910B with these copies (a model, `avsg bench decode`; "
+              "its resident-set peers there): TPOT " + ", ".join(
+                  f"{m} {1e3 * p['tpot_s']:.1f} ms" if p["feasible"] else f"{m} infeasible (HBM)"
+                  for m, p in projection.items()))
     if args.record_trace:
         from ..traces import format as trace_format
         recorded = recorder.trace(max(r.context_len for r in workload.requests) + 4 * args.new_tokens,
@@ -443,8 +444,11 @@ def main(args: argparse.Namespace) -> int:
 
 def project_on_npu(results: List[ModeResult], workload: Workload, args,
                    kv_layers: int) -> Optional[Dict[str, Dict[str, float]]]:
-    """The decode model of ``avsg bench decode`` fed with this run's measured copies per
-    iteration (real DeepSeek-V3.2 dims, the bundled 910B profile): an estimate, labelled so."""
+    """The decode model of ``avsg bench decode`` (the same :func:`decode.project`) fed with this
+    run's measured copies per iteration and layer (real DeepSeek-V3.2 dims, the bundled 910B
+    profile, its default 32 cards) and plan's counted cost per row at this run's query-token
+    count: an estimate, labelled so. The resident-set peers need the trace replay of
+    ``avsg bench decode``; this run measures only offload and avsg."""
     from ..bench import decode, hardware
     from .config import from_hf_config
     by_mode = {r.mode: r for r in results}
@@ -455,18 +459,35 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
     if not iterations:
         return None
     config = from_hf_config(decode.V32_CONFIG)
+    hw = hardware.load_profile()
+    T = 1 + args.mtp
     # copies per selection carry over; scale them to DeepSeek-V3.2's top-k
     scale = config.index_topk / args.topk
+    capacity = max(args.capacity * config.index_topk // args.topk, T * config.index_topk)
     traffic = decode.Traffic(
         drafts=args.mtp, accept_mean=0.0,
-        union_rows=scale * by_mode["offload"].h2d_rows / iterations,
-        avsg_rows=scale * by_mode["avsg"].h2d_rows / iterations,
-        tokens_per_iteration=tokens / (iterations / kv_layers), capacity=args.capacity,
+        tokens_per_iteration=tokens / (iterations / kv_layers), capacity=capacity,
+        topk_buffer=4096,
+        rows={"offload": [scale * by_mode["offload"].h2d_rows / iterations],
+              "avsg": [scale * by_mode["avsg"].h2d_rows / iterations]},
         source="this run")
+    from ..demo import find_trace, load_selections, synthetic_selections
+    trace = find_trace(getattr(args, "trace", None))
+    sel = None
+    if trace:
+        try:
+            sel, positions, context_max = load_selections(trace, 2, 48 + 4 * T)
+        except ValueError:
+            sel = None
+    if sel is None or sel.shape[2] != config.index_topk:
+        sel, positions, context_max = synthetic_selections(2, 48 + 4 * T, config.index_topk, 32768)
+    counters = decode.counted_plan_on(sel, positions, int(context_max), "reuse", T, capacity)
+    costs = decode.Costs({"avsg": {T: decode.counted_us(counters, hw)}}, 0.0, "")
     context = int(np.mean([r.context_len for r in workload.requests]))
-    projected = decode.project(config, hardware.load_profile(), traffic, workload.rows, context,
-                               overlap=False)
-    return {m: {"tpot_s": p["tpot_s"], "tokens_per_s": p["tokens_per_s"]}
+    projected = decode.project(config, hw, traffic, costs, workload.rows, context, cards=32,
+                               modes=("device", "offload", "avsg"))
+    return {m: {"tpot_s": p["tpot_s"], "tokens_per_s": p["tokens_per_s"],
+                "feasible": p["feasible"], "plan_us_per_layer": p["plan_us_per_layer"]}
             for m, p in projected.items()}
 
 
