@@ -86,12 +86,13 @@ def _name(args) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    options = vars(args).pop("_options", ())   # the command's options, for report_error
     try:
         return int(args.func(args) or 0)
     except INPUT_ERRORS as e:
         if args.debug:
             raise
-        return report_error(f"avsg {_name(args)}", e, getattr(args, "_options", ()))
+        return report_error(f"avsg {_name(args)}", e, options)
     except KeyboardInterrupt:
         print(f"avsg {_name(args)}: interrupted", file=sys.stderr)
         return 130

@@ -154,7 +154,7 @@ def parse_size(option: str, text: str, low: int = 1, high: Optional[int] = None)
         raise UsageError(f"{option}: expected an integer like 32768 or 32K, got {text!r}")
     value = int(match.group(1)) * _SUFFIX[match.group(2).lower()]
     if value < low or (high is not None and value > high):
-        raise UsageError(f"{option}: expected sizes {_range_text(low, high)}, got {text.strip()}")
+        raise UsageError(f"{option}: expected values {_range_text(low, high)}, got {text.strip()}")
     return value
 
 
@@ -307,17 +307,6 @@ def read_trace(option: str, path: Optional[str], check_values: bool = True):
         if not message.startswith(path):
             message = f"{path}: {message}"
         raise UsageError(f"{option}: {message}") from None
-
-
-def plot_or_note(draw, *args, **kwargs) -> Optional[object]:
-    """``draw(*args)`` when matplotlib is installed; else one line saying the plots were skipped
-    (matplotlib is an optional extra) and None."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        print("  note: plots skipped: matplotlib is not installed (pip install matplotlib)")
-        return None
-    return draw(*args, **kwargs)
 
 
 class _NoBar:

@@ -141,7 +141,7 @@ def npu_time_us(fn, warmup: int = 3, iters: int = 10) -> List[float]:
     return times
 
 
-def int_list(option: str, text: str, low: int = 1) -> List[int]:
+def int_list(option: str, text: str, low: int = 1, high: Optional[int] = None) -> List[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -150,6 +150,8 @@ def int_list(option: str, text: str, low: int = 1) -> List[int]:
         raise UsageError(f"{option}: expected at least one value, got {text!r}")
     if min(values) < low:
         raise UsageError(f"{option}: expected integers >= {low}, got {text!r}")
+    if high is not None and max(values) > high:
+        raise UsageError(f"{option}: expected integers {low}..{high}, got {text!r}")
     return values
 
 
@@ -190,6 +192,21 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+PLOTS_SKIPPED = "skipped: matplotlib is not installed (pip install matplotlib)"
+
+
+def save_plot(path: str, draw) -> str:
+    """``draw(path)`` and ``path``; without matplotlib (an optional extra) nothing is drawn and
+    the returned text says the plot was skipped, which :func:`report_outputs` prints on one
+    line: the benchmark's tables and JSON are its job, the plot is not."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return PLOTS_SKIPPED
+    draw(path)
+    return path
 
 
 def report_outputs(files: Dict[str, str]) -> None:

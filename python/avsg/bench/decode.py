@@ -23,16 +23,17 @@ import argparse
 import dataclasses
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 
-from ..cli_util import UsageError
+from ..cli_util import UsageError, float_in, int_in, size_list
 from . import hardware
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 V32_CONFIG = os.path.join(_HERE, "profiles", "deepseek_v32_config.json")
 MODES = ("device", "offload", "avsg")
+MAX_BATCH = 4096
 FP8_ROW_BYTES = 656            # 512 e4m3 latent + 4 fp32 scales + 64 bf16 RoPE
 INDEX_ROW_BYTES = 132          # 128 fp8 index-key values + one fp32 scale
 STATE_BYTES_PER_SLOT = 4 * 4   # buffer state per slot (two hash buckets + slot pos + slot life)
@@ -50,14 +51,28 @@ class Traffic:
     source: str
 
 
-def measure_traffic(trace_path: Optional[str], drafts: int, accept_mean: float, capacity: int,
-                    layers: int, steps: int) -> Traffic:
-    from ..traces import format as trace_format
+def load_trace_cut(trace_path: str, layers: int, steps: int):
+    """The first ``layers`` x ``steps`` of a trace, their values checked (one-line errors)."""
+    from ..cli_util import read_trace
+    from ..traces.format import TraceFormatError, validate_trace
+    trace = read_trace("--trace", trace_path, check_values=False)
+    if trace.has_mtp_axis:
+        raise UsageError(f"--trace: {trace_path} has an MTP axis; expected sel [layers, steps, k]")
+    trace = trace.subset(layers=slice(0, layers), steps=slice(0, steps))
+    try:
+        validate_trace(trace)
+    except TraceFormatError as e:
+        raise UsageError(f"--trace: {trace_path}: {e}") from None
+    return trace
+
+
+def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: int,
+                    layers: int, steps: int, trace=None) -> Traffic:
+    """``trace``: the already loaded cut of ``trace_path`` (else it is loaded here)."""
     from ..traces.mtp import mtp_replay
     from .. import backend
-    trace = trace_format.load_trace(trace_path, check_values=False)
-    trace = dataclasses.replace(trace, sel=trace.sel[:layers, :steps],
-                                positions=trace.positions[:steps])
+    if trace is None:
+        trace = load_trace_cut(trace_path, layers, steps)
     with backend.emulation("fast"):
         res = mtp_replay(trace, policy="avsg", capacity=capacity, drafts=drafts,
                          accept_mean=accept_mean if drafts else 0.0, modes=("shared", "cold"))
@@ -148,19 +163,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DeepSeek-V3.2 config.json (default: the released one's keys)")
     parser.add_argument("--trace", help="selection trace for the hit rates (default "
                         "../shared/traces/asyncio_32k.npz)")
-    parser.add_argument("--trace-layers", type=int, default=4, help="trace layers replayed (default 4)")
-    parser.add_argument("--trace-steps", type=int, default=256, help="trace steps replayed (default 256)")
-    parser.add_argument("--capacity", type=int, default=8192, help="avsg slots per request and layer")
-    parser.add_argument("--batch", default="1,8,32,64", help="batch sizes (default 1,8,32,64)")
-    parser.add_argument("--context", default="32768,65536,131072",
-                        help="context lengths (default 32K,64K,128K)")
-    parser.add_argument("--mtp", default="0,3", help="MTP draft counts (default 0,3)")
-    parser.add_argument("--accept-mean", type=float, default=2.0,
+    parser.add_argument("--trace-layers", type=int_in(1, 4096), default=4,
+                        help="trace layers replayed, >= 1 (default 4)")
+    parser.add_argument("--trace-steps", type=int_in(5, 1 << 20), default=256,
+                        help="trace steps replayed, >= 5 (MTP-3 reads 4 per iteration; default 256)")
+    parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
+                        help="avsg slots per request and layer, (1 + 3) x top-k..32768 "
+                             "(default 8192)")
+    parser.add_argument("--batch", default="1,8,32,64",
+                        help=f"batch sizes, 1..{MAX_BATCH} (default 1,8,32,64)")
+    parser.add_argument("--context", default="32K,64K,128K",
+                        help="context lengths, from the model's top-k to its positions (163840 "
+                             "for DeepSeek-V3.2); 32K = 32768 (default 32K,64K,128K)")
+    parser.add_argument("--mtp", default="0,3", help="MTP draft counts, 0..3 (default 0,3)")
+    parser.add_argument("--accept-mean", type=float_in(0, 3), default=2.0,
                         help="mean accepted drafts per iteration at MTP-3 (scaled for other n; default 2.0)")
-    parser.add_argument("--link-gbps", type=float, help="override the host link, GB/s")
-    parser.add_argument("--kv-budget-gb", type=float, default=32.0,
-                        help="device memory for KV + indexer keys per card (default 32 GB)")
-    parser.add_argument("--cards", type=int, default=16,
+    parser.add_argument("--link-gbps", type=float_in(0, 1e4, low_open=True),
+                        help="override the host link, GB/s, in (0, 1e4]")
+    parser.add_argument("--kv-budget-gb", type=float_in(0, 1024, low_open=True), default=32.0,
+                        help="device memory for KV + indexer keys per card, in (0, 1024] "
+                             "(default 32 GB)")
+    parser.add_argument("--cards", type=int_in(1, 4096), default=16,
                         help="cards serving the model: attention data-parallel, experts spread "
                              "over the cards (default 16)")
     parser.add_argument("--overlap", action="store_true",
@@ -169,48 +192,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory for decode.json and the TPOT plot (default "
                              "avsg-results/bench-decode/)")
     parser.add_argument("--json", metavar="PATH", help="JSON path (default OUT/decode.json)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress output (the command shows none; accepted as by every "
+                             "bench)")
     parser.add_argument("--tables", metavar="PATH",
                         help="also write the summary tables as Markdown to PATH (the README's copy "
                              "is docs/results/decode.md, regenerated this way)")
 
 
-def _int_list(name: str, text: str) -> List[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"{name}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0 or (name != "--mtp" and min(values) < 1):
-        raise UsageError(f"{name}: expected positive integers, got {text!r}")
-    return values
-
-
 def main(args: argparse.Namespace) -> int:
     from ..runtime.config import from_hf_config
-    from ..demo import find_trace
     from ..cli_util import check_writable
+    from . import common
     check_writable("--json", args.json)
     check_writable("--tables", args.tables)
-    batches = _int_list("--batch", args.batch)
-    contexts = _int_list("--context", args.context)
-    mtps = _int_list("--mtp", args.mtp)
-    if max(mtps) > 3:
-        raise UsageError(f"--mtp: expected values in 0..3, got {args.mtp!r}")
-    if args.cards < 1:
-        raise UsageError(f"--cards: expected >= 1, got {args.cards}")
+    out = common.out_dir(args, "decode")        # where the results go, before any work
+    batches = size_list("--batch", args.batch, 1, MAX_BATCH)
+    mtps = size_list("--mtp", args.mtp, 0, 3)
     try:
         hw = hardware.load_profile(args.hw)
         config = from_hf_config(args.config)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    contexts = size_list("--context", args.context, config.index_topk,
+                         config.max_position_embeddings)
     if args.link_gbps is not None:
-        if args.link_gbps <= 0:
-            raise UsageError(f"--link-gbps: expected > 0, got {args.link_gbps}")
         hw.override("link_bytes_per_s", args.link_gbps * 1e9, "--link-gbps")
-    trace = find_trace(args.trace)
-    if trace is None or not os.path.exists(trace):
-        raise UsageError("--trace: no trace found (the shared one is ../shared/traces/asyncio_32k.npz)")
+    trace = common.trace_path(args.trace)
+    if trace is None:
+        raise UsageError("--trace: no trace given and none found (the shared one is "
+                         "../shared/traces/asyncio_32k.npz)")
     if args.capacity < 4 * config.index_topk:
-        raise UsageError(f"--capacity: expected >= (1 + 3) x top-k = {4 * config.index_topk}")
+        raise UsageError(f"--capacity: expected >= (1 + 3) x top-k = {4 * config.index_topk}, "
+                         f"got {args.capacity}")
+    cut = load_trace_cut(trace, args.trace_layers, args.trace_steps)
+    if cut.k != config.index_topk:
+        raise UsageError(f"--trace: it selects top-{cut.k}, the model's index_topk is "
+                         f"{config.index_topk}")
+    if cut.steps < 1 + max(mtps) + 1:
+        raise UsageError(f"--trace-steps: MTP-{max(mtps)} needs at least {max(mtps) + 2} steps, "
+                         f"the trace gives {cut.steps}")
     print(f"avsg bench decode: DeepSeek-V3.2 ({config.num_hidden_layers} layers, top-"
           f"{config.index_topk}), FP8 KV ({FP8_ROW_BYTES} B/token/layer), hardware '{hw.name}'")
     print(f"  MODEL ESTIMATE, not a measurement: {hw.status}")
@@ -223,7 +244,7 @@ def main(args: argparse.Namespace) -> int:
     for n in mtps:
         accept = args.accept_mean * n / 3 if n else 0.0
         traffic = measure_traffic(trace, n, accept, args.capacity, args.trace_layers,
-                                  args.trace_steps)
+                                  args.trace_steps, cut)
         print(f"\n  MTP-{n}: measured on {traffic.source}: offload copies {traffic.union_rows:,.0f} "
               f"rows per iteration and layer, avsg {traffic.avsg_rows:,.0f} "
               f"({traffic.avsg_rows / traffic.union_rows:.3f}x); "
@@ -253,8 +274,6 @@ def main(args: argparse.Namespace) -> int:
     print("\n  Left out of the model: kernel launch and host overheads, cross-layer pipelining other "
           "than --overlap, MoE all-to-all across cards, the FP8 dequantisation cost, queueing on a "
           "shared link between cards, and any NPU measurement: calibrate the profile on a card.")
-    from . import common
-    out = common.out_dir(args, "decode")
     json_path = args.json or os.path.join(out, "decode.json")
     os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
     with open(json_path, "w") as f:
@@ -262,8 +281,8 @@ def main(args: argparse.Namespace) -> int:
                    "kv_budget_gb": args.kv_budget_gb, "overlap": args.overlap,
                    "cards": args.cards,
                    "results": results}, f, indent=1)
-    plot_path = os.path.join(out, "decode_tpot.png")
-    _plot(results, plot_path)
+    plot_path = common.save_plot(os.path.join(out, "decode_tpot.png"),
+                                 lambda p: _plot(results, p))
     print(f"  JSON: {json_path}\n  plot: {plot_path}")
     if args.tables:
         common.write_tables(args.tables, common.invocation(args), _tables(results, args.kv_budget_gb),

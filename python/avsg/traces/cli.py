@@ -332,14 +332,14 @@ def _fill(trace_sub):
                                          "gamma/mu values OUT is a directory.")
     p.add_argument("out", help="output .npz (or directory for a grid)")
     p.add_argument("--steps", type=int_in(1, 1 << 24), default=1024,
-                   help="decode steps recorded, 1..2**24 (default 1024)")
+                   help="decode steps recorded, 1..16777216 (default 1024)")
     p.add_argument("--layers", type=int_in(1), default=1,
                    help="layers, independent draws, >= 1 (default 1)")
     p.add_argument("--k", type=int_in(1), default=2048,
                    help="selections per step, top-k, >= 1 (default 2048)")
     p.add_argument("--max-len", type=int_in(1, 1 << 24), default=16384,
                    help="context length at the last step, >= --k + --steps + --window and <= "
-                        "2**24 (default 16384)")
+                        "16777216 (default 16384)")
     p.add_argument("--gamma", type=float_in(0, 1), nargs="+", default=[0.7],
                    help="adjacent-step similarity: share of a step's selections kept from the "
                         "previous step, in [0, 1]; several values make a grid (default 0.7)")
@@ -403,10 +403,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     mark_leaves(parser)
     args = parser.parse_args(argv)
+    options = vars(args).pop("_options", ())
     try:
         return int(args.func(args) or 0)
     except INPUT_ERRORS as e:
-        return report_error(f"avsg trace {args.trace_command}", e, getattr(args, "_options", ()))
+        return report_error(f"avsg trace {args.trace_command}", e, options)
 
 
 if __name__ == "__main__":
