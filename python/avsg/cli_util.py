@@ -84,8 +84,9 @@ def report_error(prog: str, error: BaseException, options: Iterable[str] = ()) -
 
 # ------------------------------------------------------------------------ ranges (argparse types)
 
-def _type(fn, name):
+def _type(fn, name, low, high):
     fn.__name__ = name      # argparse names the type in its messages for plain ValueErrors
+    fn.valid_range = (low, high)    # for the tests that feed every option its absurd values
     return fn
 
 
@@ -117,7 +118,7 @@ def int_in(low: Optional[int] = None, high: Optional[int] = None):
             raise argparse.ArgumentTypeError(f"expected an integer {_range_text(low, high)}, "
                                              f"got {text}")
         return value
-    return _type(parse, "int")
+    return _type(parse, "int", low, high)
 
 
 def float_in(low: Optional[float] = None, high: Optional[float] = None,
@@ -141,7 +142,7 @@ def float_in(low: Optional[float] = None, high: Optional[float] = None,
             raise argparse.ArgumentTypeError(f"expected a finite number {want}".rstrip()
                                              + f", got {text}")
         return value
-    return _type(parse, "float")
+    return _type(parse, "float", low, high)
 
 
 _SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2}

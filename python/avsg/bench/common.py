@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import torch
 
 from .. import backend
-from ..cli_util import UsageError, progress_bar
+from ..cli_util import UsageError, check_dir_writable, check_writable, progress_bar
 from . import hardware
 
 RESULTS_ROOT = "avsg-results"
@@ -66,20 +66,16 @@ _msprof_dir: Optional[str] = None     # set by out_dir from --msprof; read by np
 
 
 def out_dir(args: argparse.Namespace, command: str) -> str:
-    """The output directory (created), after checking the output options (--out, --msprof)."""
+    """The output directory (created), after checking every output option (--out, --tables,
+    --json, --msprof): called before a benchmark's work, so a bad path costs nothing."""
     global _msprof_dir
     msprof = getattr(args, "msprof", None)
     if msprof and getattr(args, "device", "cpu") != "npu":
         raise UsageError("--msprof: profiles NPU launches; it needs --device npu")
     _msprof_dir = msprof
-    path = args.out or default_out(command)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"--out: {path} exists and is not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--out: cannot create {path}: {e.strerror}") from None
-    return path
+    for option in ("tables", "json"):
+        check_writable(f"--{option}", getattr(args, option, None))
+    return check_dir_writable("--out", args.out or default_out(command))
 
 
 def load_hw(args: argparse.Namespace) -> hardware.Profile:

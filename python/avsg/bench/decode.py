@@ -164,9 +164,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", help="selection trace for the hit rates (default "
                         "../shared/traces/asyncio_32k.npz)")
     parser.add_argument("--trace-layers", type=int_in(1, 4096), default=4,
-                        help="trace layers replayed, >= 1 (default 4)")
+                        help="trace layers replayed, 1..4096 (default 4)")
     parser.add_argument("--trace-steps", type=int_in(5, 1 << 20), default=256,
-                        help="trace steps replayed, >= 5 (MTP-3 reads 4 per iteration; default 256)")
+                        help="trace steps replayed, 5..1048576 (MTP-3 reads 4 per iteration; "
+                             "default 256)")
     parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
                         help="avsg slots per request and layer, (1 + 3) x top-k..32768 "
                              "(default 8192)")
@@ -184,8 +185,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="device memory for KV + indexer keys per card, in (0, 1024] "
                              "(default 32 GB)")
     parser.add_argument("--cards", type=int_in(1, 4096), default=16,
-                        help="cards serving the model: attention data-parallel, experts spread "
-                             "over the cards (default 16)")
+                        help="cards serving the model, 1..4096: attention data-parallel, experts "
+                             "spread over the cards (default 16)")
     parser.add_argument("--overlap", action="store_true",
                         help="overlap each layer's gather with its compute")
     parser.add_argument("--out", metavar="DIR", default=None,
@@ -202,10 +203,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from ..runtime.config import from_hf_config
-    from ..cli_util import check_writable
     from . import common
-    check_writable("--json", args.json)
-    check_writable("--tables", args.tables)
     out = common.out_dir(args, "decode")        # where the results go, before any work
     batches = size_list("--batch", args.batch, 1, MAX_BATCH)
     mtps = size_list("--mtp", args.mtp, 0, 3)

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int_in(1, 4096), default=24,
                         help="trace layers replayed, one buffer row each, 1..4096 (default 24)")
     parser.add_argument("--steps", type=int_in(1, 1 << 20), default=96,
-                        help="trace steps replayed, >= 1 (default 96)")
+                        help="trace steps replayed, 1..1048576 (default 96)")
     parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
                         help="slots per row, top-k..32768 (default 8192)")
     parser.add_argument("--ratios", default="1,2,4",
@@ -98,6 +98,7 @@ def main(args: argparse.Namespace) -> int:
                              f"({reference.MAX_BUCKETS} buckets)")
     if args.device == "npu":
         common.require_npu("hash-buckets")
+    out = common.out_dir(args, "hash-buckets")
     trace = common.trace_path(args.trace)
     if trace is not None:
         sel, positions, _ = load_selections(trace, args.layers, args.steps)
@@ -111,7 +112,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {source}")
     if sel.shape[2] > args.capacity:
         raise UsageError(f"--capacity: expected >= the trace's top-{sel.shape[2]}, got {args.capacity}")
-    out = common.out_dir(args, "hash-buckets")
     progress = common.bar(len(ratios) * sel.shape[1], "hash-buckets", args)
     try:
         with backend.emulation("fast"):   # same results as strict; nothing here is timed

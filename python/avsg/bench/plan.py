@@ -248,6 +248,7 @@ def main(args: argparse.Namespace) -> int:
     hw = common.load_hw(args)
     if args.device == "npu":
         common.require_npu("plan")
+    out = common.out_dir(args, "plan")
     trace = None if args.no_trace else common.trace_path(args.trace)
     if args.policies and trace is None:
         raise UsageError("--policies: needs the trace (pass --trace; not with --no-trace)")
@@ -258,7 +259,6 @@ def main(args: argparse.Namespace) -> int:
         if tsel.shape[2] < 2048:
             raise UsageError(f"--trace: expected top-2048 selections, the trace has top-{tsel.shape[2]}")
         sel = tsel
-    out = common.out_dir(args, "plan")
     grids = QUICK_GRIDS if args.quick else GRIDS
     print(f"avsg bench plan: hash vs dual-pointer (matcher='dual_pointer'), {args.rows} rows = "
           f"{args.rows} emulated cores, {args.steps} measured steps per point; hardware '{hw.name}'; "

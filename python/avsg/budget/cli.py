@@ -42,19 +42,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use generated traces instead (no trace files needed; not with "
                              "--trace)")
     parser.add_argument("--layers-per-trace", type=int_in(1, 4096), default=8,
-                        help="trace layers used as locality rows, spread over each trace (default 8)")
+                        help="trace layers used as locality rows, spread over each trace, 1..4096 "
+                             "(default 8)")
     parser.add_argument("--trace-steps", type=int_in(1, 1 << 20), default=1024,
-                        help="decode steps of each row used (default 1024; caps output lengths)")
+                        help="decode steps of each row used, 1..1048576 (default 1024; caps output "
+                             "lengths)")
     parser.add_argument("--requests", type=int_in(1, MAX_REQUESTS), default=300,
                         help=f"requests simulated, 1..{MAX_REQUESTS:,} (default 300)")
     parser.add_argument("--rate", type=float_in(0, 1e6, low_open=True), default=4.0,
                         help="Poisson arrival rate, requests per second, in (0, 1e6] (default 4: "
                              "saturating)")
-    parser.add_argument("--prompt-mean", type=int_in(1), default=48 * 1024,
+    parser.add_argument("--prompt-mean", type=int_in(1, 1 << 24), default=48 * 1024,
                         help="mean prompt length in tokens, with --output-mean within the model's "
-                             "context (default 48K; log-normal, 8K-128K)")
-    parser.add_argument("--output-mean", type=int_in(1), default=384,
-                        help="mean output length in tokens, >= 1 (default 384; log-normal)")
+                             "context (<= 16777216; default 48K; log-normal, 8K-128K)")
+    parser.add_argument("--output-mean", type=int_in(1, 1 << 24), default=384,
+                        help="mean output length in tokens, 1..16777216, with --prompt-mean within "
+                             "the model's context (default 384; log-normal)")
     parser.add_argument("--buffer-gb", type=float_in(0, MAX_BUFFER_GB, low_open=True),
                         default=d.buffer_gb,
                         help=f"device memory for KV buffers and their state per card, in (0, "
@@ -63,29 +66,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"most requests decoding at once, 1..{MAX_BATCH} (default "
                              f"{d.max_batch})")
     parser.add_argument("--fixed-capacity", type=int_in(1, 1 << 24), default=d.fixed_capacity,
-                        help=f"slots per request for the fixed variant, >= top-k (default "
+                        help=f"slots per request for the fixed variant, top-k..16777216 (default "
                              f"{d.fixed_capacity})")
     parser.add_argument("--spin-ratio", type=float_in(1, 1e4), default=d.spin_ratio,
                         help=f"buffer / mandatory ratio for the spin variant, in [1, 1e4] (default "
                              f"{d.spin_ratio:g})")
     parser.add_argument("--granule", type=int_in(1, 1 << 24), default=d.granule,
-                        help=f"capacity step of the elastic split, slots (default {d.granule})")
-    parser.add_argument("--rebalance-every", type=int_in(1), default=d.rebalance_every,
-                        help=f"iterations between rebalances, besides admit/finish (default "
+                        help=f"capacity step of the elastic split, slots, 1..16777216 (default "
+                             f"{d.granule})")
+    parser.add_argument("--rebalance-every", type=int_in(1, 1 << 20), default=d.rebalance_every,
+                        help=f"iterations between rebalances, besides admit/finish, 1..1048576 (default "
                              f"{d.rebalance_every})")
     parser.add_argument("--sample-rate", type=float_in(0, 1, low_open=True), default=d.sample_rate,
                         help=f"share of positions the online miss curves track, in (0, 1], "
                              f"rounded to 1/n (default {d.sample_rate:g})")
     parser.add_argument("--tpot-slo-ms", type=float_in(0, 1e6), default=0.0,
                         help="admit only while the projected time per output token stays within "
-                             "this many ms (default 0: no SLO, admission by memory only)")
+                             "this many ms, in [0, 1e6] (default 0: no SLO, admission by memory "
+                             "only)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated subset of {', '.join(VARIANTS)} (default all)")
     parser.add_argument("--hw", default=hardware.DEFAULT_PROFILE,
                         help="hardware profile JSON (default: the bundled 910B assumptions)")
     parser.add_argument("--config", default=V32_CONFIG, help="DeepSeek-V3.2 config.json")
     parser.add_argument("--cards", type=int_in(1, 4096), default=d.cards,
-                        help=f"cards serving the model, experts spread over them (default {d.cards})")
+                        help=f"cards serving the model, experts spread over them, 1..4096 (default "
+                             f"{d.cards})")
     parser.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0,
                         help="workload seed, >= 0 (default 0)")
     parser.add_argument("--out", default=DEFAULT_OUT,
@@ -143,9 +149,10 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     longest = args.prompt_mean + args.output_mean
     if longest > config.max_position_embeddings:
-        raise UsageError(f"--prompt-mean: {args.prompt_mean:,} prompt + {args.output_mean:,} "
-                         f"output tokens on average are past the model's context of "
-                         f"{config.max_position_embeddings:,} positions")
+        option = "--prompt-mean" if args.prompt_mean >= args.output_mean else "--output-mean"
+        raise UsageError(f"{option}: --prompt-mean {args.prompt_mean:,} + --output-mean "
+                         f"{args.output_mean:,} tokens on average are past the model's context "
+                         f"of {config.max_position_embeddings:,} positions")
     traces = _load_traces(args)
     k = config.index_topk
     for name, tr in traces:

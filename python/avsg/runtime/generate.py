@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-ids", required=True,
                         help="JSON list of token-id lists (or @FILE holding it)")
     parser.add_argument("--max-new-tokens", type=int_in(1, 1 << 20), default=32,
-                        help="output tokens per prompt, >= 1 (default 32)")
+                        help="output tokens per prompt, 1..1048576 (default 32)")
     parser.add_argument("--mode", choices=("device", "offload", "avsg"), default="device",
                         help="KV store (default device); outputs are identical in every mode")
     parser.add_argument("--mtp", type=int, default=0, choices=range(0, 4), metavar="N",

@@ -58,13 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int_in(1, 4096), default=4,
                         help="rows decoded together, 1..4096 (default 4)")
     parser.add_argument("--requests", type=int_in(1, 1 << 20),
-                        help="requests to serve, >= 1 (default 2 x batch)")
-    parser.add_argument("--context", type=int_in(1),
-                        help="context length of a request with --select indexer (default 32768; "
+                        help="requests to serve, 1..1048576 (default 2 x batch)")
+    parser.add_argument("--context", type=int_in(1, 1 << 24),
+                        help="context length of a request with --select indexer, up to the model's "
+                             "positions (<= 16777216; default 32768; "
                              "requests vary by up to 1024 below it); with trace selection the "
                              "contexts end at the trace's query positions")
     parser.add_argument("--new-tokens", type=int_in(1, 1 << 20), default=128,
-                        help="output tokens per request, >= 1 (default 128; requests vary by "
+                        help="output tokens per request, 1..1048576 (default 128; requests vary by "
                              "+-25%%); contexts plus outputs must fit the model's positions")
     parser.add_argument("--mtp", type=int, default=1, choices=range(0, 4), metavar="N",
                         help="MTP drafts per step, 0..3 (default 1)")

@@ -88,9 +88,12 @@ def _policy_error(message: str, policy: str, tr) -> str:
     return f"{option} (policy {policy}):{rest}" if rest else f"--policy {policy}: {message}"
 
 
-def _replay_checked(fn, *a, **kw):
-    """A replay of a trace loaded with --no-check: values the validation would have refused
-    (positions past T, unsorted rows) are the file's fault, not a crash."""
+def _replay_checked(args, fn, *a, **kw):
+    """``fn(*a, **kw)``; with --no-check the values the validation would have refused
+    (positions past T, unsorted rows) reach the policies, and what they raise is the file's
+    fault, not a crash."""
+    if not args.no_check:
+        return fn(*a, **kw)
     try:
         return fn(*a, **kw)
     except (ValueError, IndexError) as e:
@@ -150,7 +153,7 @@ def cmd_replay(args) -> int:
     results = []
     for cap in args.capacity:
         for p in policies:
-            r = _replay_checked(replay, tr, p, cap, count_first_step=args.count_first_step,
+            r = _replay_checked(args, replay, tr, p, cap, count_first_step=args.count_first_step,
                                 entry_bytes=args.entry_bytes, progress=args.progress,
                                 **_policy_opts(args))
             extra = f", bypassed {r.bypassed}" if r.bypassed else ""
@@ -262,7 +265,7 @@ def cmd_mtp(args) -> int:
         if why is not None:
             raise UsageError(f"--policy: policy 'avsg' needs avsg.SparseKVBuffer: {why}")
     _check_policies(tr, [args.policy], [args.capacity], args, 1 + args.drafts)
-    res = _replay_checked(mtp_replay, tr, policy=args.policy, capacity=args.capacity,
+    res = _replay_checked(args, mtp_replay, tr, policy=args.policy, capacity=args.capacity,
                           drafts=args.drafts, accept_mean=args.accept_mean,
                           accept_model=args.accept_model, seed=args.seed,
                           modes=args.modes or MODES, count_first_step=args.count_first_step,
@@ -279,7 +282,8 @@ def _add_common_trace_args(p, with_policy_opts=True):
     # a layer *selection* (indices), unlike the layer *counts* --layers of demo and synth
     p.add_argument("--layer-select", dest="layers", metavar="INDICES",
                    help="layers to use, e.g. 0-3,7 (default: all)")
-    p.add_argument("--steps", type=int_in(1), help="use only the first N >= 1 steps (default: all)")
+    p.add_argument("--steps", type=int_in(1, 1 << 24),
+                   help="use only the first N steps, 1..16777216 (default: all)")
     p.add_argument("--no-check", action="store_true", help="skip the O(size) value validation")
     if with_policy_opts:
         p.add_argument("--count-first-step", action="store_true",
@@ -287,11 +291,12 @@ def _add_common_trace_args(p, with_policy_opts=True):
         p.add_argument("--lifetime", type=int_in(1, 255), default=16,
                        help="avsg-lifetime: lifetime L, 1..255 (default 16)")
         p.add_argument("--ways", type=int_in(1, 32768), default=16,
-                       help="setassoc-fifo: ways per set, a divisor of the capacity (default 16)")
+                       help="setassoc-fifo: ways per set, a divisor of the capacity, 1..32768 "
+                            "(default 16)")
         p.add_argument("--buckets", type=int_in(1, 65536), default=64,
                        help="bucketed-lru: buckets, 1..65536 (default 64)")
         p.add_argument("--bucket-width", type=int_in(1, 1 << 20), default=1,
-                       help="bucketed-lru: steps per bucket, >= 1 (default 1)")
+                       help="bucketed-lru: steps per bucket, 1..1048576 (default 1)")
 
 
 def _fill(trace_sub):
@@ -306,8 +311,8 @@ def _fill(trace_sub):
     _add_common_trace_args(p)
     p.add_argument("--capacity", type=int_in(1, MAX_CAPACITY), nargs="+",
                    default=list(DEFAULT_CAPACITIES),
-                   help="buffer entries per layer, >= Tq x K (avsg policies: <= 32768; default "
-                        "4096 8192 16384)")
+                   help="buffer entries per layer, Tq x K..16777216 (avsg policies: <= 32768; "
+                        "default 4096 8192 16384)")
     p.add_argument("--policy", nargs="+", choices=names, help="policies (default: all)")
     p.add_argument("--entry-bytes", type=int_in(1, 1 << 20), default=DEFAULT_ENTRY_BYTES,
                    help=f"bytes per KV entry per layer, 1..1048576 (default {DEFAULT_ENTRY_BYTES}: "
@@ -333,10 +338,10 @@ def _fill(trace_sub):
     p.add_argument("out", help="output .npz (or directory for a grid)")
     p.add_argument("--steps", type=int_in(1, 1 << 24), default=1024,
                    help="decode steps recorded, 1..16777216 (default 1024)")
-    p.add_argument("--layers", type=int_in(1), default=1,
-                   help="layers, independent draws, >= 1 (default 1)")
-    p.add_argument("--k", type=int_in(1), default=2048,
-                   help="selections per step, top-k, >= 1 (default 2048)")
+    p.add_argument("--layers", type=int_in(1, 4096), default=1,
+                   help="layers, independent draws, 1..4096 (default 1)")
+    p.add_argument("--k", type=int_in(1, 1 << 24), default=2048,
+                   help="selections per step, top-k, 1..16777216 (default 2048)")
     p.add_argument("--max-len", type=int_in(1, 1 << 24), default=16384,
                    help="context length at the last step, >= --k + --steps + --window and <= "
                         "16777216 (default 16384)")
@@ -346,29 +351,29 @@ def _fill(trace_sub):
     p.add_argument("--mu-hist", type=float_in(0, 1), nargs="+", default=[0.7],
                    help="mean historical recall: share of the new selections drawn from the last "
                         "--window steps, in [0, 1]; several values make a grid (default 0.7)")
-    p.add_argument("--sigma", type=float_in(0), default=0.01,
-                   help="standard deviation of the per-step recall, >= 0 (default 0.01)")
-    p.add_argument("--window", type=int_in(1), default=8,
-                   help="history window in steps for the recall, >= 1 (default 8)")
+    p.add_argument("--sigma", type=float_in(0, 1), default=0.01,
+                   help="standard deviation of the per-step recall, in [0, 1] (default 0.01)")
+    p.add_argument("--window", type=int_in(1, 1 << 20), default=8,
+                   help="history window in steps for the recall, 1..1048576 (default 8)")
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="random seed, >= 0 (default 0)")
     p.set_defaults(func=cmd_synth)
 
     p = trace_sub.add_parser("info", help="validate a trace and print its summary")
     _add_common_trace_args(p, with_policy_opts=False)
     p.add_argument("--stats", action="store_true", help="also measure gamma and historical recall")
-    p.add_argument("--window", type=int_in(1), default=8,
-                   help="history window for --stats, >= 1 (default 8)")
+    p.add_argument("--window", type=int_in(1, 1 << 20), default=8,
+                   help="history window for --stats, 1..1048576 (default 8)")
     p.set_defaults(func=cmd_info)
 
     p = trace_sub.add_parser("mtp", help="MTP replay: shared vs separate vs cold-start buffers")
     _add_common_trace_args(p)
     p.add_argument("--policy", default="lru", choices=names, help="buffer policy (default lru)")
     p.add_argument("--capacity", type=int_in(1, MAX_CAPACITY), default=8192,
-                   help="buffer entries per layer, >= (1 + --drafts) x K (default 8192)")
+                   help="buffer entries per layer, (1 + --drafts) x K..16777216 (default 8192)")
     p.add_argument("--drafts", type=int_in(1, 16), default=3,
                    help="MTP draft tokens per step, 1..16 (default 3)")
-    p.add_argument("--accept-mean", type=float_in(0), default=1.44,
-                   help="mean accepted drafts per step, 0..--drafts (default 1.44)")
+    p.add_argument("--accept-mean", type=float_in(0, 16), default=1.44,
+                   help="mean accepted drafts per step, 0..--drafts (<= 16; default 1.44)")
     p.add_argument("--accept-model", choices=("geometric", "fixed"), default="geometric",
                    help="how accepted drafts are drawn (default geometric)")
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0,

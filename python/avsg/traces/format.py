@@ -217,7 +217,7 @@ def load_trace(path: "str | os.PathLike", check_values: bool = True) -> Trace:
         # numpy calls anything that is not an array or a zip "pickled data" and suggests
         # allow_pickle; a trace never is, so say what the file is not
         why = "not a zip archive" if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
-        raise TraceFormatError(f"{path}: not an .npz trace ({why})") from None
+        raise TraceFormatError(f"{path}: not a readable .npz trace ({why})") from None
     if not hasattr(f, "files"):
         raise TraceFormatError(f"{path}: expected an .npz archive with keys {REQUIRED_KEYS}, "
                                f"got a single array")
