@@ -333,6 +333,23 @@ def test_trace_errors_name_the_path_once_without_numpy_advice(files):
         assert line.count(path) == 1 and "allow_pickle" not in line and "pickle.load" not in line
 
 
+def test_every_default_the_help_shows_parses():
+    """'(default 48K)' in a help text: 48K is a value the option takes, and so is its real
+    default."""
+    checked = 0
+    for command, parser in _leaves(cli.build_parser()):
+        for action in parser._actions:
+            if getattr(action.type, "valid_range", None) is None:
+                continue
+            shown = re.search(r"default:? ([0-9][0-9.eEkKmM+]*)", action.help or "")
+            if shown:
+                action.type(shown.group(1).rstrip(".;:,"))
+                checked += 1
+            if isinstance(action.default, (int, float)) and not isinstance(action.default, bool):
+                action.type(str(action.default))
+    assert checked > 50
+
+
 def test_help_defaults_parse(files, tmp_path):
     """bench decode's help shows 32K,64K,128K: those values parse (the run stops at the
     missing trace, after the arguments were accepted)."""
@@ -463,3 +480,27 @@ def test_readme_batch_one_mtp3_claim_matches_the_table():
 def test_venv_is_ignored():
     res = subprocess.run(["git", "check-ignore", "-q", ".venv/bin/python"], cwd=REPO)
     assert res.returncode == 0
+
+
+def test_library_errors_become_the_commands_options():
+    """The backstop for what no command checks first: the library's argument name becomes the
+    option, files and allocations are one line."""
+    import zlib
+    from avsg.cli_util import error_message
+    options = {"--capacity", "--bucket-width"}
+    assert error_message(ValueError("capacity: expected <= 32768, got 40000"), options) == \
+        "--capacity: expected <= 32768, got 40000"
+    assert error_message(ValueError("bucket_width: expected >= 1"), options).startswith(
+        "--bucket-width:")
+    assert error_message(ValueError("rows: expected >= 1"), options) == "rows: expected >= 1"
+    assert error_message(ValueError("two\nlines"), options) == "two lines"
+    assert "corrupted" in error_message(zlib.error("Error -3"))
+    assert error_message(PermissionError(13, "Permission denied", "/x")) == "/x: Permission denied"
+    assert "memory" in error_message(MemoryError())
+
+
+def test_debug_shows_the_traceback(files):
+    from avsg.cli_util import UsageError
+    with pytest.raises(UsageError):
+        with contextlib.redirect_stdout(io.StringIO()):
+            cli.main(["--debug", "trace", "info", str(files["bad"]["truncated0"])])

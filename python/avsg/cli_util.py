@@ -84,6 +84,9 @@ def report_error(prog: str, error: BaseException, options: Iterable[str] = ()) -
 
 # ------------------------------------------------------------------------ ranges (argparse types)
 
+_SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2}
+
+
 def _type(fn, name, low, high):
     fn.__name__ = name      # argparse names the type in its messages for plain ValueErrors
     fn.valid_range = (low, high)    # for the tests that feed every option its absurd values
@@ -91,8 +94,12 @@ def _type(fn, name, low, high):
 
 
 def _parse_int(text: str) -> int:
+    """An integer, also written as 1e9 or with a K / M suffix (48K = 49152), as help texts do."""
+    match = re.fullmatch(r"\s*([+-]?\d+)\s*([kKmM])\s*", text)
+    if match:
+        return int(match.group(1)) * _SUFFIX[match.group(2).lower()]
     value = float(text) if re.fullmatch(r"[+-]?\d+(\.0*)?[eE]\+?\d+", text.strip()) else None
-    if value is not None and value.is_integer():    # 1e9: an integer written as a float
+    if value is not None and value.is_integer():
         return int(value)
     return int(text)
 
@@ -143,9 +150,6 @@ def float_in(low: Optional[float] = None, high: Optional[float] = None,
                                              + f", got {text}")
         return value
     return _type(parse, "float", low, high)
-
-
-_SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2}
 
 
 def parse_size(option: str, text: str, low: int = 1, high: Optional[int] = None) -> int:
