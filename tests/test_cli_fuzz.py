@@ -299,6 +299,8 @@ def test_listed_cases(files):
         (["demo", "--layers", "1000", "--synthetic"], "--layers"),
         (["demo", "--capacity", str(2 ** 40)], "--capacity"),
         (["demo", "--trace", values, "--layers", "1", "--steps", "2"], "--trace"),
+        (["run", "--trace", values], "--trace"),
+        (["serve-sim", "--trace", values], "--trace"),
         (["demo", "--trace", hugeT, "--layers", "1", "--steps", "2"], "--"),
         (["demo", "--synthetic", "--trace", good], "--synthetic and --trace"),
         # serve-sim
@@ -308,6 +310,9 @@ def test_listed_cases(files):
         (["serve-sim", "--rate", "1e308"], "--rate"),
         (["serve-sim", "--max-batch", "1e9"], "--max-batch"),
         (["serve-sim", "--synthetic", "--trace", "/nonexistent.npz"], "--synthetic and --trace"),
+        (["serve-sim", "--synthetic", "--trace-steps", "40000"], "--trace-steps"),
+        (["serve-sim", "--synthetic", "--trace-steps", "30000", "--layers-per-trace", "4096"],
+         "--layers-per-trace"),
         # run
         (["run", "--lifetime", "4"], "--lifetime"),
         (["run", "--lifetime", "4", "--policy", "lru"], "--policy"),

@@ -18,11 +18,12 @@ from typing import List
 
 import numpy as np
 
-from ..cli_util import (UsageError, check_writable, float_in, int_in, progress_bar, read_trace,
-                        reject_together)
+from ..cli_util import (UsageError, check_memory, check_writable, float_in, int_in, progress_bar,
+                        read_trace, reject_together)
 
 DEFAULT_OUT = os.path.join("avsg-results", "serve-sim")
 SHARED = ("asyncio_32k.npz", "debian_reference_32k.npz")
+SYNTHETIC_TOPK, SYNTHETIC_CONTEXT = 2048, 32768
 MAX_REQUESTS = 1_000_000      # the simulation keeps every request's record
 MAX_BUFFER_GB = 1024.0        # device memory of a card is tens of GB
 MAX_BATCH = 4096
@@ -111,8 +112,17 @@ def _check_args(args) -> None:
 def _load_traces(args) -> List[tuple]:
     from ..traces import synth
     if args.synthetic:
-        return [(f"synthetic gamma {g}", synth.generate(steps=args.trace_steps, layers=args.layers_per_trace,
-                                                        k=2048, max_len=32768, gamma=g, seed=i))
+        longest = SYNTHETIC_CONTEXT - SYNTHETIC_TOPK - 9       # every step selects top-k anew
+        if args.trace_steps > longest:
+            raise UsageError(f"--trace-steps: the synthetic traces hold {SYNTHETIC_CONTEXT:,} "
+                             f"positions, so at most {longest:,} steps of top-{SYNTHETIC_TOPK}, "
+                             f"got {args.trace_steps:,}")
+        check_memory("--layers-per-trace", 2 * 2 * args.layers_per_trace * args.trace_steps
+                     * SYNTHETIC_TOPK, f"two synthetic traces of {args.layers_per_trace} layers x "
+                     f"{args.trace_steps:,} steps")
+        return [(f"synthetic gamma {g}",
+                 synth.generate(steps=args.trace_steps, layers=args.layers_per_trace,
+                                k=SYNTHETIC_TOPK, max_len=SYNTHETIC_CONTEXT, gamma=g, seed=i))
                 for i, g in enumerate((0.6, 0.8))]
     paths = args.trace
     if not paths:
@@ -123,7 +133,7 @@ def _load_traces(args) -> List[tuple]:
                              "NPZ or --synthetic")
     out = []
     for p in paths:
-        tr = read_trace("--trace", p, check_values=False)
+        tr = read_trace("--trace", p, check_values=True)   # bad values would skew the model
         if tr.k > 4096 or tr.T < 2 * tr.k:
             raise UsageError(f"--trace: {p}: top-k {tr.k} / context {tr.T} not usable")
         out.append((os.path.splitext(os.path.basename(p))[0], tr))

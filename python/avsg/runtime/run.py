@@ -154,12 +154,13 @@ def build_model(config, checkpoint: Optional[str], seed: int, device: torch.devi
 def load_selection_trace(path: Optional[str], layers: int, topk: int, context: int, steps: int,
                          seed: int):
     """The trace to replay, and a line saying where it came from."""
-    from ..traces import format as trace_format, synth
+    from ..cli_util import read_trace
+    from ..traces import synth
     from ..demo import find_trace
     path = find_trace(path)
     if path is not None:
-        from ..cli_util import read_trace
-        trace = read_trace("--trace", path, check_values=False)
+        # values checked: a position past T or an unsorted row would reach the kernels' checks
+        trace = read_trace("--trace", path, check_values=True)
         return trace, f"trace {os.path.relpath(path)} ({trace.layers} layers, {trace.steps} steps)"
     if steps + topk + 9 > context:
         # the synthetic trace grows by one position per step from its first context
