@@ -47,7 +47,8 @@ def test_doctor_reads_versions_from_the_install(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--seconds", "0"], "--seconds: expected a positive time limit, got 0"),
+    (["--seconds", "0"], "argument --seconds: expected a finite number in (0, 86400], got 0"),
+    (["--seconds", "nan"], "argument --seconds: expected a finite number in (0, 86400], got nan"),
     (["--json", "."], "--json: . is a directory, expected a file name"),
 ])
 def test_doctor_usage_errors_are_one_line_exit_2(args, message):

@@ -8,15 +8,16 @@
     avsg trace ...  the trace lab: replay policies, synthesize, inspect
     avsg serve-sim  serving under a buffer memory budget: schedulers compared (a model)
 
-A mistake in the arguments prints one line on stderr and exits with status 2; ``--debug`` shows
-the traceback instead.
+A mistake in the arguments, a corrupted or unreadable input file, an output that cannot be written
+or a size this machine cannot allocate prints one line on stderr and exits with status 2
+(``avsg.cli_util``); ``--debug`` shows the traceback instead.
 """
 from __future__ import annotations
 
 import sys
 from typing import List, Optional
 
-from .cli_util import OneLineParser, UsageError
+from .cli_util import INPUT_ERRORS, OneLineParser, mark_leaves, report_error
 
 
 def plain(text: str) -> str:
@@ -72,24 +73,26 @@ def build_parser() -> OneLineParser:
         pass
     else:
         add_trace_commands(sub)
+    mark_leaves(parser)
     return parser
 
 
 def _name(args) -> str:
-    sub = getattr(args, "bench", None) if args.command == "bench" else None
+    sub = {"bench": "bench", "trace": "trace_command"}.get(args.command)
+    sub = getattr(args, sub, None) if sub else None
     return f"{args.command} {sub}" if sub else args.command
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    options = vars(args).pop("_options", ())   # the command's options, for report_error
     try:
         return int(args.func(args) or 0)
-    except UsageError as e:
+    except INPUT_ERRORS as e:
         if args.debug:
             raise
-        print(f"avsg {_name(args)}: error: {e}", file=sys.stderr)
-        return 2
+        return report_error(f"avsg {_name(args)}", e, options)
     except KeyboardInterrupt:
         print(f"avsg {_name(args)}: interrupted", file=sys.stderr)
         return 130

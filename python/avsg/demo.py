@@ -18,9 +18,12 @@ import torch
 
 from . import buffer as avsg_buffer
 from .buffer import SparseKVBuffer, gather
-from .cli_util import UsageError
+from .cli_util import UsageError, check_memory_total, int_in, read_trace, reject_together
 
 ROW_BYTES = 656
+SYNTHETIC_TOPK, SYNTHETIC_CONTEXT = 2048, 16384
+MAX_CONTEXT = 1 << 24          # positions the buffer addresses
+MAX_CAPACITY = 1 << 15         # slots per row the buffer takes
 DEFAULT_TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
                              "asyncio_32k.npz")
 
@@ -55,34 +58,54 @@ def synthetic_selections(layers: int, steps: int, k: int, context: int, seed: in
 
 
 def load_selections(trace: str, layers: int, steps: int):
-    """The first ``layers`` x ``steps`` of a trace; asking for more than it holds is an error."""
-    from .traces.format import load_trace
-    try:
-        tr = load_trace(trace, check_values=False)
-    except FileNotFoundError:
-        raise UsageError(f"--trace: no such file: {trace}") from None
-    except (ValueError, OSError, KeyError) as e:
-        raise UsageError(f"--trace: {trace} is not a selection trace ({e})") from None
+    """The first ``layers`` x ``steps`` of a trace, their values checked; asking for more than it
+    holds is an error."""
+    from .traces.format import TraceFormatError, validate_trace
+    tr = read_trace("--trace", trace, check_values=False)
     if tr.sel.ndim != 3:
         raise UsageError(f"--trace: {trace} has an MTP axis; expected sel [layers, steps, k]")
     if layers > tr.layers:
         raise UsageError(f"--layers: the trace has {tr.layers} layers, asked for {layers}")
     if steps > tr.steps:
         raise UsageError(f"--steps: the trace has {tr.steps} steps, asked for {steps}")
-    sel = tr.sel[:layers, :steps].astype(np.int64)
-    positions = np.asarray(tr.positions[:steps]).astype(np.int64)
+    tr = tr.subset(layers=slice(0, layers), steps=slice(0, steps))
+    try:            # the values replayed, not the layers and steps left out
+        validate_trace(tr)
+    except TraceFormatError as e:
+        raise UsageError(f"--trace: {trace}: {e}") from None
+    if tr.T > MAX_CONTEXT:
+        raise UsageError(f"--trace: {trace}: its context T = {tr.T:,} is past the buffer's "
+                         f"{MAX_CONTEXT:,} positions")
+    sel = tr.sel.astype(np.int64)
+    positions = np.asarray(tr.positions).astype(np.int64)
     return sel, positions, int(tr.T)
+
+
+def check_sizes(layers: int, steps: int, k: int, context: int, capacity: int) -> None:
+    """Everything the demo allocates, against this machine's memory, before allocating it."""
+    check_memory_total([
+        ("--layers", layers * context * ROW_BYTES,
+         f"the host pool ({layers:,} layers x {context:,} positions x {ROW_BYTES} B)"),
+        ("--capacity", layers * capacity * ROW_BYTES,
+         f"the device buffer ({layers:,} x {capacity:,} slots x {ROW_BYTES} B)"),
+        ("--steps", 8 * layers * steps * k,
+         f"the selections ({layers:,} x {steps:,} steps x top-{k:,})")])
 
 
 def run(trace: Optional[str], layers: int, steps: int, capacity: int, synthetic: bool,
         lifetime: int, seed: int = 0) -> dict:
     if synthetic or trace is None:
         source = "synthetic (75% step-to-step overlap)"
-        sel, positions, context = synthetic_selections(layers, steps, 2048, 16384, seed)
+        check_sizes(layers, steps, SYNTHETIC_TOPK, SYNTHETIC_CONTEXT + steps, capacity)
+        sel, positions, context = synthetic_selections(layers, steps, SYNTHETIC_TOPK,
+                                                       SYNTHETIC_CONTEXT, seed)
     else:
         source = os.path.relpath(trace)
         sel, positions, context = load_selections(trace, layers, steps)
+        check_sizes(layers, steps, sel.shape[2], context, capacity)
     layers, steps, k = sel.shape
+    if capacity < k:
+        raise UsageError(f"--capacity: expected >= the trace's top-k ({k}), got {capacity}")
     gen = torch.Generator().manual_seed(seed)
     host_pool = torch.randint(0, 256, (layers, context, ROW_BYTES), dtype=torch.uint8,
                               generator=gen)
@@ -136,23 +159,22 @@ def _uses_kernels() -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", help="selection trace .npz (default: ../shared/traces/"
                         "asyncio_32k.npz if present, else synthetic)")
-    parser.add_argument("--synthetic", action="store_true", help="use a synthetic stream")
-    parser.add_argument("--layers", type=int, default=4,
-                        help="trace layers to replay, each as one buffer row (default 4)")
-    parser.add_argument("--steps", type=int, default=32, help="decode steps (default 32)")
-    parser.add_argument("--capacity", type=int, default=8192,
-                        help="buffer slots per row (default 8192)")
-    parser.add_argument("--lifetime", type=int, default=16, help="buffer lifetime (default 16)")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="use a synthetic stream (not with --trace)")
+    parser.add_argument("--layers", type=int_in(1, 4096), default=4,
+                        help="trace layers to replay, each as one buffer row, 1..4096 (default 4)")
+    parser.add_argument("--steps", type=int_in(1, 1 << 20), default=32,
+                        help="decode steps, 1..1048576 (default 32)")
+    parser.add_argument("--capacity", type=int_in(SYNTHETIC_TOPK, MAX_CAPACITY), default=8192,
+                        help=f"buffer slots per row, {SYNTHETIC_TOPK}..{MAX_CAPACITY} "
+                             f"(>= the trace's top-k; default 8192)")
+    parser.add_argument("--lifetime", type=int_in(1, 255), default=16,
+                        help="buffer lifetime, 1..255 (default 16)")
 
 
 def main(args: argparse.Namespace) -> int:
-    for name in ("layers", "steps", "capacity", "lifetime"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name}: expected >= 1, got {getattr(args, name)}")
-    if args.capacity < 2048:
-        raise UsageError(f"--capacity: expected >= the trace's top-k (2048), got {args.capacity}")
-    if args.lifetime > 255:
-        raise UsageError(f"--lifetime: expected 1..255, got {args.lifetime}")
+    reject_together(args, "--synthetic", "--trace", "--synthetic replays a generated stream, "
+                    "--trace a file; give one")
     run(find_trace(args.trace), args.layers, args.steps, args.capacity, args.synthetic,
         args.lifetime)
     return 0

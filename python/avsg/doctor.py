@@ -30,7 +30,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from .cli_util import UsageError
+from .cli_util import float_in, output_path
 
 CANN_VERSION_FILES = ("ascend_toolkit_install.info", "ascend_cann_install.info", "version.info",
                       "runtime/version.info")
@@ -346,21 +346,18 @@ def verdict(checks: List[Check]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=float, default=30.0,
-                        help="time limit of the NPU self-test (default 30)")
+    parser.add_argument("--seconds", type=float_in(0, 86400, low_open=True), default=30.0,
+                        help="time limit of the NPU self-test, seconds in (0, 86400] (default 30)")
     parser.add_argument("--no-selftest", action="store_true", help="versions and backends only")
     parser.add_argument("--json", help="also write the checks as JSON to this file")
 
 
 def main(args: argparse.Namespace) -> int:
-    if not args.seconds > 0:
-        raise UsageError(f"--seconds: expected a positive time limit, got {args.seconds:g}")
-    if args.json and os.path.isdir(args.json):
-        raise UsageError(f"--json: {args.json} is a directory, expected a file name")
+    json_path = output_path("--json", args.json)
     checks = run_checks(args.seconds, not args.no_selftest, lambda line: print(line, flush=True))
     line = verdict(checks)
     print(line)
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(dict(checks=[dataclasses.asdict(c) for c in checks], verdict=line), f, indent=1)
     return 1 if any(c.status == "fail" for c in checks) else 0

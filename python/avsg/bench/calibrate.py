@@ -40,6 +40,7 @@ import torch
 
 from .. import _ops, backend
 from . import common, hardware
+from ..cli_util import int_in
 
 SIZES = [64 << i for i in range(11)]   # 64 B .. 64 KB
 READS_IN_FLIGHT = 4                    # kGatherCopyBuffers
@@ -173,9 +174,12 @@ def fit_vector_constants(rows: List[Dict]) -> Dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=int, default=4096, help="rows copied per timed launch (default 4096)")
-    parser.add_argument("--iters", type=int, default=10, help="timed launches per point (default 10)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed launches per point (default 3)")
+    parser.add_argument("--rows", type=int_in(1, 1 << 20), default=4096,
+                        help="rows copied per timed launch, 1..1048576 (default 4096)")
+    parser.add_argument("--iters", type=int_in(1, 10000), default=10,
+                        help="timed launches per point, 1..10000 (default 10)")
+    parser.add_argument("--warmup", type=int_in(0, 10000), default=3,
+                        help="untimed launches per point, 0..10000 (default 3)")
     parser.add_argument("--hw", metavar="JSON", default=hardware.DEFAULT_PROFILE,
                         help="profile whose unmeasured entries are kept (default the bundled 910B one)")
     parser.add_argument("--out", metavar="DIR", default=None,

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import torch
 
 from .. import backend
-from ..cli_util import UsageError, progress_bar
+from ..cli_util import UsageError, check_dir_writable, check_writable, progress_bar
 from . import hardware
 
 RESULTS_ROOT = "avsg-results"
@@ -66,20 +66,16 @@ _msprof_dir: Optional[str] = None     # set by out_dir from --msprof; read by np
 
 
 def out_dir(args: argparse.Namespace, command: str) -> str:
-    """The output directory (created), after checking the output options (--out, --msprof)."""
+    """The output directory (created), after checking every output option (--out, --tables,
+    --json, --msprof): called before a benchmark's work, so a bad path costs nothing."""
     global _msprof_dir
     msprof = getattr(args, "msprof", None)
     if msprof and getattr(args, "device", "cpu") != "npu":
         raise UsageError("--msprof: profiles NPU launches; it needs --device npu")
     _msprof_dir = msprof
-    path = args.out or default_out(command)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"--out: {path} exists and is not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--out: cannot create {path}: {e.strerror}") from None
-    return path
+    for option in ("tables", "json"):
+        check_writable(f"--{option}", getattr(args, option, None))
+    return check_dir_writable("--out", args.out or default_out(command))
 
 
 def load_hw(args: argparse.Namespace) -> hardware.Profile:
@@ -141,7 +137,7 @@ def npu_time_us(fn, warmup: int = 3, iters: int = 10) -> List[float]:
     return times
 
 
-def int_list(option: str, text: str, low: int = 1) -> List[int]:
+def int_list(option: str, text: str, low: int = 1, high: Optional[int] = None) -> List[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -150,6 +146,8 @@ def int_list(option: str, text: str, low: int = 1) -> List[int]:
         raise UsageError(f"{option}: expected at least one value, got {text!r}")
     if min(values) < low:
         raise UsageError(f"{option}: expected integers >= {low}, got {text!r}")
+    if high is not None and max(values) > high:
+        raise UsageError(f"{option}: expected integers {low}..{high}, got {text!r}")
     return values
 
 
@@ -190,6 +188,21 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+PLOTS_SKIPPED = "skipped: matplotlib is not installed (pip install matplotlib)"
+
+
+def save_plot(path: str, draw) -> str:
+    """``draw(path)`` and ``path``; without matplotlib (an optional extra) nothing is drawn and
+    the returned text says the plot was skipped, which :func:`report_outputs` prints on one
+    line: the benchmark's tables and JSON are its job, the plot is not."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return PLOTS_SKIPPED
+    draw(path)
+    return path
 
 
 def report_outputs(files: Dict[str, str]) -> None:

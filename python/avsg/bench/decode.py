@@ -56,11 +56,12 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..cli_util import UsageError
+from ..cli_util import UsageError, float_in, int_in, size_list
 from . import hardware
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 V32_CONFIG = os.path.join(_HERE, "profiles", "deepseek_v32_config.json")
+MAX_BATCH = 4096
 MODES = ("device", "offload", "lru-host", "lru-device", "slotmap-device", "avsg")
 PEERS = ("offload", "lru-host", "lru-device", "slotmap-device")
 PROFILES = ("bundled", "pessimistic", "optimistic")
@@ -124,6 +125,22 @@ def _slotmap_policy_class():
         def _on_hits(self, s, inp, hit, slot_of):
             pass
     return SlotMapFIFO
+
+
+def load_trace_cut(trace_path: str, layers: Optional[int], steps: int):
+    """The first ``layers`` x ``steps`` of a trace, their values checked (one-line errors)."""
+    from ..cli_util import read_trace
+    from ..traces.format import TraceFormatError, validate_trace
+    trace = read_trace("--trace", trace_path, check_values=False)
+    if trace.has_mtp_axis:
+        raise UsageError(f"--trace: {trace_path} has an MTP axis; expected sel [layers, steps, k]")
+    trace = trace.subset(layers=slice(0, layers), steps=slice(0, steps))
+    try:
+        validate_trace(trace)
+    except TraceFormatError as e:
+        raise UsageError(f"--trace: {trace_path}: {e}") from None
+    return trace
+
 
 
 def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: int,
@@ -519,43 +536,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DeepSeek-V3.2 config.json (default: the released one's keys)")
     parser.add_argument("--trace", help="selection trace for the copies (default "
                         "../shared/traces/asyncio_32k.npz)")
-    parser.add_argument("--trace-layers", type=int, default=0,
-                        help="trace layers replayed (default 0: all of them)")
-    parser.add_argument("--trace-steps", type=int, default=256, help="trace steps replayed (default 256)")
-    parser.add_argument("--capacity", type=int, default=8192,
-                        help="slots per request and layer of avsg, lru-device and slotmap-device")
-    parser.add_argument("--topk-buffer-size", type=int, default=4096,
+    parser.add_argument("--trace-layers", type=int_in(0, 4096), default=0,
+                        help="trace layers replayed, 0..4096 (default 0: all of them)")
+    parser.add_argument("--trace-steps", type=int_in(8, 1 << 20), default=256,
+                        help="trace steps replayed, 8..1048576 (default 256)")
+    parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
+                        help="slots per request and layer of avsg, lru-device and slotmap-device, "
+                             "(1 + 3) x top-k..32768 (default 8192)")
+    parser.add_argument("--topk-buffer-size", type=int_in(1, 1 << 20), default=4096,
                         help="lru-host slots per query token and layer (vllm-ascend's "
-                             "topk_buffer_size; default 4096)")
-    parser.add_argument("--batch", default="1,8,32,64", help="batch sizes per card (default 1,8,32,64)")
-    parser.add_argument("--context", default="32768,131072",
-                        help="context lengths (default 32K,128K)")
-    parser.add_argument("--mtp", default="0,1,2,3", help="MTP draft counts (default 0,1,2,3)")
-    parser.add_argument("--accept-mean", type=float, default=2.0,
-                        help="mean accepted drafts per iteration at MTP-3 (scaled for other n; default 2.0)")
-    parser.add_argument("--link-gbps", type=float, help="override the host link, GB/s")
-    parser.add_argument("--cards", type=int, default=32,
-                        help="cards serving the model: attention data-parallel, experts spread "
-                             "over the cards (default 32)")
+                             "topk_buffer_size), top-k..1048576 (default 4096)")
+    parser.add_argument("--batch", default="1,8,32,64",
+                        help=f"batch sizes per card, 1..{MAX_BATCH} (default 1,8,32,64)")
+    parser.add_argument("--context", default="32K,128K",
+                        help="context lengths, from the model's top-k to its positions (163840 "
+                             "for DeepSeek-V3.2); 32K = 32768 (default 32K,128K)")
+    parser.add_argument("--mtp", default="0,1,2,3", help="MTP draft counts, 0..3 (default 0,1,2,3)")
+    parser.add_argument("--accept-mean", type=float_in(0, 3), default=2.0,
+                        help="mean accepted drafts per iteration at MTP-3, 0..3 (scaled for other "
+                             "n; default 2.0)")
+    parser.add_argument("--link-gbps", type=float_in(0, 1e4, low_open=True),
+                        help="override the host link, GB/s, in (0, 1e4]")
+    parser.add_argument("--cards", type=int_in(1, 4096), default=32,
+                        help="cards serving the model, 1..4096: attention data-parallel, experts "
+                             "spread over the cards (default 32)")
     parser.add_argument("--overlap", action="store_true",
                         help="let avsg's copies overlap attention too (the device peers' do)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="directory for decode.json and the TPOT plot (default "
                              "avsg-results/bench-decode/)")
     parser.add_argument("--json", metavar="PATH", help="JSON path (default OUT/decode.json)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress output (the command shows none; accepted as by every "
+                             "bench)")
     parser.add_argument("--tables", metavar="PATH",
                         help="also write the summary tables as Markdown to PATH (the README's copy "
                              "is docs/results/decode.md, regenerated this way)")
-
-
-def _int_list(name: str, text: str) -> List[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"{name}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0 or (name != "--mtp" and min(values) < 1):
-        raise UsageError(f"{name}: expected positive integers, got {text!r}")
-    return values
 
 
 def load_inputs(args):
@@ -573,33 +589,29 @@ def load_inputs(args):
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..demo import find_trace
-    from ..cli_util import check_writable
-    check_writable("--json", args.json)
-    check_writable("--tables", args.tables)
-    batches = _int_list("--batch", args.batch)
-    contexts = _int_list("--context", args.context)
-    mtps = sorted(set(_int_list("--mtp", args.mtp)))
-    if max(mtps) > 3:
-        raise UsageError(f"--mtp: expected values in 0..3, got {args.mtp!r}")
-    if args.cards < 1:
-        raise UsageError(f"--cards: expected >= 1, got {args.cards}")
-    if args.trace_steps < 8:
-        raise UsageError(f"--trace-steps: expected >= 8, got {args.trace_steps}")
-    if args.trace_layers < 0:
-        raise UsageError(f"--trace-layers: expected >= 0 (0 = all), got {args.trace_layers}")
+    from . import common
+    out = common.out_dir(args, "decode")        # where the results go, before any work
+    batches = size_list("--batch", args.batch, 1, MAX_BATCH)
+    mtps = sorted(set(size_list("--mtp", args.mtp, 0, 3)))
     hw, config = load_inputs(args)
+    contexts = size_list("--context", args.context, config.index_topk,
+                         config.max_position_embeddings)
     if args.link_gbps is not None:
-        if not args.link_gbps > 0:
-            raise UsageError(f"--link-gbps: expected > 0, got {args.link_gbps}")
         hw.override("link_bytes_per_s", args.link_gbps * 1e9, "--link-gbps")
-    trace = find_trace(args.trace)
-    if trace is None or not os.path.exists(trace):
-        raise UsageError("--trace: no trace found (the shared one is ../shared/traces/asyncio_32k.npz)")
+    trace = common.trace_path(args.trace)
+    if trace is None:
+        raise UsageError("--trace: no trace given and none found (the shared one is "
+                         "../shared/traces/asyncio_32k.npz)")
     if args.capacity < 4 * config.index_topk:
-        raise UsageError(f"--capacity: expected >= (1 + 3) x top-k = {4 * config.index_topk}")
+        raise UsageError(f"--capacity: expected >= (1 + 3) x top-k = {4 * config.index_topk}, "
+                         f"got {args.capacity}")
     if args.topk_buffer_size < config.index_topk:
-        raise UsageError(f"--topk-buffer-size: expected >= top-k = {config.index_topk}")
+        raise UsageError(f"--topk-buffer-size: expected >= top-k = {config.index_topk}, got "
+                         f"{args.topk_buffer_size}")
+    cut = load_trace_cut(trace, args.trace_layers or None, args.trace_steps)
+    if cut.k != config.index_topk:
+        raise UsageError(f"--trace: it selects top-{cut.k}, the model's index_topk is "
+                         f"{config.index_topk}")
     t0 = time.perf_counter()
     fmt = kv_format(hw)
     print(f"avsg bench decode: DeepSeek-V3.2 ({config.num_hidden_layers} layers, top-"
@@ -682,8 +694,6 @@ def main(args: argparse.Namespace) -> int:
             at_memory.append(entry)
     _print_summary(rows, limits, mtps, contexts, hw, config, args.cards)
     _print_at_memory(at_memory)
-    from . import common
-    out = common.out_dir(args, "decode")
     json_path = args.json or os.path.join(out, "decode.json")
     os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
     with open(json_path, "w") as f:
@@ -697,8 +707,8 @@ def main(args: argparse.Namespace) -> int:
                        for (m, ctx, n), v in limits.items()],
                    "summary": rows, "at_memory": at_memory, "records": records}, f, indent=1,
                   default=str)
-    plot_path = os.path.join(out, "decode_tpot.png")
-    _plot(records, plot_path)
+    plot_path = common.save_plot(os.path.join(out, "decode_tpot.png"),
+                                 lambda p: _plot(records, p))
     print(f"  JSON: {json_path}\n  plot: {plot_path}\n  ({time.perf_counter() - t0:.0f} s)")
     if args.tables:
         common.write_tables(args.tables, common.invocation(args),

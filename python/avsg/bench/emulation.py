@@ -21,7 +21,7 @@ import torch
 
 from .. import backend
 from ..buffer import SparseKVBuffer, gather
-from ..cli_util import UsageError
+from ..cli_util import UsageError, check_memory_total, int_in
 from . import common
 
 
@@ -65,14 +65,22 @@ def median_ms(samples, which: int) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=int, default=4, help="R: requests per call (default 4)")
-    parser.add_argument("--queries", type=int, default=2, help="T: query tokens per step, MTP (default 2)")
-    parser.add_argument("--topk", type=int, default=2048, help="K: selections per query token (default 2048)")
-    parser.add_argument("--capacity", type=int, default=8192, help="slots per request (default 8192)")
-    parser.add_argument("--context", type=int, default=16384, help="positions per request (default 16384)")
-    parser.add_argument("--row-bytes", type=int, default=1152, help="bytes per KV row (default 1152: bf16 MLA)")
-    parser.add_argument("--steps", type=int, default=12, help="timed steps per build, after warm-up (default 12)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps, cold buffer (default 2)")
+    parser.add_argument("--rows", type=int_in(1, 1024), default=4,
+                        help="R: requests per call, 1..1024 (default 4)")
+    parser.add_argument("--queries", type=int_in(1, 16), default=2,
+                        help="T: query tokens per step, MTP, 1..16 (default 2)")
+    parser.add_argument("--topk", type=int_in(1, 32768), default=2048,
+                        help="K: selections per query token, 1..32768 (default 2048)")
+    parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
+                        help="slots per request, T x K..32768 (default 8192)")
+    parser.add_argument("--context", type=int_in(1, 1 << 24), default=16384,
+                        help="positions per request, K..16777216 (default 16384)")
+    parser.add_argument("--row-bytes", type=int_in(1, 65536), default=1152,
+                        help="bytes per KV row, 1..65536 (default 1152: bf16 MLA)")
+    parser.add_argument("--steps", type=int_in(1, 10000), default=12,
+                        help="timed steps per build, after warm-up, 1..10000 (default 12)")
+    parser.add_argument("--warmup", type=int_in(0, 10000), default=2,
+                        help="untimed first steps, cold buffer, 0..10000 (default 2)")
     common.add_common_arguments(parser, "emulation", hw=False)
     common.add_tables_argument(parser, "docs/results/emulation.md")
 
@@ -111,6 +119,12 @@ def main(args: argparse.Namespace) -> int:
         common.require_npu("emulation")
         raise UsageError("--device npu: the emulation benchmark times the CPU emulation; use "
                          "'avsg bench plan --device npu' or 'avsg bench gather --device npu'")
+    check_memory_total([
+        ("--context", 2 * args.rows * args.context * args.row_bytes,
+         f"the host pools ({args.rows} rows x {args.context:,} positions x {args.row_bytes} B)"),
+        ("--capacity", 2 * args.rows * args.capacity * args.row_bytes, "the device buffers"),
+        ("--steps", 4 * (args.warmup + args.steps) * args.rows * args.queries * args.topk,
+         "the selections")])
     out = common.out_dir(args, "emulation")
     steps = selections(args.rows, args.queries, args.topk, args.context, args.warmup + args.steps)
     host = torch.randint(0, 256, (args.rows, args.context, args.row_bytes), dtype=torch.uint8)
@@ -138,9 +152,9 @@ def main(args: argparse.Namespace) -> int:
     files = {"JSON": common.write_json(f"{out}/emulation.json", dict(
         command="avsg bench emulation", config=config, machine=common.machine(), ops=rows,
         identical=identical))}
-    files["plot"] = f"{out}/emulation.png"
-    plot(rows, files["plot"], f"CPU emulation, R={args.rows} T={args.queries} K={args.topk} "
-         f"S={args.capacity}, {args.row_bytes} B rows\n{common.machine()}")
+    title = (f"CPU emulation, R={args.rows} T={args.queries} K={args.topk} S={args.capacity}, "
+             f"{args.row_bytes} B rows\n{common.machine()}")
+    files["plot"] = common.save_plot(f"{out}/emulation.png", lambda p: plot(rows, p, title))
     tables = common.write_tables(args.tables, common.invocation(args), [common.markdown_table(
         "emulation", ["op", "strict CPU ms", "fast CPU ms", "fast speed-up"],
         [[op, f"{r['strict_cpu_ms']:.2f}", f"{r['fast_cpu_ms']:.2f}", f"{r['speedup_cpu']:.1f}x"]

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .. import backend
-from ..cli_util import UsageError
+from ..cli_util import UsageError, float_in, int_in
 from . import common, hardware
 
 PARTITIONS = (("S1", "request"), ("S2", "selection"), ("S3", "miss"), ("S2-list", "topk"))
@@ -38,17 +38,22 @@ K = 2048
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", default="1,2,4,8,16,32",
-                        help="requests per launch, comma-separated (default 1,2,4,8,16,32)")
+                        help="requests per launch, comma-separated, 1..1024 (default "
+                             "1,2,4,8,16,32)")
     parser.add_argument("--miss-rate", default="0.25,0.5,0.75,1.0",
                         help="mean share of a request's selections that miss (default "
                              "0.25,0.5,0.75,1.0)")
     parser.add_argument("--row-bytes", default="656,1152",
-                        help="bytes per KV row: 656 FP8 MLA, 1152 bf16 MLA (default 656,1152)")
-    parser.add_argument("--topk", type=int, default=K, help=f"selections per request (default {K})")
-    parser.add_argument("--cores", type=int, default=40,
-                        help="emulated AIV cores = blocks per launch (default 40, a 910B3/B4)")
-    parser.add_argument("--link-gbps", type=float, help="override the profile's host link, GB/s")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+                        help="bytes per KV row, 1..65536: 656 FP8 MLA, 1152 bf16 MLA (default "
+                             "656,1152)")
+    parser.add_argument("--topk", type=int_in(1, 32768), default=K,
+                        help=f"selections per request, 1..32768 (default {K})")
+    parser.add_argument("--cores", type=int_in(1, 48), default=40,
+                        help="emulated AIV cores = blocks per launch, 1..48 (default 40, a 910B3/B4)")
+    parser.add_argument("--link-gbps", type=float_in(0, 1e4, low_open=True),
+                        help="override the profile's host link, GB/s, in (0, 1e4]")
+    parser.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0,
+                        help="workload seed, >= 0 (default 0)")
     common.add_common_arguments(parser, "gather")
     common.add_tables_argument(parser, "docs/results/gather.md")
 
@@ -235,9 +240,9 @@ def summarise(results: List[Dict]) -> Dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    batches = common.int_list("--batch", args.batch)
+    batches = common.int_list("--batch", args.batch, high=1024)
     rates = common.float_list("--miss-rate", args.miss_rate, 0.0, 1.0)
-    rows = common.int_list("--row-bytes", args.row_bytes)
+    rows = common.int_list("--row-bytes", args.row_bytes, high=65536)
     common.at_least("--topk", args.topk)
     common.at_least("--cores", args.cores)
     if args.cores > 48:
@@ -308,8 +313,8 @@ def main(args: argparse.Namespace) -> int:
         hardware_name=hw.name, hardware=hw.sources(), cores=args.cores, topk=args.topk,
         partitions=LABELS, results=results, summary=summary, paper=PAPER, cpu_bandwidth=cpu,
         leaves_out=hardware.GATHER_LEAVES_OUT))}
-    files["plot"] = f"{out}/gather_bandwidth.png"
-    plot(results, rows, batches, rates, files["plot"], link_gbps)
+    files["plot"] = common.save_plot(f"{out}/gather_bandwidth.png",
+                                     lambda p: plot(results, rows, batches, rates, p, link_gbps))
     blocks = []
     for rb in rows:
         table = []

@@ -19,17 +19,19 @@ import torch
 
 from .. import backend, reference
 from ..buffer import SparseKVBuffer
-from ..cli_util import UsageError
+from ..cli_util import UsageError, check_memory, int_in
 from . import common
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", help="selection trace (default the shared "
                         "../shared/traces/asyncio_32k.npz; synthetic selections when absent)")
-    parser.add_argument("--layers", type=int, default=24, help="trace layers replayed, one buffer "
-                        "row each (default 24)")
-    parser.add_argument("--steps", type=int, default=96, help="trace steps replayed (default 96)")
-    parser.add_argument("--capacity", type=int, default=8192, help="slots per row (default 8192)")
+    parser.add_argument("--layers", type=int_in(1, 4096), default=24,
+                        help="trace layers replayed, one buffer row each, 1..4096 (default 24)")
+    parser.add_argument("--steps", type=int_in(1, 1 << 20), default=96,
+                        help="trace steps replayed, 1..1048576 (default 96)")
+    parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
+                        help="slots per row, top-k..32768 (default 8192)")
     parser.add_argument("--ratios", default="1,2,4",
                         help="hash buckets per slot H/S, comma-separated powers of two (default 1,2,4)")
     common.add_common_arguments(parser, "hash-buckets", hw=False)
@@ -96,18 +98,20 @@ def main(args: argparse.Namespace) -> int:
                              f"({reference.MAX_BUCKETS} buckets)")
     if args.device == "npu":
         common.require_npu("hash-buckets")
+    out = common.out_dir(args, "hash-buckets")
     trace = common.trace_path(args.trace)
     if trace is not None:
         sel, positions, _ = load_selections(trace, args.layers, args.steps)
         source = f"trace {trace}"
     else:
         k = min(2048, args.capacity)
+        check_memory("--steps", 8 * args.layers * args.steps * k,
+                     f"the synthetic selections ({args.layers} layers x {args.steps:,} steps)")
         sel, positions, _ = synthetic_selections(args.layers, args.steps, k, 32768)
         source = "synthetic selections (shared trace not found; pass --trace)"
         print(f"  {source}")
     if sel.shape[2] > args.capacity:
         raise UsageError(f"--capacity: expected >= the trace's top-{sel.shape[2]}, got {args.capacity}")
-    out = common.out_dir(args, "hash-buckets")
     progress = common.bar(len(ratios) * sel.shape[1], "hash-buckets", args)
     try:
         with backend.emulation("fast"):   # same results as strict; nothing here is timed
@@ -128,8 +132,9 @@ def main(args: argparse.Namespace) -> int:
         command="avsg bench hash-buckets", trace=trace, source=source, layers=sel.shape[0],
         steps=sel.shape[1], topk=sel.shape[2], capacity=args.capacity, machine=common.machine(),
         rows=rows))}
-    files["plot"] = f"{out}/hash_buckets.png"
-    plot(rows, files["plot"], head.replace("avsg bench hash-buckets: ", ""))
+    files["plot"] = common.save_plot(
+        f"{out}/hash_buckets.png",
+        lambda p: plot(rows, p, head.replace("avsg bench hash-buckets: ", "")))
     table = [[f"{r['ratio']:g}", f"{r['table_kib']:.0f} KiB", f"{100 * r['hit_rate']:.2f}%",
               f"{r['stash_mean']:.1f} / {r['stash_max']}", f"{100 * r['overflow_share']:.2f}%"]
              for r in rows]

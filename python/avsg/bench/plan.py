@@ -21,7 +21,7 @@ import torch
 
 from .. import backend, reference
 from ..buffer import SparseKVBuffer
-from ..cli_util import UsageError
+from ..cli_util import UsageError, float_in, int_in, reject_together
 from . import common, hardware
 
 MATCHERS = ("hash", "dual_pointer")
@@ -36,20 +36,24 @@ PAPER = {"dual/hash at S=K=2048": 2.80, "hash K 256->2048 (S=4096)": 1.27,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=int, default=2,
-                        help="requests per launch, one per emulated core (default 2)")
-    parser.add_argument("--steps", type=int, default=6,
-                        help="measured steps per point and mode (default 6)")
-    parser.add_argument("--hit-rate", type=float, default=0.9,
-                        help="pre-filled mode: share of each step's selections that hit (default 0.9)")
+    parser.add_argument("--rows", type=int_in(1, 40), default=2,
+                        help="requests per launch, one per emulated core, 1..40 (default 2)")
+    parser.add_argument("--steps", type=int_in(1, 10000), default=6,
+                        help="measured steps per point and mode, 1..10000 (default 6)")
+    parser.add_argument("--hit-rate", type=float_in(0, 1, high_open=True), default=0.9,
+                        help="pre-filled mode: share of each step's selections that hit, in "
+                             "[0, 1) (default 0.9)")
     parser.add_argument("--trace", help="selection trace (default the shared "
                         "../shared/traces/asyncio_32k.npz; skipped with a message when absent)")
-    parser.add_argument("--warmup", type=int, default=128,
-                        help="trace mode: steps before measuring, fast emulation (default 128)")
-    parser.add_argument("--no-trace", action="store_true", help="pre-filled buffers only")
+    parser.add_argument("--warmup", type=int_in(0, 100000), default=128,
+                        help="trace mode: steps before measuring, fast emulation, 0..100000 "
+                             "(default 128)")
+    parser.add_argument("--no-trace", action="store_true",
+                        help="pre-filled buffers only (not with --trace)")
     parser.add_argument("--quick", action="store_true",
                         help="two points per grid (the ends), for a fast check")
-    parser.add_argument("--seed", type=int, default=0, help="pre-filled mode seed (default 0)")
+    parser.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0,
+                        help="pre-filled mode seed, >= 0 (default 0)")
     parser.add_argument("--policies", action="store_true",
                         help="also compare the residency policies' cost in the kernel: reuse (the "
                              "default) against lifetime and lru, hash matcher, on the trace's first --rows "
@@ -232,6 +236,8 @@ def plot(points: List[Dict], path: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    reject_together(args, "--no-trace", "--trace", "--no-trace measures pre-filled buffers only, "
+                    "--trace names the trace to measure; give one")
     common.at_least("--rows", args.rows)
     common.at_least("--steps", args.steps)
     common.at_least("--warmup", args.warmup, 0)
@@ -242,6 +248,7 @@ def main(args: argparse.Namespace) -> int:
     hw = common.load_hw(args)
     if args.device == "npu":
         common.require_npu("plan")
+    out = common.out_dir(args, "plan")
     trace = None if args.no_trace else common.trace_path(args.trace)
     if args.policies and trace is None:
         raise UsageError("--policies: needs the trace (pass --trace; not with --no-trace)")
@@ -252,7 +259,6 @@ def main(args: argparse.Namespace) -> int:
         if tsel.shape[2] < 2048:
             raise UsageError(f"--trace: expected top-2048 selections, the trace has top-{tsel.shape[2]}")
         sel = tsel
-    out = common.out_dir(args, "plan")
     grids = QUICK_GRIDS if args.quick else GRIDS
     print(f"avsg bench plan: hash vs dual-pointer (matcher='dual_pointer'), {args.rows} rows = "
           f"{args.rows} emulated cores, {args.steps} measured steps per point; hardware '{hw.name}'; "
@@ -344,8 +350,7 @@ def _run(args, hw, trace, sel, positions, context, out, grids) -> int:
         hardware=hw.sources(), trace=trace, rows=args.rows, steps=args.steps,
         hit_rate=args.hit_rate, warmup=args.warmup, points=points, anchors=summary, paper=PAPER,
         leaves_out=hardware.PLAN_LEAVES_OUT))}
-    files["plot"] = f"{out}/plan_latency.png"
-    plot(points, files["plot"])
+    files["plot"] = common.save_plot(f"{out}/plan_latency.png", lambda p: plot(points, p))
     blocks = []
     for mode in modes:
         rows = []

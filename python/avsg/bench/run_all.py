@@ -43,6 +43,8 @@ def main(args: argparse.Namespace) -> int:
     bad = [b for b in only if b not in QUICK]
     if bad or not only:
         raise UsageError(f"--only: expected names among {', '.join(QUICK)}, got {args.only!r}")
+    if len(set(only)) < len(only):
+        raise UsageError(f"--only: each benchmark at most once, got {args.only!r}")
     common.load_hw(args)                 # a bad --hw is the user's mistake, not a skipped bench
     if args.device == "npu":
         common.require_npu("all")
@@ -58,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
             argv += hw_args
         if name != "decode" and args.device != "cpu":
             argv += ["--device", args.device]
-        if args.quiet and name != "decode":
+        if args.quiet:
             argv.append("--quiet")
         print(f"\n===== avsg {' '.join(argv)}", flush=True)
         t0 = time.perf_counter()
@@ -66,28 +68,10 @@ def main(args: argparse.Namespace) -> int:
         status[name] = rc
         print(f"===== {name}: exit {rc}, {time.perf_counter() - t0:.0f} s", flush=True)
         files[name] = out
-    head = []
-    try:
-        plan = json.load(open(os.path.join(root, "plan", "plan.json")))
-        r = plan["anchors"]["pre-filled"]["dual/hash at S=K=2048"]
-        head.append(f"plan dual/hash at S=K=2048 {r:.2f}x (paper 2.80x)")
-    except (OSError, KeyError, TypeError):
-        pass
-    try:
-        g = json.load(open(os.path.join(root, "gather", "gather.json")))["summary"]
-        head.append(f"gather S3 over S1/S2 up to {g['max_S3_over_S1_core_only']:.1f}x/"
-                    f"{g['max_S3_over_S2_core_only']:.2f}x pipes only, "
-                    f"{g['max_S3_over_S1_with_link']:.2f}x/{g['max_S3_over_S2_with_link']:.2f}x with "
-                    f"the link (paper 34.44x/3.48x)")
-    except (OSError, KeyError):
-        pass
-    try:
-        d = json.load(open(os.path.join(root, "decode", "decode.json")))["summary"]
-        ratios = [x["bundled"]["tpot_ratio"] for x in d if x["bundled"].get("tpot_ratio")]
-        head.append(f"decode avsg/best peer TPOT {min(ratios):.2f}-{max(ratios):.2f} (feasible "
-                    f"rows; the paper's 0.61 is against a no-reuse baseline)")
-    except (OSError, KeyError, ValueError):
-        pass
+    # the headline quotes only what this run measured: benchmarks that ran now and succeeded
+    # (a JSON left in --out by an earlier run is not this run's result)
+    head = [line for name in only if status.get(name) == 0
+            for line in [_headline(name, os.path.join(root, name))] if line]
     # skipped: a benchmark that needs the shared trace, when it is absent; any other non-zero
     # exit (a usage error included) is a failure
     skipped = [n for n, rc in status.items() if rc == 2 and trace_missing and n in NEEDS_TRACE]
@@ -97,3 +81,26 @@ def main(args: argparse.Namespace) -> int:
           + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     print("headline (modelled, CPU emulation; see each table): " + "; ".join(head or ["none"]))
     return 0 if not failed else 1
+
+
+def _headline(name: str, out: str):
+    """The headline ratio of benchmark ``name`` from the JSON it wrote under ``out``, or None."""
+    try:
+        if name == "plan":
+            plan = json.load(open(os.path.join(out, "plan.json")))
+            r = plan["anchors"]["pre-filled"]["dual/hash at S=K=2048"]
+            return f"plan dual/hash at S=K=2048 {r:.2f}x (paper 2.80x)"
+        if name == "gather":
+            g = json.load(open(os.path.join(out, "gather.json")))["summary"]
+            return (f"gather S3 over S1/S2 up to {g['max_S3_over_S1_core_only']:.1f}x/"
+                    f"{g['max_S3_over_S2_core_only']:.2f}x pipes only, "
+                    f"{g['max_S3_over_S1_with_link']:.2f}x/{g['max_S3_over_S2_with_link']:.2f}x "
+                    f"with the link (paper 34.44x/3.48x)")
+        if name == "decode":
+            d = json.load(open(os.path.join(out, "decode.json")))["summary"]
+            ratios = [x["bundled"]["tpot_ratio"] for x in d if x["bundled"].get("tpot_ratio")]
+            return (f"decode avsg/best peer TPOT {min(ratios):.2f}-{max(ratios):.2f} (feasible "
+                    f"rows; the paper's 0.61 is against a no-reuse baseline)")
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    return None

@@ -12,17 +12,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 from typing import List
 
 import numpy as np
 
-from ..cli_util import UsageError, check_writable, progress_bar
+from ..cli_util import (UsageError, check_memory, check_writable, float_in, int_in, progress_bar,
+                        read_trace, reject_together)
 
 DEFAULT_OUT = os.path.join("avsg-results", "serve-sim")
 SHARED = ("asyncio_32k.npz", "debian_reference_32k.npz")
+SYNTHETIC_TOPK, SYNTHETIC_CONTEXT = 2048, 32768
+MAX_REQUESTS = 1_000_000      # the simulation keeps every request's record
+MAX_BUFFER_GB = 1024.0        # device memory of a card is tens of GB
+MAX_BATCH = 4096
 MICROBATCH_VARIANTS = (("none", "static"), ("arrival", "static"), ("cmr", "static"),
                        ("cmr", "ofms"))
 
@@ -36,46 +40,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="selection trace for the requests' locality (repeatable; default: "
                              "both shared traces in ../shared/traces)")
     parser.add_argument("--synthetic", action="store_true",
-                        help="use generated traces instead (no trace files needed)")
-    parser.add_argument("--layers-per-trace", type=int, default=8,
-                        help="trace layers used as locality rows, spread over each trace (default 8)")
-    parser.add_argument("--trace-steps", type=int, default=1024,
-                        help="decode steps of each row used (default 1024; caps output lengths)")
-    parser.add_argument("--requests", type=int, default=300, help="requests simulated (default 300)")
-    parser.add_argument("--rate", type=float, default=4.0,
-                        help="Poisson arrival rate, requests per second (default 4: saturating)")
-    parser.add_argument("--prompt-mean", type=int, default=48 * 1024,
-                        help="mean prompt length in tokens (default 48K; log-normal, 8K-128K)")
-    parser.add_argument("--output-mean", type=int, default=384,
-                        help="mean output length in tokens (default 384; log-normal)")
-    parser.add_argument("--buffer-gb", type=float, default=d.buffer_gb,
-                        help=f"device memory for KV buffers and their state per card (default "
-                             f"{d.buffer_gb:g} GB)")
-    parser.add_argument("--max-batch", type=int, default=d.max_batch,
-                        help=f"most requests decoding at once (default {d.max_batch})")
-    parser.add_argument("--fixed-capacity", type=int, default=d.fixed_capacity,
-                        help=f"slots per request for the fixed variant (default {d.fixed_capacity})")
-    parser.add_argument("--spin-ratio", type=float, default=d.spin_ratio,
-                        help=f"buffer / mandatory ratio for the spin variant (default {d.spin_ratio:g})")
-    parser.add_argument("--granule", type=int, default=d.granule,
-                        help=f"capacity step of the elastic split, slots (default {d.granule})")
-    parser.add_argument("--rebalance-every", type=int, default=d.rebalance_every,
-                        help=f"iterations between rebalances, besides admit/finish (default "
+                        help="use generated traces instead (no trace files needed; not with "
+                             "--trace)")
+    parser.add_argument("--layers-per-trace", type=int_in(1, 4096), default=8,
+                        help="trace layers used as locality rows, spread over each trace, 1..4096 "
+                             "(default 8)")
+    parser.add_argument("--trace-steps", type=int_in(1, 1 << 20), default=1024,
+                        help="decode steps of each row used, 1..1048576 (default 1024; caps output "
+                             "lengths)")
+    parser.add_argument("--requests", type=int_in(1, MAX_REQUESTS), default=300,
+                        help=f"requests simulated, 1..{MAX_REQUESTS:,} (default 300)")
+    parser.add_argument("--rate", type=float_in(0, 1e6, low_open=True), default=4.0,
+                        help="Poisson arrival rate, requests per second, in (0, 1e6] (default 4: "
+                             "saturating)")
+    parser.add_argument("--prompt-mean", type=int_in(1, 1 << 24), default=48 * 1024,
+                        help="mean prompt length in tokens, with --output-mean within the model's "
+                             "context (<= 16777216; default 48K; log-normal, 8K-128K)")
+    parser.add_argument("--output-mean", type=int_in(1, 1 << 24), default=384,
+                        help="mean output length in tokens, 1..16777216, with --prompt-mean within "
+                             "the model's context (default 384; log-normal)")
+    parser.add_argument("--buffer-gb", type=float_in(0, MAX_BUFFER_GB, low_open=True),
+                        default=d.buffer_gb,
+                        help=f"device memory for KV buffers and their state per card, in (0, "
+                             f"{MAX_BUFFER_GB:g}] (default {d.buffer_gb:g} GB)")
+    parser.add_argument("--max-batch", type=int_in(1, MAX_BATCH), default=d.max_batch,
+                        help=f"most requests decoding at once, 1..{MAX_BATCH} (default "
+                             f"{d.max_batch})")
+    parser.add_argument("--fixed-capacity", type=int_in(1, 1 << 24), default=d.fixed_capacity,
+                        help=f"slots per request for the fixed variant, top-k..16777216 (default "
+                             f"{d.fixed_capacity})")
+    parser.add_argument("--spin-ratio", type=float_in(1, 1e4), default=d.spin_ratio,
+                        help=f"buffer / mandatory ratio for the spin variant, in [1, 1e4] (default "
+                             f"{d.spin_ratio:g})")
+    parser.add_argument("--granule", type=int_in(1, 1 << 24), default=d.granule,
+                        help=f"capacity step of the elastic split, slots, 1..16777216 (default "
+                             f"{d.granule})")
+    parser.add_argument("--rebalance-every", type=int_in(1, 1 << 20), default=d.rebalance_every,
+                        help=f"iterations between rebalances, besides admit/finish, 1..1048576 (default "
                              f"{d.rebalance_every})")
-    parser.add_argument("--sample-rate", type=float, default=d.sample_rate,
-                        help=f"share of positions the online miss curves track, rounded to 1/n "
-                             f"(default {d.sample_rate:g})")
-    parser.add_argument("--tpot-slo-ms", type=float, default=0.0,
+    parser.add_argument("--sample-rate", type=float_in(0, 1, low_open=True), default=d.sample_rate,
+                        help=f"share of positions the online miss curves track, in (0, 1], "
+                             f"rounded to 1/n (default {d.sample_rate:g})")
+    parser.add_argument("--tpot-slo-ms", type=float_in(0, 1e6), default=0.0,
                         help="admit only while the projected time per output token stays within "
-                             "this many ms (default 0: no SLO, admission by memory only)")
+                             "this many ms, in [0, 1e6] (default 0: no SLO, admission by memory "
+                             "only)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated subset of {', '.join(VARIANTS)} (default all)")
     parser.add_argument("--hw", default=hardware.DEFAULT_PROFILE,
                         help="hardware profile JSON (default: the bundled 910B assumptions)")
     parser.add_argument("--config", default=V32_CONFIG, help="DeepSeek-V3.2 config.json")
-    parser.add_argument("--cards", type=int, default=d.cards,
-                        help=f"cards serving the model, experts spread over them (default {d.cards})")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--cards", type=int_in(1, 4096), default=d.cards,
+                        help=f"cards serving the model, experts spread over them, 1..4096 (default "
+                             f"{d.cards})")
+    parser.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0,
+                        help="workload seed, >= 0 (default 0)")
     parser.add_argument("--out", default=DEFAULT_OUT,
                         help=f"directory for the JSON and plots (default {DEFAULT_OUT})")
     parser.add_argument("--tables", metavar="PATH",
@@ -85,21 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_args(args) -> None:
-    for name in ("layers_per_trace", "trace_steps", "requests", "max_batch", "granule",
-                 "rebalance_every", "cards", "prompt_mean", "output_mean", "fixed_capacity"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
-    if args.tpot_slo_ms < 0:
-        raise UsageError(f"--tpot-slo-ms: expected >= 0, got {args.tpot_slo_ms}")
-    for name in ("rate", "buffer_gb", "spin_ratio", "tpot_slo_ms"):
-        if not math.isfinite(getattr(args, name)):
-            raise UsageError(f"--{name.replace('_', '-')}: expected a finite number, got "
-                             f"{getattr(args, name)}")
-    for name in ("rate", "buffer_gb", "spin_ratio"):
-        if not getattr(args, name) > 0:
-            raise UsageError(f"--{name.replace('_', '-')}: expected > 0, got {getattr(args, name)}")
-    if not 0 < args.sample_rate <= 1:
-        raise UsageError(f"--sample-rate: expected in (0, 1], got {args.sample_rate}")
+    """What argparse's ranges cannot see: options that contradict each other."""
+    reject_together(args, "--synthetic", "--trace", "--synthetic generates the requests' "
+                    "locality, --trace reads it from files; give one")
 
 
 def _counted_plan_us(trace, hw) -> float:
@@ -116,11 +123,19 @@ def _counted_plan_us(trace, hw) -> float:
 
 
 def _load_traces(args) -> List[tuple]:
-    from ..traces import format as trace_format
     from ..traces import synth
     if args.synthetic:
-        return [(f"synthetic gamma {g}", synth.generate(steps=args.trace_steps, layers=args.layers_per_trace,
-                                                        k=2048, max_len=32768, gamma=g, seed=i))
+        longest = SYNTHETIC_CONTEXT - SYNTHETIC_TOPK - 9       # every step selects top-k anew
+        if args.trace_steps > longest:
+            raise UsageError(f"--trace-steps: the synthetic traces hold {SYNTHETIC_CONTEXT:,} "
+                             f"positions, so at most {longest:,} steps of top-{SYNTHETIC_TOPK}, "
+                             f"got {args.trace_steps:,}")
+        check_memory("--layers-per-trace", 2 * 2 * args.layers_per_trace * args.trace_steps
+                     * SYNTHETIC_TOPK, f"two synthetic traces of {args.layers_per_trace} layers x "
+                     f"{args.trace_steps:,} steps")
+        return [(f"synthetic gamma {g}",
+                 synth.generate(steps=args.trace_steps, layers=args.layers_per_trace,
+                                k=SYNTHETIC_TOPK, max_len=SYNTHETIC_CONTEXT, gamma=g, seed=i))
                 for i, g in enumerate((0.6, 0.8))]
     paths = args.trace
     if not paths:
@@ -131,10 +146,7 @@ def _load_traces(args) -> List[tuple]:
                              "NPZ or --synthetic")
     out = []
     for p in paths:
-        try:
-            tr = trace_format.load_trace(p, check_values=False)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--trace: cannot read {p}: {e}") from None
+        tr = read_trace("--trace", p, check_values=True)   # bad values would skew the model
         if tr.k > 4096 or tr.T < 2 * tr.k:
             raise UsageError(f"--trace: {p}: top-k {tr.k} / context {tr.T} not usable")
         out.append((os.path.splitext(os.path.basename(p))[0], tr))
@@ -158,6 +170,12 @@ def main(args: argparse.Namespace) -> int:
         config = from_hf_config(args.config)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    longest = args.prompt_mean + args.output_mean
+    if longest > config.max_position_embeddings:
+        option = "--prompt-mean" if args.prompt_mean >= args.output_mean else "--output-mean"
+        raise UsageError(f"{option}: --prompt-mean {args.prompt_mean:,} + --output-mean "
+                         f"{args.output_mean:,} tokens on average are past the model's context "
+                         f"of {config.max_position_embeddings:,} positions")
     traces = _load_traces(args)
     k = config.index_topk
     for name, tr in traces:
@@ -252,13 +270,14 @@ def main(args: argparse.Namespace) -> int:
             name = "serve-sim" + (f"-slo{args.tpot_slo_ms:g}ms" if args.tpot_slo_ms else "")
             f.write(f"`{' '.join(['avsg'] + sys.argv[1:])}`\n\n{_markdown(results, mb_results, name)}")
     plots = _plot(results, mb_results, out_dir)
-    print(f"  results written: {path}" + (f"; plots: {', '.join(plots)}" if plots else ""))
+    print(f"  results written: {path}" + (f"; plots: {', '.join(plots)}" if plots else
+                                           "; plots skipped: matplotlib is not installed"))
     return 0
 
 
 def _markdown(results, mb_results, name: str) -> str:
     names = {"fixed": "fixed", "spin": "spin (fixed ratio)", "elastic": "elastic",
-             "elastic-oracle": "elastic, exact curves"}
+             "elastic-oracle": "elastic-oracle"}
     lines = [f"<!-- results:{name} -->",
              "| scheduler | tok/s | TPOT p50 | TPOT p99 | admitted (mean) | buffer in use | hit rate | "
              "hits / step / GB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]

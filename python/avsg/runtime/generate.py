@@ -17,7 +17,7 @@ from typing import List
 
 import torch
 
-from ..cli_util import UsageError
+from ..cli_util import UsageError, int_in, output_path
 from . import store as _stores  # noqa: F401  (registers the stores)
 from .base import STORES, StoreSpec
 from .engine import Engine, positions_needed
@@ -29,13 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="Hugging Face DeepSeek-V3.2 directory")
     parser.add_argument("--input-ids", required=True,
                         help="JSON list of token-id lists (or @FILE holding it)")
-    parser.add_argument("--max-new-tokens", type=int, default=32, help="default 32")
+    parser.add_argument("--max-new-tokens", type=int_in(1, 1 << 20), default=32,
+                        help="output tokens per prompt, 1..1048576 (default 32)")
     parser.add_argument("--mode", choices=("device", "offload", "avsg"), default="device",
                         help="KV store (default device); outputs are identical in every mode")
     parser.add_argument("--mtp", type=int, default=0, choices=range(0, 4), metavar="N",
                         help="MTP drafts per step, 0..3 (default 0)")
-    parser.add_argument("--capacity", type=int, help="avsg buffer slots (default: max(8192, "
-                        "(1 + mtp) x top-k))")
+    parser.add_argument("--capacity", type=int_in(1, 32768), help="avsg buffer slots, (1 + mtp) "
+                        "x top-k..32768 (default: max(8192, (1 + mtp) x top-k))")
     parser.add_argument("--kv-format", choices=FORMAT_NAMES, default="fp32",
                         help="KV cache format (default fp32)")
     parser.add_argument("--json", metavar="OUT", help="write {'outputs': [[ids...], ...]}")
@@ -91,6 +92,7 @@ def main(args: argparse.Namespace) -> int:
     from .run import build_model, load_config
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}")
+    json_path = output_path("--json", args.json)
     if not os.path.isdir(args.checkpoint):
         raise UsageError(f"--checkpoint: not a directory: {args.checkpoint}")
     prompts = parse_input_ids(args.input_ids)
@@ -114,8 +116,8 @@ def main(args: argparse.Namespace) -> int:
                        args.kv_format, args.capacity)
     for i, out in enumerate(outputs):
         print(f"request {i}: {out}")
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump({"outputs": outputs}, f)
-        print(f"outputs written: {args.json}")
+        print(f"outputs written: {json_path}")
     return 0

@@ -29,7 +29,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from ..cli_util import UsageError, keep_freed_memory, progress_bar
+from ..cli_util import (UsageError, check_memory_total, int_in, keep_freed_memory, output_path,
+                        progress_bar)
 from . import config as model_config
 from . import store as _stores  # noqa: F401  (registers the stores)
 from .base import STORES, StoreSpec
@@ -54,26 +55,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model preset (tiny, demo) or a DeepSeek-V3.2 config.json (default demo)")
     parser.add_argument("--checkpoint", help="safetensors directory to load weights from "
                         "(default: random weights from --seed)")
-    parser.add_argument("--batch", type=int, default=4, help="rows decoded together (default 4)")
-    parser.add_argument("--requests", type=int, help="requests to serve (default 2 x batch)")
-    parser.add_argument("--context", type=int,
-                        help="context length of a request with --select indexer (default 32768; "
+    parser.add_argument("--batch", type=int_in(1, 4096), default=4,
+                        help="rows decoded together, 1..4096 (default 4)")
+    parser.add_argument("--requests", type=int_in(1, 1 << 20),
+                        help="requests to serve, 1..1048576 (default 2 x batch)")
+    parser.add_argument("--context", type=int_in(1, 1 << 24),
+                        help="context length of a request with --select indexer, up to the model's "
+                             "positions (<= 16777216; default 32768; "
                              "requests vary by up to 1024 below it); with trace selection the "
                              "contexts end at the trace's query positions")
-    parser.add_argument("--new-tokens", type=int, default=128,
-                        help="output tokens per request (default 128; requests vary by +-25%%)")
+    parser.add_argument("--new-tokens", type=int_in(1, 1 << 20), default=128,
+                        help="output tokens per request, 1..1048576 (default 128; requests vary by "
+                             "+-25%%); contexts plus outputs must fit the model's positions")
     parser.add_argument("--mtp", type=int, default=1, choices=range(0, 4), metavar="N",
                         help="MTP drafts per step, 0..3 (default 1)")
     parser.add_argument("--acceptance",
                         help="'sim:MEAN': simulated geometric acceptance, MEAN accepted drafts "
                              "per step (default sim:0.8: random weights draft nothing useful); "
                              "'greedy': real verification of the MTP module's drafts")
-    parser.add_argument("--capacity", type=int, default=8192, help="buffer slots per row and "
-                        "layer for the avsg mode (default 8192)")
+    parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
+                        help="buffer slots per row and layer for the avsg mode, (1 + mtp) x "
+                             "top-k..32768 (default 8192)")
     parser.add_argument("--policy", choices=("reuse", "lifetime", "lru"), default="reuse",
                         help="the avsg buffers' residency policy (default reuse)")
-    parser.add_argument("--lifetime", type=int, default=16,
-                        help="the lifetime policy's L, 1..255 (default 16; only with --policy lifetime)")
+    parser.add_argument("--lifetime", type=int_in(1, 255), default=None,
+                        help="the lifetime policy's L, 1..255 (default 16; only with --policy "
+                             "lifetime)")
     parser.add_argument("--select", choices=("trace", "indexer"), default="trace",
                         help="selection source: a recorded trace (default) or the model's indexer")
     parser.add_argument("--trace", help=f"selection trace .npz (default {SHARED_TRACE} when present, "
@@ -81,13 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-format", choices=FORMAT_NAMES, default="bf16",
                         help="KV cache format (default bf16: 1152 B per token and layer)")
     parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated subset of {','.join(MODES)} (default: all)")
+                        help=f"comma-separated subset of {','.join(MODES)}, each at most once "
+                             f"(default: all)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or npu (needs torch_npu)")
     parser.add_argument("--emulation", choices=("fast", "strict"), default="fast",
                         help="CPU kernel build: fast (checks compiled out, default) or strict")
-    parser.add_argument("--seed", type=int, default=0, help="weights, contexts and tokens (default 0)")
+    parser.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0,
+                        help="weights, contexts and tokens, >= 0 (default 0)")
     parser.add_argument("--record-trace", metavar="PATH",
-                        help="write the selections of row 0 (verify passes) as a trace .npz")
+                        help="write the selections of row 0 (verify passes) as a trace .npz "
+                             "(.npz is appended when PATH lacks it)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -144,17 +154,19 @@ def build_model(config, checkpoint: Optional[str], seed: int, device: torch.devi
 def load_selection_trace(path: Optional[str], layers: int, topk: int, context: int, steps: int,
                          seed: int):
     """The trace to replay, and a line saying where it came from."""
-    from ..traces import format as trace_format, synth
+    from ..cli_util import read_trace
+    from ..traces import synth
     from ..demo import find_trace
     path = find_trace(path)
     if path is not None:
-        if not os.path.exists(path):
-            raise UsageError(f"--trace: no such file: {path}")
-        try:
-            trace = trace_format.load_trace(path, check_values=False)
-        except (ValueError, OSError, KeyError) as e:
-            raise UsageError(f"--trace: {path}: {e}") from None
+        # values checked: a position past T or an unsorted row would reach the kernels' checks
+        trace = read_trace("--trace", path, check_values=True)
         return trace, f"trace {os.path.relpath(path)} ({trace.layers} layers, {trace.steps} steps)"
+    if steps + topk + 9 > context:
+        # the synthetic trace grows by one position per step from its first context
+        raise UsageError(f"--new-tokens: the synthetic trace's {steps:,} steps (4 x --new-tokens + "
+                         f"64) and top-{topk} do not fit its {context:,}-position context; expected "
+                         f"--new-tokens <= {max((context - topk - 9 - 64) // 4, 0):,}")
     trace = synth.generate(steps=steps, layers=min(layers, 4), k=topk, max_len=context, seed=seed)
     return trace, f"synthetic trace ({trace.layers} layers, {steps} steps; no shared trace found)"
 
@@ -329,6 +341,17 @@ def main(args: argparse.Namespace) -> int:
                              f"{','.join(MODES)}")
     if not modes:
         raise UsageError("--modes: expected at least one mode")
+    repeated = sorted({m for m in modes if modes.count(m) > 1})
+    if repeated:
+        raise UsageError(f"--modes: {','.join(repeated)} given twice; each mode runs once and the "
+                         f"outputs are compared across different modes")
+    if args.lifetime is not None and args.policy != "lifetime":
+        raise UsageError(f"--lifetime: only the lifetime policy has a lifetime; it does nothing "
+                         f"with --policy {args.policy} (add --policy lifetime)")
+    if args.lifetime is None:
+        args.lifetime = 16
+    json_path = output_path("--json", args.json)
+    record_path = output_path("--record-trace", args.record_trace, ".npz")
     device = resolve_device(args.device)
     config = load_config(args.config)
     topk = config.index_topk
@@ -336,19 +359,28 @@ def main(args: argparse.Namespace) -> int:
     if args.capacity < (1 + args.mtp) * topk and "avsg" in modes:
         raise UsageError(f"--capacity: expected >= (1 + mtp) x top-k = {(1 + args.mtp) * topk}, "
                          f"got {args.capacity}")
-    if not 1 <= args.lifetime <= 255:
-        raise UsageError(f"--lifetime: expected 1..255, got {args.lifetime}")
     if args.acceptance is None:
         args.acceptance = DEFAULT_ACCEPTANCE if args.mtp else "greedy"
     try:
         parse_acceptance(args.acceptance, max(args.mtp, 1))
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        if "accept_mean" not in str(e):
+            raise UsageError(str(e)) from None
+        raise UsageError(f"--acceptance: expected sim:MEAN with MEAN in 0..{max(args.mtp, 1)} "
+                         f"(accepted drafts per step of --mtp {args.mtp}), got "
+                         f"{args.acceptance}") from None
     if args.acceptance != "greedy" and args.mtp == 0:
         raise UsageError("--acceptance: simulated acceptance needs --mtp >= 1")
     if args.select == "indexer" and args.context > config.max_position_embeddings:
         raise UsageError(f"--context: {args.context} exceeds the model's "
                          f"max_position_embeddings = {config.max_position_embeddings}")
+    if args.select == "indexer":
+        longest = positions_needed(args.context, int(round(1.25 * args.new_tokens)), args.mtp)
+        if longest > config.max_position_embeddings:
+            raise UsageError(f"--new-tokens: --context {args.context:,} plus up to "
+                             f"{int(round(1.25 * args.new_tokens)):,} outputs and drafts need "
+                             f"{longest:,} positions, past the model's "
+                             f"{config.max_position_embeddings:,}")
     _select_emulation(args.emulation)
     keep_freed_memory()
 
@@ -368,6 +400,7 @@ def main(args: argparse.Namespace) -> int:
         positions = range(int(trace.positions[0]), int(trace.positions[0]) + trace.steps)
     workload = build_workload(args.batch, requests, args.new_tokens, args.mtp, config.vocab_size,
                               args.seed, args.context, positions)
+    _check_memory(config, workload, args)
     model = build_model(config, args.checkpoint, args.seed, device)
     kv_format = get_format(args.kv_format, config.kv_lora_rank, config.qk_rope_head_dim)
     accept_text = ("greedy verification" if args.acceptance == "greedy"
@@ -421,8 +454,8 @@ def main(args: argparse.Namespace) -> int:
         recorded = recorder.trace(max(r.context_len for r in workload.requests) + 4 * args.new_tokens,
                                   model=f"avsg runtime {args.config}", rule=f"selections of row 0, "
                                   f"query token 0, verify passes; source: {trace_line}")
-        trace_format.save_trace(args.record_trace, recorded)
-        print(f"  trace written: {args.record_trace} ({recorded.steps} steps)")
+        trace_format.save_trace(record_path, recorded)
+        print(f"  trace written: {record_path} ({recorded.steps} steps)")
     if args.json:
         payload = {
             "config": {"model": args.config, **dataclasses.asdict(config)},
@@ -436,10 +469,25 @@ def main(args: argparse.Namespace) -> int:
             "outputs_identical": identical,
             "npu_projection_estimate": projection,
         }
-        with open(args.json, "w") as f:
+        with open(json_path, "w") as f:
             json.dump(payload, f, indent=2, default=str)
-        print(f"  results written: {args.json}")
+        print(f"  results written: {json_path}")
     return 0 if identical else 1
+
+
+def _check_memory(config, workload: Workload, args) -> None:
+    """The KV the modes hold (a host pool and the device's copy of it, every layer of every
+    row), against this machine's memory, before the model is built."""
+    max_len = max(positions_needed(r.context_len, r.max_new_tokens, args.mtp)
+                  for r in workload.requests)
+    layers = config.num_hidden_layers + config.num_nextn_predict_layers
+    row_bytes = get_format(args.kv_format, config.kv_lora_rank, config.qk_rope_head_dim).row_bytes
+    check_memory_total([
+        ("--batch", 2 * layers * workload.rows * max_len * row_bytes,
+         f"the KV of {workload.rows} rows x {max_len:,} positions x {layers} layers (host pool "
+         f"and device copy)"),
+        ("--capacity", layers * workload.rows * args.capacity * row_bytes,
+         f"the avsg buffers ({args.capacity:,} slots)")])
 
 
 def project_on_npu(results: List[ModeResult], workload: Workload, args,

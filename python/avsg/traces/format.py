@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import zipfile
+import zlib
 from typing import Dict
 
 import numpy as np
@@ -209,8 +211,13 @@ def load_trace(path: "str | os.PathLike", check_values: bool = True) -> Trace:
         f = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise
-    except Exception as e:  # zipfile/pickle/format errors
-        raise TraceFormatError(f"{path}: not a readable .npz trace ({e})") from e
+    except IsADirectoryError:
+        raise TraceFormatError(f"{path}: a directory, expected a trace .npz file") from None
+    except (ValueError, zipfile.BadZipFile, EOFError, OSError) as e:
+        # numpy calls anything that is not an array or a zip "pickled data" and suggests
+        # allow_pickle; a trace never is, so say what the file is not
+        why = "not a zip archive" if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+        raise TraceFormatError(f"{path}: not a readable .npz trace ({why})") from None
     if not hasattr(f, "files"):
         raise TraceFormatError(f"{path}: expected an .npz archive with keys {REQUIRED_KEYS}, "
                                f"got a single array")
@@ -220,10 +227,18 @@ def load_trace(path: "str | os.PathLike", check_values: bool = True) -> Trace:
             raise TraceFormatError(
                 f"{path}: missing trace key(s) {missing}; expected {list(REQUIRED_KEYS)} "
                 f"(+ optional 'model', 'rule'), found {sorted(f.files)}")
-        try:
-            data = {key: f[key] for key in f.files}
-        except ValueError as e:  # object arrays need pickles
-            raise TraceFormatError(f"{path}: a key holds a pickled object array ({e})") from e
+        data = {}
+        for key in f.files:
+            try:
+                data[key] = f[key]
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+                kind = "zlib" if isinstance(e, zlib.error) else type(e).__name__
+                raise TraceFormatError(f"{path}: key '{key}' is corrupted or truncated "
+                                       f"({kind}: {e})") from None
+            except ValueError as e:  # a truncated member, or an object array (needs pickles)
+                why = ("holds pickled objects" if "pickle" in str(e)
+                       else f"is corrupted or truncated ({e})")
+                raise TraceFormatError(f"{path}: key '{key}' {why}") from None
     try:
         tr = Trace(sel=data.pop("sel"), positions=data.pop("positions"),
                    T=_scalar_int("T", data.pop("T")), k=_scalar_int("k", data.pop("k")),
