@@ -77,7 +77,8 @@ def files(tmp_path_factory):
     good = root / "good.npz"
     save_trace(good, synth.generate(steps=20, layers=2, k=16, max_len=200, seed=0))
     big = root / "k2048.npz"
-    save_trace(big, synth.generate(steps=24, layers=2, k=2048, max_len=8192, seed=1))
+    # bench decode's counted plan warms up on 48 steps first
+    save_trace(big, synth.generate(steps=56, layers=2, k=2048, max_len=8192, seed=1))
     data = good.read_bytes()
     bad = {"text": b"hello, not a trace\n", "empty": b""}
     rng = random.Random(17)
@@ -473,13 +474,6 @@ def test_readme_lists_every_partition():
     sentence = re.search(r"`partition` is (.*?)\(baselines\)", _readme(), re.S).group(1)
     for partition in reference.ALL_PARTITIONS:
         assert f'"{partition}"' in sentence, partition
-
-
-def test_readme_batch_one_mtp3_claim_matches_the_table():
-    assert "equal to it with\nMTP-3 (1.00 in every context)" in _readme()
-    table = open(os.path.join(REPO, "docs", "results", "decode.md")).read()
-    rows = [r.split("|") for r in table.splitlines() if re.match(r"\| 3 \| 1 \|", r)]
-    assert rows and all(r[7].strip() == "1.00" for r in rows), rows
 
 
 def test_venv_is_ignored():

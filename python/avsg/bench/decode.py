@@ -127,13 +127,16 @@ def _slotmap_policy_class():
     return SlotMapFIFO
 
 
-def load_trace_cut(trace_path: str, layers: Optional[int], steps: int):
+def load_trace_cut(trace_path: str, layers: Optional[int], steps: int, min_steps: int = 0):
     """The first ``layers`` x ``steps`` of a trace, their values checked (one-line errors)."""
     from ..cli_util import read_trace
     from ..traces.format import TraceFormatError, validate_trace
     trace = read_trace("--trace", trace_path, check_values=False)
     if trace.has_mtp_axis:
         raise UsageError(f"--trace: {trace_path} has an MTP axis; expected sel [layers, steps, k]")
+    if trace.steps < min_steps:
+        raise UsageError(f"--trace: {trace_path} has {trace.steps} steps; the counted plan needs "
+                         f"at least {min_steps} (warm-up and measured launches)")
     trace = trace.subset(layers=slice(0, layers), steps=slice(0, steps))
     try:
         validate_trace(trace)
@@ -206,8 +209,12 @@ def _read_counters():
     return backend.last_launch_counters()
 
 
+COUNTED_WARMUP, COUNTED_LAUNCHES = 48, 3     # plan launches before and under the counters
+
+
 def counted_plan(trace_path: str, policy: str, queries: int, capacity: int,
-                 warmup: int = 48, measured: int = 3, rows: int = 2) -> List:
+                 warmup: int = COUNTED_WARMUP, measured: int = COUNTED_LAUNCHES,
+                 rows: int = 2) -> List:
     """Counters of ``measured`` plan launches of the real kernel on the trace's first ``rows``
     layers (see :func:`counted_plan_on`)."""
     from ..demo import load_selections
@@ -608,7 +615,8 @@ def main(args: argparse.Namespace) -> int:
     if args.topk_buffer_size < config.index_topk:
         raise UsageError(f"--topk-buffer-size: expected >= top-k = {config.index_topk}, got "
                          f"{args.topk_buffer_size}")
-    cut = load_trace_cut(trace, args.trace_layers or None, args.trace_steps)
+    cut = load_trace_cut(trace, args.trace_layers or None, args.trace_steps,
+                         min_steps=COUNTED_WARMUP + (COUNTED_LAUNCHES + 1) * (1 + max(mtps)))
     if cut.k != config.index_topk:
         raise UsageError(f"--trace: it selects top-{cut.k}, the model's index_topk is "
                          f"{config.index_topk}")
