@@ -55,6 +55,7 @@ def measure_traffic(trace_path: Optional[str], drafts: int, accept_mean: float, 
     from ..traces import format as trace_format
     from ..traces.mtp import mtp_replay
     from .. import backend
+    from ..demo import trace_label
     trace = trace_format.load_trace(trace_path, check_values=False)
     trace = dataclasses.replace(trace, sel=trace.sel[:layers, :steps],
                                 positions=trace.positions[:steps])
@@ -65,7 +66,7 @@ def measure_traffic(trace_path: Optional[str], drafts: int, accept_mean: float, 
     return Traffic(drafts, accept_mean, res["modes"]["cold"]["fetched"] / iterations,
                    res["modes"]["shared"]["fetched"] / iterations,
                    res["emitted_tokens"] / res["iterations"], capacity,
-                   f"{os.path.relpath(trace_path)}: {trace.layers} layers x {res['iterations']} "
+                   f"{trace_label(trace_path)}: {trace.layers} layers x {res['iterations']} "
                    f"iterations, avsg policy (the plan op), capacity {capacity}")
 
 
@@ -146,8 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hardware profile JSON (default: the bundled 910B assumptions)")
     parser.add_argument("--config", default=V32_CONFIG,
                         help="DeepSeek-V3.2 config.json (default: the released one's keys)")
-    parser.add_argument("--trace", help="selection trace for the hit rates (default "
-                        "../shared/traces/asyncio_32k.npz)")
+    parser.add_argument("--trace", help="selection trace for the hit rates (default: the "
+                        "embedded asyncio_32k_8x256)")
     parser.add_argument("--trace-layers", type=int, default=4, help="trace layers replayed (default 4)")
     parser.add_argument("--trace-steps", type=int, default=256, help="trace steps replayed (default 256)")
     parser.add_argument("--capacity", type=int, default=8192, help="avsg slots per request and layer")
@@ -186,8 +187,8 @@ def _int_list(name: str, text: str) -> List[int]:
 
 def main(args: argparse.Namespace) -> int:
     from ..runtime.config import from_hf_config
-    from ..demo import find_trace
     from ..cli_util import check_writable
+    from . import common
     check_writable("--json", args.json)
     check_writable("--tables", args.tables)
     batches = _int_list("--batch", args.batch)
@@ -206,9 +207,7 @@ def main(args: argparse.Namespace) -> int:
         if args.link_gbps <= 0:
             raise UsageError(f"--link-gbps: expected > 0, got {args.link_gbps}")
         hw.override("link_bytes_per_s", args.link_gbps * 1e9, "--link-gbps")
-    trace = find_trace(args.trace)
-    if trace is None or not os.path.exists(trace):
-        raise UsageError("--trace: no trace found (the shared one is ../shared/traces/asyncio_32k.npz)")
+    trace = common.trace_path(args.trace)
     if args.capacity < 4 * config.index_topk:
         raise UsageError(f"--capacity: expected >= (1 + 3) x top-k = {4 * config.index_topk}")
     print(f"avsg bench decode: DeepSeek-V3.2 ({config.num_hidden_layers} layers, top-"

@@ -4,8 +4,8 @@ Grids (S = buffer slots per request, K = selections per step):
   S = K = N for N in 256..2048;  S = 4096 with K 256..2048;  K = 512 with S 512..8192.
 Each point runs twice: on **pre-filled** buffers (filled to capacity first, then steps whose
 selections hit ``--hit-rate`` of the time, drawn from the previous step, misses new positions) and
-on the **shared trace** (``--trace``; K of its 2048 selections per step, chosen by a fixed position hash, after
-``--warmup`` steps; how full the buffer got is printed). Both matchers run as AscendC kernels
+on a **real trace** (the embedded one unless ``--trace``; K of its 2048 selections per step,
+chosen by a fixed position hash, after ``--warmup`` steps; how full the buffer got is printed). Both matchers run as AscendC kernels
 through the strict CPU emulation on the same selections and state, and must produce identical plans
 every step. Each launch's counted work becomes a modelled NPU time with the hardware profile
 (``--hw``): *serial-pipe* and *overlapped-pipe* (hardware.launch_estimate); p10 / p50 / p90 over
@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measured steps per point and mode (default 6)")
     parser.add_argument("--hit-rate", type=float, default=0.9,
                         help="pre-filled mode: share of each step's selections that hit (default 0.9)")
-    parser.add_argument("--trace", help="selection trace (default the shared "
-                        "../shared/traces/asyncio_32k.npz; skipped with a message when absent)")
+    parser.add_argument("--trace", help="selection trace (default: the embedded "
+                        "asyncio_32k_8x256)")
     parser.add_argument("--warmup", type=int, default=128,
                         help="trace mode: steps before measuring, fast emulation (default 128)")
     parser.add_argument("--no-trace", action="store_true", help="pre-filled buffers only")
@@ -258,9 +258,6 @@ def main(args: argparse.Namespace) -> int:
           f"{args.rows} emulated cores, {args.steps} measured steps per point; hardware '{hw.name}'; "
           f"{common.machine()}")
     print("  MODEL ESTIMATE from the CPU emulation's counted work, not a measurement: " + hw.status)
-    if trace is None and not args.no_trace:
-        print("  shared trace not found (../shared/traces/asyncio_32k.npz; pass --trace): trace "
-              "mode skipped, pre-filled buffers only")
     # One emulated core per row: each matcher's per-row cost, as the paper compares them (with
     # idle cores the hash plan would also spread a row's lookup over them; the dual pointer
     # cannot). Restored before returning.
@@ -274,6 +271,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run(args, hw, trace, sel, positions, context, out, grids) -> int:
+    from ..demo import trace_label
     modes = ["pre-filled"] + (["trace"] if sel is not None else [])
     todo = [(g, s, k, mode) for g, pts in grids.items() for s, k in pts for mode in modes]
     progress = common.bar(len(todo), "plan", args)
@@ -302,7 +300,7 @@ def _run(args, hw, trace, sel, positions, context, out, grids) -> int:
     finally:
         progress.close()
     for mode in modes:
-        src = (f"trace {trace}, {args.warmup} warm-up steps" if mode == "trace" else
+        src = (f"trace {trace_label(trace)}, {args.warmup} warm-up steps" if mode == "trace" else
                f"buffers filled to capacity, then {100 * args.hit_rate:.0f}% hits per step")
         print(f"\n  {mode}: {src}; modelled us per launch (serial-pipe p10 / p50 / p90; "
               f"overlapped-pipe p50)")

@@ -22,7 +22,6 @@ import numpy as np
 from ..cli_util import UsageError, check_writable, progress_bar
 
 DEFAULT_OUT = os.path.join("avsg-results", "serve-sim")
-SHARED = ("asyncio_32k.npz", "debian_reference_32k.npz")
 MICROBATCH_VARIANTS = (("none", "static"), ("arrival", "static"), ("cmr", "static"),
                        ("cmr", "ofms"))
 
@@ -34,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = SimConfig()
     parser.add_argument("--trace", action="append", metavar="NPZ",
                         help="selection trace for the requests' locality (repeatable; default: "
-                             "both shared traces in ../shared/traces)")
+                             "the embedded asyncio_32k_8x256)")
     parser.add_argument("--synthetic", action="store_true",
                         help="use generated traces instead (no trace files needed)")
     parser.add_argument("--layers-per-trace", type=int, default=8,
@@ -102,6 +101,11 @@ def _check_args(args) -> None:
         raise UsageError(f"--sample-rate: expected in (0, 1], got {args.sample_rate}")
 
 
+def _trace_paths(args) -> List[str]:
+    from ..demo import find_trace
+    return args.trace or [find_trace(None)]
+
+
 def _load_traces(args) -> List[tuple]:
     from ..traces import format as trace_format
     from ..traces import synth
@@ -109,15 +113,8 @@ def _load_traces(args) -> List[tuple]:
         return [(f"synthetic gamma {g}", synth.generate(steps=args.trace_steps, layers=args.layers_per_trace,
                                                         k=2048, max_len=32768, gamma=g, seed=i))
                 for i, g in enumerate((0.6, 0.8))]
-    paths = args.trace
-    if not paths:
-        from ..demo import find_trace
-        paths = [find_trace(None, name) for name in SHARED]
-        if None in paths:
-            raise UsageError("--trace: the shared traces are not in ../shared/traces; pass --trace "
-                             "NPZ or --synthetic")
     out = []
-    for p in paths:
+    for p in _trace_paths(args):
         try:
             tr = trace_format.load_trace(p, check_values=False)
         except (OSError, ValueError) as e:
@@ -175,9 +172,12 @@ def main(args: argparse.Namespace) -> int:
     bar.close()
     requests = workload.make_requests(args.requests, args.rate, rows, args.seed, args.prompt_mean,
                                       args.output_mean)
+    from ..demo import trace_label
+    sources = (", ".join(n for n, _ in traces) if args.synthetic
+               else ", ".join(trace_label(p) for p in _trace_paths(args)))
     print(f"avsg serve-sim: {args.requests} requests, Poisson {args.rate:g}/s, prompts mean "
           f"{args.prompt_mean:,} tokens, outputs mean {args.output_mean}; locality from {len(rows)} "
-          f"trace rows ({', '.join(n for n, _ in traces)})")
+          f"trace rows ({sources})")
     print(f"  MODEL ESTIMATE on '{hw.name}' ({hw.status}); buffers modelled as exact LRU; "
           f"{cfg.buffer_gb:g} GB of buffers per card = {int(cfg.buffer_gb * 1e9 // cost.bytes_per_slot()):,} "
           f"slots per layer; max batch {cfg.max_batch}; top-{k} mandatory")

@@ -10,8 +10,8 @@ and the logits, must be identical: the run checks it and says so.
 
 Defaults: the ``demo`` model at 32K context, 4 rows serving 8 requests (continuous batching),
 MTP-1 with simulated acceptance (0.8 drafts accepted per step, labelled as such), selections
-from the shared real trace (a synthetic one when it is absent), 8K-slot buffers, about 128 output
-tokens per request.
+from the embedded real trace (``--trace`` for another), 8K-slot buffers, about 128 output tokens
+per request.
 Times are this machine's CPU running the kernels through the CPU backend: they show where time
 goes, not what an NPU takes.
 """
@@ -44,16 +44,16 @@ MODES = ("offload", "avsg", "device")
 DEFAULT_CONTEXT = 32768
 DEFAULT_ACCEPTANCE = "sim:0.8"
 PHASES = ("index_select", "plan", "gather", "attention")
-SHARED_TRACE = os.path.join("..", "shared", "traces", "asyncio_32k.npz")
 
 
 # ------------------------------------------------------------------------------ arguments
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="demo",
-                        help="model preset (tiny, demo) or a DeepSeek-V3.2 config.json (default demo)")
-    parser.add_argument("--checkpoint", help="safetensors directory to load weights from "
-                        "(default: random weights from --seed)")
+    parser.add_argument("--config",
+                        help="model preset (tiny, demo) or a DeepSeek-V3.2 config.json (default: "
+                             "the --checkpoint's config.json, else demo)")
+    parser.add_argument("--checkpoint", help="directory with config.json and *.safetensors to "
+                        "load the model from (default: random weights from --seed)")
     parser.add_argument("--batch", type=int, default=4, help="rows decoded together (default 4)")
     parser.add_argument("--requests", type=int, help="requests to serve (default 2 x batch)")
     parser.add_argument("--context", type=int,
@@ -76,8 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the lifetime policy's L, 1..255 (default 16; only with --policy lifetime)")
     parser.add_argument("--select", choices=("trace", "indexer"), default="trace",
                         help="selection source: a recorded trace (default) or the model's indexer")
-    parser.add_argument("--trace", help=f"selection trace .npz (default {SHARED_TRACE} when present, "
-                        "else a synthetic trace)")
+    parser.add_argument("--trace", help="selection trace .npz (default: the embedded "
+                        "asyncio_32k_8x256)")
     parser.add_argument("--kv-format", choices=FORMAT_NAMES, default="bf16",
                         help="KV cache format (default bf16: 1152 B per token and layer)")
     parser.add_argument("--modes", default=",".join(MODES),
@@ -126,6 +126,20 @@ def load_config(spec: str):
         raise UsageError(f"--config: {e}") from None
 
 
+def checkpoint_config(directory: str):
+    """The model config a checkpoint directory carries: its ``config.json``."""
+    if not os.path.isdir(directory):
+        raise UsageError(f"--checkpoint: not a directory: {directory}")
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        raise UsageError(f"--checkpoint: {directory} has no config.json (pass --config for the "
+                         f"model it holds)")
+    try:
+        return model_config.from_hf_config(path)
+    except ValueError as e:                       # a broken config.json (JSON errors included)
+        raise UsageError(f"--checkpoint: {path}: {e}") from None
+
+
 def build_model(config, checkpoint: Optional[str], seed: int, device: torch.device):
     from .model import DeepseekV32
     from . import weights
@@ -134,29 +148,26 @@ def build_model(config, checkpoint: Optional[str], seed: int, device: torch.devi
     if checkpoint:
         try:
             weights.load_safetensors(model, checkpoint)
-        except (ValueError, FileNotFoundError) as e:
+        except (ValueError, OSError) as e:
             raise UsageError(f"--checkpoint: {e}") from None
     else:
         weights.init_random(model, seed)
     return model.to(device).eval()
 
 
-def load_selection_trace(path: Optional[str], layers: int, topk: int, context: int, steps: int,
-                         seed: int):
-    """The trace to replay, and a line saying where it came from."""
-    from ..traces import format as trace_format, synth
-    from ..demo import find_trace
+def load_selection_trace(path: Optional[str]):
+    """The trace to replay (the embedded one unless ``--trace``), and a line naming it."""
+    from ..traces import format as trace_format
+    from ..demo import EMBEDDED_TRACE, find_trace, trace_label
     path = find_trace(path)
-    if path is not None:
-        if not os.path.exists(path):
-            raise UsageError(f"--trace: no such file: {path}")
-        try:
-            trace = trace_format.load_trace(path, check_values=False)
-        except (ValueError, OSError, KeyError) as e:
-            raise UsageError(f"--trace: {path}: {e}") from None
-        return trace, f"trace {os.path.relpath(path)} ({trace.layers} layers, {trace.steps} steps)"
-    trace = synth.generate(steps=steps, layers=min(layers, 4), k=topk, max_len=context, seed=seed)
-    return trace, f"synthetic trace ({trace.layers} layers, {steps} steps; no shared trace found)"
+    if not os.path.exists(path):
+        raise UsageError(f"--trace: no such file: {path}")
+    try:
+        trace = trace_format.load_trace(path, check_values=False)
+    except (ValueError, OSError, KeyError) as e:
+        raise UsageError(f"--trace: {path}: {e}") from None
+    size = "" if path == EMBEDDED_TRACE else f" ({trace.layers} layers, {trace.steps} steps)"
+    return trace, f"trace {trace_label(path)}{size}"
 
 
 @dataclasses.dataclass
@@ -330,7 +341,17 @@ def main(args: argparse.Namespace) -> int:
     if not modes:
         raise UsageError("--modes: expected at least one mode")
     device = resolve_device(args.device)
-    config = load_config(args.config)
+    if args.checkpoint and not os.path.isdir(args.checkpoint):
+        raise UsageError(f"--checkpoint: not a directory: {args.checkpoint}")
+    if args.config is None and args.checkpoint:
+        config = checkpoint_config(args.checkpoint)
+        args.config = os.path.join(args.checkpoint, "config.json")
+    else:
+        args.config = args.config or "demo"
+        config = load_config(args.config)
+    if args.mtp and config.num_nextn_predict_layers < 1:
+        raise UsageError(f"--mtp: the model ({args.config}) has no MTP layer "
+                         f"(num_nextn_predict_layers = 0); use --mtp 0")
     topk = config.index_topk
     args.topk = topk
     if args.capacity < (1 + args.mtp) * topk and "avsg" in modes:
@@ -354,9 +375,7 @@ def main(args: argparse.Namespace) -> int:
 
     trace, trace_line = None, "the model's own indexer"
     if args.select == "trace":
-        trace, trace_line = load_selection_trace(args.trace, config.num_hidden_layers, topk,
-                                                 args.context, steps=4 * args.new_tokens + 64,
-                                                 seed=args.seed)
+        trace, trace_line = load_selection_trace(args.trace)
         if trace.k != topk:
             raise UsageError(f"--trace: it selects top-{trace.k}, the model's index_topk is {topk}")
         if int(trace.positions[-1]) + 1 > config.max_position_embeddings:
