@@ -377,7 +377,8 @@ def main(args: argparse.Namespace) -> int:
     if args.select == "trace":
         trace, trace_line = load_selection_trace(args.trace)
         if trace.k != topk:
-            raise UsageError(f"--trace: it selects top-{trace.k}, the model's index_topk is {topk}")
+            raise UsageError(f"--trace: {trace_line} selects top-{trace.k}, the model's index_topk "
+                             f"is {topk} (pass a top-{topk} trace or --select indexer)")
         if int(trace.positions[-1]) + 1 > config.max_position_embeddings:
             raise UsageError("--trace: its positions exceed the model's max_position_embeddings")
     elif args.trace:
