@@ -239,18 +239,16 @@ def test_every_avsg_command_documents_every_option_without_markup():
                 assert action.help, f"{name}: {action.option_strings} has no help text"
 
 
-def test_without_the_shared_trace_plan_skips_and_hash_buckets_goes_synthetic(capsys, tmp_path,
-                                                                              monkeypatch):
-    """A CI clone has no ../shared/traces: plan says so and runs pre-filled only; hash-buckets
-    says so and replays synthetic selections."""
-    from avsg.bench import common
-    monkeypatch.setattr(common, "trace_path", lambda _value: None)
-    status, text, _ = run(["bench", "plan", "--quick", "--steps", "1", "--rows", "1",
-                           "--out", str(tmp_path / "p")], capsys)
-    assert status == 0 and "shared trace not found" in text and "trace:" not in text
-    status, text, _ = run(["bench", "hash-buckets", "--layers", "1", "--steps", "3", "--capacity",
-                           "2048", "--ratios", "1", "--out", str(tmp_path / "h")], capsys)
-    assert status == 0 and "synthetic selections" in text
+def test_without_trace_plan_and_hash_buckets_replay_the_embedded_trace(capsys, tmp_path):
+    """A fresh clone has no ../shared: plan's trace mode and hash-buckets replay the trace the
+    package ships, and say so."""
+    status, text, _ = run(["bench", "plan", "--quick", "--steps", "1", "--rows", "1", "--warmup",
+                           "2", "--out", str(tmp_path / "p")], capsys)
+    assert status == 0 and "trace asyncio_32k_8x256 (embedded" in text
+    status, text, _ = run(["bench", "hash-buckets", "--layers", "1", "--steps", "3", "--ratios",
+                           "1", "--out", str(tmp_path / "h")], capsys)
+    assert status == 0 and "trace asyncio_32k_8x256 (embedded" in text
+    assert "1 layers x 3 steps, top-2048" in text
 
 
 @pytest.mark.slow

@@ -1,11 +1,8 @@
 """``avsg demo``: user mistakes are one line on stderr with exit status 2, no traceback."""
-import os
 import subprocess
 import sys
 
 import pytest
-
-SHARED = os.path.join("..", "shared", "traces", "asyncio_32k.npz")
 
 
 def run(*args):
@@ -26,11 +23,10 @@ def test_demo_mistakes_are_one_line(args, named):
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in result.stderr
 
 
-@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared trace not beside the repository")
-@pytest.mark.parametrize("args, named", [(["--layers", "100"], "--layers"),
-                                         (["--steps", "5000"], "--steps")])
-def test_demo_refuses_more_than_the_trace_holds(args, named):
-    result = run("--trace", SHARED, *args)
+@pytest.mark.parametrize("args, named", [(["--layers", "9"], "--layers"),
+                                         (["--steps", "257"], "--steps")])
+def test_demo_refuses_more_than_the_embedded_trace_holds(args, named):
+    result = run(*args)
     assert result.returncode == 2 and named in result.stderr
 
 

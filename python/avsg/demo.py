@@ -24,20 +24,24 @@ ROW_BYTES = 656
 SYNTHETIC_TOPK, SYNTHETIC_CONTEXT = 2048, 16384
 MAX_CONTEXT = 1 << 24          # positions the buffer addresses
 MAX_CAPACITY = 1 << 15         # slots per row the buffer takes
-DEFAULT_TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces",
-                             "asyncio_32k.npz")
+# A real trace small enough to ship (2.8 MiB): asyncio_32k.npz cut to 8 of its 24 layers and its
+# first 256 decode steps (scripts/cut_trace.py). Every command that replays a trace uses it unless
+# --trace names another, so what a fresh clone prints is what the README quotes.
+EMBEDDED_TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces", "data",
+                              "asyncio_32k_8x256.npz")
+EMBEDDED_NAME = "asyncio_32k_8x256 (embedded: asyncio_32k.npz cut to 8 layers x 256 steps)"
 
 
-def find_trace(path: Optional[str], name: str = "asyncio_32k.npz") -> Optional[str]:
-    """The given trace, else the shared one ``name`` in ``../shared/traces`` (from the current
-    directory, then beside the repository); None when it is absent."""
-    if path:
-        return path
-    for base in (os.path.join("..", "shared", "traces"), os.path.dirname(DEFAULT_TRACE)):
-        candidate = os.path.join(base, name)
-        if os.path.exists(candidate):
-            return os.path.abspath(candidate)
-    return None
+def find_trace(path: Optional[str]) -> str:
+    """The trace given, else the embedded one."""
+    return path if path else EMBEDDED_TRACE
+
+
+def trace_label(path: str) -> str:
+    """How a command names the trace it replays: the embedded one by name, any other by path."""
+    if os.path.abspath(path) == EMBEDDED_TRACE:
+        return EMBEDDED_NAME
+    return path
 
 
 def synthetic_selections(layers: int, steps: int, k: int, context: int, seed: int = 0):
@@ -57,13 +61,15 @@ def synthetic_selections(layers: int, steps: int, k: int, context: int, seed: in
     return sel, positions, context + steps
 
 
-def load_selections(trace: str, layers: int, steps: int):
-    """The first ``layers`` x ``steps`` of a trace, their values checked; asking for more than it
-    holds is an error."""
+def load_selections(trace: str, layers: Optional[int], steps: int):
+    """The first ``layers`` (None: all) x ``steps`` of a trace, their values checked; asking for
+    more than it holds is an error."""
     from .traces.format import TraceFormatError, validate_trace
     tr = read_trace("--trace", trace, check_values=False)
     if tr.sel.ndim != 3:
         raise UsageError(f"--trace: {trace} has an MTP axis; expected sel [layers, steps, k]")
+    if layers is None:
+        layers = tr.layers
     if layers > tr.layers:
         raise UsageError(f"--layers: the trace has {tr.layers} layers, asked for {layers}")
     if steps > tr.steps:
@@ -92,15 +98,15 @@ def check_sizes(layers: int, steps: int, k: int, context: int, capacity: int) ->
          f"the selections ({layers:,} x {steps:,} steps x top-{k:,})")])
 
 
-def run(trace: Optional[str], layers: int, steps: int, capacity: int, synthetic: bool,
+def run(trace: str, layers: int, steps: int, capacity: int, synthetic: bool,
         lifetime: int, seed: int = 0) -> dict:
-    if synthetic or trace is None:
+    if synthetic:
         source = "synthetic (75% step-to-step overlap)"
         check_sizes(layers, steps, SYNTHETIC_TOPK, SYNTHETIC_CONTEXT + steps, capacity)
         sel, positions, context = synthetic_selections(layers, steps, SYNTHETIC_TOPK,
                                                        SYNTHETIC_CONTEXT, seed)
     else:
-        source = os.path.relpath(trace)
+        source = f"trace {trace_label(trace)}"
         sel, positions, context = load_selections(trace, layers, steps)
         check_sizes(layers, steps, sel.shape[2], context, capacity)
     layers, steps, k = sel.shape
@@ -157,8 +163,8 @@ def _uses_kernels() -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", help="selection trace .npz (default: ../shared/traces/"
-                        "asyncio_32k.npz if present, else synthetic)")
+    parser.add_argument("--trace", help="selection trace .npz (default: the embedded "
+                        "asyncio_32k_8x256)")
     parser.add_argument("--synthetic", action="store_true",
                         help="use a synthetic stream (not with --trace)")
     parser.add_argument("--layers", type=int_in(1, 4096), default=4,

@@ -103,10 +103,8 @@ def test_run_user_mistakes_are_one_line(args, named):
 
 
 def test_run_default_trace_with_tiny_topk_is_refused():
-    """The shared trace selects top-2048; the tiny model's top-k differs: refuse, do not truncate."""
-    import os
-    if not os.path.exists(os.path.join("..", "shared", "traces", "asyncio_32k.npz")):
-        pytest.skip("shared trace not beside the repository")
+    """The embedded trace selects top-2048; the tiny model's top-k differs: refuse, do not
+    truncate."""
     result = run_cli(*TINY_RUN)
     assert result.returncode == 2 and "top-" in result.stderr
 

@@ -167,13 +167,12 @@ def at_least(option: str, value: int, low: int = 1) -> int:
     return value
 
 
-def trace_path(option_value: Optional[str]) -> Optional[str]:
-    """The trace given (must exist), else the shared one if present, else None."""
+def trace_path(option_value: Optional[str]) -> str:
+    """The trace given (must exist), else the embedded one."""
     from ..demo import find_trace
     if option_value and not os.path.exists(option_value):
         raise UsageError(f"--trace: no such file: {option_value}")
-    path = find_trace(option_value)
-    return path if path and os.path.exists(path) else None
+    return find_trace(option_value)
 
 
 def write_json(path: str, payload: dict) -> str:

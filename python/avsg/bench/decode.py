@@ -155,6 +155,7 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
     from ..traces.mtp import draw_accepted
     from ..traces.policies import StepInput, make_policy, unique_rows
     from .. import backend
+    from ..demo import trace_label
     trace = trace_format.load_trace(trace_path, check_values=False)
     sel = trace.sel[:layers, :steps] if layers else trace.sel[:, :steps]
     L, N, K = sel.shape
@@ -198,7 +199,7 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
         raise ValueError(f"trace: {N} steps give no counted iteration at MTP-{drafts}")
     return Traffic(drafts, accept_mean, emitted / counted, capacity, topk_buffer,
                    {m: (v / counted).tolist() for m, v in rows.items()},
-                   f"{os.path.relpath(trace_path)}: all {L} layers x {counted} iterations")
+                   f"{trace_label(trace_path)}: all {L} layers x {counted} iterations")
 
 
 # ---------------------------------------------------------------- counted matching costs
@@ -541,8 +542,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hardware profile JSON (default: the bundled 910B assumptions)")
     parser.add_argument("--config", default=V32_CONFIG,
                         help="DeepSeek-V3.2 config.json (default: the released one's keys)")
-    parser.add_argument("--trace", help="selection trace for the copies (default "
-                        "../shared/traces/asyncio_32k.npz)")
+    parser.add_argument("--trace", help="selection trace for the copies (default: the "
+                        "embedded asyncio_32k_8x256)")
     parser.add_argument("--trace-layers", type=int_in(0, 4096), default=0,
                         help="trace layers replayed, 0..4096 (default 0: all of them)")
     parser.add_argument("--trace-steps", type=int_in(8, 1 << 20), default=256,
@@ -606,9 +607,6 @@ def main(args: argparse.Namespace) -> int:
     if args.link_gbps is not None:
         hw.override("link_bytes_per_s", args.link_gbps * 1e9, "--link-gbps")
     trace = common.trace_path(args.trace)
-    if trace is None:
-        raise UsageError("--trace: no trace given and none found (the shared one is "
-                         "../shared/traces/asyncio_32k.npz)")
     if args.capacity < 4 * config.index_topk:
         raise UsageError(f"--capacity: expected >= (1 + 3) x top-k = {4 * config.index_topk}, "
                          f"got {args.capacity}")

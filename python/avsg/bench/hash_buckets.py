@@ -2,7 +2,7 @@
 
 The hash index gives each position 4 probe buckets; a miss that finds none of them free goes to
 the stash, which every later lookup that misses the table must scan. This replays a selection
-trace (the shared one by default; a synthetic stream, stated, when it is absent) with the real
+trace (the embedded one by default) with the real
 ``plan`` op for several ``hash_buckets / capacity`` ratios and reports the stash occupancy after
 each step, the share of misses that overflowed, and the table's size. Hit rates are identical
 across ratios by construction (the index never changes what is resident), so hit rate against
@@ -24,10 +24,11 @@ from . import common
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", help="selection trace (default the shared "
-                        "../shared/traces/asyncio_32k.npz; synthetic selections when absent)")
-    parser.add_argument("--layers", type=int_in(1, 4096), default=24,
-                        help="trace layers replayed, one buffer row each, 1..4096 (default 24)")
+    parser.add_argument("--trace", help="selection trace (default: the embedded "
+                        "asyncio_32k_8x256)")
+    parser.add_argument("--layers", type=int_in(1, 4096),
+                        help="trace layers replayed, one buffer row each, 1..4096 (default: all "
+                             "of the trace's)")
     parser.add_argument("--steps", type=int_in(1, 1 << 20), default=96,
                         help="trace steps replayed, 1..1048576 (default 96)")
     parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
@@ -85,8 +86,9 @@ def plot(rows: List[Dict], path: str, title: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..demo import load_selections, synthetic_selections
-    common.at_least("--layers", args.layers)
+    from ..demo import load_selections, trace_label
+    if args.layers is not None:
+        common.at_least("--layers", args.layers)
     common.at_least("--steps", args.steps)
     common.at_least("--capacity", args.capacity)
     ratios = common.int_list("--ratios", args.ratios)
@@ -100,16 +102,8 @@ def main(args: argparse.Namespace) -> int:
         common.require_npu("hash-buckets")
     out = common.out_dir(args, "hash-buckets")
     trace = common.trace_path(args.trace)
-    if trace is not None:
-        sel, positions, _ = load_selections(trace, args.layers, args.steps)
-        source = f"trace {trace}"
-    else:
-        k = min(2048, args.capacity)
-        check_memory("--steps", 8 * args.layers * args.steps * k,
-                     f"the synthetic selections ({args.layers} layers x {args.steps:,} steps)")
-        sel, positions, _ = synthetic_selections(args.layers, args.steps, k, 32768)
-        source = "synthetic selections (shared trace not found; pass --trace)"
-        print(f"  {source}")
+    sel, positions, _ = load_selections(trace, args.layers, args.steps)
+    source = f"trace {trace_label(trace)}"
     if sel.shape[2] > args.capacity:
         raise UsageError(f"--capacity: expected >= the trace's top-{sel.shape[2]}, got {args.capacity}")
     progress = common.bar(len(ratios) * sel.shape[1], "hash-buckets", args)

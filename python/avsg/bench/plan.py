@@ -4,8 +4,8 @@ Grids (S = buffer slots per request, K = selections per step):
   S = K = N for N in 256..2048;  S = 4096 with K 256..2048;  K = 512 with S 512..8192.
 Each point runs twice: on **pre-filled** buffers (filled to capacity first, then steps whose
 selections hit ``--hit-rate`` of the time, drawn from the previous step, misses new positions) and
-on the **shared trace** (``--trace``; K of its 2048 selections per step, chosen by a fixed position hash, after
-``--warmup`` steps; how full the buffer got is printed). Both matchers run as AscendC kernels
+on a **real trace** (the embedded one unless ``--trace``; K of its 2048 selections per step,
+chosen by a fixed position hash, after ``--warmup`` steps; how full the buffer got is printed). Both matchers run as AscendC kernels
 through the strict CPU emulation on the same selections and state, and must produce identical plans
 every step. Each launch's counted work becomes a modelled NPU time with the hardware profile
 (``--hw``): *serial-pipe* and *overlapped-pipe* (hardware.launch_estimate); p10 / p50 / p90 over
@@ -43,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hit-rate", type=float_in(0, 1, high_open=True), default=0.9,
                         help="pre-filled mode: share of each step's selections that hit, in "
                              "[0, 1) (default 0.9)")
-    parser.add_argument("--trace", help="selection trace (default the shared "
-                        "../shared/traces/asyncio_32k.npz; skipped with a message when absent)")
+    parser.add_argument("--trace", help="selection trace (default: the embedded "
+                        "asyncio_32k_8x256)")
     parser.add_argument("--warmup", type=int_in(0, 100000), default=128,
                         help="trace mode: steps before measuring, fast emulation, 0..100000 "
                              "(default 128)")
@@ -264,9 +264,6 @@ def main(args: argparse.Namespace) -> int:
           f"{args.rows} emulated cores, {args.steps} measured steps per point; hardware '{hw.name}'; "
           f"{common.machine()}")
     print("  MODEL ESTIMATE from the CPU emulation's counted work, not a measurement: " + hw.status)
-    if trace is None and not args.no_trace:
-        print("  shared trace not found (../shared/traces/asyncio_32k.npz; pass --trace): trace "
-              "mode skipped, pre-filled buffers only")
     # One emulated core per row: each matcher's per-row cost, as the paper compares them (with
     # idle cores the hash plan would also spread a row's lookup over them; the dual pointer
     # cannot). Restored before returning.
@@ -280,6 +277,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run(args, hw, trace, sel, positions, context, out, grids) -> int:
+    from ..demo import trace_label
     modes = ["pre-filled"] + (["trace"] if sel is not None else [])
     todo = [(g, s, k, mode) for g, pts in grids.items() for s, k in pts for mode in modes]
     progress = common.bar(len(todo), "plan", args)
@@ -308,7 +306,7 @@ def _run(args, hw, trace, sel, positions, context, out, grids) -> int:
     finally:
         progress.close()
     for mode in modes:
-        src = (f"trace {trace}, {args.warmup} warm-up steps" if mode == "trace" else
+        src = (f"trace {trace_label(trace)}, {args.warmup} warm-up steps" if mode == "trace" else
                f"buffers filled to capacity, then {100 * args.hit_rate:.0f}% hits per step")
         print(f"\n  {mode}: {src}; modelled us per launch (serial-pipe p10 / p50 / p90; "
               f"overlapped-pipe p50)")

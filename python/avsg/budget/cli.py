@@ -22,7 +22,6 @@ from ..cli_util import (UsageError, check_memory, check_writable, float_in, int_
                         read_trace, reject_together)
 
 DEFAULT_OUT = os.path.join("avsg-results", "serve-sim")
-SHARED = ("asyncio_32k.npz", "debian_reference_32k.npz")
 SYNTHETIC_TOPK, SYNTHETIC_CONTEXT = 2048, 32768
 MAX_REQUESTS = 1_000_000      # the simulation keeps every request's record
 MAX_BUFFER_GB = 1024.0        # device memory of a card is tens of GB
@@ -38,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = SimConfig()
     parser.add_argument("--trace", action="append", metavar="NPZ",
                         help="selection trace for the requests' locality (repeatable; default: "
-                             "both shared traces in ../shared/traces)")
+                             "the embedded asyncio_32k_8x256)")
     parser.add_argument("--synthetic", action="store_true",
                         help="use generated traces instead (no trace files needed; not with "
                              "--trace)")
@@ -122,6 +121,11 @@ def _counted_plan_us(trace, hw) -> float:
     return decode.counted_us(counters, hw)
 
 
+def _trace_paths(args) -> List[str]:
+    from ..demo import find_trace
+    return args.trace or [find_trace(None)]
+
+
 def _load_traces(args) -> List[tuple]:
     from ..traces import synth
     if args.synthetic:
@@ -137,15 +141,8 @@ def _load_traces(args) -> List[tuple]:
                  synth.generate(steps=args.trace_steps, layers=args.layers_per_trace,
                                 k=SYNTHETIC_TOPK, max_len=SYNTHETIC_CONTEXT, gamma=g, seed=i))
                 for i, g in enumerate((0.6, 0.8))]
-    paths = args.trace
-    if not paths:
-        from ..demo import find_trace
-        paths = [find_trace(None, name) for name in SHARED]
-        if None in paths:
-            raise UsageError("--trace: the shared traces are not in ../shared/traces; pass --trace "
-                             "NPZ or --synthetic")
     out = []
-    for p in paths:
+    for p in _trace_paths(args):
         tr = read_trace("--trace", p, check_values=True)   # bad values would skew the model
         if tr.k > 4096 or tr.T < 2 * tr.k:
             raise UsageError(f"--trace: {p}: top-k {tr.k} / context {tr.T} not usable")
@@ -218,9 +215,12 @@ def main(args: argparse.Namespace) -> int:
     bar.close()
     requests = workload.make_requests(args.requests, args.rate, rows, args.seed, args.prompt_mean,
                                       args.output_mean)
+    from ..demo import trace_label
+    sources = (", ".join(n for n, _ in traces) if args.synthetic
+               else ", ".join(trace_label(p) for p in _trace_paths(args)))
     print(f"avsg serve-sim: {args.requests} requests, Poisson {args.rate:g}/s, prompts mean "
           f"{args.prompt_mean:,} tokens, outputs mean {args.output_mean}; locality from {len(rows)} "
-          f"trace rows ({', '.join(n for n, _ in traces)})")
+          f"trace rows ({sources})")
     print(f"  MODEL ESTIMATE on '{hw.name}' ({hw.status}); buffers modelled as exact LRU; "
           f"{cfg.buffer_gb:g} GB of buffers per card = {int(cfg.buffer_gb * 1e9 // cost.bytes_per_slot()):,} "
           f"slots per layer; max batch {cfg.max_batch}; top-{k} mandatory; plan "

@@ -7,8 +7,8 @@
 * **Output lengths**: log-normal with a 384-token mean, sigma 0.8, clipped to [32, steps of the
   locality source] -- a request replays its locality row from the first decode step.
 * **Locality**: each request draws one row (one layer) of a selection trace; its decode steps
-  select what that layer selected. Rows of the shared real traces (code and prose) by default, so
-  requests differ as much as real layers do (some saturate at a small buffer, others need a large
+  select what that layer selected. Rows of the embedded real trace by default (the shared code and
+  prose traces with ``--trace``), so requests differ as much as real layers do (some saturate at a small buffer, others need a large
   one). The trace's own context length is kept for locality; the drawn prompt length only sets the
   indexer's cost.
 """

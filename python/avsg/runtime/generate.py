@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import List
 
 import torch
@@ -89,14 +88,12 @@ def generate(model, prompts: List[List[int]], max_new_tokens: int, mode: str = "
 
 
 def main(args: argparse.Namespace) -> int:
-    from .run import build_model, load_config
+    from .run import build_model, checkpoint_config
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}")
     json_path = output_path("--json", args.json)
-    if not os.path.isdir(args.checkpoint):
-        raise UsageError(f"--checkpoint: not a directory: {args.checkpoint}")
+    config = checkpoint_config(args.checkpoint)
     prompts = parse_input_ids(args.input_ids)
-    config = load_config(os.path.join(args.checkpoint, "config.json"))
     for i, prompt in enumerate(prompts):
         bad = [t for t in prompt if not 0 <= t < config.vocab_size]
         if bad:

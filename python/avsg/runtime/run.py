@@ -10,8 +10,8 @@ and the logits, must be identical: the run checks it and says so.
 
 Defaults: the ``demo`` model at 32K context, 4 rows serving 8 requests (continuous batching),
 MTP-1 with simulated acceptance (0.8 drafts accepted per step, labelled as such), selections
-from the shared real trace (a synthetic one when it is absent), 8K-slot buffers, about 128 output
-tokens per request.
+from the embedded real trace (``--trace`` for another), 8K-slot buffers, about 128 output tokens
+per request.
 Times are this machine's CPU running the kernels through the CPU backend: they show where time
 goes, not what an NPU takes.
 """
@@ -45,16 +45,16 @@ MODES = ("offload", "avsg", "device")
 DEFAULT_CONTEXT = 32768
 DEFAULT_ACCEPTANCE = "sim:0.8"
 PHASES = ("index_select", "plan", "gather", "attention")
-SHARED_TRACE = os.path.join("..", "shared", "traces", "asyncio_32k.npz")
 
 
 # ------------------------------------------------------------------------------ arguments
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="demo",
-                        help="model preset (tiny, demo) or a DeepSeek-V3.2 config.json (default demo)")
-    parser.add_argument("--checkpoint", help="safetensors directory to load weights from "
-                        "(default: random weights from --seed)")
+    parser.add_argument("--config",
+                        help="model preset (tiny, demo) or a DeepSeek-V3.2 config.json (default: "
+                             "the --checkpoint's config.json, else demo)")
+    parser.add_argument("--checkpoint", help="directory with config.json and *.safetensors to "
+                        "load the model from (default: random weights from --seed)")
     parser.add_argument("--batch", type=int_in(1, 4096), default=4,
                         help="rows decoded together, 1..4096 (default 4)")
     parser.add_argument("--requests", type=int_in(1, 1 << 20),
@@ -83,8 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "lifetime)")
     parser.add_argument("--select", choices=("trace", "indexer"), default="trace",
                         help="selection source: a recorded trace (default) or the model's indexer")
-    parser.add_argument("--trace", help=f"selection trace .npz (default {SHARED_TRACE} when present, "
-                        "else a synthetic trace)")
+    parser.add_argument("--trace", help="selection trace .npz (default: the embedded "
+                        "asyncio_32k_8x256)")
     parser.add_argument("--kv-format", choices=FORMAT_NAMES, default="bf16",
                         help="KV cache format (default bf16: 1152 B per token and layer)")
     parser.add_argument("--modes", default=",".join(MODES),
@@ -136,6 +136,20 @@ def load_config(spec: str):
         raise UsageError(f"--config: {e}") from None
 
 
+def checkpoint_config(directory: str):
+    """The model config a checkpoint directory carries: its ``config.json``."""
+    if not os.path.isdir(directory):
+        raise UsageError(f"--checkpoint: not a directory: {directory}")
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        raise UsageError(f"--checkpoint: {directory} has no config.json (pass --config for the "
+                         f"model it holds)")
+    try:
+        return model_config.from_hf_config(path)
+    except ValueError as e:                       # a broken config.json (JSON errors included)
+        raise UsageError(f"--checkpoint: {path}: {e}") from None
+
+
 def build_model(config, checkpoint: Optional[str], seed: int, device: torch.device):
     from .model import DeepseekV32
     from . import weights
@@ -144,31 +158,22 @@ def build_model(config, checkpoint: Optional[str], seed: int, device: torch.devi
     if checkpoint:
         try:
             weights.load_safetensors(model, checkpoint)
-        except (ValueError, FileNotFoundError) as e:
+        except (ValueError, OSError) as e:
             raise UsageError(f"--checkpoint: {e}") from None
     else:
         weights.init_random(model, seed)
     return model.to(device).eval()
 
 
-def load_selection_trace(path: Optional[str], layers: int, topk: int, context: int, steps: int,
-                         seed: int):
-    """The trace to replay, and a line saying where it came from."""
+def load_selection_trace(path: Optional[str]):
+    """The trace to replay (the embedded one unless ``--trace``), and a line naming it."""
     from ..cli_util import read_trace
-    from ..traces import synth
-    from ..demo import find_trace
+    from ..demo import EMBEDDED_TRACE, find_trace, trace_label
     path = find_trace(path)
-    if path is not None:
-        # values checked: a position past T or an unsorted row would reach the kernels' checks
-        trace = read_trace("--trace", path, check_values=True)
-        return trace, f"trace {os.path.relpath(path)} ({trace.layers} layers, {trace.steps} steps)"
-    if steps + topk + 9 > context:
-        # the synthetic trace grows by one position per step from its first context
-        raise UsageError(f"--new-tokens: the synthetic trace's {steps:,} steps (4 x --new-tokens + "
-                         f"64) and top-{topk} do not fit its {context:,}-position context; expected "
-                         f"--new-tokens <= {max((context - topk - 9 - 64) // 4, 0):,}")
-    trace = synth.generate(steps=steps, layers=min(layers, 4), k=topk, max_len=context, seed=seed)
-    return trace, f"synthetic trace ({trace.layers} layers, {steps} steps; no shared trace found)"
+    # values checked: a position past T or an unsorted row would reach the kernels' checks
+    trace = read_trace("--trace", path, check_values=True)
+    size = "" if path == EMBEDDED_TRACE else f" ({trace.layers} layers, {trace.steps} steps)"
+    return trace, f"trace {trace_label(path)}{size}"
 
 
 @dataclasses.dataclass
@@ -353,7 +358,17 @@ def main(args: argparse.Namespace) -> int:
     json_path = output_path("--json", args.json)
     record_path = output_path("--record-trace", args.record_trace, ".npz")
     device = resolve_device(args.device)
-    config = load_config(args.config)
+    if args.checkpoint and not os.path.isdir(args.checkpoint):
+        raise UsageError(f"--checkpoint: not a directory: {args.checkpoint}")
+    if args.config is None and args.checkpoint:
+        config = checkpoint_config(args.checkpoint)
+        args.config = os.path.join(args.checkpoint, "config.json")
+    else:
+        args.config = args.config or "demo"
+        config = load_config(args.config)
+    if args.mtp and config.num_nextn_predict_layers < 1:
+        raise UsageError(f"--mtp: the model ({args.config}) has no MTP layer "
+                         f"(num_nextn_predict_layers = 0); use --mtp 0")
     topk = config.index_topk
     args.topk = topk
     if args.capacity < (1 + args.mtp) * topk and "avsg" in modes:
@@ -386,11 +401,10 @@ def main(args: argparse.Namespace) -> int:
 
     trace, trace_line = None, "the model's own indexer"
     if args.select == "trace":
-        trace, trace_line = load_selection_trace(args.trace, config.num_hidden_layers, topk,
-                                                 args.context, steps=4 * args.new_tokens + 64,
-                                                 seed=args.seed)
+        trace, trace_line = load_selection_trace(args.trace)
         if trace.k != topk:
-            raise UsageError(f"--trace: it selects top-{trace.k}, the model's index_topk is {topk}")
+            raise UsageError(f"--trace: {trace_line} selects top-{trace.k}, the model's index_topk "
+                             f"is {topk} (pass a top-{topk} trace or --select indexer)")
         if int(trace.positions[-1]) + 1 > config.max_position_embeddings:
             raise UsageError("--trace: its positions exceed the model's max_position_embeddings")
     elif args.trace:

@@ -3,7 +3,9 @@
 The model's parameter names are the checkpoint's tensor names (see ``model``), so loading is a
 name-for-name copy. ``load_safetensors`` first reads every file's header and checks the whole
 name/shape set against the model: missing, unexpected and mis-shaped names are reported together
-in one ``ValueError`` before a single parameter changes. Accepted besides plain tensors:
+in one ``ValueError`` (one line) before a single parameter changes; so are unreadable files (a
+truncated or corrupt safetensors file, a broken index) and a checkpoint without the MTP layers the
+config declares. Accepted besides plain tensors:
 
 * per-expert tensors ``mlp.experts.E.{gate,up,down}_proj.weight`` (how DeepSeek and transformers
   save them);
@@ -66,10 +68,16 @@ def _random_value(module, name, param, gen, norm_types, full) -> torch.Tensor:
 
 
 def checkpoint_files(directory: str) -> List[str]:
+    if not os.path.isdir(directory):
+        raise ValueError(f"checkpoint: not a directory: {directory}")
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index):
-        with open(index) as f:
-            weight_map = json.load(f).get("weight_map", {})
+        try:
+            with open(index) as f:
+                weight_map = json.load(f).get("weight_map", {})
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"checkpoint: {index} is not a readable index "
+                             f"({type(e).__name__}: {e})") from None
         files = sorted({os.path.join(directory, v) for v in weight_map.values()})
         absent = [f for f in files if not os.path.exists(f)]
         if absent:
@@ -100,13 +108,12 @@ def _list(names, limit: int = 8) -> str:
 @torch.no_grad()
 def load_safetensors(model: nn.Module, directory: str) -> None:
     """Copy the checkpoint in ``directory`` into ``model``; all-or-nothing (see module doc)."""
-    from safetensors import safe_open
-
     expected: Dict[str, nn.Parameter] = dict(model.named_parameters())
     # name -> (file, shape, dtype string)
     present: Dict[str, Tuple[str, Tuple[int, ...], str]] = {}
     for path in checkpoint_files(directory):
-        with safe_open(path, framework="pt") as f:
+        # safe_open checks the header against the file size, so a truncated file fails here
+        with _open(path) as f:
             for name in f.keys():
                 sl = f.get_slice(name)
                 present[name] = (path, tuple(sl.get_shape()), sl.get_dtype())
@@ -129,21 +136,30 @@ def load_safetensors(model: nn.Module, directory: str) -> None:
             s_want = (math.ceil(want[0] / block[0]), math.ceil(want[1] / block[1]))
             if s_shape != s_want:
                 mismatched.append(f"{scales[name]} {list(s_shape)} (expected {list(s_want)})")
+    cfg = getattr(model, "config", None)
+    if cfg is not None and missing:
+        mtp = [f"model.layers.{cfg.num_hidden_layers + k}."
+               for k in range(cfg.num_nextn_predict_layers)]
+        absent = [p for p in mtp if not any(n.startswith(p) for n in present)]
+        if absent:
+            raise ValueError(f"checkpoint {directory} has no weights for MTP layer "
+                             f"{', '.join(p + '*' for p in absent)} (the config declares "
+                             f"num_nextn_predict_layers = {cfg.num_nextn_predict_layers})")
     if missing or unexpected or mismatched:
-        lines = [f"checkpoint {directory} does not match the model config:"]
+        parts = [f"checkpoint {directory} does not match the model config:"]
         if missing:
-            lines.append(f"  missing ({len(missing)}): {_list(missing)}")
+            parts.append(f"missing ({len(missing)}): {_list(missing)};")
         if unexpected:
-            lines.append(f"  unexpected ({len(unexpected)}): {_list(unexpected)}")
+            parts.append(f"unexpected ({len(unexpected)}): {_list(unexpected)};")
         if mismatched:
-            lines.append(f"  wrong shape ({len(mismatched)}): {_list(mismatched)}")
-        raise ValueError("\n".join(lines))
+            parts.append(f"wrong shape ({len(mismatched)}): {_list(mismatched)};")
+        raise ValueError(" ".join(parts).rstrip(";"))
 
     by_file: Dict[str, List[str]] = {}
     for name in expected:
         by_file.setdefault(present[name][0], []).append(name)
     for path, names in by_file.items():
-        with safe_open(path, framework="pt") as f:
+        with _open(path) as f:
             for name in names:
                 value = f.get_tensor(name)
                 if name in scales:
@@ -155,9 +171,17 @@ def load_safetensors(model: nn.Module, directory: str) -> None:
 
 
 def _read(path: str, name: str) -> torch.Tensor:
-    from safetensors import safe_open
-    with safe_open(path, framework="pt") as f:
+    with _open(path) as f:
         return f.get_tensor(name)
+
+
+def _open(path: str):
+    from safetensors import SafetensorError, safe_open
+    try:
+        return safe_open(path, framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"checkpoint: {path} is not a readable safetensors file "
+                         f"({' '.join(str(e).split())})") from None
 
 
 def _dequantize(weight: torch.Tensor, scale_inv: torch.Tensor, block: Tuple[int, int]) -> torch.Tensor:
