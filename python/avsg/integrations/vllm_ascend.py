@@ -54,7 +54,7 @@ import torch
 
 ENV_SWITCH = "AVSG_VLLM_ASCEND"
 ENV_POLICY = "AVSG_POLICY"
-CONFIG_KEY = "avsg"                 # additional_config["sparse_kv_offload_config"]["avsg"]
+CONFIG_KEY = "avsg"                 # additional_config["avsg"]: residency options
 
 _BACKEND = None
 
@@ -67,26 +67,32 @@ def backend_class():
     return _BACKEND
 
 
-def avsg_options(sparse_kv_offload_config=None) -> Dict[str, object]:
-    """Residency options: ``additional_config.sparse_kv_offload_config.avsg`` (a dict) first,
-    then ``AVSG_POLICY``; defaults ``policy="reuse"``, ``lifetime=16``."""
+def avsg_options(additional_config=None) -> Dict[str, object]:
+    """Residency options: ``additional_config["avsg"]`` (a dict, or its JSON), then
+    ``AVSG_POLICY``; defaults ``policy="reuse"``, ``lifetime=16``."""
     opts: Dict[str, object] = {"policy": os.environ.get(ENV_POLICY, "reuse"), "lifetime": 16}
-    raw = None
-    if sparse_kv_offload_config is not None:
-        raw = getattr(sparse_kv_offload_config, CONFIG_KEY, None)
-        if raw is None:
-            raw = (getattr(sparse_kv_offload_config, "_raw", None) or {}).get(CONFIG_KEY)
+    raw = (additional_config or {}).get(CONFIG_KEY) if isinstance(additional_config, dict) \
+        else None
     if isinstance(raw, str):
         raw = json.loads(raw)
     if raw:
         if not isinstance(raw, dict):
-            raise ValueError(f"sparse_kv_offload_config.{CONFIG_KEY}: expected a dict, got "
+            raise ValueError(f"additional_config.{CONFIG_KEY}: expected a dict, got "
                              f"{type(raw).__name__}")
         unknown = set(raw) - {"policy", "lifetime"}
         if unknown:
-            raise ValueError(f"sparse_kv_offload_config.{CONFIG_KEY}: unknown keys "
-                             f"{sorted(unknown)}; expected 'policy', 'lifetime'")
+            raise ValueError(f"additional_config.{CONFIG_KEY}: unknown keys {sorted(unknown)}; "
+                             f"expected 'policy', 'lifetime'")
         opts.update(raw)
+    from .. import reference
+    if opts["policy"] not in reference.POLICY_IDS:
+        raise ValueError(f"additional_config.{CONFIG_KEY}.policy / {ENV_POLICY}: expected one of "
+                         f"{tuple(reference.POLICY_IDS)}, got {opts['policy']!r}")
+    lifetime = opts["lifetime"]
+    if isinstance(lifetime, bool) or not isinstance(lifetime, int) or \
+            not 1 <= lifetime <= reference.MAX_LIFETIME:
+        raise ValueError(f"additional_config.{CONFIG_KEY}.lifetime: expected an int in "
+                         f"[1, {reference.MAX_LIFETIME}], got {lifetime!r}")
     return opts
 
 
@@ -102,7 +108,7 @@ def _define_backend():
     class AVSGSparseKVOffloadManager(base):
         def __init__(self, vllm_config, kv_cache_config, sparse_kv_offload_config):
             super().__init__(vllm_config, kv_cache_config, sparse_kv_offload_config)
-            self.avsg_options = avsg_options(sparse_kv_offload_config)
+            self.avsg_options = avsg_options(getattr(vllm_config, "additional_config", None))
             self.decode_width = 1
             if vllm_config.speculative_config is not None:
                 self.decode_width += vllm_config.speculative_config.num_speculative_tokens
