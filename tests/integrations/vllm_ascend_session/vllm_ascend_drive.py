@@ -640,3 +640,15 @@ def test_drive_many_steps_exact(tp_size):
             json.dump({"avsg_h2d_rows": avsg_rows, "lru_h2d_rows": engine.lru.h2d,
                        "events": events, "exact_tokens": engine.exact_tokens,
                        "buffer_slots_per_request": T * S_BUF, "topk": TOPK, "T": T}, f)
+
+
+def test_the_drive_catches_a_stale_hit(monkeypatch):
+    """Without the row reset, a new or resumed request reads its predecessor's KV: the drive's
+    exactness check must fail (so it can)."""
+    from avsg.buffer import SparseKVBuffer
+    stock = SparseKVBuffer.reset
+    # construction still initialises the state; only the per-request resets are dropped
+    monkeypatch.setattr(SparseKVBuffer, "reset",
+                        lambda self, rows=None: stock(self) if rows is None else None)
+    with pytest.raises(AssertionError, match="layer model.layers"):
+        run_drive(1, steps=60, seed=1)
