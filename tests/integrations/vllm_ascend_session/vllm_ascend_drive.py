@@ -632,6 +632,13 @@ def test_drive_many_steps_exact(tp_size):
     if tp_size == 2:
         # rank 1 holds no host tensor: everything it read came through rank 0's addresses
         assert engine.managers[1].k_caches_cpu == []
+        # what vllm-ascend's PD D2H connector (sfa_pd_rd2h) reads is vllm-ascend's, intact
+        m0, m1 = engine.managers
+        assert m0.gvas_k_bases == m1.gvas_k_bases == [k.data_ptr() for k, _ in engine.pool]
+        assert m0.gvas_v_bases == m1.gvas_v_bases == [v.data_ptr() for _, v in engine.pool]
+        assert m0.cpu_block_lens == m1.cpu_block_lens
+        assert m0.offload_layer_names == m1.offload_layer_names == LAYERS
+        assert [m0._get_offload_layer_id(n) for n in LAYERS] == list(range(len(LAYERS)))
         for a, b in zip(engine.managers[0].avsg_kv_k, engine.managers[1].avsg_kv_k):
             assert torch.equal(a, b)
     report = os.environ.get("AVSG_VLLM_ASCEND_REPORT")
