@@ -1,6 +1,7 @@
-"""AVSG inside vllm-ascend, on CPU: its own sparse-KV-offload unit tests with the plugin active,
-the multi-step drive of its real call sites (vllm_ascend_session/vllm_ascend_drive.py), the H2D
-comparison with its per-token LRU, and the switch off.
+"""AVSG inside vllm-ascend, on CPU, in one subprocess: vLLM's plugin loading with the switch off
+(nothing in vllm-ascend changes) and on, vllm-ascend's own sparse-KV-offload unit tests with the
+plugin active, the multi-step drive of its real call sites (vllm_ascend_session/
+vllm_ascend_drive.py) and the H2D comparison with its per-token LRU.
 
 Needs vllm 0.27.1 (``.ci/run`` installs it with ``--no-deps``) and the vllm-ascend snapshot in
 ``../shared/vllm-ascend`` (unpacked into ``build/``); skips with the reason when either is absent.
@@ -103,28 +104,10 @@ def test_vllm_ascend_unit_tests_and_drive_with_the_plugin_on(snapshot, tmp_path)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
     passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) >= 11 + 5, tail   # 11 of vllm-ascend's, 5 drive
+    assert passed and int(passed.group(1)) >= 11 + 6, tail   # 11 of vllm-ascend's, 6 drive
     result = json.loads(report.read_text())
     print(f"\nH2D rows over the drive (same steps, equal buffer memory): AVSG "
           f"{result['avsg_h2d_rows']}, vllm-ascend per-token LRU {result['lru_h2d_rows']} "
           f"({result['lru_h2d_rows'] / max(1, result['avsg_h2d_rows']):.2f}x); "
           f"{result['exact_tokens']} attention outputs exact; events {result['events']}")
     assert result["avsg_h2d_rows"] > 0 and result["lru_h2d_rows"] > 0
-
-
-SWITCH_OFF = r"""
-import sys
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-loaded = sorted(m for m in sys.modules if m.startswith("vllm_ascend"))
-assert not loaded, loaded
-assert "avsg.integrations.vllm_ascend_plugin" in sys.modules   # the entry point was called
-print("untouched")
-"""
-
-
-def test_switch_off_patches_nothing(snapshot, tmp_path):
-    env = _env(snapshot, tmp_path / "dist", switch=False)
-    proc = subprocess.run([sys.executable, "-c", SWITCH_OFF], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0 and "untouched" in proc.stdout, proc.stderr[-3000:]

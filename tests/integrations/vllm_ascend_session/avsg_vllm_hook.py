@@ -52,11 +52,30 @@ if importlib.util.find_spec("torchvision") is None:
     sys.meta_path.insert(0, _TorchvisionStandIn())
 
 
+SWITCH_OFF = {}      # what vLLM's plugin loading left in vllm-ascend with the switch off
+
+
 def pytest_collection_finish(session):
-    from vllm.plugins import load_general_plugins
-    load_general_plugins()
-    if os.environ.get("AVSG_VLLM_ASCEND") == "1":
-        from vllm_ascend.distributed.kv_transfer.sparse_kv_offload import \
-            sparse_kv_offload_manager as vam
-        if not hasattr(vam.SparseKVOffloadManager, "begin_step"):
-            raise RuntimeError("the avsg vllm.general_plugins entry point did not install")
+    """Load vLLM's general plugins twice: first with AVSG_VLLM_ASCEND unset (nothing may
+    change), then as asked (with =1 the plugin installs)."""
+    import vllm.plugins as plugins
+    from vllm_ascend.attention import sfa_kv_offload
+    from vllm_ascend.distributed.kv_transfer.sparse_kv_offload import \
+        sparse_kv_offload_manager as vam
+
+    before = (vam.SparseKVOffloadManager, vam.update_sparse_kv_offload_metadata,
+              sfa_kv_offload.AscendSFAKVOffloadImpl.__dict__["_resident_views"])
+    asked = os.environ.pop("AVSG_VLLM_ASCEND", None)
+    plugins.plugins_loaded = False
+    plugins.load_general_plugins()
+    after = (vam.SparseKVOffloadManager, vam.update_sparse_kv_offload_metadata,
+             sfa_kv_offload.AscendSFAKVOffloadImpl.__dict__["_resident_views"])
+    SWITCH_OFF.update(untouched=all(a is b for a, b in zip(before, after)),
+                      entry_point_called="avsg.integrations.vllm_ascend_plugin" in sys.modules,
+                      no_original_saved=not hasattr(vam, "_ORIGINAL_SPARSE_KV_OFFLOAD_MANAGER"))
+    if asked is not None:
+        os.environ["AVSG_VLLM_ASCEND"] = asked
+    plugins.plugins_loaded = False
+    plugins.load_general_plugins()
+    if asked == "1" and not hasattr(vam.SparseKVOffloadManager, "begin_step"):
+        raise RuntimeError("the avsg vllm.general_plugins entry point did not install")

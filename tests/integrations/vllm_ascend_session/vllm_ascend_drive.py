@@ -599,6 +599,12 @@ def run_drive(tp_size, steps, seed):
 
 
 # ----------------------------------------------------------------------------- tests
+def test_switch_off_left_vllm_ascend_untouched():
+    import avsg_vllm_hook
+    assert avsg_vllm_hook.SWITCH_OFF == {"untouched": True, "entry_point_called": True,
+                                         "no_original_saved": True}
+
+
 def test_plugin_is_installed_through_the_entry_point():
     assert vam.SparseKVOffloadManager.__name__ == "AVSGSparseKVOffloadManager"
     assert issubclass(vam.SparseKVOffloadManager, vam._ORIGINAL_SPARSE_KV_OFFLOAD_MANAGER)
