@@ -56,5 +56,10 @@ setup(
         "test": ["pytest", "hypothesis"],
         "plot": ["matplotlib"],
     },
-    entry_points={"console_scripts": ["avsg = avsg.cli:main"]},
+    entry_points={
+        "console_scripts": ["avsg = avsg.cli:main"],
+        # active only with AVSG_VLLM_ASCEND=1 (docs/vllm-ascend.md)
+        "vllm.general_plugins": [
+            "avsg_sparse_kv_offload = avsg.integrations.vllm_ascend_plugin:register"],
+    },
 )

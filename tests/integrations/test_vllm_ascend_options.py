@@ -1,0 +1,41 @@
+"""The vllm-ascend backend's options and import hygiene (no vllm needed)."""
+import subprocess
+import sys
+
+import pytest
+
+from avsg.integrations.vllm_ascend import avsg_options
+
+
+def test_defaults_env_and_additional_config(monkeypatch):
+    monkeypatch.delenv("AVSG_POLICY", raising=False)
+    assert avsg_options(None) == {"policy": "reuse", "lifetime": 16}
+    monkeypatch.setenv("AVSG_POLICY", "lru")
+    assert avsg_options({})["policy"] == "lru"
+    assert avsg_options({"avsg": {"policy": "lifetime", "lifetime": 8}}) == \
+        {"policy": "lifetime", "lifetime": 8}
+    assert avsg_options({"avsg": '{"lifetime": 4}'})["lifetime"] == 4
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"avsg": {"polcy": "lru"}}, "unknown keys ['polcy']"),
+    ({"avsg": {"policy": "fifo"}}, "expected one of"),
+    ({"avsg": {"lifetime": 0}}, "lifetime: expected an int in [1, 255]"),
+    ({"avsg": ["lru"]}, "expected a dict"),
+])
+def test_bad_options_name_the_key(config, words, monkeypatch):
+    monkeypatch.delenv("AVSG_POLICY", raising=False)
+    with pytest.raises(ValueError) as err:
+        avsg_options(config)
+    assert words in str(err.value) and "additional_config.avsg" in str(err.value)
+
+
+def test_importing_the_backend_and_plugin_imports_no_vllm():
+    code = ("import sys, avsg.integrations.vllm_ascend, avsg.integrations.vllm_ascend_plugin as p;"
+            "p.register();"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'vllm_ascend', 'torch_npu')];"
+            "assert not bad, bad")
+    env_off = {k: v for k, v in __import__("os").environ.items() if k != "AVSG_VLLM_ASCEND"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env_off, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
