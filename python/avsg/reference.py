@@ -174,8 +174,8 @@ The header records the policy; ``plan`` checks it (and ``max_context``) like the
   4. score every slot: ``log8(count) + log4(heat[(pos >> 6) mod B]) - log8(age)``, with
      ``log8(x) ≈ 8·log2(1+x)`` and ``log4(x) ≈ 4·log2(1+x)`` read from float32 bits (exact
      integer arithmetic); free slots score -128, pinned ones 127. The ``M`` misses take the
-     ``M`` lowest ``(score, slot)``: threshold by binary search over the score range (8 compare
-     + count passes), then all slots below it and the first ties (a prefix count of the tie
+     ``M`` lowest ``(score, slot)``: threshold by search over the score range (compare + count
+     passes; the kernel counts 7 thresholds per pass: 3 passes), then all slots below it and the first ties (a prefix count of the tie
      mask), in ascending slot order; misses ascending by position go to them in that order;
   5. an evicted position's count stays behind as a ghost (it survives eviction while no other
      position takes its ghost entry); a miss takes its ghost's count back plus 2 (a miss is
@@ -203,7 +203,7 @@ The header records the policy; ``plan`` checks it (and ``max_context``) like the
 * ``lru``: exact least recently used at step granularity, the reference point (no
   per-position state). Ages as in ``reuse`` (``_reuse_refresh``); every
   slot scores ``-age`` (free ``-1024``, used this step ``1``) and the misses take the lowest
-  ``(score, slot)`` with ``lowest_scores`` (11 passes). Ages saturate at 1023 steps, beyond
+  ``(score, slot)`` with ``lowest_scores``. Ages saturate at 1023 steps, beyond
   which entries tie and go by slot; ties within a step go by slot too, where the trace lab's
   numpy ``lru`` breaks them by position. ``invalidate`` frees slots as under ``lifetime``.
 
@@ -921,8 +921,9 @@ def lowest_scores(score: torch.Tensor, m: torch.Tensor, free: int = SCORE_FREE,
                   pinned: int = SCORE_PINNED) -> torch.Tensor:
     """Mask of the ``m[r]`` slots with the lowest ``(score, slot)`` of each row, without a sort:
     binary search for the threshold ``theta`` (the smallest with ``count(score <= theta) >= m``;
-    ``ceil(log2(pinned - free + 2))`` compare + count passes over the slots: 8 for reuse, 11
-    for lru), then every slot below it and the first ``m - count(score < theta)`` slots equal
+    ``ceil(log2(pinned - free + 2))`` compare + count passes over the slots here: 8 for reuse,
+    11 for lru; the kernel's 8-ary search finds the same ``theta`` in 3 and 4), then every slot
+    below it and the first ``m - count(score < theta)`` slots equal
     to it (a prefix count of the tie mask)."""
     lo = torch.full_like(m, free - 1)             # count(score <= lo) < m   (or m == 0)
     hi = torch.full_like(m, pinned)               # count(score <= hi) >= m
