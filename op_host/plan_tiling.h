@@ -117,7 +117,7 @@ static_assert((1u << kResizeWindowLog) == kResizeWindow, "windows are addressed 
 #endif
 AVSG_PLAN_SHARED_FN uint32_t RoundUp(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
 // Reuse policy sections, sized by the buckets H (a power of two >= 64) only.
-AVSG_PLAN_SHARED_FN uint32_t GhostEntries(uint32_t H) { return H; }
+AVSG_PLAN_SHARED_FN uint32_t GhostEntries(uint32_t H) { return 2 * H; }   // reference.ghost_entries
 AVSG_PLAN_SHARED_FN uint32_t HeatEntries(uint32_t H) {
     return (H >> kHeatBlocksPerBucketLog) > 64u ? (H >> kHeatBlocksPerBucketLog) : 64u;
 }

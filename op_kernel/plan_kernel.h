@@ -1348,23 +1348,32 @@ private:
         Sync<HardEvent::MTE2_V>();
         return sc;
     }
-    __aicore__ inline uint32_t CountAtMost(int32_t theta) {
-        uint32_t total = 0;
+    static constexpr uint32_t kThresholdsPerPass = 7;
+    // counts[i] = count(score <= theta[i]) for k <= 7 thresholds in one pass over the scores: each
+    // chunk is loaded once for all of them (the loads and their syncs, not the compares, are what
+    // a pass costs)
+    __aicore__ inline void CountAtMost(const int32_t* theta, uint32_t k, uint32_t* counts) {
+        for (uint32_t i = 0; i < k; ++i) counts[i] = 0;
         for (uint32_t base = 0; base < activeCap_; base += t_.nc) {   // the rest is pinned
             const uint32_t n = MinU(t_.nc, t_.capPad - base);
             const LocalTensor<float> sc = LoadScores(base, n);
-            CompareScalar(mA_, sc, static_cast<float>(theta), CMPMODE::LE, n);
-            PipeBarrier<PIPE_V>();
-            uint64_t got = 0;
-            GatherMask(V(5), sc.ReinterpretCast<int32_t>(), U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
+            uint64_t got[kThresholdsPerPass] = {};
+            for (uint32_t i = 0; i < k; ++i) {
+                CompareScalar(mA_, sc, static_cast<float>(theta[i]), CMPMODE::LE, n);
+                PipeBarrier<PIPE_V>();
+                GatherMask(V(5), sc.ReinterpretCast<int32_t>(), U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0),
+                           got[i]);
+                PipeBarrier<PIPE_V>();
+            }
             Sync<HardEvent::V_S>();
-            total += static_cast<uint32_t>(got);
+            for (uint32_t i = 0; i < k; ++i) counts[i] += static_cast<uint32_t>(got[i]);
         }
-        return total;
     }
     // Victims: the m slots with the lowest (score, slot), in ascending slot order -> miss_slots.
-    // Threshold theta by binary search (8 compare + count passes over the scores; 11 for lru), then every
-    // slot below it and the first (m - count below) ties, found by a running tie count.
+    // Threshold theta (the smallest with count(score <= theta) >= m) by an 8-ary search: each pass
+    // counts 7 thresholds spread over (lo, hi) (3 passes over the scores for reuse, 4 for lru, where
+    // a binary search takes 8 and 11), then every slot below it and the first (m - count below)
+    // ties, found by a running tie count.
     __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
         if (m == 0) return;
         const uint32_t nc = t_.nc;
@@ -1375,15 +1384,22 @@ private:
         }
         int32_t lo = (lru_ ? avsg::kLruScoreFree : avsg::kScoreFree) - 1;
         int32_t hi = lru_ ? avsg::kLruScorePinned : avsg::kScorePinned;
-        uint32_t below = 0;                       // count(score <= lo)
+        uint32_t below = 0;                       // count(score <= lo) < m <= count(score <= hi)
         while (hi - lo > 1) {
-            const int32_t mid = lo + ((hi - lo) >> 1);
-            const uint32_t cnt = CountAtMost(mid);
-            if (cnt >= m) {
-                hi = mid;
-            } else {
-                lo = mid;
-                below = cnt;
+            const int32_t span = hi - lo;
+            const uint32_t k = MinU(kThresholdsPerPass, static_cast<uint32_t>(span - 1));
+            int32_t theta[kThresholdsPerPass];
+            uint32_t cnt[kThresholdsPerPass];
+            for (uint32_t i = 0; i < k; ++i)      // strictly increasing inside (lo, hi): span > k
+                theta[i] = lo + static_cast<int32_t>(static_cast<uint32_t>(span) * (i + 1) / (k + 1));
+            CountAtMost(theta, k, cnt);
+            for (uint32_t i = 0; i < k; ++i) {
+                if (cnt[i] >= m) {
+                    hi = theta[i];
+                    break;
+                }
+                lo = theta[i];
+                below = cnt[i];
             }
         }
         const float theta = static_cast<float>(hi);

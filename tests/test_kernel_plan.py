@@ -99,7 +99,7 @@ def test_ub_plan_fits_and_covers_whole_sections_when_small():
     total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128)
     assert windows == [128 * 4, 128 * 4] + [64 * 4] * 4 + [0] * 3
     total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128, 4096)
-    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 5 + [128 * 4, 64 * 4]   # G = H, B = 64
+    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 5 + [256 * 4, 64 * 4]   # G = 2H, B = 64
     # the reuse sections are sized by the buffer: the context changes no window
     for T, K, S, H in [(1, 2048, 8192, 16384), (4, 8192, 32768, 32768)]:
         plans = {tuple(torch.ops.avsg.plan_ub_plan(T, K, S, H, c)) for c in (1, 32768, 1 << 24)}

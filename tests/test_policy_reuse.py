@@ -143,11 +143,11 @@ def test_state_records_its_policy():
 
 def test_reuse_state_is_sized_by_the_buffer():
     """No max_context needed, and none changes the state: S + G + B int32 beyond the lifetime
-    layout (G = H ghosts, B = max(64, H / 16) heat blocks), whatever the context."""
+    layout (G = 2H ghosts, B = max(64, H / 16) heat blocks), whatever the context."""
     S, K = 8192, 2048
     buf = avsg.SparseKVBuffer(rows=4, capacity=S, topk=K)
     H = buf.hash_buckets
-    assert buf.layout.width == reference.STATE_HEADER + 2 * H + 5 * S + H + H // 16
+    assert buf.layout.width == reference.STATE_HEADER + 2 * H + 5 * S + 2 * H + H // 16
     assert buf.layout.width == avsg.SparseKVBuffer(rows=1, capacity=S, topk=K,
                                                    max_context=1 << 24).layout.width
     seq = torch.full((4,), 1 << 22, dtype=I32)

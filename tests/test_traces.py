@@ -285,6 +285,7 @@ def test_avsg_replay_reports_the_modelled_step_cost():
     assert len(r.cost_counters) == 2                          # steps 4 and 8
     c = r.step_cost(hw)
     assert c["plan_samples"] == 2 * L and c["plan_us_serial"] >= c["plan_us_overlapped"] > 0
+    assert all(counters.blocks == L for counters in r.cost_counters)   # one core per row, no split
     misses = (r.total_selections - r.total_hits) / (L * (N - 1))
     assert c["misses_per_row_step"] == pytest.approx(misses)
     link1 = 1e6 * hardware.link_time_s(hw, misses, r.entry_bytes)

@@ -29,7 +29,7 @@ a multiple of 64 int32 (one 256-byte vector repeat)::
     header[7] = 0   header[8] = stash_count (stash entries in use)
     header[9] = steps since the counts were last halved (reuse)   header[10:64] = 0
 
-Every section is sized by the buffer (``S``, ``H``), never by the context: ``G = H`` ghost
+Every section is sized by the buffer (``S``, ``H``), never by the context: ``G = 2H`` ghost
 entries and ``B = max(64, H / 16)`` heat blocks (both powers of two). Under the reuse policy
 ``slot_life`` holds the slot's *age* (steps since last use, -1 free, saturating at 1023)
 instead of a lifetime. ``max_context`` is only a check: when given (``>= 1``) positions at or
@@ -287,8 +287,10 @@ def default_buckets(capacity: int) -> int:
 
 
 def ghost_entries(buckets: int) -> int:
-    """``G``: ghost entries of a reuse row (a power of two, one per bucket)."""
-    return buckets
+    """``G``: ghost entries of a reuse row (a power of two, two per bucket). With ``G = H`` the
+    later of two positions ``H`` apart overwrites the other's count often enough to cost 0.06 pp
+    of hits at 8192 slots on both shared traces (32K contexts); ``2H`` holds them apart there."""
+    return 2 * buckets
 
 
 def heat_entries(buckets: int) -> int:

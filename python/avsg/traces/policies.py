@@ -457,9 +457,16 @@ class AVSGPolicy(Policy):
         sl = torch.from_numpy(np.ascontiguousarray(inp.seq_lens, dtype=np.int32))
         if self.cost_every and s > 0 and s % self.cost_every == 0:
             from .. import backend
-            with backend.emulation("strict"):
-                plan = self.buf.plan(pos, sl)
-            self.cost_samples.append(backend.last_launch_counters())
+            # one emulated core per row: with idle cores the plan would split a row's lookup
+            # over helpers, and the per-block costs would be parts of rows
+            cores = backend.emulated_cores()
+            backend.set_emulated_cores(self.rows)
+            try:
+                with backend.emulation("strict"):
+                    plan = self.buf.plan(pos, sl)
+                self.cost_samples.append(backend.last_launch_counters())
+            finally:
+                backend.set_emulated_cores(cores)
         else:
             plan = self.buf.plan(pos, sl)
         self.last_plan = plan
