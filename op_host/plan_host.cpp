@@ -83,11 +83,14 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.policy = policy;
     t.maxContext = maxContext;
     const uint32_t H = buckets, Sp = t.capPad, hd = kStateHeaderLen;
-    // reuse policy state (empty sections without max_context): counts per slot and position,
-    // heat per 64-position block
-    const uint32_t slotCountLen = maxContext ? Sp : 0;
-    const uint32_t ctxPad = RoundUp(maxContext, 64);
-    const uint32_t heatLen = RoundUp((maxContext + (1u << kReuseBlockLog) - 1) >> kReuseBlockLog, 64);
+    // reuse policy state, sized by S and H only (reference.Layout): counts per slot, ghosts
+    // (evicted counts, one per bucket), heat per 64-position block modulo B
+    const bool reuse = policy == kPolicyReuse;
+    const uint32_t slotCountLen = reuse ? Sp : 0;
+    const uint32_t ctxPad = reuse ? GhostEntries(H) : 0;
+    const uint32_t heatLen = reuse ? HeatEntries(H) : 0;
+    t.ghostLog = CeilLog2(GhostEntries(H));
+    t.heatMask = HeatEntries(H) - 1;
     t.secOff[SEC_BK] = hd;
     t.secOff[SEC_BS] = hd + H;
     t.secOff[SEC_SP] = hd + 2 * H;
@@ -245,15 +248,13 @@ void CheckTensor(const at::Tensor& t, const char* name, at::ScalarType dtype, at
 
 constexpr int64_t kMaxContext = kMaxPosition;
 
+// max_context is a bound checked by plan (0: none), never a size: any policy takes any value.
 void CheckPolicy(int64_t policy, int64_t max_context) {
     TORCH_CHECK_VALUE(policy == kPolicyLifetime || policy == kPolicyReuse || policy == kPolicyLru,
                       "policy: expected ", kPolicyLifetime, " (lifetime), ", kPolicyReuse, " (reuse) or ", kPolicyLru,
                       " (lru), got ", policy);
-    TORCH_CHECK_VALUE(max_context >= 0 && max_context <= kMaxContext, "max_context: expected 0..", kMaxContext,
-                      ", got ", max_context);
-    TORCH_CHECK_VALUE((policy == kPolicyReuse) == (max_context > 0), "max_context: the reuse policy needs "
-                      "max_context >= 1 and the lifetime policy 0, got policy ", policy, " with max_context ",
-                      max_context);
+    TORCH_CHECK_VALUE(max_context >= 0 && max_context <= kMaxContext, "max_context: expected 0 (none)..",
+                      kMaxContext, ", got ", max_context);
 }
 
 void CheckGeometry(int64_t capacity, int64_t buckets, int64_t lifetime, int64_t selections) {
@@ -268,12 +269,21 @@ void CheckGeometry(int64_t capacity, int64_t buckets, int64_t lifetime, int64_t 
                       " so every step's selections fit, got ", capacity);
 }
 
-int64_t StateWidth(int64_t capacity, int64_t buckets, int64_t max_context) {
+int64_t StateWidth(int64_t capacity, int64_t buckets, bool reuse) {
     const int64_t Sp = RoundUp(static_cast<uint32_t>(capacity), 64);
-    const int64_t policyState = max_context == 0 ? 0
-        : Sp + RoundUp(static_cast<uint32_t>(max_context), 64) +
-          RoundUp((static_cast<uint32_t>(max_context) + 63) >> kReuseBlockLog, 64);
+    const uint32_t H = static_cast<uint32_t>(buckets);
+    const int64_t policyState = reuse ? Sp + GhostEntries(H) + HeatEntries(H) : 0;
     return kStateHeaderLen + 2 * buckets + 4 * Sp + policyState;
+}
+
+// The state of an op told its policy: the reuse policy's sections make the only width choice, so
+// a state built for the other kind of policy is named as a policy mismatch.
+void CheckStateForPolicy(const at::Tensor& state, int64_t R, int64_t capacity, int64_t buckets, int64_t policy) {
+    const bool reuse = policy == kPolicyReuse;
+    TORCH_CHECK_VALUE(state.dim() != 2 || state.size(0) != R || state.size(1) != StateWidth(capacity, buckets, !reuse),
+                      "policy: the state was built ", reuse ? "without" : "with", " the reuse policy's sections (width ",
+                      state.size(1), "), got policy ", policy, reuse ? " (reuse)" : "");
+    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets, reuse)});
 }
 
 // The geometry the state was built with (its header, written by reset) against the arguments.
@@ -311,7 +321,8 @@ void CheckHeader(const at::Tensor& state, int64_t capacity, int64_t buckets, int
 
 // The state tensor and one per-row companion (valid_lens, row_mask): dtype, shape, device.
 int64_t CheckStateArgs(const char* op, const at::Tensor& state, const at::Tensor& per_row, const char* per_row_name,
-                       at::ScalarType per_row_dtype, int64_t capacity, int64_t buckets, int64_t max_context) {
+                       at::ScalarType per_row_dtype, int64_t capacity, int64_t buckets, int64_t max_context,
+                       int reuse_expected /* -1: read off the width */, bool* reuse_out = nullptr) {
     TORCH_CHECK_TYPE(state.scalar_type() == at::kInt, "avsg.", op, ": state: expected dtype int32, got ",
                      c10::toString(state.scalar_type()));
     TORCH_CHECK_VALUE(state.dim() == 2 && state.size(0) >= 1, "avsg.", op, ": state: expected shape [R, width], got ",
@@ -320,7 +331,10 @@ int64_t CheckStateArgs(const char* op, const at::Tensor& state, const at::Tensor
     CheckGeometry(capacity, buckets, 1, 1);
     TORCH_CHECK_VALUE(max_context >= 0 && max_context <= kMaxContext, "max_context: expected 0..", kMaxContext,
                       ", got ", max_context);
-    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets, max_context)});
+    // the reuse sections are the only layout choice; ops that take no policy read it off the width
+    const bool reuse = reuse_expected >= 0 ? reuse_expected > 0 : state.size(1) == StateWidth(capacity, buckets, true);
+    if (reuse_out) *reuse_out = reuse;
+    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets, reuse)});
     CheckTensor(per_row, per_row_name, per_row_dtype, {R});
     TORCH_CHECK_VALUE(per_row.device() == state.device(), "avsg.", op, ": ", per_row_name, ": expected a tensor on ",
                       state.device(), " (the state's device), got one on ", per_row.device());
@@ -414,7 +428,7 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     CheckPolicy(policy, max_context);
     CheckTensor(topk_pos, "topk_pos", at::kInt, {R, T, K});
     CheckTensor(seq_lens, "seq_lens", at::kInt, {R});
-    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets, max_context)});
+    CheckStateForPolicy(state, R, capacity, buckets, policy);
     CheckTensor(stats, "stats", at::kLong, {R, 4});
     const std::pair<const char*, const at::Tensor*> same_device[] = {
         {"seq_lens", &seq_lens}, {"state", &state}, {"stats", &stats}};
@@ -462,15 +476,16 @@ PlanTiling StateTiling(int64_t rows, int64_t capacity, int64_t buckets, int64_t 
 
 void Invalidate(at::Tensor& state, const at::Tensor& valid_lens, int64_t capacity, int64_t buckets,
                 int64_t max_context) {
-    const int64_t R =
-        CheckStateArgs("invalidate", state, valid_lens, "valid_lens", at::kInt, capacity, buckets, max_context);
+    bool reuse = false;
+    const int64_t R = CheckStateArgs("invalidate", state, valid_lens, "valid_lens", at::kInt, capacity, buckets,
+                                     max_context, -1, &reuse);
     // invalidate only frees slots: any active capacity stays valid, so it is not checked
     CheckHeader(state, capacity, buckets, max_context, -1, -1, -1);
     const uint32_t blockDim = BlockDimFor(R);
     // lifetime 0: the invalidate kernel checks the header's magic, capacity, buckets and
-    // max_context only (the policy sections exist exactly when max_context > 0)
-    LaunchStateOp(false, blockDim,
-                  StateTiling(R, capacity, buckets, 0, max_context ? kPolicyReuse : kPolicyLifetime, max_context),
+    // max_context only (the reuse sections, read off the state's width, are all it needs)
+    LaunchStateOp(false, blockDim, StateTiling(R, capacity, buckets, 0, reuse ? kPolicyReuse : kPolicyLifetime,
+                                               max_context),
                   state, valid_lens);
 }
 
@@ -488,7 +503,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Resize(at::Tensor& state, const a
     TORCH_CHECK_VALUE(min_active >= 1, "min_active: expected >= 1 (T*K), got ", min_active);
     CheckGeometry(capacity, buckets, lifetime, min_active);
     CheckPolicy(policy, max_context);
-    CheckTensor(state, "state", at::kInt, {R, StateWidth(capacity, buckets, max_context)});
+    CheckStateForPolicy(state, R, capacity, buckets, policy);
     TORCH_CHECK_VALUE(rows.dim() == 1, "rows: expected a 1-D tensor, got shape ", rows.sizes());
     CheckTensor(rows, "rows", at::kLong, {rows.size(0)});
     CheckTensor(capacities, "capacities", at::kLong, {rows.size(0)});
@@ -545,9 +560,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Resize(at::Tensor& state, const a
 // is repaired.
 void Reset(at::Tensor& state, const at::Tensor& row_mask, int64_t capacity, int64_t buckets, int64_t lifetime,
            int64_t policy, int64_t max_context) {
-    const int64_t R = CheckStateArgs("reset", state, row_mask, "row_mask", at::kBool, capacity, buckets, max_context);
     CheckGeometry(capacity, buckets, lifetime, 1);
     CheckPolicy(policy, max_context);
+    const int64_t R = CheckStateArgs("reset", state, row_mask, "row_mask", at::kBool, capacity, buckets, max_context,
+                                     policy == kPolicyReuse ? 1 : 0);
     const uint32_t blockDim = BlockDimFor(R);
     LaunchStateOp(true, blockDim, StateTiling(R, capacity, buckets, lifetime, policy, max_context), state, row_mask);
 }

@@ -5,7 +5,8 @@
 // State row layout (python/avsg/reference.py): a 64-int32 header (magic, S, H, L at words 0..3,
 // stash_count at word 8), then sections BK bucket_key [H], BS bucket_slot [H], SP slot_pos [Sp],
 // SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp], and for the reuse policy SC
-// slot_count [Sp], PC pos_count [Cp], HT block_heat [Bp] (empty for the lifetime policy). Each section is reached through one UB "window" of winLen elements (a power
+// slot_count [Sp], PC ghost [G] (evicted counts, tag << 8 | count), HT block_heat [B] (empty
+// for the lifetime and lru policies). Each section is reached through one UB "window" of winLen elements (a power
 // of two, or the whole section when it fits): see PlanUbBytes for the UB plan.
 #pragma once
 #include <cstdint>
@@ -43,6 +44,8 @@ constexpr int32_t kReuseAgeMax = 1023, kReuseCountMax = 255, kReuseHeatMax = 255
 constexpr int32_t kReuseBlockLog = 6, kReuseHalveEvery = 256;
 constexpr int32_t kReuseGainStreak = 1, kReuseGainReturn = 2;   // count gain: used last step / not
 constexpr int32_t kScoreFree = -128, kScorePinned = 127;
+constexpr int32_t kGhostCountBits = 8, kGhostCountMask = 255;   // a ghost: tag << 8 | count
+constexpr uint32_t kHeatBlocksPerBucketLog = 4;                  // B = max(64, H / 16)
 constexpr int32_t kLruScoreFree = -kReuseAgeMax - 1, kLruScorePinned = 1;   // lru scores: -age
 
 struct PlanTiling {
@@ -77,6 +80,9 @@ struct PlanTiling {
     // lengths and hit bitmap go to the owner's workspace slice at wsPartOff + part * partWords;
     // the soft SyncAll's counters follow the cores' slices. split = 1: one core per row.
     uint32_t split, wsPartOff, partWords;
+    // reuse: ghost entry of position p = p & (2^ghostLog - 1), its tag p >> ghostLog; heat entry of
+    // p = (p >> kReuseBlockLog) & heatMask (reference.ghost_entries / heat_entries)
+    uint32_t ghostLog, heatMask;
 };
 
 // resize (op_kernel/resize_kernel.h): the plan geometry (N = T*K, the smallest active capacity),
@@ -110,6 +116,11 @@ static_assert((1u << kResizeWindowLog) == kResizeWindow, "windows are addressed 
 #define AVSG_PLAN_SHARED_FN constexpr inline
 #endif
 AVSG_PLAN_SHARED_FN uint32_t RoundUp(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
+// Reuse policy sections, sized by the buckets H (a power of two >= 64) only.
+AVSG_PLAN_SHARED_FN uint32_t GhostEntries(uint32_t H) { return 2 * H; }   // reference.ghost_entries
+AVSG_PLAN_SHARED_FN uint32_t HeatEntries(uint32_t H) {
+    return (H >> kHeatBlocksPerBucketLog) > 64u ? (H >> kHeatBlocksPerBucketLog) : 64u;
+}
 
 // Namespace-scope constants are plain expressions, never calls: a constexpr initialised from an
 // __aicore__ function is rejected by an AI-core-only compile (--cce-aicore-only).

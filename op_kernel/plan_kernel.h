@@ -1139,7 +1139,6 @@ private:
     // their blocks sorted; misses: miss_pos is ascending and unique already.
     __aicore__ inline void HeatUsed(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc;
-        const int32_t lastBlock = static_cast<int32_t>((t_.maxContext - 1) >> avsg::kReuseBlockLog);
         Sync<HardEvent::S_V>();                   // scalar writes of the hit bitmap
         for (uint32_t base = 0; base < t_.capPad; base += nc) {
             const uint32_t n = MinU(nc, t_.capPad - base);
@@ -1149,11 +1148,11 @@ private:
             Sync<HardEvent::V_S>();
             if (used == 0) continue;
             const uint32_t u = static_cast<uint32_t>(used);
-            // a hit slot holds the selection it matched (< max_context); the clamp only keeps
-            // any state content inside the heat section
-            ShiftRight(vT1_, vT1_, avsg::kReuseBlockLog, u);
+            // a hit slot holds the selection it matched (>= 0); the clamp keeps any state
+            // content to the reference's heat entry
+            Maxs(vT1_, vT1_, 0, u);
             PipeBarrier<PIPE_V>();
-            ClampInts(vT1_, 0, lastBlock, u);
+            HeatEntry(vT1_, u);
             SortAscending(vT1_, u, nullptr);
             Duplicate(wIdx_, -1, (u + 63) / 64 * 64 + 64);
             PipeBarrier<PIPE_V>();
@@ -1170,13 +1169,56 @@ private:
             Sync<HardEvent::MTE3_MTE2>();        // MergeMisses stored miss_pos
             LoadInts(wIdx_, missPosGm_[rowN + j0], n, -1);
             Sync<HardEvent::MTE2_V>();
-            ShiftRight(wIdx_, wIdx_, avsg::kReuseBlockLog, n);   // valid selections: >= 0
-            PipeBarrier<PIPE_V>();
+            HeatEntry(wIdx_, n);   // valid selections: >= 0 (runs may wrap at B: each adds its own)
             AddHeat(n);
         }
     }
+    // x (n lanes, >= 0) -> (x >> 6) & (B - 1), its heat entry: bits [6, 6 + log2 B) of x, by a
+    // logical left shift that drops the bits above them and a logical right shift (no And: it is
+    // 16-bit only, and no mask vector to hold)
+    __aicore__ inline void HeatEntry(const LocalTensor<int32_t>& x, uint32_t n) {
+        const uint32_t bits = HeatBits();
+        const LocalTensor<uint32_t> u = x.template ReinterpretCast<uint32_t>();
+        ShiftLeft(u, u, static_cast<uint32_t>(32 - avsg::kReuseBlockLog) - bits, n);
+        PipeBarrier<PIPE_V>();
+        ShiftRight(u, u, 32u - bits, n);
+        PipeBarrier<PIPE_V>();
+    }
+    __aicore__ inline uint32_t HeatBits() const {
+        uint32_t bits = 0;
+        while ((1u << bits) <= t_.heatMask) ++bits;
+        return bits;
+    }
+    // Every 256 steps the ghosts' counts halve and their tags stay: e - ((e & 255) + 1) / 2, the
+    // count's bits taken by a logical shift pair (reference.plan, the halving)
+    __aicore__ inline void HalveGhosts() {
+        Win& w = win_[avsg::SEC_PC];
+        const LocalTensor<int32_t> c = wTmp_;
+        const LocalTensor<uint32_t> cu = c.template ReinterpretCast<uint32_t>();
+        for (uint32_t id = 0; id < w.nwin; ++id) {
+            Ensure(w, static_cast<int32_t>(id));
+            Sync<HardEvent::S_V>();
+            const uint32_t cnt = WinCount(w, static_cast<int32_t>(id));
+            for (uint32_t off = 0; off < cnt; off += t_.nc) {
+                const uint32_t n = MinU(t_.nc, cnt - off);
+                ShiftLeft(cu, w.buf[off].template ReinterpretCast<uint32_t>(),
+                          static_cast<uint32_t>(32 - avsg::kGhostCountBits), n);
+                PipeBarrier<PIPE_V>();
+                ShiftRight(cu, cu, static_cast<uint32_t>(32 - avsg::kGhostCountBits), n);
+                PipeBarrier<PIPE_V>();
+                Adds(c, c, 1, n);
+                PipeBarrier<PIPE_V>();
+                ShiftRight(c, c, 1, n);
+                PipeBarrier<PIPE_V>();
+                Sub(w.buf[off], w.buf[off], c, n);
+                PipeBarrier<PIPE_V>();
+            }
+            w.dirty = true;
+        }
+        Sync<HardEvent::V_S>();
+    }
     // dst = clamp(src, 0, high) >> 1 over a whole section, window by window (heat every step;
-    // the counts every 256 steps)
+    // the slot counts every 256 steps)
     __aicore__ inline void HalveSection(Win& w, int32_t high) {
         for (uint32_t id = 0; id < w.nwin; ++id) {
             Ensure(w, static_cast<int32_t>(id));
@@ -1199,7 +1241,7 @@ private:
         step = (step < 0 ? 0 : (step > avsg::kReuseHalveEvery - 1 ? avsg::kReuseHalveEvery - 1 : step)) + 1;
         if (step == avsg::kReuseHalveEvery) {
             HalveSection(win_[avsg::SEC_SC], avsg::kReuseCountMax);
-            HalveSection(win_[avsg::SEC_PC], avsg::kReuseCountMax);
+            HalveGhosts();
             step = 0;
         }
         countUb_.SetValue(1, step);
@@ -1235,9 +1277,9 @@ private:
         PipeBarrier<PIPE_V>();
         Adds(wIdx_, ChunkOf(win_[avsg::SEC_SP], base), 0, n);
         PipeBarrier<PIPE_V>();
-        ClampInts(wIdx_, 0, static_cast<int32_t>(t_.maxContext) - 1, n);
-        ShiftRight(wIdx_, wIdx_, avsg::kReuseBlockLog, n);
+        Maxs(wIdx_, wIdx_, 0, n);
         PipeBarrier<PIPE_V>();
+        HeatEntry(wIdx_, n);
         SplitIdx(win_[avsg::SEC_HT], wIdx_);
         GatherVals(win_[avsg::SEC_HT], wSlot_, 0, avsg::kReuseHeatMax);
         Adds(a, wSlot_, 0, n);
@@ -1306,23 +1348,32 @@ private:
         Sync<HardEvent::MTE2_V>();
         return sc;
     }
-    __aicore__ inline uint32_t CountAtMost(int32_t theta) {
-        uint32_t total = 0;
+    static constexpr uint32_t kThresholdsPerPass = 7;
+    // counts[i] = count(score <= theta[i]) for k <= 7 thresholds in one pass over the scores: each
+    // chunk is loaded once for all of them (the loads and their syncs, not the compares, are what
+    // a pass costs)
+    __aicore__ inline void CountAtMost(const int32_t* theta, uint32_t k, uint32_t* counts) {
+        for (uint32_t i = 0; i < k; ++i) counts[i] = 0;
         for (uint32_t base = 0; base < activeCap_; base += t_.nc) {   // the rest is pinned
             const uint32_t n = MinU(t_.nc, t_.capPad - base);
             const LocalTensor<float> sc = LoadScores(base, n);
-            CompareScalar(mA_, sc, static_cast<float>(theta), CMPMODE::LE, n);
-            PipeBarrier<PIPE_V>();
-            uint64_t got = 0;
-            GatherMask(V(5), sc.ReinterpretCast<int32_t>(), U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
+            uint64_t got[kThresholdsPerPass] = {};
+            for (uint32_t i = 0; i < k; ++i) {
+                CompareScalar(mA_, sc, static_cast<float>(theta[i]), CMPMODE::LE, n);
+                PipeBarrier<PIPE_V>();
+                GatherMask(V(5), sc.ReinterpretCast<int32_t>(), U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0),
+                           got[i]);
+                PipeBarrier<PIPE_V>();
+            }
             Sync<HardEvent::V_S>();
-            total += static_cast<uint32_t>(got);
+            for (uint32_t i = 0; i < k; ++i) counts[i] += static_cast<uint32_t>(got[i]);
         }
-        return total;
     }
     // Victims: the m slots with the lowest (score, slot), in ascending slot order -> miss_slots.
-    // Threshold theta by binary search (8 compare + count passes over the scores; 11 for lru), then every
-    // slot below it and the first (m - count below) ties, found by a running tie count.
+    // Threshold theta (the smallest with count(score <= theta) >= m) by an 8-ary search: each pass
+    // counts 7 thresholds spread over (lo, hi) (3 passes over the scores for reuse, 4 for lru, where
+    // a binary search takes 8 and 11), then every slot below it and the first (m - count below)
+    // ties, found by a running tie count.
     __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
         if (m == 0) return;
         const uint32_t nc = t_.nc;
@@ -1333,15 +1384,22 @@ private:
         }
         int32_t lo = (lru_ ? avsg::kLruScoreFree : avsg::kScoreFree) - 1;
         int32_t hi = lru_ ? avsg::kLruScorePinned : avsg::kScorePinned;
-        uint32_t below = 0;                       // count(score <= lo)
+        uint32_t below = 0;                       // count(score <= lo) < m <= count(score <= hi)
         while (hi - lo > 1) {
-            const int32_t mid = lo + ((hi - lo) >> 1);
-            const uint32_t cnt = CountAtMost(mid);
-            if (cnt >= m) {
-                hi = mid;
-            } else {
-                lo = mid;
-                below = cnt;
+            const int32_t span = hi - lo;
+            const uint32_t k = MinU(kThresholdsPerPass, static_cast<uint32_t>(span - 1));
+            int32_t theta[kThresholdsPerPass];
+            uint32_t cnt[kThresholdsPerPass];
+            for (uint32_t i = 0; i < k; ++i)      // strictly increasing inside (lo, hi): span > k
+                theta[i] = lo + static_cast<int32_t>(static_cast<uint32_t>(span) * (i + 1) / (k + 1));
+            CountAtMost(theta, k, cnt);
+            for (uint32_t i = 0; i < k; ++i) {
+                if (cnt[i] >= m) {
+                    hi = theta[i];
+                    break;
+                }
+                lo = theta[i];
+                below = cnt[i];
             }
         }
         const float theta = static_cast<float>(hi);
@@ -1387,8 +1445,9 @@ private:
         Sync<HardEvent::MTE3_S>();
         missChunk_ = -1;                          // vWant_ / vMS_ were used as scratch
     }
-    // Evicted positions keep their counts (pos_count), then each miss takes its own back + the return gain:
-    // all spills before any reload, in miss order (reference: _reuse_install).
+    // Evicted positions leave their counts as ghosts (entry p mod G, tag p >> log2 G), then each miss
+    // takes its own back (when the tag is its own) + the return gain: all spills before any reload,
+    // in miss order (reference: _reuse_install).
     __aicore__ inline void ScatterVictimsReuse(uint32_t r, uint32_t m) {
         Win& sp = win_[avsg::SEC_SP];
         Win& sc = win_[avsg::SEC_SC];
@@ -1398,8 +1457,7 @@ private:
             for (uint32_t q = 0; q < n; ++q) {
                 const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
                 const int32_t old = Get(sp, s);
-                if (old >= 0 && static_cast<uint32_t>(old) < t_.maxContext)
-                    Put(pc, static_cast<uint32_t>(old), ClampCount(Get(sc, s)));
+                if (old >= 0) Put(pc, GhostEntry(old), GhostTag(old) << avsg::kGhostCountBits | ClampCount(Get(sc, s)));
             }
         }
         for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
@@ -1407,13 +1465,20 @@ private:
             for (uint32_t q = 0; q < n; ++q) {
                 const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
                 const int32_t pos = vWant_.GetValue(q);
-                const int32_t c = ClampCount(Get(pc, static_cast<uint32_t>(pos))) + avsg::kReuseGainReturn;
+                const int32_t ghost = Get(pc, GhostEntry(pos));
+                const int32_t c = ((ghost >> avsg::kGhostCountBits) == GhostTag(pos) ? ghost & avsg::kGhostCountMask : 0) +
+                                  avsg::kReuseGainReturn;
                 Put(sc, s, c < avsg::kReuseCountMax ? c : avsg::kReuseCountMax);   // a miss is a return
                 Put(sp, s, pos);
                 Put(win_[avsg::SEC_SL], s, 0);
             }
         }
     }
+
+    __aicore__ inline uint32_t GhostEntry(int32_t pos) const {
+        return static_cast<uint32_t>(pos) & ((1u << t_.ghostLog) - 1);
+    }
+    __aicore__ inline int32_t GhostTag(int32_t pos) const { return pos >> t_.ghostLog; }
 
     // Streams miss_pos / miss_slots chunk j0 back into vWant_ / vMS_ (tail lanes = 0).
     __aicore__ inline uint32_t LoadMisses(uint32_t r, uint32_t j0, uint32_t m) {
@@ -1763,7 +1828,7 @@ private:
         if (!HeaderMatches()) return false;
         int32_t seq = scalarUb_.GetValue(0);
         if (seq > static_cast<int32_t>(avsg::kMaxPosition)) seq = static_cast<int32_t>(avsg::kMaxPosition);
-        if (reuse_ && seq > static_cast<int32_t>(t_.maxContext)) seq = static_cast<int32_t>(t_.maxContext);
+        if (t_.maxContext && seq > static_cast<int32_t>(t_.maxContext)) seq = static_cast<int32_t>(t_.maxContext);
         boundF_ = static_cast<float>(seq);
         lookups_ = hits_ = misses_ = 0;
         return true;
@@ -1971,6 +2036,7 @@ public:
 
     __aicore__ inline void Init(TPipe* pipe, GM_ADDR state, GM_ADDR validLens, GM_ADDR tiling) {
         LoadTiling(pipe, tilingBuf_, t_, tiling);
+        reuse_ = t_.secLen[avsg::SEC_SC] != 0;
         stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), static_cast<uint64_t>(t_.rows) * t_.width);
         lensGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(validLens), t_.rows);
         const uint32_t ch = t_.fillChunk;
@@ -1981,7 +2047,7 @@ public:
         pipe->InitBuffer(maskBuf_, avsg::RoundUp(ch / 8, 32));
         pipe->InitBuffer(scalarBuf_, 32);
         pipe->InitBuffer(headerBuf_, 32);
-        if (t_.maxContext) pipe->InitBuffer(countBuf_, ch * 4);   // reuse: slot counts / zeros
+        if (reuse_) pipe->InitBuffer(countBuf_, ch * 4);   // reuse: slot counts, ghosts
     }
     __aicore__ inline void Process() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
@@ -1991,7 +2057,7 @@ public:
         LocalTensor<uint8_t> drop = maskBuf_.Get<uint8_t>();
         LocalTensor<int32_t> sc = scalarBuf_.Get<int32_t>(), hdr = headerBuf_.Get<int32_t>();
         LocalTensor<int32_t> count;
-        if (t_.maxContext) count = countBuf_.Get<int32_t>();
+        if (reuse_) count = countBuf_.Get<int32_t>();
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) {
             const uint64_t base = static_cast<uint64_t>(r) * t_.width;
             Sync<HardEvent::S_MTE2>();
@@ -2015,7 +2081,7 @@ public:
                 Sync<HardEvent::V_MTE2>();
                 DataCopy(pos, stateGm_[base + t_.secOff[avsg::SEC_SP] + off], n);
                 DataCopy(life, stateGm_[base + t_.secOff[avsg::SEC_SL] + off], n);
-                if (t_.maxContext) DataCopy(count, stateGm_[base + t_.secOff[avsg::SEC_SC] + off], n);
+                if (reuse_) DataCopy(count, stateGm_[base + t_.secOff[avsg::SEC_SC] + off], n);
                 Sync<HardEvent::MTE2_V>();
                 Mins(keep, pos, static_cast<int32_t>(avsg::kMaxPosition), n);
                 Duplicate(zeroF, 0.0f, n);
@@ -2033,7 +2099,7 @@ public:
                     2 * n);
                 And(life.ReinterpretCast<uint16_t>(), life.ReinterpretCast<uint16_t>(),
                     keep.ReinterpretCast<uint16_t>(), 2 * n);
-                if (t_.maxContext)   // a freed slot's count goes to 0
+                if (reuse_)   // a freed slot's count goes to 0
                     And(count.ReinterpretCast<uint16_t>(), count.ReinterpretCast<uint16_t>(),
                         keep.ReinterpretCast<uint16_t>(), 2 * n);
                 PipeBarrier<PIPE_V>();
@@ -2045,29 +2111,61 @@ public:
                 DataCopyExtParams p(1, real * 4, 0, 0, 0);
                 DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SP] + off], pos, p);
                 DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SL] + off], life, p);
-                if (t_.maxContext) DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SC] + off], count, p);
+                if (reuse_) DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SC] + off], count, p);
                 Sync<HardEvent::MTE3_V>();
             }
-            if (t_.maxContext) ZeroCountsFrom(base, lim < 0 ? 0u : static_cast<uint32_t>(lim), count);
+            if (reuse_) ZeroGhostsFrom(base, limit, pos, life, keep, notKeep, drop, count);
         }
         Sync<HardEvent::MTE3_MTE2>();
     }
 
 private:
-    // Reuse policy: the counts of positions [from, Cp) return to 0, so a rejected draft's
-    // positions start from nothing when the real tokens arrive (exact-byte stores).
-    __aicore__ inline void ZeroCountsFrom(uint64_t base, uint32_t from, const LocalTensor<int32_t>& zero) {
+    // Reuse policy: every ghost naming a position >= limit (tag * G + entry, reference.
+    // ghost_positions) returns to 0, so a rejected draft's positions start from nothing when the
+    // real tokens arrive. The name is formed in float: tag * G is exact (a power of two), the sum
+    // rounds monotonically and every integer limit in [-1, 2^24] is exact, so the GE test is the
+    // int64 one whatever the entry holds.
+    __aicore__ inline void ZeroGhostsFrom(uint64_t base, float limit, const LocalTensor<int32_t>& tag,
+                                          const LocalTensor<int32_t>& entry, const LocalTensor<int32_t>& keep,
+                                          const LocalTensor<int32_t>& notKeep, const LocalTensor<uint8_t>& drop,
+                                          const LocalTensor<int32_t>& ghost) {
         const uint32_t len = t_.secLen[avsg::SEC_PC];
-        if (from >= len) return;
+        const LocalTensor<float> tagF = tag.ReinterpretCast<float>(), entryF = entry.ReinterpretCast<float>();
+        const LocalTensor<float> keepF = keep.ReinterpretCast<float>(), zeroF = notKeep.ReinterpretCast<float>();
+        const float entries = static_cast<float>(1u << t_.ghostLog);
         Sync<HardEvent::MTE3_V>();
-        Duplicate(zero, 0, t_.fillChunk);
-        Sync<HardEvent::V_MTE3>();
-        for (uint32_t o = from; o < len; o += t_.fillChunk) {
+        for (uint32_t o = 0; o < len; o += t_.fillChunk) {
             const uint32_t n = MinU(t_.fillChunk, len - o);
-            DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_PC] + o], zero, DataCopyExtParams(1, n * 4, 0, 0, 0));
+            Sync<HardEvent::MTE3_MTE2>();
+            Sync<HardEvent::V_MTE2>();
+            DataCopy(ghost, stateGm_[base + t_.secOff[avsg::SEC_PC] + o], n);
+            Sync<HardEvent::MTE2_V>();
+            Sync<HardEvent::V_S>();               // CreateVecIndex starts with scalar writes
+            CreateVecIndex(entry, static_cast<int32_t>(o), n);
+            ShiftRight(tag, ghost, avsg::kGhostCountBits, n);   // arithmetic: a negative word, a negative tag
+            Duplicate(zeroF, 0.0f, n);
+            PipeBarrier<PIPE_V>();
+            Cast(entryF, entry, RoundMode::CAST_RINT, n);   // exact: < 2^15
+            Cast(tagF, tag, RoundMode::CAST_RINT, n);       // exact: |tag| < 2^24
+            PipeBarrier<PIPE_V>();
+            Muls(tagF, tagF, entries, n);
+            PipeBarrier<PIPE_V>();
+            Add(tagF, tagF, entryF, n);
+            PipeBarrier<PIPE_V>();
+            CompareScalar(drop, tagF, limit, CMPMODE::GE, n);
+            PipeBarrier<PIPE_V>();
+            Select(keepF, drop, zeroF, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // drop ? 0 : -1
+            PipeBarrier<PIPE_V>();
+            Cast(keep, keepF, RoundMode::CAST_RINT, n);
+            PipeBarrier<PIPE_V>();
+            And(ghost.ReinterpretCast<uint16_t>(), ghost.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(),
+                2 * n);
+            Sync<HardEvent::V_MTE3>();
+            DataCopy(stateGm_[base + t_.secOff[avsg::SEC_PC] + o], ghost, n);
         }
         Sync<HardEvent::MTE3_V>();
     }
+    bool reuse_ = false;
     PlanTiling t_;
     GlobalTensor<int32_t> stateGm_, lensGm_;
     TBuf<TPosition::VECCALC> tilingBuf_, posBuf_, lifeBuf_, keepBuf_, notKeepBuf_, maskBuf_, scalarBuf_, headerBuf_;

@@ -162,8 +162,7 @@ private:
         const int32_t age = Clamp(life, 0, avsg::kReuseAgeMax);
         if (policy_ == avsg::kPolicyLru) return static_cast<uint32_t>(avsg::kReuseAgeMax - age);
         const int32_t count = Clamp(Get(win_[avsg::SEC_SC], s), 0, avsg::kReuseCountMax);
-        const uint32_t block = static_cast<uint32_t>(Clamp(pos, 0, static_cast<int32_t>(rt_.plan.maxContext) - 1)) >>
-                               avsg::kReuseBlockLog;
+        const uint32_t block = (static_cast<uint32_t>(pos < 0 ? 0 : pos) >> avsg::kReuseBlockLog) & rt_.plan.heatMask;
         const int32_t heat = Clamp(Get(win_[avsg::SEC_HT], block), 0, avsg::kReuseHeatMax);
         const int32_t score = LogBits(count, 3) + LogBits(heat, 2) - LogBits(age, 3);   // [-80, 96]
         return static_cast<uint32_t>(score + kReuseRankShift);
@@ -278,9 +277,9 @@ private:
                     --ties;
                 }
                 if (reuse) {
-                    if (pos < static_cast<int32_t>(rt_.plan.maxContext))
-                        Put(win_[avsg::SEC_PC], static_cast<uint32_t>(pos),
-                            Clamp(Get(sc, s), 0, avsg::kReuseCountMax));
+                    // its count stays behind as a ghost (reference.ghost_pack; pos >= 0 here)
+                    Put(win_[avsg::SEC_PC], static_cast<uint32_t>(pos) & ((1u << rt_.plan.ghostLog) - 1),
+                        (pos >> rt_.plan.ghostLog) << avsg::kGhostCountBits | Clamp(Get(sc, s), 0, avsg::kReuseCountMax));
                     Put(sc, s, 0);
                 }
                 Put(sp, s, -1);

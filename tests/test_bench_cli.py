@@ -131,6 +131,27 @@ def test_plan_trace_mode_on_a_small_trace(capsys, tmp_path):
     assert modes == {"pre-filled", "trace"}
 
 
+def test_plan_policies_writes_one_record_per_policy_t_and_profile(capsys, tmp_path):
+    trace = tmp_path / "t.npz"
+    save_trace(trace, synth.generate(steps=8, layers=1, k=2048, max_len=20000, seed=0))
+    out = tmp_path / "plan"
+    status, text, _ = run(["bench", "plan", "--policies", "--steps", "1", "--warmup", "1",
+                           "--rows", "1", "--trace", str(trace), "--out", str(out)], capsys)
+    assert status == 0 and "policy cost in the kernel" in text
+    records = json.loads((out / "plan_policies.json").read_text())["records"]
+    keys = {(r["policy"], r["T"], r["profile"]) for r in records}
+    assert keys == {(p, t, f) for p in ("reuse", "lifetime", "lru") for t in (1, 2, 4)
+                    for f in ("bundled", "pessimistic")}
+    by = {(r["policy"], r["T"], r["profile"]): r for r in records}
+    for (p, t, f), r in by.items():
+        assert r["serial_pipe_us_p50"] >= r["overlapped_pipe_us_p50"] > 0
+        assert r["misses_per_row"] >= 0 and r["state_bytes_per_row"] > 0
+        if f == "pessimistic":
+            assert r["serial_pipe_us_p50"] > by[(p, t, "bundled")]["serial_pipe_us_p50"]
+    # the reuse policy's state is the lru one plus counts, ghosts and heat, sized by S and H
+    assert by[("reuse", 1, "bundled")]["state_bytes_per_row"] > by[("lru", 1, "bundled")]["state_bytes_per_row"]
+
+
 def test_gather_tiny_and_the_link_bounds_every_estimate(capsys, tmp_path):
     out = tmp_path / "gather"
     status, text, _ = run(["bench", "gather", "--batch", "1,3", "--miss-rate", "0.5,1", "--row-bytes",

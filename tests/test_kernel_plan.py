@@ -23,10 +23,10 @@ class Twin:
     ``policy="lru"``."""
 
     def __init__(self, R, S, H, L, matcher="hash", device="cpu", max_context=0, policy=None):
-        self.layout = reference.Layout(S, H, max_context)
         self.S, self.H, self.L, self.matcher, self.device = S, H, L, matcher, device
         self.C = max_context
         self.policy = policy or ("reuse" if max_context else "lifetime")
+        self.layout = reference.Layout(S, H, max_context, self.policy == "reuse")
         self.policy_id = reference.POLICY_IDS[self.policy]
         self.ref_state = reference.new_state(R, self.layout, L, policy=self.policy)
         self.ref_stats = torch.zeros(R, 4, dtype=torch.int64)
@@ -99,10 +99,11 @@ def test_ub_plan_fits_and_covers_whole_sections_when_small():
     total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128)
     assert windows == [128 * 4, 128 * 4] + [64 * 4] * 4 + [0] * 3
     total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128, 4096)
-    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 5 + [4096 * 4, 64 * 4]
-    # the largest reuse geometry pages the per-position counts and the heat through windows
-    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(4, 8192, 32768, 32768, 1 << 24)
-    assert windows[7] < (1 << 24) * 4 and windows[8] < (1 << 18) * 4
+    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 5 + [256 * 4, 64 * 4]   # G = 2H, B = 64
+    # the reuse sections are sized by the buffer: the context changes no window
+    for T, K, S, H in [(1, 2048, 8192, 16384), (4, 8192, 32768, 32768)]:
+        plans = {tuple(torch.ops.avsg.plan_ub_plan(T, K, S, H, c)) for c in (1, 32768, 1 << 24)}
+        assert len(plans) == 1
 
 
 geometry = st.tuples(

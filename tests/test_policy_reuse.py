@@ -21,16 +21,13 @@ from test_kernel_plan import Twin
 I32 = torch.int32
 
 
-def counts(buf, row=0):
-    v = reference.view_state(buf.state, buf.layout)
-    return v.pos_count[row], v.slot_count[row, :buf.capacity], v.slot_pos[row]
-
-
 def count_of(buf, pos, row=0):
-    """A position's count: its slot's while resident, else the per-position one."""
-    pos_count, slot_count, slot_pos = counts(buf, row)
-    held = (slot_pos == pos).nonzero()
-    return int(slot_count[held[0, 0]]) if held.numel() else int(pos_count[pos])
+    """A position's count: its slot's while resident, else its ghost's (0 when none)."""
+    v = reference.view_state(buf.state, buf.layout)
+    held = (v.slot_pos[row] == pos).nonzero()
+    if held.numel():
+        return int(v.slot_count[row, held[0, 0]])
+    return int(reference.ghost_count(v.ghost[row:row + 1], torch.tensor([[pos]]), buf.layout))
 
 
 def test_rejected_drafts_do_not_inflate_counts():
@@ -52,7 +49,7 @@ def test_rejected_drafts_do_not_inflate_counts():
 
 
 def test_invalidate_forgets_counts_of_evicted_speculative_positions():
-    """A count spilled to pos_count (the position was evicted) is also dropped by invalidate."""
+    """A count left as a ghost (the position was evicted) is also dropped by invalidate."""
     buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=2, max_context=32)
     seq = torch.tensor([32], dtype=I32)
     buf.plan(torch.tensor([[[20, 21]]], dtype=I32), seq)
@@ -144,6 +141,58 @@ def test_state_records_its_policy():
         torch.ops.avsg._set_host_value_checks(old)
 
 
+def test_reuse_state_is_sized_by_the_buffer():
+    """No max_context needed, and none changes the state: S + G + B int32 beyond the lifetime
+    layout (G = 2H ghosts, B = max(64, H / 16) heat blocks), whatever the context."""
+    S, K = 8192, 2048
+    buf = avsg.SparseKVBuffer(rows=4, capacity=S, topk=K)
+    H = buf.hash_buckets
+    assert buf.layout.width == reference.STATE_HEADER + 2 * H + 5 * S + 2 * H + H // 16
+    assert buf.layout.width == avsg.SparseKVBuffer(rows=1, capacity=S, topk=K,
+                                                   max_context=1 << 24).layout.width
+    seq = torch.full((4,), 1 << 22, dtype=I32)
+    topk = (torch.arange(K, dtype=I32) * 1999 % (1 << 22)).view(1, 1, K).repeat(4, 1, 1)
+    assert int(buf.plan(topk, seq).miss_counts.sum()) == 4 * K
+    buf.check_state()
+
+
+def test_ghosts_collide_modulo_g():
+    """Positions G apart share a ghost entry: the later eviction wins, and the earlier position
+    returns as a stranger (count 0 + 2); an untouched ghost returns its count. Two slots and two
+    selections per step: every step of new positions evicts both."""
+    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=2)
+    G = buf.layout.ghosts
+    seq = torch.tensor([4 * G], dtype=I32)
+
+    def step(a, b):
+        buf.plan(torch.tensor([[[a, b]]], dtype=I32), seq)
+
+    for _ in range(3):
+        step(5, 9)                                    # 2 (miss) + 1 + 1 (streak)
+    step(5 + G, 7 + G)                                # evicts 5 and 9: their ghosts hold 4
+    assert 5 not in buf.resident(0) and count_of(buf, 5) == 4 and count_of(buf, 9) == 4
+    step(5 + G, 7 + G)
+    step(20, 21)                                      # 5 + G leaves its 3 in 5's entry
+    assert count_of(buf, 5 + G) == 3 and count_of(buf, 5) == 0 and count_of(buf, 9) == 4
+    step(5, 9)
+    assert count_of(buf, 5) == 2 and count_of(buf, 9) == 6
+    buf.check_state()
+    buf.invalidate(torch.tensor([G], dtype=I32))      # 5 + G's ghost names a position >= G
+    assert count_of(buf, 5 + G) == 0 and count_of(buf, 20) == 2
+    buf.check_state()
+
+
+@pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
+def test_max_context_is_a_check_for_every_policy(policy):
+    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, policy=policy, max_context=10)
+    with pytest.raises(ValueError, match="max_context"):
+        buf.plan(torch.tensor([[[3, 12]]], dtype=I32), torch.tensor([13], dtype=I32))
+    plan = buf.plan(torch.tensor([[[3, 12]]], dtype=I32), torch.tensor([13], dtype=I32),
+                    check=False)
+    assert int(plan.slots[0, 0, 1]) == -1 and int(plan.miss_counts[0]) == 1
+    assert int(buf.state[0, reference.HEADER_MAX_CONTEXT]) == 10
+
+
 def test_lifetime_policy_state_is_unchanged():
     """The lifetime policy keeps the original layout: no policy sections, words 4-5 zero."""
     buf = avsg.SparseKVBuffer(rows=1, capacity=64, topk=8, policy="lifetime")
@@ -151,9 +200,10 @@ def test_lifetime_policy_state_is_unchanged():
     assert int(buf.state[0, 4]) == 0 and int(buf.state[0, 5]) == 0
 
 
-def model_hits(sel: np.ndarray, capacity: int) -> np.ndarray:
-    """An independent model of the reuse policy: full sort of (score, slot), dense per-position
-    maps, 'last use' steps instead of ages. sel [steps, K] sorted unique positions."""
+def model_hits(sel: np.ndarray, capacity: int, ghosts: int, heat_blocks: int) -> np.ndarray:
+    """An independent model of the reuse policy: full sort of (score, slot), a dense position ->
+    slot map, 'last use' steps instead of ages, a direct-mapped ghost table of (position, count)
+    pairs and a heat per block modulo ``heat_blocks``. sel [steps, K] sorted unique positions."""
     def log8(x):
         return ((np.asarray(x, np.int64) + 1).astype(np.float32).view(np.int32) >> 20) - 1016
 
@@ -166,35 +216,37 @@ def model_hits(sel: np.ndarray, capacity: int) -> np.ndarray:
     slot_pos = np.full(capacity, -1)
     last = np.zeros(capacity, np.int64)
     slot_count = np.zeros(capacity, np.int64)
-    pos_count = np.zeros(maxpos, np.int64)
-    heat = np.zeros(maxpos // 64 + 1, np.int64)
+    ghost_pos = np.full(ghosts, -1)
+    ghost_cnt = np.zeros(ghosts, np.int64)
+    heat = np.zeros(heat_blocks, np.int64)
     hits = np.zeros(steps, np.int64)
     for t in range(steps):
         u = sel[t]
         s_of = pos_slot[u]
         hit = s_of >= 0
         hits[t] = hit.sum()
-        heat = np.minimum((heat >> 1) + np.bincount(u // 64, minlength=heat.size), 255)
+        heat = np.minimum((heat >> 1) + np.bincount((u // 64) % heat_blocks, minlength=heat_blocks), 255)
         miss = u[~hit]
         if miss.size:
-            score = log8(slot_count) + log4(heat[np.maximum(slot_pos, 0) // 64]) \
+            score = log8(slot_count) + log4(heat[(np.maximum(slot_pos, 0) // 64) % heat_blocks]) \
                 - log8(np.minimum(t - last, 1023))
             score[slot_pos < 0] = -128
             score[s_of[hit]] = 127
             victims = np.sort(np.argsort(score * capacity + np.arange(capacity))[:miss.size])
             old = slot_pos[victims]
-            pos_count[old[old >= 0]] = slot_count[victims[old >= 0]]
+            for p, c in zip(old[old >= 0], slot_count[victims[old >= 0]]):   # the last one wins
+                ghost_pos[p % ghosts], ghost_cnt[p % ghosts] = p, c
             pos_slot[old[old >= 0]] = -1
             slot_pos[victims] = miss
             pos_slot[miss] = victims
-            slot_count[victims] = pos_count[miss]
+            slot_count[victims] = np.where(ghost_pos[miss % ghosts] == miss, ghost_cnt[miss % ghosts], 0)
             last[victims] = -2                     # a miss is a return
         used = pos_slot[u]
         slot_count[used] = np.minimum(slot_count[used] + np.where(t - last[used] > 1, 2, 1), 255)
         last[used] = t
         if (t + 1) % 256 == 0:
             slot_count >>= 1
-            pos_count >>= 1
+            ghost_cnt >>= 1
     return hits
 
 
@@ -206,13 +258,15 @@ def test_kernel_matches_an_independent_model_on_the_shared_trace():
         pytest.skip(f"{path} not found")
     sel = data["sel"][[16], :300].astype(np.int64)       # the hardest layer, past one halving
     S, K = 2560, sel.shape[2]
-    buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, max_context=int(data["T"]), check=False)
+    buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, check=False)   # no max_context needed
     got = []
     for t in range(sel.shape[1]):
         plan = buf.plan(torch.from_numpy(sel[:, t]).to(I32).view(1, 1, K),
                         torch.tensor([int(data["T"])], dtype=I32))
         got.append(K - int(plan.miss_counts[0]))
-    assert np.array_equal(np.array(got), model_hits(sel[0], S))
+    lay = buf.layout
+    assert lay.ghosts < int(data["T"]), "the trace must make ghosts collide"
+    assert np.array_equal(np.array(got), model_hits(sel[0], S, lay.ghosts, lay.heat_blocks))
 
 
 @settings(max_examples=30, deadline=None,
@@ -247,8 +301,9 @@ def test_mtp_sessions_with_rejected_drafts_bit_exact(R, T, K, ratio, seed, accep
                 valid = (seq + keep).to(I32)
                 twin.invalidate(valid)
                 v = reference.view_state(twin.ref_state, twin.layout)
+                named = reference.ghost_positions(v.ghost, twin.layout)
                 for r in range(R):
-                    assert not bool(v.pos_count[r, int(valid[r]):].any())
+                    assert not bool((v.ghost[r] & 255)[named[r] >= int(valid[r])].any())
                     held = v.slot_pos[r] >= 0
                     assert not bool((v.slot_pos[r][held] >= int(valid[r])).any())
             seq = (seq + keep + 1).to(I32)
@@ -262,14 +317,15 @@ def _heat(state, layout, row=0):
 @pytest.mark.parametrize("build", ["strict", "fast"])
 def test_block_heat_runs_bit_exact(build):
     """The kernel adds each heated block's use count at once (run lengths of the sorted block
-    ids), with the heat paged in windows (a 2**20-position context: 32 windows of 512 blocks at
-    this geometry). Steps: every valid selection in one block (one run of 64 across both
-    tokens, shared positions counted once); blocks on both sides of every window boundary;
-    unsorted selections spread over the whole context, so runs cross chunk boundaries; and a
-    corrupted heat (out of range both ways) that the step must clamp before it adds."""
+    ids), with the heat indexed modulo B (a 2**20-position context over B = 1024 blocks at this
+    geometry: 16 blocks share each counter). Steps: every valid selection in one block (one run
+    of 64 across both tokens, shared positions counted once); blocks on both sides of every
+    wrap of the heat; unsorted selections spread over the whole context, so runs cross chunk
+    boundaries and wrap; and a corrupted heat (out of range both ways) that the step must clamp
+    before it adds."""
     S, K, T, C = 8192, 2048, 2, 1 << 20
     H = reference.default_buckets(S)
-    assert torch.ops.avsg.plan_ub_plan(T, K, S, H, C)[-1] < 4 * (C >> 6)   # heat is paged
+    assert reference.Layout(S, H, 0, True).heat_blocks * 64 < C   # the heat wraps
     gen = torch.Generator().manual_seed(7)
     seq = torch.tensor([C], dtype=I32)
     with emulation(build):
@@ -282,7 +338,7 @@ def test_block_heat_runs_bit_exact(build):
             twin.plan(topk, seq)
             # all 64 used once per step: (h >> 1) + 64, never past 191 from a clamped 255
             assert int(_heat(twin.ref_state, twin.layout)[block]) == [64, 96, 112][step]
-        edges = torch.arange(1, C // 32768, dtype=I32) * 32768
+        edges = torch.arange(1, C // 32768, dtype=I32) * 32768   # every second one a wrap
         near = torch.cat([edges - 1, edges, edges - 64, edges + 63, edges - 65, edges + 64])
         for step in range(3):
             spread = torch.randperm(C, generator=gen)[:K - near.numel()].to(I32)

@@ -36,7 +36,7 @@ I32 = torch.int32
 GUARD_STATE = 0x5A5A5A5A          # int32 pattern of the guard rows around the state
 GUARD_STATS = 0x0123456789ABCDEF
 SECTIONS = ("header", "bucket_key", "bucket_slot", "slot_pos", "slot_life", "stash_key",
-            "stash_slot", "stash_count", "padding", "slot_count", "pos_count", "block_heat",
+            "stash_slot", "stash_count", "padding", "slot_count", "ghost", "block_heat",
             "step",              # the last four: reuse policy state (empty under lifetime)
             "active")            # the active capacity (resize)
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -67,12 +67,12 @@ def guards_intact(big: torch.Tensor, fill) -> bool:
 
 class Geometry:
     def __init__(self, R, T, K, S, H, L, C=0, policy=None):
-        """``C``: max_context; 0 is the lifetime policy (or ``policy="lru"``), else the reuse
-        policy."""
+        """``C``: max_context (a bound only); by default 0 is the lifetime policy, anything
+        else the reuse policy (``policy`` overrides: reuse without a bound, lru, ...)."""
         self.R, self.T, self.K, self.S, self.H, self.L, self.C = R, T, K, S, H, L, C
         self.N = T * K
-        self.layout = reference.Layout(S, H, C)
         self.policy = policy or ("reuse" if C else "lifetime")
+        self.layout = reference.Layout(S, H, C, self.policy == "reuse")
         self.policy_id = reference.POLICY_IDS[self.policy]
 
     def section(self, name):
@@ -84,10 +84,10 @@ class Geometry:
                 "stash_key": (lay.stash_key, Sp), "stash_slot": (lay.stash_slot, Sp),
                 "stash_count": (reference.HEADER_STASH_COUNT, 1),
                 "padding": (lay.slot_pos + self.S, Sp - self.S),
-                "slot_count": (lay.slot_count, lay.pos_count - lay.slot_count),
-                "pos_count": (lay.pos_count, lay.padded_context),
+                "slot_count": (lay.slot_count, lay.ghost - lay.slot_count),
+                "ghost": (lay.ghost, lay.ghosts),
                 "block_heat": (lay.block_heat, lay.heat_blocks),
-                "step": (reference.HEADER_STEP, 1 if self.C else 0),
+                "step": (reference.HEADER_STEP, 1 if self.policy == "reuse" else 0),
                 "active": (reference.HEADER_ACTIVE, 1)}[name]
 
     def targeted(self):
@@ -615,7 +615,7 @@ def test_large_geometry_corruption_windows(max_context):
     dirty = state.clone()
     edits = []
     for section in ("bucket_key", "bucket_slot", "slot_pos", "slot_life", "stash_slot",
-                    "slot_count", "pos_count", "block_heat"):
+                    "slot_count", "ghost", "block_heat"):
         for i in range(24):
             value = g.targeted()[i % len(g.targeted())] if i % 2 else \
                 int(torch.randint(-(1 << 31), (1 << 31) - 1, (1,), generator=gen))

@@ -266,6 +266,34 @@ def test_avsg_replay_equals_stepping_buffer_directly(name, policy):
     assert st_["hits"] == r.total_hits and st_["lookups"] == r.total_selections == L * N * K
 
 
+@needs_avsg
+def test_avsg_replay_reports_the_modelled_step_cost():
+    """Sampled steps run in the strict build (same hits as the fast one); their counted plan
+    launches become the plan us per row-step, the misses the link us, and the batch-64 step
+    pays two waves of plans (40 cores) and 64 rows' misses on the link."""
+    from avsg.bench import hardware
+    rng = np.random.default_rng(5)
+    L, N, K, T, C = 2, 12, 64, 4096, 128
+    sel = np.stack([np.stack([np.sort(rng.choice(T, K, replace=False)) for _ in range(N)])
+                    for _ in range(L)]).astype(np.int32)
+    tr = Trace(sel, np.full(N, T - 1, np.int32), T=T, k=K)
+    hw = hardware.load_profile()
+    plain = replay(tr, "avsg", C)
+    assert plain.step_cost(hw) is None and not plain.cost_counters
+    r = replay(tr, "avsg", C, cost_every=4)
+    np.testing.assert_array_equal(r.hits, plain.hits)
+    assert len(r.cost_counters) == 2                          # steps 4 and 8
+    c = r.step_cost(hw)
+    assert c["plan_samples"] == 2 * L and c["plan_us_serial"] >= c["plan_us_overlapped"] > 0
+    assert all(counters.blocks == L for counters in r.cost_counters)   # one core per row, no split
+    misses = (r.total_selections - r.total_hits) / (L * (N - 1))
+    assert c["misses_per_row_step"] == pytest.approx(misses)
+    link1 = 1e6 * hardware.link_time_s(hw, misses, r.entry_bytes)
+    assert c["step_us_batch1"] == pytest.approx(c["plan_us_serial"] + link1)
+    link64 = 1e6 * hardware.link_time_s(hw, 64 * misses, r.entry_bytes)
+    assert c["step_us_batch64"] == pytest.approx(2 * c["plan_us_serial"] + link64)
+
+
 # ------------------------------------------------------------------ synthetic generator
 @pytest.mark.parametrize("gamma", [0.5, 0.7, 0.9])
 @pytest.mark.parametrize("mu", [0.5, 0.9])

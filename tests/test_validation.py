@@ -39,7 +39,6 @@ SEQ = torch.full((R,), 40, dtype=I32)
     (dict(hash_buckets=1 << 16), ValueError, "hash_buckets"),
     (dict(policy="lru-ish"), ValueError, "policy"),
     (dict(policy=None), ValueError, "policy"),
-    (dict(max_context=None), ValueError, "max_context: required by policy 'reuse'"),
     (dict(max_context=0), ValueError, "max_context"),
     (dict(max_context=(1 << 24) + 1), ValueError, "max_context"),
     (dict(max_context=1.5), TypeError, "max_context"),

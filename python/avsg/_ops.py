@@ -46,8 +46,14 @@ def has_kernel(op: str, dispatch_key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"avsg::{op}", dispatch_key)
 
 
-def _layout(capacity: int, buckets: int, max_context: int = 0) -> reference.Layout:
-    return reference.Layout(capacity, buckets, max_context)
+def _layout(capacity: int, buckets: int, max_context: int, policy: int) -> reference.Layout:
+    return reference.Layout(capacity, buckets, max_context, policy == reference.POLICY_IDS["reuse"])
+
+
+def _layout_of(state, capacity: int, buckets: int, max_context: int) -> reference.Layout:
+    """The layout of a state whose policy the op is not told (invalidate): read off its width."""
+    reuse = reference.Layout(capacity, buckets, max_context, True)
+    return reuse if state.shape[-1] == reuse.width else reuse._replace(reuse=False)
 
 
 # ------------------------------------------------------------------- fake (shape) implementations
@@ -149,23 +155,23 @@ def _plan_ref(matcher):
     def impl(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy=0,
              max_context=0):
         return reference.plan(state, stats, topk_pos, seq_lens,
-                              _layout(capacity, buckets, max_context), lifetime, matcher=matcher,
+                              _layout(capacity, buckets, max_context, policy), lifetime, matcher=matcher,
                               policy=reference.POLICY_NAMES[policy])
     return impl
 
 
 def _invalidate_ref(state, valid_lens, capacity, buckets, max_context=0):
-    reference.invalidate(state, _layout(capacity, buckets, max_context), valid_lens)
+    reference.invalidate(state, _layout_of(state, capacity, buckets, max_context), valid_lens)
 
 
 def _reset_ref(state, row_mask, capacity, buckets, lifetime, policy=0, max_context=0):
-    reference.reset(state, _layout(capacity, buckets, max_context), row_mask, lifetime,
+    reference.reset(state, _layout(capacity, buckets, max_context, policy), row_mask, lifetime,
                     reference.POLICY_NAMES[policy])
 
 
 def _resize_ref(state, rows, capacities, capacity, buckets, lifetime, policy, max_context,
                 min_active):
-    return reference.resize(state, _layout(capacity, buckets, max_context), rows, capacities,
+    return reference.resize(state, _layout(capacity, buckets, max_context, policy), rows, capacities,
                             lifetime, reference.POLICY_NAMES[policy], min_active)
 
 

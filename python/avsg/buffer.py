@@ -238,14 +238,15 @@ class SparseKVBuffer:
         policy: which resident entries a miss evicts. ``"reuse"`` (default): the lowest
             predicted reuse, from how often a position was selected (its count survives
             eviction), how long ago it was last used, and how densely this step selected its
-            64-position neighbourhood; needs ``max_context``. ``"lifetime"``: the AVSG paper's
+            64-position neighbourhood (its state is sized by the buffer, O(S + H) int32 per row,
+            whatever the context). ``"lifetime"``: the AVSG paper's
             (entries not hit for ``lifetime`` steps tie at 0 and go in slot order, so it forgets
             recency exactly where it matters; kept for fidelity). ``"lru"``: exact least recently
             used at step granularity (ages saturate at 1023 steps; ties by slot), the reference
             point. ``reference.py`` specifies all three.
-        max_context: longest context (positions ``< max_context``) of any request; required by
-            the ``reuse`` policy, which keeps a count per position (``max_context`` int32 per row)
-            and a heat per 64 positions. Selections at or beyond it are treated as ``-1``.
+        max_context: optional, any policy: the longest context (positions ``< max_context``) of
+            any request. Only a check, never storage: ``plan`` rejects ``seq_lens`` above it
+            (when checking) and treats selections at or beyond it as ``-1``.
         device: where the state lives (and where the plan runs).
         hash_buckets: hash buckets per row, a power of two in [max(64, capacity), 2**15];
             default ``next_pow2(2 * capacity)``.
@@ -273,26 +274,21 @@ class SparseKVBuffer:
             raise ValueError(f"hash_buckets: expected a power of two, got {hash_buckets}")
         if not isinstance(policy, str) or policy not in reference.POLICY_IDS:
             raise ValueError(f"policy: expected one of {tuple(reference.POLICY_IDS)}, got {policy!r}")
-        if policy == "reuse":
-            if max_context is None:
-                raise ValueError("max_context: required by policy 'reuse' (it keeps a count per "
-                                 "position): pass the longest context a request can reach, e.g. "
-                                 "the host pool's max_len; or policy='lifetime'")
-            _require_int("max_context", max_context, low=1, high=reference.MAX_POSITION)
-        elif max_context is not None:
+        if max_context is not None:
             _require_int("max_context", max_context, low=1, high=reference.MAX_POSITION)
         self.policy = policy
         self.max_context = max_context
         self._policy_id = reference.POLICY_IDS[policy]
-        # per-position state exists only for the policy that reads it
-        self._state_context = max_context if policy == "reuse" else 0
+        # the ops' max_context word: the bound recorded in the header (0: none), never a size
+        self._state_context = max_context or 0
         self.rows, self.capacity, self.topk = rows, capacity, topk
         self.queries_per_step, self.lifetime = queries_per_step, lifetime
         self.hash_buckets = hash_buckets
         _require_bool("check", check, optional=True)
         self.device = _require_device("device", device)
         self.check = (self.device.type == "cpu") if check is None else check
-        self.layout = reference.Layout(capacity, hash_buckets, self._state_context)
+        self.layout = reference.Layout(capacity, hash_buckets, self._state_context,
+                                       policy == "reuse")
         row_bytes = 4 * self.layout.width + 8 * len(reference.STAT_NAMES)
         _require_fits("rows", rows * row_bytes, self.device,
                       f"rows = {rows} x {row_bytes} B of state per row")
@@ -313,7 +309,7 @@ class SparseKVBuffer:
     def plan(self, topk_pos: torch.Tensor, seq_lens: torch.Tensor, check: Optional[bool] = None,
              matcher: str = "hash") -> Plan:
         """Match ``topk_pos`` int32 ``[R, T, K]`` (-1 = none) against the buffer; ``seq_lens``
-        int32 ``[R]`` (at most ``max_context`` under the reuse policy when checked). ``matcher="dual_pointer"`` runs the sort + merge baseline instead of the
+        int32 ``[R]`` (at most ``max_context``, when given, if checked). ``matcher="dual_pointer"`` runs the sort + merge baseline instead of the
         hash index (same results)."""
         shape = (self.rows, self.queries_per_step, self.topk)
         _require_tensor("topk_pos", topk_pos, torch.int32, shape, self.device)

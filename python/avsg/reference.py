@@ -18,20 +18,32 @@ a multiple of 64 int32 (one 256-byte vector repeat)::
     [.. +Sp,   64+2H+2Sp)   slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
     [.. +2Sp,  64+2H+3Sp)   stash_key    overflow index: positions no probe bucket could take
     [.. +3Sp,  64+2H+4Sp)   stash_slot   their slots
-    reuse policy only (``max_context = C >= 1``; the lifetime policy has none of these):
+    reuse policy only (the lifetime and lru policies have none of these):
     [.. +4Sp,  .. +5Sp)     slot_count   use count of the position each slot holds, 0..255
-    [.. +5Sp,  .. +Cp)      pos_count    per position: its count while not resident, 0..255
-    [.. ,      .. +Bp)      block_heat   per 64 positions: selection density, 0..255
+    [.. +5Sp,  .. +G)       ghost        counts of evicted positions: ``tag << 8 | count``
+    [.. ,      .. +B)       block_heat   selection density per 64-position block, 0..255
 
     header[0] = HEADER_MAGIC   header[1] = S   header[2] = H   header[3] = L
-    header[4] = policy (0 lifetime, 1 reuse)   header[5] = max_context (0 for lifetime)
+    header[4] = policy (0 lifetime, 1 reuse, 2 lru)   header[5] = max_context (0: none given)
     header[6] = active capacity A (slots the row may occupy: ``[0, A)``; ``T*K <= A <= S``)
     header[7] = 0   header[8] = stash_count (stash entries in use)
     header[9] = steps since the counts were last halved (reuse)   header[10:64] = 0
 
-``Cp = roundup(C, 64)``, ``Bp = roundup(ceil(C / 64), 64)``. Under the reuse policy
+Every section is sized by the buffer (``S``, ``H``), never by the context: ``G = 2H`` ghost
+entries and ``B = max(64, H / 16)`` heat blocks (both powers of two). Under the reuse policy
 ``slot_life`` holds the slot's *age* (steps since last use, -1 free, saturating at 1023)
-instead of a lifetime.
+instead of a lifetime. ``max_context`` is only a check: when given (``>= 1``) positions at or
+beyond it are treated as -1 by ``plan`` under every policy; it is recorded in the header so a
+state cannot be driven with another one.
+
+Ghosts (reuse): position ``p`` owns ghost entry ``p mod G`` and its tag is ``p >> log2(G)``.
+The entry holds ``tag << 8 | count``: an evicted position leaves its count there (overwriting
+whatever another position left), and a miss takes it back when the tag is its own (else it starts
+from 0, as a position never seen). Direct mapping by the low bits spreads a context's positions
+evenly: up to ``G`` consecutive positions never collide, beyond that two positions ``G`` apart
+share one entry and the later eviction wins. The heat of block ``b = p >> 6`` lives at
+``b mod B``: blocks ``64 B`` positions apart share one heat counter (no tag: the heat halves every
+step, so a shared counter only ever sums recent selections).
 
 ``Sp = roundup(S, 64)``. ``H`` is a power of two, ``64 <= H <= 2**15`` and ``H >= S``; the default
 is ``H = next_pow2(2*S)`` (load factor <= 1/2, see "Index" below). ``reset`` writes the header;
@@ -157,17 +169,18 @@ The header records the policy; ``plan`` checks it (and ``max_context``) like the
   2. lookup as above; a hit sets the slot's age to 0 (which pins it: every other live slot is
      at least 1) and raises its count once per step, whatever ``T``: by 2 if it was not used in
      the previous step (a return: its age, one step older, is above 1), else by 1 (a streak:
-     the same use continuing). Positions at or beyond ``max_context`` are treated as -1;
+     the same use continuing);
   3. every used position (hits and misses) adds one to the heat of its 64-position block;
-  4. score every slot: ``log8(count) + log4(heat[pos >> 6]) - log8(age)``, with
+  4. score every slot: ``log8(count) + log4(heat[(pos >> 6) mod B]) - log8(age)``, with
      ``log8(x) ≈ 8·log2(1+x)`` and ``log4(x) ≈ 4·log2(1+x)`` read from float32 bits (exact
      integer arithmetic); free slots score -128, pinned ones 127. The ``M`` misses take the
-     ``M`` lowest ``(score, slot)``: threshold by binary search over the score range (8 compare
-     + count passes), then all slots below it and the first ties (a prefix count of the tie
+     ``M`` lowest ``(score, slot)``: threshold by search over the score range (compare + count
+     passes; the kernel counts 7 thresholds per pass: 3 passes), then all slots below it and the first ties (a prefix count of the tie
      mask), in ascending slot order; misses ascending by position go to them in that order;
-  5. an evicted position's count moves to ``pos_count`` (it survives eviction); a miss takes
-     its ``pos_count`` back plus 2 (a miss is always a return: a position used in the previous
-     step is still resident); every 256 steps all counts halve.
+  5. an evicted position's count stays behind as a ghost (it survives eviction while no other
+     position takes its ghost entry); a miss takes its ghost's count back plus 2 (a miss is
+     always a return: a position used in the previous step is still resident); every 256 steps
+     all counts (ghosts included) halve.
 
   Why returns count double: what Belady keeps and LRU drops are positions that come back after
   a gap. A position selected in a long unbroken run (the step's own neighbourhood, a sink) is
@@ -177,19 +190,20 @@ The header records the policy; ``plan`` checks it (and ``max_context``) like the
   within 0.1 of 2 (docs/hit_rate.md).
 
   No sort of the slots and no per-access lists: O(S) vector passes, O(M) scalar updates,
-  O(max_context/64) for the heat. ``invalidate`` also zeroes the counts of the slots it frees
-  and of every position ``>= valid_len``, so a rejected MTP draft leaves no count behind; the
-  heat, shared by a block's valid positions and halved every step, is kept.
+  O(B) for the heat; the state is O(S + H) per row whatever the context. ``invalidate`` also
+  zeroes the counts of the slots it frees and every ghost of a position ``>= valid_len``, so a
+  rejected MTP draft leaves no count behind; the heat, shared by a block's valid positions and
+  halved every step, is kept.
   Whatever the state holds, counts and heat are clamped to ``[0, 255]`` and ages to
-  ``[-1, 1023]`` where read, and a held position is clamped into ``[0, max_context)`` before it
-  addresses the heat; a count is spilled only for a position inside ``[0, max_context)``.
+  ``[-1, 1023]`` where read, a ghost's count is its low 8 bits (a negative word never matches
+  a tag), and a held position is clamped to ``>= 0`` before its block addresses the heat.
   With ``T > 1`` (MTP), "the previous step" is the previous ``plan`` call: a rejected draft's
   selection of a valid position counts as a use (it was selected by a real query), so that
   position's next use continues a streak rather than returning.
 * ``lru``: exact least recently used at step granularity, the reference point (no
-  ``max_context``, no per-position state). Ages as in ``reuse`` (``_reuse_refresh``); every
+  per-position state). Ages as in ``reuse`` (``_reuse_refresh``); every
   slot scores ``-age`` (free ``-1024``, used this step ``1``) and the misses take the lowest
-  ``(score, slot)`` with ``lowest_scores`` (11 passes). Ages saturate at 1023 steps, beyond
+  ``(score, slot)`` with ``lowest_scores``. Ages saturate at 1023 steps, beyond
   which entries tie and go by slot; ties within a step go by slot too, where the trace lab's
   numpy ``lru`` breaks them by position. ``invalidate`` frees slots as under ``lifetime``.
 
@@ -237,6 +251,9 @@ REUSE_BLOCK_LOG = 6                    # heat blocks of 64 positions
 REUSE_HALVE_EVERY = 256                # counts are halved every this many steps
 REUSE_GAIN_STREAK = 1                  # count gain of a use in the step after another use
 REUSE_GAIN_RETURN = 2                  # ... and of a return after at least one step away
+GHOST_COUNT_BITS = 8                   # a ghost entry: tag << 8 | count
+GHOST_COUNT_MASK = (1 << GHOST_COUNT_BITS) - 1
+HEAT_BLOCKS_PER_BUCKET_LOG = 4         # B = H / 16 heat blocks (at least one vector repeat)
 SCORE_FREE = -128                      # below every real score (>= -80): free slots go first
 SCORE_PINNED = 127                     # above every real score (<= 96): never a victim
 LRU_SCORE_FREE = -REUSE_AGE_MAX - 1    # lru scores are -age: free below every real one
@@ -269,23 +286,41 @@ def default_buckets(capacity: int) -> int:
     return buckets
 
 
+def ghost_entries(buckets: int) -> int:
+    """``G``: ghost entries of a reuse row (a power of two, two per bucket). With ``G = H`` the
+    later of two positions ``H`` apart overwrites the other's count often enough to cost 0.06 pp
+    of hits at 8192 slots on both shared traces (32K contexts); ``2H`` holds them apart there."""
+    return 2 * buckets
+
+
+def heat_entries(buckets: int) -> int:
+    """``B``: heat blocks of a reuse row (a power of two, at least one vector repeat)."""
+    return max(VECTOR_INT32, buckets >> HEAT_BLOCKS_PER_BUCKET_LOG)
+
+
 class Layout(NamedTuple):
-    """Section offsets (in int32 elements) of one row of the state tensor. ``max_context`` is
-    the length of the per-position policy state (0 for the lifetime policy, which has none)."""
+    """Section offsets (in int32 elements) of one row of the state tensor. ``reuse``: the row
+    holds the reuse policy's sections (sized by ``S`` and ``H`` only); ``max_context`` is the
+    bound recorded in the header (0: none), never a size."""
 
     capacity: int
     buckets: int
     max_context: int = 0
+    reuse: bool = False
 
     @property
-    def padded_context(self) -> int:
-        return round_up(self.max_context, VECTOR_INT32)
+    def ghosts(self) -> int:
+        """``G`` ghost entries (0 without the reuse sections)."""
+        return ghost_entries(self.buckets) if self.reuse else 0
+
+    @property
+    def ghost_log(self) -> int:
+        return ghost_entries(self.buckets).bit_length() - 1
 
     @property
     def heat_blocks(self) -> int:
-        """Heat blocks, padded: ``roundup(ceil(max_context / 64), 64)`` (0 without policy state)."""
-        blocks = (self.max_context + (1 << REUSE_BLOCK_LOG) - 1) >> REUSE_BLOCK_LOG
-        return round_up(blocks, VECTOR_INT32)
+        """``B`` heat blocks (0 without the reuse sections)."""
+        return heat_entries(self.buckets) if self.reuse else 0
 
     @property
     def padded_capacity(self) -> int:
@@ -324,12 +359,12 @@ class Layout(NamedTuple):
         return self.slot_pos + 4 * self.padded_capacity
 
     @property
-    def pos_count(self) -> int:
-        return self.slot_count + (self.padded_capacity if self.max_context else 0)
+    def ghost(self) -> int:
+        return self.slot_count + (self.padded_capacity if self.reuse else 0)
 
     @property
     def block_heat(self) -> int:
-        return self.pos_count + self.padded_context
+        return self.ghost + self.ghosts
 
     @property
     def stash_count(self) -> int:
@@ -352,13 +387,13 @@ class StateView(NamedTuple):
     stash_count: torch.Tensor     # [R]
     header: torch.Tensor          # [R, 4]: magic, capacity, buckets, lifetime
     slot_count: torch.Tensor      # [R, Sp] (padding included) or [R, 0]: reuse policy only
-    pos_count: torch.Tensor       # [R, Cp]
-    block_heat: torch.Tensor      # [R, Bp]
+    ghost: torch.Tensor           # [R, G]: tag << 8 | count of evicted positions
+    block_heat: torch.Tensor      # [R, B]
 
 
 def view_state(state: torch.Tensor, layout: Layout) -> StateView:
     S, H = layout.capacity, layout.buckets
-    has_policy_state = layout.max_context > 0
+    has_policy_state = layout.reuse
     return StateView(
         bucket_key=state[:, layout.bucket_key:layout.bucket_key + H],
         bucket_slot=state[:, layout.bucket_slot:layout.bucket_slot + H],
@@ -370,7 +405,7 @@ def view_state(state: torch.Tensor, layout: Layout) -> StateView:
         header=state[:, :HEADER_LIFETIME + 1],
         slot_count=state[:, layout.slot_count:layout.slot_count + (
             layout.padded_capacity if has_policy_state else 0)],
-        pos_count=state[:, layout.pos_count:layout.pos_count + layout.padded_context],
+        ghost=state[:, layout.ghost:layout.ghost + layout.ghosts],
         block_heat=state[:, layout.block_heat:layout.block_heat + layout.heat_blocks],
     )
 
@@ -384,12 +419,15 @@ def new_state(rows: int, layout: Layout, lifetime: int, device="cpu",
 
 def policy_id(policy: str, layout: Layout) -> int:
     """The header's policy word; ``ValueError`` when the layout does not fit the policy (the
-    reuse policy needs per-position state, ``max_context >= 1``; lifetime has none)."""
+    reuse policy's sections exist exactly in a reuse layout)."""
     if policy not in POLICY_IDS:
         raise ValueError(f"policy: expected one of {tuple(POLICY_IDS)}, got {policy!r}")
-    if (policy == "reuse") != (layout.max_context > 0):
-        raise ValueError(f"policy {policy!r} with max_context={layout.max_context}: the reuse "
-                         f"policy needs max_context >= 1, the lifetime and lru policies none")
+    if (policy == "reuse") != layout.reuse:
+        raise ValueError(f"policy {policy!r}: the state layout "
+                         f"{'holds' if layout.reuse else 'lacks'} the reuse policy's sections")
+    if not 0 <= layout.max_context <= MAX_POSITION:
+        raise ValueError(f"max_context: expected 0 (none) .. {MAX_POSITION}, got "
+                         f"{layout.max_context}")
     return POLICY_IDS[policy]
 
 
@@ -411,7 +449,7 @@ def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor, lifetime:
     fresh[HEADER_ACTIVE] = layout.capacity
     fresh[layout.bucket_slot:layout.bucket_slot + layout.buckets] = 0
     fresh[layout.stash_slot:layout.stash_slot + layout.padded_capacity] = 0
-    fresh[layout.slot_count:] = 0                 # counts and heat (reuse policy) start at 0
+    fresh[layout.slot_count:] = 0                 # counts, ghosts, heat (reuse) start at 0
     state[row_mask] = fresh
 
 
@@ -457,9 +495,9 @@ def invalidate(state: torch.Tensor, layout: Layout, valid_lens: torch.Tensor) ->
     """Free every slot whose position is ``>= valid_lens[row]``; its index entries go stale.
 
     Reuse policy: what a rejected draft did to the counts is undone for the positions it
-    wrote: the counts of the freed slots and of every position ``>= valid_lens`` return to 0,
-    so a speculative position fetched, hit or counted before rejection starts from nothing when
-    the real token arrives. Counts of positions below ``valid_lens`` that rejected draft tokens
+    wrote: the counts of the freed slots and every ghost of a position ``>= valid_lens`` (its
+    tag and entry give the position) return to 0, so a speculative position fetched, hit or
+    counted before rejection starts from nothing when the real token arrives. Counts of positions below ``valid_lens`` that rejected draft tokens
     selected are kept (they are real positions, selected by a real indexer query), and so is
     the heat (it halves every step; a block's heat is shared with valid positions)."""
     check_header(state, layout)
@@ -468,10 +506,39 @@ def invalidate(state: torch.Tensor, layout: Layout, valid_lens: torch.Tensor) ->
     drop = v.slot_pos >= limit[:, None]
     v.slot_pos.masked_fill_(drop, -1)
     v.slot_life.masked_fill_(drop, -1)
-    if layout.max_context:
+    if layout.reuse:
         v.slot_count[:, :layout.capacity].masked_fill_(drop, 0)
-        positions = torch.arange(layout.padded_context, device=state.device)
-        v.pos_count.masked_fill_(positions[None, :] >= limit[:, None], 0)
+        v.ghost.masked_fill_(ghost_positions(v.ghost, layout) >= limit[:, None], 0)
+
+
+def ghost_positions(ghost: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """The position each ghost entry names: ``tag * G + entry`` (int64; negative for an entry
+    no op writes, whose tag is negative)."""
+    tag = (ghost >> GHOST_COUNT_BITS).to(torch.int64)
+    entry = torch.arange(ghost.shape[-1], device=ghost.device, dtype=torch.int64)
+    return (tag << layout.ghost_log) + entry
+
+
+def ghost_pack(pos: torch.Tensor, count: torch.Tensor, layout: Layout):
+    """Entry index and packed value of the ghost ``pos`` (``>= 0``) leaves with ``count``."""
+    pos = pos.to(torch.int64)
+    entry = pos & (layout.ghosts - 1)
+    value = ((pos >> layout.ghost_log) << GHOST_COUNT_BITS) | count.to(torch.int64)
+    return entry, value.to(torch.int32)
+
+
+def ghost_count(ghost: torch.Tensor, pos: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Count the ghost table remembers for each ``pos`` (``>= 0``; rows of ``ghost`` match rows
+    of ``pos``): the entry's count when its tag is ``pos``'s, else 0."""
+    pos = pos.to(torch.int64)
+    e = ghost.gather(1, (pos & (layout.ghosts - 1)).reshape(pos.shape[0], -1)).view(pos.shape)
+    mine = (e >> GHOST_COUNT_BITS).to(torch.int64) == (pos >> layout.ghost_log)
+    return torch.where(mine, e & GHOST_COUNT_MASK, torch.zeros_like(e))
+
+
+def heat_block(pos: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Heat entry of each position's 64-position block (``pos`` clamped to ``>= 0`` first)."""
+    return (pos.clamp(min=0) >> REUSE_BLOCK_LOG) & (layout.heat_blocks - 1)
 
 
 def resize_width(capacity: int) -> int:
@@ -499,7 +566,7 @@ def eviction_order(v: StateView, layout: Layout, r: int, lifetime: int,
             rank = -age
         else:
             count = v.slot_count[r, :S].clamp(0, REUSE_COUNT_MAX)
-            block = v.slot_pos[r].clamp(0, layout.max_context - 1) >> REUSE_BLOCK_LOG
+            block = heat_block(v.slot_pos[r], layout)
             heat = v.block_heat[r].gather(0, block.long()).clamp(0, REUSE_HEAT_MAX)
             rank = (log8(count) + log4(heat) - log8(age)).to(torch.int64)
     occupied = v.slot_pos[r] >= 0
@@ -518,7 +585,7 @@ def resize(state: torch.Tensor, layout: Layout, rows: torch.Tensor, capacities: 
 
     * grow (``c >= A``): ``A = c``; the new slots are empty;
     * shrink (``c < A``): evict ``occupied - c`` positions (when positive) in ``eviction_order``,
-      exactly as ``plan`` evicts (the reuse policy spills each evicted count to ``pos_count``);
+      exactly as ``plan`` evicts (the reuse policy leaves each evicted count as a ghost);
       then every survivor held in a slot ``>= c`` (ascending slot order) moves into the lowest free
       slot ``< c`` (ascending), keeping its position, life/age and count; the moved positions are
       re-indexed as ``plan`` inserts its misses (stale stash entries dropped first, then the probe
@@ -568,9 +635,10 @@ def resize(state: torch.Tensor, layout: Layout, rows: torch.Tensor, capacities: 
         evict = victims[:max(0, victims.numel() - c)]
         if policy == "reuse":
             for s in sorted(evict.tolist()):       # spill in slot order (last one wins)
-                held = int(v.slot_pos[0, s])
-                if held < layout.max_context:
-                    v.pos_count[0, held] = v.slot_count[0, s].clamp(0, REUSE_COUNT_MAX)
+                held = v.slot_pos[0, s:s + 1]
+                entry, value = ghost_pack(held, v.slot_count[0, s:s + 1].clamp(
+                    0, REUSE_COUNT_MAX), layout)
+                v.ghost[0, entry] = value
             v.slot_count[0, evict] = 0
         v.slot_pos[0, evict] = -1
         v.slot_life[0, evict] = -1
@@ -609,7 +677,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
     (keys in ``[-1, 2**24)``, slots in ``[0, S)``); stash entries past the count are ``(-1, 0)``;
     every resident position is found by the index at its own slot. Reuse policy: ``slot_life``
     holds ages in ``[-1, 1023]``, counts and heat lie in ``[0, 255]``, a free slot's count is 0,
-    the step word in ``[0, 256)``. The active capacity lies in ``[min_active, S]`` and no slot at
+    every ghost names a position in ``[0, 2**24)``, the step word in ``[0, 256)``. The active capacity lies in ``[min_active, S]`` and no slot at
     or past it is occupied.
     """
     check_header(state, layout, lifetime, policy, min_active=min_active)
@@ -623,7 +691,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
             value = {"slot_pos": v.slot_pos, "slot_life": v.slot_life, "bucket_key": v.bucket_key,
                      "bucket_slot": v.bucket_slot, "stash_key": v.stash_key,
                      "stash_slot": v.stash_slot, "slot_count": v.slot_count,
-                     "pos_count": v.pos_count, "block_heat": v.block_heat}.get(section)
+                     "ghost": v.ghost, "block_heat": v.block_heat}.get(section)
             shown = f"[{r}, {i}] = {int(value[r, i])}" if value is not None and mask.dim() == 2 \
                 else f"[{r}]"
             raise ValueError(f"state: {section}{shown}: {what}")
@@ -641,9 +709,11 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
          f"expected a {'age' if aged else 'lifetime'} in [-1, {top}]")
     if policy == "reuse":
         for name, section, high in (("slot_count", v.slot_count, REUSE_COUNT_MAX),
-                                    ("pos_count", v.pos_count, REUSE_COUNT_MAX),
                                     ("block_heat", v.block_heat, REUSE_HEAT_MAX)):
             fail(name, (section < 0) | (section > high), f"expected a value in [0, {high}]")
+        named = ghost_positions(v.ghost, layout)
+        fail("ghost", (named < 0) | (named >= MAX_POSITION),
+             "expected tag << 8 | count naming a position in [0, 2**24)")
         fail("slot_count", (v.slot_count[:, :S] != 0) & (v.slot_pos == -1),
              "a free slot's count must be 0")
         fail("header", (state[:, HEADER_STEP] < 0) | (state[:, HEADER_STEP] >= REUSE_HALVE_EVERY),
@@ -835,8 +905,7 @@ def reuse_scores(v: StateView, layout: Layout) -> torch.Tensor:
     (age -1) score ``SCORE_FREE``, slots used this step (age 0) ``SCORE_PINNED``."""
     age = v.slot_life
     count = v.slot_count[:, :layout.capacity].clamp(0, REUSE_COUNT_MAX)
-    block = v.slot_pos.clamp(0, layout.max_context - 1) >> REUSE_BLOCK_LOG
-    heat = v.block_heat.gather(1, block.long())
+    heat = v.block_heat.gather(1, heat_block(v.slot_pos, layout).long())
     score = log8(count) + log4(heat) - log8(age.clamp(min=0))
     score = torch.where(age == 0, torch.full_like(score, SCORE_PINNED), score)
     return torch.where(age == -1, torch.full_like(score, SCORE_FREE), score)
@@ -854,8 +923,9 @@ def lowest_scores(score: torch.Tensor, m: torch.Tensor, free: int = SCORE_FREE,
                   pinned: int = SCORE_PINNED) -> torch.Tensor:
     """Mask of the ``m[r]`` slots with the lowest ``(score, slot)`` of each row, without a sort:
     binary search for the threshold ``theta`` (the smallest with ``count(score <= theta) >= m``;
-    ``ceil(log2(pinned - free + 2))`` compare + count passes over the slots: 8 for reuse, 11
-    for lru), then every slot below it and the first ``m - count(score < theta)`` slots equal
+    ``ceil(log2(pinned - free + 2))`` compare + count passes over the slots here: 8 for reuse,
+    11 for lru; the kernel's 8-ary search finds the same ``theta`` in 3 and 4), then every slot
+    below it and the first ``m - count(score < theta)`` slots equal
     to it (a prefix count of the tie mask)."""
     lo = torch.full_like(m, free - 1)             # count(score <= lo) < m   (or m == 0)
     hi = torch.full_like(m, pinned)               # count(score <= hi) >= m
@@ -879,34 +949,37 @@ def _reuse_refresh(v: StateView, layout: Layout) -> None:
     v.block_heat.copy_(v.block_heat.clamp(0, REUSE_HEAT_MAX) >> 1)
 
 
-def _add_heat(v: StateView, positions: torch.Tensor, used: torch.Tensor) -> None:
-    """heat[p >> 6] += 1 (saturating) for every used position (unique per row)."""
+def _add_heat(v: StateView, layout: Layout, positions: torch.Tensor, used: torch.Tensor) -> None:
+    """heat[(p >> 6) mod B] += 1 (saturating) for every used position (unique per row)."""
     blocks = v.block_heat.shape[1]
     rr, ii = used.nonzero(as_tuple=True)
-    flat = rr * blocks + (positions[rr, ii].long() >> REUSE_BLOCK_LOG)
+    flat = rr * blocks + heat_block(positions[rr, ii].long(), layout)
     added = torch.bincount(flat, minlength=v.block_heat.numel()).view_as(v.block_heat)
     v.block_heat.copy_((v.block_heat + added).clamp(max=REUSE_HEAT_MAX))
 
 
 def _reuse_install(v: StateView, layout: Layout, miss_pos: torch.Tensor,
                    miss_slots: torch.Tensor, is_miss: torch.Tensor) -> None:
-    """Evicted positions keep their count (``pos_count``); each miss brings its own back, plus
-    ``REUSE_GAIN_RETURN`` for this use. Spills first, then reloads; among evictions of one position (only a
-    corrupted state holds a position twice) the last miss wins, as in the kernel's loop."""
+    """Evicted positions leave their count as a ghost; each miss brings its own back (when its
+    ghost survived), plus ``REUSE_GAIN_RETURN`` for this use. Spills first, then reloads; among
+    spills to one ghost entry the last miss wins, as in the kernel's loop."""
     R, N = miss_pos.shape
+    G = layout.ghosts
     rr, jj = is_miss.nonzero(as_tuple=True)
     slots = miss_slots[rr, jj].long()
     old = v.slot_pos[rr, slots].long()
     count = v.slot_count[rr, slots].clamp(0, REUSE_COUNT_MAX)
-    spill = (old >= 0) & (old < layout.max_context)
-    rr_s, old_s, count_s, jj_s = rr[spill], old[spill], count[spill], jj[spill]
-    key = (rr_s * layout.padded_context + old_s) * N + jj_s
+    spill = old >= 0
+    rr_s, jj_s = rr[spill], jj[spill]
+    entry, value = ghost_pack(old[spill], count[spill], layout)
+    key = (rr_s * G + entry) * N + jj_s
     order = torch.argsort(key)
-    target = (rr_s * layout.padded_context + old_s)[order]
+    target = (rr_s * G + entry)[order]
     last = torch.ones_like(target, dtype=torch.bool)
     last[:-1] = target[1:] != target[:-1]
-    v.pos_count[rr_s[order][last], old_s[order][last]] = count_s[order][last]
-    fresh = v.pos_count[rr, miss_pos[rr, jj].long()].clamp(0, REUSE_COUNT_MAX)
+    v.ghost[rr_s[order][last], entry[order][last]] = value[order][last]
+    fresh = ghost_count(v.ghost, torch.where(is_miss, miss_pos, torch.zeros_like(miss_pos)),
+                        layout)[rr, jj]
     v.slot_count[rr, slots] = (fresh + REUSE_GAIN_RETURN).clamp(max=REUSE_COUNT_MAX)
 
 
@@ -940,7 +1013,7 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
 
     sel = topk_pos.reshape(R, N).to(torch.int32)
     bound = seq_lens.to(torch.int64).clamp(max=MAX_POSITION)
-    if reuse:
+    if layout.max_context:
         bound = bound.clamp(max=layout.max_context)
     bound = bound[:, None]
     valid = (sel >= 0) & (sel < bound)
@@ -985,8 +1058,8 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
         gain = torch.where(aged[:, :S] > 1, REUSE_GAIN_RETURN, REUSE_GAIN_STREAK)
         count.copy_(torch.where(used, (count.clamp(0, REUSE_COUNT_MAX) + gain).clamp(
             max=REUSE_COUNT_MAX), count))
-        _add_heat(v, v.slot_pos, used)
-        _add_heat(v, miss_pos, is_miss)
+        _add_heat(v, layout, v.slot_pos, used)
+        _add_heat(v, layout, miss_pos, is_miss)
         score = reuse_scores(v, layout).masked_fill(beyond, SCORE_PINNED)
         chosen = lowest_scores(score, miss_counts.to(torch.int64))
         victims = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :N]
@@ -1017,8 +1090,9 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
         # every REUSE_HALVE_EVERY steps all counts halve, so old popularity fades
         step = state[:, HEADER_STEP].clamp(0, REUSE_HALVE_EVERY - 1) + 1
         halve = step == REUSE_HALVE_EVERY
-        for section in (v.slot_count, v.pos_count):
-            section[halve] = section[halve].clamp(0, REUSE_COUNT_MAX) >> 1
+        v.slot_count[halve] = v.slot_count[halve].clamp(0, REUSE_COUNT_MAX) >> 1
+        g = v.ghost[halve]                # the counts halve, the tags stay
+        v.ghost[halve] = g - (((g & GHOST_COUNT_MASK) + 1) >> 1)
         state[:, HEADER_STEP] = torch.where(halve, torch.zeros_like(step), step)
 
     # 4. output: every selection's slot

@@ -55,9 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0,
                         help="pre-filled mode seed, >= 0 (default 0)")
     parser.add_argument("--policies", action="store_true",
-                        help="also compare the residency policies' cost in the kernel: reuse (the "
-                             "default) against lifetime and lru, hash matcher, on the trace's first --rows "
-                             "layers, capacity 8192, --steps steps after a cold start")
+                        help="only compare the residency policies' cost in the kernel: reuse, "
+                             "lifetime and lru at T = 1, 2, 4, hash matcher, the trace's first --rows "
+                             "layers (one per core), capacity 8192, --steps counted steps after "
+                             "--warmup fast ones; bundled and pessimistic (scalar UB and vector "
+                             "issue at 3x) profiles; records in DIR/plan_policies.json")
     common.add_common_arguments(parser, "plan")
     common.add_tables_argument(parser, "docs/results/plan.md")
 
@@ -162,29 +164,65 @@ def npu_plan_times(S: int, K: int, fill, measured, seq_for, max_context: int) ->
     return times
 
 
-def policy_comparison(sel: np.ndarray, positions, context: int, hw) -> Dict:
-    """reuse vs lifetime vs lru policy, hash matcher, same trace steps (step 0 fills, not counted)."""
-    rows, steps, k = sel.shape
-    bufs = {"reuse": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False,
-                                    max_context=context),
-            "lifetime": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False,
-                                       policy="lifetime"),
-            "lru": SparseKVBuffer(rows=rows, capacity=8192, topk=k, check=False, policy="lru")}
-    out: Dict[str, Dict[str, List[float]]] = {p: {} for p in bufs}
-    with backend.emulation("strict"):
-        for step in range(steps):
-            topk = torch.from_numpy(np.ascontiguousarray(sel[:, step])).to(torch.int32).view(rows, 1, k)
-            seq = torch.full((rows,), int(positions[step]) + 1, dtype=torch.int32)
-            for name, buf in bufs.items():
-                plan = buf.plan(topk, seq)
-                if step == 0:
-                    continue
-                row = dict(hardware.launch_estimate(backend.last_launch_counters(), hw),
-                           **common.counted_launch(), misses=int(plan.miss_counts.sum()))
-                for key in ("serial_pipe_us", "overlapped_pipe_us", "vec_repeats", "scalar_ops",
-                            "mte2_bytes", "misses"):
-                    out[name].setdefault(key, []).append(float(row[key]))
-    return {name: {key: float(np.median(v)) for key, v in d.items()} for name, d in out.items()}
+POLICY_T = (1, 2, 4)
+POLICY_CAPACITY = 8192
+POLICY_NAMES = ("reuse", "lifetime", "lru")
+
+
+def pessimistic_profile(hw):
+    """The bundled constants with scalar UB access and vector issue each at 3x: a gain that only
+    exists under one set of constants shows up as a gap between the two."""
+    import copy
+    worse = copy.deepcopy(hw)
+    for key in ("scalar_ub_cycles", "vec_issue_cycles"):
+        worse.override(key, 3 * hw[key], f"3x the {hw.name} value (pessimistic)")
+    return worse
+
+
+def state_bytes_per_row(buf: SparseKVBuffer) -> int:
+    return int(buf.state.shape[1]) * buf.state.element_size()
+
+
+def policy_comparison(sel: np.ndarray, positions, warmup: int, steps: int, hw) -> List[Dict]:
+    """Each policy (hash matcher) at T = 1, 2, 4 on the trace's first rows, one row per core,
+    capacity 8192: ``warmup`` steps in the fast emulation, then ``steps`` counted steps. The T
+    query tokens of step s are trace steps s .. s + T - 1 (teacher-forced drafts, sliding by
+    one step). One record per policy and T under each profile (bundled, pessimistic)."""
+    rows, _, k = sel.shape
+    profiles = {"bundled": hw, "pessimistic": pessimistic_profile(hw)}
+    records = []
+    for T in POLICY_T:
+        for name in POLICY_NAMES:
+            buf = SparseKVBuffer(rows=rows, capacity=POLICY_CAPACITY, topk=k, queries_per_step=T,
+                                 check=False, policy=name)
+
+            def step_args(s):
+                topk = np.ascontiguousarray(sel[:, s:s + T])
+                seq = torch.full((rows,), int(positions[s + T - 1]) + 1, dtype=torch.int32)
+                return torch.from_numpy(topk).to(torch.int32).view(rows, T, k), seq
+            with backend.emulation("fast"):
+                for s in range(warmup):
+                    buf.plan(*step_args(s))
+            per_profile = {p: {"serial": [], "overlapped": []} for p in profiles}
+            misses = []
+            with backend.emulation("strict"):
+                for s in range(warmup, warmup + steps):
+                    plan = buf.plan(*step_args(s))
+                    counters = backend.last_launch_counters()
+                    misses.extend(plan.miss_counts.tolist())
+                    for p, prof in profiles.items():
+                        est = hardware.launch_estimate(counters, prof)
+                        per_profile[p]["serial"].extend(est["serial_per_block_us"])
+                        per_profile[p]["overlapped"].extend(est["overlapped_per_block_us"])
+            for p, d in per_profile.items():
+                records.append(dict(policy=name, T=T, profile=p,
+                                    serial_pipe_us_p50=float(np.median(d["serial"])),
+                                    overlapped_pipe_us_p50=float(np.median(d["overlapped"])),
+                                    misses_per_row=float(np.mean(misses)),
+                                    state_bytes_per_row=state_bytes_per_row(buf),
+                                    rows=rows, capacity=POLICY_CAPACITY, K=k, warmup=warmup,
+                                    steps=steps))
+    return records
 
 
 def anchors(points: List[Dict]) -> Dict[str, Optional[float]]:
@@ -255,7 +293,8 @@ def main(args: argparse.Namespace) -> int:
     sel = None
     if trace is not None:
         from ..demo import load_selections
-        tsel, positions, context = load_selections(trace, args.rows, args.warmup + args.steps)
+        extra = max(POLICY_T) - 1 if args.policies else 0
+        tsel, positions, context = load_selections(trace, args.rows, args.warmup + args.steps + extra)
         if tsel.shape[2] < 2048:
             raise UsageError(f"--trace: expected top-2048 selections, the trace has top-{tsel.shape[2]}")
         sel = tsel
@@ -270,10 +309,35 @@ def main(args: argparse.Namespace) -> int:
     saved_cores = backend.emulated_cores()
     backend.set_emulated_cores(args.rows)
     try:
+        if args.policies:
+            return _run_policies(args, hw, trace, sel, positions, out)
         return _run(args, hw, trace, sel, positions if sel is not None else None,
                     context if sel is not None else None, out, grids)
     finally:
         backend.set_emulated_cores(saved_cores)
+
+
+def _run_policies(args, hw, trace, sel, positions, out) -> int:
+    records = policy_comparison(sel, positions, args.warmup, args.steps, hw)
+    print(f"\n  policy cost in the kernel (MODEL ESTIMATE): {trace}, {args.warmup} warm-up steps, "
+          f"{args.steps} counted, K {sel.shape[2]}, S {POLICY_CAPACITY}, {sel.shape[0]} rows, one per "
+          f"core; p50 per row-step")
+    print(f"  {'policy':<9} {'T':>2} | {'serial us':>9} {'ovl us':>7} | {'pess. serial':>12} "
+          f"{'pess. ovl':>9} | {'misses/row':>10} {'state B/row':>11}")
+    by = {(r["policy"], r["T"], r["profile"]): r for r in records}
+    for T in POLICY_T:
+        for name in POLICY_NAMES:
+            b, w = by[(name, T, "bundled")], by[(name, T, "pessimistic")]
+            print(f"  {name:<9} {T:>2} | {b['serial_pipe_us_p50']:>9.1f} {b['overlapped_pipe_us_p50']:>7.1f} | "
+                  f"{w['serial_pipe_us_p50']:>12.1f} {w['overlapped_pipe_us_p50']:>9.1f} | "
+                  f"{b['misses_per_row']:>10.1f} {b['state_bytes_per_row']:>11,d}")
+    print("  " + hardware.PLAN_LEAVES_OUT)
+    path = common.write_json(f"{out}/plan_policies.json", dict(
+        command="avsg bench plan --policies", estimate=True, machine=common.machine(),
+        hardware_name=hw.name, hardware=hw.sources(), trace=trace, records=records,
+        leaves_out=hardware.PLAN_LEAVES_OUT))
+    common.report_outputs({"JSON": path})
+    return 0
 
 
 def _run(args, hw, trace, sel, positions, context, out, grids) -> int:
@@ -329,21 +393,7 @@ def _run(args, hw, trace, sel, positions, context, out, grids) -> int:
         print(f"  {key:<36} {paper:>5.2f}x   {ours}")
     print("  dual-pointer = whatever op_kernel/plan_kernel.h's plan_dual_pointer is in this build")
     print("  " + hardware.PLAN_LEAVES_OUT)
-    policies = None
-    if args.policies:
-        policies = policy_comparison(sel[:, :args.steps + 1], positions, context, hw)
-        print(f"\n  policy cost in the kernel: reuse (default) vs lifetime 16 and lru, hash matcher, "
-              f"{sel.shape[0]} rows, capacity 8192, median of {args.steps} steps after a cold start")
-        print(f"  {'per step (median)':<26} {'reuse':>12} {'lifetime':>12} {'lru':>12} "
-              f"{'reuse/lifetime':>14}")
-        for key, label in (("serial_pipe_us", "est. us serial-pipe"),
-                           ("overlapped_pipe_us", "est. us overlapped-pipe"),
-                           ("vec_repeats", "vector repeats"), ("scalar_ops", "scalar accesses"),
-                           ("mte2_bytes", "GM->UB bytes"), ("misses", "misses (all rows)")):
-            a, b, c = (policies[p][key] for p in ("reuse", "lifetime", "lru"))
-            print(f"  {label:<26} {a:>12,.1f} {b:>12,.1f} {c:>12,.1f} "
-                  f"{a / b if b else float('nan'):>13.2f}x")
-    files = {"JSON": common.write_json(f"{out}/plan.json", dict(policies=policies,
+    files = {"JSON": common.write_json(f"{out}/plan.json", dict(
         command="avsg bench plan", estimate=True, machine=common.machine(), hardware_name=hw.name,
         hardware=hw.sources(), trace=trace, rows=args.rows, steps=args.steps,
         hit_rate=args.hit_rate, warmup=args.warmup, points=points, anchors=summary, paper=PAPER,

@@ -137,8 +137,8 @@ class SparseOffloadManager:
         kv_format: ``"bf16"`` (k_nope 512 + k_pe 64), ``"fp8"`` (one packed 656-byte row),
             ``"fp32"`` (tests), or a ``KVFormat``.
         policy, max_context, lifetime, hash_buckets: the buffers' residency policy and its
-            parameters (``SparseKVBuffer``); the default ``"reuse"`` policy needs ``max_context``,
-            the longest context a request can reach (e.g. ``max_model_len``).
+            parameters (``SparseKVBuffer``); ``max_context`` is optional (a check on the
+            context, e.g. ``max_model_len``, never storage).
         resident_block_size: page size of the resident block table (128).
         host_kv: per layer, the host pool's components ``[num_blocks, block_size, (1,) width]``
             in the order of ``kv_format``; may be given later with ``register_host_kv``.

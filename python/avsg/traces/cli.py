@@ -103,7 +103,7 @@ def _replay_checked(args, fn, *a, **kw):
 
 def _policy_opts(args):
     return {"lifetime": args.lifetime, "ways": args.ways, "buckets": args.buckets,
-            "bucket_width": args.bucket_width}
+            "bucket_width": args.bucket_width, "cost_every": getattr(args, "cost_every", None)}
 
 
 def _avsg_available() -> Optional[str]:
@@ -150,6 +150,10 @@ def cmd_replay(args) -> int:
     print(f"trace {args.trace}: {tr.summary()}")
     if avsg_note:
         print(avsg_note)
+    hw = None
+    if args.cost_every:
+        from ..bench import common as bench_common
+        hw = bench_common.load_hw(args)
     results = []
     for cap in args.capacity:
         for p in policies:
@@ -168,12 +172,22 @@ def cmd_replay(args) -> int:
     print()
     print("per-layer spread")
     print(report.layer_spread_table(results))
+    costs = {(r.policy, r.capacity): r.step_cost(hw) for r in results} if hw is not None else {}
+    if any(costs.values()):
+        print()
+        print(f"modelled step cost per layer (MODEL ESTIMATE from the strict emulation's counted "
+              f"work, hardware '{hw.name}'; plan sampled every {args.cost_every} steps, one row per "
+              f"core; link = misses x {args.entry_bytes} B at {hw['link_bytes_per_s'] / 1e9:g} GB/s)")
+        print(report.cost_table(results, costs))
     info = {"path": os.path.abspath(args.trace), "layers": tr.layers, "steps": tr.steps,
             "queries": tr.queries, "k": tr.k, "T": tr.T, "model": tr.model, "rule": tr.rule}
     settings = {"capacities": list(args.capacity), "policies": policies,
                 "count_first_step": args.count_first_step, "entry_bytes": args.entry_bytes,
                 **_policy_opts(args), "argv": sys.argv}
-    report.write_json(json_path, report.build_report(results, info, settings))
+    built = report.build_report(results, info, settings)
+    for d, r in zip(built["results"], results):
+        d["step_cost"] = costs.get((r.policy, r.capacity))
+    report.write_json(json_path, built)
     print(f"\nwrote {json_path}")
     if png:
         try:
@@ -329,6 +343,14 @@ def _fill(trace_sub):
     p.add_argument("--progress", action="store_true", default=None,
                    help="progress bar per replay (default: on when stderr is a terminal)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--cost-every", type=int_in(0, 1 << 20), default=32, metavar="N",
+                   help="avsg policies: run every N-th step in the strict emulation and report the "
+                        "modelled plan us per row-step, the link us of the misses and their sum at "
+                        "batch 1 and 64, 0..1048576 (default 32; 0: off)")
+    from ..bench import hardware as _hardware
+    p.add_argument("--hw", metavar="JSON", default=_hardware.DEFAULT_PROFILE,
+                   help="hardware profile of the step-cost model (default: the bundled, "
+                        "uncalibrated 910B assumptions)")
     p.set_defaults(func=cmd_replay)
 
     p = trace_sub.add_parser("synth", help="write synthetic traces (AVSG paper settings)",

@@ -48,8 +48,8 @@ Policies (names used by the CLI):
                    classical exchange argument holds with steps as the time unit), so no demand policy
                    that keeps the constraint gets more hits.
 ``avsg``           the real :class:`avsg.SparseKVBuffer` (``plan`` op) with its default residency
-                   policy (``reuse``: counts, log-recency, block heat; ``max_context`` = the trace's
-                   context), one buffer row per trace row; all rows are planned in one batched call
+                   policy (``reuse``: counts, log-recency, block heat; no ``max_context``: its state
+                   is sized by the buffer), one buffer row per trace row; all rows are planned in one batched call
                    per step. hits = unique selections - ``plan.miss_counts``.
 ``avsg-lifetime``  the same op with the paper's lifetime policy, lifetime ``lifetime`` (default 16).
 ``avsg-lru``       the same op with its ``lru`` policy (exact LRU at step granularity; ties within a
@@ -422,8 +422,12 @@ class AVSGPolicy(Policy):
     name = "avsg"
     policy = "reuse"
 
-    def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=16):
+    def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=16, cost_every=0):
         super().__init__(rows, capacity, k, queries, max_pos)
+        # cost_every > 0: every cost_every-th step runs in the strict emulation, which counts the
+        # plan's work; its per-core estimates (one row per core) are the plan cost samples
+        self.cost_every = int(cost_every)
+        self.cost_samples = []
         try:
             import torch
             import avsg
@@ -442,17 +446,29 @@ class AVSGPolicy(Policy):
         return f"{self.name}({self.policy})"
 
     def reset(self):
-        context = {"max_context": self.max_pos} if self.policy == "reuse" else {}
         self.buf = self._cls(rows=self.rows, capacity=self.capacity, topk=self.k,
                              queries_per_step=self.queries, lifetime=self.lifetime, device="cpu",
-                             policy=self.policy, **context)
+                             policy=self.policy)
         self.last_plan = None
 
     def step(self, s, inp):
         torch = self._torch
         pos = torch.from_numpy(np.ascontiguousarray(inp.raw, dtype=np.int32))
         sl = torch.from_numpy(np.ascontiguousarray(inp.seq_lens, dtype=np.int32))
-        plan = self.buf.plan(pos, sl)
+        if self.cost_every and s > 0 and s % self.cost_every == 0:
+            from .. import backend
+            # one emulated core per row: with idle cores the plan would split a row's lookup
+            # over helpers, and the per-block costs would be parts of rows
+            cores = backend.emulated_cores()
+            backend.set_emulated_cores(self.rows)
+            try:
+                with backend.emulation("strict"):
+                    plan = self.buf.plan(pos, sl)
+                self.cost_samples.append(backend.last_launch_counters())
+            finally:
+                backend.set_emulated_cores(cores)
+        else:
+            plan = self.buf.plan(pos, sl)
         self.last_plan = plan
         misses = plan.miss_counts.numpy().astype(np.int64)
         return inp.counts - misses
@@ -493,8 +509,9 @@ POLICIES: Dict[str, Callable[..., Policy]] = {
 _POLICY_OPTS = {
     "setassoc-fifo": ("ways",),
     "bucketed-lru": ("buckets", "bucket_width"),
-    "avsg": ("lifetime",),
-    "avsg-lifetime": ("lifetime",),
+    "avsg": ("lifetime", "cost_every"),
+    "avsg-lifetime": ("lifetime", "cost_every"),
+    "avsg-lru": ("cost_every",),
 }
 
 

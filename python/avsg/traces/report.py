@@ -56,6 +56,22 @@ def results_table(results: Sequence[ReplayResult]) -> str:
     return "\n".join(lines)
 
 
+def cost_table(results: Sequence[ReplayResult], costs: Dict) -> str:
+    """Per (policy, capacity) with a counted plan: plan us per row-step (serial / overlapped
+    pipe), misses and their link us per row-step, and the modelled step at batch 1 and 64."""
+    lines = [f"{'policy':<14s} {'C':>6s} {'plan us':>8s} {'ovl us':>7s} {'miss/row':>8s} "
+             f"{'link us':>8s} {'step B=1':>9s} {'step B=64':>10s}"]
+    for r in results:
+        c = costs.get((r.policy, r.capacity))
+        if not c:
+            continue
+        lines.append(f"{r.policy:<14s} {r.capacity:6d} {c['plan_us_serial']:8.1f} "
+                     f"{c['plan_us_overlapped']:7.1f} {c['misses_per_row_step']:8.1f} "
+                     f"{c['link_us_per_row']:8.2f} {c['step_us_batch1']:9.1f} "
+                     f"{c['step_us_batch64']:10.1f}")
+    return "\n".join(lines)
+
+
 def layer_spread_table(results: Sequence[ReplayResult]) -> str:
     """Per (policy, capacity): per-layer hit rate min / median / max and the worst layer."""
     lines = [f"{'policy':<14s} {'C':>6s} {'min%':>7s} {'median%':>8s} {'max%':>7s} {'worst layer':>11s}"]
