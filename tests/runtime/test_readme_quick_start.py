@@ -38,7 +38,7 @@ def readme_quick_start() -> dict:
     figures = {}
     for line in block.splitlines():
         cells = line.split()
-        if cells and cells[0] in ("offload", "avsg", "device"):
+        if cells and cells[0] in ("offload", "avsg", "device") and "|" in cells:
             # mode, TPOT, p50, p99, tok/s, hit rate, H2D B/tok, MTP acc, | ...
             figures[cells[0]] = {"hit_rate": cells[5], "h2d": cells[6], "mtp_acc": cells[7]}
     m = re.search(r"avsg moves (\S+)x the H2D bytes of offload per output token; (\S+)% of its "
