@@ -448,7 +448,7 @@ class AVSGPolicy(Policy):
     def reset(self):
         self.buf = self._cls(rows=self.rows, capacity=self.capacity, topk=self.k,
                              queries_per_step=self.queries, lifetime=self.lifetime, device="cpu",
-                             policy=self.policy)
+                             policy=self.policy, max_context=self.max_pos)   # a bound, no storage
         self.last_plan = None
 
     def step(self, s, inp):
