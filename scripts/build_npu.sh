@@ -16,7 +16,7 @@
 #      Default: `python setup.py build_ext --inplace`; --install: `pip install --no-build-isolation -e .`
 #   5. --test: the first things to run on a new Ascend machine: `avsg doctor` (versions, the
 #      host-register call chosen, an AI-core read of registered host memory, a self-test against
-#      the reference), then tests/test_npu*.py (which skip, with the reason, when no NPU is
+#      the reference), then tests/npu/test_npu*.py (which skip, with the reason, when no NPU is
 #      visible). Both go into a report file, npu_report_<host>_<date>.txt (or $AVSG_NPU_REPORT),
 #      to attach to an issue; the script exits non-zero when either fails.
 #
@@ -130,8 +130,8 @@ if [ "$run_tests" = 1 ]; then
     status=0
     echo "## avsg doctor" | tee -a "$report"
     "$PYTHON" -m avsg.cli doctor 2>&1 | tee -a "$report" || status=1   # pipefail: doctor's status
-    echo "## pytest tests/test_npu*.py" | tee -a "$report"
-    "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/test_npu*.py 2>&1 | tee -a "$report" || status=1
+    echo "## pytest tests/npu/test_npu*.py" | tee -a "$report"
+    "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/npu/test_npu*.py 2>&1 | tee -a "$report" || status=1
     echo "build_npu.sh: report written to $report (attach it to an issue)"
     exit "$status"
 fi

@@ -1,6 +1,6 @@
 """Copy the tables of docs/results/*.md into README.md (between the matching
 '<!-- results:NAME -->' / '<!-- /results:NAME -->' markers). Run after regenerating the results
-with the commands the README gives; tests/test_bench_cli.py checks the copies match."""
+with the commands the README gives; tests/cli/test_bench_cli.py checks the copies match."""
 import glob
 import os
 import re

@@ -1,5 +1,5 @@
 # Build decisions of the top-level and the NPU CMakeLists, as functions of their inputs only, so
-# that tests/test_npu_cmake.py can run them in CMake's script mode (cmake -P) without CANN.
+# that tests/npu/test_npu_cmake.py can run them in CMake's script mode (cmake -P) without CANN.
 
 # torch 2.14's headers require C++20; older ones build with C++17 (the CPU build against torch
 # 2.13 stays on C++17).

@@ -22,7 +22,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "resize", "gather", "calibrate")
 
 # op_host/calibrate_tiling.h: the calibration microkernel's lanes (the plan's kPlanProbes *
-# kPlanChunk and kPlanChunk) and its output length. tests/test_calibrate.py checks them against
+# kPlanChunk and kPlanChunk) and its output length. tests/kernels/test_calibrate.py checks them against
 # the compiled op.
 CALIB_GATHER_LANES = 4 * 512
 CALIB_VECTOR_LANES = 512

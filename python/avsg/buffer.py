@@ -49,6 +49,8 @@ import torch
 
 from . import _ops  # noqa: F401  (registers the ops)
 from . import reference
+from .validation import (require_bool, require_device, require_fits, require_int, require_real,
+                         require_tensor, tracing)
 
 TensorList = Union[torch.Tensor, Sequence[torch.Tensor]]
 
@@ -59,7 +61,7 @@ _num_cores = int(os.environ.get("AVSG_NUM_CORES", DEFAULT_NUM_CORES))
 def set_num_cores(cores: int) -> None:
     """Default number of cores ``gather`` splits its work over (``AVSG_NUM_CORES`` at import)."""
     global _num_cores
-    _require_int("cores", cores, low=1)
+    require_int("cores", cores, low=1)
     _num_cores = cores
 
 
@@ -90,108 +92,6 @@ class Plan(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------- validation
-
-def _require_int(name: str, value, low: Optional[int] = None, high: Optional[int] = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if low is not None and value < low:
-        raise ValueError(f"{name}: expected >= {low}, got {value}")
-    if high is not None and value > high:
-        raise ValueError(f"{name}: expected <= {high}, got {value}")
-
-
-def _require_tensor(name: str, t, dtype: Optional[torch.dtype] = None, shape=None,
-                    device: Optional[torch.device] = None, ndim: Optional[int] = None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
-    if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
-    _require_real(name, t)
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor")
-
-
-def _require_bool(name: str, value, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected {'None, ' if optional else ''}True or False, got "
-                        f"{value!r}")
-
-
-def _require_device(name: str, device) -> torch.device:
-    """A device the ops have kernels for (CPU, or the NPU backend) and that exists here."""
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"{name}: expected a device such as 'cpu' or 'npu:0', got "
-                        f"{type(device).__name__}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as e:
-        raise ValueError(f"{name}: expected a device such as 'cpu' or 'npu:0', got {device!r} "
-                         f"({str(e).splitlines()[0]})") from None
-    if dev.type == "meta":
-        raise ValueError(f"{name}: a buffer needs real memory, got the meta device")
-    npu = torch._C._get_privateuse1_backend_name()
-    if dev.type not in ("cpu", npu):
-        raise ValueError(f"{name}: expected 'cpu' or '{npu}' (the devices avsg has kernels for), "
-                         f"got {str(dev)!r}")
-    try:
-        torch.empty(0, device=dev)
-    except Exception as e:  # noqa: BLE001  (torch raises several kinds for an absent device)
-        raise ValueError(f"{name}: {str(dev)!r} is not available here "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") \
-            from None
-    return dev
-
-
-def available_bytes(device: torch.device) -> Optional[int]:
-    """Memory an allocation on ``device`` can still get (host: MemAvailable; NPU: the
-    runtime's free memory), or None when it cannot be told."""
-    try:
-        if device.type == "cpu":
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        backend = getattr(torch, device.type, None)
-        if backend is not None and hasattr(backend, "mem_get_info"):
-            return int(backend.mem_get_info(device)[0])
-    except (OSError, ValueError, RuntimeError):
-        pass
-    return None
-
-
-_FITS_WITHOUT_ASKING = 1 << 28     # smaller allocations are not worth a look at the free memory
-
-
-def _require_fits(name: str, nbytes: int, device: torch.device, what: str) -> None:
-    """Refuse an allocation that cannot succeed before trying it (the allocator's own error
-    names no argument, and on a host a huge one may start swapping first)."""
-    if nbytes < _FITS_WITHOUT_ASKING or _tracing():
-        return
-    free = available_bytes(device)
-    if free is not None and nbytes > free:
-        raise ValueError(f"{name}: {what} needs {nbytes / 2**30:.3g} GiB on {device}, more than "
-                         f"the {free / 2**30:.3g} GiB available")
-
-
-def _tracing() -> bool:
-    """True while torch.compile traces: value checks would read data (a graph break)."""
-    return torch.compiler.is_compiling()
-
-
-def _require_real(name: str, t: torch.Tensor) -> None:
-    """A meta tensor has no data: an op would run its shape function only and return garbage."""
-    if t.device.type == "meta":
-        raise ValueError(f"{name}: expected a tensor with data, got one on the meta device")
-
 
 def _check_positions(topk_pos: torch.Tensor, seq_lens: torch.Tensor) -> None:
     bad_len = (seq_lens < 0) | (seq_lens > reference.MAX_POSITION)
@@ -257,25 +157,25 @@ class SparseKVBuffer:
                  lifetime: int = 16, device: Union[str, torch.device] = "cpu",
                  hash_buckets: Optional[int] = None, check: Optional[bool] = None,
                  policy: str = "reuse", max_context: Optional[int] = None):
-        _require_int("rows", rows, low=1)
-        _require_int("topk", topk, low=1)
-        _require_int("queries_per_step", queries_per_step, low=1)
-        _require_int("capacity", capacity, low=1, high=reference.MAX_BUCKETS)
+        require_int("rows", rows, low=1)
+        require_int("topk", topk, low=1)
+        require_int("queries_per_step", queries_per_step, low=1)
+        require_int("capacity", capacity, low=1, high=reference.MAX_BUCKETS)
         if capacity < topk * queries_per_step:
             raise ValueError(
                 f"capacity: expected >= topk * queries_per_step = {topk} * {queries_per_step} = "
                 f"{topk * queries_per_step} so every step's selections fit, got {capacity}")
-        _require_int("lifetime", lifetime, low=1, high=reference.MAX_LIFETIME)
+        require_int("lifetime", lifetime, low=1, high=reference.MAX_LIFETIME)
         if hash_buckets is None:
             hash_buckets = reference.default_buckets(capacity)
-        _require_int("hash_buckets", hash_buckets, low=max(reference.VECTOR_INT32, capacity),
+        require_int("hash_buckets", hash_buckets, low=max(reference.VECTOR_INT32, capacity),
                      high=reference.MAX_BUCKETS)
         if hash_buckets & (hash_buckets - 1):
             raise ValueError(f"hash_buckets: expected a power of two, got {hash_buckets}")
         if not isinstance(policy, str) or policy not in reference.POLICY_IDS:
             raise ValueError(f"policy: expected one of {tuple(reference.POLICY_IDS)}, got {policy!r}")
         if max_context is not None:
-            _require_int("max_context", max_context, low=1, high=reference.MAX_POSITION)
+            require_int("max_context", max_context, low=1, high=reference.MAX_POSITION)
         self.policy = policy
         self.max_context = max_context
         self._policy_id = reference.POLICY_IDS[policy]
@@ -284,13 +184,13 @@ class SparseKVBuffer:
         self.rows, self.capacity, self.topk = rows, capacity, topk
         self.queries_per_step, self.lifetime = queries_per_step, lifetime
         self.hash_buckets = hash_buckets
-        _require_bool("check", check, optional=True)
-        self.device = _require_device("device", device)
+        require_bool("check", check, optional=True)
+        self.device = require_device("device", device)
         self.check = (self.device.type == "cpu") if check is None else check
         self.layout = reference.Layout(capacity, hash_buckets, self._state_context,
                                        policy == "reuse")
         row_bytes = 4 * self.layout.width + 8 * len(reference.STAT_NAMES)
-        _require_fits("rows", rows * row_bytes, self.device,
+        require_fits("rows", rows * row_bytes, self.device,
                       f"rows = {rows} x {row_bytes} B of state per row")
         self._busy = threading.Lock()
         self._generation = 0       # bumped by every op that changes residency (Plan.generation)
@@ -312,15 +212,15 @@ class SparseKVBuffer:
         int32 ``[R]`` (at most ``max_context``, when given, if checked). ``matcher="dual_pointer"`` runs the sort + merge baseline instead of the
         hash index (same results)."""
         shape = (self.rows, self.queries_per_step, self.topk)
-        _require_tensor("topk_pos", topk_pos, torch.int32, shape, self.device)
-        _require_tensor("seq_lens", seq_lens, torch.int32, (self.rows,), self.device)
-        _require_bool("check", check, optional=True)
+        require_tensor("topk_pos", topk_pos, torch.int32, shape, self.device)
+        require_tensor("seq_lens", seq_lens, torch.int32, (self.rows,), self.device)
+        require_bool("check", check, optional=True)
         if matcher not in ("hash", "dual_pointer"):
             raise ValueError(f"matcher: expected 'hash' or 'dual_pointer', got {matcher!r}")
         op = torch.ops.avsg.plan if matcher == "hash" else torch.ops.avsg.plan_dual_pointer
         held = self._hold("plan")
         try:
-            if (self.check if check is None else check) and not _tracing():
+            if (self.check if check is None else check) and not tracing():
                 _check_positions(topk_pos, seq_lens)
                 if self._state_context and bool((seq_lens > self._state_context).any()):
                     r = int((seq_lens > self._state_context).nonzero()[0, 0])
@@ -337,7 +237,7 @@ class SparseKVBuffer:
         """Take the buffer for one op. Another thread inside an op of this buffer is a bug in
         the caller (the result would depend on the interleaving), so this raises instead of
         waiting. Compiled graphs are not guarded (a lock cannot be traced): returns False."""
-        if _tracing():
+        if tracing():
             return False
         if not self._busy.acquire(blocking=False):
             raise RuntimeError(f"SparseKVBuffer.{what}: the buffer is in use by another thread; "
@@ -365,7 +265,7 @@ class SparseKVBuffer:
     def _advance(self):
         """Under tracing ``(None, 0)``: a compiled graph neither counts nor is guarded (reading
         a Python counter would be a guard, hence a recompile per step)."""
-        if _tracing():
+        if tracing():
             return None, 0
         self._generation += 1
         return self, self._generation
@@ -373,7 +273,7 @@ class SparseKVBuffer:
     def invalidate(self, valid_lens: torch.Tensor) -> None:
         """Drop every entry whose position is ``>= valid_lens[row]`` (int32 ``[R]``), e.g. the
         speculative positions of rejected MTP drafts."""
-        _require_tensor("valid_lens", valid_lens, torch.int32, (self.rows,), self.device)
+        require_tensor("valid_lens", valid_lens, torch.int32, (self.rows,), self.device)
         held = self._hold("invalidate")
         try:
             self._apply(torch.ops.avsg.invalidate, self.state, valid_lens, self.capacity,
@@ -411,12 +311,12 @@ class SparseKVBuffer:
         raises ``TypeError``/``ValueError`` naming the argument, with the state untouched; the
         value checks (rows in range and distinct, capacities in range) always run outside
         ``torch.compile`` tracing, a host sync on an NPU (resize is not on the per-step path)."""
-        _require_tensor("rows", rows, ndim=1, device=self.device)
-        _require_tensor("capacities", capacities, shape=(rows.shape[0],), device=self.device)
+        require_tensor("rows", rows, ndim=1, device=self.device)
+        require_tensor("capacities", capacities, shape=(rows.shape[0],), device=self.device)
         for name, t in (("rows", rows), ("capacities", capacities)):
             if t.dtype not in (torch.int32, torch.int64):
                 raise TypeError(f"{name}: expected dtype torch.int32 or torch.int64, got {t.dtype}")
-        if not _tracing():
+        if not tracing():
             self._check_resize(rows, capacities)
         held = self._hold("resize")
         try:
@@ -465,7 +365,7 @@ class SparseKVBuffer:
         if rows is None:
             return torch.ones(self.rows, dtype=torch.bool, device=self.device)
         if isinstance(rows, torch.Tensor) and rows.dtype == torch.bool:
-            _require_tensor("rows", rows, torch.bool, (self.rows,), self.device)
+            require_tensor("rows", rows, torch.bool, (self.rows,), self.device)
             return rows
         if isinstance(rows, bool) or not isinstance(rows, (int, list, tuple, range, torch.Tensor)):
             raise TypeError("rows: expected None, a row index, a list of indices, an int tensor of "
@@ -473,14 +373,14 @@ class SparseKVBuffer:
         if isinstance(rows, int):
             rows = [rows]
         if isinstance(rows, torch.Tensor):
-            _require_real("rows", rows)
+            require_real("rows", rows)
             if rows.dtype not in (torch.int32, torch.int64) or rows.dim() != 1:
                 raise TypeError("rows: expected a bool mask [R] or a 1-D int tensor of indices, "
                                 f"got dtype {rows.dtype} shape {tuple(rows.shape)}")
             rows = rows.tolist()
         indices = list(rows)
         for i in indices:
-            _require_int("rows[...]", i, low=0, high=self.rows - 1)
+            require_int("rows[...]", i, low=0, high=self.rows - 1)
         mask = torch.zeros(self.rows, dtype=torch.bool)
         mask[indices] = True
         return mask.to(self.device)
@@ -506,7 +406,7 @@ class SparseKVBuffer:
 
     def resident(self, row: int) -> Dict[int, int]:
         """``{pos: slot}`` for what ``row`` holds now (for inspection and tests; syncs)."""
-        _require_int("row", row, low=0, high=self.rows - 1)
+        require_int("row", row, low=0, high=self.rows - 1)
         slot_pos = reference.view_state(self.state, self.layout).slot_pos[row].cpu()
         return {int(p): s for s, p in enumerate(slot_pos.tolist()) if p >= 0}
 
@@ -542,7 +442,7 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     device = plan.miss_pos.device
     for field in ("slots", "miss_pos", "miss_slots", "miss_counts"):
         t = getattr(plan, field)
-        _require_tensor(f"plan.{field}", t, torch.int32)
+        require_tensor(f"plan.{field}", t, torch.int32)
         if t.device != device:
             raise ValueError(f"plan.{field}: expected a tensor on {device} (that of "
                              f"plan.miss_pos), got one on {t.device}")
@@ -552,22 +452,22 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
                          f"{len(dsts)}")
     if partition not in reference.ALL_PARTITIONS:
         raise ValueError(f"partition: expected one of {reference.ALL_PARTITIONS}, got {partition!r}")
-    _require_bool("check", check, optional=True)
+    require_bool("check", check, optional=True)
     cores = _num_cores if num_cores is None else num_cores
-    _require_int("num_cores", cores, low=1)
+    require_int("num_cores", cores, low=1)
     R = plan.miss_pos.shape[0]
     paged = block_table is not None
     if paged:
-        _require_tensor("block_table", block_table, torch.int32, ndim=2, device=device)
+        require_tensor("block_table", block_table, torch.int32, ndim=2, device=device)
         if block_table.shape[0] != R:
             raise ValueError(f"block_table: expected {R} rows (one per request), got "
                              f"{block_table.shape[0]}")
-        _require_int("block_size", block_size, low=1)
+        require_int("block_size", block_size, low=1)
     elif block_size is not None:
         raise ValueError("block_size: only meaningful with a block_table (paged pool)")
     for i, (s, d) in enumerate(zip(srcs, dsts)):
-        _require_tensor(f"dst[{i}]", d)
-        _require_tensor(f"src[{i}]", s, dtype=d.dtype)
+        require_tensor(f"dst[{i}]", d)
+        require_tensor(f"src[{i}]", s, dtype=d.dtype)
         if s.device != device and s.device.type != "cpu":
             raise ValueError(f"src[{i}]: expected a host (CPU) pool or a tensor on {device} (the "
                              f"plan's device), got one on {s.device}")
@@ -590,14 +490,14 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
         raise ValueError("src: paged pools sharing one block_table need the same num_blocks")
     if not paged and any(s.shape[1] != srcs[0].shape[1] for s in srcs):
         raise ValueError("src: contiguous pools sharing one plan need the same max_len")
-    if ((dsts[0].device.type == "cpu") if check is None else check) and not _tracing():
+    if ((dsts[0].device.type == "cpu") if check is None else check) and not tracing():
         _check_host_rows(plan, srcs[0], block_table, block_size)
     miss_pos, miss_slots = plan.miss_pos, plan.miss_slots
     if partition == reference.SELECTION_PARTITION:
         miss_pos, miss_slots = reference.selection_layout(plan.slots, plan.miss_pos,
                                                           plan.miss_slots, plan.miss_counts)
     source = plan.source
-    guarded = source is not None and not _tracing()
+    guarded = source is not None and not tracing()
     if guarded and not isinstance(source, SparseKVBuffer):
         raise TypeError(f"plan.source: expected the SparseKVBuffer that made the plan or None, "
                         f"got {type(source).__name__}")

@@ -11,7 +11,8 @@
 * Numbers are range-checked by argparse itself (:func:`int_in`, :func:`float_in`,
   :func:`size_list`): the message names the option and the valid range, as the help text does.
 * Outputs are checked before any work (:func:`output_path`), sizes against memory before they are
-  allocated (:func:`check_memory`), traces read through :func:`read_trace`.
+  allocated (:func:`check_memory`); traces are read by :mod:`avsg.traces.lookup`, whose
+  ``TraceInputError`` is such a ``ValueError``.
 * Long runs show a progress bar on stderr when it is a terminal (``--quiet`` silences it).
 """
 from __future__ import annotations
@@ -289,29 +290,6 @@ def check_memory_total(parts, what: str = "") -> None:
     total = sum(p[1] for p in parts)
     option, _, biggest = max(parts, key=lambda p: p[1])
     check_memory(option, total, " + ".join(p[2] for p in parts) if len(parts) > 1 else biggest)
-
-
-def read_trace(option: str, path: Optional[str], check_values: bool = True):
-    """Load a trace for ``option`` (``--trace``, or ``trace`` for a positional), every failure
-    one line: no such file, a directory, not an .npz, a corrupted member, a format error."""
-    from .traces.format import load_trace
-    if not path:
-        raise UsageError(f"{option}: expected a trace .npz path")
-    if not os.path.exists(path):
-        raise UsageError(f"{option}: no such file: {path}")
-    if os.path.isdir(path):
-        raise UsageError(f"{option}: {path} is a directory, expected a trace .npz")
-    try:
-        return load_trace(path, check_values=check_values)
-    except FileNotFoundError:
-        raise UsageError(f"{option}: no such file: {path}") from None
-    except MemoryError:
-        raise UsageError(f"{option}: {path}: not enough memory to load it") from None
-    except INPUT_ERRORS as e:          # TraceFormatError messages start with the path
-        message = error_message(e)
-        if not message.startswith(path):
-            message = f"{path}: {message}"
-        raise UsageError(f"{option}: {message}") from None
 
 
 class _NoBar:

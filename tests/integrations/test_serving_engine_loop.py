@@ -3,7 +3,7 @@ flattened uneven batches, compaction, preemption and resumption, MTP with accept
 chunks bypassing the buffer; every read through the returned slots equals the full cache."""
 import pytest
 
-from engine_harness import EngineHarness
+from helpers.engine_harness import EngineHarness
 
 
 def _run(steps, **kwargs):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from avsg import cli
-from avsg.runtime import config as model_config
+from avsg import model_config
 from avsg.runtime.model import DeepseekV32
 from avsg.runtime.weights import init_random
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from avsg import cli
-from avsg.runtime import config as model_config
+from avsg import model_config
 from avsg.traces import synth
 from avsg.traces.format import save_trace
 
@@ -118,9 +118,9 @@ def test_config_with_unknown_key_is_one_line(tmp_path):
 
 def test_generate_matches_the_function_and_refuses_bad_input(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from avsg.runtime.generate import generate
+    from avsg.commands.generate import generate
     from avsg.runtime.model import DeepseekV32
-    from avsg.runtime.config import from_hf_config
+    from avsg.model_config import from_hf_config
     from avsg.runtime.weights import load_safetensors
     hf_config = transformers.DeepseekV32Config(
         vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from avsg.runtime import config as model_config
+from avsg import model_config
 from avsg.runtime import weights
 from avsg.runtime.algo.dsa import DSA, sparse_mla_attention
 from avsg.runtime.algo.trace import TraceRecorder, TraceSelection
@@ -15,8 +15,8 @@ from avsg.runtime.base import (ALGORITHMS, STORES, KVStore, Retrieved, SparseAlg
                                register_algorithm, register_store)
 from avsg.runtime.context import ContextFill
 from avsg.runtime.engine import Engine
-from avsg.runtime.generate import generate
-from avsg.runtime.kvformat import get_format
+from avsg.commands.generate import generate
+from avsg.kvformat import get_format
 from avsg.runtime.model import DeepseekV32
 from avsg.runtime.scheduler import Request
 from avsg.runtime.spec import SimulatedAcceptance

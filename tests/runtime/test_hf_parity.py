@@ -24,10 +24,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from avsg.runtime import kvformat
+from avsg import kvformat
 from avsg.runtime.algo.dsa import DSA
 from avsg.runtime.base import ForwardContext, StoreSpec
-from avsg.runtime.config import from_hf_config
+from avsg.model_config import from_hf_config
 from avsg.runtime.model import DeepseekV32, prefill
 from avsg.runtime.step import StepBatch
 from avsg.runtime.store.device import DeviceStore
@@ -138,7 +138,7 @@ def test_engine_matches_transformers_in_every_mode(hf_checkpoint, mode):
     """The same check through the engine (real prefill, then decode steps) for every store; the
     avsg buffer is small (16 slots for top-6) so that it evicts."""
     from avsg import backend
-    from avsg.runtime.generate import generate
+    from avsg.commands.generate import generate
     path, prompt, hf_tokens, hf_logits = hf_checkpoint
     config = from_hf_config(str(path))
     model = DeepseekV32(config)

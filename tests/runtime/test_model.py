@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from avsg.runtime import kvformat
+from avsg import kvformat
 from avsg.runtime.algo.dsa import DSA, sparse_mla_attention
 from avsg.runtime.base import ForwardContext, Retrieved, StoreSpec
-from avsg.runtime.config import from_hf_config, preset
+from avsg.model_config import from_hf_config, preset
 from avsg.runtime.model import DeepseekV32, MoE, prefill
 from avsg.runtime.rope import (mla_softmax_scale, rope_frequencies, rope_half, rope_interleaved)
 from avsg.runtime.step import StepBatch

@@ -19,7 +19,7 @@ import re
 import pytest
 
 from avsg import cli
-from avsg.runtime import config as model_config
+from avsg import model_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # narrower everywhere the figures do not look: attention heads and their widths, the FFNs, the

@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..bench import hardware
+from ..costmodel import hardware
 from . import microbatch, split
 from .curves import ElasticLRU, SampledCurve
 from .workload import LocalityRow, Request
@@ -71,17 +71,17 @@ class CostModel:
     """Per-layer task times of one decode iteration (seconds), DeepSeek-V3.2 on a hardware profile."""
 
     def __init__(self, model_config, hw: hardware.Profile, cards: int, plan_us_per_row: float):
-        from ..bench import decode
+        from ..costmodel import projection
         self.c, self.hw, self.cards = model_config, hw, cards
         self.L = model_config.num_hidden_layers
         self.K = model_config.index_topk
         self.plan_us_per_row = float(plan_us_per_row)
-        self.fmt = decode.kv_format(hw)
-        self._weights_bytes = decode._weights_bytes
+        self.fmt = projection.kv_format(hw)
+        self._weights_bytes = projection.weights_read_bytes
         self._bits = 8 if self.fmt.name == "fp8" else 16
         kv_layers = model_config.num_hidden_layers + model_config.num_nextn_predict_layers
         self.index_bytes_per_token = kv_layers * self.fmt.index_row_bytes
-        self.weights_bytes = decode.weights_per_card(model_config, cards,
+        self.weights_bytes = projection.weights_per_card(model_config, cards,
                                                      hw["weight_bytes_per_param"])
         self.reserve_bytes = hw["activation_reserve_bytes"]
 

@@ -83,9 +83,10 @@ import torch
 
 from .. import buffer as avsg_buffer
 from .. import reference
-from ..buffer import (Plan, SparseKVBuffer, _require_bool, _require_device, _require_fits,
-                      _require_int, _require_tensor, _tracing)
-from ..runtime.kvformat import KVFormat, get_format
+from ..buffer import Plan, SparseKVBuffer
+from ..validation import (require_bool, require_device, require_fits, require_int, require_tensor,
+                          tracing)
+from ..kvformat import KVFormat, get_format
 
 RESIDENT_BLOCK_SIZE = 128         # the page size sparse flash attention reads (PA_BSND)
 _NO_LIMIT = reference.MAX_POSITION    # an invalidate limit that drops nothing
@@ -161,20 +162,20 @@ class SparseOffloadManager:
                  check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
                  timers: Optional[Callable[[str], ContextManager]] = None,
                  policy: str = "reuse", max_context: Optional[int] = None):
-        _require_int("num_layers", num_layers, low=1)
-        _require_int("max_rows", max_rows, low=1)
-        _require_int("resident_block_size", resident_block_size, low=1)
-        _require_int("capacity", capacity, low=1, high=reference.MAX_BUCKETS)
-        _require_int("topk", topk, low=1)
-        _require_int("queries_per_step", queries_per_step, low=1)
+        require_int("num_layers", num_layers, low=1)
+        require_int("max_rows", max_rows, low=1)
+        require_int("resident_block_size", resident_block_size, low=1)
+        require_int("capacity", capacity, low=1, high=reference.MAX_BUCKETS)
+        require_int("topk", topk, low=1)
+        require_int("queries_per_step", queries_per_step, low=1)
         if capacity % resident_block_size:
             raise ValueError(f"capacity: expected a multiple of resident_block_size = "
                              f"{resident_block_size} (a row owns whole pages), got {capacity}")
-        _require_int("latent_dim", latent_dim, low=1, high=_MAX_WIDTH)
-        _require_int("rope_dim", rope_dim, low=1, high=_MAX_WIDTH)
-        _require_bool("write_through", write_through)
-        _require_bool("auto_invalidate", auto_invalidate)
-        _require_bool("check", check, optional=True)
+        require_int("latent_dim", latent_dim, low=1, high=_MAX_WIDTH)
+        require_int("rope_dim", rope_dim, low=1, high=_MAX_WIDTH)
+        require_bool("write_through", write_through)
+        require_bool("auto_invalidate", auto_invalidate)
+        require_bool("check", check, optional=True)
         if timers is not None and not callable(timers):
             raise TypeError(f"timers: expected None or a callable phase -> context manager, got "
                             f"{type(timers).__name__}")
@@ -183,11 +184,11 @@ class SparseOffloadManager:
                             f"{type(kv_format).__name__}")
         self.kv_format = kv_format if isinstance(kv_format, KVFormat) else \
             get_format(kv_format, latent_dim, rope_dim)
-        self.device = _require_device("device", device)
+        self.device = require_device("device", device)
         kv_bytes = num_layers * (max_rows * capacity + 1) * sum(
             c.width * torch.empty((), dtype=c.dtype).element_size()
             for c in self.kv_format.components)
-        _require_fits("max_rows", kv_bytes, self.device,
+        require_fits("max_rows", kv_bytes, self.device,
                       f"the device KV of num_layers = {num_layers} x max_rows = {max_rows} x "
                       f"capacity = {capacity} rows of {self.kv_format.name}")
         self.num_layers, self.max_rows, self.capacity = num_layers, max_rows, capacity
@@ -250,7 +251,7 @@ class SparseOffloadManager:
                                  f"({', '.join(c.name for c in comps)}), got {len(parts)}")
             for c, (comp, pool) in enumerate(zip(comps, parts)):
                 name = f"host_kv[{layer}][{c}]"
-                _require_tensor(name, pool, comp.dtype)
+                require_tensor(name, pool, comp.dtype)
                 if pool.dim() not in (3, 4) or pool.shape[-1] != comp.width or \
                         (pool.dim() == 4 and pool.shape[2] != 1):
                     raise ValueError(f"{name}: expected [num_blocks, block_size, (1,) "
@@ -287,7 +288,7 @@ class SparseOffloadManager:
 
     # ------------------------------------------------------------------------- lifecycle
     def _row(self, name: str, row: int) -> int:
-        _require_int(name, row, low=0, high=self.max_rows - 1)
+        require_int(name, row, low=0, high=self.max_rows - 1)
         return row
 
     def _sync_tables(self) -> None:
@@ -358,26 +359,26 @@ class SparseOffloadManager:
     def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
         """Drop positions ``>= valid_lens[b]`` (int32 ``[max_rows]``, batch order) of ``layers``
         (default: all), e.g. rejected drafts. Free rows should pass ``2**24`` (or anything)."""
-        _require_tensor("valid_lens", valid_lens, torch.int32, (self.max_rows,), self.device)
+        require_tensor("valid_lens", valid_lens, torch.int32, (self.max_rows,), self.device)
         if layers is None:
             layers = range(self.num_layers)
         elif not isinstance(layers, (list, tuple, range)):
             raise TypeError(f"layers: expected None or a list of layer indices, got "
                             f"{type(layers).__name__}")
         for i, layer in enumerate(layers):       # every layer checked before any is touched
-            _require_int(f"layers[{i}]", layer, low=0, high=self.num_layers - 1)
+            require_int(f"layers[{i}]", layer, low=0, high=self.num_layers - 1)
         state_order = torch.empty_like(valid_lens)
         state_order.index_copy_(0, self.state_row_of_batch_row, valid_lens)
         for layer in layers:
             self.buffers[layer].invalidate(state_order)
 
     def _phase(self, name: str) -> ContextManager:
-        if self._timers is None or _tracing():
+        if self._timers is None or tracing():
             return contextlib.nullcontext()
         return self._timers(name)
 
     def _layer(self, layer: int) -> int:
-        _require_int("layer", layer, low=0, high=self.num_layers - 1)
+        require_int("layer", layer, low=0, high=self.num_layers - 1)
         return layer
 
     # ------------------------------------------------------------------------------ step
@@ -392,25 +393,25 @@ class SparseOffloadManager:
         pool's), ``num_tokens`` the padded token count of the pass.
         """
         R, T, S = self.max_rows, self.queries_per_step, self.capacity
-        _require_int("num_tokens", num_tokens, low=0, high=_MAX_TOKENS)
-        _require_bool("check", check, optional=True)
-        _require_fits("num_tokens", num_tokens * (_TOKEN_BYTES + 4 * self.topk), self.device,
+        require_int("num_tokens", num_tokens, low=0, high=_MAX_TOKENS)
+        require_bool("check", check, optional=True)
+        require_fits("num_tokens", num_tokens * (_TOKEN_BYTES + 4 * self.topk), self.device,
                       f"a pass of num_tokens = {num_tokens}")
-        _require_tensor("query_start_loc", query_start_loc, torch.int32, ndim=1, device=self.device)
+        require_tensor("query_start_loc", query_start_loc, torch.int32, ndim=1, device=self.device)
         Q = query_start_loc.shape[0] - 1
         if not 1 <= Q <= R:
             raise ValueError(f"query_start_loc: expected [num_reqs + 1] with 1 <= num_reqs <= "
                              f"max_rows = {R}, got shape {tuple(query_start_loc.shape)}")
-        _require_tensor("seq_lens", seq_lens, torch.int32, ndim=1, device=self.device)
+        require_tensor("seq_lens", seq_lens, torch.int32, ndim=1, device=self.device)
         if seq_lens.shape[0] < Q:
             raise ValueError(f"seq_lens: expected at least num_reqs = {Q} entries, got "
                              f"{seq_lens.shape[0]}")
-        _require_tensor("block_table", block_table, torch.int32, ndim=2, device=self.device)
+        require_tensor("block_table", block_table, torch.int32, ndim=2, device=self.device)
         if block_table.shape[0] < Q:
             raise ValueError(f"block_table: expected at least num_reqs = {Q} rows, got "
                              f"{block_table.shape[0]}")
         seq_lens, block_table = seq_lens[:Q], block_table[:Q]
-        if (self.check if check is None else check) and not _tracing():
+        if (self.check if check is None else check) and not tracing():
             self._check_step(query_start_loc, seq_lens, block_table, num_tokens)
 
         qsl = query_start_loc.to(torch.int64)
@@ -492,8 +493,8 @@ class SparseOffloadManager:
         R, T, K = self.max_rows, self.queries_per_step, self.topk
         self._check_meta(meta)
         N = meta.num_tokens
-        _require_tensor("topk_indices", topk_indices, torch.int32, (N, 1, K), self.device)
-        _require_bool("check", check, optional=True)
+        require_tensor("topk_indices", topk_indices, torch.int32, (N, 1, K), self.device)
+        require_bool("check", check, optional=True)
         host = self._host(layer)
         news = None
         if new_kv is not None and self.write_through:
@@ -503,7 +504,7 @@ class SparseOffloadManager:
                                  f"({', '.join(c.name for c in comps)})")
             news = [self._token_rows(f"new_kv[{c}]", part, N, comp)
                     for c, (part, comp) in enumerate(zip(new_kv, comps))]
-        if (self.check if check is None else check) and not _tracing():
+        if (self.check if check is None else check) and not tracing():
             self._check_topk(topk_indices, meta)
 
         with self._phase("plan"):
@@ -550,21 +551,21 @@ class SparseOffloadManager:
         if not isinstance(meta, StepMeta):
             raise TypeError(f"meta: expected the StepMeta of this pass's begin_step, got "
                             f"{type(meta).__name__}")
-        _require_int("meta.num_tokens", meta.num_tokens, low=0, high=_MAX_TOKENS)
+        require_int("meta.num_tokens", meta.num_tokens, low=0, high=_MAX_TOKENS)
         N, R = meta.num_tokens, self.max_rows
         for field, dtype, shape in (
                 ("planned", torch.bool, (N,)), ("plan_index", torch.int64, (N,)),
                 ("token_seq_lens", torch.int32, (N,)), ("seq_lens", torch.int32, (R,)),
                 ("stable_lens", torch.int32, (R,)), ("token_base", torch.int64, (R,))):
-            _require_tensor(f"meta.{field}", getattr(meta, field), dtype, shape, self.device)
-        _require_tensor("meta.block_table", meta.block_table, torch.int32, ndim=2,
+            require_tensor(f"meta.{field}", getattr(meta, field), dtype, shape, self.device)
+        require_tensor("meta.block_table", meta.block_table, torch.int32, ndim=2,
                         device=self.device)
         if meta.block_table.shape[0] != R:
             raise ValueError(f"meta.block_table: expected {R} rows (max_rows), got "
                              f"{tuple(meta.block_table.shape)}: a StepMeta of another manager?")
 
     def _token_rows(self, name: str, part: torch.Tensor, N: int, comp) -> torch.Tensor:
-        _require_tensor(name, part, comp.dtype, device=self.device)
+        require_tensor(name, part, comp.dtype, device=self.device)
         if part.shape[0] != N or part.numel() != N * comp.width:
             raise ValueError(f"{name}: expected [num_tokens = {N}, (1,) {comp.width}], got "
                              f"{tuple(part.shape)}")
@@ -610,8 +611,8 @@ class SparseOffloadManager:
         ``-1`` = padding, skipped). Decode and prefill tokens alike."""
         self._layer(layer)
         host = self._host(layer)
-        _require_bool("check", check, optional=True)
-        _require_tensor("slot_mapping", slot_mapping, ndim=1)
+        require_bool("check", check, optional=True)
+        require_tensor("slot_mapping", slot_mapping, ndim=1)
         if slot_mapping.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"slot_mapping: expected an int32 or int64 tensor, got "
                             f"{slot_mapping.dtype}")
@@ -623,7 +624,7 @@ class SparseOffloadManager:
                  for c, (part, comp) in enumerate(zip(kv, self.kv_format.components))]
         pool_rows = self.num_host_blocks * self.block_size
         rows = slot_mapping.to(host[0].device, torch.int64)
-        if (self.check if check is None else check) and not _tracing():
+        if (self.check if check is None else check) and not tracing():
             bad = rows >= pool_rows
             if bool(bad.any()):
                 i = int(bad.nonzero()[0, 0])

@@ -5,8 +5,10 @@
                   (Offload/Retrieve), with their registries
     algo/         dsa.py (lightning indexer + sparse MLA), trace.py (selections from a trace)
     store/        device.py, offload.py, avsg.py (SparseKVBuffer + gather)
-    model.py      the model (module names = checkpoint names), config.py, rope.py, weights.py
-    pool.py       the paged host pool; kvformat.py the per-token KV layouts
+    model.py      the model (module names = checkpoint names), rope.py, weights.py; the
+                  config is avsg.model_config, the per-token KV layouts avsg.kvformat
+    pool.py       the paged host pool
     context.py    linear-cost context fill; spec.py MTP acceptance; scheduler.py requests
-    run.py        ``avsg run``; generate.py ``avsg generate``
+
+The commands that drive it (``avsg run``, ``avsg generate``) are in :mod:`avsg.commands`.
 """

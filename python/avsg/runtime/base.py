@@ -34,7 +34,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Type
 
 import torch
 
-from .kvformat import KVFormat
+from ..kvformat import KVFormat
 from .step import NULL_TIMERS, StepBatch, Timers
 
 

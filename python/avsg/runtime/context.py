@@ -20,7 +20,7 @@ from typing import List, Tuple
 
 import torch
 
-from .kvformat import KVFormat
+from ..kvformat import KVFormat
 
 FILL_CHUNK = 4096
 

@@ -28,7 +28,7 @@ import torch
 
 from .base import ForwardContext, KVStore, SparseAlgorithm
 from .context import ContextFill
-from .kvformat import KVFormat
+from ..kvformat import KVFormat
 from .scheduler import Request, Scheduler
 from .spec import SimulatedAcceptance, emitted_tokens, greedy_accept
 from .step import NULL_TIMERS, StepBatch, Timers

@@ -48,7 +48,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .base import ForwardContext, Retrieved
-from .config import ModelConfig
+from ..model_config import ModelConfig
 from .rope import (RotaryEmbedding, indexer_softmax_scale, mla_softmax_scale, rope_half,
                    rope_interleaved)
 from .step import StepBatch

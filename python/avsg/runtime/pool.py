@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .kvformat import KVFormat
+from ..kvformat import KVFormat
 
 
 class HostPool:

@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from .config import ModelConfig
+from ..model_config import ModelConfig
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:

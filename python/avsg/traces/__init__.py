@@ -6,7 +6,9 @@
 * :mod:`.synth`    -- synthetic traces (AVSG paper settings) and gamma / recall measurement;
 * :mod:`.mtp`      -- MTP replay (shared vs separate vs cold-start buffers);
 * :mod:`.report`   -- tables, JSON, PNG plot;
-* :mod:`.cli`      -- ``avsg trace {replay,synth,info,mtp}``.
+* :mod:`.lookup`   -- which trace a command replays (the embedded default) and loading it.
+
+The ``avsg trace {replay,synth,info,mtp}`` commands are in :mod:`avsg.commands.trace`.
 
 Nothing here needs the compiled operator except the ``avsg`` policy.
 """

@@ -45,33 +45,6 @@ class ReplayResult:
         c = int(self.counted.sum()) * self.hits.shape[0]
         return (self.total_selections - self.total_hits) / c if c else float("nan")
 
-    def step_cost(self, hw, batches=(1, 64)) -> Optional[Dict]:
-        """The modelled cost of one layer's step (needs the counted plan launches, ``cost_every``):
-        the plan's µs per row-step (median over the sampled launches and their cores, one row
-        per core, serial- and overlapped-pipe), the link µs of a row's misses at the profile's
-        link (``hardware.link_time_s``), and per batch ``B`` their sum: rows plan in parallel,
-        ``ceil(B / aiv_cores)`` waves, and the batch's misses share the link."""
-        if not self.cost_counters:
-            return None
-        from ..bench import hardware
-        serial, overlapped = [], []
-        for counters in self.cost_counters:
-            est = hardware.launch_estimate(counters, hw)
-            serial.extend(est["serial_per_block_us"])
-            overlapped.extend(est["overlapped_per_block_us"])
-        plan_us = float(np.median(serial))
-        out = {"plan_us_serial": plan_us, "plan_us_overlapped": float(np.median(overlapped)),
-               "plan_samples": len(serial), "misses_per_row_step": self.misses_per_row_step,
-               "entry_bytes": self.entry_bytes}
-        out["link_us_per_row"] = 1e6 * hardware.link_time_s(hw, self.misses_per_row_step,
-                                                            self.entry_bytes)
-        cores = int(hw["aiv_cores"])
-        for b in batches:
-            link = 1e6 * hardware.link_time_s(hw, b * self.misses_per_row_step, self.entry_bytes)
-            out[f"step_us_batch{b}"] = -(-b // cores) * plan_us + link
-            out[f"link_us_batch{b}"] = link
-        return out
-
     @property
     def total_hits(self) -> int:
         return int(self.hits[:, self.counted].sum())

@@ -34,8 +34,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from ..base import Retrieved, SparseAlgorithm, register_algorithm
-from ..config import ModelConfig
-from ..kvformat import KVFormat, get_format
+from ...model_config import ModelConfig
+from ...kvformat import KVFormat, get_format
 from ..step import NULL_TIMERS, StepBatch, Timers
 
 

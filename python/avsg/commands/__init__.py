@@ -1,0 +1,118 @@
+"""The ``avsg`` commands, one module each, all written one way: ``add_arguments(parser)`` adds
+the command's options and ``main(args) -> int`` runs it. A group (``bench``, ``trace``) is a
+subpackage of such modules. :data:`COMMANDS` lists them; :func:`build_parser` builds the parser
+from that table, and :func:`main` runs one command line.
+
+    avsg run        the decode runtime in offload / avsg / device modes, side by side
+    avsg generate   greedy generation from a checkpoint directory
+    avsg bench ...  plan | gather | hash-buckets | emulation | decode | calibrate | all
+    avsg demo       plan + gather over decode steps of a selection trace
+    avsg doctor     backends, versions, host mapping, and a self-test against the reference
+    avsg trace ...  the trace lab: replay policies, synthesize, inspect, MTP replay
+    avsg serve-sim  serving under a buffer memory budget: schedulers compared (a model)
+
+A mistake in the arguments, a corrupted or unreadable input file, an output that cannot be written
+or a size this machine cannot allocate prints one line on stderr and exits with status 2
+(:mod:`avsg.cli_util`); ``--debug`` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from typing import Dict, List, Optional, Tuple, Union
+
+from ..cli_util import INPUT_ERRORS, OneLineParser, mark_leaves, report_error
+
+Leaf = Tuple[str, str]                              # (module under avsg.commands, one-line help)
+Group = Tuple[str, str, Dict[str, Leaf]]            # (group help, description, its commands)
+
+#: command name -> a leaf, or a group of leaves
+COMMANDS: Dict[str, Union[Leaf, Group]] = {
+    "run": ("run", "decode in offload / avsg / device modes, compared"),
+    "generate": ("generate", "greedy generation from a checkpoint"),
+    "bench": ("benchmarks and models (plan, gather, hash-buckets, emulation, decode, calibrate, all)",
+              "Benchmarks: each prints a table, writes JSON and plots under --out (default "
+              "avsg-results/bench-<command>/).", {
+        "plan": ("bench.plan", "hash plan vs dual-pointer on the paper's three grids (modelled "
+                 "time)"),
+        "gather": ("bench.gather", "gather partitions S1 / S2 / S3 on the paper's grid, link-aware "
+                   "(modelled)"),
+        "hash-buckets": ("bench.hash_buckets", "index overflow (stash) against hash table size, on "
+                         "a trace"),
+        "emulation": ("bench.emulation", "CPU time per call of plan and gather, strict vs fast "
+                      "emulation"),
+        "decode": ("bench.decode", "modelled DeepSeek-V3.2 decode step on a 910B per mode (an "
+                   "estimate)"),
+        "calibrate": ("bench.calibrate", "NPU microbenchmarks that write a hardware profile (NPU "
+                      "only)"),
+        "all": ("bench.run_all", "every benchmark in turn (--quick: reduced grids); headline "
+                "ratios last"),
+    }),
+    "demo": ("demo", "plan + gather over decode steps of a trace"),
+    "doctor": ("doctor", "what this machine runs, checked against the reference"),
+    "trace": ("selection traces: replay policies, synthesize, inspect",
+              "Selection traces and buffer-policy replay.", {
+        "replay": ("trace.replay", "replay buffer policies on a trace, report hit rates"),
+        "synth": ("trace.synth", "write synthetic traces (AVSG paper settings)"),
+        "info": ("trace.info", "validate a trace and print its summary"),
+        "mtp": ("trace.mtp", "MTP replay: shared vs separate vs cold-start buffers"),
+    }),
+    "serve-sim": ("serve_sim", "serving under a buffer memory budget: fixed, Spin ratio and "
+                  "elastic schedulers (a model)"),
+}
+
+
+def plain(text: str) -> str:
+    """A docstring paragraph as help text: no RST markup (roles such as :mod:`x` become x)."""
+    return re.sub(r":[a-z]+:`~?([^`]*)`", r"\1", text).replace("``", "'").replace("**", "")
+
+
+def _add_leaf(sub, name: str, leaf: Leaf) -> None:
+    module_name, help_text = leaf
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    parser = sub.add_parser(name, help=help_text,
+                            description=plain((module.__doc__ or help_text).split("\n\n")[0]))
+    module.add_arguments(parser)
+    parser.set_defaults(func=module.main)
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="avsg", description="AVSG: miss-only KV-cache offload for "
+                           "DeepSeek Sparse Attention (" + ", ".join(COMMANDS) + ")")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for every error")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for name, entry in COMMANDS.items():
+        if len(entry) == 2:
+            _add_leaf(sub, name, entry)
+            continue
+        help_text, description, leaves = entry
+        group = sub.add_parser(name, help=help_text, description=description)
+        group_sub = group.add_subparsers(dest=f"{name}_command", required=True,
+                                         metavar="{" + ",".join(leaves) + "}",
+                                         parser_class=OneLineParser)
+        for leaf_name, leaf in leaves.items():
+            _add_leaf(group_sub, leaf_name, leaf)
+    mark_leaves(parser)
+    return parser
+
+
+def _name(args) -> str:
+    sub = getattr(args, f"{args.command}_command", None)
+    return f"{args.command} {sub}" if sub else args.command
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run one ``avsg`` command line (``sys.argv[1:]`` when None); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    options = vars(args).pop("_options", ())   # the command's options, for report_error
+    try:
+        return int(args.func(args) or 0)
+    except INPUT_ERRORS as e:
+        if args.debug:
+            raise
+        return report_error(f"avsg {_name(args)}", e, options)
+    except KeyboardInterrupt:
+        print(f"avsg {_name(args)}: interrupted", file=sys.stderr)
+        return 130

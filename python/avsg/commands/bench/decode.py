@@ -1,0 +1,361 @@
+"""``avsg bench decode``: the decode model (:mod:`avsg.costmodel.projection`: modes, inputs,
+memory, sensitivity) printed for a grid of batch sizes, contexts and MTP depths.
+
+A projection, not a measurement: nothing here has run on an NPU.
+
+**Records** (``--out DIR``/decode.json, ``records``): one per mode, batch, context, MTP and profile,
+with ``feasible``, ``tpot_ms`` and ``tokens_per_s`` (None when infeasible), ``h2d_bytes_per_token``,
+``plan_us_per_layer`` (the mode's matching cost per layer: plan or the slot-map lookup for the
+device modes, the D2H + host LRU + descriptor copies for ``lru-host``), ``copy_us_per_layer`` (its
+exposed copy time), the rows it copies and its memory per card (GB).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from typing import Dict, List
+
+from ...cli_util import UsageError, float_in, int_in, size_list
+from ...costmodel import hardware
+from ...costmodel.plan_cost import COUNTED_LAUNCHES, COUNTED_WARMUP, measure_costs, plan_counters
+from ...costmodel.projection import (MAX_BATCH, MODES, PEERS, PROFILES, SENSITIVE, V32_CONFIG,
+                                     best_peer, kv_format, max_batch, profile_variant, project)
+from ...costmodel.traffic import Traffic, load_trace_cut, measure_traffic
+
+# ---------------------------------------------------------------- the command
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hw", default=hardware.DEFAULT_PROFILE,
+                        help="hardware profile JSON (default: the bundled 910B assumptions)")
+    parser.add_argument("--config", default=V32_CONFIG,
+                        help="DeepSeek-V3.2 config.json (default: the released one's keys)")
+    parser.add_argument("--trace", help="selection trace for the copies (default: the "
+                        "embedded asyncio_32k_8x256)")
+    parser.add_argument("--trace-layers", type=int_in(0, 4096), default=0,
+                        help="trace layers replayed, 0..4096 (default 0: all of them)")
+    parser.add_argument("--trace-steps", type=int_in(8, 1 << 20), default=256,
+                        help="trace steps replayed, 8..1048576 (default 256)")
+    parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
+                        help="slots per request and layer of avsg, lru-device and slotmap-device, "
+                             "(1 + 3) x top-k..32768 (default 8192)")
+    parser.add_argument("--topk-buffer-size", type=int_in(1, 1 << 20), default=4096,
+                        help="lru-host slots per query token and layer (vllm-ascend's "
+                             "topk_buffer_size), top-k..1048576 (default 4096)")
+    parser.add_argument("--batch", default="1,8,32,64",
+                        help=f"batch sizes per card, 1..{MAX_BATCH} (default 1,8,32,64)")
+    parser.add_argument("--context", default="32K,128K",
+                        help="context lengths, from the model's top-k to its positions (163840 "
+                             "for DeepSeek-V3.2); 32K = 32768 (default 32K,128K)")
+    parser.add_argument("--mtp", default="0,1,2,3", help="MTP draft counts, 0..3 (default 0,1,2,3)")
+    parser.add_argument("--accept-mean", type=float_in(0, 3), default=2.0,
+                        help="mean accepted drafts per iteration at MTP-3, 0..3 (scaled for other "
+                             "n; default 2.0)")
+    parser.add_argument("--link-gbps", type=float_in(0, 1e4, low_open=True),
+                        help="override the host link, GB/s, in (0, 1e4]")
+    parser.add_argument("--cards", type=int_in(1, 4096), default=32,
+                        help="cards serving the model, 1..4096: attention data-parallel, experts "
+                             "spread over the cards (default 32)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="let avsg's copies overlap attention too (the device peers' do)")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="directory for decode.json and the TPOT plot (default "
+                             "avsg-results/bench-decode/)")
+    parser.add_argument("--json", metavar="PATH", help="JSON path (default OUT/decode.json)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress output (the command shows none; accepted as by every "
+                             "bench)")
+    parser.add_argument("--tables", metavar="PATH",
+                        help="also write the summary tables as Markdown to PATH (the README's copy "
+                             "is docs/results/decode.md, regenerated this way)")
+
+
+def load_inputs(args):
+    from ...model_config import from_hf_config
+    try:
+        hw = hardware.load_profile(args.hw)
+        config = from_hf_config(args.config)
+        for key in ("fp8_compute", "hbm_bytes", "weight_bytes_per_param", "host_cpu_time_factor",
+                    "host_lru_threads", "host_callback_latency_s", "copy_launch_latency_s",
+                    "activation_reserve_bytes", "activation_hidden_copies", *SENSITIVE):
+            hw[key]
+    except (ValueError, KeyError) as e:
+        raise UsageError(str(e).strip("'\"")) from None
+    return hw, config
+
+
+def main(args: argparse.Namespace) -> int:
+    from . import common
+    out = common.out_dir(args, "decode")        # where the results go, before any work
+    batches = size_list("--batch", args.batch, 1, MAX_BATCH)
+    mtps = sorted(set(size_list("--mtp", args.mtp, 0, 3)))
+    hw, config = load_inputs(args)
+    contexts = size_list("--context", args.context, config.index_topk,
+                         config.max_position_embeddings)
+    if args.link_gbps is not None:
+        hw.override("link_bytes_per_s", args.link_gbps * 1e9, "--link-gbps")
+    trace = common.trace_path(args.trace)
+    if args.capacity < 4 * config.index_topk:
+        raise UsageError(f"--capacity: expected >= (1 + 3) x top-k = {4 * config.index_topk}, "
+                         f"got {args.capacity}")
+    if args.topk_buffer_size < config.index_topk:
+        raise UsageError(f"--topk-buffer-size: expected >= top-k = {config.index_topk}, got "
+                         f"{args.topk_buffer_size}")
+    cut = load_trace_cut(trace, args.trace_layers or None, args.trace_steps,
+                         min_steps=COUNTED_WARMUP + (COUNTED_LAUNCHES + 1) * (1 + max(mtps)))
+    if cut.k != config.index_topk:
+        raise UsageError(f"--trace: it selects top-{cut.k}, the model's index_topk is "
+                         f"{config.index_topk}")
+    t0 = time.perf_counter()
+    fmt = kv_format(hw)
+    print(f"avsg bench decode: DeepSeek-V3.2 ({config.num_hidden_layers} layers, top-"
+          f"{config.index_topk}), {fmt.name.upper()} KV ({fmt.row_bytes} B/token/layer), "
+          f"hardware '{hw.name}', {args.cards} cards (experts spread over them), batch per card")
+    print(f"  MODEL ESTIMATE, not a measurement: {hw.status}")
+    traffic: Dict[int, Traffic] = {}
+    for n in mtps:
+        accept = args.accept_mean * n / 3 if n else 0.0
+        try:
+            traffic[n] = measure_traffic(trace, n, accept, args.capacity, args.topk_buffer_size,
+                                         args.trace_steps, args.trace_layers or None)
+        except ValueError as e:
+            raise UsageError(f"--trace: {e}") from None
+    print(f"  copies measured on {traffic[mtps[0]].source} (MTP-n: 1+n query tokens, simulated "
+          f"acceptance); rows per request, layer and iteration, mean [min-max over layers]:")
+    for n in mtps:
+        tr = traffic[n]
+        print(f"    MTP-{n} ({tr.tokens_per_iteration:.2f} tokens/iteration): " + ", ".join(
+            f"{m} {tr.mean(m):,.0f} [{tr.spread(m)['min']:,.0f}-{tr.spread(m)['max']:,.0f}]"
+            for m in ("offload", "lru-host", "lru-device", "slotmap-device", "avsg")))
+    counters = plan_counters(trace, [1 + n for n in mtps], args.capacity, args.topk_buffer_size)
+    # traffic keyed by T - 1 = drafts for the slot map's miss count
+    costs = {name: measure_costs(trace, [1 + n for n in mtps], args.capacity,
+                                 args.topk_buffer_size, traffic, profile_variant(hw, name), counters)
+             for name in PROFILES}
+    b = costs["bundled"]
+    print("  matching per row and layer, us (counted work, serial-pipe, bundled profile): " +
+          "; ".join(f"T={1 + n}: avsg {b.plan_us['avsg'][1 + n]:.0f}, lru-device "
+                    f"{b.plan_us['lru-device'][1 + n]:.0f}, slotmap {b.plan_us['slotmap-device'][1 + n]:.0f}"
+                    for n in mtps))
+    print(f"  {b.host_source}")
+    records, rows = [], []
+    for n in mtps:
+        for context in contexts:
+            for batch in batches:
+                point = {}
+                for name in PROFILES:
+                    hwp = profile_variant(hw, name)
+                    p = project(config, hwp, traffic[n], costs[name], batch, context, args.cards,
+                                args.overlap)
+                    point[name] = p
+                    for mode, r in p.items():
+                        records.append({"mode": mode, "batch": batch, "context": context,
+                                        "mtp": n, "profile": name, "feasible": r["feasible"],
+                                        "tpot_ms": 1e3 * r["tpot_s"] if r["tpot_s"] else None,
+                                        "tokens_per_s": r["tokens_per_s"],
+                                        "h2d_bytes_per_token": r["h2d_bytes_per_token"],
+                                        "plan_us_per_layer": r["plan_us_per_layer"],
+                                        "copy_us_per_layer": 1e6 * r["copy_s"] / config.num_hidden_layers,
+                                        "rows_per_layer": r["rows_per_layer"],
+                                        "memory_gb": {k: v / 1e9 for k, v in r["memory"].items()
+                                                      if k != "feasible"}})
+                rows.append(summarize(point, n, batch, context))
+    limits = {(m, ctx, n): max_batch(config, hw, m, ctx, 1 + n, args.capacity,
+                                     args.topk_buffer_size, args.cards)
+              for m in MODES for ctx in contexts for n in mtps}
+    at_memory = []
+    for n in mtps:
+        for context in contexts:
+            entry = {"mtp": n, "context": context}
+            for name in PROFILES:
+                hwp = profile_variant(hw, name)
+                per_mode = {}
+                for m in MODES:
+                    b = limits[(m, context, n)]
+                    if b < 1:
+                        per_mode[m] = {"batch": 0, "tokens_per_s": None}
+                        continue
+                    r = project(config, hwp, traffic[n], costs[name], b, context, args.cards,
+                                args.overlap, modes=(m,))[m]
+                    per_mode[m] = {"batch": b, "tokens_per_s": r["tokens_per_s"],
+                                   "tpot_ms": 1e3 * r["tpot_s"]}
+                peers = [m for m in PEERS if per_mode[m]["tokens_per_s"]]
+                best = max(peers, key=lambda m: per_mode[m]["tokens_per_s"]) if peers else None
+                entry[name] = {"modes": per_mode, "best_peer": best,
+                               "throughput_ratio": (per_mode["avsg"]["tokens_per_s"]
+                                                    / per_mode[best]["tokens_per_s"])
+                               if best and per_mode["avsg"]["tokens_per_s"] else None}
+            at_memory.append(entry)
+    _print_summary(rows, limits, mtps, contexts, hw, config, args.cards)
+    _print_at_memory(at_memory)
+    json_path = args.json or os.path.join(out, "decode.json")
+    os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
+    with open(json_path, "w") as f:
+        json.dump({"hardware": hw.sources(), "hardware_name": hw.name, "estimate": True,
+                   "kv_format": dataclasses.asdict(fmt), "cards": args.cards,
+                   "overlap_avsg": args.overlap, "sensitive_constants": list(SENSITIVE),
+                   "traffic": {n: dataclasses.asdict(t) for n, t in traffic.items()},
+                   "matching_us_per_row": {name: c.plan_us for name, c in costs.items()},
+                   "host_lru": counters["host"], "max_batch": [
+                       {"mode": m, "context": ctx, "mtp": n, "max_batch": v}
+                       for (m, ctx, n), v in limits.items()],
+                   "summary": rows, "at_memory": at_memory, "records": records}, f, indent=1,
+                  default=str)
+    plot_path = common.save_plot(os.path.join(out, "decode_tpot.png"),
+                                 lambda p: _plot(records, p))
+    print(f"  JSON: {json_path}\n  plot: {plot_path}\n  ({time.perf_counter() - t0:.0f} s)")
+    if args.tables:
+        common.write_tables(args.tables, common.invocation(args),
+                            _tables(rows, limits, mtps, contexts, hw, args.cards, at_memory),
+                            note="A model of a 910B with assumed constants, not a measurement.")
+        print(f"  tables: {args.tables}")
+    return 0
+
+
+def summarize(point: Dict[str, Dict[str, Dict]], mtp: int, batch: int, context: int) -> Dict:
+    """avsg against the best feasible peer under each profile."""
+    out = {"mtp": mtp, "batch": batch, "context": context}
+    for name, p in point.items():
+        a = p["avsg"]
+        peer = best_peer(p)
+        d = {"avsg_feasible": a["feasible"], "avsg_tpot_ms": 1e3 * a["tpot_s"] if a["tpot_s"] else None,
+             "best_peer": peer, "device_feasible": p["device"]["feasible"],
+             "device_tpot_ms": 1e3 * p["device"]["tpot_s"] if p["device"]["tpot_s"] else None,
+             "avsg_gb": a["memory"]["total"] / 1e9}
+        if peer:
+            d["peer_tpot_ms"] = 1e3 * p[peer]["tpot_s"]
+        if peer and a["feasible"]:
+            d["tpot_ratio"] = a["tpot_s"] / p[peer]["tpot_s"]
+            d["throughput_ratio"] = a["tokens_per_s"] / p[peer]["tokens_per_s"]
+        out[name] = d
+    return out
+
+
+def _verdict(row: Dict) -> str:
+    ratios = [row[p].get("tpot_ratio") for p in PROFILES]
+    if any(r is None for r in ratios):
+        return "-"
+    if all(r < 0.97 for r in ratios):
+        return "avsg faster (all three)"
+    if all(r > 1.03 for r in ratios):
+        return "avsg slower (all three)"
+    if all(0.97 <= r <= 1.03 for r in ratios):
+        return "within 3% (all three)"
+    return "depends on the profile"
+
+
+def _cell(row: Dict) -> List[str]:
+    b = row["bundled"]
+    if not b["avsg_feasible"]:
+        return ["infeasible", f"{b['avsg_gb']:.0f} GB > HBM", "-", "-", "-", "-", "-"]
+    if not b["best_peer"]:
+        return [f"{b['avsg_tpot_ms']:.1f} ms", "no peer fits", "-", "-", "-", "-", "-"]
+    return [f"{b['avsg_tpot_ms']:.1f} ms", f"{b['best_peer']} {b['peer_tpot_ms']:.1f} ms",
+            f"{b['tpot_ratio']:.2f}", f"{row['pessimistic'].get('tpot_ratio', float('nan')):.2f}",
+            f"{row['optimistic'].get('tpot_ratio', float('nan')):.2f}",
+            f"{b['throughput_ratio']:.2f}x", _verdict(row)]
+
+
+HEADER = ["MTP", "batch", "context", "avsg TPOT", "best peer TPOT", "avsg/peer TPOT",
+          "pessimistic", "optimistic", "throughput", "conclusion", "device TPOT"]
+
+
+def _print_summary(rows, limits, mtps, contexts, hw, config, cards) -> None:
+    print("\n  avsg vs the best feasible peer (lowest TPOT of offload, lru-host, lru-device, "
+          "slotmap-device); ratios under the bundled / pessimistic / optimistic profiles")
+    print("  " + " | ".join(f"{h:>14}" if i > 2 else f"{h:>7}" for i, h in enumerate(HEADER)))
+    for r in rows:
+        dev = r["bundled"]
+        cells = [str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K", *_cell(r),
+                 f"{dev['device_tpot_ms']:.1f} ms" if dev["device_feasible"] else "infeasible"]
+        print("  " + " | ".join(f"{c:>14}" if i > 2 else f"{c:>7}" for i, c in enumerate(cells)))
+    print("\n  most requests per card that fit in HBM (weights + KV buffers + indexer keys + "
+          "activations):")
+    for ctx in contexts:
+        for n in mtps:
+            print(f"    {ctx // 1024}K, MTP-{n}: " + ", ".join(f"{m} {limits[(m, ctx, n)]}"
+                                                          for m in MODES))
+    print("\n  Left out of the model: kernel launch overheads of the device modes, MoE all-to-all "
+          "across cards, dequantisation, queueing on a link shared between cards, and any NPU "
+          "measurement: calibrate the profile on a card.")
+
+
+def _at_memory_row(e: Dict) -> List[str]:
+    b = e["bundled"]
+    a = b["modes"]["avsg"]
+    peer = b["best_peer"]
+    ratios = [e[p]["throughput_ratio"] for p in PROFILES]
+    if any(r is None for r in ratios):
+        verdict = "-"
+    elif all(r > 1.03 for r in ratios):
+        verdict = "avsg higher (all three)"
+    elif all(r < 0.97 for r in ratios):
+        verdict = "avsg lower (all three)"
+    else:
+        verdict = "depends on the profile"
+    fmt = lambda r: f"{r:.2f}x" if r is not None else "-"  # noqa: E731
+    return [str(e["mtp"]), f"{e['context'] // 1024}K",
+            f"{a['batch']}: {a['tokens_per_s']:,.0f} tok/s" if a["tokens_per_s"] else "none fits",
+            f"{peer} {b['modes'][peer]['batch']}: {b['modes'][peer]['tokens_per_s']:,.0f} tok/s"
+            if peer else "none fits", *[fmt(r) for r in ratios], verdict]
+
+
+AT_MEMORY_HEADER = ["MTP", "context", "avsg at its largest batch", "best peer at its largest batch",
+                    "throughput avsg/peer", "pessimistic", "optimistic", "conclusion"]
+
+
+def _print_at_memory(at_memory: List[Dict]) -> None:
+    print("\n  throughput per card with each mode at the largest batch its memory allows:")
+    for e in at_memory:
+        print("    " + " | ".join(_at_memory_row(e)))
+
+
+def _tables(rows, limits, mtps, contexts, hw, cards, at_memory=()) -> List[str]:
+    from . import common
+    body = []
+    for r in rows:
+        dev = r["bundled"]
+        body.append([str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K", *_cell(r),
+                     f"{dev['device_tpot_ms']:.1f} ms" if dev["device_feasible"] else "infeasible"])
+    head = [row for r, row in zip(rows, body) if r["mtp"] in (0, 3) and r["batch"] in (1, 8)]
+    blocks = [common.markdown_table("decode", HEADER, body, "rrrrlrrrrlr")]
+    if head:
+        blocks.insert(0, common.markdown_table("decode-headline", HEADER, head, "rrrrlrrrrlr"))
+    cap = [[f"{ctx // 1024}K", str(n), *[str(limits[(m, ctx, n)]) for m in MODES]]
+           for ctx in contexts for n in mtps]
+    blocks.append(common.markdown_table("decode-max-batch", ["context", "MTP", *MODES], cap))
+    if at_memory:
+        blocks.append(common.markdown_table("decode-at-memory", AT_MEMORY_HEADER,
+                                            [_at_memory_row(e) for e in at_memory], "rrllrrrl"))
+    return blocks
+
+
+def _plot(records: List[Dict], path: str) -> None:
+    from . import common
+    plt = common.pyplot()
+    recs = [r for r in records if r["profile"] == "bundled" and r["feasible"]]
+    mtps = sorted({r["mtp"] for r in records})
+    contexts = sorted({r["context"] for r in records})
+    fig, axes = plt.subplots(len(contexts), len(mtps), figsize=(4.5 * len(mtps), 3.6 * len(contexts)),
+                             squeeze=False)
+    for ci, ctx in enumerate(contexts):
+        for mi, n in enumerate(mtps):
+            ax = axes[ci][mi]
+            for mode in MODES:
+                pts = sorted((r["batch"], r["tpot_ms"]) for r in recs
+                             if r["mtp"] == n and r["context"] == ctx and r["mode"] == mode)
+                if pts:
+                    ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", label=mode)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{ctx // 1024}K, MTP-{n}", fontsize=9)
+            ax.set_xlabel("batch per card")
+            ax.set_ylabel("TPOT ms (model)")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("avsg bench decode: DeepSeek-V3.2 on an assumed 910B profile (feasible rows only), "
+                 "an estimate", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,363 @@
+"""``avsg doctor``: what this machine can run, and whether it runs it right.
+
+Prints the backends present; the torch, torch_npu, CANN and driver versions; the core counts;
+how host memory gets mapped for the AI cores (and whether an AI core reads the first and the last
+row of a registered pool); whether the plan's split lookup works on this NPU (it waits across
+cores with no timeout, so it is off on the NPU until proven: tried in a child process killed
+after a time limit, then AVSG_NPU_SPLIT=1 turns it on); then a self-test: plan +
+gather over a small multi-step session on every backend present, compared bit for bit with the
+reference on CPU (the NPU part is bounded by ``--seconds``, 30 by default). The last line is a
+one-line verdict. Without an NPU it says what is missing and exits 0: a CPU-only machine is a
+supported setup, not a failure. It exits 1 only when something present is broken (a backend
+disagreeing with the reference, a registration that fails).
+
+    avsg doctor [--seconds 30] [--no-selftest] [--json report.json]
+
+Run it first on a new Ascend machine (``scripts/build_npu.sh --test`` does, and writes its output
+into the report file to attach to an issue).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import platform
+import shutil
+import time
+from typing import Callable, List, Optional
+
+import torch
+
+from ..cli_util import float_in, output_path
+
+CANN_VERSION_FILES = ("ascend_toolkit_install.info", "ascend_cann_install.info", "version.info",
+                      "runtime/version.info")
+DEFAULT_CANN = "/usr/local/Ascend/ascend-toolkit/latest"
+DEFAULT_DRIVER = "/usr/local/Ascend/driver"
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    status: str          # "ok", "missing" (absent here: fine), "fail" (present and broken), "info"
+    detail: str
+
+
+def read_key_value(path: str, key: str) -> Optional[str]:
+    """First ``key=value`` (case-insensitive key) in a text file, as op_host/npu/host_register.cpp."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, eq, value = line.partition("=")
+                if eq and name.strip().lower() == key.lower():
+                    return value.strip()
+    except OSError:
+        return None
+    return None
+
+
+def cann_version() -> Check:
+    home = os.environ.get("ASCEND_HOME_PATH") or DEFAULT_CANN
+    if not os.path.isdir(home):
+        return Check("CANN", "missing", f"not found (ASCEND_HOME_PATH unset, no {DEFAULT_CANN})")
+    for name in CANN_VERSION_FILES:
+        version = read_key_value(os.path.join(home, name), "version")
+        if version:
+            return Check("CANN", "ok", f"{version} at {home}")
+    return Check("CANN", "info", f"at {home}, version unknown (none of {', '.join(CANN_VERSION_FILES)})")
+
+
+def driver_version() -> Check:
+    root = os.environ.get("ASCEND_DRIVER_PATH") or DEFAULT_DRIVER
+    version = read_key_value(os.path.join(root, "version.info"), "version")
+    if version:
+        return Check("driver", "ok", f"{version} at {root}")
+    return Check("driver", "missing", f"not found (no {os.path.join(root, 'version.info')})")
+
+
+def module_version(name: str) -> Check:
+    try:
+        module = importlib.import_module(name)
+    except ImportError as e:
+        return Check(name, "missing", f"not installed ({e})")
+    except Exception as e:  # noqa: BLE001  (a broken install is worth reporting, not raising)
+        return Check(name, "fail", f"does not import: {type(e).__name__}: {e}")
+    return Check(name, "ok", f"{getattr(module, '__version__', '?')} ({os.path.dirname(module.__file__)})")
+
+
+def npu_visible() -> Optional[int]:
+    """NPUs torch_npu sees, or None without torch_npu."""
+    try:
+        import torch_npu  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return None
+    return torch.npu.device_count() if hasattr(torch, "npu") and torch.npu.is_available() else 0
+
+
+def npu_cores() -> str:
+    try:
+        props = torch.npu.get_device_properties(0)
+    except Exception as e:  # noqa: BLE001
+        return f"unknown ({type(e).__name__})"
+    found = {k: getattr(props, k) for k in ("vector_core_num", "cube_core_num") if hasattr(props, k)}
+    name = getattr(props, "name", "?")
+    return f"{name}: " + (", ".join(f"{k}={v}" for k, v in found.items()) or "core counts not exposed "
+                          "by this torch_npu (the ops query platform_ascendc at launch)")
+
+
+# ------------------------------------------------------------------------------ self-test
+
+def session_inputs(steps: int, rows: int = 2, queries: int = 2, topk: int = 64, context: int = 700,
+                   seed: int = 0):
+    """A small decode session: overlapping selections step after step, -1 padding, MTP-style
+    repeats across the query tokens."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for step in range(steps):
+        seq = torch.full((rows,), context - steps + step + 1, dtype=torch.int32)
+        picks = torch.empty(rows, queries, topk, dtype=torch.int32)
+        for r in range(rows):
+            pool = torch.randperm(int(seq[r]), generator=g)[: topk * 2]
+            for t in range(queries):
+                picks[r, t] = pool[torch.randperm(pool.numel(), generator=g)[:topk]].to(torch.int32)
+        picks[:, :, -3:] = -1
+        out.append((picks, seq))
+    return out
+
+
+def selftest(device: str, steps: int, deadline: float) -> Check:
+    """plan + gather on ``device`` against the reference on CPU, every output and byte."""
+    from .. import reference
+    from ..buffer import SparseKVBuffer, gather
+    rows, queries, topk, capacity, row_bytes, context = 2, 2, 64, 384, 656, 700
+    buf = SparseKVBuffer(rows=rows, capacity=capacity, topk=topk, queries_per_step=queries,
+                         device=device, max_context=context)
+    layout = buf.layout
+    ref_state = reference.new_state(rows, layout, buf.lifetime, policy=buf.policy)
+    ref_stats = torch.zeros(rows, len(reference.STAT_NAMES), dtype=torch.int64)
+    host = torch.randint(0, 256, (rows, context, row_bytes), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(1))
+    src = host
+    if device != "cpu":
+        from .. import backend
+        src = backend.alloc_host_pool(host.shape, host.dtype)
+        src.copy_(host)
+        backend.register_host_pool(src)
+    dst = torch.zeros(rows, capacity, row_bytes, dtype=torch.uint8, device=device)
+    ref_dst = torch.zeros(rows, capacity, row_bytes, dtype=torch.uint8)
+    done = 0
+    for picks, seq in session_inputs(steps, rows, queries, topk, context):
+        if time.monotonic() > deadline:
+            break
+        plan = buf.plan(picks.to(device), seq.to(device))
+        want = reference.plan(ref_state, ref_stats, picks, seq, layout, buf.lifetime,
+                              policy=buf.policy)
+        got = (plan.slots, plan.miss_pos, plan.miss_slots, plan.miss_counts)
+        for name, g, w in zip(("slots", "miss_pos", "miss_slots", "miss_counts"), got, want):
+            if not torch.equal(g.cpu(), w):
+                return Check(f"self-test {device}", "fail", f"step {done}: {name} differs from the reference")
+        if not torch.equal(buf.state.cpu(), ref_state):
+            return Check(f"self-test {device}", "fail", f"step {done}: the state differs from the reference")
+        gather(plan, src, dst)
+        reference.gather(want[1], want[2], want[3], [host], [ref_dst], None, None, "miss", 40)
+        if not torch.equal(dst.cpu(), ref_dst):
+            return Check(f"self-test {device}", "fail", f"step {done}: gathered bytes differ from the reference")
+        done += 1
+    if device != "cpu":
+        from .. import backend
+        torch.npu.synchronize()
+        backend.unregister_host_pool(src)
+    if done == 0:
+        return Check(f"self-test {device}", "fail", "no step finished within the time limit")
+    return Check(f"self-test {device}", "ok", f"plan + gather exact for {done} steps "
+                 f"({rows} rows x {queries}x{topk} selections, capacity {capacity}, {row_bytes} B rows)")
+
+
+# ------------------------------------------------------------------------------ report
+
+def run_checks(seconds: float, selftest_on: bool, say: Callable[[str], None]) -> List[Check]:
+    from .. import backend
+    checks: List[Check] = []
+
+    def add(check: Check) -> None:
+        checks.append(check)
+        mark = {"ok": "ok  ", "missing": "--  ", "fail": "FAIL", "info": "    "}[check.status]
+        say(f"  [{mark}] {check.name:<22} {check.detail}")
+
+    import avsg
+    say(f"avsg doctor: {os.path.dirname(avsg.__file__)}, python {platform.python_version()}, "
+        f"{platform.machine()} {platform.system()}")
+    add(Check("torch", "ok", f"{torch.__version__}"))
+    add(module_version("torch_npu"))
+    add(cann_version())
+    add(driver_version())
+    smi = shutil.which("npu-smi")
+    add(Check("npu-smi", "ok" if smi else "missing", smi or "not on PATH"))
+
+    info = backend.backend_info()
+    cpu_ops = [op for op, impl in info["cpu"].items() if impl == "kernel"] if isinstance(info["cpu"], dict) else []
+    add(Check("backend cpu", "ok", f"AscendC kernels through the {info['emulation']} emulation "
+              f"({', '.join(cpu_ops) or 'reference only'}); {info['emulated_cores']} emulated AIV cores"))
+    if info["npu_loaded"]:
+        add(Check("backend npu", "ok", f"{info['npu_library']}"))
+    elif info["npu_library"]:
+        add(Check("backend npu", "fail", f"built but not loaded: {info['npu_error']}"))
+    else:
+        add(Check("backend npu", "missing", info["npu_error"] or "not built (no CANN at build time: "
+                  "scripts/build_npu.sh on an Ascend machine)"))
+
+    visible = npu_visible()
+    if visible is None:
+        add(Check("NPUs", "missing", "torch_npu not importable"))
+    elif visible == 0:
+        add(Check("NPUs", "missing", "torch_npu sees no NPU"))
+    else:
+        add(Check("NPUs", "ok", f"{visible} visible; {npu_cores()}"))
+
+    npu_ready = bool(info["npu_loaded"]) and bool(visible)
+    if npu_ready:
+        path, describe = backend.host_register_info()[:2]
+        add(Check("host registration", "info", describe))
+        add(host_registration_probe(backend))
+        add(split_lookup_probe(min(seconds, 60.0)))
+    else:
+        add(Check("host registration", "missing", "needs the NPU backend and an NPU"))
+        add(Check("AI-core host reads", "missing", "needs the NPU backend and an NPU"))
+        add(Check("split lookup", "missing", "needs the NPU backend and an NPU (off on the NPU until "
+                  "proven here; the CPU emulation always splits)"))
+
+    if selftest_on:
+        add(selftest("cpu", steps=3, deadline=time.monotonic() + seconds))
+        if npu_ready:
+            try:
+                add(selftest("npu", steps=1000, deadline=time.monotonic() + seconds))
+            except Exception as e:  # noqa: BLE001  (report, do not crash the doctor)
+                add(Check("self-test npu", "fail", f"{type(e).__name__}: {e}"))
+        else:
+            add(Check("self-test npu", "missing", "needs the NPU backend and an NPU"))
+    return checks
+
+
+def host_registration_probe(backend) -> Check:
+    """Register a pool, gather its first and its last row (the two ends of the registered range,
+    where an off-by-one mapping faults, error 507035) and one from the middle on the NPU,
+    compare: does an AI core read host memory through the mapping, end to end?"""
+    rows, row_bytes = 1024, 64
+    try:
+        pool = backend.alloc_host_pool((1, rows, row_bytes), torch.uint8)
+        pool.copy_(torch.randint(0, 256, (1, rows, row_bytes), dtype=torch.uint8,
+                                 generator=torch.Generator().manual_seed(7)))
+        backend.register_host_pool(pool)
+    except Exception as e:  # noqa: BLE001
+        return Check("AI-core host reads", "fail", f"registration failed: {e}")
+    try:
+        picks = [0, rows // 2 + 3, rows - 1]                    # pos: first, middle, last row
+        miss_pos = torch.full((1, 4), -1, dtype=torch.int32)
+        miss_pos[0, :3] = torch.tensor(picks, dtype=torch.int32)
+        miss_slots = torch.tensor([[1, 3, 0, -1]], dtype=torch.int32)
+        counts = torch.tensor([3], dtype=torch.int32)
+        dst = torch.zeros(1, 4, row_bytes, dtype=torch.uint8, device="npu")
+        torch.ops.avsg.gather(miss_pos.npu(), miss_slots.npu(), counts.npu(), [pool], [dst], None, 0, "miss", 1)
+        torch.npu.synchronize()
+        got = dst.cpu()
+        bad = [name for name, slot, pos in zip(("first", "middle", "last"), (1, 3, 0), picks)
+                if not torch.equal(got[0, slot], pool[0, pos])]
+        if bad:
+            return Check("AI-core host reads", "fail", f"gathered bytes differ from the host rows: {', '.join(bad)}")
+        return Check("AI-core host reads", "ok", f"a gather read the first, a middle and the last of {rows} "
+                     "rows of a registered pool exactly")
+    except Exception as e:  # noqa: BLE001
+        return Check("AI-core host reads", "fail", f"{type(e).__name__}: {e}")
+    finally:
+        try:
+            backend.unregister_host_pool(pool)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+SPLIT_ENV = "AVSG_NPU_SPLIT"
+
+
+def split_probe_child() -> int:
+    """Run in a child process with AVSG_NPU_SPLIT=1: a one-row hash plan with 8 selection chunks
+    (so its lookup is split over idle cores and waits in a soft SyncAll) on the NPU, twice,
+    against the reference. Exit 0 when exact; prints what differs otherwise."""
+    from .. import backend, reference
+    if not backend.load_npu_backend():
+        print(f"the NPU backend is not loaded: {backend.backend_info()['npu_error']}")
+        return 1
+    S, H, L, T, K = 8192, 8192, 4, 2, 2048
+    layout = reference.Layout(S, H, 0)
+    ref_state = reference.new_state(1, layout, L)
+    ref_stats = torch.zeros(1, 4, dtype=torch.int64)
+    state, stats = ref_state.clone().npu(), ref_stats.clone().npu()
+    gen = torch.Generator().manual_seed(3)
+    seq = torch.tensor([3 * S], dtype=torch.int32)
+    for step in range(2):
+        topk = torch.randint(0, 2 * S, (1, T, K), dtype=torch.int32, generator=gen)
+        got = torch.ops.avsg.plan(topk.npu(), seq.npu(), state, stats, S, H, L, 0, 0)
+        torch.npu.synchronize()
+        want = reference.plan(ref_state, ref_stats, topk, seq, layout, L)
+        for name, a, b in zip(("slots", "miss_pos", "miss_slots", "miss_counts"), got, want):
+            if not torch.equal(a.cpu(), b):
+                print(f"step {step}: {name} differs from the reference")
+                return 1
+        if not torch.equal(state.cpu(), ref_state):
+            print(f"step {step}: the state differs from the reference")
+            return 1
+        seq += T
+    return 0
+
+
+def split_lookup_probe(seconds: float) -> Check:
+    """The split lookup is off on the NPU until proven: its cross-core wait has no timeout. Run
+    it in a child process that is killed after ``seconds``; report whether it worked and that
+    AVSG_NPU_SPLIT=1 turns it on (or, in one line, why it stays off)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, **{SPLIT_ENV: "1"})
+    code = "import sys; from avsg.commands.doctor import split_probe_child; sys.exit(split_probe_child())"
+    try:
+        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return Check("split lookup", "fail", f"stays off: the split plan did not finish in {seconds:g} s "
+                     "(a cross-core wait that never completed; the child was killed)")
+    if res.returncode != 0:
+        why = (res.stdout.strip() or res.stderr.strip() or f"exit {res.returncode}").splitlines()[-1]
+        return Check("split lookup", "fail", f"stays off: {why}")
+    on = os.environ.get(SPLIT_ENV) == "1"
+    return Check("split lookup", "ok", "a split plan matched the reference on this device; "
+                 + ("on (AVSG_NPU_SPLIT=1)" if on else "turn it on with AVSG_NPU_SPLIT=1"))
+
+
+def verdict(checks: List[Check]) -> str:
+    failed = [c.name for c in checks if c.status == "fail"]
+    if failed:
+        return f"verdict: BROKEN: {', '.join(failed)} failed (details above)"
+    names = {c.name: c for c in checks}
+    npu = names.get("self-test npu")
+    if npu is not None and npu.status == "ok":
+        return "verdict: NPU backend OK: plan + gather on the NPU match the reference bit for bit"
+    missing = [c.name for c in checks if c.status == "missing"]
+    return (f"verdict: CPU backend OK; NPU backend not available here (missing: {', '.join(missing)})")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seconds", type=float_in(0, 86400, low_open=True), default=30.0,
+                        help="time limit of the NPU self-test, seconds in (0, 86400] (default 30)")
+    parser.add_argument("--no-selftest", action="store_true", help="versions and backends only")
+    parser.add_argument("--json", help="also write the checks as JSON to this file")
+
+
+def main(args: argparse.Namespace) -> int:
+    json_path = output_path("--json", args.json)
+    checks = run_checks(args.seconds, not args.no_selftest, lambda line: print(line, flush=True))
+    line = verdict(checks)
+    print(line)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(checks=[dataclasses.asdict(c) for c in checks], verdict=line), f, indent=1)
+    return 1 if any(c.status == "fail" for c in checks) else 0

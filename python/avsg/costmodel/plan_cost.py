@@ -1,0 +1,174 @@
+"""Matching cost per mode: the plan kernel's counted work (CPU emulation, strict build) on a trace,
+turned into time by a hardware profile; the slot map's counted-work model; the host LRU's time
+per row measured on this machine (:mod:`.host_lru`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from . import hardware
+from .traffic import Traffic
+from ..traces.lookup import load_selections
+
+PLAN_POLICY = {"avsg": "reuse", "lru-device": "lru"}
+
+
+# ---------------------------------------------------------------- counted matching costs
+
+def _read_counters():
+    """The last emulated launch's counted work (the one place the model reads the kernel)."""
+    from .. import backend
+    return backend.last_launch_counters()
+
+
+COUNTED_WARMUP, COUNTED_LAUNCHES = 48, 3     # plan launches before and under the counters
+
+
+def counted_plan(trace_path: str, policy: str, queries: int, capacity: int,
+                 warmup: int = COUNTED_WARMUP, measured: int = COUNTED_LAUNCHES,
+                 rows: int = 2) -> List:
+    """Counters of ``measured`` plan launches of the real kernel on the trace's first ``rows``
+    layers (see :func:`counted_plan_on`)."""
+    sel, positions, context = load_selections(trace_path, rows, warmup + (measured + 1) * queries)
+    return counted_plan_on(sel, positions, int(context), policy, queries, capacity, warmup,
+                           measured)
+
+
+def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy: str,
+                    queries: int, capacity: int, warmup: int = 48, measured: int = 3) -> List:
+    """Counters of ``measured`` plan launches of the real kernel (strict emulation, one row per
+    emulated core: ``sel`` int [rows, steps, K]), ``queries`` query tokens per row from
+    consecutive steps, after ``warmup`` uncounted steps (fast emulation) so the buffers are warm;
+    rejected drafts are never modelled here (every query token's KV stays valid)."""
+    import torch
+    from .. import backend
+    from ..buffer import SparseKVBuffer
+    rows, steps, K = sel.shape
+    if steps < warmup + measured * queries:
+        raise ValueError(f"trace: expected at least {warmup + measured * queries} steps for the "
+                         f"counted plan, got {steps}")
+    extra = {"max_context": int(context) + 8} if policy == "reuse" else {}
+    buf = SparseKVBuffer(rows=rows, capacity=capacity, topk=K, queries_per_step=queries,
+                         check=False, policy=policy, **extra)
+
+    def launch(s):
+        topk = torch.from_numpy(np.ascontiguousarray(sel[:, s:s + queries])).to(torch.int32)
+        seq = torch.full((rows,), int(positions[s + queries - 1]) + 1, dtype=torch.int32)
+        buf.plan(topk, seq)
+    saved = backend.emulated_cores()
+    backend.set_emulated_cores(rows)
+    try:
+        with backend.emulation("fast"):
+            for s in range(0, warmup - queries + 1, queries):
+                launch(s)
+        out = []
+        with backend.emulation("strict"):
+            for j in range(measured):
+                launch(warmup + j * queries)
+                out.append(_read_counters())
+    finally:
+        backend.set_emulated_cores(saved)
+    return out
+
+
+def counted_us(counters: Sequence, hw: hardware.Profile) -> float:
+    """Median serial-pipe estimate (us per row: the launch's slowest block) of counted launches."""
+    return float(np.median([hardware.launch_estimate(c, hw)["serial_pipe_us"] for c in counters]))
+
+
+def slotmap_counters(selections: int, misses: float):
+    """Counted-work model of one row's slot-map lookup (one AIV block): the selections DMA'd in,
+    one scalar read of ``slot_map[pos]`` per selection (an indexed read through the DCache: the
+    cheapest form, a 4-byte DMA per selection costs ~4x more), four vector passes to mark hits
+    and compact the misses, per miss one read of the FIFO victim's position, three scalar writes
+    (clear the victim's entry, set the new one, the slot's position) and two cache-line flushes,
+    and the slots DMA'd out. Shaped like the emulation's counters, so the profile prices it the
+    way it prices the real kernels."""
+    import torch
+    n, m = float(selections), float(misses)
+    chunks = math.ceil(4 * n / 16384)
+    repeats = math.ceil(4 * n / 256)
+    work = {"scalar_ub_reads": 0.0, "scalar_ub_writes": n, "scalar_gm_reads": n + m,
+            "scalar_gm_writes": 3 * m, "vec_instrs": 4.0 * chunks, "vec_repeats": 4.0 * repeats,
+            "mte2_copies": chunks, "mte2_bytes": 4 * n, "mte3_copies": chunks, "mte3_bytes": 4 * n,
+            "pipe_barriers": 4.0, "set_flags": 2.0 * chunks, "wait_flags": 2.0 * chunks,
+            "queue_syncs": 0.0, "sync_alls": 0.0, "dcci": 2 * m}
+
+    class _Counters(dict):
+        def __getitem__(self, k):
+            return torch.tensor([dict.__getitem__(self, k)], dtype=torch.float64)
+    return _Counters(work)
+
+
+@dataclasses.dataclass
+class Costs:
+    """Matching costs per mode and query-token count: us per row (one row per AIV core), and the
+    host LRU's us per query-token row measured on this machine."""
+    plan_us: Dict[str, Dict[int, float]]        # mode -> T -> us per row
+    host_us_per_row: float
+    host_source: str
+
+
+def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer: int,
+                  traffic: Dict[int, Traffic], hw: hardware.Profile,
+                  counters: Optional[Dict] = None) -> Costs:
+    """Costs under ``hw``; ``counters`` (from :func:`plan_counters`) are profile-independent."""
+    counters = counters or plan_counters(trace_path, Ts, capacity)
+    plan_us: Dict[str, Dict[int, float]] = {m: {} for m in ("avsg", "lru-device", "slotmap-device")}
+    for T in Ts:
+        for mode, policy in PLAN_POLICY.items():
+            plan_us[mode][T] = counted_us(counters[(policy, T)], hw)
+        K = counters["k"]
+        plan_us["slotmap-device"][T] = hardware.launch_estimate(
+            slotmap_counters(T * K, traffic[T - 1].mean("slotmap-device")), hw)["serial_pipe_us"]
+    host = counters["host"]
+    return Costs(plan_us, host["us_per_row"] * hw["host_cpu_time_factor"],
+                 f"host LRU timed on this machine: {host['us_per_row']:.1f} us per query-token "
+                 f"row (median of {host['calls']} calls x {host['rows']} rows, {host['capacity']} "
+                 f"slots, K {host['k']}), x {hw['host_cpu_time_factor']:g} (host_cpu_time_factor)")
+
+
+def plan_counters(trace_path: str, Ts: Sequence[int], capacity: int,
+                  topk_buffer: int = 4096) -> Dict:
+    from . import host_lru
+    out: Dict = {}
+    for T in Ts:
+        for policy in set(PLAN_POLICY.values()):
+            out[(policy, T)] = counted_plan(trace_path, policy, T, capacity)
+    from ..traces import format as trace_format
+    layers = trace_format.load_trace(trace_path, check_values=False).layers
+    sel, positions, context = load_selections(trace_path, layers, 48)
+    out["k"] = int(sel.shape[2])
+    out["host"] = host_lru.time_per_row_us(sel, positions, topk_buffer, int(context) + 8)
+    return out
+
+
+def replay_step_cost(result, hw: hardware.Profile, batches=(1, 64)) -> Optional[Dict]:
+    """The modelled cost of one layer's step of a trace replay (a ``ReplayResult`` run with
+    ``cost_every``, so it holds counted plan launches; None without them): the plan's µs per row-step (median over the sampled launches and their cores, one row
+    per core, serial- and overlapped-pipe), the link µs of a row's misses at the profile's
+    link (``hardware.link_time_s``), and per batch ``B`` their sum: rows plan in parallel,
+    ``ceil(B / aiv_cores)`` waves, and the batch's misses share the link."""
+    if not result.cost_counters:
+        return None
+    serial, overlapped = [], []
+    for counters in result.cost_counters:
+        est = hardware.launch_estimate(counters, hw)
+        serial.extend(est["serial_per_block_us"])
+        overlapped.extend(est["overlapped_per_block_us"])
+    plan_us = float(np.median(serial))
+    out = {"plan_us_serial": plan_us, "plan_us_overlapped": float(np.median(overlapped)),
+           "plan_samples": len(serial), "misses_per_row_step": result.misses_per_row_step,
+           "entry_bytes": result.entry_bytes}
+    out["link_us_per_row"] = 1e6 * hardware.link_time_s(hw, result.misses_per_row_step,
+                                                        result.entry_bytes)
+    cores = int(hw["aiv_cores"])
+    for b in batches:
+        link = 1e6 * hardware.link_time_s(hw, b * result.misses_per_row_step, result.entry_bytes)
+        out[f"step_us_batch{b}"] = -(-b // cores) * plan_us + link
+        out[f"link_us_batch{b}"] = link
+    return out

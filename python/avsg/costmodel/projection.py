@@ -1,0 +1,287 @@
+"""The decode model: one DeepSeek-V3.2 decode iteration on an Ascend 910B, per mode (``avsg bench
+decode`` prints it; ``avsg run`` and ``avsg serve-sim`` use it).
+
+A projection, not a measurement: nothing here has run on an NPU.
+
+**Modes** (each with its own copy traffic, its own matching cost and its own device memory):
+
+``device``          all KV resident in HBM: no copies, no matching (the floor).
+``offload``         no reuse: every iteration copies the union of its query tokens' selections
+                    (the most copies of any mode; the weakest baseline).
+``lru-host``        vllm-ascend's sparse KV offload: one exact LRU row of ``topk_buffer_size`` slots
+                    (default 4096) per *query token*; per layer a D2H of the top-k, a host callback
+                    running the LRU over the batch's rows (timed here: :mod:`.host_lru`, scaled by
+                    the profile's ``host_cpu_time_factor``), an H2D of the copy descriptors and of
+                    the slots, then the misses (two DMAs each: latent and RoPE part). Serial on the
+                    layer's stream: nothing overlaps.
+``lru-device``      a per-request exact LRU on the device with avsg's capacity, matched by the op's
+                    own ``lru`` policy (its counted plan cost); copies overlap sparse attention (as
+                    SGLang HiSparse overlaps them).
+``slotmap-device``  SGLang's Ascend design: a direct-mapped position -> slot table of ``max_context``
+                    int32 per request and layer; the lookup is one indexed read per selection, a
+                    counted-work model (:func:`slotmap_counters`). On a miss with the buffer full it
+                    evicts in FIFO order (oldest fill first), skipping slots this step hits: a
+                    lookup-only kernel keeps no per-hit recency. Copies overlap attention.
+``avsg``            the op's default policy (``reuse``), its counted plan cost; gather then
+                    attention (``--overlap`` lets its copies overlap attention too).
+
+**Inputs**, measured in the same run: the rows each mode copies per layer and iteration, replayed
+over *every* layer of the trace (MTP-n: 1 + n query tokens, simulated acceptance, rejected drafts
+invalidated), with the per-layer spread; the plan cost per policy and query-token count, read from
+the CPU emulation's counted work of the real kernel (:func:`counted_plan`), and the slot map's from
+its counted-work model, both turned into time by the profile (serial-pipe estimate); the host LRU's
+time per row, measured here. The KV format follows the profile: BF16 rows (1152 B) unless the
+profile's hardware has FP8 (656 B).
+
+**Memory**: every row checks one card's HBM (weights + KV buffers + indexer keys + activations);
+a configuration that does not fit is reported infeasible and never projected.
+
+**Sensitivity**: every row also under a pessimistic and an optimistic profile (scalar,
+vector-issue and link/host-latency constants at 3x and 1/3x).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+from . import hardware
+from .plan_cost import Costs
+from .traffic import Traffic
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+V32_CONFIG = os.path.join(_HERE, "profiles", "deepseek_v32_config.json")
+MAX_BATCH = 4096
+MODES = ("device", "offload", "lru-host", "lru-device", "slotmap-device", "avsg")
+PEERS = ("offload", "lru-host", "lru-device", "slotmap-device")
+PROFILES = ("bundled", "pessimistic", "optimistic")
+# the constants the sensitivity profiles scale (3x pessimistic, 1/3x optimistic)
+SENSITIVE = ("scalar_ub_cycles", "scalar_gm_cycles", "vec_issue_cycles", "host_dma_latency_s",
+             "copy_launch_latency_s", "host_callback_latency_s")
+# per slot, the op's state (two hash buckets + slot pos + slot life, int32) and the slot map's
+# reverse table (slot -> pos, int32)
+OP_STATE_BYTES_PER_SLOT = 16
+SLOTMAP_STATE_BYTES_PER_SLOT = 4
+DESCRIPTOR_BYTES = 20          # host address, device address (int64), size (int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class KVFormat:
+    name: str
+    row_bytes: int             # one token's MLA KV in one layer
+    latent_bytes: int          # the part copied by the first of vllm-ascend's two DMAs
+    index_row_bytes: int       # one token's indexer key in one layer
+
+
+def kv_format(hw: hardware.Profile) -> KVFormat:
+    """BF16 KV (512 + 64 bf16 = 1152 B) unless the profile's hardware computes in FP8, then the
+    656 B FP8 row (512 e4m3 + 4 fp32 scales + 64 bf16 RoPE). The indexer keys follow: 128 bf16,
+    or 128 fp8 + one fp32 scale."""
+    if hw["fp8_compute"]:
+        return KVFormat("fp8", 656, 528, 132)
+    return KVFormat("bf16", 1152, 1024, 256)
+
+
+# ---------------------------------------------------------------- memory per card
+
+def _attention_params(c) -> int:
+    H, heads = c.hidden_size, c.num_attention_heads
+    qk = c.qk_nope_head_dim + c.qk_rope_head_dim
+    return (H * c.q_lora_rank + c.q_lora_rank * heads * qk
+            + H * (c.kv_lora_rank + c.qk_rope_head_dim)
+            + c.kv_lora_rank * heads * (c.qk_nope_head_dim + c.v_head_dim)
+            + heads * c.v_head_dim * H
+            + c.q_lora_rank * c.index_n_heads * c.index_head_dim + H * c.index_head_dim
+            + H * c.index_n_heads)
+
+
+def weights_read_bytes(c, tokens: int, cards: int, bytes_per_param: float = 1.0) -> Dict[str, float]:
+    """Weight bytes one card *reads* per decode step, serving ``tokens`` query tokens, with
+    attention data-parallel (weights replicated) and routed experts spread over ``cards``
+    (expert parallelism, the way DeepSeek-V3.2 is served): a card reads its share of the experts
+    that all cards' tokens touch."""
+    H = c.hidden_size
+    dense = 3 * H * c.intermediate_size
+    expert = 3 * H * c.moe_intermediate_size
+    global_tokens = tokens * cards
+    touched = c.n_routed_experts * (1 - (1 - c.num_experts_per_tok / c.n_routed_experts)
+                                    ** global_tokens) / cards
+    moe_layers = c.num_hidden_layers - c.first_k_dense_replace
+    b = bytes_per_param
+    return {"attention": b * _attention_params(c) * c.num_hidden_layers,
+            "dense_ffn": b * dense * c.first_k_dense_replace,
+            "moe": b * moe_layers * (touched + c.n_shared_experts) * expert,
+            "lm_head": b * H * c.vocab_size}
+
+
+def weights_per_card(c, cards: int, bytes_per_param: float) -> float:
+    """Weight bytes one card *holds*: attention, dense layers, shared experts, embedding, LM head
+    and the MTP layer replicated; the routed experts split over ``cards``."""
+    H = c.hidden_size
+    expert = 3 * H * c.moe_intermediate_size
+    layers = c.num_hidden_layers + c.num_nextn_predict_layers
+    moe_layers = layers - c.first_k_dense_replace
+    replicated = (_attention_params(c) * layers + 3 * H * c.intermediate_size
+                  * c.first_k_dense_replace + moe_layers * c.n_shared_experts * expert
+                  + 2 * H * c.vocab_size + c.num_nextn_predict_layers * 2 * H * H
+                  + moe_layers * H * c.n_routed_experts)
+    return bytes_per_param * (replicated + moe_layers * c.n_routed_experts * expert / cards)
+
+
+def memory_per_card(c, hw: hardware.Profile, mode: str, batch: int, context: int, T: int,
+                    capacity: int, topk_buffer: int, cards: int) -> Dict[str, float]:
+    """Bytes on one card for ``batch`` requests of ``context`` tokens in ``mode``: weights, KV
+    buffers (+ their matching state), indexer keys (always on the device), activations."""
+    fmt = kv_format(hw)
+    L = c.num_hidden_layers + c.num_nextn_predict_layers
+    K = c.index_topk
+    row = fmt.row_bytes
+    per_request = {
+        "device": L * context * row,
+        # one layer's copy target at a time, double-buffered
+        "offload": 2 * T * K * row,
+        "lru-host": L * T * topk_buffer * row,
+        "lru-device": L * capacity * (row + OP_STATE_BYTES_PER_SLOT),
+        "slotmap-device": L * (capacity * (row + SLOTMAP_STATE_BYTES_PER_SLOT) + 4 * context),
+        "avsg": L * (capacity * (row + OP_STATE_BYTES_PER_SLOT) + 4 * context),
+    }[mode]
+    tokens = batch * T
+    activations = hw["activation_reserve_bytes"] + tokens * (
+        4 * context                       # the indexer's fp32 scores of one layer
+        + 2 * c.hidden_size * hw["activation_hidden_copies"])
+    out = {"weights": weights_per_card(c, cards, hw["weight_bytes_per_param"]),
+           "kv_buffers": batch * per_request,
+           "indexer_keys": batch * L * context * fmt.index_row_bytes,
+           "activations": activations}
+    out["total"] = sum(out.values())
+    out["hbm"] = hw["hbm_bytes"]
+    out["feasible"] = out["total"] <= out["hbm"]
+    return out
+
+
+def max_batch(c, hw, mode, context, T, capacity, topk_buffer, cards, limit: int = 4096) -> int:
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if memory_per_card(c, hw, mode, mid, context, T, capacity, topk_buffer, cards)["feasible"]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+# ---------------------------------------------------------------- one iteration's time
+
+def _compute_layer_s(c, hw, fmt: KVFormat, batch: int, tokens: int, context: int,
+                     cards: int) -> float:
+    """(compute, sparse MLA) seconds of one layer for ``tokens`` query tokens of ``batch``
+    requests: its share of the weights, the indexer over every cached key, sparse MLA over K
+    rows per token (the part copies may overlap)."""
+    L, K = c.num_hidden_layers, c.index_topk
+    bits = 8 if fmt.name == "fp8" else 16
+    weights = sum(weights_read_bytes(c, tokens, cards, hw["weight_bytes_per_param"]).values()) / L
+    index_s = max(hardware.hbm_time_s(hw, batch * context * fmt.index_row_bytes),
+                  hardware.cube_time_s(hw, 2 * tokens * context * c.index_n_heads
+                                       * c.index_head_dim, bits))
+    mla_s = max(hardware.hbm_time_s(hw, tokens * K * fmt.row_bytes),
+                hardware.cube_time_s(hw, 2 * tokens * K * c.num_attention_heads
+                                     * (2 * c.kv_lora_rank + c.qk_rope_head_dim), 16))
+    return hardware.hbm_time_s(hw, weights) + index_s + mla_s, mla_s
+
+
+def _link_s(hw, rows: float, row_bytes: int, dmas_per_row: int = 1) -> float:
+    """H2D of ``rows`` rows: bandwidth- or per-DMA-latency-bound, whichever is slower."""
+    bandwidth = rows * row_bytes / hw["link_bytes_per_s"]
+    latency = rows * dmas_per_row * hw["host_dma_latency_s"] / (
+        hw["aiv_cores"] * hw["dma_in_flight_per_core"])
+    return max(bandwidth, latency)
+
+
+def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, batch: int, T: int,
+                     K: int, mla_s: float, overlap_avsg: bool) -> Dict[str, float]:
+    """One layer's matching and copy time (s) in ``mode`` for ``rows`` copied rows per request."""
+    if mode == "device":
+        return {"match_s": 0.0, "copy_s": 0.0}
+    waves = math.ceil(batch / hw["aiv_cores"])
+    link = _link_s(hw, rows * batch, fmt.row_bytes)
+    if mode == "offload":
+        return {"match_s": 0.0, "copy_s": link}
+    if mode == "lru-host":
+        token_rows = batch * T
+        small = 3 * hw["copy_launch_latency_s"]                   # D2H top-k, H2D descriptors, slots
+        d2h = token_rows * K * 4 / hw["link_bytes_per_s"]
+        h2d = (rows * batch * 2 * DESCRIPTOR_BYTES + token_rows * K * 4) / hw["link_bytes_per_s"]
+        host = (hw["host_callback_latency_s"] + math.ceil(token_rows / hw["host_lru_threads"])
+                * costs.host_us_per_row * 1e-6)
+        return {"match_s": small + d2h + h2d + host,
+                "copy_s": _link_s(hw, rows * batch, fmt.row_bytes, dmas_per_row=2)}
+    match = waves * costs.plan_us[mode][T] * 1e-6
+    overlaps = mode in ("lru-device", "slotmap-device") or overlap_avsg
+    exposed = max(0.0, link - mla_s) if overlaps else link
+    return {"match_s": match, "copy_s": exposed}
+
+
+def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], batch: int,
+            context: int, cards: int, overlap_avsg: bool = False,
+            modes: Sequence[str] = MODES) -> Dict[str, Dict]:
+    """One modelled decode iteration per mode for ``batch`` requests per card: the main model's
+    layers on 1 + n query tokens (per-layer traffic: the mean layer time over the trace's layers),
+    then n draft passes of the MTP layer on one token each. Infeasible modes get no times."""
+    fmt = kv_format(hw)
+    T = 1 + traffic.drafts
+    L, K = c.num_hidden_layers, c.index_topk
+    compute_s, mla_s = _compute_layer_s(c, hw, fmt, batch, batch * T, context, cards)
+    draft_s, draft_mla_s = _compute_layer_s(c, hw, fmt, batch, batch, context, cards)
+    out = {}
+    for mode in modes:
+        if mode not in traffic.rows and mode not in ("device",):
+            continue
+        mem = memory_per_card(c, hw, mode, batch, context, T, traffic.capacity,
+                              traffic.topk_buffer, cards)
+        rec = {"feasible": bool(mem["feasible"]), "memory": mem,
+               "h2d_bytes_per_token": (L * traffic.mean(mode) * fmt.row_bytes
+                                       / traffic.tokens_per_iteration) if mode != "device" else 0.0}
+        if costs is None and mode not in ("device", "offload"):
+            continue
+        per_layer = []
+        for rows in (traffic.rows[mode] if mode != "device" else [0.0]):
+            o = layer_overhead_s(mode, hw, fmt, costs, rows, batch, T, K, mla_s, overlap_avsg)
+            per_layer.append((o["match_s"], o["copy_s"]))
+        match_s = float(np.mean([m for m, _ in per_layer]))
+        copy_s = float(np.mean([cp for _, cp in per_layer]))
+        # a draft pass: one token per request through the MTP layer, its share of the copies
+        draft = traffic.drafts * (draft_s + (match_s + copy_s) / T)
+        step = L * (compute_s + match_s + copy_s) + draft
+        rec.update(step_s=step, compute_s=L * compute_s, match_s=L * match_s, copy_s=L * copy_s,
+                   draft_s=draft,
+                   plan_us_per_layer=1e6 * match_s,
+                   rows_per_layer=traffic.mean(mode) if mode != "device" else 0.0)
+        if rec["feasible"]:
+            rec["tpot_s"] = step / traffic.tokens_per_iteration
+            rec["tokens_per_s"] = batch * traffic.tokens_per_iteration / step
+        else:
+            rec["tpot_s"] = rec["tokens_per_s"] = None
+        out[mode] = rec
+    return out
+
+
+def profile_variant(hw: hardware.Profile, name: str) -> hardware.Profile:
+    """``bundled`` as loaded; ``pessimistic``/``optimistic``: the SENSITIVE constants x3 / x1/3."""
+    if name == "bundled":
+        return hw
+    factor = {"pessimistic": 3.0, "optimistic": 1 / 3}[name]
+    entries = json.loads(json.dumps(hw.entries))
+    p = hardware.Profile(entries, hw.path)
+    for key in SENSITIVE:
+        p.override(key, hw[key] * factor, f"{name}: {hw.entries[key]['source']} x {factor:.3g}")
+    p.name = f"{hw.name} ({name})"
+    return p
+
+
+def best_peer(p: Dict[str, Dict]) -> Optional[str]:
+    feasible = [m for m in PEERS if m in p and p[m]["feasible"] and p[m].get("tpot_s")]
+    return min(feasible, key=lambda m: p[m]["tpot_s"]) if feasible else None

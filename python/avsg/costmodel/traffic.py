@@ -1,0 +1,119 @@
+"""Copy traffic per mode, measured by replaying a selection trace over every layer (MTP-n: 1 + n
+query tokens, simulated acceptance, rejected drafts invalidated). The first iteration warms the
+buffers and is not counted; the result is rows per request, layer and iteration, per trace layer.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..traces.lookup import TraceInputError, read_trace, trace_label
+
+
+# ---------------------------------------------------------------- traffic, over every layer
+
+@dataclasses.dataclass
+class Traffic:
+    """Measured per iteration (1 + drafts query tokens) and per request: rows each mode copies,
+    per trace layer (``rows[mode]`` float [layers])."""
+    drafts: int
+    accept_mean: float
+    tokens_per_iteration: float
+    capacity: int
+    topk_buffer: int
+    rows: Dict[str, List[float]]
+    source: str
+
+    def mean(self, mode: str) -> float:
+        return float(np.mean(self.rows[mode])) if self.rows.get(mode) else 0.0
+
+    def spread(self, mode: str) -> Dict[str, float]:
+        r = np.asarray(self.rows[mode], float)
+        return {"min": float(r.min()), "p50": float(np.median(r)), "max": float(r.max())}
+
+
+def _slotmap_policy_class():
+    from ..traces.policies import LRU
+
+    class SlotMapFIFO(LRU):
+        """The slot map's eviction: oldest fill first (no recency update on a hit)."""
+        name = "slotmap-fifo"
+
+        def _on_hits(self, s, inp, hit, slot_of):
+            pass
+    return SlotMapFIFO
+
+
+def load_trace_cut(trace_path: str, layers: Optional[int], steps: int, min_steps: int = 0):
+    """The first ``layers`` x ``steps`` of a trace, their values checked (one-line errors)."""
+    from ..traces.format import TraceFormatError, validate_trace
+    trace = read_trace("--trace", trace_path, check_values=False)
+    if trace.has_mtp_axis:
+        raise TraceInputError(f"--trace: {trace_path} has an MTP axis; expected sel [layers, steps, k]")
+    if trace.steps < min_steps:
+        raise TraceInputError(f"--trace: {trace_path} has {trace.steps} steps; the counted plan needs "
+                         f"at least {min_steps} (warm-up and measured launches)")
+    trace = trace.subset(layers=slice(0, layers), steps=slice(0, steps))
+    try:
+        validate_trace(trace)
+    except TraceFormatError as e:
+        raise TraceInputError(f"--trace: {trace_path}: {e}") from None
+    return trace
+
+
+
+def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: int,
+                    topk_buffer: int, steps: int, layers: Optional[int] = None) -> Traffic:
+    """One MTP replay of the trace's first ``steps`` steps over all its layers (or ``layers``),
+    every mode on the same schedule of accepted drafts; the first iteration warms the buffers and
+    is not counted."""
+    from ..traces import format as trace_format
+    from ..traces.mtp import draw_accepted
+    from ..traces.policies import StepInput, make_policy, unique_rows
+    from .. import backend
+    trace = trace_format.load_trace(trace_path, check_values=False)
+    sel = trace.sel[:layers, :steps] if layers else trace.sel[:, :steps]
+    L, N, K = sel.shape
+    Tq = 1 + drafts
+    pos = np.asarray(trace.positions[:steps]).astype(np.int64)
+    if N < Tq + 1:
+        raise ValueError(f"trace: expected at least {Tq + 1} steps, got {N}")
+    max_pos = int(trace.T) + 8
+    pols = {"avsg": make_policy("avsg", L, capacity, K, Tq, max_pos=max_pos),
+            "lru-device": make_policy("lru", L, capacity, K, Tq, max_pos=max_pos),
+            "slotmap-device": _slotmap_policy_class()(L, capacity, K, Tq, max_pos),
+            "lru-host": make_policy("lru", L * Tq, topk_buffer, K, 1, max_pos=max_pos)}
+    rows = {m: np.zeros(L) for m in ("offload", *pols)}
+    accepted = draw_accepted(N, drafts, accept_mean if drafts else 0.0)
+    s, i, counted, emitted = 0, 0, 0, 0
+    with backend.emulation("fast"):
+        while s + drafts < N:
+            a = int(accepted[i])
+            raw = sel[:, s:s + Tq].astype(np.int64)
+            seq = np.full(L, pos[s + drafts] + 1, np.int64)
+            valid_len = pos[s] + 1 + a
+            u, cnt = unique_rows(raw)
+            got = {"offload": cnt.astype(float)}
+            for name in ("avsg", "lru-device", "slotmap-device"):
+                h = pols[name].step(i, StepInput(raw, u, cnt, seq))
+                got[name] = (cnt - h).astype(float)
+                pols[name].invalidate(np.full(L, valid_len, np.int64))
+            raw1 = raw.reshape(L * Tq, 1, K)
+            u1, c1 = unique_rows(raw1)
+            h1 = pols["lru-host"].step(i, StepInput(raw1, u1, c1, np.full(L * Tq, seq[0])))
+            got["lru-host"] = (c1 - h1).reshape(L, Tq).sum(1).astype(float)
+            pols["lru-host"].invalidate(np.full(L * Tq, valid_len, np.int64))
+            if i > 0:
+                for m in rows:
+                    rows[m] += got[m]
+                counted += 1
+                emitted += 1 + a
+            s += 1 + a
+            i += 1
+    if not counted:
+        raise ValueError(f"trace: {N} steps give no counted iteration at MTP-{drafts}")
+    return Traffic(drafts, accept_mean, emitted / counted, capacity, topk_buffer,
+                   {m: (v / counted).tolist() for m, v in rows.items()},
+                   f"{trace_label(trace_path)}: all {L} layers x {counted} iterations")

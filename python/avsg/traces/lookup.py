@@ -1,0 +1,113 @@
+"""Which trace a command replays, and loading its selections.
+
+Every command that replays a trace takes the embedded one unless told otherwise, so what a fresh
+clone prints is what the README quotes. The embedded trace is ``asyncio_32k.npz`` cut to 8 of its
+24 layers and its first 256 decode steps (``scripts/cut_trace.py``; 2.8 MiB).
+
+Errors here are :class:`TraceInputError` (a ``ValueError``) whose message starts with the argument
+it is about, e.g. ``--trace: no such file: x.npz``; the CLI prints that as its one-line error.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .format import TraceFormatError, load_trace, validate_trace
+
+MAX_CONTEXT = 1 << 24          # positions the buffer addresses
+EMBEDDED_TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                              "asyncio_32k_8x256.npz")
+EMBEDDED_NAME = "asyncio_32k_8x256 (embedded: asyncio_32k.npz cut to 8 layers x 256 steps)"
+
+
+class TraceInputError(ValueError):
+    """A trace that cannot be used as asked; the message starts with the argument's name."""
+
+
+def find_trace(path: Optional[str]) -> str:
+    """The trace given, else the embedded one."""
+    return path if path else EMBEDDED_TRACE
+
+
+def trace_label(path: str) -> str:
+    """How a command names the trace it replays: the embedded one by name, any other by path."""
+    if os.path.abspath(path) == EMBEDDED_TRACE:
+        return EMBEDDED_NAME
+    return path
+
+
+def read_trace(option: str, path: Optional[str], check_values: bool = True):
+    """Load the trace given as ``option`` (``--trace``, or ``trace`` for a positional); every
+    failure is one :class:`TraceInputError`: no such file, a directory, not an .npz, a corrupted
+    member, a format error."""
+    import zipfile
+    import zlib
+    if not path:
+        raise TraceInputError(f"{option}: expected a trace .npz path")
+    if not os.path.exists(path):
+        raise TraceInputError(f"{option}: no such file: {path}")
+    if os.path.isdir(path):
+        raise TraceInputError(f"{option}: {path} is a directory, expected a trace .npz")
+    try:
+        return load_trace(path, check_values=check_values)
+    except FileNotFoundError:
+        raise TraceInputError(f"{option}: no such file: {path}") from None
+    except MemoryError:
+        raise TraceInputError(f"{option}: {path}: not enough memory to load it") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        raise TraceInputError(f"{option}: {path}: a corrupted or truncated file "
+                              f"({type(e).__name__}: {e})") from None
+    except OSError as e:
+        raise TraceInputError(f"{option}: {path}: {e.strerror or e}") from None
+    except ValueError as e:            # TraceFormatError messages start with the path
+        message = " ".join(str(e).split()) or type(e).__name__
+        if not message.startswith(path):
+            message = f"{path}: {message}"
+        raise TraceInputError(f"{option}: {message}") from None
+
+
+def load_selections(trace: str, layers: Optional[int], steps: int,
+                    option: str = "--trace") -> Tuple[np.ndarray, np.ndarray, int]:
+    """The first ``layers`` (None: all) x ``steps`` of a trace as (sel int64 [layers, steps, k],
+    positions int64 [steps], context T), their values checked; asking for more than it holds is
+    an error naming ``--layers`` / ``--steps``."""
+    tr = read_trace(option, trace, check_values=False)
+    if tr.sel.ndim != 3:
+        raise TraceInputError(f"{option}: {trace} has an MTP axis; expected sel [layers, steps, k]")
+    if layers is None:
+        layers = tr.layers
+    if layers > tr.layers:
+        raise TraceInputError(f"--layers: the trace has {tr.layers} layers, asked for {layers}")
+    if steps > tr.steps:
+        raise TraceInputError(f"--steps: the trace has {tr.steps} steps, asked for {steps}")
+    tr = tr.subset(layers=slice(0, layers), steps=slice(0, steps))
+    try:            # the values replayed, not the layers and steps left out
+        validate_trace(tr)
+    except TraceFormatError as e:
+        raise TraceInputError(f"{option}: {trace}: {e}") from None
+    if tr.T > MAX_CONTEXT:
+        raise TraceInputError(f"{option}: {trace}: its context T = {tr.T:,} is past the buffer's "
+                              f"{MAX_CONTEXT:,} positions")
+    sel = tr.sel.astype(np.int64)
+    positions = np.asarray(tr.positions).astype(np.int64)
+    return sel, positions, int(tr.T)
+
+
+def synthetic_selections(layers: int, steps: int, k: int, context: int, seed: int = 0):
+    """Top-k streams with realistic reuse: each step keeps ~75% of the previous selection.
+    Returns (sel int64 [layers, steps, k], positions [steps], context + steps)."""
+    rng = np.random.default_rng(seed)
+    sel = np.empty((layers, steps, k), dtype=np.int64)
+    for layer in range(layers):
+        current = rng.choice(context, size=k, replace=False)
+        for step in range(steps):
+            if step:
+                keep = current[rng.random(k) < 0.75]
+                fresh = rng.choice(context + step, size=2 * k, replace=False)
+                fresh = fresh[~np.isin(fresh, keep)][:k - keep.size]
+                current = np.concatenate([keep, fresh])
+            sel[layer, step] = np.sort(current)
+    positions = np.arange(context, context + steps)
+    return sel, positions, context + steps

@@ -1,0 +1,516 @@
+"""Every ``avsg`` mistake is one line on stderr and exit status 2, never a traceback.
+
+A generated set of bad inputs goes through every command in-process (``cli.main(argv)`` with
+stderr captured, argparse's ``SystemExit`` caught), a few through a real subprocess:
+
+* every trace-reading command gets truncated and bit-flipped copies of a valid trace (kept only
+  when numpy itself cannot read them back), text, empty, a directory, a bare array, missing keys,
+  pickled objects;
+* every range-checked number of every command gets values just outside its range, negative,
+  NaN, infinite, huge (2**70) and non-numbers; and no command has an unchecked number;
+* every output option gets a directory, a path under a regular file and a path under /proc (the
+  tests run as root, which writes anywhere else).
+
+Then the targeted cases: contradictory options, library errors, sizes past memory, the paths a
+command prints, headlines, messages, and the README's claims about the commands.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from avsg import cli, commands
+from avsg.traces import synth
+from avsg.traces.format import Trace, save_trace
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def one_parser(monkeypatch):
+    """The parser built once per test: argparse parsers are reusable, and building every
+    command's parser for each of hundreds of cases would be most of the test's time."""
+    parser = _PARSER.get("parser") or _PARSER.setdefault("parser", commands.build_parser())
+    monkeypatch.setattr(commands, "build_parser", lambda: parser)
+
+
+_PARSER = {}
+
+
+# The memory checks compare a command's allocations with what the machine has free. The cases
+# below must be refused on any machine, and never attempted on a roomy one: commands run here see
+# a fixed 8 GiB free.
+FUZZ_AVAILABLE_BYTES = 8 << 30
+
+
+@pytest.fixture(autouse=True)
+def _fixed_free_memory(monkeypatch):
+    from avsg import cli_util
+    monkeypatch.setattr(cli_util, "available_memory", lambda: FUZZ_AVAILABLE_BYTES)
+
+
+def run(argv):
+    """``avsg ARGV`` in this process: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = cli.main([str(a) for a in argv])
+        except SystemExit as e:       # argparse: a parse error
+            status = e.code
+    return status, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_error(argv, needle=None):
+    status, out, err = run(argv)
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, (argv, status, err[-2000:])
+    assert lines[0].startswith("avsg"), (argv, lines)
+    if needle is not None:
+        assert needle in lines[0], (argv, lines[0])
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------ inputs
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz")
+    good = root / "good.npz"
+    save_trace(good, synth.generate(steps=20, layers=2, k=16, max_len=200, seed=0))
+    big = root / "k2048.npz"
+    # bench decode's counted plan warms up on 48 steps first
+    save_trace(big, synth.generate(steps=56, layers=2, k=2048, max_len=8192, seed=1))
+    data = good.read_bytes()
+    bad = {"text": b"hello, not a trace\n", "empty": b""}
+    rng = random.Random(17)
+    for i in range(8):
+        bad[f"truncated{i}"] = data[:rng.randrange(1, len(data))]
+    flipped = 0
+    while flipped < 8:
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 3)):
+            j = rng.randrange(len(b))
+            b[j] ^= 1 << rng.randrange(8)
+        path = root / "probe.npz"
+        path.write_bytes(bytes(b))
+        try:        # keep only the flips numpy itself cannot read back
+            with np.load(path, allow_pickle=False) as f:
+                for key in f.files:
+                    f[key]
+        except Exception:
+            bad[f"flipped{flipped}"] = bytes(b)
+            flipped += 1
+    paths = {}
+    for name, content in bad.items():
+        paths[name] = root / f"{name}.npz"
+        paths[name].write_bytes(content)
+    np.save(root / "array.npy", np.arange(4))
+    paths["array"] = root / "array.npy"
+    np.savez(root / "nokeys.npz", sel=np.zeros((1, 2, 3), np.int32))
+    paths["nokeys"] = root / "nokeys.npz"
+    np.savez(root / "pickled.npz", sel=np.array([object()], dtype=object), positions=np.arange(2),
+             T=np.int32(5), k=np.int32(1))
+    paths["pickled"] = root / "pickled.npz"
+    (root / "dir.npz").mkdir()
+    paths["directory"] = root / "dir.npz"
+    # a valid file whose values are not: positions past T, unsorted rows (for --no-check)
+    sel = np.array([[[5, 3], [1, 900]]], np.int32)
+    save_trace(root / "values.npz", Trace(sel, np.array([10, 11], np.int32), T=12, k=2),
+               validate=False)
+    # a context past the op's 2**24 positions
+    save_trace(root / "hugeT.npz", Trace(np.array([[[1, 2], [2, 3]]], np.int32),
+                                         np.array([4, 5], np.int32), T=(1 << 24) + 8, k=2))
+    return dict(root=root, good=good, big=big, bad=paths, values=root / "values.npz",
+                hugeT=root / "hugeT.npz", regular=good)
+
+
+def _trace_readers(f):
+    out = str(f["root"] / "out")
+    return [
+        lambda t: ["trace", "info", t],
+        lambda t: ["trace", "replay", t, "--no-plot", "--out", out, "--policy", "lru",
+                   "--capacity", "32"],
+        lambda t: ["trace", "mtp", t, "--capacity", "64"],
+        lambda t: ["demo", "--trace", t, "--capacity", "2048", "--layers", "1", "--steps", "2"],
+        lambda t: ["serve-sim", "--trace", t, "--out", out, "--quiet"],
+        lambda t: ["bench", "decode", "--trace", t, "--out", out],
+        lambda t: ["bench", "hash-buckets", "--trace", t, "--out", out],
+        lambda t: ["bench", "plan", "--trace", t, "--out", out],
+        lambda t: ["run", "--trace", t, "--quiet"],
+    ]
+
+
+def test_corrupted_traces_are_one_line_in_every_reader(files):
+    cases = 0
+    for make in _trace_readers(files):
+        for name, path in files["bad"].items():
+            line = assert_one_line_error(make(str(path)))
+            assert "allow_pickle" not in line, line
+            assert line.count(str(path)) <= 1, line      # the path once, not repeated
+            cases += 1
+    assert cases >= 9 * 20
+
+
+# ------------------------------------------------------------------------------ numbers
+
+def _leaves(parser, prefix=()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield prefix, parser
+    for sub in subs:
+        for name, child in sub.choices.items():
+            yield from _leaves(child, prefix + (name,))
+
+
+#: the arguments each command needs besides the one fuzzed (positionals, required options)
+def _base(command, f):
+    good = str(f["good"])
+    return {("trace", "replay"): [good], ("trace", "info"): [good], ("trace", "mtp"): [good],
+            ("trace", "synth"): [str(f["root"] / "synth.npz")],
+            ("generate",): ["--checkpoint", str(f["root"]), "--input-ids", "[[1]]"],
+            }.get(command, [])
+
+
+def _forms(value):
+    forms = {str(value), f"{value:,}", f"{value:g}",
+             f"{value:.0e}".replace("+0", "").replace("+", "")}
+    if isinstance(value, float) and value.is_integer():
+        forms.add(str(int(value)))
+    return forms
+
+
+def _bad_values(kind, low, high):
+    values = ["nan", "inf", "-inf", "x", "", str(2 ** 70), "-" + str(2 ** 70)]
+    if kind == "float":
+        values += ["1e400"]
+    if low is not None:
+        values.append(str(low - 1) if kind == "int" else repr(low - 1e-3 * max(1, abs(low))))
+    if high is not None:
+        values.append(str(high + 1) if kind == "int" else repr(high * 1.001 + 1e-3))
+    return values
+
+
+def test_every_number_of_every_command_is_range_checked(files):
+    """No option takes a bare int or float, and every range-checked one refuses what lies
+    outside its range (and NaN, infinities, 2**70, non-numbers) in one line naming it."""
+    unchecked, cases = [], 0
+    for command, parser in _leaves(commands.build_parser()):
+        for action in parser._actions:
+            if action.type in (int, float) and action.choices is None:
+                unchecked.append((command, action.option_strings))
+            valid = getattr(action.type, "valid_range", None)
+            if valid is None or not action.option_strings:
+                continue
+            option = action.option_strings[-1]
+            low, high = valid
+            assert high is not None, (command, option, "no upper bound")
+            # the help states the range's upper end (seeds: 'n >= 0' suffices)
+            said = high >= 2 ** 62 and f">= {low}" in action.help or any(
+                form in action.help for form in _forms(high))
+            assert said, (command, option, valid, action.help)
+            kind = action.type.__name__
+            for value in _bad_values(kind, *valid):
+                argv = [*command, *_base(command, files), f"{option}={value}"]
+                assert_one_line_error(argv, option)
+                cases += 1
+    assert not unchecked, f"options without a range check: {unchecked}"
+    assert cases > 500
+
+
+# ------------------------------------------------------------------------------ outputs
+
+OUTPUTS = [  # (argv before the output, option, a file (True) or a directory (False))
+    (["doctor", "--no-selftest"], "--json", True),
+    (["run", "--quiet"], "--json", True),
+    (["run", "--quiet"], "--record-trace", True),
+    (["generate", "--checkpoint", "/", "--input-ids", "[[1]]"], "--json", True),
+    (["trace", "replay", "GOOD", "--policy", "lru", "--capacity", "32", "--no-plot"], "--out", False),
+    (["trace", "replay", "GOOD", "--policy", "lru", "--capacity", "32", "--no-plot"], "--json", True),
+    (["trace", "replay", "GOOD", "--policy", "lru", "--capacity", "32"], "--plot", True),
+    (["trace", "replay", "GOOD", "--policy", "lru", "avsg", "belady", "--capacity", "32",
+      "--no-plot"], "--tables", True),
+    (["trace", "mtp", "GOOD", "--capacity", "64"], "--json", True),
+    (["trace", "synth", "--steps", "4", "--k", "8", "--max-len", "64"], None, True),
+    (["serve-sim", "--quiet"], "--out", False),
+    (["serve-sim", "--quiet"], "--tables", True),
+    *[(["bench", b, "--quiet"], "--out", False)
+      for b in ("plan", "gather", "hash-buckets", "emulation", "decode", "all")],
+    *[(["bench", b, "--quiet"], "--tables", True)
+      for b in ("plan", "gather", "hash-buckets", "emulation", "decode")],
+    (["bench", "decode", "--quiet"], "--json", True),
+]
+
+
+def test_unwritable_outputs_are_one_line_before_any_work(files):
+    under_file = str(files["regular"] / "x.json")
+    under_proc = "/proc/avsg-fuzz/x.json"
+    cases = 0
+    for argv, option, is_file in OUTPUTS:
+        argv = [str(files["good"]) if a == "GOOD" else a for a in argv]
+        bad = [under_file, under_proc] + ([str(files["root"])] if is_file else [str(files["good"])])
+        for path in bad:
+            full = argv + ([option, path] if option else [path])
+            status, out, err = run(full)
+            lines = err.strip().splitlines()
+            assert status == 2 and len(lines) == 1 and (option or "out") in lines[0], (full, err)
+            assert out == "", (full, "printed results before refusing the output", out)
+            cases += 1
+    assert cases == 3 * len(OUTPUTS)
+
+
+# ------------------------------------------------------------------------------ targeted cases
+
+def test_listed_cases(files):
+    """Every case of the review: library errors, absurd numbers, contradictions, messages."""
+    good, big, values, hugeT = (str(files[k]) for k in ("good", "big", "values", "hugeT"))
+    out = str(files["root"] / "targeted")
+    cases = [
+        # library ValueErrors, named by the option
+        (["trace", "replay", big, "--capacity", "1000", "--policy", "lru", "--no-plot", "--out", out],
+         "--capacity"),
+        (["trace", "replay", good, "--capacity", "40000", "--policy", "avsg", "--no-plot"],
+         "--capacity"),
+        (["trace", "replay", good, "--lifetime", "0"], "--lifetime"),
+        (["trace", "replay", good, "--lifetime", "256"], "--lifetime"),
+        (["trace", "replay", good, "--policy", "setassoc-fifo", "--capacity", "32", "--ways", "5",
+          "--no-plot", "--out", out], "--ways"),
+        (["trace", "replay", hugeT, "--policy", "avsg", "--capacity", "32", "--no-plot",
+          "--out", out], "T = 16,777,224"),
+        (["trace", "replay", values, "--no-check", "--policy", "lru", "avsg", "--capacity", "32",
+          "--no-plot", "--out", out], "--no-check"),
+        (["trace", "replay", values, "--policy", "lru", "--capacity", "32", "--no-plot"], "trace"),
+        (["trace", "replay", good, "--entry-bytes", "-1"], "--entry-bytes"),
+        (["trace", "replay", good, "--entry-bytes", "0"], "--entry-bytes"),
+        (["trace", "replay", good, "--entry-bytes", str(2 ** 70)], "--entry-bytes"),
+        (["trace", "replay", good, "--buckets", "0"], "--buckets"),
+        (["trace", "replay", good, "--bucket-width", "0"], "--bucket-width"),
+        # trace synth
+        *[(["trace", "synth", out + "/s.npz", *a], n) for a, n in [
+            (["--gamma", "1.5"], "--gamma"), (["--steps", "0"], "--steps"), (["--k", "0"], "--k"),
+            (["--k", "20000"], "--max-len"), (["--layers", "-1"], "--layers"),
+            (["--sigma", "-1"], "--sigma"), (["--seed", "-1"], "--seed"),
+            (["--steps", str(10 ** 12)], "--steps"), (["--mu-hist", "nan"], "--mu-hist")]],
+        # trace mtp
+        (["trace", "mtp", good, "--drafts", "-1"], "--drafts"),
+        (["trace", "mtp", good, "--capacity", "0"], "--capacity"),
+        (["trace", "mtp", good, "--accept-mean", "9"], "--accept-mean"),
+        (["trace", "mtp", good, "--capacity", "32"], "--capacity"),
+        (["trace", "mtp", good, "--seed", "-1"], "--seed"),
+        # demo: sizes against memory, traces checked
+        (["demo", "--steps", str(10 ** 12)], "--steps"),
+        (["demo", "--layers", "1000", "--synthetic"], "--layers"),
+        (["demo", "--capacity", str(2 ** 40)], "--capacity"),
+        (["demo", "--trace", values, "--layers", "1", "--steps", "2"], "--trace"),
+        (["run", "--trace", values], "--trace"),
+        (["serve-sim", "--trace", values], "--trace"),
+        (["demo", "--trace", hugeT, "--layers", "1", "--steps", "2"], "--"),
+        (["demo", "--synthetic", "--trace", good], "--synthetic and --trace"),
+        # serve-sim
+        (["serve-sim", "--requests", str(10 ** 12)], "--requests"),
+        (["serve-sim", "--buffer-gb", "1e30"], "--buffer-gb"),
+        (["serve-sim", "--prompt-mean", str(10 ** 12), "--synthetic"], "--prompt-mean"),
+        (["serve-sim", "--rate", "1e308"], "--rate"),
+        (["serve-sim", "--max-batch", "1e9"], "--max-batch"),
+        (["serve-sim", "--synthetic", "--trace", "/nonexistent.npz"], "--synthetic and --trace"),
+        (["serve-sim", "--synthetic", "--trace-steps", "40000"], "--trace-steps"),
+        (["serve-sim", "--synthetic", "--trace-steps", "30000", "--layers-per-trace", "4096"],
+         "--layers-per-trace"),
+        # run
+        (["run", "--lifetime", "4"], "--lifetime"),
+        (["run", "--lifetime", "4", "--policy", "lru"], "--policy"),
+        (["run", "--modes", "avsg,avsg"], "--modes"),
+        (["run", "--acceptance", "sim:5"], "--acceptance"),
+        (["run", "--new-tokens", "100000"], "--new-tokens"),
+        (["run", "--seed", "-1"], "--seed"),
+        (["run", "--batch", "4000", "--select", "indexer"], "--batch"),
+        # bench
+        (["bench", "plan", "--no-trace", "--trace", "/nonexistent.npz"], "--no-trace and --trace"),
+        (["bench", "decode", "--context", "10"], "--context"),
+        (["bench", "decode", "--trace", "/nonexistent.npz"], "no such file"),
+        (["bench", "all", "--only", "emulation,emulation"], "--only"),
+    ]
+    for argv, needle in cases:
+        assert_one_line_error(argv, needle)
+
+
+def test_trace_errors_name_the_path_once_without_numpy_advice(files):
+    for name in ("text", "empty", "truncated0", "flipped0", "pickled"):
+        path = str(files["bad"][name])
+        line = assert_one_line_error(["trace", "info", path])
+        assert line.count(path) == 1 and "allow_pickle" not in line and "pickle.load" not in line
+
+
+def test_every_default_the_help_shows_parses():
+    """'(default 48K)' in a help text: 48K is a value the option takes, and so is its real
+    default."""
+    checked = 0
+    for command, parser in _leaves(commands.build_parser()):
+        for action in parser._actions:
+            if getattr(action.type, "valid_range", None) is None:
+                continue
+            shown = re.search(r"default:? ([0-9][0-9.eEkKmM+]*)", action.help or "")
+            if shown:
+                action.type(shown.group(1).rstrip(".;:,"))
+                checked += 1
+            if isinstance(action.default, (int, float)) and not isinstance(action.default, bool):
+                action.type(str(action.default))
+    assert checked > 50
+
+
+def test_help_defaults_parse(files, tmp_path):
+    """bench decode's help shows 32K,64K,128K: those values parse (the run stops at the
+    missing trace, after the arguments were accepted)."""
+    line = assert_one_line_error(["bench", "decode", "--context", "32K,64K,128K",
+                                  "--trace", "/nonexistent.npz", "--out", str(tmp_path)])
+    assert "--trace" in line
+
+
+def test_printed_paths_are_the_written_ones(files, tmp_path):
+    plot = tmp_path / "hits"          # no suffix: matplotlib would write hits.png
+    pytest.importorskip("matplotlib")
+    status, out, err = run(["trace", "replay", str(files["good"]), "--policy", "lru", "--capacity",
+                            "32", "--out", str(tmp_path), "--plot", str(plot), "--quiet"])
+    assert status == 0, err
+    written = re.findall(r"^wrote (.+)$", out, re.M)
+    assert written and all(os.path.isfile(p) for p in written), written
+    assert str(plot) + ".png" in written
+
+
+def test_run_prints_the_trace_and_json_it_wrote(tmp_path):
+    record = tmp_path / "rec"          # no suffix: the trace is written as rec.npz
+    status, out, err = run(["run", "--config", "tiny", "--select", "indexer", "--context", "64",
+                            "--batch", "1", "--requests", "1", "--new-tokens", "2", "--mtp", "0",
+                            "--modes", "offload,avsg", "--capacity", "16", "--quiet",
+                            "--record-trace", str(record), "--json", str(tmp_path / "r.json")])
+    assert status == 0, err
+    trace = re.search(r"trace written: (\S+)", out).group(1)
+    assert trace == str(record) + ".npz" and os.path.isfile(trace)
+    assert re.search(r"results written: (\S+)", out).group(1) == str(tmp_path / "r.json")
+    assert os.path.isfile(tmp_path / "r.json")
+
+
+def test_synth_prints_the_file_it_wrote(tmp_path):
+    target = tmp_path / "t"
+    status, out, err = run(["trace", "synth", str(target), "--steps", "4", "--k", "8",
+                            "--max-len", "64"])
+    assert status == 0, err
+    path = re.search(r"^wrote (\S+):", out, re.M).group(1)
+    assert path == str(target) + ".npz" and os.path.isfile(path)
+
+
+def test_bench_without_matplotlib_does_its_job_and_says_so(files, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    status, out, err = run(["bench", "decode", "--trace", str(files["big"]), "--trace-layers",
+                            "1", "--trace-steps", "12", "--mtp", "0", "--batch", "1",
+                            "--context", "32K", "--quiet", "--out", str(tmp_path)])
+    assert status == 0, err
+    assert os.path.isfile(tmp_path / "decode.json")
+    assert len([l for l in out.splitlines() if "skipped: matplotlib" in l]) == 1, out
+
+
+def test_bench_all_headline_is_only_this_run(tmp_path, monkeypatch):
+    """A JSON of an earlier run in --out is not quoted; without matplotlib the run completes."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    for name, payload in (("plan", {"anchors": {"pre-filled": {"dual/hash at S=K=2048": 9.99}}}),
+                          ("decode", {"results": [{"modes": {"avsg": {"tpot_s": 1.0},
+                                                            "offload": {"tpot_s": 3.0}}}]})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.json").write_text(json.dumps(payload))
+    status, out, err = run(["bench", "all", "--quick", "--only", "emulation", "--out",
+                            str(tmp_path), "--quiet"])
+    assert status == 0, err
+    headline = [l for l in out.splitlines() if l.startswith("headline")][-1]
+    assert "9.99" not in headline and "decode" not in headline and "plan" not in headline
+    assert "skipped: matplotlib" in out
+
+
+# ------------------------------------------------------------------------------ subprocess
+
+def test_trace_command_reports_one_line(files):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = cli.main(["trace", "info", str(files["bad"]["truncated0"])])
+    assert status == 2 and len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+
+
+@pytest.mark.parametrize("argv", [
+    ["trace", "info", "TRUNCATED"],
+    ["trace", "replay", "BIG", "--capacity", "1000", "--policy", "lru"],
+])
+def test_real_processes(files, argv, tmp_path):
+    argv = [str(files["bad"]["truncated0"]) if a == "TRUNCATED" else
+            str(files["big"]) if a == "BIG" else a for a in argv]
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    res = subprocess.run([sys.executable, "-m", "avsg.cli", *argv], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+
+
+# ------------------------------------------------------------------------------ README claims
+
+def _readme():
+    return open(os.path.join(REPO, "README.md")).read()
+
+
+def test_every_bench_takes_quiet():
+    for command, parser in _leaves(commands.build_parser()):
+        if command[0] == "bench":
+            assert any("--quiet" in a.option_strings for a in parser._actions), command
+
+
+def test_readme_serve_sim_labels_are_the_printed_variants():
+    from avsg.budget import sim
+    block = re.search(r"<!-- results:serve-sim -->(.*?)<!-- /results:serve-sim -->", _readme(),
+                      re.S).group(1)
+    labels = [row.split("|")[1].strip() for row in block.strip().splitlines()[2:]]
+    assert labels and all(label.split(" ")[0] in sim.VARIANTS for label in labels), labels
+    assert "elastic-oracle" in labels
+
+
+def test_readme_lists_every_partition():
+    from avsg import reference
+    sentence = re.search(r"`partition` is (.*?)\(baselines\)", _readme(), re.S).group(1)
+    for partition in reference.ALL_PARTITIONS:
+        assert f'"{partition}"' in sentence, partition
+
+
+def test_venv_is_ignored():
+    res = subprocess.run(["git", "check-ignore", "-q", ".venv/bin/python"], cwd=REPO)
+    assert res.returncode == 0
+
+
+def test_library_errors_become_the_commands_options():
+    """The backstop for what no command checks first: the library's argument name becomes the
+    option, files and allocations are one line."""
+    import zlib
+    from avsg.cli_util import error_message
+    options = {"--capacity", "--bucket-width"}
+    assert error_message(ValueError("capacity: expected <= 32768, got 40000"), options) == \
+        "--capacity: expected <= 32768, got 40000"
+    assert error_message(ValueError("bucket_width: expected >= 1"), options).startswith(
+        "--bucket-width:")
+    assert error_message(ValueError("rows: expected >= 1"), options) == "rows: expected >= 1"
+    assert error_message(ValueError("two\nlines"), options) == "two lines"
+    assert "corrupted" in error_message(zlib.error("Error -3"))
+    assert error_message(PermissionError(13, "Permission denied", "/x")) == "/x: Permission denied"
+    assert "memory" in error_message(MemoryError())
+
+
+def test_debug_shows_the_traceback(files):
+    from avsg.cli_util import UsageError
+    with pytest.raises(UsageError):
+        with contextlib.redirect_stdout(io.StringIO()):
+            cli.main(["--debug", "trace", "info", str(files["bad"]["truncated0"])])

@@ -1,0 +1,263 @@
+"""The decode projection: the link bounds every modelled copy, memory decides feasibility, the plan
+cost follows the kernel's counted work, and ``avsg bench decode`` writes its records."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from avsg import cli
+from avsg.costmodel import hardware, host_lru, plan_cost, projection
+from avsg.costmodel import traffic as copy_traffic
+from avsg.model_config import from_hf_config
+from avsg.traces import synth
+from avsg.traces.format import save_trace
+
+CONFIG = from_hf_config(projection.V32_CONFIG)
+RECORD_KEYS = ("mode", "batch", "context", "mtp", "profile", "feasible", "tpot_ms",
+               "tokens_per_s", "h2d_bytes_per_token", "plan_us_per_layer")
+
+
+def test_link_time_never_beats_the_link():
+    hw = hardware.load_profile()
+    for rows in (1, 100, 10_000, 1_000_000):
+        for row_bytes in (656, 1152):
+            t = hardware.link_time_s(hw, rows, row_bytes)
+            assert t >= rows * row_bytes / hw["link_bytes_per_s"]
+            assert t >= rows * hw["host_dma_latency_s"] / (hw["aiv_cores"] * hw["dma_in_flight_per_core"])
+
+
+def test_profile_entries_name_their_source():
+    hw = hardware.load_profile()
+    for key, source in hw.sources().items():
+        assert source, key
+
+
+def test_kv_format_is_bf16_without_fp8_hardware():
+    hw = hardware.load_profile()
+    assert not hw["fp8_compute"]
+    assert projection.kv_format(hw).row_bytes == 2 * (CONFIG.kv_lora_rank + CONFIG.qk_rope_head_dim)
+    hw.override("fp8_compute", 1, "test")
+    fmt = projection.kv_format(hw)
+    # 512 e4m3 + 4 fp32 scales + 64 bf16 RoPE
+    assert fmt.row_bytes == CONFIG.kv_lora_rank + 4 * 4 + 2 * CONFIG.qk_rope_head_dim
+
+
+def _traffic(drafts=0):
+    L = 3
+    return copy_traffic.Traffic(drafts, 0.0, 1.0 + drafts * 0.5, 8192, 4096,
+                          {"offload": [2048.0 * (1 + drafts)] * L, "lru-host": [400.0] * L,
+                           "lru-device": [150.0, 120.0, 200.0], "slotmap-device": [160.0] * L,
+                           "avsg": [140.0, 110.0, 190.0]}, "test")
+
+
+def _costs(plan=100.0):
+    return plan_cost.Costs({m: {T: plan * T for T in range(1, 5)}
+                         for m in ("avsg", "lru-device", "slotmap-device")}, 30.0, "test")
+
+
+def test_memory_is_the_sum_of_its_parts_and_decides_feasibility():
+    hw = hardware.load_profile()
+    fmt = projection.kv_format(hw)
+    L = CONFIG.num_hidden_layers + CONFIG.num_nextn_predict_layers
+    batch, context, T, capacity, cards = 5, 65536, 2, 8192, 32
+    m = projection.memory_per_card(CONFIG, hw, "avsg", batch, context, T, capacity, 4096, cards)
+    hand_kv = batch * L * (capacity * (fmt.row_bytes + 16) + 4 * context)
+    hand_index = batch * L * context * fmt.index_row_bytes
+    assert m["kv_buffers"] == hand_kv and m["indexer_keys"] == hand_index
+    assert m["total"] == pytest.approx(m["weights"] + hand_kv + hand_index + m["activations"])
+    assert m["feasible"] == (m["total"] <= hw["hbm_bytes"])
+    dev = projection.memory_per_card(CONFIG, hw, "device", 1, context, T, capacity, 4096, cards)
+    assert dev["kv_buffers"] == L * context * fmt.row_bytes
+    host = projection.memory_per_card(CONFIG, hw, "lru-host", 3, context, T, capacity, 4096, cards)
+    assert host["kv_buffers"] == 3 * L * T * 4096 * fmt.row_bytes
+    # more cards, fewer expert weights per card
+    assert (projection.weights_per_card(CONFIG, 64, 1.0) < projection.weights_per_card(CONFIG, 32, 1.0)
+            < projection.weights_per_card(CONFIG, 16, 1.0))
+
+
+def test_the_largest_batch_fits_and_one_more_is_infeasible_and_not_projected():
+    hw = hardware.load_profile()
+    traffic, costs = _traffic(1), _costs()
+    for mode in projection.MODES:
+        b = projection.max_batch(CONFIG, hw, mode, 32768, 2, 8192, 4096, 32)
+        if b:
+            fits = projection.project(CONFIG, hw, traffic, costs, b, 32768, 32, modes=(mode,))[mode]
+            assert fits["feasible"] and fits["tpot_s"] > 0
+        over = projection.project(CONFIG, hw, traffic, costs, b + 1, 32768, 32, modes=(mode,))[mode]
+        assert not over["feasible"]
+        assert over["tpot_s"] is None and over["tokens_per_s"] is None
+        assert over["memory"]["total"] > hw["hbm_bytes"]
+
+
+def test_projection_is_monotone_and_device_is_the_floor():
+    hw = hardware.load_profile()
+    hw.override("hbm_bytes", 1e15, "test: no memory limit, to compare times")
+    traffic, costs = _traffic(0), _costs()
+    prev = None
+    for batch in (1, 8, 32, 64):
+        p = projection.project(CONFIG, hw, traffic, costs, batch, 32768, 32)
+        steps = {m: p[m]["step_s"] for m in projection.MODES}
+        assert all(steps["device"] <= s for s in steps.values())
+        assert p["device"]["h2d_bytes_per_token"] == 0
+        if prev:
+            assert all(steps[m] >= prev[m] for m in projection.MODES)
+        prev = steps
+        longer = projection.project(CONFIG, hw, traffic, costs, batch, 131072, 32)
+        assert all(longer[m]["step_s"] >= p[m]["step_s"] for m in projection.MODES)
+    more = dict(traffic.rows, avsg=[r * 2 for r in traffic.rows["avsg"]])
+    p = projection.project(CONFIG, hw, traffic, costs, 8, 32768, 32, modes=("avsg",))
+    q = projection.project(CONFIG, hw, copy_traffic.Traffic(**{**traffic.__dict__, "rows": more}), costs, 8,
+                       32768, 32, modes=("avsg",))
+    assert q["avsg"]["step_s"] > p["avsg"]["step_s"]
+    hidden = projection.project(CONFIG, hw, traffic, costs, 8, 32768, 32, overlap_avsg=True,
+                            modes=("avsg",))
+    assert hidden["avsg"]["step_s"] <= p["avsg"]["step_s"]
+    assert hidden["avsg"]["plan_us_per_layer"] == p["avsg"]["plan_us_per_layer"]
+
+
+def test_sensitivity_profiles_scale_the_named_constants():
+    hw = hardware.load_profile()
+    pess, opt = projection.profile_variant(hw, "pessimistic"), projection.profile_variant(hw, "optimistic")
+    for key in projection.SENSITIVE:
+        assert pess[key] == pytest.approx(3 * hw[key]) and opt[key] == pytest.approx(hw[key] / 3)
+    assert pess["link_bytes_per_s"] == hw["link_bytes_per_s"]
+    est = [hardware.launch_estimate(plan_cost.slotmap_counters(2048, 150), p)["serial_pipe_us"]
+           for p in (opt, hw, pess)]
+    assert est[0] < est[1] < est[2]
+
+
+def test_slotmap_counted_work_grows_with_misses_and_selections():
+    hw = hardware.load_profile()
+    t = lambda n, m: hardware.launch_estimate(plan_cost.slotmap_counters(n, m), hw)["serial_pipe_us"]  # noqa: E731
+    assert t(2048, 0) < t(2048, 500) < t(2048, 2000)
+    assert t(2048, 100) < t(8192, 100)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_host_lru_matches_its_statement(seed):
+    rng = np.random.default_rng(seed)
+    S, K, max_pos = 24, 10, 80
+    lru = host_lru.HostLRU(2, S, K, max_pos)
+    state = [(np.full(S, -1, np.int32), np.arange(S, dtype=np.int32)) for _ in range(2)]
+    valid = 60
+    for step in range(60):
+        if step % 7 == 6:
+            valid = int(rng.integers(30, max_pos))       # a speculative suffix dropped
+        sel = np.stack([np.sort(rng.choice(valid, K, replace=False)) for _ in range(2)]).astype(np.int32)
+        sel[rng.random(sel.shape) < 0.1] = -1            # -1 padding
+        misses = lru.step(sel, np.full(2, valid, np.int32))
+        for r, (slot_pos, order) in enumerate(state):
+            held = set(slot_pos[(slot_pos >= 0) & (slot_pos < valid)].tolist())
+            slots = host_lru.reference_step(slot_pos, order, sel[r], valid)
+            assert np.array_equal(slots, lru.slot_of[r])
+            assert np.array_equal(slot_pos, lru.slot_pos[r]) and np.array_equal(order, lru.order[r])
+            wanted = set(sel[r][sel[r] >= 0].tolist())
+            assert misses[r] == len(wanted - held)
+
+
+def _trace(tmp_path):
+    trace = tmp_path / "t.npz"
+    save_trace(trace, synth.generate(steps=72, layers=2, k=2048, max_len=8000, seed=0))
+    return trace
+
+
+def _run(tmp_path, trace, name, extra=()):
+    out = tmp_path / name
+    status = cli.main(["bench", "decode", "--trace", str(trace), "--trace-steps", "40",
+                       "--batch", "1,8", "--context", "32768", "--mtp", "0,1",
+                       "--out", str(out), *extra])
+    assert status == 0
+    return json.loads((out / "decode.json").read_text())
+
+
+def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path, monkeypatch):
+    trace = _trace(tmp_path)
+    base = _run(tmp_path, trace, "base")
+    records = base["records"]
+    assert base["estimate"] is True and base["kv_format"]["row_bytes"] == 1152
+    keys = {(r["mode"], r["batch"], r["context"], r["mtp"], r["profile"]) for r in records}
+    assert keys == {(m, b, 32768, n, p) for m in projection.MODES for b in (1, 8) for n in (0, 1)
+                    for p in projection.PROFILES}
+    for r in records:
+        assert all(k in r for k in RECORD_KEYS)
+        if r["feasible"]:
+            assert r["tpot_ms"] > 0 and r["tokens_per_s"] > 0
+        else:
+            assert r["tpot_ms"] is None and r["tokens_per_s"] is None
+        if r["mode"] == "device":
+            assert r["h2d_bytes_per_token"] == 0 and r["plan_us_per_layer"] == 0
+    by = {(r["mode"], r["batch"], r["mtp"], r["profile"]): r for r in records}
+    for n in (0, 1):
+        tr = base["traffic"][str(n)]["rows"]
+        assert len(tr["avsg"]) == 2                      # every layer of the trace
+        assert np.mean(tr["offload"]) >= max(np.mean(tr[m]) for m in tr)
+    for b in (1, 8):
+        for n in (0, 1):
+            a = [by[("avsg", b, n, p)]["plan_us_per_layer"] for p in ("optimistic", "bundled",
+                                                                      "pessimistic")]
+            assert a[0] < a[1] < a[2]
+    # the same run with the kernel's counted work doubled: plan's cost doubles, copies do not move
+    from avsg import backend
+    real = backend.last_launch_counters
+
+    def doubled():
+        c = real()
+        return backend.LaunchCounters(c.fields, c.per_block * 2, c.vector_apis)
+    monkeypatch.setattr(backend, "last_launch_counters", doubled)
+    patched = _run(tmp_path, trace, "patched")
+    pby = {(r["mode"], r["batch"], r["mtp"], r["profile"]): r for r in patched["records"]}
+    for key, r in by.items():
+        mode = key[0]
+        if mode in ("avsg", "lru-device"):
+            assert pby[key]["plan_us_per_layer"] == pytest.approx(2 * r["plan_us_per_layer"],
+                                                                  rel=0.05)
+            assert pby[key]["plan_us_per_layer"] > r["plan_us_per_layer"]
+            if r["feasible"]:
+                assert pby[key]["tpot_ms"] > r["tpot_ms"]
+        elif mode in ("device", "offload"):
+            assert pby[key]["tpot_ms"] == r["tpot_ms"]
+        assert pby[key]["h2d_bytes_per_token"] == r["h2d_bytes_per_token"]
+
+
+@pytest.mark.parametrize("args", [["--batch", "0"], ["--mtp", "5"], ["--cards", "0"],
+                                  ["--hw", "/no/such.json"], ["--link-gbps", "-1"],
+                                  ["--topk-buffer-size", "10"], ["--trace-layers", "-1"],
+                                  ["--context", "10"]])
+def test_bench_decode_bad_input_exit_2(args, capsys, tmp_path):
+    extra = [] if args[0] in ("--batch", "--mtp", "--cards", "--hw") else [
+        "--trace", str(_trace(tmp_path))]
+    try:
+        status = cli.main(["bench", "decode", *extra, *args])
+    except SystemExit as e:         # a range the argument parser checks
+        status = e.code
+    assert status == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and args[0] in err[0]
+
+
+def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
+    """`avsg run`'s last line goes through projection.project with the run's copies and plan's
+    counted cost: the same figures as calling the model directly."""
+    from types import SimpleNamespace as NS
+    from avsg.commands.run import project_on_npu
+    monkeypatch.setattr(plan_cost, "counted_plan_on", lambda *a, **k: ["counted"])
+    monkeypatch.setattr(plan_cost, "counted_us", lambda counters, hw: 123.0)
+    records = [NS(emitted=[1, 1]) for _ in range(10)]
+    outputs = {0: [1] * 15, 1: [1] * 15}
+    kv_layers, iterations = 5, 10 * 2 * 5
+    results = [NS(mode="offload", records=records, outputs=outputs, h2d_rows=iterations * 3000.0),
+               NS(mode="avsg", records=records, outputs=outputs, h2d_rows=iterations * 200.0),
+               NS(mode="device", records=records, outputs=outputs, h2d_rows=0.0)]
+    workload = NS(rows=4, requests=[NS(context_len=32768)] * 4)
+    args = NS(mtp=1, topk=2048, capacity=8192, trace=None)
+    line = project_on_npu(results, workload, args, kv_layers)
+    copies = copy_traffic.Traffic(1, 0.0, 30 / 20, 8192, 4096,
+                             {"offload": [3000.0], "avsg": [200.0]}, "test")
+    direct = projection.project(CONFIG, hardware.load_profile(), copies,
+                                plan_cost.Costs({"avsg": {2: 123.0}}, 0.0, ""), 4, 32768, 32,
+                                modes=("device", "offload", "avsg"))
+    for mode in ("device", "offload", "avsg"):
+        assert line[mode]["feasible"] == direct[mode]["feasible"]
+        assert line[mode]["tpot_s"] == pytest.approx(direct[mode]["tpot_s"])
+    assert line["avsg"]["plan_us_per_layer"] == pytest.approx(123.0)

@@ -1,0 +1,17 @@
+"""What more than one test folder uses, in one place (tests import it as ``helpers``: the root
+conftest puts tests/ on the path).
+
+    oracle.py         content oracle and policy model for the op contract; index consistency
+    plan_cases.py     Twin (kernels vs reference in lockstep), adversarial top-k, random sessions
+    gather_cases.py   gather cases: pools, row formats, miss lists; kernel vs reference runners
+    npu.py            why NPU tests skip here; compiling NPU host code against the stand-ins
+    kernel_build.py   the strict_kernels marker and fixture of the runtime / integration tests
+    engine_harness.py a serving loop over the engine for the integration tests
+
+``REPO`` is the repository root; ``SHARED`` the shared test inputs beside it (``../shared``, or
+``AVSG_SHARED_DIR``), which tests skip without, saying so.
+"""
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHARED = os.environ.get("AVSG_SHARED_DIR", os.path.join(os.path.dirname(REPO), "shared"))

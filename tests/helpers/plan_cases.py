@@ -1,0 +1,116 @@
+"""Plan-kernel test drivers shared by the kernel, policy, fast-build and NPU tests: ``Twin`` runs the
+kernels (on any device) and the reference (on CPU) in lockstep and compares every output, the
+whole state and the stats after every call; ``draw`` makes adversarial top-k (hot-window reuse,
+MTP repeats, -1 padding, out-of-range junk); ``geometry`` / ``session`` are the hypothesis
+strategies of a random session, ``run_session`` drives one; ``colliding`` gives positions that
+share one probe sequence.
+"""
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+import avsg  # noqa: F401  (loads the op library)
+from avsg import reference
+
+I32 = torch.int32
+
+
+OUT_NAMES = ("slots", "miss_pos", "miss_slots", "miss_counts")
+
+
+class Twin:
+    """Kernel state (on ``device``) and reference state (on CPU) driven in lockstep, under the
+    lifetime policy (``max_context=0``), the reuse policy (``max_context >= 1``) or
+    ``policy="lru"``."""
+
+    def __init__(self, R, S, H, L, matcher="hash", device="cpu", max_context=0, policy=None):
+        self.S, self.H, self.L, self.matcher, self.device = S, H, L, matcher, device
+        self.C = max_context
+        self.policy = policy or ("reuse" if max_context else "lifetime")
+        self.layout = reference.Layout(S, H, max_context, self.policy == "reuse")
+        self.policy_id = reference.POLICY_IDS[self.policy]
+        self.ref_state = reference.new_state(R, self.layout, L, policy=self.policy)
+        self.ref_stats = torch.zeros(R, 4, dtype=torch.int64)
+        # clone first: .to() of a CPU tensor to "cpu" would alias the reference state
+        self.state = self.ref_state.clone().to(device)
+        self.stats = self.ref_stats.clone().to(device)
+
+    def plan(self, topk, seq):
+        op = torch.ops.avsg.plan if self.matcher == "hash" else torch.ops.avsg.plan_dual_pointer
+        got = op(topk.to(self.device), seq.to(self.device), self.state, self.stats, self.S, self.H,
+                 self.L, self.policy_id, self.C)
+        got = tuple(t.cpu() for t in got)
+        want = reference.plan(self.ref_state, self.ref_stats, topk, seq, self.layout, self.L,
+                              matcher=self.matcher, policy=self.policy)
+        for name, a, b in zip(OUT_NAMES, got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), f"{name} differs from the reference"
+        self.check()
+        return got
+
+    def invalidate(self, valid_lens):
+        torch.ops.avsg.invalidate(self.state, valid_lens.to(self.device), self.S, self.H, self.C)
+        reference.invalidate(self.ref_state, self.layout, valid_lens)
+        self.check()
+
+    def reset(self, mask):
+        torch.ops.avsg.reset(self.state, mask.to(self.device), self.S, self.H, self.L,
+                             self.policy_id, self.C)
+        reference.reset(self.ref_state, self.layout, mask, self.L, self.policy)
+        self.check()
+
+    def check(self):
+        state = self.state.cpu()
+        if not torch.equal(state, self.ref_state):
+            diff = (state != self.ref_state).nonzero()[:8]
+            raise AssertionError(f"state differs at {diff.tolist()}")
+        assert torch.equal(self.stats.cpu(), self.ref_stats), "stats differ"
+
+
+def draw(gen, R, T, K, seq_lens, hot, pad=0.1, repeat=0.3, wild=0.05):
+    """Hot-window reuse, MTP repeats across query tokens and within one, -1 padding, and
+    out-of-range junk (the ops get no value check: out of range acts as -1)."""
+    out = torch.empty(R, T, K, dtype=I32)
+    for r in range(R):
+        n = max(1, int(seq_lens[r]))
+        lo = max(0, n - hot)
+        out[r] = torch.randint(lo, n, (T, K), generator=gen, dtype=I32)
+        if T > 1:
+            share = torch.rand(T, K, generator=gen) < repeat
+            out[r, 1:] = torch.where(share[1:], out[r, :1].expand(T - 1, K), out[r, 1:])
+    out[torch.rand(R, T, K, generator=gen) < pad] = -1
+    junk = torch.randint(-(1 << 31), (1 << 31) - 1, (R, T, K), generator=gen, dtype=torch.int64)
+    junk = torch.where(torch.rand(R, T, K, generator=gen) < 0.5, junk % 7 - 5, junk).to(I32)
+    return torch.where(torch.rand(R, T, K, generator=gen) < wild, junk, out)
+
+
+geometry = st.tuples(
+    st.integers(1, 3),                                   # R
+    st.integers(1, 4),                                   # T (MTP)
+    st.sampled_from([1, 3, 8, 16, 31, 64, 100]),         # K
+    st.sampled_from([1.0, 1.0, 1.3, 2.0, 4.0]),          # S / (T*K): full buffers are common
+    st.sampled_from([1, 2]),                             # H / default
+    st.integers(1, 20),                                  # L
+)
+
+
+session = st.lists(st.sampled_from(["plan"] * 6 + ["invalidate", "reset"]), min_size=1,
+                   max_size=10)
+
+
+def run_session(twin, ops, seed, R, T, K, S):
+    """Drive a twin through a drawn sequence of plan / invalidate / reset calls."""
+    gen = torch.Generator().manual_seed(seed)
+    seq = torch.randint(1, 4 * S + 8, (R,), generator=gen, dtype=I32)
+    for op in ops:
+        if op == "plan":
+            seq = seq + torch.randint(0, T + 1, (R,), generator=gen, dtype=I32)
+            twin.plan(draw(gen, R, T, K, seq, hot=2 * T * K), seq)
+        elif op == "invalidate":
+            twin.invalidate(seq - torch.randint(-2, T + 3, (R,), generator=gen, dtype=I32))
+        else:
+            twin.reset(torch.rand(R, generator=gen) < 0.5)
+
+
+def colliding(buckets, count, base=5, offset=0):
+    return [base + (offset + n) * buckets * buckets for n in range(count)]

@@ -1,0 +1,333 @@
+"""The AscendC plan / plan_dual_pointer / invalidate / reset kernels (CPU emulation backend)
+against the reference, bit for bit: every output, the whole state tensor and the stats after
+every step. The kernels are what ``torch.ops.avsg.*`` runs on CPU; the reference is called
+directly on a cloned state.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import avsg  # noqa: F401  (loads the op library)
+from avsg import _ops, reference
+
+from helpers.plan_cases import I32, Twin, colliding, draw, geometry, run_session, session  # noqa: F401
+
+
+
+
+
+
+
+def test_cpu_backend_is_the_kernel():
+    for op in ("plan", "plan_dual_pointer", "invalidate", "reset", "resize"):
+        assert _ops.CPU_BACKEND[op] == "kernel", op
+
+
+def test_ub_plan_fits_and_covers_whole_sections_when_small():
+    budget = 184 * 1024
+    for T, K, S, H in [(1, 1, 1, 64), (4, 16, 64, 128), (1, 2048, 8192, 16384),
+                       (4, 2048, 8192, 16384), (2, 4096, 8192, 8192), (4, 8192, 32768, 32768),
+                       (1, 32768, 32768, 32768), (1, 100, 32768, 32768)]:
+        for max_context in (0, 1, 32768, 1 << 20, 1 << 24):   # lifetime, then reuse
+            total, fixed, *windows = torch.ops.avsg.plan_ub_plan(T, K, S, H, max_context)
+            assert total <= budget and fixed < total and all(w >= 256 for w in windows[:6])
+            assert all(w >= 256 for w in windows[6:]) if max_context else windows[6:] == [0] * 3
+    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128)
+    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 4 + [0] * 3
+    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128, 4096)
+    assert windows == [128 * 4, 128 * 4] + [64 * 4] * 5 + [256 * 4, 64 * 4]   # G = 2H, B = 64
+    # the reuse sections are sized by the buffer: the context changes no window
+    for T, K, S, H in [(1, 2048, 8192, 16384), (4, 8192, 32768, 32768)]:
+        plans = {tuple(torch.ops.avsg.plan_ub_plan(T, K, S, H, c)) for c in (1, 32768, 1 << 24)}
+        assert len(plans) == 1
+
+
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(geometry, session, st.integers(0, 2**31 - 1), st.sampled_from(["hash", "dual_pointer"]),
+       st.sampled_from([0, 1, 64, 200, 1000, 5000, "lru"]))
+def test_random_sessions_bit_exact(geo, ops, seed, matcher, max_context):
+    """max_context 0: lifetime policy; "lru": the lru policy; else reuse, with contexts below,
+    around and beyond the session's positions (selections at or beyond max_context are treated
+    as -1)."""
+    R, T, K, ratio, hmul, L = geo
+    S = max(T * K, int(T * K * ratio))
+    H = min(reference.MAX_BUCKETS, max(64, reference.default_buckets(S) * hmul // 2, S))
+    policy = "lru" if max_context == "lru" else None
+    twin = Twin(R, S, H, L, matcher, max_context=0 if policy else max_context, policy=policy)
+    run_session(twin, ops, seed, R, T, K, S)
+
+
+
+
+
+
+@pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
+@pytest.mark.parametrize("T,K,H", [(1, 64, 64), (4, 16, 64), (2, 100, 256)])
+def test_collision_families_full_buffer(T, K, H, matcher):
+    """Every position shares one probe sequence: 4 fit in the table, the rest go to the stash;
+    invalidation leaves stale stash entries that a re-fetch must not revive."""
+    S = T * K
+    twin = Twin(2, S, H, 2, matcher)
+    seq = torch.full((2,), reference.MAX_POSITION, dtype=I32)
+    fam = torch.tensor([colliding(H, 3 * S, base=b) for b in (5, 9)], dtype=I32).flatten()
+    gen = torch.Generator().manual_seed(T * K + H)
+    for step in range(8):
+        topk = torch.stack([fam[torch.randperm(fam.numel(), generator=gen)[:S]].view(T, K)
+                            for _ in range(2)])
+        twin.plan(topk, seq)
+        if step % 3 == 2:
+            twin.invalidate(fam[torch.randint(0, fam.numel(), (2,), generator=gen)])
+        if step == 5:
+            twin.reset(torch.tensor([True, False]))
+    v = reference.view_state(twin.state, twin.layout)
+    assert int(v.stash_count.max()) > 0, "the stash path was not exercised"
+
+
+@pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
+def test_real_size_steps(matcher):
+    """K=2048, MTP T=4, capacity 8192 (full), 16384 buckets: a few decode steps."""
+    R, T, K, S, H, L = 2, 4, 2048, 8192, 16384, 4
+    twin = Twin(R, S, H, L, matcher)
+    gen = torch.Generator().manual_seed(11)
+    seq = torch.full((R,), 20000, dtype=I32)
+    for step in range(4):
+        twin.plan(draw(gen, R, T, K, seq, hot=3 * K, pad=0.02, repeat=0.4, wild=0.01), seq)
+        seq += T
+        if step == 1:
+            twin.invalidate(seq - 2)
+
+
+def test_dual_pointer_equals_hash():
+    R, T, K, S, L = 3, 2, 64, 192, 3
+    H = reference.default_buckets(S)
+    a, b = Twin(R, S, H, L, "hash"), Twin(R, S, H, L, "dual_pointer")
+    gen = torch.Generator().manual_seed(5)
+    seq = torch.tensor([500, 300, 1000], dtype=I32)
+    for _ in range(6):
+        topk = draw(gen, R, T, K, seq, hot=3 * K)
+        for x, y in zip(a.plan(topk, seq), b.plan(topk, seq)):
+            assert torch.equal(x, y)
+        assert torch.equal(a.state, b.state) and torch.equal(a.stats, b.stats)
+
+
+@pytest.mark.parametrize("matcher,max_context", [("hash", 0), ("dual_pointer", 0),
+                                                 ("hash", 1 << 20), ("dual_pointer", 200000),
+                                                 ("hash", "lru")])
+def test_largest_geometry(matcher, max_context):
+    """capacity = buckets = 2**15 (every section windowed), T*K = capacity (full buffer); under
+    the reuse policy the per-position counts and the heat are paged through windows too."""
+    R, T, K, S, H, L = 1, 4, 8192, 32768, 32768, 3
+    policy = "lru" if max_context == "lru" else None
+    twin = Twin(R, S, H, L, matcher, max_context=0 if policy else max_context, policy=policy)
+    gen = torch.Generator().manual_seed(2)
+    seq = torch.full((R,), 100000, dtype=I32)
+    for _ in range(3):
+        twin.plan(draw(gen, R, T, K, seq, hot=2 * S, pad=0.01, repeat=0.3, wild=0.01), seq)
+        seq += T
+    twin.invalidate(seq - 3)
+    twin.plan(draw(gen, R, T, K, seq, hot=2 * S), seq)
+
+
+def test_largest_geometry_once_small_batch():
+    """The largest allowed tables with a small step: windowed sections, default run."""
+    R, T, K, S, H, L = 2, 2, 1000, 32768, 32768, 255
+    twin = Twin(R, S, H, L)
+    gen = torch.Generator().manual_seed(3)
+    seq = torch.full((R,), 5000, dtype=I32)
+    for _ in range(3):
+        twin.plan(draw(gen, R, T, K, seq, hot=3000), seq)
+
+
+def test_more_rows_than_cores():
+    """Rows are spread over cores (row r on core r mod blockDim); 45 rows > 40 cores."""
+    R, T, K, S = 45, 1, 8, 16
+    twin = Twin(R, S, 64, 3)
+    gen = torch.Generator().manual_seed(9)
+    seq = torch.randint(10, 60, (R,), generator=gen, dtype=I32)
+    for _ in range(3):
+        twin.plan(draw(gen, R, T, K, seq, hot=20), seq)
+
+
+@pytest.mark.parametrize("build", ["strict", "fast"])
+@pytest.mark.parametrize("policy", ["reuse", "lifetime", "lru"])
+@pytest.mark.parametrize("R,T,K,S,H", [(1, 2, 2048, 8192, 8192), (3, 1, 1100, 1600, 2048),
+                                       (8, 2, 640, 1400, 2048), (20, 1, 600, 640, 1024)])
+def test_split_lookup_bit_exact(build, policy, R, T, K, S, H):
+    """Few rows, several selection chunks: each row's lookup is spread over min(40 / R, chunks)
+    cores (one SyncAll). Buckets as few as slots, so the stash is in use and stash hits are
+    folded with the helpers' hits; MTP repeats across tokens put one slot's hits on several
+    cores; -1 and junk lanes; an invalidate. Every output, the state and the stats stay the
+    reference's in both builds; the strict build also shows the split launch."""
+    from avsg.backend import emulation, last_launch_counters
+    C = {"reuse": 4 * S, "lifetime": 0, "lru": 0}[policy]
+    gen = torch.Generator().manual_seed(R * 1000 + K)
+    with emulation(build):
+        twin = Twin(R, S, H, 5, max_context=C, policy=policy)
+        seq = torch.randint(S, 3 * S, (R,), generator=gen, dtype=I32)
+        for step in range(4):
+            twin.plan(draw(gen, R, T, K, seq, hot=2 * S, pad=0.05, repeat=0.5, wild=0.02), seq)
+            if build == "strict":
+                split = min(40 // R, -(-T * K // 512))
+                assert last_launch_counters().blocks == R * split
+            seq += T
+            if step == 1:
+                twin.invalidate(seq - 3)
+
+
+def test_split_lookup_rejected_row():
+    """A row whose header does not match is left alone by its owner and by its helpers (each
+    checks the header itself) while the other row of the launch splits as usual."""
+    R, T, K, S, H = 2, 1, 1500, 2048, 2048
+    twin = Twin(R, S, H, 4)
+    gen = torch.Generator().manual_seed(4)
+    seq = torch.full((R,), 3000, dtype=I32)
+    twin.plan(draw(gen, R, T, K, seq, hot=2500), seq)
+    twin.state[1, reference.HEADER_CAPACITY] += 1
+    before = twin.state.clone()
+    topk = draw(gen, R, T, K, seq, hot=2500)
+    old = torch.ops.avsg._set_host_value_checks(False)       # the kernel's own check
+    try:
+        got = torch.ops.avsg.plan(topk, seq, twin.state, twin.stats, S, H, 4, 0, 0)
+    finally:
+        torch.ops.avsg._set_host_value_checks(old)
+    assert int(got[3][1]) == -1 and bool((got[0][1] == -1).all())
+    assert torch.equal(twin.state[1], before[1])
+    ref_state, ref_stats = twin.ref_state[:1].clone(), twin.ref_stats[:1].clone()
+    want = reference.plan(ref_state, ref_stats, topk[:1], seq[:1], twin.layout, 4)
+    for a, b in zip(got, want):
+        assert torch.equal(a[:1], b)
+    assert torch.equal(twin.state[:1], ref_state) and torch.equal(twin.stats[:1], ref_stats)
+
+
+# ---------------------------------------------------------------- input checks of the ops
+def _args():
+    layout = reference.Layout(16, 64)
+    state = reference.new_state(2, layout, 4)
+    stats = torch.zeros(2, 4, dtype=torch.int64)
+    topk = torch.arange(16, dtype=I32).view(2, 2, 4)
+    seq = torch.full((2,), 40, dtype=I32)
+    return topk, seq, state, stats
+
+
+@pytest.mark.parametrize("mutate,error,needle", [
+    (lambda a: (a[0].long(),) + a[1:], TypeError, "topk_pos: expected dtype int32"),
+    (lambda a: (a[0], a[1][:1].contiguous()) + a[2:], ValueError, "seq_lens: expected shape"),
+    (lambda a: a[:2] + (a[2][:, :-8].contiguous(), a[3]), ValueError, "state: expected shape"),
+    (lambda a: a[:3] + (a[3].int(),), TypeError, "stats: expected dtype"),
+    (lambda a: (a[0].transpose(1, 2).contiguous().transpose(1, 2),) + a[1:], ValueError,
+     "topk_pos: expected shape|contiguous"),
+    (lambda a: (torch.zeros(2, 2, 8, dtype=I32)[:, :, ::2],) + a[1:], ValueError,
+     "topk_pos: expected a contiguous"),
+])
+def test_op_rejects_bad_tensors_without_touching_state(mutate, error, needle):
+    args = _args()
+    topk, seq, state, stats = mutate(args)
+    before, before_stats = args[2].clone(), args[3].clone()
+    with pytest.raises(error, match=needle):
+        torch.ops.avsg.plan(topk, seq, state, stats, 16, 64, 4)
+    assert torch.equal(args[2], before) and torch.equal(args[3], before_stats)
+
+
+def test_op_rejects_bad_geometry():
+    topk, seq, state, stats = _args()
+    with pytest.raises(ValueError, match="capacity: expected >= T\\*K"):
+        torch.ops.avsg.plan(torch.zeros(2, 3, 8, dtype=I32), seq, state, stats, 16, 64, 4)
+    with pytest.raises(ValueError, match="buckets"):
+        torch.ops.avsg.plan(topk, seq, state, stats, 16, 96, 4)
+    with pytest.raises(ValueError, match="lifetime"):
+        torch.ops.avsg.plan(topk, seq, state, stats, 16, 64, 0)
+    with pytest.raises(TypeError, match="valid_lens"):
+        torch.ops.avsg.invalidate(state, seq.long(), 16, 64)
+    with pytest.raises(TypeError, match="row_mask"):
+        torch.ops.avsg.reset(state, seq, 16, 64, 4)
+
+
+def stash_the_index(state, layout, gen, share=0.75, stale=400):
+    """Move `share` of every row's resident positions from the hash table into the stash, in
+    shuffled order, with `stale` entries (keys their slot does not hold) mixed in. The index
+    stays valid: every resident position is still found at its slot."""
+    v = reference.view_state(state, layout)
+    S = layout.capacity
+    for r in range(state.shape[0]):
+        slots = (v.slot_pos[r] >= 0).nonzero().flatten()
+        slots = slots[torch.randperm(slots.numel(), generator=gen)][:int(share * slots.numel())]
+        keys = v.slot_pos[r, slots]
+        moved = torch.isin(v.bucket_key[r], keys)
+        v.bucket_key[r][moved] = -1
+        v.bucket_slot[r][moved] = 0
+        junk_slots = torch.randint(0, S, (stale,), generator=gen)
+        junk_keys = v.slot_pos[r, junk_slots] + 1 + torch.randint(0, 50, (stale,), generator=gen,
+                                                                  dtype=I32)
+        all_keys = torch.cat([keys, junk_keys.to(I32)])
+        all_slots = torch.cat([slots, junk_slots]).to(I32)
+        order = torch.randperm(all_keys.numel(), generator=gen)[:S]
+        n = order.numel()
+        v.stash_key[r, :n] = all_keys[order]
+        v.stash_slot[r, :n] = all_slots[order]
+        v.stash_key[r, n:] = -1
+        v.stash_slot[r, n:] = 0
+        v.stash_count[r] = n
+    return v
+
+
+@pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
+def test_stash_of_thousands(matcher):
+    """buckets = capacity and an index that lives mostly in the stash: ~6,500 entries per row,
+    stale ones among them, sorted in 13 runs and merged with the misses (the stash windows of
+    the reuse policy hold 256 entries, so every sort run spans two windows). Hits found only in
+    the stash must be pinned, counted and returned exactly as the reference does."""
+    R, T, K, S, H, L, C = 2, 2, 2048, 8192, 8192, 4, 65536
+    twin = Twin(R, S, H, L, matcher, max_context=C)
+    gen = torch.Generator().manual_seed(17)
+    seq = torch.full((R,), C, dtype=I32)
+    for step in range(S // (T * K)):           # fill the buffer with distinct positions
+        fill = torch.stack([torch.randperm(C, generator=gen)[:T * K] for _ in range(R)])
+        twin.plan(fill.view(R, T, K).to(I32), seq)
+    v = stash_the_index(twin.ref_state, twin.layout, gen)
+    twin.state.copy_(twin.ref_state)
+    assert int(v.stash_count.min()) > 6000
+    for step in range(3):
+        # half the selections are resident positions (most of them stashed), half new
+        topk = torch.empty(R, T, K, dtype=I32)
+        for r in range(R):
+            resident = v.slot_pos[r][v.slot_pos[r] >= 0]
+            old = resident[torch.randint(0, resident.numel(), (T * K // 2,), generator=gen)]
+            new = torch.randint(0, C, (T * K - old.numel(),), generator=gen, dtype=I32)
+            topk[r] = torch.cat([old, new])[torch.randperm(T * K, generator=gen)].view(T, K)
+        before = twin.ref_stats[:, reference.STAT_HITS].clone()
+        twin.plan(topk, seq)
+        hits = twin.ref_stats[:, reference.STAT_HITS] - before
+        assert int(hits.min()) > T * K // 4, "the stashed positions did not hit"
+        v = reference.view_state(twin.ref_state, twin.layout)
+
+
+def test_stash_first_entry_wins_across_runs():
+    """A corrupted state holding one position in two slots, both stashed: the lookup returns the
+    first stash entry's slot (the reference's rule), though the other entry sorts into an earlier
+    run position and names the lower slot."""
+    R, K, S, H, L = 1, 2048, 4096, 4096, 4
+    twin = Twin(R, S, H, L, "hash")
+    gen = torch.Generator().manual_seed(23)
+    seq = torch.full((R,), 50000, dtype=I32)
+    for step in range(S // K):
+        twin.plan(torch.randperm(50000, generator=gen)[:K].view(1, 1, K).to(I32), seq)
+    v = stash_the_index(twin.ref_state, twin.layout, gen, share=1.0, stale=0)
+    n = int(v.stash_count[0])
+    lo, hi = int(v.stash_slot[0, n - 1]), int(v.stash_slot[0, 3])
+    lo, hi = min(lo, hi), max(lo, hi)
+    p = int(v.slot_pos[0, lo])
+    v.slot_pos[0, hi] = p                        # p is now held by both slots
+    v.stash_key[0, 3], v.stash_slot[0, 3] = p, hi            # first entry: the higher slot
+    v.stash_key[0, n - 1], v.stash_slot[0, n - 1] = p, lo    # last entry, last run
+    twin.state.copy_(twin.ref_state)
+    topk = torch.full((1, 1, K), -1, dtype=I32)
+    topk[0, 0, 0] = p
+    topk[0, 0, 1:100] = v.slot_pos[0, :99]
+    slots, *_ = twin.plan(topk, seq)
+    assert int(slots[0, 0, 0]) == hi

@@ -1,0 +1,93 @@
+"""The kernels and the NPU host code type-check against the real AscendC and torch-npu headers
+(scripts/typecheck_ascendc.py), and the check rejects a wrong API call.
+
+Needs ../shared/ascendc-sdk next to the repository (or $AVSG_SHARED_DIR); skips with the reason
+without it. The host half also needs the torch / torch-npu 2.14.0 wheels' headers, which
+`python scripts/typecheck_ascendc.py --fetch-only` downloads into build/typecheck (.ci/run does,
+and sets AVSG_TYPECHECK_REQUIRED=1 so that a missing piece fails instead of skipping). This file is
+the only place CI runs the check.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "typecheck_ascendc.py")
+SHARED = os.environ.get("AVSG_SHARED_DIR", os.path.join(os.path.dirname(ROOT), "shared"))
+SDK = os.path.join(SHARED, "ascendc-sdk")
+WORK = os.path.join(ROOT, "build", "typecheck")
+FIXTURES = os.path.join(ROOT, "tests", "npu", "typecheck_fixtures")
+REQUIRED = os.environ.get("AVSG_TYPECHECK_REQUIRED") == "1"
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import typecheck_ascendc as tc  # noqa: E402
+
+needs_sdk = pytest.mark.skipif(not os.path.isdir(SDK) and not REQUIRED,
+                               reason=f"the AscendC SDK headers are not at {SDK} (shared folder absent)")
+
+
+def run(*args):
+    env = dict(os.environ, AVSG_SHARED_DIR=SHARED)
+    return subprocess.run([sys.executable, SCRIPT, "--work", WORK, *args], capture_output=True, text=True,
+                          env=env, timeout=900)
+
+
+def host_headers_present():
+    return all(os.path.exists(os.path.join(WORK, "headers", d, ".unpacked"))
+               for d in (f"torch-{tc.TORCH_VERSION}", f"torch-npu-{tc.TORCH_NPU_VERSION}"))
+
+
+@needs_sdk
+def test_kernels_and_npu_host_code_typecheck_clean_against_the_real_headers():
+    """Every op_kernel/*.cpp for every targeted arch, ASCENDC_DUMP=1 and 0; and, when the
+    wheels' headers are there, every NPU host source with -DAVSG_WITH_NPU=1 and C++20."""
+    with_host = REQUIRED or host_headers_present()
+    result = run() if with_host else run("--kernels-only")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-8000:]
+    assert "clean: 0 errors, 0 warnings in our files" in result.stdout
+    for tu in tc.kernel_sources():
+        for dump in tc.DUMP_MODES:
+            assert f"kernel {os.path.relpath(tu, ROOT)} arch 2201 ASCENDC_DUMP={dump}: ok" in result.stdout
+    if with_host:
+        for src in tc.npu_host_sources():
+            assert re.search(rf"host {re.escape(os.path.relpath(src, ROOT))} \(torch .*\): ok", result.stdout), out
+    else:
+        pytest.skip("kernels clean; host half skipped: the torch/torch-npu 2.14.0 headers are not in "
+                    f"{WORK} (python scripts/typecheck_ascendc.py --fetch-only)")
+
+
+@needs_sdk
+def test_a_wrong_or_misspelt_api_call_fails_the_check():
+    """The negative control: next to a good kernel, one with a wrong DataCopyParams field and one
+    with a misspelt API. The misspelt name must not have been stubbed."""
+    good, wrong, misspelt = (os.path.join(FIXTURES, f) for f in
+                             ("good_kernel.cpp", "wrong_api_call.cpp", "misspelt_api.cpp"))
+    result = run("--kernels-only", "--dump", "1", "--kernel-tu", good, "--kernel-tu", wrong,
+                 "--kernel-tu", misspelt)
+    out = result.stdout
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "kernel tests/npu/typecheck_fixtures/good_kernel.cpp arch 2201 ASCENDC_DUMP=1: ok" in out
+    assert re.search(r"tests/npu/typecheck_fixtures/wrong_api_call\.cpp:\d+:\d+: error: .*blockSize", out), out
+    assert re.search(r"tests/npu/typecheck_fixtures/misspelt_api\.cpp:\d+:\d+: error: .*PipeBarier", out), out
+    assert "PipeBarier" not in open(os.path.join(WORK, "gen", "stub_fun.h")).read()
+
+
+def test_launch_headers_follow_the_kernel_entries(tmp_path):
+    """aclrtlaunch_<kernel>.h as ascendc_library generates it: numBlocks, stream, then every
+    GM_ADDR as void*, one header per extern "C" entry of op_kernel/*.cpp."""
+    names = tc.write_launch_headers(str(tmp_path))
+    assert {"avsg_plan", "avsg_gather", "avsg_calibrate", "avsg_resize"} <= set(names)
+    text = (tmp_path / "aclrtlaunch_avsg_gather.h").read_text()
+    assert ("uint32_t aclrtlaunch_avsg_gather(uint32_t numBlocks, aclrtStream stream, void* missPos, "
+            "void* missSlots, void* missCounts, void* blockTable, void* countOut, void* tiling);") in text
+    assert tc.launch_param("__gm__ int32_t* x") == "void* x" and tc.launch_param("uint32_t n") == "uint32_t n"
+
+
+def test_without_the_shared_folder_the_check_skips_with_the_reason(tmp_path):
+    result = subprocess.run([sys.executable, SCRIPT, "--shared", str(tmp_path / "nowhere"), "--work",
+                             str(tmp_path / "w")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "skipped: no AscendC SDK headers" in result.stdout
