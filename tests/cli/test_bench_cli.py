@@ -207,6 +207,31 @@ def test_emulation_tiny(capsys, tmp_path):
                            "1", "--warmup", "0", "--out", str(out)], capsys)
     assert status == 0 and "identical across builds: True" in text
     _outputs(out, ["emulation.json", "emulation.png"])
+    base = json.loads((out / "emulation.json").read_text())["plain_torch"]
+    assert base["exact"] and base["cpu_ms"] > 0
+    assert base["fast_over_torch"] == base["fast_plan_gather_cpu_ms"] / base["cpu_ms"]
+
+
+def test_plain_torch_baseline_is_exact_lru():
+    """The baseline of `avsg bench emulation` against the trace lab's exact LRU: the same misses
+    every step, and every selection reads its host row."""
+    import numpy as np
+    import torch
+    from avsg.commands.bench.emulation import TorchLRU, selections
+    from avsg.traces.policies import StepInput, make_policy, unique_rows
+    R, T, K, S, N = 2, 2, 48, 160, 600
+    steps = selections(R, T, K, N, 30, seed=3)
+    host = torch.randint(0, 256, (R, N, 8), dtype=torch.uint8)
+    base = TorchLRU(R, S, N, 8)
+    lru = make_policy("lru", R, S, K, T, max_pos=N)
+    for i, topk in enumerate(steps):
+        slots, missed = base.plan_and_copy(topk, host)
+        raw = topk.numpy().astype(np.int64)
+        u, cnt = unique_rows(raw)
+        hits = lru.step(i, StepInput(raw, u, cnt, np.full(R, N, np.int64)))
+        assert missed == int((cnt - hits).sum()), f"step {i}"
+        rows = torch.arange(R)[:, None, None].expand_as(topk)
+        assert torch.equal(base.dst[rows, slots], host[rows, topk.long()])
 
 
 @pytest.mark.slow

@@ -510,7 +510,7 @@ def test_library_errors_become_the_commands_options():
 
 
 def test_debug_shows_the_traceback(files):
-    from avsg.cli_util import UsageError
-    with pytest.raises(UsageError):
+    from avsg.traces.lookup import TraceInputError
+    with pytest.raises(TraceInputError, match="truncated0.npz"):
         with contextlib.redirect_stdout(io.StringIO()):
             cli.main(["--debug", "trace", "info", str(files["bad"]["truncated0"])])
