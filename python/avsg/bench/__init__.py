@@ -1,4 +1,4 @@
-"""``avsg bench ...``: the benchmarks (see README "Benchmarks")."""
+"""``avsg bench ...``: the benchmarks (see docs/benchmarks.md)."""
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
