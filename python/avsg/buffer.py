@@ -126,7 +126,7 @@ class SparseKVBuffer:
 
     Each ``plan`` matches a step's top-k positions against what the buffer holds and reserves a
     slot for every miss; ``gather`` then copies only the misses. See ``reference.py`` for the
-    algorithm and the state layout, and README.md for the contract.
+    algorithm and the state layout, and docs/api.md for the API and its contract.
 
     Args:
         rows: requests in the batch (``R``).

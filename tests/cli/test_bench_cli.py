@@ -1,11 +1,10 @@
 """``avsg bench ...``: every subcommand's help, one-line errors for bad input (exit 2, no
 traceback), a tiny run of each benchmark writing its JSON and plot under --out, the link-aware
-gather model, and the README tables against the committed results file."""
+gather model. (The documents' copies of the results tables: tests/test_docs.py.)"""
 from __future__ import annotations
 
 import json
 import os
-import re
 
 import pytest
 
@@ -239,32 +238,6 @@ def test_bench_all_quick(capsys, tmp_path):
     status, text, _ = run(["bench", "all", "--quick", "--out", str(tmp_path)], capsys)
     assert status == 0
     assert text.strip().splitlines()[-1].startswith("headline")
-
-
-# ------------------------------------------------------------------ README vs results
-
-def _tables(text: str):
-    """Markdown tables between '<!-- results:NAME -->' and '<!-- /results:NAME -->'."""
-    return dict(re.findall(r"<!-- results:([\w-]+) -->\n(.*?)<!-- /results:\1 -->", text, re.S))
-
-
-def test_readme_tables_match_the_committed_results():
-    """Every results table the README quotes is the committed one, byte for byte, and every
-    committed results file is quoted at least once (scripts/update_readme_tables.py syncs them)."""
-    readme = _tables(open(os.path.join(REPO, "README.md")).read())
-    results_dir = os.path.join(REPO, "docs", "results")
-    committed, files = {}, {}
-    for name in sorted(os.listdir(results_dir)):
-        if name.endswith(".md"):
-            files[name] = _tables(open(os.path.join(results_dir, name)).read())
-            committed.update(files[name])
-    assert committed, "docs/results/*.md hold no tables"
-    assert readme, "the README quotes no results tables"
-    for name, table in readme.items():
-        assert name in committed, f"README table '{name}' is in no docs/results file"
-        assert table.strip() == committed[name].strip(), f"README table '{name}' differs from docs/results"
-    for name, tables in files.items():
-        assert set(tables) & set(readme), f"docs/results/{name} is not quoted in the README"
 
 
 def _walk(parser, name="avsg"):

@@ -98,8 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT,
                         help=f"directory for the JSON and plots (default {DEFAULT_OUT})")
     parser.add_argument("--tables", metavar="PATH",
-                        help="also write the schedulers table (markdown) to PATH, for README "
-                             "(scripts/update_readme_tables.py)")
+                        help="also write the schedulers table (markdown) to PATH, for "
+                             "docs/serve-sim.md (scripts/update_readme_tables.py)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -1,6 +1,6 @@
 """``SparseOffloadManager``: the AVSG buffers of a whole model, driven by an engine's flat batches.
 
-Three index spaces are kept apart throughout (README, "API"): a ``pos`` is a request-relative
+Three index spaces are kept apart throughout (docs/design.md §2): a ``pos`` is a request-relative
 token position (what the indexer selects), a *host row* is where that position lives in the
 engine's paged host pool (``block_table[req, pos // bs] * bs + pos % bs``: vLLM's slot mapping),
 and a ``slot`` is a row of a device buffer (what attention reads).

@@ -106,7 +106,7 @@ def gap_table(results: Sequence[ReplayResult], name: str, policy: str = "avsg") 
     """Markdown, one row per capacity: exact LRU, ``policy`` (the default residency policy), Belady,
     the share of the LRU -> Belady gap ``policy`` closes (overall, and on the layer where LRU does
     worst), and its largest per-layer loss against LRU. Wrapped in ``<!-- results:NAME -->``
-    markers so README copies can be checked against it. Needs lru, ``policy`` and belady."""
+    markers so the copies in README.md and docs/ can be checked against it. Needs lru, ``policy`` and belady."""
     by = _by_key(results)
     caps = sorted(c for p, c in by if p == policy and ("lru", c) in by and ("belady", c) in by)
     if not caps:

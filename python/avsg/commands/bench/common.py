@@ -226,12 +226,12 @@ def counted_launch() -> Dict[str, float]:
 
 def add_tables_argument(parser: argparse.ArgumentParser, example: str) -> None:
     parser.add_argument("--tables", metavar="PATH",
-                        help=f"also write the summary tables as Markdown to PATH (the README's "
-                             f"copy is {example}, regenerated this way)")
+                        help=f"also write the summary tables as Markdown to PATH ({example}, "
+                             f"regenerated this way, is what README.md and docs/ quote)")
 
 
 def markdown_table(name: str, header: List[str], rows: List[List[str]], align: str = "") -> str:
-    """One table between '<!-- results:NAME -->' markers (the README test matches these)."""
+    """One table between '<!-- results:NAME -->' markers (tests/test_docs.py matches these)."""
     align = align or "l" + "r" * (len(header) - 1)
     sep = ["---:" if a == "r" else "---" for a in align]
     lines = [f"<!-- results:{name} -->", "| " + " | ".join(header) + " |", "|" + "|".join(sep) + "|"]

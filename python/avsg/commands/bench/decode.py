@@ -68,8 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no progress output (the command shows none; accepted as by every "
                              "bench)")
     parser.add_argument("--tables", metavar="PATH",
-                        help="also write the summary tables as Markdown to PATH (the README's copy "
-                             "is docs/results/decode.md, regenerated this way)")
+                        help="also write the summary tables as Markdown to PATH "
+                             "(docs/results/decode.md, regenerated this way, is what README.md "
+                             "and docs/benchmarks.md quote)")
 
 
 def load_inputs(args):

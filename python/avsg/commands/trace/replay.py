@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", action="store_true", help="also print a markdown table")
     p.add_argument("--tables", metavar="PATH",
                    help="also write the default policy's gap table (lru, avsg and belady needed) "
-                        "to PATH, for README (scripts/update_readme_tables.py)")
+                        "to PATH, for docs/hit_rate.md (scripts/update_readme_tables.py)")
     p.add_argument("--progress", action="store_true", default=None,
                    help="progress bar per replay (default: on when stderr is a terminal)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
