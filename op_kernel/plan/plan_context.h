@@ -69,6 +69,9 @@ protected:
             win_[s].buf = winBuf_[s].Get<int32_t>();
             win_[s].nwin = (t_.secLen[s] + t_.winLen[s] - 1) / t_.winLen[s];
         }
+        // TPipe carves in order, so the buffers end where the layout says: what the host budgets
+        // is what was allocated (the tiling copy before alignedBuf_ is ub.tiling by construction).
+        ascendc_assert(UbEnd(ub) - avsg::UbAddr(alignedBuf_.Get<uint8_t>()) == ub.total - ub.tiling);
         // nc-element vectors that live across the steps of a chunk or a row
         vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3);
         vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7); vHMask_ = V(8);
@@ -109,6 +112,14 @@ protected:
         scalarUb_ = scalarBuf_.Get<int32_t>();
         headerUb_ = headerBuf_.Get<int32_t>();
         countUb_ = headerUb_[avsg::kHeaderStashCount];   // the header's second 32 B block
+    }
+
+    // UB byte address just past the last buffer CarveUb allocated (its consistency check only).
+    __aicore__ inline uint64_t UbEnd(const avsg::PlanUbLayout& ub) {
+        uint64_t end = avsg::UbAddr(headerBuf_.Get<uint8_t>()) + ub.header;
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s)
+            if (ub.window[s] != 0) end = avsg::UbAddr(winBuf_[s].Get<uint8_t>()) + ub.window[s];
+        return end;
     }
 
     // ---------------------------------------------------------------------- helpers
