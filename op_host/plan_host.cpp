@@ -181,9 +181,10 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     }
     TORCH_CHECK(t.winLen[SEC_BK] == t.winLen[SEC_BS], "avsg.plan: bucket_key and bucket_slot windows differ");
     // Assumptions of the kernels, checked here for every geometry the ops accept:
-    //  * the scalar k-way merges (PlanKernel::Merger) hold at most kPlanMaxRuns runs: one miss or
-    //    selection run per selection chunk, one stash run per nc stash entries (at most S), and
-    //    (dual pointer) one resident run per nc-slot chunk of slot_pos.
+    //  * the scalar k-way merges (PlanMerger, op_kernel/plan/plan_block_merge.h) hold at most
+    //    kPlanMaxRuns runs: one miss or selection run per selection chunk, one stash run per nc
+    //    stash entries (at most S), and (dual pointer) one resident run per nc-slot chunk of
+    //    slot_pos.
     //    BuildResidentRuns cuts its runs at window boundaries, so a slot_pos window of at least nc
     //    entries (a power of two, hence a multiple of nc) or the whole section keeps the runs at
     //    ceil(Sp / nc), which is also what the workspace reserves;

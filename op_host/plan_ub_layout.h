@@ -1,8 +1,8 @@
 // plan_ub_layout.h: the plan kernels' Unified Buffer plan, computed once from the tiling and read
-// by both sides: PlanKernel::Init (op_kernel/plan/plan_context.h) allocates every buffer with the
-// sizes below, in this order, and the host (op_host/plan_host.cpp) sizes the section windows so
-// that `total` fits the budget. Plain C++ like plan_tiling.h (no AscendC types), so the device
-// compile, the CPU emulation and the host compiler all accept it.
+// by both sides: PlanKernel::Init (CarveUb, op_kernel/plan/plan_context.h) allocates every buffer
+// with the sizes below, in this order, and checks where they end; the host (op_host/plan_host.cpp)
+// sizes the section windows so that `total` fits the budget. Plain C++ like plan_tiling.h (no
+// AscendC types), so the device compile, the CPU emulation and the host compiler all accept it.
 //
 // Order (TPipe places buffers one after another, 32 B aligned; every size here is already a
 // multiple of 32): tiling copy, the aligned region (sort buffers + the three wide vectors, one
