@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "plan_tiling.h"
-#include "plan_ub_budget.h"
+#include "plan_ub_layout.h"
 
 #if defined(AVSG_CPU_EMULATION) == defined(AVSG_WITH_NPU)
 #error "op_host/plan_host.cpp: build with exactly one of AVSG_CPU_EMULATION (CPU library) or AVSG_WITH_NPU (NPU library)"
@@ -151,7 +151,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
         while ((1u << wlog) >= p.winLen[s] && wlog > 0) --wlog;
         SetWindow(p, s, wlog);
     };
-    while (PlanUbBytes(t) > kPlanUbBudget) {
+    while (MakePlanUbLayout(t).total > kPlanUbBudget) {
         int pick = -1;
         for (uint32_t s : {SEC_PC, SEC_HT, SEC_SK, SEC_SS, SEC_SC, SEC_SL})
             if (pick < 0 && t.winLen[s] > 0 && shrinkable(s)) pick = static_cast<int>(s);
@@ -173,7 +173,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
             if (t.winLen[s] >= t.secLen[s]) continue;
             PlanTiling trial = t;
             SetWindow(trial, s, t.winLog[s] + 1);
-            if (PlanUbBytes(trial) <= kPlanUbBudget) {
+            if (MakePlanUbLayout(trial).total <= kPlanUbBudget) {
                 t = trial;
                 grown = true;
             }
@@ -181,9 +181,10 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     }
     TORCH_CHECK(t.winLen[SEC_BK] == t.winLen[SEC_BS], "avsg.plan: bucket_key and bucket_slot windows differ");
     // Assumptions of the kernels, checked here for every geometry the ops accept:
-    //  * the scalar k-way merges (PlanKernel::Merger) hold at most kPlanMaxRuns runs: one miss or
-    //    selection run per selection chunk, one stash run per nc stash entries (at most S), and
-    //    (dual pointer) one resident run per nc-slot chunk of slot_pos.
+    //  * the scalar k-way merges (PlanMerger, op_kernel/plan/plan_block_merge.h) hold at most
+    //    kPlanMaxRuns runs: one miss or selection run per selection chunk, one stash run per nc
+    //    stash entries (at most S), and (dual pointer) one resident run per nc-slot chunk of
+    //    slot_pos.
     //    BuildResidentRuns cuts its runs at window boundaries, so a slot_pos window of at least nc
     //    entries (a power of two, hence a multiple of nc) or the whole section keeps the runs at
     //    ceil(Sp / nc), which is also what the workspace reserves;
@@ -199,7 +200,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     for (uint32_t s : {SEC_SL, SEC_SC})
         TORCH_CHECK(!scored || t.winLen[s] >= t.nc || t.winLen[s] == t.secLen[s], "avsg.plan: the score pass needs ",
                     t.nc, "-slot windows");
-    t.ubBytes = PlanUbBytes(t);
+    t.ubBytes = MakePlanUbLayout(t).total;
     return t;
 }
 
@@ -579,7 +580,7 @@ std::vector<int64_t> PlanUbPlan(int64_t T, int64_t K, int64_t capacity, int64_t 
     PlanTiling t = MakeTiling(1, static_cast<uint32_t>(T * K), static_cast<uint32_t>(capacity),
                               static_cast<uint32_t>(buckets), 1, static_cast<uint32_t>(policy),
                               static_cast<uint32_t>(max_context));
-    std::vector<int64_t> out{t.ubBytes, PlanFixedUbBytes(t)};
+    std::vector<int64_t> out{t.ubBytes, MakePlanUbLayout(t).fixed};
     for (uint32_t s = 0; s < SEC_COUNT; ++s) out.push_back(static_cast<int64_t>(t.winLen[s]) * 4);
     return out;
 }

@@ -1,13 +1,14 @@
 // plan_tiling.h: POD tiling shared by the host (op_host/plan_host.cpp) and the plan / invalidate /
-// reset kernels (op_kernel/plan_kernel.h). Plain C++ only, so the AscendC device compiler and the
-// host compiler both accept it. All sizes are in int32 elements unless named *Bytes.
+// reset / resize kernels (op_kernel/plan_kernel.h, invalidate_kernel.h, reset_kernel.h,
+// resize_kernel.h). Plain C++ only, so the AscendC device compiler and the host compiler both
+// accept it. All sizes are in int32 elements unless named *Bytes.
 //
 // State row layout (python/avsg/reference.py): a 64-int32 header (magic, S, H, L at words 0..3,
 // stash_count at word 8), then sections BK bucket_key [H], BS bucket_slot [H], SP slot_pos [Sp],
 // SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp], and for the reuse policy SC
 // slot_count [Sp], PC ghost [G] (evicted counts, tag << 8 | count), HT block_heat [B] (empty
 // for the lifetime and lru policies). Each section is reached through one UB "window" of winLen elements (a power
-// of two, or the whole section when it fits): see PlanUbBytes for the UB plan.
+// of two, or the whole section when it fits): see plan_ub_layout.h for the UB plan.
 #pragma once
 #include <cstdint>
 
@@ -125,7 +126,7 @@ AVSG_PLAN_SHARED_FN uint32_t HeatEntries(uint32_t H) {
 // Namespace-scope constants are plain expressions, never calls: a constexpr initialised from an
 // __aicore__ function is rejected by an AI-core-only compile (--cce-aicore-only).
 static_assert(sizeof(PlanTiling) % 4 == 0, "PlanTiling is read as uint32 words");
-// The kernels DMA the tiling into its own UB buffer (plan_kernel.h, LoadTiling).
+// The kernels DMA the tiling into its own UB buffer (op_kernel/kernel_tools.h, LoadTiling).
 constexpr uint32_t kPlanTilingUbBytes = (static_cast<uint32_t>(sizeof(PlanTiling)) + 31u) / 32u * 32u;
 // Sort32 on A2 needs its destination 256 B aligned and its sources 128 B aligned; TPipe only
 // promises 32 B. The plan kernel's sort region (with the wide vectors that carry Sort payloads)

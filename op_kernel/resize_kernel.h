@@ -1,5 +1,7 @@
 // resize_kernel.h: AscendC (Atlas A2 AIV) kernel of resize. Specification: reference.resize and
 // reference.eviction_order (python/avsg/reference.py). Tiling: ResizeTiling (op_host/plan_tiling.h).
+// Entry: resize.cpp. UB: the tiling, one kResizeWindow-entry window per section, the rank
+// histogram, the move-list staging, the pending / claim bitmaps, header and scalars (kResizeUbBytes).
 //
 // Work split as in plan: core c handles rows c, c+numBlocks, ...; a row's state and its slices of
 // the move lists are written by that core only, with exact-byte stores.
@@ -27,7 +29,7 @@
 // to [0, S], every value to its domain before it ranks or addresses anything, and the free-slot
 // pointer never passes c, so no state content moves an access outside the row's sections.
 #pragma once
-#include "plan_kernel.h"
+#include "kernel_tools.h"
 
 namespace avsg_kernel {
 
@@ -37,7 +39,7 @@ public:
 
     __aicore__ inline void Init(TPipe* pipe, GM_ADDR state, GM_ADDR target, GM_ADDR srcSlots, GM_ADDR dstSlots,
                                 GM_ADDR moveCounts, GM_ADDR tiling) {
-        LoadResizeTiling(pipe, tiling);
+        LoadTiling(pipe, tilingBuf_, rt_, tiling);
         const PlanTiling& t = rt_.plan;
         W_ = rt_.moveWidth;
         stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), static_cast<uint64_t>(t.rows) * t.width);
@@ -87,61 +89,12 @@ public:
     }
 
 private:
-    // The tiling through UB, as plan's LoadTiling does (a scalar GM read would go through the
-    // non-coherent DCache).
-    __aicore__ inline void LoadResizeTiling(TPipe* pipe, GM_ADDR tiling) {
-        constexpr uint32_t kWords = sizeof(avsg::ResizeTiling) / 4;
-        GlobalTensor<uint32_t> g;
-        g.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>(tiling), kWords);
-        pipe->InitBuffer(tilingBuf_, avsg::kResizeTilingUbBytes);
-        LocalTensor<uint32_t> ub = tilingBuf_.Get<uint32_t>();
-        DataCopyPad(ub, g, DataCopyExtParams(1, static_cast<uint32_t>(sizeof(avsg::ResizeTiling)), 0, 0, 0),
-                    DataCopyPadExtParams<uint32_t>(false, 0, 0, 0));
-        Sync<HardEvent::MTE2_S>();
-        uint32_t* dst = reinterpret_cast<uint32_t*>(&rt_);
-        for (uint32_t i = 0; i < kWords; ++i) dst[i] = ub.GetValue(i);
-    }
-
     // ------------------------------------------------------------------------- windows
-    __aicore__ inline uint32_t WinCount(const Win& w, int32_t id) const {
-        const uint32_t from = static_cast<uint32_t>(id) * w.wlen;
-        return MinU(w.wlen, w.len - from);
-    }
-    __aicore__ inline void Flush(Win& w) {
-        if (!w.dirty) return;
-        Sync<HardEvent::S_MTE3>();
-        DataCopy(w.gm[static_cast<uint32_t>(w.cur) * w.wlen], w.buf, WinCount(w, w.cur));
-        Sync<HardEvent::MTE3_MTE2>();
-        Sync<HardEvent::MTE3_S>();
-        w.dirty = false;
-    }
-    __aicore__ inline void Ensure(Win& w, int32_t id) {
-        if (w.cur == id) return;
-        Flush(w);
-        Sync<HardEvent::S_MTE2>();
-        DataCopy(w.buf, w.gm[static_cast<uint32_t>(id) * w.wlen], WinCount(w, id));
-        Sync<HardEvent::MTE2_S>();
-        w.cur = id;
-    }
-    __aicore__ inline int32_t Get(Win& w, uint32_t idx) {
-        const int32_t id = static_cast<int32_t>(idx >> w.wlog);
-        Ensure(w, id);
-        return w.buf.GetValue(idx - static_cast<uint32_t>(id) * w.wlen);
-    }
-    __aicore__ inline void Put(Win& w, uint32_t idx, int32_t v) {
-        const int32_t id = static_cast<int32_t>(idx >> w.wlog);
-        Ensure(w, id);
-        w.buf.SetValue(idx - static_cast<uint32_t>(id) * w.wlen, v);
-        w.dirty = true;
-    }
-    __aicore__ inline void BindRow(uint32_t r) {
-        const uint64_t base = static_cast<uint64_t>(r) * rt_.plan.width;
-        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
-            win_[s].gm = stateGm_[base + rt_.plan.secOff[s]];
-            win_[s].cur = -1;
-            win_[s].dirty = false;
-        }
-    }
+    // Scalar accesses only: a window move waits for the scalar unit alone (kVector false).
+    __aicore__ inline void Flush(Win& w) { WinFlush<false>(w); }
+    __aicore__ inline int32_t Get(Win& w, uint32_t idx) { return WinGet<false>(w, idx); }
+    __aicore__ inline void Put(Win& w, uint32_t idx, int32_t v) { WinPut<false>(w, idx, v); }
+    __aicore__ inline void BindRow(uint32_t r) { BindWindows(win_, stateGm_, rt_.plan, r); }
 
     // ------------------------------------------------------------------------- ranks
     static __aicore__ inline int32_t Clamp(int32_t x, int32_t lo, int32_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
@@ -173,13 +126,7 @@ private:
     __aicore__ inline bool HeaderMatches(int32_t c) {
         const PlanTiling& t = rt_.plan;
         const int32_t active = hdr_.GetValue(avsg::kHeaderActive);
-        return static_cast<uint32_t>(hdr_.GetValue(0)) == avsg::kHeaderMagic &&
-               static_cast<uint32_t>(hdr_.GetValue(avsg::kHeaderCapacity)) == t.capacity &&
-               static_cast<uint32_t>(hdr_.GetValue(avsg::kHeaderBuckets)) == t.buckets &&
-               static_cast<uint32_t>(hdr_.GetValue(avsg::kHeaderLifetime)) == t.lifetime &&
-               static_cast<uint32_t>(hdr_.GetValue(avsg::kHeaderPolicy)) == t.policy &&
-               static_cast<uint32_t>(hdr_.GetValue(avsg::kHeaderMaxContext)) == t.maxContext &&
-               active >= static_cast<int32_t>(t.N) && active <= static_cast<int32_t>(t.capacity) &&
+        return HeaderGeometryMatches(hdr_, t) && active >= static_cast<int32_t>(t.N) && active <= static_cast<int32_t>(t.capacity) &&
                c >= static_cast<int32_t>(t.N) && c <= static_cast<int32_t>(t.capacity);
     }
 

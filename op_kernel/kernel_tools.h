@@ -1,0 +1,140 @@
+// kernel_tools.h: what the state kernels (plan, invalidate, reset, resize) share below the block
+// level: pipe syncs, a few scalar helpers, the tiling load through UB, ragged int32 DMA, and the
+// software-managed UB windows over a state row's sections. UB: the tiling buffer (LoadTiling) and
+// whatever buffers a caller binds to its windows; nothing of its own.
+#pragma once
+#include "kernel_operator.h"
+#include "kernel_compat.h"
+#include "plan_tiling.h"
+
+namespace avsg_kernel {
+using namespace AscendC;
+using avsg::PlanTiling;
+
+template <HardEvent E>
+__aicore__ inline void Sync() {
+    TEventID id = GetTPipePtr()->FetchEventID(E);
+    SetFlag<E>(id);
+    WaitFlag<E>(id);
+}
+
+__aicore__ inline uint32_t MinU(uint32_t a, uint32_t b) { return a < b ? a : b; }
+// Index of the lowest set bit of x != 0 (plain scalar arithmetic, 5 steps).
+__aicore__ inline uint32_t LowestBit(uint32_t x) {
+    uint32_t n = 0;
+    if ((x & 0xFFFFu) == 0) { n += 16; x >>= 16; }
+    if ((x & 0xFFu) == 0) { n += 8; x >>= 8; }
+    if ((x & 0xFu) == 0) { n += 4; x >>= 4; }
+    if ((x & 0x3u) == 0) { n += 2; x >>= 2; }
+    if ((x & 0x1u) == 0) n += 1;
+    return n;
+}
+
+// Tiling (PlanTiling or ResizeTiling): DMA it into its own UB buffer (the first one a kernel
+// carves), wait MTE2 -> S, read the words from UB. A scalar GlobalTensor::GetValue would go
+// through the core's non-coherent DCache (card §2, §8.11): the tiling's GM address is reused by
+// later calls with another geometry, so a stale line could hand this core wrong offsets. DMA
+// never goes through the DCache.
+template <typename Tiling>
+__aicore__ inline void LoadTiling(TPipe* pipe, TBuf<TPosition::VECCALC>& buf, Tiling& t, GM_ADDR tiling) {
+    static_assert(sizeof(Tiling) % 4 == 0, "a tiling is read as uint32 words");
+    constexpr uint32_t kWords = sizeof(Tiling) / 4;
+    constexpr uint32_t kUbBytes = (static_cast<uint32_t>(sizeof(Tiling)) + 31u) / 32u * 32u;
+    GlobalTensor<uint32_t> g;
+    g.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>(tiling), kWords);
+    pipe->InitBuffer(buf, kUbBytes);
+    LocalTensor<uint32_t> ub = buf.Get<uint32_t>();
+    DataCopyPad(ub, g, DataCopyExtParams(1, static_cast<uint32_t>(sizeof(Tiling)), 0, 0, 0),
+                DataCopyPadExtParams<uint32_t>(false, 0, 0, 0));
+    Sync<HardEvent::MTE2_S>();
+    uint32_t* dst = reinterpret_cast<uint32_t*>(&t);
+    for (uint32_t i = 0; i < kWords; ++i) dst[i] = ub.GetValue(i);
+}
+
+// GM <-> UB for ragged int32 runs (exact bytes; UB tail padded with `pad`).
+__aicore__ inline void LoadInts(const LocalTensor<int32_t>& dst, const GlobalTensor<int32_t>& src, uint32_t n,
+                                int32_t pad) {
+    if (n == 0) return;
+    uint8_t right = static_cast<uint8_t>((8 - n % 8) % 8);
+    DataCopyExtParams p(1, n * 4, 0, 0, 0);
+    DataCopyPadExtParams<int32_t> padp(true, 0, right, pad);
+    DataCopyPad(dst, src, p, padp);
+}
+__aicore__ inline void StoreInts(const GlobalTensor<int32_t>& dst, const LocalTensor<int32_t>& src, uint32_t n) {
+    if (n == 0) return;
+    DataCopyExtParams p(1, n * 4, 0, 0, 0);
+    DataCopyPad(dst, src, p);
+}
+
+// One UB window over a state section of the current row (software-managed, write-back): window
+// `cur` of `nwin` holds section entries [cur * wlen, cur * wlen + wlen), wlen = 2^wlog or the
+// whole section.
+struct Win {
+    LocalTensor<int32_t> buf;
+    GlobalTensor<int32_t> gm;
+    uint32_t len = 0, wlog = 0, wlen = 0, nwin = 1;
+    int32_t cur = -1;
+    bool dirty = false;
+};
+
+// Window moves. kVector: the window buffers are also vector operands (plan), so a move waits
+// for the vector pipe too; a scalar-only kernel (resize) waits for the scalar unit alone.
+__aicore__ inline uint32_t WinCount(const Win& w, int32_t id) {
+    return MinU(w.wlen, w.len - static_cast<uint32_t>(id) * w.wlen);
+}
+template <bool kVector>
+__aicore__ inline void WinFlush(Win& w) {
+    if (!w.dirty) return;
+    if (kVector) Sync<HardEvent::V_MTE3>();
+    Sync<HardEvent::S_MTE3>();
+    DataCopy(w.gm[static_cast<uint32_t>(w.cur) * w.wlen], w.buf, WinCount(w, w.cur));
+    Sync<HardEvent::MTE3_MTE2>();
+    if (kVector) Sync<HardEvent::MTE3_V>();
+    Sync<HardEvent::MTE3_S>();
+    w.dirty = false;
+}
+template <bool kVector>
+__aicore__ inline void WinEnsure(Win& w, int32_t id) {
+    if (w.cur == id) return;
+    WinFlush<kVector>(w);
+    if (kVector) Sync<HardEvent::V_MTE2>();
+    Sync<HardEvent::S_MTE2>();
+    DataCopy(w.buf, w.gm[static_cast<uint32_t>(id) * w.wlen], WinCount(w, id));
+    if (kVector) Sync<HardEvent::MTE2_V>();
+    Sync<HardEvent::MTE2_S>();
+    w.cur = id;
+}
+template <bool kVector>
+__aicore__ inline int32_t WinGet(Win& w, uint32_t idx) {
+    const int32_t id = static_cast<int32_t>(idx >> w.wlog);
+    WinEnsure<kVector>(w, id);
+    return w.buf.GetValue(idx - static_cast<uint32_t>(id) * w.wlen);
+}
+template <bool kVector>
+__aicore__ inline void WinPut(Win& w, uint32_t idx, int32_t v) {
+    const int32_t id = static_cast<int32_t>(idx >> w.wlog);
+    WinEnsure<kVector>(w, id);
+    w.buf.SetValue(idx - static_cast<uint32_t>(id) * w.wlen, v);
+    w.dirty = true;
+}
+// Points every section's window at row r of the state, nothing resident.
+__aicore__ inline void BindWindows(Win* win, const GlobalTensor<int32_t>& stateGm, const PlanTiling& t, uint32_t r) {
+    const uint64_t base = static_cast<uint64_t>(r) * t.width;
+    for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
+        win[s].gm = stateGm[base + t.secOff[s]];
+        win[s].cur = -1;
+        win[s].dirty = false;
+    }
+}
+
+// The geometry words of a state row's header are those of this tiling (reset wrote them).
+__aicore__ inline bool HeaderGeometryMatches(const LocalTensor<int32_t>& hdr, const PlanTiling& t) {
+    return static_cast<uint32_t>(hdr.GetValue(0)) == avsg::kHeaderMagic &&
+           static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderCapacity)) == t.capacity &&
+           static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderBuckets)) == t.buckets &&
+           static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderLifetime)) == t.lifetime &&
+           static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderPolicy)) == t.policy &&
+           static_cast<uint32_t>(hdr.GetValue(avsg::kHeaderMaxContext)) == t.maxContext;
+}
+
+}  // namespace avsg_kernel

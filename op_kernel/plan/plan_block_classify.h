@@ -1,0 +1,104 @@
+// plan_block_classify.h: classify. Per chunk, the match is split into hits (hit bitmap, stats)
+// and misses (a sorted run in the workspace; the chunk's slots stored as they are), then the runs
+// are merged with dedup into miss_pos, looking each distinct miss up in the sorted stash on the
+// way (MergeMisses).
+// UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_, hitBits_, vT1_/vT2_/vKey_/vSlot_ and the
+// sort region. GM: slots, miss_pos, the workspace's miss runs and their lanes.
+#pragma once
+#include "plan_block_dual_match.h"
+
+namespace avsg_kernel {
+
+class PlanBlockClassify : public PlanBlockDualMatch {
+protected:
+    // Counts, hit bitmap and the chunk's sorted miss run (workspace run c). The match is stored
+    // as the chunk's slots (final for hits and invalid lanes) with the run's lanes (the sort's
+    // payload), so OutputMisses patches just the missed lanes.
+    __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n) {
+        const uint32_t nc = t_.nc;
+        Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, nc);
+        CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
+        CompareScalar(mB_, vFoundF_, 0.0f, CMPMODE::GE, nc);    // hit
+        CompareScalar(mC_, vFoundF_, 0.0f, CMPMODE::LT, nc);    // not hit
+        PipeBarrier<PIPE_V>();
+        And(U16(mC_), U16(mC_), U16(mA_), nc / 16);             // miss = valid & not hit
+        PipeBarrier<PIPE_V>();
+        uint64_t nValid = 0, nHit = 0, nMiss = 0, nLanes = 0;
+        GatherMask(vT1_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), nValid);
+        GatherMask(vKey_, vFoundI_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
+        GatherMask(vSlot_, vWant_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
+        GatherMask(vT2_, vLane_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
+        Sync<HardEvent::V_S>();
+        lookups_ += static_cast<int64_t>(nValid);
+        hits_ += static_cast<int64_t>(nHit);
+        misses_ += static_cast<int64_t>(nMiss);
+        // reuse: heat and counts follow from the final bitmap (HeatUsed, CountHits)
+        for (uint32_t q = 0; q < nHit; ++q) SetWordBit(hitBits_, static_cast<uint32_t>(vKey_.GetValue(q)));
+        missRuns_.len[c] = static_cast<uint32_t>(nMiss);
+        Sync<HardEvent::V_MTE3>();
+        StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.N + c * nc], vFoundI_, n);
+        if (nMiss == 0) Sync<HardEvent::MTE3_V>();
+        if (nMiss == 0) return;
+        Sync<HardEvent::S_V>();
+        const LocalTensor<uint32_t> lanes = vT2_.ReinterpretCast<uint32_t>();
+        SortAscending(vSlot_, static_cast<uint32_t>(nMiss), &lanes);
+        Sync<HardEvent::V_MTE3>();
+        StoreInts(rowWs_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
+                  static_cast<uint32_t>(nMiss));
+        StoreInts(rowWs_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
+                  static_cast<uint32_t>(nMiss));
+        Sync<HardEvent::MTE3_V>();
+    }
+    // Scalar merge of the sorted miss runs with dedup -> miss_pos[0:M]. Returns M. Every run
+    // entry's key is replaced by its index j in miss_pos (workspace, run layout): OutputMisses
+    // turns it into the lane's reserved slot, miss_slots[j]. The misses here are the lanes no
+    // probe found; each distinct one is looked up in the sorted stash on the way (both ascend): a
+    // stash hit is a hit (hit bitmap, stats), its entries get -2 - slot instead of a j.
+    __aicore__ inline uint32_t MergeMisses(uint32_t r) {
+        const bool stash = stashRuns_.runs > 0;
+        Configure(missRuns_, t_.numChunks, t_.wsMissOff, 0, true, 0, 0, 0, !stash);
+        if (stash) Start(stashRuns_);
+        Start(missRuns_);
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        uint32_t m = 0, staged = 0;
+        int32_t last = -1, code = -1;
+        while (missRuns_.has) {
+            const int32_t v = missRuns_.key;
+            if (v != last) {
+                last = v;
+                const int32_t slot = stash ? StashSlot(v) : -1;
+                if (slot >= 0) {
+                    code = -2 - slot;
+                    SetWordBit(hitBits_, static_cast<uint32_t>(slot));
+                } else {
+                    code = static_cast<int32_t>(m + staged);
+                    vT1_.SetValue(staged++, v);
+                    if (staged == t_.nc) {
+                        Sync<HardEvent::S_MTE3>();
+                        StoreInts(missPosGm_[rowN + m], vT1_, staged);
+                        Sync<HardEvent::MTE3_S>();
+                        m += staged;
+                        staged = 0;
+                    }
+                }
+            }
+            if (code < 0) {   // a lane Classify counted as a miss
+                ++hits_;
+                --misses_;
+            }
+            Emit(missRuns_, code);
+            Advance(missRuns_);
+        }
+        if (staged) {
+            Sync<HardEvent::S_MTE3>();
+            StoreInts(missPosGm_[rowN + m], vT1_, staged);
+            Sync<HardEvent::MTE3_S>();
+            m += staged;
+        }
+        return m;
+    }
+
+    PlanMerger missRuns_;                    // the chunks' sorted miss runs
+};
+
+}  // namespace avsg_kernel

@@ -1,0 +1,199 @@
+// plan_block_probe.h: the probe gather. A chunk of nc selections is loaded and validated
+// (PrepareWant), hashed to its kPlanProbes probe buckets (Hash, Buckets, Probe), and the buckets'
+// state entries are gathered for all probes at once, window by window (SplitIdx, MatchBits,
+// GatherVals). Used by the hash matcher, the stash compaction, the insert and the reuse scores.
+// UB: writes vWant_/vWantF_ (the chunk), vFirst_/vStride_ (its hash), wIdx_/wWin_ (lane offsets
+// and windows), wSlot_/wTmp_ and the wide masks; reads the section windows.
+#pragma once
+#include "plan_context.h"
+
+namespace avsg_kernel {
+
+class PlanBlockProbe : public PlanContext {
+protected:
+    // ---------------------------------------------------------------------- all-probe gathers
+    // A lookup gathers for the kPlanProbes buckets of nc selections at once (W = kPlanProbes*nc
+    // lanes), so a section split into windows has each window loaded at most once per chunk (and
+    // the window left resident by the previous gather is served first, without a load), instead
+    // of once per probe. Lanes are split once into (window id in wWin_, byte offset inside the
+    // window in place of the index); for each window, every lane gathers at its in-window offset
+    // (in bounds whatever its window) and only the lanes of that window are kept (mWin_).
+    // A lookup gathers for the kPlanProbes buckets of nc selections at once (W = kPlanProbes*nc
+    // lanes), so a section split into windows has each window loaded at most once per chunk (and
+    // the window left resident by the previous gather is served first, without a load), instead
+    // of once per probe. Lanes are split once into (window id in wWin_, byte offset inside the
+    // window in place of the index); for each window, every lane gathers at its in-window offset
+    // (in bounds whatever its window) and only the lanes of that window are kept (mWin_).
+    __aicore__ inline uint32_t Wide() const { return avsg::kPlanProbes * t_.nc; }
+    __aicore__ inline int32_t FirstWin(const Win& w) const { return w.cur < 0 ? 0 : w.cur; }
+    // idx (W lanes, entries of section w) -> byte offsets inside their window (in place) and
+    // window ids (wWin_, multi-window sections only). Scratch: wTmp_.
+    __aicore__ inline void SplitIdx(const Win& w, const LocalTensor<int32_t>& idx) {
+        const uint32_t n = Wide();
+        if (w.nwin > 1) {
+            ShiftRight(wWin_, idx, static_cast<int32_t>(w.wlog), n);
+            PipeBarrier<PIPE_V>();
+            ShiftLeft(wTmp_, wWin_, static_cast<int32_t>(w.wlog), n);
+            PipeBarrier<PIPE_V>();
+            Sub(idx, idx, wTmp_, n);
+            PipeBarrier<PIPE_V>();
+        }
+        ShiftLeft(idx, idx, 2, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // dst (nc-bit slices of a W-bit mask) = wTmp_ == ref: one W-lane reference, or the nc-lane
+    // selections repeated for every probe
+    __aicore__ inline void CompareRef(const LocalTensor<uint8_t>& dst, const LocalTensor<int32_t>& ref, bool wideRef) {
+        const uint32_t nc = t_.nc;
+        if (wideRef) {
+            Compare(dst, wTmp_, ref, CMPMODE::EQ, Wide());
+            return;
+        }
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) Compare(dst[i * nc / 8], wTmp_[i * nc], ref, CMPMODE::EQ, nc);
+    }
+    // acc (W bits) = section[lane] == ref, at the offsets in wIdx_ (from SplitIdx).
+    __aicore__ inline void MatchBits(Win& w, const LocalTensor<int32_t>& ref, bool wideRef,
+                                     const LocalTensor<uint8_t>& acc) {
+        const uint32_t n = Wide();
+        const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
+        if (w.nwin == 1) {
+            Ensure(w, 0);
+            Gather(wTmp_, w.buf, off, 0u, n);
+            PipeBarrier<PIPE_V>();
+            CompareRef(acc, ref, wideRef);
+            PipeBarrier<PIPE_V>();
+            return;
+        }
+        Duplicate(U16(acc), static_cast<uint16_t>(0), n / 16);
+        const int32_t first = FirstWin(w);
+        for (uint32_t k = 0; k < w.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
+            Ensure(w, id);
+            CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
+            Gather(wTmp_, w.buf, off, 0u, n);
+            PipeBarrier<PIPE_V>();
+            CompareRef(mTmp_, ref, wideRef);
+            PipeBarrier<PIPE_V>();
+            And(U16(mTmp_), U16(mTmp_), U16(mWin_), n / 16);
+            PipeBarrier<PIPE_V>();
+            Or(U16(acc), U16(acc), U16(mTmp_), n / 16);
+            PipeBarrier<PIPE_V>();
+        }
+    }
+    // dst (W lanes) = clamp(section[lane], lo, hi), at the offsets in wIdx_ (from SplitIdx). The
+    // clamp runs on the raw int32 values, so whatever the state holds, the result is a slot in
+    // [0, S-1] or a key in [-1, 2^24]: several windows are then blended in float exactly (Select
+    // is float-only on A2).
+    __aicore__ inline void GatherVals(Win& w, const LocalTensor<int32_t>& dst, int32_t lo, int32_t hi) {
+        const uint32_t n = Wide();
+        const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
+        if (w.nwin == 1) {
+            Ensure(w, 0);
+            Gather(dst, w.buf, off, 0u, n);
+            PipeBarrier<PIPE_V>();
+            ClampInts(dst, lo, hi, n);
+            return;
+        }
+        const LocalTensor<float> dstF = dst.ReinterpretCast<float>();
+        const LocalTensor<float> tmpF = wTmp_.ReinterpretCast<float>();
+        const int32_t first = FirstWin(w);
+        for (uint32_t k = 0; k < w.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
+            Ensure(w, id);
+            Gather(wTmp_, w.buf, off, 0u, n);
+            if (k > 0) CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
+            PipeBarrier<PIPE_V>();
+            ClampInts(wTmp_, lo, hi, n);
+            if (k == 0) {   // every lane takes the first window's value; later windows overwrite theirs
+                Cast(dstF, wTmp_, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+                continue;
+            }
+            Cast(tmpF, wTmp_, RoundMode::CAST_RINT, n);
+            PipeBarrier<PIPE_V>();
+            Select(dstF, mWin_, tmpF, dstF, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+            PipeBarrier<PIPE_V>();
+        }
+        Cast(dst, dstF, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // x & m on int32 lanes: And is 16-bit only on A2 (card §5), so both run as u16 with twice the
+    // count; an int32 mask vector holding H-1 reads as [H-1, 0] per lane, i.e. x mod H.
+    __aicore__ inline void AndMask(const LocalTensor<int32_t>& dst, const LocalTensor<int32_t>& x,
+                                   const LocalTensor<int32_t>& mask, uint32_t n) {
+        And(dst.ReinterpretCast<uint16_t>(), x.ReinterpretCast<uint16_t>(), mask.ReinterpretCast<uint16_t>(), 2 * n);
+    }
+    // first bucket and odd stride of max(src, 0) (reference.probe_buckets); all products < 2^30.
+    // With H = 2^m: lo = p & (H-1), hi = (p >> m) & (H-1), first = (lo*A1 + hi*B1) & (H-1),
+    // stride = ((lo*A2 + hi*B2) & (H-2)) + 1, which is "mod H, then | 1".
+    __aicore__ inline void Hash(const LocalTensor<int32_t>& src, uint32_t n) {
+        const int32_t m = static_cast<int32_t>(t_.logBuckets);
+        const LocalTensor<int32_t> maskOdd = wSlot_[3 * t_.nc];   // idle whenever Hash runs
+        Maxs(vT1_, src, 0, n);
+        Duplicate(maskOdd, static_cast<int32_t>(t_.buckets - 2), n);
+        PipeBarrier<PIPE_V>();
+        ShiftRight(vHi_, vT1_, m, n);
+        AndMask(vLo_, vT1_, vHMask_, n);          // lo = p mod H
+        PipeBarrier<PIPE_V>();
+        AndMask(vHi_, vHi_, vHMask_, n);          // hi = (p >> m) mod H
+        PipeBarrier<PIPE_V>();
+        Muls(vFirst_, vLo_, static_cast<int32_t>(t_.hashA1), n);
+        Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB1), n);
+        Muls(vStride_, vLo_, static_cast<int32_t>(t_.hashA2), n);
+        Muls(vT2_, vHi_, static_cast<int32_t>(t_.hashB2), n);
+        PipeBarrier<PIPE_V>();
+        Add(vFirst_, vFirst_, vT1_, n);
+        Add(vStride_, vStride_, vT2_, n);
+        PipeBarrier<PIPE_V>();
+        AndMask(vFirst_, vFirst_, vHMask_, n);
+        AndMask(vStride_, vStride_, maskOdd, n);
+        PipeBarrier<PIPE_V>();
+        Adds(vStride_, vStride_, 1, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // vB = (first + i*stride) mod H: probe i of the nc selections hashed last
+    __aicore__ inline void Probe(int32_t i, uint32_t n) {
+        Muls(vB_, vStride_, i, n);
+        PipeBarrier<PIPE_V>();
+        Add(vB_, vB_, vFirst_, n);
+        PipeBarrier<PIPE_V>();
+        AndMask(vB_, vB_, vHMask_, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // wIdx[i*nc + l] = (first[l] + i*stride[l]) mod H for every probe i (first + 3*stride < 4H)
+    __aicore__ inline void Buckets() {
+        const uint32_t nc = t_.nc;
+        Adds(wIdx_, vFirst_, 0, nc);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Muls(wIdx_[i * nc], vStride_, static_cast<int32_t>(i), nc);
+        PipeBarrier<PIPE_V>();
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Add(wIdx_[i * nc], wIdx_[i * nc], vFirst_, nc);
+        PipeBarrier<PIPE_V>();
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) AndMask(wIdx_[i * nc], wIdx_[i * nc], vHMask_, nc);
+        PipeBarrier<PIPE_V>();
+    }
+    // Loads chunk c of the row's selections: vWant = p if 0 <= p < bound else -2, vWantF = float.
+    __aicore__ inline uint32_t PrepareWant(uint32_t r, uint32_t c) {
+        const uint32_t nc = t_.nc;
+        const uint32_t n = MinU(nc, t_.N - c * nc);
+        Sync<HardEvent::S_V>();   // AppendPending's scalar reads of vWant_ (write-after-read)
+        missChunk_ = -1;
+        Duplicate(vWant_, -1, nc);
+        Sync<HardEvent::V_MTE2>();
+        LoadInts(vWant_, topkGm_[static_cast<uint64_t>(r) * t_.N + c * nc], n, -1);
+        Sync<HardEvent::MTE2_V>();
+        Cast(vWantF_, vWant_, RoundMode::CAST_RINT, nc);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);
+        CompareScalar(mB_, vWantF_, boundF_, CMPMODE::LT, nc);
+        PipeBarrier<PIPE_V>();
+        And(U16(mA_), U16(mA_), U16(mB_), nc / 16);
+        PipeBarrier<PIPE_V>();
+        Select(vWantF_, mA_, vWantF_, -2.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
+        PipeBarrier<PIPE_V>();
+        Cast(vWant_, vWantF_, RoundMode::CAST_RINT, nc);
+        PipeBarrier<PIPE_V>();
+        return n;
+    }
+};
+
+}  // namespace avsg_kernel

@@ -1,0 +1,373 @@
+// plan_block_victims.h: victims. One pass over slot_life decays or ages every slot and pins
+// the hits (DecayAndPin); the m victims are then the lowest (life, slot) under the lifetime
+// policy (Allocate) or the lowest (score, slot) under reuse and lru (AllocateByScore: scores to
+// the workspace, an 8-ary threshold search, ties in slot order); each miss is installed in its
+// victim (ScatterVictims, or ScatterVictimsReuse with ghosts). The policy is a tag
+// (plan_policy.h), so each kernel compiles only its own passes.
+// UB: the slot_life / slot_pos / slot_count / ghost windows, hitBits_, V(0..6) and vT1_/vT2_/
+// vKey_/vTmpF_ as scratch; GM: miss_slots, the workspace's scores.
+#pragma once
+#include "plan_block_heat.h"
+
+namespace avsg_kernel {
+
+class PlanBlockVictims : public PlanBlockHeat {
+protected:
+    // slot_life: decay (life>0 -> life-1), clamp to [-1, L-1] (a no-op on states the ops built;
+    // on any other it keeps every unpinned slot a victim candidate), hit slots -> L, one vector
+    // pass per window. Also counts the free slots (life -1, padding included), so Allocate can
+    // skip level -1.
+    template <class Policy>
+    __aicore__ inline void DecayAndPin() {
+        const uint32_t nc = t_.nc;
+        Win& sl = win_[avsg::SEC_SL];
+        freeSlots_ = 0;
+        Sync<HardEvent::S_V>();
+        // last window first: Allocate then starts its slot-order scan in the resident window 0
+        for (uint32_t id = sl.nwin; id-- > 0;) {
+            Ensure(sl, static_cast<int32_t>(id));
+            const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
+            for (uint32_t off = 0; off < cnt; off += nc) {
+                const uint32_t n = MinU(nc, cnt - off);
+                LocalTensor<int32_t> life = sl.buf[off];
+                if constexpr (Policy::kAged) {
+                    // age: clamp to [-1, 1023], then min(age+1, 1023) + min(age, 0): one step
+                    // older, free slots (-1) stay free
+                    Maxs(vT1_, life, -1, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT1_, vT1_, avsg::kReuseAgeMax, n);
+                    PipeBarrier<PIPE_V>();
+                    Adds(vT2_, vT1_, 1, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT1_, vT1_, 0, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT2_, vT2_, avsg::kReuseAgeMax, n);
+                    PipeBarrier<PIPE_V>();
+                    Add(vT2_, vT2_, vT1_, n);
+                    PipeBarrier<PIPE_V>();
+                } else {
+                    // clamp to [-1, L] first (life - 1 would wrap at INT32_MIN), then decay: the
+                    // same as the reference's decay-then-clamp to [-1, L-1]
+                    Maxs(vT1_, life, -1, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT1_, vT1_, static_cast<int32_t>(t_.lifetime), n);
+                    PipeBarrier<PIPE_V>();
+                    Adds(vT2_, vT1_, -1, n);
+                    PipeBarrier<PIPE_V>();
+                    Mins(vT1_, vT1_, 0, n);
+                    PipeBarrier<PIPE_V>();
+                    Max(vT2_, vT2_, vT1_, n);                    // max(life-1, min(life,0))
+                    PipeBarrier<PIPE_V>();
+                }
+                CompareScalar(mB_, vT2_, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
+                PipeBarrier<PIPE_V>();
+                uint64_t nFree = 0;
+                GatherMask(vKey_, vT2_, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
+                freeSlots_ += static_cast<uint32_t>(nFree);
+                PipeBarrier<PIPE_V>();
+                Cast(vTmpF_, vT2_, RoundMode::CAST_RINT, n);
+                Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[(id * sl.wlen + off) / 16], n / 16);
+                PipeBarrier<PIPE_V>();
+                Select(vTmpF_, mA_, vTmpF_, Policy::kAged ? 0.0f : static_cast<float>(t_.lifetime),
+                       SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+                PipeBarrier<PIPE_V>();
+                Cast(life, vTmpF_, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+                if constexpr (Policy::kReuse) CountHits(id * sl.wlen + off, n);
+            }
+            sl.dirty = true;
+        }
+        Sync<HardEvent::V_S>();
+    }
+    // Victims in (life, slot) order among life < L: one Compares EQ + GatherMask per level and
+    // window chunk, stopping at M -> miss_slots[0:M].
+    __aicore__ inline void Allocate(uint32_t r, uint32_t m) {
+        const uint32_t nc = t_.nc;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        Win& sl = win_[avsg::SEC_SL];
+        uint32_t have = 0;
+        // level -1 only if a real slot is free (the Sp - S padding slots always hold -1). Below a
+        // shrunk active capacity the free count cannot tell: slots past it are free on a state
+        // the ops built but need not be on any other, so level -1 is always searched there.
+        const int32_t lv0 = activeCap_ < t_.capacity || freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
+        for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
+            for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
+                Ensure(sl, static_cast<int32_t>(id));
+                const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
+                for (uint32_t off = 0; off < cnt && have < m; off += nc) {
+                    const uint32_t n = MinU(nc, cnt - off);
+                    const uint32_t base = id * sl.wlen + off;
+                    Sync<HardEvent::S_V>();       // scalar reads of the previous chunk's vT2_
+                    CompareScalar(mA_, sl.buf[off], lv, CMPMODE::EQ, n);
+                    Adds(vT1_, vLane_, static_cast<int32_t>(base), n);   // slot ids
+                    PipeBarrier<PIPE_V>();
+                    uint64_t got = 0;
+                    GatherMask(vT2_, vT1_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
+                    Sync<HardEvent::V_S>();
+                    uint32_t k = static_cast<uint32_t>(got);
+                    // ids ascend: padding and slots past the active capacity (resize) are a tail
+                    while (k > 0 && static_cast<uint32_t>(vT2_.GetValue(k - 1)) >= activeCap_) --k;
+                    const uint32_t take = MinU(k, m - have);
+                    if (take) {
+                        Sync<HardEvent::V_MTE3>();
+                        StoreInts(missSlotsGm_[rowN + have], vT2_, take);
+                        Sync<HardEvent::MTE3_V>();
+                        have += take;
+                    }
+                }
+            }
+        }
+    }
+    // x (int32 >= 0, n lanes) -> log8(x) (shift 20) or log4(x) (shift 21) from float32 bits
+    __aicore__ inline void LogBits(const LocalTensor<int32_t>& x, const LocalTensor<float>& tmp, int32_t shift,
+                                   uint32_t n) {
+        Adds(x, x, 1, n);
+        PipeBarrier<PIPE_V>();
+        Cast(tmp, x, RoundMode::CAST_RINT, n);   // exact: x + 1 <= 2^24
+        PipeBarrier<PIPE_V>();
+        ShiftRight(x, tmp.ReinterpretCast<int32_t>(), shift, n);
+        PipeBarrier<PIPE_V>();
+        Adds(x, x, -(127 << (23 - shift)), n);
+        PipeBarrier<PIPE_V>();
+    }
+    // Scores of slots [base, base+n) into the workspace (float; the Sp - S padding slots are
+    // left out: the passes read them back as SCORE_PINNED).
+    __aicore__ inline void ScoreChunk(uint32_t base, uint32_t n) {
+        const uint32_t W = Wide();
+        const LocalTensor<int32_t> a = V(0), b = V(5);
+        const LocalTensor<float> fa = VF(1), fb = VF(4);
+        Sync<HardEvent::S_V>();                   // scalar writes of the windows
+        PipeBarrier<PIPE_V>();
+        // heat of each slot's block: an all-probe gather with the block ids in the first nc lanes
+        Duplicate(wIdx_, 0, W);
+        PipeBarrier<PIPE_V>();
+        Adds(wIdx_, ChunkOf(win_[avsg::SEC_SP], base), 0, n);
+        PipeBarrier<PIPE_V>();
+        Maxs(wIdx_, wIdx_, 0, n);
+        PipeBarrier<PIPE_V>();
+        HeatEntry(wIdx_, n);
+        SplitIdx(win_[avsg::SEC_HT], wIdx_);
+        GatherVals(win_[avsg::SEC_HT], wSlot_, 0, avsg::kReuseHeatMax);
+        Adds(a, wSlot_, 0, n);
+        PipeBarrier<PIPE_V>();
+        LogBits(a, fa, 21, n);                                    // log4(heat)
+        Adds(b, ChunkOf(win_[avsg::SEC_SC], base), 0, n);
+        PipeBarrier<PIPE_V>();
+        ClampInts(b, 0, avsg::kReuseCountMax, n);
+        LogBits(b, fb, 20, n);                                    // log8(count)
+        Add(a, a, b, n);
+        PipeBarrier<PIPE_V>();
+        const LocalTensor<int32_t> age = ChunkOf(win_[avsg::SEC_SL], base);
+        Maxs(b, age, 0, n);
+        PipeBarrier<PIPE_V>();
+        LogBits(b, fb, 20, n);                                    // log8(age)
+        Sub(a, a, b, n);
+        PipeBarrier<PIPE_V>();
+        Cast(fa, a, RoundMode::CAST_RINT, n);
+        Cast(fb, age, RoundMode::CAST_RINT, n);                   // age in [-1, 1023]: exact
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mA_, fb, 0.0f, CMPMODE::NE, n);             // used this step: pinned
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kScorePinned), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mA_, fb, -1.0f, CMPMODE::NE, n);            // free: first
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kScoreFree), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        Sync<HardEvent::V_MTE3>();
+        StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
+        Sync<HardEvent::MTE3_V>();
+    }
+    // lru: score -age (exact in float: ages are in [-1, 1023] after DecayAndPin), free and pinned
+    // slots as in ScoreChunk, with the lru's bounds
+    __aicore__ inline void ScoreChunkLru(uint32_t base, uint32_t n) {
+        const LocalTensor<float> fa = VF(1), fb = VF(4);
+        const LocalTensor<int32_t> age = ChunkOf(win_[avsg::SEC_SL], base);
+        Sync<HardEvent::S_V>();                   // scalar writes of the windows
+        PipeBarrier<PIPE_V>();
+        Cast(fb, age, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+        Muls(fa, fb, -1.0f, n);
+        CompareScalar(mA_, fb, 0.0f, CMPMODE::NE, n);             // used this step: pinned
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kLruScorePinned), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mA_, fb, -1.0f, CMPMODE::NE, n);            // free: first
+        PipeBarrier<PIPE_V>();
+        Select(fa, mA_, fa, static_cast<float>(avsg::kLruScoreFree), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        Sync<HardEvent::V_MTE3>();
+        StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
+        Sync<HardEvent::MTE3_V>();
+    }
+    // scores of slots [base, base+n) back into V(1) (float), padding slots and slots past the
+    // active capacity (resize) as SCORE_PINNED: never victims
+    __aicore__ inline LocalTensor<float> LoadScores(uint32_t base, uint32_t n) {
+        const LocalTensor<float> sc = VF(1);
+        Sync<HardEvent::S_V>();
+        PipeBarrier<PIPE_V>();                    // the previous chunk's readers of sc
+        Duplicate(sc, static_cast<float>(avsg::kScorePinned), t_.nc);
+        Sync<HardEvent::V_MTE2>();
+        Sync<HardEvent::S_MTE2>();
+        Sync<HardEvent::MTE3_MTE2>();
+        LoadInts(sc.ReinterpretCast<int32_t>(), wsGm_[t_.wsScoreOff + base],
+                 base < activeCap_ ? MinU(n, activeCap_ - base) : 0u,
+                 0x42FE0000);   // float bits of 127.0 (SCORE_PINNED)
+        Sync<HardEvent::MTE2_V>();
+        return sc;
+    }
+    static constexpr uint32_t kThresholdsPerPass = 7;
+    // counts[i] = count(score <= theta[i]) for k <= 7 thresholds in one pass over the scores: each
+    // chunk is loaded once for all of them (the loads and their syncs, not the compares, are what
+    // a pass costs)
+    __aicore__ inline void CountAtMost(const int32_t* theta, uint32_t k, uint32_t* counts) {
+        for (uint32_t i = 0; i < k; ++i) counts[i] = 0;
+        for (uint32_t base = 0; base < activeCap_; base += t_.nc) {   // the rest is pinned
+            const uint32_t n = MinU(t_.nc, t_.capPad - base);
+            const LocalTensor<float> sc = LoadScores(base, n);
+            uint64_t got[kThresholdsPerPass] = {};
+            for (uint32_t i = 0; i < k; ++i) {
+                CompareScalar(mA_, sc, static_cast<float>(theta[i]), CMPMODE::LE, n);
+                PipeBarrier<PIPE_V>();
+                GatherMask(V(5), sc.ReinterpretCast<int32_t>(), U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0),
+                           got[i]);
+                PipeBarrier<PIPE_V>();
+            }
+            Sync<HardEvent::V_S>();
+            for (uint32_t i = 0; i < k; ++i) counts[i] += static_cast<uint32_t>(got[i]);
+        }
+    }
+    // Victims: the m slots with the lowest (score, slot), in ascending slot order -> miss_slots.
+    // Threshold theta (the smallest with count(score <= theta) >= m) by an 8-ary search: each pass
+    // counts 7 thresholds spread over (lo, hi) (3 passes over the scores for reuse, 4 for lru, where
+    // a binary search takes 8 and 11), then every slot below it and the first (m - count below)
+    // ties, found by a running tie count.
+    template <class Policy>
+    __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
+        if (m == 0) return;
+        const uint32_t nc = t_.nc;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        for (uint32_t base = 0; base < t_.capPad; base += nc) {
+            if constexpr (Policy::kLru) ScoreChunkLru(base, MinU(nc, t_.capPad - base));
+            else ScoreChunk(base, MinU(nc, t_.capPad - base));
+        }
+        int32_t lo = (Policy::kLru ? avsg::kLruScoreFree : avsg::kScoreFree) - 1;
+        int32_t hi = Policy::kLru ? avsg::kLruScorePinned : avsg::kScorePinned;
+        uint32_t below = 0;                       // count(score <= lo) < m <= count(score <= hi)
+        while (hi - lo > 1) {
+            const int32_t span = hi - lo;
+            const uint32_t k = MinU(kThresholdsPerPass, static_cast<uint32_t>(span - 1));
+            int32_t theta[kThresholdsPerPass];
+            uint32_t cnt[kThresholdsPerPass];
+            for (uint32_t i = 0; i < k; ++i)      // strictly increasing inside (lo, hi): span > k
+                theta[i] = lo + static_cast<int32_t>(static_cast<uint32_t>(span) * (i + 1) / (k + 1));
+            CountAtMost(theta, k, cnt);
+            for (uint32_t i = 0; i < k; ++i) {
+                if (cnt[i] >= m) {
+                    hi = theta[i];
+                    break;
+                }
+                lo = theta[i];
+                below = cnt[i];
+            }
+        }
+        const float theta = static_cast<float>(hi);
+        uint32_t ties = m - below, have = 0;       // ties still to take, victims stored
+        const LocalTensor<int32_t> ids = V(0), tieIds = V(5), out = V(6);
+        const LocalTensor<float> idsF = VF(4);
+        for (uint32_t base = 0; base < activeCap_ && have < m; base += nc) {
+            const uint32_t n = MinU(nc, t_.capPad - base);
+            const LocalTensor<float> sc = LoadScores(base, n);
+            CompareScalar(mA_, sc, theta, CMPMODE::LT, n);
+            CompareScalar(mB_, sc, theta, CMPMODE::EQ, n);
+            Adds(ids, vLane_, static_cast<int32_t>(base), n);
+            PipeBarrier<PIPE_V>();
+            uint64_t e = 0;
+            GatherMask(tieIds, ids, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), e);
+            Sync<HardEvent::V_S>();
+            if (static_cast<uint32_t>(e) > ties) {   // the tie boundary lies in this chunk
+                const float last = ties == 0 ? -1.0f : static_cast<float>(tieIds.GetValue(ties - 1));
+                Sync<HardEvent::S_V>();
+                Cast(idsF, ids, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+                CompareScalar(mC_, idsF, last, CMPMODE::LE, n);
+                PipeBarrier<PIPE_V>();
+                And(U16(mB_), U16(mB_), U16(mC_), n / 16);
+                PipeBarrier<PIPE_V>();
+                ties = 0;
+            } else {
+                ties -= static_cast<uint32_t>(e);
+            }
+            Or(U16(mA_), U16(mA_), U16(mB_), n / 16);
+            PipeBarrier<PIPE_V>();
+            uint64_t got = 0;
+            GatherMask(out, ids, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
+            Sync<HardEvent::V_S>();
+            const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
+            if (take) {
+                Sync<HardEvent::V_MTE3>();
+                StoreInts(missSlotsGm_[rowN + have], out, take);
+                Sync<HardEvent::MTE3_V>();
+                have += take;
+            }
+        }
+        Sync<HardEvent::MTE3_S>();
+        missChunk_ = -1;                          // vWant_ / vMS_ were used as scratch
+    }
+    // Evicted positions leave their counts as ghosts (entry p mod G, tag p >> log2 G), then each miss
+    // takes its own back (when the tag is its own) + the return gain: all spills before any reload,
+    // in miss order (reference: _reuse_install).
+    __aicore__ inline void ScatterVictimsReuse(uint32_t r, uint32_t m) {
+        Win& sp = win_[avsg::SEC_SP];
+        Win& sc = win_[avsg::SEC_SC];
+        Win& pc = win_[avsg::SEC_PC];
+        for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
+            const uint32_t n = LoadMisses(r, j0, m);
+            for (uint32_t q = 0; q < n; ++q) {
+                const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
+                const int32_t old = Get(sp, s);
+                if (old >= 0) Put(pc, GhostEntry(old), GhostTag(old) << avsg::kGhostCountBits | ClampCount(Get(sc, s)));
+            }
+        }
+        for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
+            const uint32_t n = LoadMisses(r, j0, m);
+            for (uint32_t q = 0; q < n; ++q) {
+                const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
+                const int32_t pos = vWant_.GetValue(q);
+                const int32_t ghost = Get(pc, GhostEntry(pos));
+                const int32_t c = ((ghost >> avsg::kGhostCountBits) == GhostTag(pos) ? ghost & avsg::kGhostCountMask : 0) +
+                                  avsg::kReuseGainReturn;
+                Put(sc, s, c < avsg::kReuseCountMax ? c : avsg::kReuseCountMax);   // a miss is a return
+                Put(sp, s, pos);
+                Put(win_[avsg::SEC_SL], s, 0);
+            }
+        }
+    }
+    template <class Policy>
+    __aicore__ inline void ScatterVictims(uint32_t r, uint32_t m) {
+        for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
+            const uint32_t n = LoadMisses(r, j0, m);
+            for (uint32_t q = 0; q < n; ++q) {
+                const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
+                Put(win_[avsg::SEC_SP], s, vWant_.GetValue(q));
+                Put(win_[avsg::SEC_SL], s, Policy::kLru ? 0 : static_cast<int32_t>(t_.lifetime));   // lru: an age
+            }
+        }
+    }
+    // Step 3 by policy: the m victims to miss_slots, then the misses installed in their slots.
+    template <class Policy>
+    __aicore__ inline void AssignVictims(uint32_t r, uint32_t m) {
+        if constexpr (Policy::kReuse) {
+            AllocateByScore<Policy>(r, m);
+            ScatterVictimsReuse(r, m);
+        } else if constexpr (Policy::kLru) {
+            AllocateByScore<Policy>(r, m);
+            ScatterVictims<Policy>(r, m);
+        } else {
+            Allocate(r, m);
+            ScatterVictims<Policy>(r, m);
+        }
+    }
+
+    uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included)
+};
+
+}  // namespace avsg_kernel

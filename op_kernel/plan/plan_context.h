@@ -1,0 +1,284 @@
+// plan_context.h: what one core of a plan kernel holds while it plans rows: the tiling, the GM
+// tensors, every UB buffer (carved once from avsg::PlanUbLayout, the layout the host budgets
+// with), the aliases the blocks use, the section windows of the current row, and the row's
+// framing (header check, rejection, stats counters). The block-level pieces (plan_block_*.h)
+// derive from it one after another; PlanKernel (plan_kernel.h) is the last of them.
+// UB: allocates all of it (CarveUb); writes hitBits_, headerUb_ and scalarUb_ at a row's start.
+//
+// Names: `r` is a host row (request) of the batch, `s` a slot of the row's buffer, a position
+// (request-relative) is `pos` or `p`; vectors are vX_ (nc lanes), wX_ (kPlanProbes * nc lanes),
+// masks mX_, bitmaps xBits_.
+#pragma once
+#include "../kernel_tools.h"
+#include "plan_policy.h"
+#include "plan_ub_layout.h"
+
+namespace avsg_kernel {
+
+class PlanContext {
+protected:
+    // GM views of the launch's tensors; the workspace slice of this core.
+    __aicore__ inline void BindGm(GM_ADDR topk, GM_ADDR seq, GM_ADDR state, GM_ADDR stats, GM_ADDR slots,
+                                  GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts, GM_ADDR workspace) {
+        const uint64_t R = t_.rows, N = t_.N;
+        topkGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(topk), R * N);
+        seqGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(seq), R);
+        stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), R * t_.width);
+        statsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(stats), R * 4);
+        slotsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(slots), R * N);
+        missPosGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missPos), R * N);
+        missSlotsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missSlots), R * N);
+        missCountsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missCounts), R);
+        wsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(workspace) +
+                                  static_cast<uint64_t>(GetBlockIdx()) * t_.wsPerCore,
+                              t_.wsPerCore);
+        wsBase_ = reinterpret_cast<__gm__ int32_t*>(workspace);
+        rowWs_ = wsGm_;
+    }
+
+    // Every UB buffer, sized by avsg::MakePlanUbLayout (the host's budget reads the same struct),
+    // then the aliases.
+    __aicore__ inline void CarveUb(TPipe* pipe) {
+        const avsg::PlanUbLayout ub = avsg::MakePlanUbLayout(t_);
+        const uint32_t nc = t_.nc;
+        // The Sort operands (sort region, and the wide vectors that carry Sort payloads) need
+        // Sort32's alignment (dst 256 B, sources 128 B), which TPipe does not promise: its pool
+        // base is not ours. One buffer with slack, cut at the first 256 B boundary.
+        const uint32_t wide = avsg::kPlanProbes * nc;
+        pipe->InitBuffer(alignedBuf_, ub.aligned);
+        const uint32_t alignPad = static_cast<uint32_t>(
+            (avsg::kPlanSortAlign - avsg::UbAddr(alignedBuf_.Get<uint8_t>()) % avsg::kPlanSortAlign) %
+            avsg::kPlanSortAlign);
+        for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], ub.vector);
+        for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], ub.mask);
+        pipe->InitBuffer(hitBuf_, ub.hitBits);
+        pipe->InitBuffer(claimBuf_, ub.claimBits);
+        pipe->InitBuffer(pendBuf_, ub.pendBits);
+        pipe->InitBuffer(headBuf_, ub.heads);
+        pipe->InitBuffer(treeBuf_, ub.trees);
+        pipe->InitBuffer(statsBuf_, ub.stats);
+        pipe->InitBuffer(scalarBuf_, ub.scalars);
+        pipe->InitBuffer(headerBuf_, ub.header);
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
+            win_[s].len = t_.secLen[s];
+            win_[s].wlog = t_.winLog[s];
+            win_[s].wlen = t_.winLen[s];
+            win_[s].nwin = 0;
+            if (ub.window[s] == 0) continue;   // a policy section the lifetime policy lacks
+            pipe->InitBuffer(winBuf_[s], ub.window[s]);
+            win_[s].buf = winBuf_[s].Get<int32_t>();
+            win_[s].nwin = (t_.secLen[s] + t_.winLen[s] - 1) / t_.winLen[s];
+        }
+        // TPipe carves in order, so the buffers end where the layout says: what the host budgets
+        // is what was allocated (the tiling copy before alignedBuf_ is ub.tiling by construction).
+        ascendc_assert(UbEnd(ub) - avsg::UbAddr(alignedBuf_.Get<uint8_t>()) == ub.total - ub.tiling);
+        // nc-element vectors that live across the steps of a chunk or a row
+        vWant_ = V(0); vWantF_ = VF(1); vFirst_ = V(2); vStride_ = V(3);
+        vFoundF_ = VF(4); vFoundI_ = V(5); vMS_ = V(6); vLane_ = V(7); vHMask_ = V(8);
+        // all-probe vectors: lane (probe i, selection l) at i*nc + l
+        LocalTensor<float> sb = alignedBuf_.GetWithOffset<float>(avsg::kPlanSortVectors * nc, alignPad);
+        wIdx_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + ub.wIdxOff);
+        wWin_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + ub.wWinOff);
+        wSlot_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + ub.wSlotOff);
+        wTmp_ = sb.template ReinterpretCast<int32_t>();   // the sort region holds two wide vectors
+        wKey_ = wTmp_[wide];                              // while no sort runs
+        wIdx_.SetSize(wide); wWin_.SetSize(wide); wSlot_.SetSize(wide); wTmp_.SetSize(wide); wKey_.SetSize(wide);
+        // short-lived nc-element scratch, aliased into wide vectors that are idle whenever these
+        // are used (hash temporaries before the wide gathers; the rest outside the lookups)
+        vLo_ = wWin_; vHi_ = wWin_[nc]; vT1_ = wWin_[2 * nc]; vT2_ = wWin_[3 * nc];
+        vB_ = wIdx_; vTmpF_ = wIdx_[nc].template ReinterpretCast<float>();
+        vKey_ = wSlot_; vSlot_ = wSlot_[nc];
+        mKey_ = maskBuf_[0].Get<uint8_t>(); mOwn_ = maskBuf_[1].Get<uint8_t>();
+        mWin_ = maskBuf_[2].Get<uint8_t>(); mTmp_ = maskBuf_[3].Get<uint8_t>();
+        mA_ = mWin_; mB_ = mTmp_; mC_ = mOwn_;   // nc-bit masks of the per-chunk steps
+        CreateVecIndex(vLane_, 0, nc);            // lane ids, read by Classify's compaction
+        Duplicate(vHMask_, static_cast<int32_t>(t_.buckets - 1), nc);   // x mod H (AndMask)
+        PipeBarrier<PIPE_V>();
+        ascendc_assert(avsg::UbAddr(sb) % avsg::kPlanSortAlign == 0);
+        sConcat_ = sb[0];
+        sIdx_ = sb[nc].template ReinterpretCast<uint32_t>();
+        sDst_ = sb[2 * nc];
+        sTmp_ = sb[4 * nc];
+        sOutV_ = sb[6 * nc];
+        sOutI_ = sb[7 * nc].template ReinterpretCast<uint32_t>();
+        sConcat_.SetSize(nc); sIdx_.SetSize(nc); sDst_.SetSize(2 * nc); sTmp_.SetSize(2 * nc);
+        sOutV_.SetSize(nc); sOutI_.SetSize(nc);
+        hitBits_ = hitBuf_.Get<uint32_t>();
+        claimBits_ = claimBuf_.Get<uint32_t>();
+        pendBits_ = pendBuf_.Get<uint32_t>();
+        heads_ = headBuf_.Get<int32_t>();
+        treeUb_ = treeBuf_.Get<int32_t>();
+        statsUb_ = statsBuf_.Get<int64_t>();
+        scalarUb_ = scalarBuf_.Get<int32_t>();
+        headerUb_ = headerBuf_.Get<int32_t>();
+        countUb_ = headerUb_[avsg::kHeaderStashCount];   // the header's second 32 B block
+    }
+
+    // UB byte address just past the last buffer CarveUb allocated (its consistency check only).
+    __aicore__ inline uint64_t UbEnd(const avsg::PlanUbLayout& ub) {
+        uint64_t end = avsg::UbAddr(headerBuf_.Get<uint8_t>()) + ub.header;
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s)
+            if (ub.window[s] != 0) end = avsg::UbAddr(winBuf_[s].Get<uint8_t>()) + ub.window[s];
+        return end;
+    }
+
+    // ---------------------------------------------------------------------- helpers
+    __aicore__ inline LocalTensor<int32_t> V(int i) { return vecBuf_[i].Get<int32_t>(); }
+    __aicore__ inline LocalTensor<float> VF(int i) { return vecBuf_[i].Get<float>(); }
+    __aicore__ inline LocalTensor<uint16_t> U16(const LocalTensor<uint8_t>& m) {
+        return m.ReinterpretCast<uint16_t>();
+    }
+    __aicore__ inline LocalTensor<uint32_t> U32(const LocalTensor<uint8_t>& m) {
+        return m.ReinterpretCast<uint32_t>();
+    }
+    __aicore__ inline bool WordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
+        return ((w.GetValue(q >> 5) >> (q & 31)) & 1u) != 0;
+    }
+    __aicore__ inline void SetWordBit(const LocalTensor<uint32_t>& w, uint32_t q) {
+        w.SetValue(q >> 5, w.GetValue(q >> 5) | (1u << (q & 31)));
+    }
+    // Windows of the current row; their buffers are vector operands too (kVector).
+    __aicore__ inline void Flush(Win& w) { WinFlush<true>(w); }
+    __aicore__ inline void Ensure(Win& w, int32_t id) { WinEnsure<true>(w, id); }
+    __aicore__ inline int32_t Get(Win& w, uint32_t idx) { return WinGet<true>(w, idx); }
+    __aicore__ inline void Put(Win& w, uint32_t idx, int32_t v) { WinPut<true>(w, idx, v); }
+    __aicore__ inline void BindRow(uint32_t r) { BindWindows(win_, stateGm_, t_, r); }
+    // x = clamp(x, lo, hi) on n int32 lanes
+    __aicore__ inline void ClampInts(const LocalTensor<int32_t>& x, int32_t lo, int32_t hi, uint32_t n) {
+        Maxs(x, x, lo, n);
+        PipeBarrier<PIPE_V>();
+        Mins(x, x, hi, n);
+        PipeBarrier<PIPE_V>();
+    }
+    __aicore__ inline int32_t SlotMax() const { return static_cast<int32_t>(t_.capacity) - 1; }
+    // window buffer of section w holding entries [base, base + nc) (windows are >= nc or whole)
+    __aicore__ inline LocalTensor<int32_t> ChunkOf(Win& w, uint32_t base) {
+        const int32_t id = static_cast<int32_t>(base >> w.wlog);
+        Ensure(w, id);
+        return w.buf[base - static_cast<uint32_t>(id) * w.wlen];
+    }
+    // dst[0:n] = section entries [base, base+n), window by window (vector copies)
+    __aicore__ inline void CopySection(Win& w, uint32_t base, uint32_t n, const LocalTensor<int32_t>& dst) {
+        for (uint32_t done = 0; done < n;) {
+            const uint32_t idx = base + done;
+            const int32_t id = static_cast<int32_t>(idx >> w.wlog);
+            Ensure(w, id);
+            const uint32_t off = idx - static_cast<uint32_t>(id) * w.wlen;
+            const uint32_t cnt = MinU(n - done, WinCount(w, id) - off);
+            Adds(dst[done], w.buf[off], 0, cnt);
+            done += cnt;
+        }
+    }
+    // Streams miss_pos / miss_slots chunk j0 back into vWant_ / vMS_ (tail lanes = 0).
+    __aicore__ inline uint32_t LoadMisses(uint32_t r, uint32_t j0, uint32_t m) {
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint32_t n = MinU(t_.nc, m - j0);
+        if (missChunk_ == static_cast<int32_t>(j0 / t_.nc)) return n;   // still in vWant_ / vMS_
+        missChunk_ = static_cast<int32_t>(j0 / t_.nc);
+        Sync<HardEvent::S_V>();   // the previous chunk's scalar reads of vWant_/vMS_ (write-after-read)
+        Duplicate(vWant_, 0, t_.nc);
+        Duplicate(vMS_, 0, t_.nc);
+        Sync<HardEvent::V_MTE2>();
+        Sync<HardEvent::S_MTE2>();
+        Sync<HardEvent::MTE3_MTE2>();
+        LoadInts(vWant_, missPosGm_[rowN + j0], n, 0);
+        LoadInts(vMS_, missSlotsGm_[rowN + j0], n, 0);
+        Sync<HardEvent::MTE2_V>();
+        Sync<HardEvent::MTE2_S>();
+        return n;
+    }
+    __aicore__ inline void FillTail(const GlobalTensor<int32_t>& g, uint64_t rowN, uint32_t from, uint32_t to) {
+        if (from >= to) return;
+        Duplicate(vT1_, -1, t_.nc);
+        Sync<HardEvent::V_MTE3>();
+        for (uint32_t j = from; j < to; j += t_.nc) StoreInts(g[rowN + j], vT1_, MinU(t_.nc, to - j));
+        Sync<HardEvent::MTE3_V>();
+    }
+
+    // ---------------------------------------------------------------------- row framing
+    // The row was built (reset) with the geometry and lifetime of this call, and its active
+    // capacity (resize) lets a step's N selections fit without leaving the allocation; it is
+    // kept for the victim searches.
+    __aicore__ inline bool HeaderMatches() {
+        activeCap_ = static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderActive));
+        return activeCap_ >= t_.N && activeCap_ <= t_.capacity && HeaderGeometryMatches(headerUb_, t_);
+    }
+    // A row whose header does not match: state and stats untouched; no selection, no miss, and
+    // miss_counts[r] = -1 so the caller can tell (the CPU host raises before this point).
+    __aicore__ inline void RejectRow(uint32_t r) {
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        Sync<HardEvent::S_V>();
+        FillTail(slotsGm_, rowN, 0, t_.N);
+        FillTail(missPosGm_, rowN, 0, t_.N);
+        FillTail(missSlotsGm_, rowN, 0, t_.N);
+        scalarUb_.SetValue(0, -1);
+        Sync<HardEvent::S_MTE3>();
+        StoreInts(missCountsGm_[r], scalarUb_, 1);
+        Sync<HardEvent::MTE3_S>();
+        Sync<HardEvent::MTE3_V>();
+        Sync<HardEvent::MTE3_MTE2>();
+    }
+    // Row start, owner and helpers alike: windows bound, seq_len and header loaded, hit bitmap
+    // cleared; false if the header does not match (the row is left alone). Sets the lookup bound.
+    __aicore__ inline bool StartRow(uint32_t r) {
+        BindRow(r);
+        missChunk_ = -1;
+        Sync<HardEvent::S_MTE2>();
+        Sync<HardEvent::MTE3_MTE2>();
+        LoadInts(scalarUb_, seqGm_[r], 1, 0);
+        DataCopy(headerUb_, stateGm_[static_cast<uint64_t>(r) * t_.width], avsg::kHeaderWords + avsg::kStashCountPad);
+        Duplicate(hitBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.capPad / 16);
+        Sync<HardEvent::MTE2_S>();
+        Sync<HardEvent::V_S>();
+        if (!HeaderMatches()) return false;
+        int32_t seq = scalarUb_.GetValue(0);
+        if (seq > static_cast<int32_t>(avsg::kMaxPosition)) seq = static_cast<int32_t>(avsg::kMaxPosition);
+        if (t_.maxContext && seq > static_cast<int32_t>(t_.maxContext)) seq = static_cast<int32_t>(t_.maxContext);
+        boundF_ = static_cast<float>(seq);
+        lookups_ = hits_ = misses_ = 0;
+        return true;
+    }
+    // padding slots free, so Allocate's free count and the dual pointer's resident runs see only
+    // real slots. Nothing before DecayAndPin reads them in the hash plan (every slot read from
+    // the index or the stash is clamped to [0, S-1]), so a split row resets them after its
+    // lookup: no GM write of the owner overlaps the helpers' reads of slot_pos.
+    template <class Policy>
+    __aicore__ inline void FreePadding() {
+        for (uint32_t s = t_.capacity; s < t_.capPad; ++s) {
+            if (Get(win_[avsg::SEC_SP], s) != -1) Put(win_[avsg::SEC_SP], s, -1);
+            if (Get(win_[avsg::SEC_SL], s) != -1) Put(win_[avsg::SEC_SL], s, -1);
+            if (Policy::kReuse && Get(win_[avsg::SEC_SC], s) != 0) Put(win_[avsg::SEC_SC], s, 0);
+        }
+    }
+
+    PlanTiling t_;
+    GlobalTensor<int32_t> topkGm_, seqGm_, stateGm_, slotsGm_, missPosGm_, missSlotsGm_, missCountsGm_, wsGm_;
+    GlobalTensor<int64_t> statsGm_;
+    TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
+    TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
+    TBuf<TPosition::VECCALC> alignedBuf_, hitBuf_, claimBuf_, pendBuf_, headBuf_, treeBuf_;
+    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_;
+    TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
+    Win win_[avsg::SEC_COUNT];
+    LocalTensor<int32_t> vWant_, vFirst_, vStride_, vFoundI_, vMS_, vLane_, vHMask_;   // nc lanes
+    LocalTensor<float> vWantF_, vFoundF_;
+    LocalTensor<int32_t> wIdx_, wWin_, wSlot_, wTmp_, wKey_;                   // kPlanProbes*nc lanes
+    LocalTensor<int32_t> vLo_, vHi_, vT1_, vT2_, vB_, vKey_, vSlot_;  // aliases
+    LocalTensor<float> vTmpF_;
+    LocalTensor<uint8_t> mKey_, mOwn_, mWin_, mTmp_, mA_, mB_, mC_;
+    LocalTensor<float> sConcat_, sDst_, sTmp_, sOutV_;
+    LocalTensor<uint32_t> sIdx_, sOutI_;
+    LocalTensor<uint32_t> hitBits_, claimBits_, pendBits_;
+    LocalTensor<int32_t> heads_, treeUb_;
+    LocalTensor<int64_t> statsUb_;
+    LocalTensor<int32_t> scalarUb_, headerUb_, countUb_;
+    float boundF_ = 0.0f;
+    __gm__ int32_t* wsBase_ = nullptr;
+    GlobalTensor<int32_t> rowWs_;                 // the row's workspace: the owner core's slice
+    uint32_t split_ = 1, part_ = 0;           // lookup parts of a row (1: not split), this core's part
+    uint32_t activeCap_ = 0;                 // header word 6, checked in [N, S]: victims lie below it
+    int32_t missChunk_ = -1;                 // miss chunk held by vWant_ / vMS_ (LoadMisses), -1: none
+    int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
+};
+
+}  // namespace avsg_kernel
