@@ -259,7 +259,7 @@ def test_counters_raise_after_a_fast_launch_and_return_after_a_strict_one():
 
 # ------------------------------------------------------------------- SyncAll in the fast build
 
-FAST_SYNC_CPP = ROOT / "tests" / "emulation" / "cpp" / "fast_syncall.cpp"
+FAST_SYNC_CPP = ROOT / "tests" / "kernels" / "emulation" / "cpp" / "fast_syncall.cpp"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The reuse residency policy (the default): its state, what invalidate does to it, the header
+"""The reuse residency policy: its state, what invalidate does to it, the header
 that ties a state to its policy, and the kernels against an independent sort-based model.
 
 Bit-exactness of the kernels with the reference on random sessions, MTP, invalidate/reset,
@@ -160,7 +160,7 @@ def test_ghosts_collide_modulo_g():
     """Positions G apart share a ghost entry: the later eviction wins, and the earlier position
     returns as a stranger (count 0 + 2); an untouched ghost returns its count. Two slots and two
     selections per step: every step of new positions evicts both."""
-    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=2)
+    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=2, policy="reuse")
     G = buf.layout.ghosts
     seq = torch.tensor([4 * G], dtype=I32)
 

@@ -27,8 +27,8 @@ Variants (all get the same arrivals and the same budget of buffer slots):
 With ``tpot_slo_ms`` every variant also stops admitting when the projected step time (the last
 iteration's mean misses per request, the newcomers' contexts) would exceed the SLO.
 
-Left out: prefill, MTP, the residency policy's gain over LRU (the default ``reuse`` policy beats
-exact LRU on the shared traces), kernel launch and host overheads, and queueing on a link shared
+Left out: prefill, MTP, the residency policy's difference from LRU (``reuse`` hits more than exact
+LRU on the shared traces, the default ``lifetime`` a little less), kernel launch and host overheads, and queueing on a link shared
 between cards.
 """
 from __future__ import annotations

@@ -31,7 +31,7 @@ import torch
 
 from ..cli_util import (UsageError, check_memory_total, int_in, keep_freed_memory, output_path,
                         progress_bar)
-from .. import model_config
+from .. import model_config, reference
 from ..runtime import store as _stores  # noqa: F401  (registers the stores)
 from ..runtime.base import STORES, StoreSpec
 from ..runtime.context import ContextFill
@@ -76,8 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
                         help="buffer slots per row and layer for the avsg mode, (1 + mtp) x "
                              "top-k..32768 (default 8192)")
-    parser.add_argument("--policy", choices=("reuse", "lifetime", "lru"), default="reuse",
-                        help="the avsg buffers' residency policy (default reuse)")
+    parser.add_argument("--policy", choices=("lifetime", "reuse", "lru"),
+                        default=reference.DEFAULT_POLICY,
+                        help=f"the avsg buffers' residency policy (default "
+                             f"{reference.DEFAULT_POLICY})")
     parser.add_argument("--lifetime", type=int_in(1, 255), default=None,
                         help="the lifetime policy's L, 1..255 (default 16; only with --policy "
                              "lifetime)")
@@ -542,7 +544,8 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
             sel = None
     if sel is None or sel.shape[2] != config.index_topk:
         sel, positions, context_max = synthetic_selections(2, 48 + 4 * T, config.index_topk, 32768)
-    counters = plan_cost.counted_plan_on(sel, positions, int(context_max), "reuse", T, capacity)
+    counters = plan_cost.counted_plan_on(sel, positions, int(context_max), args.policy, T,
+                                        capacity)
     costs = plan_cost.Costs({"avsg": {T: plan_cost.counted_us(counters, hw)}}, 0.0, "")
     context = int(np.mean([r.context_len for r in workload.requests]))
     projected = projection.project(config, hw, traffic, costs, workload.rows, context, cards=32,

@@ -112,13 +112,15 @@ def _check_args(args) -> None:
 def _counted_plan_us(trace, hw) -> float:
     """The default policy's plan cost per row (one query token, capacity 8192), read from the
     kernel's counted work on the first trace's first layers."""
+    from .. import reference
     from ..costmodel import plan_cost
     steps = min(64, trace.sel.shape[1])
     if steps < 4:
         raise UsageError(f"--trace-steps: expected >= 4 for plan's counted cost, got {steps}")
     sel = np.asarray(trace.sel[:2, :steps])
     counters = plan_cost.counted_plan_on(sel, np.asarray(trace.positions[:steps]), int(trace.T),
-                                      "reuse", 1, 8192, warmup=min(48, steps - 3))
+                                         reference.DEFAULT_POLICY, 1, 8192,
+                                         warmup=min(48, steps - 3))
     return plan_cost.counted_us(counters, hw)
 
 
@@ -257,7 +259,7 @@ def main(args: argparse.Namespace) -> int:
     bar.close()
     _print_variants(results)
     _print_microbatch(mb_results)
-    print("\n  Left out: prefill, MTP, the reuse policy's gain over LRU, launch/host overheads, a "
+    print("\n  Left out: prefill, MTP, the residency policy's difference from LRU, launch/host overheads, a "
           "link shared between cards; nothing here ran on an NPU.")
     path = os.path.join(out_dir, "serve_sim.json")
     with open(path, "w") as f:

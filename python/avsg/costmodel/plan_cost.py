@@ -10,11 +10,12 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .. import reference
 from . import hardware
 from .traffic import Traffic
 from ..traces.lookup import load_selections
 
-PLAN_POLICY = {"avsg": "reuse", "lru-device": "lru"}
+PLAN_POLICY = {"avsg": reference.DEFAULT_POLICY, "lru-device": "lru"}
 
 
 # ---------------------------------------------------------------- counted matching costs

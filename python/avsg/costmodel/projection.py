@@ -22,7 +22,7 @@ A projection, not a measurement: nothing here has run on an NPU.
                     counted-work model (:func:`slotmap_counters`). On a miss with the buffer full it
                     evicts in FIFO order (oldest fill first), skipping slots this step hits: a
                     lookup-only kernel keeps no per-hit recency. Copies overlap attention.
-``avsg``            the op's default policy (``reuse``), its counted plan cost; gather then
+``avsg``            the op's default policy (``lifetime``), its counted plan cost; gather then
                     attention (``--overlap`` lets its copies overlap attention too).
 
 **Inputs**, measured in the same run: the rows each mode copies per layer and iteration, replayed

@@ -71,7 +71,8 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
     is not counted."""
     from ..traces import format as trace_format
     from ..traces.mtp import draw_accepted
-    from ..traces.policies import StepInput, make_policy, unique_rows
+    from .. import reference
+    from ..traces.policies import OP_POLICY, StepInput, make_policy, unique_rows
     from .. import backend
     trace = trace_format.load_trace(trace_path, check_values=False)
     sel = trace.sel[:layers, :steps] if layers else trace.sel[:, :steps]
@@ -81,7 +82,8 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
     if N < Tq + 1:
         raise ValueError(f"trace: expected at least {Tq + 1} steps, got {N}")
     max_pos = int(trace.T) + 8
-    pols = {"avsg": make_policy("avsg", L, capacity, K, Tq, max_pos=max_pos),
+    pols = {"avsg": make_policy(OP_POLICY[reference.DEFAULT_POLICY], L, capacity, K, Tq,
+                                max_pos=max_pos),
             "lru-device": make_policy("lru", L, capacity, K, Tq, max_pos=max_pos),
             "slotmap-device": _slotmap_policy_class()(L, capacity, K, Tq, max_pos),
             "lru-host": make_policy("lru", L * Tq, topk_buffer, K, 1, max_pos=max_pos)}

@@ -161,7 +161,7 @@ class SparseOffloadManager:
                  write_through: bool = False, auto_invalidate: bool = True,
                  check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
                  timers: Optional[Callable[[str], ContextManager]] = None,
-                 policy: str = "reuse", max_context: Optional[int] = None):
+                 policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None):
         require_int("num_layers", num_layers, low=1)
         require_int("max_rows", max_rows, low=1)
         require_int("resident_block_size", resident_block_size, low=1)

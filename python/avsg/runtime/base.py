@@ -34,6 +34,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Type
 
 import torch
 
+from .. import reference
 from ..kvformat import KVFormat
 from .step import NULL_TIMERS, StepBatch, Timers
 
@@ -56,7 +57,7 @@ class StoreSpec:
     kv_format: KVFormat
     device: torch.device
     capacity: int = 8192
-    policy: str = "reuse"               # avsg: the buffers' residency policy (SparseKVBuffer)
+    policy: str = reference.DEFAULT_POLICY   # avsg: the buffers' residency policy
     lifetime: int = 16                  # avsg: the lifetime policy's L
     block_size: int = 128
     write_through: bool = False         # avsg: a pass's new KV into its reserved slots directly

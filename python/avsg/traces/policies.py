@@ -47,11 +47,12 @@ Policies (names used by the CLI):
                    demand fetching and pinned step sets, this farthest-next-use rule is optimal (the
                    classical exchange argument holds with steps as the time unit), so no demand policy
                    that keeps the constraint gets more hits.
-``avsg``           the real :class:`avsg.SparseKVBuffer` (``plan`` op) with its default residency
-                   policy (``reuse``: counts, log-recency, block heat; no ``max_context``: its state
-                   is sized by the buffer), one buffer row per trace row; all rows are planned in one batched call
-                   per step. hits = unique selections - ``plan.miss_counts``.
-``avsg-lifetime``  the same op with the paper's lifetime policy, lifetime ``lifetime`` (default 16).
+``avsg``           the real :class:`avsg.SparseKVBuffer` (``plan`` op) with its ``reuse`` residency
+                   policy (counts, log-recency, block heat; its state is sized by the buffer), one
+                   buffer row per trace row; all rows are planned in one batched call per step.
+                   hits = unique selections - ``plan.miss_counts``.
+``avsg-lifetime``  the same op with the paper's lifetime policy, lifetime ``lifetime`` (default 16):
+                   the buffer's default (``avsg.reference.DEFAULT_POLICY``).
 ``avsg-lru``       the same op with its ``lru`` policy (exact LRU at step granularity; ties within a
                    step go by slot, where ``lru`` breaks them by position).
 """
@@ -504,6 +505,9 @@ POLICIES: Dict[str, Callable[..., Policy]] = {
     "avsg-lifetime": AVSGLifetimePolicy,
     "avsg-lru": AVSGLruPolicy,
 }
+
+#: the trace policy that drives the op with each of its residency policies
+OP_POLICY = {"reuse": "avsg", "lifetime": "avsg-lifetime", "lru": "avsg-lru"}
 
 # options each policy accepts (from the CLI / make_policy(**opts)); others are ignored
 _POLICY_OPTS = {
