@@ -648,7 +648,9 @@ class SparseOffloadManager:
         self._host(layer)                   # a pool to gather from, before anything runs
         news = self._new_kv_rows(new_kv, N)
         if (self.check if check is None else check) and not _tracing():
-            self._check_topk(topk_pos.reshape(N, 1, K), meta)
+            def where(t, k=None):
+                return f"topk_pos[{t // q}, {t % q}" + ("]" if k is None else f", {k}]")
+            self._check_topk(topk_pos.reshape(N, 1, K), meta, where)
 
         state_rows = self.state_row_of_batch_row
         with self._phase("plan"):
@@ -747,25 +749,31 @@ class SparseOffloadManager:
             flat = storage.view(R * S + 1, storage.shape[-1])
             flat.index_copy_(0, target.reshape(-1), rows.index_select(0, token.reshape(-1)))
 
-    def _check_topk(self, topk: torch.Tensor, meta: StepMeta) -> None:
+    def _check_topk(self, topk: torch.Tensor, meta: StepMeta, where=None) -> None:
+        """``topk`` ``[num_tokens, 1, K]``; ``where(token, index)`` names an entry in the
+        caller's layout (default: ``topk_indices[token=t, 0, index=k]``)."""
+        if where is None:
+            def where(t, k=None):
+                return f"topk_indices[token={t}]" if k is None else \
+                    f"topk_indices[token={t}, 0, index={k}]"
         sel = topk[:, 0, :]
         planned = meta.planned[:, None].expand_as(sel)
         below = planned & (sel < -1)
         if bool(below.any()):
             t, k = (int(i) for i in below.nonzero()[0])
-            raise ValueError(f"topk_indices[token={t}, 0, index={k}] = {int(sel[t, k])}: only -1 "
-                             f"may be negative (it means 'no selection')")
+            raise ValueError(f"{where(t, k)} = {int(sel[t, k])}: only -1 may be negative (it "
+                             f"means 'no selection')")
         beyond = planned & (sel >= meta.token_seq_lens[:, None])
         if bool(beyond.any()):
             t, k = (int(i) for i in beyond.nonzero()[0])
-            raise ValueError(f"topk_indices[token={t}, 0, index={k}] = {int(sel[t, k])} is beyond "
-                             f"its request's seq_len = {int(meta.token_seq_lens[t])}")
+            raise ValueError(f"{where(t, k)} = {int(sel[t, k])} is beyond its request's seq_len "
+                             f"= {int(meta.token_seq_lens[t])}")
         ordered, order = sel.sort(dim=1, stable=True)
         repeat = planned[:, 1:] & (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
         if bool(repeat.any()):
             t, i = (int(x) for x in repeat.nonzero()[0])
-            raise ValueError(f"topk_indices[token={t}]: position {int(ordered[t, i])} is repeated "
-                             f"at index {int(order[t, i])} and index {int(order[t, i + 1])}")
+            raise ValueError(f"{where(t)}: position {int(ordered[t, i])} is repeated at index "
+                             f"{int(order[t, i])} and index {int(order[t, i + 1])}")
 
     # ------------------------------------------------------------------------ write path
     def write_kv(self, layer: int, slot_mapping: torch.Tensor, kv: Sequence[torch.Tensor],
