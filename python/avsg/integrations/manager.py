@@ -1,5 +1,17 @@
 """``SparseOffloadManager``: the AVSG buffers of a whole model, driven by an engine's flat batches.
 
+One forward pass, who calls what ("One pass" below has the details)::
+
+    begin_step / begin_step_rtk    once per pass, before any layer      (the pass's StepMeta)
+    write_kv                       per layer                            (host pool)
+    retrieve / retrieve_rtk        per layer, once                      (one invalidate, one plan,
+                                                                         one gather)
+    invalidate                     between passes, as the engine needs  (records; launches nothing)
+
+``begin_step`` / ``retrieve`` take an engine's flattened TND batch (vLLM's: top-k
+``[num_tokens, 1, K]``) and return sparse flash attention's inputs; the ``_rtk`` pair takes a
+uniform pass's ``[R, T, K]`` (the runtime's ``avsg`` store) and returns its slots as ``[R, T, K]``.
+
 Three index spaces are kept apart throughout (README, "API"): a ``pos`` is a request-relative
 token position (what the indexer selects), a *host row* is where that position lives in the
 engine's paged host pool (``block_table[req, pos // bs] * bs + pos % bs``: vLLM's slot mapping),
@@ -31,14 +43,6 @@ block table* int32 ``[R, S/bs]``: batch row ``b`` lists the pages of its state r
 
 One pass
 --------
-Who calls what, once per forward pass and once per layer::
-
-    begin_step / begin_step_rtk    once per pass, before any layer      (the per-pass StepMeta)
-    write_kv                       per layer                            (host pool)
-    retrieve / retrieve_rtk        per layer                            (one invalidate, one plan,
-                                                                         one gather)
-    invalidate                     between passes, as the engine needs  (records, launches nothing)
-
 1. ``begin_step(query_start_loc, seq_lens, block_table, num_tokens)``, once per forward pass, for
    an engine with a flattened TND batch (vLLM's): maps every token to its request, its batch row,
    its state row and its query index ``j`` within the request, and reorders ``seq_lens`` and the
@@ -70,14 +74,14 @@ Who calls what, once per forward pass and once per layer::
       ``buffer[row, slot]`` itself reads), and compacts nothing.
 
 Stale copies. The manager never serves a position's old bytes after a pass rewrote it. A pass
-rewrites positions ``[seq_len - q_len, seq_len)`` of each of its requests. Drops wait in one table,
-per layer and state row the lowest position to drop (``_drop_from``), until the layer's next plan,
-which applies them in its one invalidate launch (3a); only a plan can read a resident copy, so a
-recorded drop is as good as an applied one, and no copy is ever read stale. Three things record:
-``invalidate`` (the engine's rejected drafts; for every layer it names), ``begin_step`` for a
-request that bypasses the buffer (``q_len > T``: it may still hold copies of positions it rewrites,
-e.g. rejected drafts of its previous pass; for every layer, also when the engine calls no
-``retrieve`` for the bypassing pass, and also with ``auto_invalidate`` off), and ``add`` clears a
+rewrites positions ``[seq_len - q_len, seq_len)`` of each of its requests. Drops wait in one table
+(``_rewritten_from``: per layer and state row, the lowest position to drop) until the layer's next
+plan, which applies them in its one invalidate launch (3a); only a plan can read a resident copy,
+so a recorded drop is as good as an applied one, and no copy is ever read stale. ``invalidate``
+records (the engine's rejected drafts, for the layers it names); so does ``begin_step`` for a
+request that bypasses the buffer (``q_len > T``: it may still hold copies of positions it
+rewrites, e.g. rejected drafts of its previous pass), for every layer, also when the engine calls
+no ``retrieve`` for the bypassing pass and also with ``auto_invalidate`` off; ``add`` clears a
 row's record (its state is reset). ``resident(layer, row)`` shows what a plan can still hit.
 
 Ordering. Every step's host writes (step 2) must be visible to the host reads of a later gather:
@@ -248,7 +252,7 @@ class SparseOffloadManager:
         self._sync_tables()
         # per layer and state row: the lowest position to drop before the layer's next plan
         # (module docstring, "Stale copies"); _NO_LIMIT = nothing pending
-        self._drop_from = torch.full((num_layers, R), _NO_LIMIT, dtype=torch.int32,
+        self._rewritten_from = torch.full((num_layers, R), _NO_LIMIT, dtype=torch.int32,
                                      device=self.device)
         self.h2d_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         self.write_through_rows = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -339,7 +343,7 @@ class SparseOffloadManager:
         mask[self._state_row_host[row]] = True
         for buf in self.buffers:
             buf.reset(mask)
-        self._drop_from[:, self._state_row_host[row]] = _NO_LIMIT     # nothing left to drop
+        self._rewritten_from[:, self._state_row_host[row]] = _NO_LIMIT     # nothing left to drop
         self._occupied_host[row] = True
         self._sync_tables()
 
@@ -407,22 +411,24 @@ class SparseOffloadManager:
 
     def _record_drops(self, state_order: torch.Tensor, layers: Optional[Sequence[int]] = None
                       ) -> None:
-        """Drops accumulate: ``_drop_from[layer] = min(_drop_from[layer], state_order)`` for
-        ``layers`` (default: all)."""
+        """Drops accumulate: ``_rewritten_from[layer]`` becomes its minimum with ``state_order``
+        for ``layers`` (default: all)."""
         if layers is None:
-            torch.minimum(self._drop_from, state_order[None, :], out=self._drop_from)
+            torch.minimum(self._rewritten_from, state_order[None, :],
+                          out=self._rewritten_from)
             return
         index = torch.tensor(sorted(set(layers)), dtype=torch.int64, device=self.device)
         if index.numel():
-            pending = self._drop_from.index_select(0, index)
-            self._drop_from.index_copy_(0, index, torch.minimum(pending, state_order[None, :]))
+            pending = self._rewritten_from.index_select(0, index)
+            self._rewritten_from.index_copy_(0, index,
+                                             torch.minimum(pending, state_order[None, :]))
 
     def resident(self, layer: int, row: int) -> Dict[int, int]:
         """``{pos: slot}`` that a plan of ``layer`` can hit for batch row ``row``: the buffer's
         residency less the drops still waiting for that plan (inspection and tests; syncs)."""
         self._layer(layer)
         state_row = self.state_row(row)
-        limit = int(self._drop_from[layer, state_row])
+        limit = int(self._rewritten_from[layer, state_row])
         return {pos: slot for pos, slot in self.buffers[layer].resident(state_row).items()
                 if pos < limit}
 
@@ -683,11 +689,11 @@ class SparseOffloadManager:
         positions with ``auto_invalidate``), then its plan of ``topk_pos`` ``[R, T, K]`` in
         state-row order."""
         buf = self.buffers[layer]
-        limit = self._drop_from[layer]
+        limit = self._rewritten_from[layer]
         if self.auto_invalidate:
             limit = torch.minimum(limit, meta.stable_lens)
         buf.invalidate(limit)
-        self._drop_from[layer].fill_(_NO_LIMIT)
+        self._rewritten_from[layer].fill_(_NO_LIMIT)
         return buf.plan(topk_pos, meta.seq_lens, check=False)
 
     def _gather(self, layer: int, plan: Plan, meta: StepMeta, news) -> torch.Tensor:
