@@ -17,10 +17,10 @@ One ``step()``:
 
 Forward passes of one step: the verification (the ``L`` main layers), with MTP-n the catch-up
 (the MTP layer) and ``n - 1`` drafts (the MTP layer); admitting a prompt adds its prefill passes
-(``prefill=True``: no retrieve) and the drafts that follow them. Each pass
-calls ``store.begin_pass`` once and then, per layer, offload, select, retrieve and attention
-(``base``); invalidation runs between passes. All passes share one ``ForwardContext``, the only
-place the engine holds its algorithm and store (``engine.store = s`` swaps the store).
+(``prefill=True``: no retrieve) and the drafts that follow them. Each pass calls
+``store.begin_pass`` once and then, per layer, offload, select, retrieve and attention (``base``);
+invalidation runs between passes. All passes share one ``ForwardContext``, the only place the
+engine holds its algorithm and store (``engine.store = s`` swaps the store).
 
 The engine sees only ``model``, a ``SparseAlgorithm`` and a ``KVStore``: it has no mode branches.
 It syncs with the host once per step, to hand out tokens and decide which requests finished.
