@@ -6,6 +6,7 @@ conftest puts tests/ on the path).
     gather_cases.py   gather cases: pools, row formats, miss lists; kernel vs reference runners
     npu.py            why NPU tests skip here; compiling NPU host code against the stand-ins
     kernel_build.py   the strict_kernels marker and fixture of the runtime / integration tests
+    engine.py         engine drivers of the runtime tests: tiny model, prompts, engine, run
     engine_harness.py a serving loop over the engine for the integration tests
 
 ``REPO`` is the repository root; ``SHARED`` the shared test inputs beside it (``../shared``, or

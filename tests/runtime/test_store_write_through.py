@@ -8,7 +8,7 @@ import torch
 from avsg.runtime.base import STORES
 from avsg.runtime.scheduler import Request
 
-from test_engine import make_engine, prompts_for, run_requests, tiny_model  # noqa: F401
+from helpers.engine import make_engine, prompts_for, run_requests, tiny_model  # noqa: F401
 
 
 def test_write_through_keeps_outputs_and_saves_fresh_copies(tiny_model):  # noqa: F811
@@ -21,8 +21,7 @@ def test_write_through_keeps_outputs_and_saves_fresh_copies(tiny_model):  # noqa
                                     capacity=3 * config.index_topk + 8)
         if write_through:
             store = STORES["avsg"](dataclasses.replace(store.spec, write_through=True))
-            engine.store = store
-            engine.ctx.store = engine.verify_ctx.store = engine.prefill_ctx.store = store
+            engine.store = store            # the engine holds its store in one place
         requests = [Request(id=i, max_new_tokens=10, prompt=p) for i, p in enumerate(prompts)]
         results[name] = run_requests(engine, requests)
         stores[name] = store

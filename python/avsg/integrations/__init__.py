@@ -5,6 +5,6 @@ or a MindIE model already has per step (top-k in TND layout, query start offsets
 the host pool's block table) and returns what sparse flash attention reads. See
 ``docs/vllm-ascend.md`` and ``docs/mindie.md``.
 """
-from .manager import SparseAttentionInputs, SparseOffloadManager, StepMeta
+from .manager import RowSlots, SparseAttentionInputs, SparseOffloadManager, StepMeta
 
-__all__ = ["SparseOffloadManager", "SparseAttentionInputs", "StepMeta"]
+__all__ = ["SparseOffloadManager", "SparseAttentionInputs", "RowSlots", "StepMeta"]

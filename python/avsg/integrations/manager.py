@@ -1,5 +1,17 @@
 """``SparseOffloadManager``: the AVSG buffers of a whole model, driven by an engine's flat batches.
 
+One forward pass, who calls what ("One pass" below has the details)::
+
+    begin_step / begin_step_rtk    once per pass, before any layer      (the pass's StepMeta)
+    write_kv                       per layer                            (host pool)
+    retrieve / retrieve_rtk        per layer, once                      (one invalidate, one plan,
+                                                                         one gather)
+    invalidate                     between passes, as the engine needs  (records; launches nothing)
+
+``begin_step`` / ``retrieve`` take an engine's flattened TND batch (vLLM's: top-k
+``[num_tokens, 1, K]``) and return sparse flash attention's inputs; the ``_rtk`` pair takes a
+uniform pass's ``[R, T, K]`` (the runtime's ``avsg`` store) and returns its slots as ``[R, T, K]``.
+
 Three index spaces are kept apart throughout (docs/design.md §2): a ``pos`` is a request-relative
 token position (what the indexer selects), a *host row* is where that position lives in the
 engine's paged host pool (``block_table[req, pos // bs] * bs + pos % bs``: vLLM's slot mapping),
@@ -29,38 +41,48 @@ buffer as a paged cache ``[R*S/bs, bs, 1, width]`` (``resident_kv``) read throug
 block table* int32 ``[R, S/bs]``: batch row ``b`` lists the pages of its state row ``s``,
 ``[s*S/bs, (s+1)*S/bs)``. Slots run ``0..S-1``, so the kv length of every buffered request is ``S``.
 
-One step
+One pass
 --------
-1. ``begin_step(query_start_loc, seq_lens, block_table, num_tokens)``, once per forward pass:
-   maps every token to its request, its batch row, its state row and its query index ``j`` within
-   the request, and reorders ``seq_lens`` and the host block table into state-row order. A request
-   with ``1..T`` tokens (``T = queries_per_step = 1 + drafts``: decode, MTP verification, a short
-   chunk) goes through the buffer; a longer one (a prefill chunk) bypasses it: its slots are ``-1``
-   and ``planned`` is False for its tokens, and the engine runs it on its own prefill path.
+1. ``begin_step(query_start_loc, seq_lens, block_table, num_tokens)``, once per forward pass, for
+   an engine with a flattened TND batch (vLLM's): maps every token to its request, its batch row,
+   its state row and its query index ``j`` within the request, and reorders ``seq_lens`` and the
+   host block table into state-row order. A request with ``1..T`` tokens (``T =
+   queries_per_step = 1 + drafts``: decode, MTP verification, a short chunk) goes through the
+   buffer; a longer one (a prefill chunk) bypasses it: its slots are ``-1`` and ``planned`` is
+   False for its tokens, and the engine runs it on its own prefill path.
+   ``begin_step_rtk(seq_lens, queries, block_table, active)`` is the same for an engine whose
+   pass is uniform, ``queries`` tokens in every active batch row (the runtime's ``[R, T, K]``).
 2. ``write_kv(layer, slot_mapping, kv)``: this pass's new KV goes to the host pool at the host
    rows the engine's slot mapping names (decode and prefill alike, in the engine's block layout).
-3. ``retrieve(layer, topk_indices, meta, new_kv=...)``, per layer:
-   * positions ``>= seq_len - q_len`` (this pass's own positions, rewritten now: rejected MTP
-     drafts of the previous step among them) are invalidated first, as vllm-ascend's
-     ``stable_prefix_lens`` does, so a stale speculative copy is never a hit (see "Stale
-     copies" below for the requests that bypass the buffer);
-   * ``plan``: the ``[num_tokens, 1, K]`` top-k is scattered into ``[R, T, K]`` (all ``T`` query
-     tokens of a request share its state row) and matched against the buffer;
-   * ``gather`` copies the misses host -> buffer through the host block table;
-   * with ``write_through`` and ``new_kv``, a miss on one of this pass's own positions is copied
-     from ``new_kv`` (already on the device) into its reserved slot instead of from the host;
-   * the slots come back in TND layout ``[num_tokens, 1, K]``, valid entries first (order kept)
-     and ``-1`` after, with the resident block table and the kv lengths.
+3. ``retrieve(layer, topk_indices, meta, new_kv=...)``, per layer (``retrieve_rtk`` takes the
+   top-k as ``[R, q, K]`` instead and returns the slots the same way, see 3e):
+
+   a. one ``invalidate`` launch drops what the layer must not serve any more: the drops recorded
+      for it since its last plan (``invalidate`` calls, bypassing passes) and, with
+      ``auto_invalidate``, this pass's own positions ``>= seq_len - q_len`` (rewritten now:
+      rejected MTP drafts of the previous step among them), as vllm-ascend's
+      ``stable_prefix_lens`` does ("Stale copies" below);
+   b. ``plan``: the ``[num_tokens, 1, K]`` top-k is scattered into ``[R, T, K]`` (all ``T`` query
+      tokens of a request share its state row) and matched against the buffer;
+   c. ``gather`` copies the misses host -> buffer through the host block table;
+   d. with ``write_through`` and ``new_kv``, a miss on one of this pass's own positions is copied
+      from ``new_kv`` (already on the device) into its reserved slot instead of from the host;
+   e. ``retrieve`` returns the slots in TND layout ``[num_tokens, 1, K]``, valid entries first
+      (order kept) and ``-1`` after, with the resident block table and the kv lengths (sparse
+      flash attention's inputs); ``retrieve_rtk`` returns them as ``[R, q, K]`` in selection
+      order, batch order, with the positions it copied from the host (what a caller that gathers
+      ``buffer[row, slot]`` itself reads), and compacts nothing.
 
 Stale copies. The manager never serves a position's old bytes after a pass rewrote it. A pass
-rewrites positions ``[seq_len - q_len, seq_len)`` of each of its requests. For a buffered request
-the layer's ``retrieve`` drops them before it plans (``auto_invalidate``; without it the engine
-calls ``invalidate`` itself). A request that bypasses the buffer (``q_len > T``) may still hold
-copies of some of them, e.g. rejected drafts of its previous pass: ``begin_step`` records its
-``seq_len - q_len`` for every layer, and each layer's next ``retrieve`` drops those positions in
-the same invalidate launch, before its plan, also when ``auto_invalidate`` is off and also when
-the engine skipped ``retrieve`` for the bypassing pass (the record accumulates until it is used).
-Only a plan can read a resident copy, so none is ever read stale.
+rewrites positions ``[seq_len - q_len, seq_len)`` of each of its requests. Drops wait in one table
+(``_rewritten_from``: per layer and state row, the lowest position to drop) until the layer's next
+plan, which applies them in its one invalidate launch (3a); only a plan can read a resident copy,
+so a recorded drop is as good as an applied one, and no copy is ever read stale. ``invalidate``
+records (the engine's rejected drafts, for the layers it names); so does ``begin_step`` for a
+request that bypasses the buffer (``q_len > T``: it may still hold copies of positions it
+rewrites, e.g. rejected drafts of its previous pass), for every layer, also when the engine calls
+no ``retrieve`` for the bypassing pass and also with ``auto_invalidate`` off; ``add`` clears a
+row's record (its state is reset). ``resident(layer, row)`` shows what a plan can still hit.
 
 Ordering. Every step's host writes (step 2) must be visible to the host reads of a later gather:
 on an NPU both are on the compute stream, so stream order suffices; a copy engine on another
@@ -68,16 +90,17 @@ stream needs an event. Within one pass, ``write_kv`` for a layer comes before ``
 layer when write-through is off (the gather may fetch this pass's positions from the host); with
 write-through those rows are never read from the host, so the host write may overlap the gather.
 
-Fixed shapes, no host sync: ``begin_step`` and ``retrieve`` only launch fixed-shape tensor ops
-(with ``check=False``, the NPU default; ``check=True`` reads values and raises ``ValueError``
-naming the argument), so ``torch.compile(fullgraph=True)`` and graph capture can take a layer
-step. Lifecycle calls (``add``, ``free``, ``move_row``, ``swap_rows``) run between steps on the
-host and update the device tables in place.
+Fixed shapes, no host sync: ``begin_step``, ``retrieve``, their ``_rtk`` forms and ``invalidate``
+only launch fixed-shape tensor ops (with ``check=False``, the NPU default; ``check=True`` reads
+values and raises ``ValueError`` naming the argument), so ``torch.compile(fullgraph=True)`` and
+graph capture can take a layer step. Lifecycle calls (``add``, ``free``, ``move_row``,
+``swap_rows``) run between steps on the host and update the device tables in place.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Callable, ContextManager, Dict, List, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 import torch
 
@@ -110,7 +133,8 @@ class StepMeta(NamedTuple):
     token_base: torch.Tensor         # int64 [R]  token index of this pass's position p = p + base
     block_table: torch.Tensor        # int32 [R, max_blocks] host block table, state-row order
     kv_lens: torch.Tensor            # int32 [Q]  resident kv length per request (S or 0)
-    query_start_loc: torch.Tensor    # int32 [Q + 1] as given
+    query_start_loc: torch.Tensor    # int32 [Q + 1] as given (begin_step_rtk: arange * queries)
+    buffered: torch.Tensor           # bool  [R]  per state row: a request planned this pass
 
 
 class SparseAttentionInputs(NamedTuple):
@@ -122,6 +146,15 @@ class SparseAttentionInputs(NamedTuple):
     planned: torch.Tensor            # bool  [N]        False: bypassed (prefill) or padding
     plan: Plan                       # the layer's plan, state-row order (accounting, tests)
     host_copied: torch.Tensor        # bool  [R, T*K]   miss entries fetched from the host
+
+
+class RowSlots(NamedTuple):
+    """What ``retrieve_rtk`` returns, in batch order: what a caller with ``[R, q, K]`` selections
+    reads, nothing compacted."""
+    slots: torch.Tensor              # int32 [R, q, K]  slot of each selection (selection order)
+    host_pos: torch.Tensor           # int32 [R, T*K]   positions copied from the host, -1 after
+    host_counts: torch.Tensor        # int32 [R]        how many (the valid prefix of host_pos)
+    plan: Plan                       # the layer's plan, state-row order (accounting, tests)
 
 
 class SparseOffloadManager:
@@ -218,10 +251,10 @@ class SparseOffloadManager:
         self.resident_block_table = torch.empty(R, self.pages_per_row, dtype=torch.int32,
                                                 device=self.device)
         self._sync_tables()
-        # per layer and state row: the first position a bypassing pass rewrote since the layer's
-        # last retrieve (module docstring, "Stale copies"); _NO_LIMIT = nothing pending
+        # per layer and state row: the lowest position to drop before the layer's next plan
+        # (module docstring, "Stale copies"); _NO_LIMIT = nothing pending
         self._rewritten_from = torch.full((num_layers, R), _NO_LIMIT, dtype=torch.int32,
-                                          device=self.device)
+                                     device=self.device)
         self.h2d_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         self.write_through_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         self.host_kv: Optional[List[Tuple[torch.Tensor, ...]]] = None
@@ -357,8 +390,11 @@ class SparseOffloadManager:
         return self._state_row_host[self._row("row", row)]
 
     def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
-        """Drop positions ``>= valid_lens[b]`` (int32 ``[max_rows]``, batch order) of ``layers``
-        (default: all), e.g. rejected drafts. Free rows should pass ``2**24`` (or anything)."""
+        """Positions ``>= valid_lens[b]`` (int32 ``[max_rows]``, batch order) of ``layers``
+        (default: all) will be written again, e.g. rejected drafts: each of those layers drops
+        them in the invalidate launch of its next ``retrieve``, before it plans. Nothing is
+        launched here: only a plan reads a resident copy ("Stale copies"). Free rows should pass
+        ``2**24`` (or anything)."""
         require_tensor("valid_lens", valid_lens, torch.int32, (self.max_rows,), self.device)
         if layers is None:
             layers = range(self.num_layers)
@@ -369,8 +405,33 @@ class SparseOffloadManager:
             require_int(f"layers[{i}]", layer, low=0, high=self.num_layers - 1)
         state_order = torch.empty_like(valid_lens)
         state_order.index_copy_(0, self.state_row_of_batch_row, valid_lens)
-        for layer in layers:
-            self.buffers[layer].invalidate(state_order)
+        if isinstance(layers, range) and layers == range(self.num_layers):
+            self._record_drops(state_order)
+        else:
+            self._record_drops(state_order, layers)
+
+    def _record_drops(self, state_order: torch.Tensor, layers: Optional[Sequence[int]] = None
+                      ) -> None:
+        """Drops accumulate: ``_rewritten_from[layer]`` becomes its minimum with ``state_order``
+        for ``layers`` (default: all)."""
+        if layers is None:
+            torch.minimum(self._rewritten_from, state_order[None, :],
+                          out=self._rewritten_from)
+            return
+        index = torch.tensor(sorted(set(layers)), dtype=torch.int64, device=self.device)
+        if index.numel():
+            pending = self._rewritten_from.index_select(0, index)
+            self._rewritten_from.index_copy_(0, index,
+                                             torch.minimum(pending, state_order[None, :]))
+
+    def resident(self, layer: int, row: int) -> Dict[int, int]:
+        """``{pos: slot}`` that a plan of ``layer`` can hit for batch row ``row``: the buffer's
+        residency less the drops still waiting for that plan (inspection and tests; syncs)."""
+        self._layer(layer)
+        state_row = self.state_row(row)
+        limit = int(self._rewritten_from[layer, state_row])
+        return {pos: slot for pos, slot in self.buffers[layer].resident(state_row).items()
+                if pos < limit}
 
     def _phase(self, name: str) -> ContextManager:
         if self._timers is None or tracing():
@@ -415,13 +476,62 @@ class SparseOffloadManager:
             self._check_step(query_start_loc, seq_lens, block_table, num_tokens)
 
         qsl = query_start_loc.to(torch.int64)
-        q_len = qsl[1:] - qsl[:-1]
-        seq = seq_lens.to(torch.int64)
         token = torch.arange(num_tokens, dtype=torch.int64, device=self.device)
         req = torch.searchsorted(qsl[1:].contiguous(), token, right=True).clamp(max=Q - 1)
         j = token - qsl[req]
+        live = (token < qsl[Q]) & (j >= 0)
+        return self._step_meta(qsl[:-1], qsl[1:] - qsl[:-1], seq_lens, block_table, req, j, live,
+                               query_start_loc)
+
+    def begin_step_rtk(self, seq_lens: torch.Tensor, queries: int, block_table: torch.Tensor,
+                       active: Optional[torch.Tensor] = None,
+                       check: Optional[bool] = None) -> StepMeta:
+        """``begin_step`` for a uniform pass (once per pass, shared by the layers): every batch
+        row ``b`` with ``active[b]`` (default: all) has ``queries`` query tokens, at positions
+        ``[seq_lens[b] - queries, seq_lens[b])``; an inactive row has none (nothing of it is
+        planned, invalidated or recorded). ``seq_lens`` int32 ``[max_rows]`` (KV length after this
+        pass), ``block_table`` int32 ``[max_rows, max_blocks]`` (the host pool's). Token ``j`` of
+        row ``b`` is token ``b * queries + j`` of the pass (``new_kv``, the TND fields of the
+        meta). ``queries > T`` bypasses the buffer (a prefill: no ``retrieve``, its rewrites are
+        recorded)."""
+        R, T = self.max_rows, self.queries_per_step
+        require_int("queries", queries, low=1, high=_MAX_TOKENS // R)
+        require_bool("check", check, optional=True)
+        num_tokens = R * queries
+        require_fits("queries", num_tokens * (_TOKEN_BYTES + 4 * self.topk), self.device,
+                      f"a pass of max_rows = {R} x queries = {queries} tokens")
+        require_tensor("seq_lens", seq_lens, torch.int32, (R,), self.device)
+        require_tensor("block_table", block_table, torch.int32, ndim=2, device=self.device)
+        if block_table.shape[0] != R:
+            raise ValueError(f"block_table: expected max_rows = {R} rows, got "
+                             f"{tuple(block_table.shape)}")
+        if active is None:
+            active = torch.ones(R, dtype=torch.bool, device=self.device)
+        require_tensor("active", active, torch.bool, (R,), self.device)
+        q_len = torch.where(active, queries, 0).to(torch.int64)
+        start = torch.arange(R, dtype=torch.int64, device=self.device) * queries
+        query_start_loc = torch.arange(R + 1, dtype=torch.int32, device=self.device) * queries
+        if (self.check if check is None else check) and not tracing():
+            qsl = torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device),
+                             q_len.cumsum(0)]).to(torch.int32)
+            self._check_step(qsl, seq_lens, block_table, num_tokens)
+        token = torch.arange(num_tokens, dtype=torch.int64, device=self.device)
+        req = token // queries
+        j = token - req * queries
+        return self._step_meta(start, q_len, seq_lens, block_table, req, j, active[req],
+                               query_start_loc)
+
+    def _step_meta(self, start: torch.Tensor, q_len: torch.Tensor, seq_lens: torch.Tensor,
+                   block_table: torch.Tensor, req: torch.Tensor, j: torch.Tensor,
+                   live: torch.Tensor, query_start_loc: torch.Tensor) -> StepMeta:
+        """Both entries' common part. Per batch row (``[Q]``): ``start`` int64 its first token,
+        ``q_len`` int64 its token count, ``seq_lens``, ``block_table``; per token (``[N]``):
+        ``req`` int64 its request, ``j`` int64 its index in it, ``live`` bool not padding."""
+        R, T, S = self.max_rows, self.queries_per_step, self.capacity
+        Q, N = q_len.shape[0], req.shape[0]
+        seq = seq_lens.to(torch.int64)
         buffered = (q_len > 0) & (q_len <= T) & self.occupied[:Q]
-        planned = (token < qsl[Q]) & (j >= 0) & (j < T) & buffered[req]
+        planned = live & (j < T) & buffered[req]
         state_rows = self.state_row_of_batch_row[:Q]
         plan_index = torch.where(planned, state_rows[req] * T + j, torch.full_like(j, R * T))
         first_new = (seq - q_len).clamp(0, _NO_LIMIT)
@@ -435,14 +545,14 @@ class SparseOffloadManager:
                               _NO_LIMIT)
         # a bypassing request rewrites its positions >= first_new with no plan of its own: every
         # layer drops them before its next plan (retrieve), whatever the engine calls meanwhile
-        bypass = by_state_row(torch.where(q_len > T, first_new, _NO_LIMIT).to(torch.int32),
-                              _NO_LIMIT)
-        self._rewritten_from.copy_(torch.minimum(self._rewritten_from, bypass[None, :]))
-        base = by_state_row(qsl[:-1] - first_new, 0)
+        self._record_drops(by_state_row(torch.where(q_len > T, first_new, _NO_LIMIT)
+                                        .to(torch.int32), _NO_LIMIT))
+        base = by_state_row(start - first_new, 0)
         table = by_state_row(block_table, -1)
         kv_lens = torch.where(buffered, S, 0).to(torch.int32)
-        return StepMeta(num_tokens, Q, planned, plan_index, seq_lens.index_select(0, req),
-                        seq_state, stable, base, table, kv_lens, query_start_loc)
+        return StepMeta(N, Q, planned, plan_index, seq_lens.index_select(0, req), seq_state,
+                        stable, base, table, kv_lens, query_start_loc,
+                        by_state_row(buffered, False))
 
     def _check_step(self, qsl, seq_lens, block_table, num_tokens) -> None:
         q = qsl.tolist()
@@ -486,24 +596,18 @@ class SparseOffloadManager:
     def retrieve(self, layer: int, topk_indices: torch.Tensor, meta: StepMeta,
                  new_kv: Optional[Sequence[torch.Tensor]] = None,
                  check: Optional[bool] = None) -> SparseAttentionInputs:
-        """One layer: plan + gather for ``topk_indices`` int32 ``[num_tokens, 1, K]`` (request-
-        relative positions, ``-1`` = none). ``new_kv``: this pass's KV per component
-        ``[num_tokens, (1,) width]`` in the buffer dtype, for write-through."""
+        """One layer: invalidate + plan + gather for ``topk_indices`` int32 ``[num_tokens, 1, K]``
+        (request-relative positions, ``-1`` = none) -> sparse flash attention's inputs (TND).
+        ``new_kv``: this pass's KV per component ``[num_tokens, (1,) width]`` in the buffer dtype,
+        for write-through."""
         self._layer(layer)
         R, T, K = self.max_rows, self.queries_per_step, self.topk
         self._check_meta(meta)
         N = meta.num_tokens
         require_tensor("topk_indices", topk_indices, torch.int32, (N, 1, K), self.device)
         require_bool("check", check, optional=True)
-        host = self._host(layer)
-        news = None
-        if new_kv is not None and self.write_through:
-            comps = self.kv_format.components
-            if not isinstance(new_kv, (list, tuple)) or len(new_kv) != len(comps):
-                raise ValueError(f"new_kv: expected {len(comps)} components "
-                                 f"({', '.join(c.name for c in comps)})")
-            news = [self._token_rows(f"new_kv[{c}]", part, N, comp)
-                    for c, (part, comp) in enumerate(zip(new_kv, comps))]
+        self._host(layer)                   # a pool to gather from, before anything runs
+        news = self._new_kv_rows(new_kv, N)
         if (self.check if check is None else check) and not tracing():
             self._check_topk(topk_indices, meta)
 
@@ -512,15 +616,91 @@ class SparseOffloadManager:
             # spare row R*T
             by_row = torch.full((R * T + 1, K), -1, dtype=torch.int32, device=self.device)
             by_row.index_copy_(0, meta.plan_index, topk_indices.view(N, K))
-            topk_pos = by_row[:R * T].view(R, T, K)
-            buf = self.buffers[layer]
-            limit = self._rewritten_from[layer]
-            if self.auto_invalidate:
-                limit = torch.minimum(limit, meta.stable_lens)
-            buf.invalidate(limit)               # one launch for both kinds of rewrite
-            self._rewritten_from[layer].fill_(_NO_LIMIT)
-            plan = buf.plan(topk_pos, meta.seq_lens, check=False)
+            plan = self._plan(layer, by_row[:R * T].view(R, T, K), meta)
+        host_counts = self._gather(layer, plan, meta, news)
+        column = torch.arange(T * K, device=self.device)[None, :]
+        host_copied = column < host_counts[:, None]
 
+        slots = plan.slots.view(R * T, K).index_select(0, meta.plan_index.clamp(max=R * T - 1))
+        slots = torch.where(meta.planned[:, None], slots, torch.full_like(slots, -1))
+        return SparseAttentionInputs(
+            slots=_valid_first(slots).view(N, 1, K),
+            block_table=self.resident_block_table[:meta.num_reqs], kv_lens=meta.kv_lens,
+            kv=self.resident_kv(layer), planned=meta.planned, plan=plan, host_copied=host_copied)
+
+    def retrieve_rtk(self, layer: int, topk_pos: torch.Tensor, meta: StepMeta,
+                     new_kv: Optional[Sequence[torch.Tensor]] = None,
+                     check: Optional[bool] = None) -> RowSlots:
+        """One layer of a uniform pass (``begin_step_rtk``): invalidate + plan + gather for
+        ``topk_pos`` int32 ``[max_rows, q, K]`` in batch order (``q`` = the pass's ``queries``,
+        ``1..T``; request-relative positions, ``-1`` = none) -> ``RowSlots``: the slot of every
+        selection, ``[max_rows, q, K]`` in the same order, which the layer's buffer
+        ``kv[layer][c][row]`` holds after this call (a row that plans nothing gets ``-1``), and
+        the positions copied from the host. ``new_kv``: this pass's KV per component
+        ``[max_rows * q, (1,) width]`` (token ``b * q + j``), for write-through."""
+        self._layer(layer)
+        R, T, K = self.max_rows, self.queries_per_step, self.topk
+        self._check_meta(meta)
+        require_tensor("topk_pos", topk_pos, torch.int32, ndim=3, device=self.device)
+        q = topk_pos.shape[1]
+        if topk_pos.shape[0] != R or topk_pos.shape[2] != K or not 1 <= q <= T:
+            raise ValueError(f"topk_pos: expected [max_rows = {R}, 1..T = {T}, topk = {K}], got "
+                             f"{tuple(topk_pos.shape)} (a pass of more than T queries bypasses "
+                             f"the buffer: no retrieve)")
+        N = R * q
+        if meta.num_tokens != N or meta.query_start_loc.shape[0] != R + 1:
+            raise ValueError(f"meta: expected the StepMeta of begin_step_rtk with queries = {q} "
+                             f"(num_tokens = {N}), got num_tokens = {meta.num_tokens}")
+        require_bool("check", check, optional=True)
+        self._host(layer)                   # a pool to gather from, before anything runs
+        news = self._new_kv_rows(new_kv, N)
+        if (self.check if check is None else check) and not tracing():
+            def where(t, k=None):
+                return f"topk_pos[{t // q}, {t % q}" + ("]" if k is None else f", {k}]")
+            self._check_topk(topk_pos.reshape(N, 1, K), meta, where)
+
+        state_rows = self.state_row_of_batch_row
+        with self._phase("plan"):
+            by_state = torch.full((R, T, K), -1, dtype=torch.int32, device=self.device)
+            by_state[:, :q].index_copy_(0, state_rows, topk_pos)
+            by_state = torch.where(meta.buffered[:, None, None], by_state,
+                                   torch.full_like(by_state, -1))
+            plan = self._plan(layer, by_state, meta)
+        host_counts = self._gather(layer, plan, meta, news)
+        column = torch.arange(T * K, device=self.device)[None, :]
+        host_pos = torch.where(column < host_counts[:, None], plan.miss_pos,
+                               torch.full_like(plan.miss_pos, -1))
+        return RowSlots(slots=plan.slots[:, :q].index_select(0, state_rows),
+                        host_pos=host_pos.index_select(0, state_rows),
+                        host_counts=host_counts.index_select(0, state_rows), plan=plan)
+
+    def _new_kv_rows(self, new_kv, N: int) -> Optional[List[torch.Tensor]]:
+        """``new_kv`` as ``[N, width]`` per component when write-through uses it, else None."""
+        if new_kv is None or not self.write_through:
+            return None
+        comps = self.kv_format.components
+        if not isinstance(new_kv, (list, tuple)) or len(new_kv) != len(comps):
+            raise ValueError(f"new_kv: expected {len(comps)} components "
+                             f"({', '.join(c.name for c in comps)})")
+        return [self._token_rows(f"new_kv[{c}]", part, N, comp)
+                for c, (part, comp) in enumerate(zip(new_kv, comps))]
+
+    def _plan(self, layer: int, topk_pos: torch.Tensor, meta: StepMeta) -> Plan:
+        """The layer's one invalidate launch (every drop recorded for it, and this pass's own
+        positions with ``auto_invalidate``), then its plan of ``topk_pos`` ``[R, T, K]`` in
+        state-row order."""
+        buf = self.buffers[layer]
+        limit = self._rewritten_from[layer]
+        if self.auto_invalidate:
+            limit = torch.minimum(limit, meta.stable_lens)
+        buf.invalidate(limit)
+        self._rewritten_from[layer].fill_(_NO_LIMIT)
+        return buf.plan(topk_pos, meta.seq_lens, check=False)
+
+    def _gather(self, layer: int, plan: Plan, meta: StepMeta, news) -> torch.Tensor:
+        """Copy the plan's misses into the layer's buffers (write-through ones from ``news``);
+        -> the rows copied from the host per state row, int32 ``[R]``."""
+        host = self._host(layer)
         with self._phase("gather"):
             # This pass's own positions are the largest a row selects and miss_pos ascends: the
             # fresh misses are the tail of each row's miss list, so the host gather stops early.
@@ -533,17 +713,9 @@ class SparseOffloadManager:
                                block_size=self.block_size, check=False)
             if news is not None:
                 self._write_through(layer, plan, fresh, meta, news)
-        column = torch.arange(T * K, device=self.device)[None, :]
-        host_copied = column < host_counts[:, None]
         self.h2d_rows += host_counts.sum()
         self.write_through_rows += fresh.sum()
-
-        slots = plan.slots.view(R * T, K).index_select(0, meta.plan_index.clamp(max=R * T - 1))
-        slots = torch.where(meta.planned[:, None], slots, torch.full_like(slots, -1))
-        return SparseAttentionInputs(
-            slots=_valid_first(slots).view(N, 1, K),
-            block_table=self.resident_block_table[:meta.num_reqs], kv_lens=meta.kv_lens,
-            kv=self.resident_kv(layer), planned=meta.planned, plan=plan, host_copied=host_copied)
+        return host_counts
 
     def _check_meta(self, meta) -> None:
         """Structure only (no data read): everything ``retrieve`` does after its checks, the
@@ -556,7 +728,8 @@ class SparseOffloadManager:
         for field, dtype, shape in (
                 ("planned", torch.bool, (N,)), ("plan_index", torch.int64, (N,)),
                 ("token_seq_lens", torch.int32, (N,)), ("seq_lens", torch.int32, (R,)),
-                ("stable_lens", torch.int32, (R,)), ("token_base", torch.int64, (R,))):
+                ("stable_lens", torch.int32, (R,)), ("token_base", torch.int64, (R,)),
+                ("buffered", torch.bool, (R,))):
             require_tensor(f"meta.{field}", getattr(meta, field), dtype, shape, self.device)
         require_tensor("meta.block_table", meta.block_table, torch.int32, ndim=2,
                         device=self.device)
@@ -583,25 +756,31 @@ class SparseOffloadManager:
             flat = storage.view(R * S + 1, storage.shape[-1])
             flat.index_copy_(0, target.reshape(-1), rows.index_select(0, token.reshape(-1)))
 
-    def _check_topk(self, topk: torch.Tensor, meta: StepMeta) -> None:
+    def _check_topk(self, topk: torch.Tensor, meta: StepMeta, where=None) -> None:
+        """``topk`` ``[num_tokens, 1, K]``; ``where(token, index)`` names an entry in the
+        caller's layout (default: ``topk_indices[token=t, 0, index=k]``)."""
+        if where is None:
+            def where(t, k=None):
+                return f"topk_indices[token={t}]" if k is None else \
+                    f"topk_indices[token={t}, 0, index={k}]"
         sel = topk[:, 0, :]
         planned = meta.planned[:, None].expand_as(sel)
         below = planned & (sel < -1)
         if bool(below.any()):
             t, k = (int(i) for i in below.nonzero()[0])
-            raise ValueError(f"topk_indices[token={t}, 0, index={k}] = {int(sel[t, k])}: only -1 "
-                             f"may be negative (it means 'no selection')")
+            raise ValueError(f"{where(t, k)} = {int(sel[t, k])}: only -1 may be negative (it "
+                             f"means 'no selection')")
         beyond = planned & (sel >= meta.token_seq_lens[:, None])
         if bool(beyond.any()):
             t, k = (int(i) for i in beyond.nonzero()[0])
-            raise ValueError(f"topk_indices[token={t}, 0, index={k}] = {int(sel[t, k])} is beyond "
-                             f"its request's seq_len = {int(meta.token_seq_lens[t])}")
+            raise ValueError(f"{where(t, k)} = {int(sel[t, k])} is beyond its request's seq_len "
+                             f"= {int(meta.token_seq_lens[t])}")
         ordered, order = sel.sort(dim=1, stable=True)
         repeat = planned[:, 1:] & (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
         if bool(repeat.any()):
             t, i = (int(x) for x in repeat.nonzero()[0])
-            raise ValueError(f"topk_indices[token={t}]: position {int(ordered[t, i])} is repeated "
-                             f"at index {int(order[t, i])} and index {int(order[t, i + 1])}")
+            raise ValueError(f"{where(t)}: position {int(ordered[t, i])} is repeated at index "
+                             f"{int(order[t, i])} and index {int(order[t, i + 1])}")
 
     # ------------------------------------------------------------------------ write path
     def write_kv(self, layer: int, slot_mapping: torch.Tensor, kv: Sequence[torch.Tensor],

@@ -1,5 +1,16 @@
 """The two plug-in points of the runtime, along Spin's five operations.
 
+One forward pass (the model runs it; the engine runs one per verification, MTP catch-up, draft
+and prefill)::
+
+    store.begin_pass(batch)                once, before the layers
+    per layer, in order:
+        store.offload(layer, batch, parts)     this pass's KV
+        algo.index(...), algo.select(...)      -> topk_pos [R, T, K]
+        store.retrieve(layer, topk_pos, batch) (not in a prefill pass: it reads its own KV)
+        algo.attention(...)
+    between passes: store.invalidate / algo.invalidate (rejected drafts), reset, release
+
 A **sparse-attention algorithm** supplies
 
     Index      ``index(layer, batch, attn, x, q_resid)``: keep whatever it needs to select later
@@ -10,6 +21,8 @@ A **sparse-attention algorithm** supplies
 
 A **KV store** supplies
 
+    (pass)     ``begin_pass(batch)``: once per forward pass, before any layer's offload or
+               retrieve (whatever the store computes once per pass instead of once per layer);
     Offload    ``offload(layer, batch, parts)``: this pass's new KV (``parts`` in the store's
                ``KVFormat``, each ``[R, T, width]``) written at ``batch.pos``;
     Retrieve   ``retrieve(layer, topk_pos, batch) -> Retrieved``: make the selected entries
@@ -29,8 +42,9 @@ decode loop. The engine only ever sees these methods and the registries ``ALGORI
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
-from typing import Callable, Dict, Optional, Sequence, Tuple, Type
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple, Type
 
 import torch
 
@@ -76,6 +90,9 @@ class KVStore(abc.ABC):
         # no host sync in the decode step; read with h2d_bytes() / h2d_rows().
         self._h2d_rows = torch.zeros((), dtype=torch.int64, device=spec.device)
         self._h2d_fresh_rows = torch.zeros((), dtype=torch.int64, device=spec.device)
+
+    def begin_pass(self, batch: StepBatch) -> None:
+        """A forward pass over ``batch`` starts: called once, before its layers."""
 
     @abc.abstractmethod
     def offload(self, layer: int, batch: StepBatch, parts: Tuple[torch.Tensor, ...]) -> None: ...
@@ -148,10 +165,13 @@ class SparseAlgorithm(abc.ABC):
 
 @dataclasses.dataclass
 class ForwardContext:
-    """What a forward pass runs with (passed down explicitly: no globals).
+    """What a forward pass runs with (passed down explicitly: no globals). An engine keeps one:
+    its algorithm and store live here and nowhere else, so swapping the store is one assignment.
 
-    ``prefill=True`` means the pass holds whole prompts from position 0: attention then reads the
-    pass's own freshly computed KV instead of calling ``store.retrieve``.
+    ``prefill`` and ``recorder`` describe the pass being run (``settings``). ``prefill=True``
+    means the pass holds whole prompts from position 0: attention then reads the pass's own
+    freshly computed KV instead of calling ``store.retrieve``. ``recorder(layer, topk_pos)`` taps
+    the pass's selections.
     """
     algo: SparseAlgorithm
     store: KVStore
@@ -159,6 +179,19 @@ class ForwardContext:
     timers: Timers = NULL_TIMERS
     prefill: bool = False
     recorder: Optional[Callable[[int, torch.Tensor], None]] = None   # (layer, topk_pos) tap
+
+    @contextlib.contextmanager
+    def settings(self, prefill: bool = False,
+                 recorder: Optional[Callable[[int, torch.Tensor], None]] = None
+                 ) -> Iterator["ForwardContext"]:
+        """The passes run inside use ``prefill`` and ``recorder``; the previous ones return
+        after."""
+        saved = self.prefill, self.recorder
+        self.prefill, self.recorder = prefill, recorder
+        try:
+            yield self
+        finally:
+            self.prefill, self.recorder = saved
 
 
 STORES: Dict[str, Type[KVStore]] = {}

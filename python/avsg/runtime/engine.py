@@ -15,6 +15,13 @@ One ``step()``:
    ``invalidate`` (store and algorithm, every layer) before they are written again.
 5. **Finish.** Rows that reached ``max_new_tokens`` release their blocks; the next step admits.
 
+Forward passes of one step: the verification (the ``L`` main layers), with MTP-n the catch-up
+(the MTP layer) and ``n - 1`` drafts (the MTP layer); admitting a prompt adds its prefill passes
+(``prefill=True``: no retrieve) and the drafts that follow them. Each pass calls
+``store.begin_pass`` once and then, per layer, offload, select, retrieve and attention (``base``);
+invalidation runs between passes. All passes share one ``ForwardContext``, the only place the
+engine holds its algorithm and store (``engine.store = s`` swaps the store).
+
 The engine sees only ``model``, a ``SparseAlgorithm`` and a ``KVStore``: it has no mode branches.
 It syncs with the host once per step, to hand out tokens and decide which requests finished.
 """
@@ -62,7 +69,9 @@ class Engine:
             raise ValueError("mtp: the model has no MTP layer (num_nextn_predict_layers = 0)")
         if acceptance is not None and acceptance.drafts != mtp:
             raise ValueError(f"acceptance: built for {acceptance.drafts} drafts, engine has {mtp}")
-        self.model, self.algo, self.store = model, algo, store
+        self.model = model
+        # the one place the engine holds its algorithm and store (``store`` / ``algo`` read it)
+        self.ctx = ForwardContext(algo, store, kv_format, timers)
         self.kv_format = kv_format
         self.rows, self.mtp = rows, mtp
         self.acceptance = acceptance
@@ -78,11 +87,24 @@ class Engine:
         self.drafts = torch.zeros(R, mtp, dtype=torch.int64, device=self.device)
         self.active = torch.zeros(R, dtype=torch.bool, device=self.device)
         self._accept_streams: Dict[int, object] = {}
-        self.ctx = ForwardContext(algo, store, kv_format, timers)
         # the verify pass is the one a trace records (not prefill, not MTP passes)
         self.recorder = recorder
-        self.verify_ctx = dataclasses.replace(self.ctx, recorder=recorder)
-        self.prefill_ctx = ForwardContext(algo, store, kv_format, timers, prefill=True)
+
+    @property
+    def store(self) -> KVStore:
+        return self.ctx.store
+
+    @store.setter
+    def store(self, store: KVStore) -> None:
+        self.ctx.store = store
+
+    @property
+    def algo(self) -> SparseAlgorithm:
+        return self.ctx.algo
+
+    @algo.setter
+    def algo(self, algo: SparseAlgorithm) -> None:
+        self.ctx.algo = algo
 
     # ------------------------------------------------------------------------- requests
     def add(self, request: Request) -> None:
@@ -135,7 +157,8 @@ class Engine:
         only_row = self._row_mask(row)
         batch = StepBatch.make(tokens, torch.zeros(self.rows, dtype=torch.int32,
                                                    device=self.device), only_row)
-        hidden = self.model.forward(batch, self.prefill_ctx)
+        with self.ctx.settings(prefill=True):
+            hidden = self.model.forward(batch, self.ctx)
         first = self.model.logits(hidden[row:row + 1, -1:])[0, 0].argmax()
         request.output.append(int(first))
         self.length[row] = n
@@ -143,8 +166,9 @@ class Engine:
         if self.mtp:
             next_tokens = torch.cat([tokens[:, 1:], tokens[:, -1:]], dim=1)
             next_tokens[row, -1] = first
-            mtp_hidden = self.model.mtp_forward(MTP_MODULE, hidden, next_tokens, batch,
-                                                self.prefill_ctx)
+            with self.ctx.settings(prefill=True):
+                mtp_hidden = self.model.mtp_forward(MTP_MODULE, hidden, next_tokens, batch,
+                                                    self.ctx)
             last = mtp_hidden[:, -1:]
             first_draft = self.model.mtp_logits(MTP_MODULE, last)[:, 0].argmax(-1)
             start = torch.where(only_row, torch.full_like(self.length, n), self.length)
@@ -179,7 +203,8 @@ class Engine:
         with torch.no_grad():
             tokens = torch.cat([self.last_token[:, None], self.drafts], dim=1)
             batch = StepBatch.make(tokens, self.length, self.active)
-            hidden = self.model.forward(batch, self.verify_ctx)
+            with self.ctx.settings(recorder=self.recorder):
+                hidden = self.model.forward(batch, self.ctx)
             logits = self.model.logits(hidden)
             predicted = logits.argmax(-1)
             accepted = self._accept(predicted)

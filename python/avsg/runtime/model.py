@@ -308,8 +308,9 @@ class DeepseekV32(nn.Module):
         return self.lm_head.weight.device
 
     def forward(self, batch: StepBatch, ctx: ForwardContext) -> torch.Tensor:
-        """One pass over ``batch`` -> hidden ``[R, T, D]`` of the last decoder layer (before
-        ``model.norm``)."""
+        """One pass over ``batch`` (``store.begin_pass`` once, then the main layers) -> hidden
+        ``[R, T, D]`` of the last decoder layer (before ``model.norm``)."""
+        ctx.store.begin_pass(batch)
         h = self.model.embed_tokens(batch.tokens).float()
         for layer in self.model.layers[:self.config.num_hidden_layers]:
             h = layer(h, batch, ctx)
@@ -328,8 +329,10 @@ class DeepseekV32(nn.Module):
                     batch: StepBatch, ctx: ForwardContext) -> torch.Tensor:
         """MTP module ``k``: entry ``(r, i)`` pairs ``hidden[r, i]`` (the state at position
         ``batch.pos[r, i]``) with ``next_tokens[r, i]`` (the token at that position + 1); its KV is
-        stored at ``batch.pos[r, i]`` of KV layer ``L + k``. -> hidden ``[R, T, D]``."""
+        stored at ``batch.pos[r, i]`` of KV layer ``L + k``; a pass of its own (``store.begin_pass``
+        once, then the one layer). -> hidden ``[R, T, D]``."""
         layer = self.mtp_layer(k)
+        ctx.store.begin_pass(batch)
         emb = layer.enorm(layer.embed_tokens(next_tokens).float())
         h = layer.eh_proj(torch.cat((emb, layer.hnorm(hidden)), dim=-1))
         return layer(h, batch, ctx)
@@ -361,9 +364,5 @@ def prefill(model: DeepseekV32, tokens: torch.Tensor, ctx: ForwardContext) -> to
     the prompt's hidden states (which needs the tokens one position ahead)."""
     start = torch.zeros(tokens.shape[0], dtype=torch.int32, device=tokens.device)
     batch = StepBatch.make(tokens, start)
-    prev = ctx.prefill
-    ctx.prefill = True
-    try:
+    with ctx.settings(prefill=True, recorder=ctx.recorder):
         return model(batch, ctx)
-    finally:
-        ctx.prefill = prev

@@ -1,18 +1,30 @@
 """``avsg``: KV in the host pool, miss-only copies, through ``integrations.SparseOffloadManager``.
 
+One pass (who calls what)::
+
+    begin_pass(batch)                  once per forward pass, before its layers (the model)
+      -> manager.begin_step_rtk          the pass's StepMeta: rows, lengths, host block table
+    offload(layer, batch, parts)       per layer
+      -> manager.write_kv                this pass's KV into the paged host pool
+    retrieve(layer, topk_pos, batch)   per layer, after that layer's offload
+      -> manager.retrieve_rtk            one invalidate, one plan, one gather (buffer -> ops)
+    invalidate(valid_lens, layers)     between passes (the engine: rejected drafts)
+      -> manager.invalidate              recorded; each layer applies it in the one invalidate
+                                         launch of its next retrieve
+
 The store is a thin adapter: the manager owns one ``SparseKVBuffer`` per layer, the device buffers
 (``[R, capacity, 1, width]`` per KV component) and the row tables, exactly as it would inside a
-serving engine. Retrieve flattens the runtime's ``[R, T, K]`` selections into the TND layout a
-serving engine has (``[R*T, 1, K]`` with ``query_start_loc = arange(R+1) * T``; an idle row's
-tokens are dropped by the manager, since the row holds no request) and reads the returned slots
-back as ``[R, T, K]``.
+serving engine. The runtime's selections are ``[R, T, K]`` per batch row, which is what
+``retrieve_rtk`` takes, and it returns the slots in the same layout and selection order: nothing
+is flattened or compacted on the way. An idle row (``batch.active`` False) has no tokens in the
+pass: nothing of it is planned, invalidated or recorded, whether or not it holds a request.
 
 Rows never move in the runtime's engine, so batch row = state row and ``Retrieved.view`` is the
 buffer itself, ``[R, capacity, width]`` per component.
 
 Lifecycle: ``admit`` adds the row to the manager (a reset on every layer), ``release`` frees it;
 rejected MTP drafts are dropped with ``invalidate``. The manager also drops every position at or
-after a pass's first one before it plans (a no-op after the engine's own invalidation).
+after a pass's first one before it plans (``auto_invalidate``), in the same launch.
 
 Writes: a pass's KV goes to the paged host pool through the manager's ``write_kv`` (host rows
 from the pool's block table). With ``StoreSpec.write_through`` the manager also copies a pass's
@@ -27,7 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ...buffer import SparseKVBuffer
-from ...integrations import SparseOffloadManager
+from ...integrations import SparseOffloadManager, StepMeta
 from ...integrations.manager import RESIDENT_BLOCK_SIZE
 from ..base import Retrieved, StoreSpec, register_store
 from ..step import StepBatch
@@ -54,6 +66,9 @@ class AVSGStore(HostPoolStore):
             # our own algorithm selects causal, distinct positions: value checks would only
             # cost host syncs
             check=False)
+        # the current pass (begin_pass): its batch, its StepMeta, and each layer's new KV
+        self._batch: Optional[StepBatch] = None
+        self._meta: Optional[StepMeta] = None
         self._pass_kv: List[Optional[Tuple[torch.Tensor, ...]]] = [None] * spec.layers
 
     @property
@@ -70,6 +85,15 @@ class AVSGStore(HostPoolStore):
         super().release(row)
         if self.manager.holds_request(row):
             self.manager.free(row)
+
+    # ------------------------------------------------------------------------------ pass
+    def begin_pass(self, batch: StepBatch) -> None:
+        with self.timers("plan"):
+            self._meta = self.manager.begin_step_rtk(
+                batch.seq_lens, batch.queries, self.pool.block_table.to(batch.pos.device),
+                active=batch.active, check=False)
+        self._batch = batch
+        self._pass_kv = [None] * self.spec.layers
 
     # --------------------------------------------------------------------------- writes
     def offload(self, layer: int, batch: StepBatch, parts: Tuple[torch.Tensor, ...]) -> None:
@@ -92,26 +116,17 @@ class AVSGStore(HostPoolStore):
 
     # ------------------------------------------------------------------------- retrieve
     def retrieve(self, layer: int, topk_pos: torch.Tensor, batch: StepBatch) -> Retrieved:
-        R, T, K = topk_pos.shape
-        with self.timers("plan"):
-            query_start_loc = torch.arange(0, (R + 1) * T, T, dtype=torch.int32,
-                                           device=topk_pos.device)
-            meta = self.manager.begin_step(query_start_loc, batch.seq_lens,
-                                           self.pool.block_table.to(topk_pos.device), R * T,
-                                           check=False)
-        new_kv = self._pass_kv[layer]
-        if new_kv is not None and new_kv[0].shape[0] != R * T:
-            new_kv = None                   # not this pass's KV (e.g. a pass without offload)
+        if batch is not self._batch:
+            # another pass's StepMeta would plan with the wrong lengths: refuse
+            raise RuntimeError("avsg store: retrieve for a batch that begin_pass did not start "
+                               "(the pass calls store.begin_pass(batch) once before its layers)")
         # the manager times its "plan" and "gather" phases itself
-        out = self.manager.retrieve(layer, topk_pos.reshape(R * T, 1, K).contiguous(), meta,
-                                    new_kv=new_kv, check=False)
-        plan = out.plan
-        copied = torch.where(out.host_copied, plan.miss_pos, torch.full_like(plan.miss_pos, -1))
-        self._count_copies(layer, copied, out.host_copied.sum(1))
-        view = tuple(kv.view(R, self.spec.capacity, kv.shape[-1]) for kv in self.manager.kv[layer])
-        # the plan's slots in selection order (out.slots is compacted valid-first for sparse
-        # flash attention); attention here gathers in selection order, like the other stores
-        return Retrieved(view=view, index=plan.slots[:, :T])
+        out = self.manager.retrieve_rtk(layer, topk_pos, self._meta, new_kv=self._pass_kv[layer],
+                                        check=False)
+        self._count_copies(layer, out.host_pos, out.host_counts)
+        view = tuple(kv.view(self.spec.rows, self.spec.capacity, kv.shape[-1])
+                     for kv in self.manager.kv[layer])
+        return Retrieved(view=view, index=out.slots)
 
     def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
         self.manager.invalidate(valid_lens, layers)
