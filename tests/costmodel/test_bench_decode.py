@@ -250,7 +250,7 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
                NS(mode="avsg", records=records, outputs=outputs, h2d_rows=iterations * 200.0),
                NS(mode="device", records=records, outputs=outputs, h2d_rows=0.0)]
     workload = NS(rows=4, requests=[NS(context_len=32768)] * 4)
-    args = NS(mtp=1, topk=2048, capacity=8192, trace=None)
+    args = NS(mtp=1, topk=2048, capacity=8192, trace=None, policy="lifetime")
     line = project_on_npu(results, workload, args, kv_layers)
     copies = copy_traffic.Traffic(1, 0.0, 30 / 20, 8192, 4096,
                              {"offload": [3000.0], "avsg": [200.0]}, "test")

@@ -46,7 +46,7 @@ def run(build: str, args, steps: List[torch.Tensor], host: torch.Tensor) -> Dict
     R = args.rows
     buf = SparseKVBuffer(rows=R, capacity=args.capacity, topk=args.topk, queries_per_step=args.queries,
                          device="cpu", check=False, max_context=args.context)
-    dst = torch.zeros(R, args.capacity, args.row_bytes, dtype=torch.uint8)
+    dst = torch.zeros(R, args.capacity, args.row_bytes, dtype=torch.uint8).fill_(0)  # pages faulted
     seq = torch.full((R,), args.context, dtype=torch.int32)
     times = {"plan": [], "gather": []}
     outputs = []
@@ -73,8 +73,17 @@ class TorchLRU:
         self.slot_of_pos = torch.full((rows, context), -1, dtype=torch.int64)
         self.pos_of_slot = torch.full((rows, capacity), -1, dtype=torch.int64)
         self.last_use = torch.full((rows, capacity), -1, dtype=torch.int64)
-        self.dst = torch.zeros(rows, capacity, row_bytes, dtype=torch.uint8)
+        # faulted in now, as the op's buffer is, so neither side times first-touch page faults
+        self.dst = torch.zeros(rows, capacity, row_bytes, dtype=torch.uint8).fill_(0)
         self.step = 0
+
+    @staticmethod
+    def _words(rows: torch.Tensor) -> torch.Tensor:
+        width = rows.shape[-1]
+        for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+            if width % size == 0:
+                return rows.view(dtype)
+        return rows
 
     def plan_and_copy(self, topk: torch.Tensor, host: torch.Tensor) -> Tuple[torch.Tensor, int]:
         """slots [R, T, K] of ``topk`` [R, T, K] after copying the misses; and the miss count."""
@@ -93,7 +102,9 @@ class TorchLRU:
                 self.slot_of_pos[r, new_pos] = victim
                 self.pos_of_slot[r, victim] = new_pos
                 self.last_use[r, victim] = self.step
-                self.dst[r].index_copy_(0, victim, host[r, new_pos])
+                # rows as the widest words that divide them: torch copies uint8 rows byte by byte
+                self._words(self.dst)[r].index_copy_(0, victim,
+                                                     self._words(host)[r].index_select(0, new_pos))
                 misses += new_pos.numel()
         return torch.gather(self.slot_of_pos, 1, topk.reshape(topk.shape[0], -1).long()
                             ).view(topk.shape), misses
