@@ -4,16 +4,17 @@ import sys
 
 import pytest
 
+from avsg import reference
 from avsg.integrations.vllm_ascend import avsg_options
 
 
 def test_defaults_env_and_additional_config(monkeypatch):
     monkeypatch.delenv("AVSG_POLICY", raising=False)
-    assert avsg_options(None) == {"policy": "reuse", "lifetime": 16}
+    assert avsg_options(None) == {"policy": reference.DEFAULT_POLICY, "lifetime": 16}
     monkeypatch.setenv("AVSG_POLICY", "lru")
     assert avsg_options({})["policy"] == "lru"
-    assert avsg_options({"avsg": {"policy": "lifetime", "lifetime": 8}}) == \
-        {"policy": "lifetime", "lifetime": 8}
+    assert avsg_options({"avsg": {"policy": "reuse", "lifetime": 8}}) == \
+        {"policy": "reuse", "lifetime": 8}
     assert avsg_options({"avsg": '{"lifetime": 4}'})["lifetime"] == 4
 
 
