@@ -327,7 +327,7 @@ def test_listed_cases(files):
         (["serve-sim", "--synthetic", "--trace-steps", "30000", "--layers-per-trace", "4096"],
          "--layers-per-trace"),
         # run
-        (["run", "--lifetime", "4"], "--lifetime"),
+        (["run", "--lifetime", "4", "--policy", "reuse"], "--lifetime"),
         (["run", "--lifetime", "4", "--policy", "lru"], "--policy"),
         (["run", "--modes", "avsg,avsg"], "--modes"),
         (["run", "--acceptance", "sim:5"], "--acceptance"),
