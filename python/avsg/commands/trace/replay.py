@@ -1,6 +1,6 @@
 """``avsg trace replay``: replay buffer policies x capacities on a trace; hit rates against
 Belady, the per-layer spread, and (avsg policies) the modelled step cost; JSON, a PNG plot, and
-the gap table the README cites.
+the gap table docs/hit_rate.md cites.
 """
 from __future__ import annotations
 
