@@ -2,11 +2,13 @@
 // and registration. This file is compiled twice: into the CPU library with AVSG_CPU_EMULATION (the
 // kernels run through the emulation; registered for CPU) and, when CANN is found, into the NPU
 // library with AVSG_WITH_NPU (ACLRT_LAUNCH_KERNEL on the caller's NPU stream inside
-// OpCommand::RunOpApi; registered for PrivateUse1). Checks and tiling are shared.
+// OpCommand::RunOpApi, a split plan through the config launch of npu/split_launch.h where the
+// build has it; registered for PrivateUse1). Checks and tiling are shared.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <atomic>
 #include <cstring>
@@ -39,6 +41,7 @@ using GM_ADDR_T = GM_ADDR;
 #include "aclrtlaunch_avsg_reset.h"
 #include "aclrtlaunch_avsg_resize.h"
 #include "npu/launch_util.h"
+#include "npu/split_launch.h"
 using GM_ADDR_T = uint8_t*;
 #endif
 
@@ -226,12 +229,20 @@ uint32_t BlockDimFor(int64_t rows) {
 // slice, and 8 int32 of sync counters per core after the slices (zeroed per launch).
 void ApplySplit(PlanTiling& t, int64_t rows) {
 #ifdef AVSG_WITH_NPU
-    // On the NPU the split waits across cores in a soft SyncAll, which has no timeout; and
-    // ACLRT_LAUNCH_KERNEL sets no batch schedule mode, so a kernel that syncs across cores can
-    // deadlock when other streams hold some of its cores. It stays off until `avsg doctor` has
-    // run it on this device (in a child process it can kill) and AVSG_NPU_SPLIT=1 turns it on.
-    const char* enabled = std::getenv("AVSG_NPU_SPLIT");
-    if (enabled == nullptr || std::string(enabled) != "1") return;
+    // On the NPU the split waits across cores in a soft SyncAll, which has no timeout: launched
+    // without the batch schedule mode it can deadlock when other streams hold some of its cores.
+    // Builds with the config launch (npu/split_launch.h) split unless AVSG_NPU_SPLIT=0; the others
+    // only with AVSG_NPU_SPLIT=1, which `avsg doctor` recommends once a split plan matched the
+    // reference on this device in a child process it can kill.
+#ifdef AVSG_NPU_LAUNCH_CONFIG
+    constexpr bool splitByDefault = true;
+#else
+    constexpr bool splitByDefault = false;
+#endif
+    bool enabled = false;
+    const std::string bad = npu::ParseSplitSwitch(std::getenv(npu::kSplitEnv), splitByDefault, enabled);
+    TORCH_CHECK_VALUE(bad.empty(), "avsg.plan: ", bad);
+    if (!enabled) return;
 #endif
     const int64_t split = std::min<int64_t>(CoreCount() / rows, t.numChunks);
     // the owner folds a part's hit bitmap through the all-probe vector wIdx_
@@ -375,6 +386,31 @@ void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at
     c10::OptionalDeviceGuard guard(topk_pos.device());
     at::Tensor tl = npu::DeviceTiling(&tiling, sizeof(tiling), topk_pos.device());
     aclrtStream stream = npu::CurrentStream();
+#ifdef AVSG_NPU_LAUNCH_CONFIG
+    // The only launch that syncs across cores: batch schedule mode and a timeout (npu/split_launch.h).
+    if (tiling.split > 1) {
+        TORCH_CHECK(!dual, "avsg.plan_dual_pointer: the dual-pointer plan never splits its lookup");
+        uint16_t timeout = 0;
+        const std::string bad = npu::ParseSplitTimeout(std::getenv(npu::kSplitTimeoutEnv), timeout);
+        TORCH_CHECK_VALUE(bad.empty(), "avsg.plan: ", bad);
+        aclrtFuncHandle function = npu::PlanSplitFunction();
+        at_npu::native::OpCommand::RunOpApi(op, [=]() -> int {
+            npu::SplitLaunchConfig cfg(timeout);
+            npu::PlanSplitArgs args{topk_pos.data_ptr(), seq_lens.data_ptr(), state.data_ptr(), stats.data_ptr(),
+                                    slots.data_ptr(),    miss_pos.data_ptr(), miss_slots.data_ptr(),
+                                    miss_counts.data_ptr(), workspace.data_ptr(), tl.data_ptr()};
+            const aclError err = aclrtLaunchKernelWithHostArgs(function, blockDim, stream, cfg.get(), &args,
+                                                               sizeof(args), nullptr, 0);
+            if (err != ACL_SUCCESS)   // this may run on the task-queue thread: say what failed, RunOpApi raises
+                std::fprintf(stderr,
+                             "avsg.plan: the split plan's launch (aclrtLaunchKernelWithHostArgs, %u blocks, batch "
+                             "schedule mode, timeout %u s) failed with aclError %d; %s=0 runs plan without the split\n",
+                             blockDim, static_cast<unsigned>(timeout), static_cast<int>(err), npu::kSplitEnv);
+            return static_cast<int>(err);
+        });
+        return;
+    }
+#endif
     // Tensors are captured by value: the task queue may run the lambda after this returns.
     at_npu::native::OpCommand::RunOpApi(op, [=]() -> int {
         if (dual)

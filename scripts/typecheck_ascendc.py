@@ -20,7 +20,9 @@ What is checked (g++ -fsyntax-only -Wall -Wextra; zero errors anywhere, zero war
            installed), asc-devkit's platform_ascendc.h, and aclrtlaunch_<kernel>.h headers
            generated here from the kernels' extern "C" entry signatures, as ascendc_library does
            (every __gm__ pointer / GM_ADDR becomes void*, after uint32_t numBlocks and
-           aclrtStream stream).
+           aclrtStream stream). With -DAVSG_NPU_LAUNCH_CONFIG=1 as the configure check defines
+           it (those headers declare the config launch of op_host/npu/split_launch.h), and a
+           file with a section for it once more without.
 
 Stand-ins (written to the work dir, never committed; the SDK archives are never unpacked into the
 repository):
@@ -250,6 +252,10 @@ def kernel_units(sdk, tus, dump_modes=DUMP_MODES):
 
 # ---------------------------------------------------------------- host ----------------------
 
+# What op_host/npu/CMakeLists.txt defines when avsg_check_launch_config finds the config launch.
+LAUNCH_CONFIG_MACRO = "AVSG_NPU_LAUNCH_CONFIG"
+LAUNCH_CONFIG_DEFS = [f"-D{LAUNCH_CONFIG_MACRO}=1", '-DAVSG_NPU_SPLIT_LAUNCH="batch"']
+
 ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+__aicore__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
 
 
@@ -339,10 +345,16 @@ def host_units(sdk, work, torch_dir, npu_dir):
               os.path.join(sdk.devkit, "include", "utils"), standins]
     units = []
     for src in npu_host_sources():
-        cmd = ["g++", "-std=c++20", "-fsyntax-only", *WARN_FLAGS, "-DAVSG_WITH_NPU=1",
-               "-D_GLIBCXX_USE_CXX11_ABI=1", f"-I{ROOT}/op_host", f"-I{launch_dir}",
-               *[f for d in system for f in ("-isystem", d)], src]
-        units.append((f"host {os.path.relpath(src, ROOT)} (torch {TORCH_VERSION}, torch-npu {TORCH_NPU_VERSION})", cmd))
+        base = ["g++", "-std=c++20", "-fsyntax-only", *WARN_FLAGS, "-DAVSG_WITH_NPU=1",
+                "-D_GLIBCXX_USE_CXX11_ABI=1", f"-I{ROOT}/op_host", f"-I{launch_dir}",
+                *[f for d in system for f in ("-isystem", d)]]
+        label = f"host {os.path.relpath(src, ROOT)} (torch {TORCH_VERSION}, torch-npu {TORCH_NPU_VERSION})"
+        # torch-npu's acl_rt.h declares the config launch, so the configure check would define
+        # AVSG_NPU_LAUNCH_CONFIG; a file with a section for it is checked without it too (the
+        # build for a CANN that lacks it).
+        units.append((label, [*base, *LAUNCH_CONFIG_DEFS, src]))
+        if LAUNCH_CONFIG_MACRO in open(src).read():
+            units.append((f"{label} without {LAUNCH_CONFIG_MACRO}", [*base, src]))
     return units
 
 

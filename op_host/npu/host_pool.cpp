@@ -4,7 +4,7 @@
 //   avsg::host_pool_registered(Tensor t) -> bool
 //   avsg::alloc_host_pool(int[] shape, ScalarType dtype) -> Tensor   (aclrtMallocHost, freed by us)
 //   avsg::host_register_info() -> str[]     (path chosen, why, versions: for avsg doctor)
-//   avsg::release_npu_resources() -> ()     (tiling cache and pools, before NPU teardown)
+//   avsg::release_npu_resources() -> ()     (tiling cache, split binary and pools, before NPU teardown)
 // Python: avsg.backend.register_host_pool / unregister_host_pool / host_pool_registered /
 // alloc_host_pool / host_register_info.
 #include "npu/host_pool.h"
@@ -18,6 +18,7 @@
 #include "acl/acl.h"
 #include "torch_npu/csrc/core/npu/NPUFunctions.h"  // c10_npu::GetDevice
 #include "npu/launch_util.h"
+#include "npu/split_launch.h"
 
 #ifndef AVSG_NPU_SOC_VERSION
 #define AVSG_NPU_SOC_VERSION "unknown"   // op_host/npu/CMakeLists.txt sets it to SOC_VERSION
@@ -232,6 +233,9 @@ std::vector<std::string> host_register_info()
 void release_npu_resources()
 {
     avsg::npu::ReleaseDeviceTilings();
+#ifdef AVSG_NPU_LAUNCH_CONFIG
+    avsg::npu::ReleaseSplitBinaries();
+#endif
     avsg::npu::HostPoolRegistry::instance().forget_all();
     avsg::npu::g_released = true;
 }

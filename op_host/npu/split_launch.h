@@ -1,0 +1,146 @@
+// The plan kernel's split lookup on the NPU: when it runs, and how it is launched.
+//
+// Why a launch of its own. A split plan (tiling.split > 1) is the only kernel here that waits
+// across cores (a soft SyncAll, op_kernel/plan/plan_block_split.h). SyncAll has no timeout, and
+// when other streams hold some of the cores a kernel whose blocks started on the free cores waits
+// for blocks that cannot start: a deadlock (the SyncAll page of asc-devkit's docs). The runtime's
+// batch schedule mode (launch attribute ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE = 1) starts a kernel
+// only when all of its numBlocks cores are free, and ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT bounds how
+// long the task scheduler waits for it. ACLRT_LAUNCH_KERNEL (the stub ascendc_library generates)
+// takes no launch attributes: it calls aclrtLaunchKernelWithHostArgs with no config on a function
+// handle it keeps to itself. So a split plan is launched from a kernel binary of its own
+// (ascendc_fatbin_library over op_kernel/plan.cpp, copied next to _npu_ops.so as
+// kPlanSplitBinary), loaded with aclrtBinaryLoadFromFile, its entry found by name with
+// aclrtBinaryGetFunction, and launched with aclrtLaunchKernelWithHostArgs and a config holding
+// both attributes. The arguments are passed as the generated stub passes them: one packed struct
+// of the entry's parameters in order (PlanSplitArgs).
+//
+// The build decides (op_host/npu/CMakeLists.txt, avsg_check_launch_config in avsg_build.cmake):
+// AVSG_NPU_LAUNCH_CONFIG is defined when CANN's acl_rt.h declares that API and
+// ascendc_fatbin_library produced the binary. Without it the split stays off unless
+// AVSG_NPU_SPLIT=1 (what `avsg doctor` recommends once a split plan matched the reference in a
+// child process it kills after a time limit); with it the split is on unless AVSG_NPU_SPLIT=0.
+// Non-split launches always go through ACLRT_LAUNCH_KERNEL.
+//
+// The first half of this header is plain C++ (no CANN): the environment switches, unit-tested on
+// CPU (tests/npu/test_split_launch.py). The second half needs CANN's acl_rt.h.
+#pragma once
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace avsg {
+namespace npu {
+
+constexpr const char* kSplitEnv = "AVSG_NPU_SPLIT";                  // 0 | 1 (unset: the build's default)
+constexpr const char* kSplitTimeoutEnv = "AVSG_NPU_SPLIT_TIMEOUT";   // seconds, 0..65535 (0: no limit)
+// A split plan runs in well under a second; 30 s bounds a launch that cannot finish without
+// cutting into one that waits for busy cores (batch mode waits until all of them are free).
+constexpr uint16_t kDefaultSplitTimeoutSeconds = 30;
+constexpr const char* kPlanSplitBinary = "avsg_plan_split.o";       // next to _npu_ops.so
+constexpr const char* kPlanSplitEntry = "avsg_plan";
+
+// Whether plan may split its lookup, from AVSG_NPU_SPLIT (text may be null: unset). Returns an
+// error message naming the variable for any value but "0" and "1"; `on` is set only on success.
+inline std::string ParseSplitSwitch(const char* text, bool defaultOn, bool& on)
+{
+    if (text == nullptr || *text == '\0') {
+        on = defaultOn;
+        return "";
+    }
+    const std::string v(text);
+    if (v == "0" || v == "1") {
+        on = v == "1";
+        return "";
+    }
+    return std::string(kSplitEnv) + ": expected 0 (plan never splits its lookup) or 1 (it may), got '" + v + "'";
+}
+
+// The split launch's timeout in seconds, from AVSG_NPU_SPLIT_TIMEOUT (text may be null: unset,
+// the default). 0 disables the limit (the runtime then waits for ever). Returns an error message
+// naming the variable and the range for anything but a decimal integer in 0..65535.
+inline std::string ParseSplitTimeout(const char* text, uint16_t& seconds)
+{
+    if (text == nullptr || *text == '\0') {
+        seconds = kDefaultSplitTimeoutSeconds;
+        return "";
+    }
+    const std::string v(text);
+    bool digits = v.size() <= 5;
+    for (char c : v) digits = digits && c >= '0' && c <= '9';
+    const long value = digits ? std::strtol(v.c_str(), nullptr, 10) : -1;
+    if (!digits || value > 65535) {
+        return std::string(kSplitTimeoutEnv) + ": expected whole seconds in 0..65535 (0: no limit; default " +
+               std::to_string(kDefaultSplitTimeoutSeconds) + "), got '" + v + "'";
+    }
+    seconds = static_cast<uint16_t>(value);
+    return "";
+}
+
+}  // namespace npu
+}  // namespace avsg
+
+#ifdef AVSG_NPU_LAUNCH_CONFIG
+#include "acl/acl_rt.h"
+
+namespace avsg {
+namespace npu {
+
+// The launch config of a split plan: batch schedule mode and the timeout. attrs_ lives inside the
+// object the config points to, so it is built in place and never copied.
+class SplitLaunchConfig {
+public:
+    explicit SplitLaunchConfig(uint16_t timeoutSeconds)
+    {
+        attrs_[0] = aclrtLaunchKernelAttr{};
+        attrs_[0].id = ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE;
+        attrs_[0].value.schemMode = kBatchScheduleMode;
+        attrs_[1] = aclrtLaunchKernelAttr{};
+        attrs_[1].id = ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT;
+        attrs_[1].value.timeout = timeoutSeconds;
+        cfg_.attrs = attrs_;
+        cfg_.numAttrs = 2;
+    }
+    SplitLaunchConfig(const SplitLaunchConfig&) = delete;
+    SplitLaunchConfig& operator=(const SplitLaunchConfig&) = delete;
+
+    aclrtLaunchKernelCfg* get() { return &cfg_; }
+
+    static constexpr uint8_t kBatchScheduleMode = 1;   // start only when all numBlocks cores are free
+
+private:
+    aclrtLaunchKernelAttr attrs_[2];
+    aclrtLaunchKernelCfg cfg_{};
+};
+
+// avsg_plan's parameters in entry order (op_kernel/plan.cpp), each a device address: the
+// argument block aclrtLaunchKernelWithHostArgs copies to the device, laid out as the
+// ascendc_library stub lays out its own (a struct of the parameters; no dump pointer, the split
+// binary is built with ASCENDC_DUMP=0).
+struct PlanSplitArgs {
+    void* topk;
+    void* seq;
+    void* state;
+    void* stats;
+    void* slots;
+    void* missPos;
+    void* missSlots;
+    void* missCounts;
+    void* workspace;
+    void* tiling;
+};
+static_assert(sizeof(PlanSplitArgs) == 10 * sizeof(void*), "PlanSplitArgs: packed, one pointer per parameter");
+
+// avsg_plan's function handle in the split binary on the current device, loaded on first use.
+// Raises (c10::Error) naming the file and the failing call when the binary cannot be loaded.
+aclrtFuncHandle PlanSplitFunction();
+// The split binary's path: kPlanSplitBinary in the directory of _npu_ops.so.
+std::string PlanSplitBinaryPath();
+// Unloads the split binary from every device (before NPU teardown at exit); never raises.
+void ReleaseSplitBinaries() noexcept;
+
+}  // namespace npu
+}  // namespace avsg
+#endif  // AVSG_NPU_LAUNCH_CONFIG
