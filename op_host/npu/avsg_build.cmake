@@ -51,3 +51,73 @@ endfunction()
 function(avsg_npu_rpath_option torch_npu_path ascend_home out)
   set(${out} "-Wl,-rpath,$ORIGIN:${torch_npu_path}/lib:${ascend_home}/lib64" PARENT_SCOPE)
 endfunction()
+
+# ---- the split plan's config launch (op_host/npu/split_launch.h) ---------------------------
+# A split plan syncs across cores, so it is launched with the batch schedule mode and a timeout
+# (launch attributes ACLRT_LAUNCH_KERNEL cannot pass). That needs, from CANN's acl_rt.h, the
+# calls and types below, each as split_launch.h / split_launch.cpp / plan_host.cpp use them.
+function(avsg_launch_config_probe_source out)
+  set(${out} [=[
+#include <cstddef>
+#include <cstdint>
+#include "acl/acl_rt.h"
+// Taken by address with the exact signatures the host code calls them with, so a declaration
+// that differs fails here; linking (when libraries are given) proves the runtime has them.
+aclError (*const avsg_load)(const char*, aclrtBinaryLoadOptions*, aclrtBinHandle*) = aclrtBinaryLoadFromFile;
+aclError (*const avsg_get)(const aclrtBinHandle, const char*, aclrtFuncHandle*) = aclrtBinaryGetFunction;
+aclError (*const avsg_unload)(aclrtBinHandle) = aclrtBinaryUnLoad;
+aclError (*const avsg_launch)(aclrtFuncHandle, uint32_t, aclrtStream, aclrtLaunchKernelCfg*, void*, size_t,
+                              aclrtPlaceHolderInfo*, size_t) = aclrtLaunchKernelWithHostArgs;
+int main() {
+  aclrtLaunchKernelAttr attrs[2] = {};
+  attrs[0].id = ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE;
+  attrs[0].value.schemMode = static_cast<uint8_t>(1);
+  attrs[1].id = ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT;
+  attrs[1].value.timeout = static_cast<uint16_t>(30);
+  aclrtLaunchKernelCfg cfg{};
+  cfg.attrs = attrs;
+  cfg.numAttrs = 2;
+  return (avsg_load && avsg_get && avsg_unload && avsg_launch && cfg.numAttrs == 2) ? 0 : 1;
+}
+]=] PARENT_SCOPE)
+endfunction()
+
+# Sets result (a cache variable, re-checked on every configure) to TRUE when the probe compiles
+# against include_dirs and, when libraries is not empty, links against them from link_dirs (only
+# the probe's own references must resolve). Needs a project (try_compile), not cmake -P.
+function(avsg_check_launch_config include_dirs link_dirs libraries result)
+  include(CheckCXXSourceCompiles)
+  avsg_launch_config_probe_source(_src)
+  set(CMAKE_REQUIRED_INCLUDES ${include_dirs})
+  set(CMAKE_REQUIRED_QUIET ON)
+  if(libraries)
+    set(CMAKE_REQUIRED_LIBRARIES ${libraries})
+    set(_link_options "-Wl,--allow-shlib-undefined")
+    foreach(_dir ${link_dirs})
+      list(APPEND _link_options "-L${_dir}")
+    endforeach()
+    set(CMAKE_REQUIRED_LINK_OPTIONS ${_link_options})
+  else()
+    set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)   # compile only: nothing to link against
+  endif()
+  unset(${result} CACHE)
+  check_cxx_source_compiles("${_src}" ${result})
+  set(${result} "${${result}}" PARENT_SCOPE)
+endfunction()
+
+# How a split plan is launched: mode "batch" (the config launch, from the kernel binary that
+# ascendc_fatbin_library makes) when the API is there (avsg_check_launch_config) and the binary
+# can be built; otherwise "stub" (ACLRT_LAUNCH_KERNEL, and the split stays off unless
+# AVSG_NPU_SPLIT=1). why: one line for the configure log and the library's tag.
+function(avsg_split_launch_mode have_api have_fatbin mode why)
+  if(have_api AND have_fatbin)
+    set(${mode} "batch" PARENT_SCOPE)
+    set(${why} "aclrtLaunchKernelWithHostArgs with ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE=1 (batch) and ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT, kernel binary from ascendc_fatbin_library" PARENT_SCOPE)
+  elseif(NOT have_api)
+    set(${mode} "stub" PARENT_SCOPE)
+    set(${why} "the acl/acl_rt.h of CANN lacks aclrtBinaryLoadFromFile, aclrtBinaryGetFunction, aclrtLaunchKernelWithHostArgs or the SCHEM_MODE / TIMEOUT launch attributes (or libascendcl does not define them)" PARENT_SCOPE)
+  else()
+    set(${mode} "stub" PARENT_SCOPE)
+    set(${why} "the ascendc.cmake of this CANN has no ascendc_fatbin_library (or it made no avsg_plan_split_fatbin_obj target) to build the kernel binary of the split plan" PARENT_SCOPE)
+  endif()
+endfunction()

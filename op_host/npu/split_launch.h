@@ -26,9 +26,7 @@
 // CPU (tests/npu/test_split_launch.py). The second half needs CANN's acl_rt.h.
 #pragma once
 
-#include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 namespace avsg {
@@ -68,10 +66,13 @@ inline std::string ParseSplitTimeout(const char* text, uint16_t& seconds)
         return "";
     }
     const std::string v(text);
-    bool digits = v.size() <= 5;
-    for (char c : v) digits = digits && c >= '0' && c <= '9';
-    const long value = digits ? std::strtol(v.c_str(), nullptr, 10) : -1;
-    if (!digits || value > 65535) {
+    long value = 0;
+    bool ok = true;
+    for (char c : v) {
+        ok = ok && c >= '0' && c <= '9' && value <= 65535;   // stops growing once out of range
+        if (ok) value = value * 10 + (c - '0');
+    }
+    if (!ok || value > 65535) {
         return std::string(kSplitTimeoutEnv) + ": expected whole seconds in 0..65535 (0: no limit; default " +
                std::to_string(kDefaultSplitTimeoutSeconds) + "), got '" + v + "'";
     }

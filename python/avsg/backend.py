@@ -75,20 +75,34 @@ _npu_loaded: Optional[str] = None
 _npu_error: Optional[str] = None
 
 SOC_TAG = b"AVSG_NPU_SOC_VERSION="
+SPLIT_LAUNCH_TAG = b"AVSG_NPU_SPLIT_LAUNCH="
+
+
+def _library_tag(path: str, tag: bytes) -> Optional[str]:
+    """The NUL-terminated text after ``tag`` in the file, read without loading it; None without."""
+    with open(path, "rb") as f:
+        data = f.read()
+    at = data.find(tag)
+    if at < 0:
+        return None
+    end = data.find(b"\0", at)
+    return data[at + len(tag):end if end >= 0 else None].decode("ascii", "replace")
 
 
 def built_soc_version(path: str) -> Optional[str]:
     """The SoC the NPU library's kernels were built for (the ``SOC_VERSION`` tag that
     op_host/npu/host_pool.cpp compiles in), read from the file without loading it; None when the
     library has no tag."""
-    with open(path, "rb") as f:
-        data = f.read()
-    at = data.find(SOC_TAG)
-    if at < 0:
-        return None
-    end = data.find(b"\0", at)
-    soc = data[at + len(SOC_TAG):end if end >= 0 else None].decode("ascii", "replace")
-    return None if soc in ("", "unknown") else soc
+    soc = _library_tag(path, SOC_TAG)
+    return None if soc in (None, "", "unknown") else soc
+
+
+def built_split_launch(path: str) -> Optional[str]:
+    """How the NPU library launches a split plan (the tag op_host/npu/split_launch.cpp compiles
+    in): ``"batch"`` (batch schedule mode and a timeout; the split is on unless AVSG_NPU_SPLIT=0)
+    or ``"stub: <why the config launch was not built>"`` (ACLRT_LAUNCH_KERNEL; the split is off
+    unless AVSG_NPU_SPLIT=1). None for a library without the tag (built before it existed)."""
+    return _library_tag(path, SPLIT_LAUNCH_TAG) or None
 
 
 def soc_mismatch(built: Optional[str], device: Optional[str]) -> Optional[str]:
@@ -140,12 +154,15 @@ def _release_npu_resources() -> None:
 
 
 def backend_info() -> Dict[str, object]:
-    """Which implementation serves each op, and the state of the NPU backend."""
+    """Which implementation serves each op, and the state of the NPU backend (with
+    ``npu_split_launch``: how the built NPU library launches a split plan, ``built_split_launch``)."""
+    lib = npu_library_path()
     return {
         "cpu": dict(_ops.CPU_BACKEND),
         "emulation": get_emulation() if _has_op("emulation") else None,
         "emulated_cores": emulated_cores() if _has_op("emulated_cores") else None,
-        "npu_library": npu_library_path(),
+        "npu_library": lib,
+        "npu_split_launch": built_split_launch(lib) if lib else None,
         "npu_loaded": bool(_npu_loaded),
         "npu_error": _npu_error,
         "npu_available": _ops.npu_available(),

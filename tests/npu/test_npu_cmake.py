@@ -99,3 +99,144 @@ def test_soc_tag_is_read_from_the_file_and_a_mismatch_refuses_the_library(tmp_pa
     assert backend.built_soc_version(str(lib)) is None
     lib.write_bytes(b"no tag")
     assert backend.built_soc_version(str(lib)) is None
+
+
+# ---- the split plan's config launch: the configure check and the decision -------------------
+
+ACL_INCLUDE = os.path.join(ROOT, "build", "typecheck", "headers", "torch-npu-2.14.0", "torch_npu", "include")
+
+# A stand-in acl/acl_rt.h with exactly what the probe uses; drop_* variants lack one piece each.
+FAKE_ACL_RT = """#pragma once
+#include <stddef.h>
+#include <stdint.h>
+typedef int aclError;
+typedef void* aclrtStream;
+typedef void* aclrtBinHandle;
+typedef void* aclrtFuncHandle;
+typedef struct { int type; uint32_t value; } aclrtBinaryLoadOption;
+typedef struct { aclrtBinaryLoadOption* options; size_t numOpt; } aclrtBinaryLoadOptions;
+typedef struct { uint32_t addrOffset; uint32_t dataOffset; } aclrtPlaceHolderInfo;
+typedef enum { ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE = 1, /*TIMEOUT*/ } aclrtLaunchKernelAttrId;
+typedef union { uint8_t schemMode; uint16_t timeout; uint32_t rsv[4]; } aclrtLaunchKernelAttrValue;
+typedef struct { aclrtLaunchKernelAttrId id; aclrtLaunchKernelAttrValue value; } aclrtLaunchKernelAttr;
+typedef struct { aclrtLaunchKernelAttr* attrs; size_t numAttrs; } aclrtLaunchKernelCfg;
+#ifdef __cplusplus
+extern "C" {
+#endif
+aclError aclrtBinaryLoadFromFile(const char*, aclrtBinaryLoadOptions*, aclrtBinHandle*);
+aclError aclrtBinaryGetFunction(const aclrtBinHandle, const char*, aclrtFuncHandle*);
+aclError aclrtBinaryUnLoad(aclrtBinHandle);
+/*LAUNCH*/
+#ifdef __cplusplus
+}
+#endif
+"""
+FAKE_LAUNCH = ("aclError aclrtLaunchKernelWithHostArgs(aclrtFuncHandle, uint32_t, aclrtStream, aclrtLaunchKernelCfg*, "
+               "void*, size_t, aclrtPlaceHolderInfo*, size_t);")
+RUNTIME_SYMBOLS = ("aclrtBinaryLoadFromFile", "aclrtBinaryGetFunction", "aclrtBinaryUnLoad",
+                   "aclrtLaunchKernelWithHostArgs")
+
+
+def fake_acl(root, timeout=True, launch=True):
+    (root / "acl").mkdir(parents=True)
+    text = FAKE_ACL_RT.replace("/*TIMEOUT*/", "ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT = 7" if timeout else "")
+    (root / "acl" / "acl_rt.h").write_text(text.replace("/*LAUNCH*/", FAKE_LAUNCH if launch else ""))
+    return str(root)
+
+
+def fake_runtime(root, symbols):
+    """libascendcl.so defining only `symbols` (C linkage, any signature: only linking is checked)."""
+    root.mkdir(parents=True)
+    src = root / "rt.c"
+    src.write_text("".join(f"int {s}(void) {{ return 0; }}\n" for s in symbols))
+    res = subprocess.run(["gcc", "-shared", "-fPIC", str(src), "-o", str(root / "libascendcl.so")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return str(root)
+
+
+def configure_checks(tmp_path, cases):
+    """Configure a throwaway project that runs avsg_check_launch_config once per (name, includes,
+    link_dirs, libraries); returns {name: "1" or ""}."""
+    src = tmp_path / "proj"
+    src.mkdir()
+    body = "".join(f'avsg_check_launch_config("{inc}" "{ld}" "{libs}" {name})\nmessage(STATUS "{name}=${{{name}}}")\n'
+                   for name, inc, ld, libs in cases)
+    (src / "CMakeLists.txt").write_text(
+        f'cmake_minimum_required(VERSION 3.18)\nproject(probe LANGUAGES CXX)\ninclude("{BUILD_CMAKE}")\n{body}')
+    res = subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / "b")], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    found = dict(re.findall(r"^-- (\w+)=(.*)$", res.stdout, re.M))
+    return {name: found[name].strip() for name, *_ in cases}
+
+
+@needs_cmake
+@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("gcc") is None, reason="no gcc / g++")
+def test_launch_config_check_needs_every_declaration_and_every_runtime_symbol(tmp_path):
+    full = fake_acl(tmp_path / "full")
+    no_timeout = fake_acl(tmp_path / "no_timeout", timeout=False)
+    no_launch = fake_acl(tmp_path / "no_launch", launch=False)
+    rt_full = fake_runtime(tmp_path / "rt_full", RUNTIME_SYMBOLS)
+    rt_old = fake_runtime(tmp_path / "rt_old", RUNTIME_SYMBOLS[:-1])
+    cases = [("FULL", full, "", ""), ("NO_TIMEOUT", no_timeout, "", ""), ("NO_LAUNCH", no_launch, "", ""),
+             ("NO_HEADER", str(tmp_path / "nowhere"), "", ""),
+             ("LINKED", full, rt_full, "ascendcl"), ("OLD_RUNTIME", full, rt_old, "ascendcl"),
+             ("NO_RUNTIME", full, str(tmp_path / "nowhere"), "ascendcl")]
+    if os.path.exists(os.path.join(ACL_INCLUDE, "acl", "acl_rt.h")):
+        cases.append(("TORCH_NPU", ACL_INCLUDE, "", ""))   # what scripts/typecheck_ascendc.py assumes
+    out = configure_checks(tmp_path, cases)
+    assert out["FULL"] == "1" and out["LINKED"] == "1", out
+    for name in ("NO_TIMEOUT", "NO_LAUNCH", "NO_HEADER", "OLD_RUNTIME", "NO_RUNTIME"):
+        assert out[name] == "", (name, out)
+    if "TORCH_NPU" in out:
+        assert out["TORCH_NPU"] == "1", out
+
+
+@needs_cmake
+def test_split_launch_is_batch_only_with_the_api_and_the_kernel_binary(tmp_path):
+    out = cmake_script(tmp_path, """
+avsg_split_launch_mode(TRUE TRUE m1 w1)
+message("both=${m1}|${w1}")
+avsg_split_launch_mode(FALSE TRUE m2 w2)
+message("noapi=${m2}|${w2}")
+avsg_split_launch_mode(TRUE FALSE m3 w3)
+message("nofatbin=${m3}|${w3}")
+avsg_split_launch_mode("" "" m4 w4)
+message("none=${m4}|${w4}")""")
+    assert out["both"].startswith("batch|aclrtLaunchKernelWithHostArgs with ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE=1")
+    assert out["noapi"].startswith("stub|the acl/acl_rt.h of CANN lacks")
+    assert out["nofatbin"].startswith("stub|the ascendc.cmake of this CANN has no ascendc_fatbin_library")
+    assert out["none"] == out["noapi"]
+    for text in out.values():   # compiled into a -D string: no quote a shell would trip on
+        assert "'" not in text and '"' not in text
+
+
+def test_split_launch_is_wired_into_the_npu_build():
+    # the check sees what the op library sees: the same headers first, linked against ascendcl
+    assert ('avsg_check_launch_config("${AVSG_NPU_HOST_INCLUDES}" "${AVSG_NPU_LINK_DIRS}" ascendcl '
+            'AVSG_HAVE_LAUNCH_CONFIG)') in NPU_CMAKE
+    assert re.search(r"target_include_directories\(avsg_npu PRIVATE\s+\S+op_host\"\s+\S+avsg_kernels\"[^\n]*\n"
+                     r"\s+\$\{AVSG_NPU_HOST_INCLUDES\}\)", NPU_CMAKE)
+    assert "target_link_directories(avsg_npu PRIVATE ${AVSG_NPU_LINK_DIRS})" in NPU_CMAKE
+    # one binary of plan.cpp, release definitions (the fatbin has no dump), copied next to _npu_ops.so
+    assert 'ascendc_fatbin_library(avsg_plan_split "${AVSG_ROOT}/op_kernel/plan.cpp")' in NPU_CMAKE
+    assert 'avsg_kernel_definitions("Release" OFF "${AVSG_NPU_KERNEL_DEFINITIONS}" _avsg_split_defs)' in NPU_CMAKE
+    assert '"${CMAKE_LIBRARY_OUTPUT_DIRECTORY}/avsg_plan_split.o"' in NPU_CMAKE
+    assert 'kPlanSplitBinary = "avsg_plan_split.o"' in open(os.path.join(ROOT, "op_host", "npu", "split_launch.h")).read()
+    # the macro only in the batch branch; the tag in both
+    batch = re.search(r'if\(AVSG_SPLIT_LAUNCH STREQUAL "batch"\)\n(.*?)else\(\)\n(.*?)endif\(\)',
+                      NPU_CMAKE[NPU_CMAKE.index("AVSG_NPU_SPLIT_LAUNCH: how"):], re.S)
+    assert "AVSG_NPU_LAUNCH_CONFIG=1" in batch.group(1) and 'AVSG_NPU_SPLIT_LAUNCH="batch"' in batch.group(1)
+    assert "AVSG_NPU_LAUNCH_CONFIG" not in batch.group(2) and "AVSG_NPU_SPLIT_LAUNCH=" in batch.group(2)
+
+
+def test_split_launch_tag_is_read_from_the_file(tmp_path):
+    lib = tmp_path / "_npu_ops.so"
+    lib.write_bytes(b"\x7fELF" + b"AVSG_NPU_SPLIT_LAUNCH=batch\0" + b"AVSG_NPU_SOC_VERSION=Ascend910B3\0")
+    assert backend.built_split_launch(str(lib)) == "batch"
+    assert backend.built_soc_version(str(lib)) == "Ascend910B3"
+    lib.write_bytes(b"AVSG_NPU_SPLIT_LAUNCH=stub: no API\0")
+    assert backend.built_split_launch(str(lib)) == "stub: no API"
+    lib.write_bytes(b"untagged")
+    assert backend.built_split_launch(str(lib)) is None

@@ -54,7 +54,10 @@ def test_kernels_and_npu_host_code_typecheck_clean_against_the_real_headers():
             assert f"kernel {os.path.relpath(tu, ROOT)} arch 2201 ASCENDC_DUMP={dump}: ok" in result.stdout
     if with_host:
         for src in tc.npu_host_sources():
-            assert re.search(rf"host {re.escape(os.path.relpath(src, ROOT))} \(torch .*\): ok", result.stdout), out
+            rel = re.escape(os.path.relpath(src, ROOT))
+            assert re.search(rf"host {rel} \(torch [^)]*\): ok", result.stdout), out
+            if tc.LAUNCH_CONFIG_MACRO in open(src).read():
+                assert re.search(rf"host {rel} \(torch [^)]*\) without {tc.LAUNCH_CONFIG_MACRO}: ok", result.stdout), out
     else:
         pytest.skip("kernels clean; host half skipped: the torch/torch-npu 2.14.0 headers are not in "
                     f"{WORK} (python scripts/typecheck_ascendc.py --fetch-only)")
@@ -85,6 +88,23 @@ def test_launch_headers_follow_the_kernel_entries(tmp_path):
     assert ("uint32_t aclrtlaunch_avsg_gather(uint32_t numBlocks, aclrtStream stream, void* missPos, "
             "void* missSlots, void* missCounts, void* blockTable, void* countOut, void* tiling);") in text
     assert tc.launch_param("__gm__ int32_t* x") == "void* x" and tc.launch_param("uint32_t n") == "uint32_t n"
+
+
+def test_host_code_is_checked_with_the_config_launch_and_without(tmp_path):
+    """torch-npu 2.14's acl_rt.h declares the split plan's config launch, so every NPU host source
+    is checked as the configure check would build it there (AVSG_NPU_LAUNCH_CONFIG), and each
+    file with a section for it once more as a CANN without it builds it."""
+    class FakeSdk:
+        devkit = str(tmp_path / "devkit")
+    units = dict(tc.host_units(FakeSdk(), str(tmp_path), str(tmp_path / "t"), str(tmp_path / "n")))
+    with_config = [cmd for cmd in units.values() if "-DAVSG_NPU_LAUNCH_CONFIG=1" in cmd]
+    assert len(with_config) == len(tc.npu_host_sources())
+    sections = [src for src in tc.npu_host_sources() if tc.LAUNCH_CONFIG_MACRO in open(src).read()]
+    assert {os.path.relpath(s, ROOT) for s in sections} >= {"op_host/plan_host.cpp", "op_host/npu/split_launch.cpp"}
+    without = [cmd[-1] for label, cmd in units.items() if label.endswith(f"without {tc.LAUNCH_CONFIG_MACRO}")]
+    assert sorted(without) == sorted(sections)
+    for label, cmd in units.items():
+        assert ("-DAVSG_NPU_LAUNCH_CONFIG=1" in cmd) != label.endswith(f"without {tc.LAUNCH_CONFIG_MACRO}"), label
 
 
 def test_without_the_shared_folder_the_check_skips_with_the_reason(tmp_path):

@@ -2,9 +2,10 @@
 
 Prints the backends present; the torch, torch_npu, CANN and driver versions; the core counts;
 how host memory gets mapped for the AI cores (and whether an AI core reads the first and the last
-row of a registered pool); whether the plan's split lookup works on this NPU (it waits across
-cores with no timeout, so it is off on the NPU until proven: tried in a child process killed
-after a time limit, then AVSG_NPU_SPLIT=1 turns it on); then a self-test: plan +
+row of a registered pool); how the NPU library launches a split plan and whether the plan's
+split lookup works on this NPU (it waits across cores: tried in a child process killed after a
+time limit. Built with the batch schedule mode it is on unless AVSG_NPU_SPLIT=0; otherwise it
+is off until AVSG_NPU_SPLIT=1 turns it on); then a self-test: plan +
 gather over a small multi-step session on every backend present, compared bit for bit with the
 reference on CPU (the NPU part is bounded by ``--seconds``, 30 by default). The last line is a
 one-line verdict. Without an NPU it says what is missing and exits 0: a CPU-only machine is a
@@ -200,10 +201,11 @@ def run_checks(seconds: float, selftest_on: bool, say: Callable[[str], None]) ->
     cpu_ops = [op for op, impl in info["cpu"].items() if impl == "kernel"] if isinstance(info["cpu"], dict) else []
     add(Check("backend cpu", "ok", f"AscendC kernels through the {info['emulation']} emulation "
               f"({', '.join(cpu_ops) or 'reference only'}); {info['emulated_cores']} emulated AIV cores"))
+    launch = split_launch_note(info["npu_split_launch"])
     if info["npu_loaded"]:
-        add(Check("backend npu", "ok", f"{info['npu_library']}"))
+        add(Check("backend npu", "ok", f"{info['npu_library']}; {launch}"))
     elif info["npu_library"]:
-        add(Check("backend npu", "fail", f"built but not loaded: {info['npu_error']}"))
+        add(Check("backend npu", "fail", f"built but not loaded: {info['npu_error']}; {launch}"))
     else:
         add(Check("backend npu", "missing", info["npu_error"] or "not built (no CANN at build time: "
                   "scripts/build_npu.sh on an Ascend machine)"))
@@ -221,12 +223,12 @@ def run_checks(seconds: float, selftest_on: bool, say: Callable[[str], None]) ->
         path, describe = backend.host_register_info()[:2]
         add(Check("host registration", "info", describe))
         add(host_registration_probe(backend))
-        add(split_lookup_probe(min(seconds, 60.0)))
+        add(split_lookup_probe(min(seconds, 60.0), info["npu_split_launch"]))
     else:
         add(Check("host registration", "missing", "needs the NPU backend and an NPU"))
         add(Check("AI-core host reads", "missing", "needs the NPU backend and an NPU"))
-        add(Check("split lookup", "missing", "needs the NPU backend and an NPU (off on the NPU until "
-                  "proven here; the CPU emulation always splits)"))
+        add(Check("split lookup", "missing", "needs the NPU backend and an NPU (the CPU emulation always "
+                  "splits)"))
 
     if selftest_on:
         add(selftest("cpu", steps=3, deadline=time.monotonic() + seconds))
@@ -278,6 +280,21 @@ def host_registration_probe(backend) -> Check:
 
 
 SPLIT_ENV = "AVSG_NPU_SPLIT"
+SPLIT_TIMEOUT_ENV = "AVSG_NPU_SPLIT_TIMEOUT"
+DEFAULT_SPLIT_TIMEOUT = 30     # seconds: op_host/npu/split_launch.h, kDefaultSplitTimeoutSeconds
+
+
+def split_launch_note(launch: Optional[str]) -> str:
+    """One line: how the built NPU library launches a split plan (backend.built_split_launch)."""
+    if launch == "batch":
+        timeout = os.environ.get(SPLIT_TIMEOUT_ENV) or str(DEFAULT_SPLIT_TIMEOUT)
+        return (f"split plan launch: batch schedule mode, timeout {timeout} s ({SPLIT_TIMEOUT_ENV}); "
+                f"the split is on unless {SPLIT_ENV}=0")
+    if launch is None:
+        return f"split plan launch: ACLRT_LAUNCH_KERNEL (library without the tag); the split is off unless {SPLIT_ENV}=1"
+    why = launch.split(":", 1)[1].strip() if ":" in launch else launch
+    return (f"split plan launch: ACLRT_LAUNCH_KERNEL, no batch schedule mode ({why}); "
+            f"the split is off unless {SPLIT_ENV}=1")
 
 
 def split_probe_child() -> int:
@@ -311,10 +328,13 @@ def split_probe_child() -> int:
     return 0
 
 
-def split_lookup_probe(seconds: float) -> Check:
-    """The split lookup is off on the NPU until proven: its cross-core wait has no timeout. Run
-    it in a child process that is killed after ``seconds``; report whether it worked and that
-    AVSG_NPU_SPLIT=1 turns it on (or, in one line, why it stays off)."""
+def split_lookup_probe(seconds: float, launch: Optional[str] = None) -> Check:
+    """Run a split plan in a child process that is killed after ``seconds`` and report, in one
+    line, whether it matched the reference. Its cross-core wait has no timeout of its own. A
+    library whose split plan launch is ``"batch"`` (backend.built_split_launch: batch schedule
+    mode and a launch timeout) splits unless AVSG_NPU_SPLIT=0, so a failure there is a failure
+    of the default; any other keeps the split off until AVSG_NPU_SPLIT=1, which this check
+    recommends once the plan matched."""
     import subprocess
     import sys
     env = dict(os.environ, **{SPLIT_ENV: "1"})
@@ -323,14 +343,21 @@ def split_lookup_probe(seconds: float) -> Check:
         res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                              timeout=seconds)
     except subprocess.TimeoutExpired:
-        return Check("split lookup", "fail", f"stays off: the split plan did not finish in {seconds:g} s "
-                     "(a cross-core wait that never completed; the child was killed)")
-    if res.returncode != 0:
-        why = (res.stdout.strip() or res.stderr.strip() or f"exit {res.returncode}").splitlines()[-1]
-        return Check("split lookup", "fail", f"stays off: {why}")
+        why = f"the split plan did not finish in {seconds:g} s (the child was killed)"
+    else:
+        why = None if res.returncode == 0 else \
+            (res.stdout.strip() or res.stderr.strip() or f"exit {res.returncode}").splitlines()[-1]
+    batch = launch == "batch"
+    if why is not None:
+        return Check("split lookup", "fail", f"on by default in this build, set {SPLIT_ENV}=0: {why}" if batch
+                     else f"stays off: {why}")
+    if batch:
+        off = os.environ.get(SPLIT_ENV) == "0"
+        return Check("split lookup", "ok", "a split plan (batch schedule mode) matched the reference on this "
+                     "device; " + (f"off ({SPLIT_ENV}=0)" if off else "on"))
     on = os.environ.get(SPLIT_ENV) == "1"
     return Check("split lookup", "ok", "a split plan matched the reference on this device; "
-                 + ("on (AVSG_NPU_SPLIT=1)" if on else "turn it on with AVSG_NPU_SPLIT=1"))
+                 + (f"on ({SPLIT_ENV}=1)" if on else f"turn it on with {SPLIT_ENV}=1"))
 
 
 def verdict(checks: List[Check]) -> str:
