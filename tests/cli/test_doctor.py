@@ -88,3 +88,43 @@ def test_split_probe_reports_a_hang_and_a_failure_in_one_line_and_keeps_the_spli
     monkeypatch.setattr(subprocess, "run", hang)
     check = doctor.split_lookup_probe(7)
     assert check.status == "fail" and "did not finish in 7 s" in check.detail and "stays off" in check.detail
+
+
+def test_split_probe_in_a_batch_mode_build_says_the_split_is_on_by_default(monkeypatch):
+    """A library built with the config launch (batch schedule mode, timeout) splits unless
+    AVSG_NPU_SPLIT=0: a failing probe is a failure of the default and says how to turn it off."""
+    def fails(*args, **kwargs):
+        assert kwargs["env"]["AVSG_NPU_SPLIT"] == "1"
+        return subprocess.CompletedProcess(args[0], 1, stdout="step 0: slots differs from the reference\n", stderr="")
+    monkeypatch.setattr(subprocess, "run", fails)
+    check = doctor.split_lookup_probe(9, "batch")
+    assert check.status == "fail"
+    assert check.detail == "on by default in this build, set AVSG_NPU_SPLIT=0: step 0: slots differs from the reference"
+
+    def hangs(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], kwargs["timeout"])
+    monkeypatch.setattr(subprocess, "run", hangs)
+    check = doctor.split_lookup_probe(9, "batch")
+    assert check.status == "fail" and "did not finish in 9 s" in check.detail and "AVSG_NPU_SPLIT=0" in check.detail
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a[0], 0, "", ""))
+    monkeypatch.delenv("AVSG_NPU_SPLIT", raising=False)
+    check = doctor.split_lookup_probe(9, "batch")
+    assert check.status == "ok" and check.detail.endswith("(batch schedule mode) matched the reference on this device; on")
+    monkeypatch.setenv("AVSG_NPU_SPLIT", "0")
+    assert doctor.split_lookup_probe(9, "batch").detail.endswith("; off (AVSG_NPU_SPLIT=0)")
+    # the stub build keeps recommending AVSG_NPU_SPLIT=1
+    monkeypatch.delenv("AVSG_NPU_SPLIT")
+    assert doctor.split_lookup_probe(9, "stub: no API").detail.endswith("turn it on with AVSG_NPU_SPLIT=1")
+
+
+def test_split_launch_note_names_the_launch_once(monkeypatch):
+    monkeypatch.delenv("AVSG_NPU_SPLIT_TIMEOUT", raising=False)
+    assert doctor.split_launch_note("batch") == ("split plan launch: batch schedule mode, timeout 30 s "
+                                                 "(AVSG_NPU_SPLIT_TIMEOUT); the split is on unless AVSG_NPU_SPLIT=0")
+    monkeypatch.setenv("AVSG_NPU_SPLIT_TIMEOUT", "120")
+    assert "timeout 120 s" in doctor.split_launch_note("batch")
+    note = doctor.split_launch_note("stub: the acl/acl_rt.h of CANN lacks X")
+    assert note == ("split plan launch: ACLRT_LAUNCH_KERNEL, no batch schedule mode (the acl/acl_rt.h of CANN lacks X); "
+                    "the split is off unless AVSG_NPU_SPLIT=1")
+    assert "off unless AVSG_NPU_SPLIT=1" in doctor.split_launch_note(None)

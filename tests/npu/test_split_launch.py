@@ -86,3 +86,11 @@ def test_the_split_args_follow_the_kernel_entry():
     # the stub launch passes the same tensors in the same order
     stub = re.search(r"ACLRT_LAUNCH_KERNEL\(avsg_plan\)\(\s*blockDim, stream, (.*?)\)\);", host, re.S).group(1)
     assert [re.match(r"\s*(\w+)\.data_ptr\(\)", a).group(1) for a in stub.split(",")] == order
+
+
+def test_doctor_names_the_same_variables_and_default():
+    from avsg.commands import doctor
+    header = open(os.path.join(ROOT, "op_host", "npu", "split_launch.h")).read()
+    assert int(re.search(r"kDefaultSplitTimeoutSeconds = (\d+);", header).group(1)) == doctor.DEFAULT_SPLIT_TIMEOUT
+    assert f'kSplitEnv = "{doctor.SPLIT_ENV}"' in header
+    assert f'kSplitTimeoutEnv = "{doctor.SPLIT_TIMEOUT_ENV}"' in header
