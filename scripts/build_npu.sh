@@ -115,6 +115,10 @@ fi
 lib="$(ls python/avsg/_npu_ops*.so 2>/dev/null | head -n1 || true)"
 [ -n "$lib" ] || die "the build finished without python/avsg/_npu_ops.so (see the CMake output above)"
 echo "build_npu.sh: built $lib"
+# a library built with the split plan's config launch needs its kernel binary next to it
+if grep -aq 'AVSG_NPU_SPLIT_LAUNCH=batch' "$lib"; then
+    [ -f python/avsg/avsg_plan_split.o ] || die "$lib launches split plans from python/avsg/avsg_plan_split.o, which the build did not make (see the CMake output above)"
+fi
 "$PYTHON" -c "import sys; sys.path.insert(0, 'python'); import avsg.backend as b; print('build_npu.sh: backend', b.backend_info())"
 
 # ---- 5. tests ----------------------------------------------------------------------------------

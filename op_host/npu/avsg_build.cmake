@@ -69,6 +69,9 @@ aclError (*const avsg_unload)(aclrtBinHandle) = aclrtBinaryUnLoad;
 aclError (*const avsg_launch)(aclrtFuncHandle, uint32_t, aclrtStream, aclrtLaunchKernelCfg*, void*, size_t,
                               aclrtPlaceHolderInfo*, size_t) = aclrtLaunchKernelWithHostArgs;
 int main() {
+  aclrtBinaryLoadOption option = {};
+  option.type = ACL_RT_BINARY_LOAD_OPT_MAGIC;
+  option.value.magic = ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE;
   aclrtLaunchKernelAttr attrs[2] = {};
   attrs[0].id = ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE;
   attrs[0].value.schemMode = static_cast<uint8_t>(1);
@@ -77,7 +80,7 @@ int main() {
   aclrtLaunchKernelCfg cfg{};
   cfg.attrs = attrs;
   cfg.numAttrs = 2;
-  return (avsg_load && avsg_get && avsg_unload && avsg_launch && cfg.numAttrs == 2) ? 0 : 1;
+  return (avsg_load && avsg_get && avsg_unload && avsg_launch && cfg.numAttrs == 2 && option.value.magic) ? 0 : 1;
 }
 ]=] PARENT_SCOPE)
 endfunction()
@@ -115,7 +118,7 @@ function(avsg_split_launch_mode have_api have_fatbin mode why)
     set(${why} "aclrtLaunchKernelWithHostArgs with ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE=1 (batch) and ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT, kernel binary from ascendc_fatbin_library" PARENT_SCOPE)
   elseif(NOT have_api)
     set(${mode} "stub" PARENT_SCOPE)
-    set(${why} "the acl/acl_rt.h of CANN lacks aclrtBinaryLoadFromFile, aclrtBinaryGetFunction, aclrtLaunchKernelWithHostArgs or the SCHEM_MODE / TIMEOUT launch attributes (or libascendcl does not define them)" PARENT_SCOPE)
+    set(${why} "the acl/acl_rt.h of CANN lacks aclrtBinaryLoadFromFile (with the magic load option), aclrtBinaryGetFunction, aclrtLaunchKernelWithHostArgs or the SCHEM_MODE / TIMEOUT launch attributes (or libascendcl does not define them)" PARENT_SCOPE)
   else()
     set(${mode} "stub" PARENT_SCOPE)
     set(${why} "the ascendc.cmake of this CANN has no ascendc_fatbin_library (or it made no avsg_plan_split_fatbin_obj target) to build the kernel binary of the split plan" PARENT_SCOPE)

@@ -63,7 +63,8 @@ aclrtFuncHandle PlanSplitFunction()
     const std::string path = PlanSplitBinaryPath();
     const char* off = "; AVSG_NPU_SPLIT=0 runs plan without the split lookup";
     LoadedBinary loaded;
-    const aclError loadErr = aclrtBinaryLoadFromFile(path.c_str(), nullptr, &loaded.binary);
+    SplitBinaryLoadOptions options;
+    const aclError loadErr = aclrtBinaryLoadFromFile(path.c_str(), options.get(), &loaded.binary);
     TORCH_CHECK(loadErr == ACL_SUCCESS && loaded.binary != nullptr, "avsg.plan: the split plan's kernel binary ",
                 path, " did not load on device ", device, " (aclrtBinaryLoadFromFile returned aclError ", loadErr,
                 ")", off);

@@ -10,10 +10,11 @@
 // takes no launch attributes: it calls aclrtLaunchKernelWithHostArgs with no config on a function
 // handle it keeps to itself. So a split plan is launched from a kernel binary of its own
 // (ascendc_fatbin_library over op_kernel/plan.cpp, copied next to _npu_ops.so as
-// kPlanSplitBinary), loaded with aclrtBinaryLoadFromFile, its entry found by name with
-// aclrtBinaryGetFunction, and launched with aclrtLaunchKernelWithHostArgs and a config holding
-// both attributes. The arguments are passed as the generated stub passes them: one packed struct
-// of the entry's parameters in order (PlanSplitArgs).
+// kPlanSplitBinary), loaded with aclrtBinaryLoadFromFile (SplitBinaryLoadOptions), its entry
+// found by name with aclrtBinaryGetFunction, and launched with aclrtLaunchKernelWithHostArgs and
+// a config holding both attributes (SplitLaunchConfig). The arguments are passed as the
+// generated stub passes them: one packed struct of the entry's parameters in order
+// (PlanSplitArgs). None of this has run on an NPU (docs/npu.md, "Split plan launch").
 //
 // The build decides (op_host/npu/CMakeLists.txt, avsg_check_launch_config in avsg_build.cmake):
 // AVSG_NPU_LAUNCH_CONFIG is defined when CANN's acl_rt.h declares that API and
@@ -114,6 +115,30 @@ public:
 private:
     aclrtLaunchKernelAttr attrs_[2];
     aclrtLaunchKernelCfg cfg_{};
+};
+
+// How the split binary is loaded: as the ascendc_library stub loads the AIV half of a kernel
+// library (its RegisterAscendBinary for an AIV-only entry: ACL_RT_BINARY_LOAD_OPT_MAGIC =
+// ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE). Every entry of plan.cpp is KERNEL_TYPE_AIV_ONLY, so the
+// binary holds vector-core code only. Built in place, like SplitLaunchConfig.
+class SplitBinaryLoadOptions {
+public:
+    SplitBinaryLoadOptions()
+    {
+        option_ = aclrtBinaryLoadOption{};
+        option_.type = ACL_RT_BINARY_LOAD_OPT_MAGIC;
+        option_.value.magic = ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE;
+        options_.options = &option_;
+        options_.numOpt = 1;
+    }
+    SplitBinaryLoadOptions(const SplitBinaryLoadOptions&) = delete;
+    SplitBinaryLoadOptions& operator=(const SplitBinaryLoadOptions&) = delete;
+
+    aclrtBinaryLoadOptions* get() { return &options_; }
+
+private:
+    aclrtBinaryLoadOption option_;
+    aclrtBinaryLoadOptions options_{};
 };
 
 // avsg_plan's parameters in entry order (op_kernel/plan.cpp), each a device address: the

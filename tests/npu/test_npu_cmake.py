@@ -113,7 +113,10 @@ typedef int aclError;
 typedef void* aclrtStream;
 typedef void* aclrtBinHandle;
 typedef void* aclrtFuncHandle;
-typedef struct { int type; uint32_t value; } aclrtBinaryLoadOption;
+#define ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE 0x41415246U
+typedef enum { ACL_RT_BINARY_LOAD_OPT_MAGIC = 2 } aclrtBinaryLoadOptionType;
+typedef union { uint32_t magic; uint32_t rsv[4]; } aclrtBinaryLoadOptionValue;
+typedef struct { aclrtBinaryLoadOptionType type; aclrtBinaryLoadOptionValue value; } aclrtBinaryLoadOption;
 typedef struct { aclrtBinaryLoadOption* options; size_t numOpt; } aclrtBinaryLoadOptions;
 typedef struct { uint32_t addrOffset; uint32_t dataOffset; } aclrtPlaceHolderInfo;
 typedef enum { ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE = 1, /*TIMEOUT*/ } aclrtLaunchKernelAttrId;

@@ -67,6 +67,9 @@ def test_launch_config_is_batch_mode_and_the_timeout(tmp_path):
     assert "cfg_other" not in out
     assert out["cfg_attrs_inside"] == "1"
     assert out["args_bytes"] == str(10 * 8)
+    # the binary is loaded as the ascendc_library stub loads an AIV-only kernel's ELF:
+    # ACL_RT_BINARY_LOAD_OPT_MAGIC (2) = ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE
+    assert out["load_options"] == "1 type=2 magic=0x41415246"
 
 
 def test_the_split_args_follow_the_kernel_entry():
