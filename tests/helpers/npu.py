@@ -16,7 +16,7 @@ from . import REPO
 
 STUBS = os.path.join(REPO, "tests", "npu", "npu_stubs")
 NPU_HOST_FILES = ["op_host/plan_host.cpp", "op_host/gather_host.cpp", "op_host/calibrate_host.cpp",
-                  "op_host/npu/host_pool.cpp", "op_host/npu/host_register.cpp"]
+                  "op_host/npu/host_pool.cpp", "op_host/npu/host_register.cpp", "op_host/npu/split_launch.cpp"]
 
 
 def compile_npu_unit(path, *flags):
