@@ -243,3 +243,68 @@ def test_split_launch_tag_is_read_from_the_file(tmp_path):
     assert backend.built_split_launch(str(lib)) == "stub: no API"
     lib.write_bytes(b"untagged")
     assert backend.built_split_launch(str(lib)) is None
+
+
+FAKE_ASCENDC_CMAKE = r"""# stand-in for CANN's ascendc.cmake: the functions op_host/npu/CMakeLists.txt calls, recorded
+file(WRITE "${CMAKE_BINARY_DIR}/fake_ascendc_empty.cpp" "")
+function(ascendc_library name type)
+  add_library(${name} STATIC "${CMAKE_BINARY_DIR}/fake_ascendc_empty.cpp")
+endfunction()
+function(ascendc_include_directories)
+endfunction()
+function(ascendc_compile_definitions name scope)
+  message(STATUS "FAKE_DEFS_${name}=${ARGN}")
+endfunction()
+function(ascendc_compile_options)
+endfunction()
+if(NOT "$ENV{FAKE_NO_FATBIN}")
+  function(ascendc_fatbin_library name)
+    add_custom_target(${name}_fatbin_obj ALL)
+    message(STATUS "FAKE_FATBIN=${name}|${ARGN}|${CMAKE_INSTALL_PREFIX}")
+  endfunction()
+endif()
+"""
+
+
+@needs_cmake
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
+@pytest.mark.parametrize("variant", ["batch", "no_fatbin", "old_runtime"])
+def test_npu_cmakelists_picks_the_split_launch_against_stand_ins(tmp_path, variant):
+    """The NPU CMakeLists configured for real against a stand-in CANN (its ascendc.cmake records
+    the calls; libascendcl defines the runtime's symbols or not) and torch_npu (the stand-in
+    acl_rt.h): the config launch only with both the API and ascendc_fatbin_library, the binary
+    of plan.cpp built with the release definitions under the build tree, the outcome tagged."""
+    cann = tmp_path / "cann"
+    (cann / "compiler/tikcpp/ascendc_kernel_cmake").mkdir(parents=True)
+    (cann / "compiler/tikcpp/ascendc_kernel_cmake/ascendc.cmake").write_text(FAKE_ASCENDC_CMAKE)
+    fake_runtime(cann / "lib64", RUNTIME_SYMBOLS[:-1] if variant == "old_runtime" else RUNTIME_SYMBOLS)
+    tnpu = tmp_path / "torch_npu"
+    fake_acl(tnpu / "include")
+    import torch.utils
+    env = dict(os.environ, ASCEND_HOME_PATH=str(cann), TORCH_NPU_PATH=str(tnpu))
+    env.pop("AVSG_REQUIRE_NPU", None)
+    if variant == "no_fatbin":
+        env["FAKE_NO_FATBIN"] = "1"
+    build = tmp_path / "b"
+    res = subprocess.run(["cmake", "-S", ROOT, "-B", str(build), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+                          f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={tmp_path / 'out'}"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-4000:]
+    flags = (build / "op_host/npu/CMakeFiles/avsg_npu.dir/flags.make").read_text()
+    if variant == "batch":
+        assert "AVSG: split plan launch: batch schedule mode and a timeout" in log
+        assert "-DAVSG_NPU_LAUNCH_CONFIG=1" in flags and re.search(r'AVSG_NPU_SPLIT_LAUNCH=\W*batch\W', flags)
+        fatbin = re.search(r"FAKE_FATBIN=(.*)", log).group(1).split("|")
+        assert fatbin == ["avsg_plan_split", os.path.join(ROOT, "op_kernel", "plan.cpp"),
+                          str(build / "op_host" / "npu" / "split_kernel")]
+        assert re.search(r"FAKE_DEFS_avsg_plan_split=-DAVSG_NPU_KERNEL=1;-DASCENDC_DUMP=0\n", log)
+        makefile = (build / "op_host/npu/CMakeFiles/avsg_plan_split_copy.dir/build.make").read_text()
+        assert f"{tmp_path / 'out'}/avsg_plan_split.o" in makefile
+    else:
+        why = ("the ascendc.cmake of this CANN has no ascendc_fatbin_library" if variant == "no_fatbin"
+               else "the acl/acl_rt.h of CANN lacks")
+        warning = " ".join(log.split())   # CMake wraps a warning's lines
+        assert f"AVSG: split plan launch: ACLRT_LAUNCH_KERNEL (no batch schedule mode): {why}" in warning
+        assert "AVSG_NPU_LAUNCH_CONFIG" not in flags and re.search(r'AVSG_NPU_SPLIT_LAUNCH=\W*stub: ', flags)
+        assert "FAKE_FATBIN" not in log
