@@ -388,6 +388,7 @@ void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at
     aclrtStream stream = npu::CurrentStream();
 #ifdef AVSG_NPU_LAUNCH_CONFIG
     // The only launch that syncs across cores: batch schedule mode and a timeout (npu/split_launch.h).
+    // Tensors are captured by value, as below.
     if (tiling.split > 1) {
         TORCH_CHECK(!dual, "avsg.plan_dual_pointer: the dual-pointer plan never splits its lookup");
         uint16_t timeout = 0;
@@ -401,7 +402,7 @@ void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at
                                     miss_counts.data_ptr(), workspace.data_ptr(), tl.data_ptr()};
             const aclError err = aclrtLaunchKernelWithHostArgs(function, blockDim, stream, cfg.get(), &args,
                                                                sizeof(args), nullptr, 0);
-            if (err != ACL_SUCCESS)   // this may run on the task-queue thread: say what failed, RunOpApi raises
+            if (err != ACL_SUCCESS)   // maybe on the task-queue thread: say what failed; RunOpApi reports the status
                 std::fprintf(stderr,
                              "avsg.plan: the split plan's launch (aclrtLaunchKernelWithHostArgs, %u blocks, batch "
                              "schedule mode, timeout %u s) failed with aclError %d; %s=0 runs plan without the split\n",

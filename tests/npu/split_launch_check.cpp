@@ -68,8 +68,9 @@ int main()
     std::printf("cfg_attrs_inside=%d\n", attrs >= self && attrs < self + sizeof(config) ? 1 : 0);
     std::printf("args_bytes=%zu\n", sizeof(avsg::npu::PlanSplitArgs));
     avsg::npu::SplitBinaryLoadOptions load;
-    std::printf("load_options=%zu type=%d magic=0x%08X\n", load.get()->numOpt, static_cast<int>(load.get()->options[0].type),
-                static_cast<unsigned>(load.get()->options[0].value.magic));
+    const aclrtBinaryLoadOption& option = load.get()->options[0];
+    std::printf("load_options=%zu type=%d magic=0x%08X\n", load.get()->numOpt, static_cast<int>(option.type),
+                static_cast<unsigned>(option.value.magic));
 #endif
     return 0;
 }

@@ -226,7 +226,8 @@ def test_split_launch_is_wired_into_the_npu_build():
     assert 'ascendc_fatbin_library(avsg_plan_split "${AVSG_ROOT}/op_kernel/plan.cpp")' in NPU_CMAKE
     assert 'avsg_kernel_definitions("Release" OFF "${AVSG_NPU_KERNEL_DEFINITIONS}" _avsg_split_defs)' in NPU_CMAKE
     assert '"${CMAKE_LIBRARY_OUTPUT_DIRECTORY}/avsg_plan_split.o"' in NPU_CMAKE
-    assert 'kPlanSplitBinary = "avsg_plan_split.o"' in open(os.path.join(ROOT, "op_host", "npu", "split_launch.h")).read()
+    header = open(os.path.join(ROOT, "op_host", "npu", "split_launch.h")).read()
+    assert 'kPlanSplitBinary = "avsg_plan_split.o"' in header
     # the macro only in the batch branch; the tag in both
     batch = re.search(r'if\(AVSG_SPLIT_LAUNCH STREQUAL "batch"\)\n(.*?)else\(\)\n(.*?)endif\(\)',
                       NPU_CMAKE[NPU_CMAKE.index("AVSG_NPU_SPLIT_LAUNCH: how"):], re.S)

@@ -291,7 +291,8 @@ def split_launch_note(launch: Optional[str]) -> str:
         return (f"split plan launch: batch schedule mode, timeout {timeout} s ({SPLIT_TIMEOUT_ENV}); "
                 f"the split is on unless {SPLIT_ENV}=0")
     if launch is None:
-        return f"split plan launch: ACLRT_LAUNCH_KERNEL (library without the tag); the split is off unless {SPLIT_ENV}=1"
+        return (f"split plan launch: ACLRT_LAUNCH_KERNEL (library without the tag); "
+                f"the split is off unless {SPLIT_ENV}=1")
     why = launch.split(":", 1)[1].strip() if ":" in launch else launch
     return (f"split plan launch: ACLRT_LAUNCH_KERNEL, no batch schedule mode ({why}); "
             f"the split is off unless {SPLIT_ENV}=1")
