@@ -231,16 +231,13 @@ void ApplySplit(PlanTiling& t, int64_t rows) {
 #ifdef AVSG_WITH_NPU
     // On the NPU the split waits across cores in a soft SyncAll, which has no timeout: launched
     // without the batch schedule mode it can deadlock when other streams hold some of its cores.
-    // Builds with the config launch (npu/split_launch.h) split unless AVSG_NPU_SPLIT=0; the others
-    // only with AVSG_NPU_SPLIT=1, which `avsg doctor` recommends once a split plan matched the
-    // reference on this device in a child process it can kill.
-#ifdef AVSG_NPU_LAUNCH_CONFIG
-    constexpr bool splitByDefault = true;
-#else
-    constexpr bool splitByDefault = false;
-#endif
+    // Off in every build until AVSG_NPU_SPLIT=1, which `avsg doctor` recommends once a split plan
+    // matched the reference on this device in a child process it can kill: the batch mode, the
+    // launch timeout (npu/split_launch.h, where the build has the config launch) and what a
+    // timed-out launch leaves behind have not run on a card, so they bound the wait once it is on
+    // but do not make it the default.
     bool enabled = false;
-    const std::string bad = npu::ParseSplitSwitch(std::getenv(npu::kSplitEnv), splitByDefault, enabled);
+    const std::string bad = npu::ParseSplitSwitch(std::getenv(npu::kSplitEnv), enabled);
     TORCH_CHECK_VALUE(bad.empty(), "avsg.plan: ", bad);
     if (!enabled) return;
 #endif

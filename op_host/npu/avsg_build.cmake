@@ -110,8 +110,8 @@ endfunction()
 
 # How a split plan is launched: mode "batch" (the config launch, from the kernel binary that
 # ascendc_fatbin_library makes) when the API is there (avsg_check_launch_config) and the binary
-# can be built; otherwise "stub" (ACLRT_LAUNCH_KERNEL, and the split stays off unless
-# AVSG_NPU_SPLIT=1). why: one line for the configure log and the library's tag.
+# can be built; otherwise "stub" (ACLRT_LAUNCH_KERNEL). Either way the split stays off unless
+# AVSG_NPU_SPLIT=1. why: one line for the configure log and the library's tag.
 function(avsg_split_launch_mode have_api have_fatbin mode why)
   if(have_api AND have_fatbin)
     set(${mode} "batch" PARENT_SCOPE)

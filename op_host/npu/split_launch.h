@@ -16,12 +16,15 @@
 // generated stub passes them: one packed struct of the entry's parameters in order
 // (PlanSplitArgs). None of this has run on an NPU (docs/npu.md, "Split plan launch").
 //
-// The build decides (op_host/npu/CMakeLists.txt, avsg_check_launch_config in avsg_build.cmake):
-// AVSG_NPU_LAUNCH_CONFIG is defined when CANN's acl_rt.h declares that API and
-// ascendc_fatbin_library produced the binary. Without it the split stays off unless
-// AVSG_NPU_SPLIT=1 (what `avsg doctor` recommends once a split plan matched the reference in a
-// child process it kills after a time limit); with it the split is on unless AVSG_NPU_SPLIT=0.
-// Non-split launches always go through ACLRT_LAUNCH_KERNEL.
+// The build decides how (op_host/npu/CMakeLists.txt, avsg_check_launch_config in
+// avsg_build.cmake): AVSG_NPU_LAUNCH_CONFIG is defined when CANN's acl_rt.h declares that API and
+// ascendc_fatbin_library produced the binary; without it a split plan goes through
+// ACLRT_LAUNCH_KERNEL like every other launch. Whether is the same in every build: the split is
+// off unless AVSG_NPU_SPLIT=1, which `avsg doctor` recommends once a split plan matched the
+// reference in a child process it kills after a time limit. Batch mode, the timeout's semantics
+// and what a timed-out launch leaves behind are unverified on a card, so they bound the wait of a
+// split that was turned on; they do not turn it on. Non-split launches always go through
+// ACLRT_LAUNCH_KERNEL.
 //
 // The first half of this header is plain C++ (no CANN): the environment switches, unit-tested on
 // CPU (tests/npu/test_split_launch.py). The second half needs CANN's acl_rt.h.
@@ -33,7 +36,7 @@
 namespace avsg {
 namespace npu {
 
-constexpr const char* kSplitEnv = "AVSG_NPU_SPLIT";                  // 0 | 1 (unset: the build's default)
+constexpr const char* kSplitEnv = "AVSG_NPU_SPLIT";                  // 0 | 1 (unset: 0)
 constexpr const char* kSplitTimeoutEnv = "AVSG_NPU_SPLIT_TIMEOUT";   // seconds, 0..65535 (0: no limit)
 // A split plan runs in well under a second; 30 s bounds a launch that cannot finish without
 // cutting into one that waits for busy cores (batch mode waits until all of them are free).
@@ -41,12 +44,12 @@ constexpr uint16_t kDefaultSplitTimeoutSeconds = 30;
 constexpr const char* kPlanSplitBinary = "avsg_plan_split.o";       // next to _npu_ops.so
 constexpr const char* kPlanSplitEntry = "avsg_plan";
 
-// Whether plan may split its lookup, from AVSG_NPU_SPLIT (text may be null: unset). Returns an
-// error message naming the variable for any value but "0" and "1"; `on` is set only on success.
-inline std::string ParseSplitSwitch(const char* text, bool defaultOn, bool& on)
+// Whether plan may split its lookup, from AVSG_NPU_SPLIT (text may be null: unset, off). Returns
+// an error message naming the variable for any value but "0" and "1"; `on` is set only on success.
+inline std::string ParseSplitSwitch(const char* text, bool& on)
 {
     if (text == nullptr || *text == '\0') {
-        on = defaultOn;
+        on = false;
         return "";
     }
     const std::string v(text);

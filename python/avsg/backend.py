@@ -99,9 +99,9 @@ def built_soc_version(path: str) -> Optional[str]:
 
 def built_split_launch(path: str) -> Optional[str]:
     """How the NPU library launches a split plan (the tag op_host/npu/split_launch.cpp compiles
-    in): ``"batch"`` (batch schedule mode and a timeout; the split is on unless AVSG_NPU_SPLIT=0)
-    or ``"stub: <why the config launch was not built>"`` (ACLRT_LAUNCH_KERNEL; the split is off
-    unless AVSG_NPU_SPLIT=1). None for a library without the tag (built before it existed)."""
+    in): ``"batch"`` (batch schedule mode and a timeout) or ``"stub: <why the config launch was not
+    built>"`` (ACLRT_LAUNCH_KERNEL). Either way the split is off unless AVSG_NPU_SPLIT=1. None for a
+    library without the tag (built before it existed)."""
     return _library_tag(path, SPLIT_LAUNCH_TAG) or None
 
 

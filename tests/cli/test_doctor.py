@@ -90,38 +90,41 @@ def test_split_probe_reports_a_hang_and_a_failure_in_one_line_and_keeps_the_spli
     assert check.status == "fail" and "did not finish in 7 s" in check.detail and "stays off" in check.detail
 
 
-def test_split_probe_in_a_batch_mode_build_says_the_split_is_on_by_default(monkeypatch):
-    """A library built with the config launch (batch schedule mode, timeout) splits unless
-    AVSG_NPU_SPLIT=0: a failing probe is a failure of the default and says how to turn it off."""
+@pytest.mark.parametrize("launch", ["batch", "stub: no API", None])
+def test_split_probe_keeps_the_split_off_in_every_build(monkeypatch, launch):
+    """The batch schedule mode and launch timeout have not run on a card, so a library built with
+    the config launch keeps the split off like any other: a failure says it stays off, a match
+    recommends AVSG_NPU_SPLIT=1 (and names the batch mode when the library launches with it)."""
     def fails(*args, **kwargs):
         assert kwargs["env"]["AVSG_NPU_SPLIT"] == "1"
         return subprocess.CompletedProcess(args[0], 1, stdout="step 0: slots differs from the reference\n", stderr="")
     monkeypatch.setattr(subprocess, "run", fails)
-    check = doctor.split_lookup_probe(9, "batch")
-    assert check.status == "fail"
-    assert check.detail == "on by default in this build, set AVSG_NPU_SPLIT=0: step 0: slots differs from the reference"
+    check = doctor.split_lookup_probe(9, launch)
+    assert (check.status, check.detail) == ("fail", "stays off: step 0: slots differs from the reference")
 
     def hangs(*args, **kwargs):
         raise subprocess.TimeoutExpired(args[0], kwargs["timeout"])
     monkeypatch.setattr(subprocess, "run", hangs)
-    check = doctor.split_lookup_probe(9, "batch")
-    assert check.status == "fail" and "did not finish in 9 s" in check.detail and "AVSG_NPU_SPLIT=0" in check.detail
+    check = doctor.split_lookup_probe(9, launch)
+    assert check.status == "fail" and check.detail.startswith("stays off: the split plan did not finish in 9 s")
+    assert "AVSG_NPU_SPLIT=0" not in check.detail
 
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a[0], 0, "", ""))
-    monkeypatch.delenv("AVSG_NPU_SPLIT", raising=False)
-    check = doctor.split_lookup_probe(9, "batch")
-    assert check.status == "ok" and check.detail.endswith("(batch schedule mode) matched the reference on this device; on")
-    monkeypatch.setenv("AVSG_NPU_SPLIT", "0")
-    assert doctor.split_lookup_probe(9, "batch").detail.endswith("; off (AVSG_NPU_SPLIT=0)")
-    # the stub build keeps recommending AVSG_NPU_SPLIT=1
-    monkeypatch.delenv("AVSG_NPU_SPLIT")
-    assert doctor.split_lookup_probe(9, "stub: no API").detail.endswith("turn it on with AVSG_NPU_SPLIT=1")
+    mode = " (batch schedule mode)" if launch == "batch" else ""
+    for env, tail in ((None, "turn it on with AVSG_NPU_SPLIT=1"), ("0", "turn it on with AVSG_NPU_SPLIT=1"),
+                      ("1", "on (AVSG_NPU_SPLIT=1)")):
+        if env is None:
+            monkeypatch.delenv("AVSG_NPU_SPLIT", raising=False)
+        else:
+            monkeypatch.setenv("AVSG_NPU_SPLIT", env)
+        check = doctor.split_lookup_probe(9, launch)
+        assert (check.status, check.detail) == ("ok", f"a split plan{mode} matched the reference on this device; {tail}")
 
 
 def test_split_launch_note_names_the_launch_once(monkeypatch):
     monkeypatch.delenv("AVSG_NPU_SPLIT_TIMEOUT", raising=False)
     assert doctor.split_launch_note("batch") == ("split plan launch: batch schedule mode, timeout 30 s "
-                                                 "(AVSG_NPU_SPLIT_TIMEOUT); the split is on unless AVSG_NPU_SPLIT=0")
+                                                 "(AVSG_NPU_SPLIT_TIMEOUT); the split is off unless AVSG_NPU_SPLIT=1")
     monkeypatch.setenv("AVSG_NPU_SPLIT_TIMEOUT", "120")
     assert "timeout 120 s" in doctor.split_launch_note("batch")
     note = doctor.split_launch_note("stub: the acl/acl_rt.h of CANN lacks X")

@@ -10,14 +10,14 @@
 using avsg::npu::ParseSplitSwitch;
 using avsg::npu::ParseSplitTimeout;
 
-static void Switch(const char* label, const char* text, bool defaultOn)
+static void Switch(const char* label, const char* text, bool before)
 {
-    bool on = !defaultOn;   // must be set on success, left alone on error
-    const std::string err = ParseSplitSwitch(text, defaultOn, on);
+    bool on = before;   // must be set on success, left alone on error
+    const std::string err = ParseSplitSwitch(text, on);
     if (err.empty())
         std::printf("switch_%s=%s\n", label, on ? "on" : "off");
     else
-        std::printf("switch_%s=error %s|unchanged=%d\n", label, err.c_str(), on == !defaultOn ? 1 : 0);
+        std::printf("switch_%s=error %s|unchanged=%d\n", label, err.c_str(), on == before ? 1 : 0);
 }
 
 static void Timeout(const char* label, const char* text)
@@ -32,12 +32,13 @@ static void Timeout(const char* label, const char* text)
 
 int main()
 {
-    Switch("unset_batch", nullptr, true);
-    Switch("unset_stub", nullptr, false);
-    Switch("empty_batch", "", true);
-    Switch("zero_batch", "0", true);
-    Switch("one_stub", "1", false);
-    Switch("yes", "yes", true);
+    // `before` is the opposite of the expected result, so a parse that leaves `on` alone shows
+    Switch("unset", nullptr, true);
+    Switch("empty", "", true);
+    Switch("zero", "0", true);
+    Switch("one", "1", false);
+    Switch("yes_from_off", "yes", false);
+    Switch("yes_from_on", "yes", true);
     Switch("space", " 1", false);
     Timeout("unset", nullptr);
     Timeout("empty", "");

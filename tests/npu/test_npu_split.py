@@ -1,9 +1,9 @@
 """The plan's split lookup on an Ascend NPU: a split plan against the reference, in a child
 process killed after a time limit (avsg doctor's probe), so that a cross-core wait that never
-completes fails this test instead of hanging the run. In a build with the config launch (batch
-schedule mode and a timeout, docs/npu.md section 1b) the split is on by default, so this is a
-check of the default; in any other build it is what AVSG_NPU_SPLIT=1 would turn on. Skips, saying
-why, without torch_npu, a visible NPU or the NPU backend."""
+completes fails this test instead of hanging the run. The split is off on an NPU in every build;
+this is what AVSG_NPU_SPLIT=1 would turn on, launched as the build launches it (with the config
+launch: batch schedule mode and a timeout, docs/npu.md section 1b). Skips, saying why, without
+torch_npu, a visible NPU or the NPU backend."""
 from __future__ import annotations
 
 import pytest

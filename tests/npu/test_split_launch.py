@@ -32,12 +32,11 @@ def run_check(tmp_path, *flags):
 @needs_gxx
 def test_split_switch_and_timeout_parsing(tmp_path):
     out = run_check(tmp_path)
-    # AVSG_NPU_SPLIT: unset or empty is the build's default, 0 / 1 say it; anything else is an error
+    # AVSG_NPU_SPLIT: unset or empty is off in every build, 0 / 1 say it; anything else is an error
     # that names the variable and leaves the result alone
-    assert out["switch_unset_batch"] == "on" and out["switch_unset_stub"] == "off"
-    assert out["switch_empty_batch"] == "on"
-    assert out["switch_zero_batch"] == "off" and out["switch_one_stub"] == "on"
-    for case, value in (("yes", "yes"), ("space", " 1")):
+    assert out["switch_unset"] == "off" and out["switch_empty"] == "off"
+    assert out["switch_zero"] == "off" and out["switch_one"] == "on"
+    for case, value in (("yes_from_off", "yes"), ("yes_from_on", "yes"), ("space", " 1")):
         assert out[f"switch_{case}"] == (f"error AVSG_NPU_SPLIT: expected 0 (plan never splits its lookup) or 1 "
                                          f"(it may), got '{value}'|unchanged=1")
     # AVSG_NPU_SPLIT_TIMEOUT: whole seconds 0..65535 (0: no limit), default 30
