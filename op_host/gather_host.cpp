@@ -44,7 +44,10 @@ struct Args {
     uint32_t partition = 0;
     int64_t cores = 0;
     int64_t blockSize = 0, maxBlocks = 0, rowsPerRequest = 0, poolRows = 0;
+    int64_t entryPitch = 0, countPitch = 1;   // int32 between rows of miss_pos / miss_slots, counts
     std::vector<uint64_t> rowBytes;
+    std::vector<uint64_t> slotPitch;          // bytes between slots of each dst
+    std::vector<uint64_t> hostPitch;          // bytes between host rows of each src
 };
 
 inline uint32_t parse_partition(c10::string_view p)
@@ -65,7 +68,56 @@ inline void check_index_tensor(const at::Tensor& t, const char* name, int64_t di
                      t.scalar_type());
     TORCH_CHECK_VALUE(t.dim() == dim, "avsg.gather: ", name, ": expected a ", dim, "-D tensor, got shape ",
                       t.sizes());
-    TORCH_CHECK_VALUE(t.is_contiguous(), "avsg.gather: ", name, ": expected a contiguous tensor");
+}
+
+// A [R, N] index tensor whose rows are contiguous (plan's outputs are views of rows padded to 32 B):
+// its row pitch in int32.
+inline int64_t row_pitch(const at::Tensor& t, const char* name)
+{
+    const bool rows_contiguous = t.size(1) <= 1 || t.stride(1) == 1;
+    const int64_t pitch = t.size(0) <= 1 ? t.size(1) : t.stride(0);
+    TORCH_CHECK_VALUE(rows_contiguous && pitch >= t.size(1), "avsg.gather: ", name, ": expected rows of "
+                      "contiguous int32 (a plan's output, or a contiguous tensor), got strides ", t.strides());
+    return pitch;
+}
+
+// Bytes from one row of a [A, B, ...] pool or buffer to the next (dst: slots; src: host rows): the
+// inner dims (one token's row) must be contiguous and the rows evenly spaced over both leading
+// dims, as in a contiguous tensor or a view of one whose rows are padded (avsg.kv_slots).
+inline uint64_t row_pitch_bytes(const at::Tensor& t, const char* name, size_t i, uint64_t rowElems)
+{
+    int64_t expect = 1;
+    for (int64_t k = t.dim() - 1; k >= 2; --k) {
+        TORCH_CHECK_VALUE(t.size(k) <= 1 || t.stride(k) == expect, "avsg.gather: ", name, "[", i, "]: expected "
+                          "each row contiguous, got strides ", t.strides());
+        expect *= t.size(k);
+    }
+    // a dim of one entry says nothing about the spacing: take it from the other (or the row)
+    int64_t pitch = t.size(1) > 1 ? t.stride(1) : t.size(0) > 1 ? t.stride(0) : static_cast<int64_t>(rowElems);
+    const bool even = t.size(0) <= 1 || t.size(1) <= 1 || t.stride(0) == pitch * t.size(1);
+    TORCH_CHECK_VALUE(pitch >= static_cast<int64_t>(rowElems) && even, "avsg.gather: ", name, "[", i, "]: expected "
+                      "evenly spaced rows (a contiguous tensor, or one with padded rows), got strides ", t.strides());
+    return static_cast<uint64_t>(pitch) * t.element_size();
+}
+
+// Two cores may write one request's slots (every partition but 'request'), and two requests' rows
+// meet at every S slots: a 32 B GM granule written by two cores is a question the AscendC docs do
+// not answer (a byte-masked DMA write may be a read-modify-write of its granule), so refuse any
+// dst layout that allows it rather than risk corrupted KV.
+inline void check_granules(const Args& a, const at::Tensor& d, size_t i)
+{
+    if (a.cores <= 1 || a.R * a.S <= 1) return;   // one writer, or one slot in all
+    const uint64_t pitch = a.slotPitch[i];
+    const uint64_t base = reinterpret_cast<uint64_t>(d.data_ptr()) % 32;
+    const bool per_slot = a.partition != kPartitionRequest;
+    const uint64_t unit = per_slot ? pitch : pitch * static_cast<uint64_t>(a.S);   // bytes one core owns
+    TORCH_CHECK_VALUE(base == 0 && unit % 32 == 0, "avsg.gather: dst[", i, "]: ",
+                      base != 0 ? "its data does not start on a 32 B boundary" :
+                      per_slot ? "its slot pitch of " + std::to_string(pitch) + " B is not a multiple of 32 B"
+                               : "a request's " + std::to_string(unit) + " B of slots is not a multiple of 32 B",
+                      ", so two of the ", a.cores, " cores could write one 32 B granule of it (partition '",
+                      per_slot ? "miss/topk/selection" : "request", "'): allocate it with "
+                      "avsg.kv_slots (slots padded to 32 B), or pass num_cores=1");
 }
 
 // Shape / dtype / layout checks shared by every backend (no tensor values are read here).
@@ -87,6 +139,12 @@ inline Args validate(const at::Tensor& miss_pos, const at::Tensor& miss_slots, c
                       miss_pos.sizes(), " (that of miss_pos), got ", miss_slots.sizes());
     TORCH_CHECK_VALUE(miss_counts.size(0) == a.R, "avsg.gather: miss_counts: expected shape [", a.R, "], got ",
                       miss_counts.sizes());
+    a.entryPitch = row_pitch(miss_pos, "miss_pos");
+    TORCH_CHECK_VALUE(row_pitch(miss_slots, "miss_slots") == a.entryPitch, "avsg.gather: miss_slots: expected "
+                      "the row pitch of miss_pos (", a.entryPitch, " int32), got strides ", miss_slots.strides());
+    a.countPitch = a.R <= 1 ? 1 : miss_counts.stride(0);
+    TORCH_CHECK_VALUE(a.countPitch >= 1, "avsg.gather: miss_counts: expected a positive stride, got ",
+                      miss_counts.strides());
     TORCH_CHECK_VALUE(!src.empty(), "avsg.gather: src: expected at least one (src, dst) pair");
     TORCH_CHECK_VALUE(src.size() == dst.size(), "avsg.gather: src/dst: expected the same number of tensors, got ",
                       src.size(), " and ", dst.size());
@@ -103,7 +161,6 @@ inline Args validate(const at::Tensor& miss_pos, const at::Tensor& miss_slots, c
         if (i == 0) a.S = d.size(1);
         TORCH_CHECK_VALUE(d.size(1) == a.S, "avsg.gather: dst[", i, "]: expected ", a.S,
                           " slots (those of dst[0]), got ", d.sizes());
-        TORCH_CHECK_VALUE(d.is_contiguous(), "avsg.gather: dst[", i, "]: expected a contiguous tensor");
         TORCH_CHECK_VALUE(d.device() == dev, "avsg.gather: dst[", i, "]: expected a tensor on ", dev,
                           " (that of miss_pos), got one on ", d.device());
         TORCH_CHECK_TYPE(s.scalar_type() == d.scalar_type(), "avsg.gather: src[", i, "]: expected dtype ",
@@ -111,13 +168,14 @@ inline Args validate(const at::Tensor& miss_pos, const at::Tensor& miss_slots, c
         TORCH_CHECK_VALUE(s.dim() == d.dim() && s.sizes().slice(2) == d.sizes().slice(2), "avsg.gather: src[", i,
                           "]: expected shape [*, *, ", d.sizes().slice(2), "] matching dst[", i, "]'s row, got ",
                           s.sizes());
-        TORCH_CHECK_VALUE(s.is_contiguous(), "avsg.gather: src[", i, "]: expected a contiguous tensor");
         TORCH_CHECK_VALUE(s.size(0) == src[0].size(0) && s.size(1) == src[0].size(1), "avsg.gather: src[", i,
                           "]: every pool sharing one plan needs the leading shape of src[0] ",
                           src[0].sizes().slice(0, 2), ", got ", s.sizes());
         int64_t row = 1;  // elements of one row: prod(shape[2:])
         for (int64_t k = 2; k < d.dim(); ++k) row *= d.size(k);
         a.rowBytes.push_back(static_cast<uint64_t>(row) * d.element_size());
+        a.slotPitch.push_back(row_pitch_bytes(d, "dst", i, static_cast<uint64_t>(row)));
+        a.hostPitch.push_back(row_pitch_bytes(s, "src", i, static_cast<uint64_t>(row)));
     }
     a.poolRows = src[0].size(0) * src[0].size(1);
     if (block_table.has_value()) {
@@ -155,8 +213,8 @@ inline void check_values_cpu(const Args& a, const at::Tensor& miss_pos, const at
         const int32_t* pos = miss_pos.data_ptr<int32_t>();
         for (int64_t r = 0; r < a.R; ++r) {
             for (int64_t j = 0; j < a.N; ++j) {
-                int32_t s = slots[r * a.N + j];
-                if (pos[r * a.N + j] < 0 || s < 0 || s >= a.S) continue;
+                int32_t s = slots[r * a.entryPitch + j];
+                if (pos[r * a.entryPitch + j] < 0 || s < 0 || s >= a.S) continue;
                 TORCH_CHECK_VALUE(seen[s] != r, "avsg.gather: miss_slots[", r, ", ", j, "] = ", s,
                                   " repeats an earlier copy of row ", r, " (selection layout: a row's "
                                   "copies need distinct slots)");
@@ -166,10 +224,11 @@ inline void check_values_cpu(const Args& a, const at::Tensor& miss_pos, const at
         return;
     }
     for (int64_t r = 0; r < a.R; ++r) {
-        TORCH_CHECK_VALUE(cnt[r] >= 0 && cnt[r] <= a.N, "avsg.gather: miss_counts[", r, "] = ", cnt[r],
+        const int32_t count = cnt[r * a.countPitch];
+        TORCH_CHECK_VALUE(count >= 0 && count <= a.N, "avsg.gather: miss_counts[", r, "] = ", count,
                           ": expected a count in [0, ", a.N, "]");
-        for (int64_t j = 0; j < cnt[r]; ++j) {
-            int32_t s = slots[r * a.N + j];
+        for (int64_t j = 0; j < count; ++j) {
+            int32_t s = slots[r * a.entryPitch + j];
             TORCH_CHECK_VALUE(s >= 0 && s < a.S, "avsg.gather: miss_slots[", r, ", ", j, "] = ", s,
                               ": expected a slot in [0, ", a.S, ")");
             TORCH_CHECK_VALUE(seen[s] != r, "avsg.gather: miss_slots[", r, ", ", j, "] = ", s,
@@ -208,6 +267,8 @@ inline GatherTiling make_tiling(const Args& a, size_t first, size_t count, const
         t.rowBytes[i] = a.rowBytes[first + i];
         t.src[i] = srcAddr[first + i];
         t.dst[i] = dstAddr[first + i];
+        t.slotPitch[i] = a.slotPitch[first + i];
+        t.hostPitch[i] = a.hostPitch[first + i];
         widest = std::max<uint64_t>(widest, t.rowBytes[i]);
     }
     // A buffer holds up to kGatherMaxSpanRows rows at the 32 B-padded UB pitch of the widest pair,
@@ -218,7 +279,10 @@ inline GatherTiling make_tiling(const Args& a, size_t first, size_t count, const
     // Page reads: skip over at most the rest of one host page between two misses of a read.
     t.readGapRows = PageReadsEnabled() && t.spanRows > 1 ? (kGatherPageBytes - 1) / widest : 0;
     t.idxChunk = kGatherIdxChunk;
-    t.cntChunk = kGatherCntChunk;
+    t.entryPitch = static_cast<uint64_t>(a.entryPitch);
+    t.countPitch = static_cast<uint64_t>(a.countPitch);
+    // the counts window holds (cntChunk - 1) * countPitch + 1 int32 of the kGatherCntChunk buffer
+    t.cntChunk = std::max<uint64_t>(1, (kGatherCntChunk - 1) / t.countPitch + 1);
     t.btWindow = kGatherBtWindow;
     return t;
 }
@@ -249,7 +313,11 @@ at::Tensor gather_cpu(const at::Tensor& miss_pos, const at::Tensor& miss_slots, 
                       " exceeds the emulated AIV core count ", emulated,
                       " (blockDim may not exceed the physical cores; 910B3/B4 have 40, 910B1/B2 48): "
                       "raise it with avsg.backend.set_emulated_cores(n)");
-    if (HostValueChecks()) check_values_cpu(a, miss_pos, miss_slots, miss_counts);
+    if (HostValueChecks()) {   // off only in tests that show the kernels' own guards (and the
+                               // emulation's granule-ownership check) at work
+        for (size_t i = 0; i < dst.size(); ++i) check_granules(a, dst[i], i);
+        check_values_cpu(a, miss_pos, miss_slots, miss_counts);
+    }
 
     std::vector<uint64_t> srcAddr, dstAddr;
     for (size_t i = 0; i < src.size(); ++i) {
@@ -302,6 +370,7 @@ at::Tensor gather_npu(const at::Tensor& miss_pos, const at::Tensor& miss_slots, 
 {
     using namespace gather_host;
     Args a = validate(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_size, partition, num_cores);
+    for (size_t i = 0; i < dst.size(); ++i) check_granules(a, dst[i], i);
     const at::Device dev = miss_pos.device();
     c10::OptionalDeviceGuard guard(dev);
     TORCH_CHECK_VALUE(dev.type() == c10::DeviceType::PrivateUse1, "avsg.gather: the NPU backend needs the plan "
@@ -322,7 +391,8 @@ at::Tensor gather_npu(const at::Tensor& miss_pos, const at::Tensor& miss_slots, 
                               "registered with avsg.backend.register_host_pool, or a tensor on ", dev);
             // Host KV: read by the AI cores through the device address of the registered mapping.
             srcAddr.push_back(reinterpret_cast<uint64_t>(
-                npu::HostPoolRegistry::instance().device_address(s.data_ptr(), s.nbytes(), "src")));
+                npu::HostPoolRegistry::instance().device_address(
+                    s.data_ptr(), static_cast<size_t>((a.poolRows - 1) * a.hostPitch[i] + a.rowBytes[i]), "src")));
         }
         dstAddr.push_back(reinterpret_cast<uint64_t>(dst[i].data_ptr()));
     }

@@ -71,9 +71,15 @@ struct GatherTiling {
     uint64_t spanRows;        // host rows one read may cover (1..kGatherMaxSpanRows); 1 when a row
                               // is wider than copyBytes (such rows are copied in pieces)
     uint64_t readGapRows;     // unmissed host rows a read may skip over (0: only exact runs)
+    uint64_t entryPitch;      // int32 from one row of miss_pos / miss_slots to the next (>= N;
+                              // plan pads it to 32 B)
+    uint64_t countPitch;      // int32 from one miss_counts entry to the next (plan writes 8)
     uint64_t rowBytes[kGatherMaxPairs];  // bytes of one row of pair i (prod(shape[2:]) * itemsize)
     uint64_t src[kGatherMaxPairs];       // device address of src[i] (host pool, mapped or on device)
     uint64_t dst[kGatherMaxPairs];       // device address of dst[i] [R, S, row]
+    uint64_t slotPitch[kGatherMaxPairs]; // bytes from one slot of dst[i] to the next (>= rowBytes[i]):
+                                         // a multiple of 32 whenever two cores may write one row
+    uint64_t hostPitch[kGatherMaxPairs]; // bytes from one host row of src[i] to the next (>= rowBytes[i])
 };
 
 }  // namespace avsg

@@ -78,6 +78,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     std::memset(&t, 0, sizeof(t));
     t.rows = rows;
     t.N = selections;
+    t.outPitch = RoundUp(selections, 8);
     t.capacity = capacity;
     t.capPad = RoundUp(capacity, 64);
     t.buckets = buckets;
@@ -479,16 +480,25 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     if (!dual) ApplySplit(tiling, R);
     const uint32_t blockDim = tiling.split > 1 ? static_cast<uint32_t>(R) * tiling.split : BlockDimFor(R);
     auto opts = topk_pos.options().dtype(at::kInt);
-    at::Tensor slots = at::empty({R, T, K}, opts);
-    at::Tensor miss_pos = at::empty({R, T * K}, opts);
-    at::Tensor miss_slots = at::empty({R, T * K}, opts);
-    at::Tensor miss_counts = at::empty({R}, opts);
+    // Two rows may be planned by two cores, so every output row gets 32 B granules of its own:
+    // rows of tiling.outPitch int32 (T*K rounded up to 8) and miss_counts at a pitch of
+    // kPlanCountPitch. The caller gets views of the first T*K columns (contiguous whenever T*K is a
+    // multiple of 8) and of miss_counts' first column.
+    const int64_t pitch = tiling.outPitch;
+    at::Tensor slots_rows = at::empty({R, pitch}, opts);
+    at::Tensor miss_pos_rows = at::empty({R, pitch}, opts);
+    at::Tensor miss_slots_rows = at::empty({R, pitch}, opts);
+    at::Tensor miss_count_rows = at::empty({R, static_cast<int64_t>(kPlanCountPitch)}, opts);
+    at::Tensor slots = slots_rows.narrow(1, 0, T * K).view({R, T, K});
+    at::Tensor miss_pos = miss_pos_rows.narrow(1, 0, T * K);
+    at::Tensor miss_slots = miss_slots_rows.narrow(1, 0, T * K);
+    at::Tensor miss_counts = miss_count_rows.select(1, 0);
     const int64_t slices = static_cast<int64_t>(blockDim) * tiling.wsPerCore;
     const int64_t syncWords = tiling.split > 1 ? static_cast<int64_t>(blockDim) * kPlanSyncWords : 0;
     at::Tensor workspace = at::empty({slices + syncWords}, opts);
     if (syncWords) workspace.narrow(0, slices, syncWords).zero_();   // soft SyncAll counters
-    LaunchPlan(dual, blockDim, tiling, topk_pos, seq_lens, state, stats, slots, miss_pos, miss_slots, miss_counts,
-               workspace);
+    LaunchPlan(dual, blockDim, tiling, topk_pos, seq_lens, state, stats, slots_rows, miss_pos_rows, miss_slots_rows,
+               miss_count_rows, workspace);
     return {slots, miss_pos, miss_slots, miss_counts};
 }
 
@@ -565,30 +575,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Resize(at::Tensor& state, const a
     at::Tensor target = at::full({R}, -1, opts);
     target.index_put_({rows}, capacities.to(at::kInt));
     const int64_t W = std::max<int64_t>(1, capacity / 2);
-    at::Tensor src = at::empty({R, W}, opts), dst = at::empty({R, W}, opts), counts = at::empty({R}, opts);
+    // rows of the move lists and the counts padded to 32 B, as for plan's outputs; views returned
+    const int64_t pitch = (W + 7) / 8 * 8;
+    at::Tensor src_rows = at::empty({R, pitch}, opts), dst_rows = at::empty({R, pitch}, opts);
+    at::Tensor count_rows = at::empty({R, static_cast<int64_t>(kPlanCountPitch)}, opts);
     ResizeTiling tiling{};
     tiling.plan = MakeTiling(static_cast<uint32_t>(R), static_cast<uint32_t>(min_active),
                              static_cast<uint32_t>(capacity), static_cast<uint32_t>(buckets),
                              static_cast<uint32_t>(lifetime), static_cast<uint32_t>(policy),
                              static_cast<uint32_t>(max_context));
     tiling.moveWidth = static_cast<uint32_t>(W);
+    tiling.movePitch = static_cast<uint32_t>(pitch);
     const uint32_t blockDim = BlockDimFor(R);
 #ifdef AVSG_CPU_EMULATION
     GM_ADDR_T tl = reinterpret_cast<GM_ADDR_T>(&tiling);
     const avsg_cpu::KernelBuild& k = avsg_cpu::selected_kernels();
     RunOnCpu("resize", k, blockDim,
-             [&] { k.resize(Addr(state), Addr(target), Addr(src), Addr(dst), Addr(counts), tl); });
+             [&] { k.resize(Addr(state), Addr(target), Addr(src_rows), Addr(dst_rows), Addr(count_rows), tl); });
 #else
     c10::OptionalDeviceGuard guard(state.device());
     at::Tensor tl = npu::DeviceTiling(&tiling, sizeof(tiling), state.device());
     aclrtStream stream = npu::CurrentStream();
     at_npu::native::OpCommand::RunOpApi("resize", [=]() -> int {
         return npu::LaunchStatus(ACLRT_LAUNCH_KERNEL(avsg_resize)(blockDim, stream, state.data_ptr(),
-                                                                  target.data_ptr(), src.data_ptr(), dst.data_ptr(),
-                                                                  counts.data_ptr(), tl.data_ptr()));
+                                                                  target.data_ptr(), src_rows.data_ptr(),
+                                                                  dst_rows.data_ptr(), count_rows.data_ptr(),
+                                                                  tl.data_ptr()));
     });
 #endif
-    return {src, dst, counts};
+    return {src_rows.narrow(1, 0, W), dst_rows.narrow(1, 0, W), count_rows.select(1, 0)};
 }
 
 // Reset reads nothing from the rows it rewrites (header included): it is also how a corrupted row

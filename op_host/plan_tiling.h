@@ -25,6 +25,7 @@ constexpr uint32_t kPlanMinWindow = 256;    // keeps bitmap slices 32 B aligned
 constexpr uint32_t kPlanUbBudget = 184 * 1024;
 constexpr uint32_t kPlanPartHead = 4;       // a lookup part's counts: lookups, hits, misses, pad
 constexpr uint32_t kPlanSyncWords = 8;      // soft SyncAll counter per core (32 B)
+constexpr uint32_t kPlanCountPitch = 8;    // int32 per row of miss_counts as the kernel writes it (32 B)
 constexpr uint32_t kPlanVectors = 9;        // NC-element int32/float work vectors
 constexpr uint32_t kPlanWideVectors = 3;    // kPlanProbes*NC-element vectors (all probes of a chunk)
 constexpr uint32_t kPlanMasks = 4;          // kPlanProbes*NC-bit compare masks
@@ -51,6 +52,9 @@ constexpr int32_t kLruScoreFree = -kReuseAgeMax - 1, kLruScorePinned = 1;   // l
 
 struct PlanTiling {
     uint32_t rows, N;                    // N = T*K selections per row
+    uint32_t outPitch;                   // int32 per row of slots / miss_pos / miss_slots: N rounded up
+                                         // to 32 B, so that no 32 B granule of an output holds two rows
+                                         // (two rows may be written by two cores; see kPlanCountPitch)
     uint32_t capacity, capPad;           // S, Sp = roundup(S, 64)
     uint32_t buckets, logBuckets;        // H = 2^logBuckets
     uint32_t lifetime;                   // L
@@ -93,7 +97,9 @@ struct PlanTiling {
 struct ResizeTiling {
     PlanTiling plan;
     uint32_t moveWidth;                  // W = max(1, S / 2) entries per row of the move lists
-    uint32_t reserved;
+    uint32_t movePitch;                  // int32 per row of the move lists as written: W rounded up to
+                                         // 32 B (rows belong to different cores); move_counts at a
+                                         // pitch of kPlanCountPitch
 };
 constexpr uint32_t kResizeWindow = 2048;     // int32 per section window (power of two)
 constexpr uint32_t kResizeWindowLog = 11;

@@ -35,6 +35,8 @@
 //     per core overlap one another and the writes;
 //   * rows wider than a buffer (spanRows = 1) are read and written in copyBytes pieces.
 // A row's misses name distinct slots in every plan (checked on CPU), so writes never overlap.
+// Index tensors are read at their row pitch (entryPitch, countPitch) and dst is written at its
+// slot pitch; the host refuses a dst whose slots could put one 32 B granule under two cores.
 // Scalar reads of DMA-loaded indices (miss_pos, miss_slots, miss_counts, block_table, tiling) are
 // preceded by an explicit MTE2->S flag; every reload of a scalar-read buffer is preceded by an
 // S->MTE2 flag (write-after-read). The per-core count is written by scalar SetValue to UB, S->MTE3
@@ -58,16 +60,19 @@ public:
         LoadTiling(tiling);
 
         const uint64_t R = t_.rows, N = t_.entriesPerRow;
-        posGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missPos), R * N);
-        slotGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missSlots), R * N);
-        cntGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missCounts), R);
+        // the index tensors at their pitches (plan pads its rows to 32 B and miss_counts to 8 int32)
+        posGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missPos), (R - 1) * t_.entryPitch + N);
+        slotGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missSlots), (R - 1) * t_.entryPitch + N);
+        cntGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missCounts), (R - 1) * t_.countPitch + 1);
         if (t_.blockSize != 0) {
             btGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(blockTable), R * t_.maxBlocks);
         }
         outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(countOut), t_.numCores * kGatherCountSlot);
         for (uint64_t p = 0; p < t_.numPairs; ++p) {
-            srcGm_[p].SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(t_.src[p]), t_.poolRows * t_.rowBytes[p]);
-            dstGm_[p].SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(t_.dst[p]), R * t_.capacity * t_.rowBytes[p]);
+            srcGm_[p].SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(t_.src[p]),
+                                      (t_.poolRows - 1) * t_.hostPitch[p] + t_.rowBytes[p]);
+            dstGm_[p].SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(t_.dst[p]),
+                                      (R * t_.capacity - 1) * t_.slotPitch[p] + t_.rowBytes[p]);
         }
 
         pipe_->InitBuffer(copyQue_, kGatherCopyBuffers, static_cast<uint32_t>(t_.copyBytes));
@@ -137,9 +142,13 @@ private:
         t_.btWindow = words[k++];
         t_.spanRows = words[k++];
         t_.readGapRows = words[k++];
+        t_.entryPitch = words[k++];
+        t_.countPitch = words[k++];
         for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.rowBytes[p] = words[k++];
         for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.src[p] = words[k++];
         for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.dst[p] = words[k++];
+        for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.slotPitch[p] = words[k++];
+        for (uint32_t p = 0; p < kGatherMaxPairs; ++p) t_.hostPitch[p] = words[k++];
         scalarReadPending_ = true;  // the tiling buffer was read by S; it is never reloaded
     }
 
@@ -166,21 +175,22 @@ private:
         AscendC::DataCopyPad(dst, src, params, pad);
     }
 
-    // miss_counts[r] clamped to [0, N], through a UB window of cntChunk rows.
+    // miss_counts[r] clamped to [0, N], through a UB window of cntChunk rows (the window holds the
+    // entries at their pitch: (cntChunk - 1) * countPitch + 1 int32 fit the buffer, host tiling).
     __aicore__ inline uint64_t CountOf(uint64_t r)
     {
         if (!cntValid_ || r < cntBase_ || r >= cntBase_ + cntLen_) {
             uint64_t base = r - r % t_.cntChunk;
             uint64_t len = t_.rows - base < t_.cntChunk ? t_.rows - base : t_.cntChunk;
             if (scalarReadPending_) SyncScalarToMte2();
-            LoadInt32(cntLocal_, cntGm_[base], len);
+            LoadInt32(cntLocal_, cntGm_[base * t_.countPitch], (len - 1) * t_.countPitch + 1);
             SyncMte2ToScalar();
             cntBase_ = base;
             cntLen_ = len;
             cntValid_ = true;
         }
         scalarReadPending_ = true;
-        int32_t c = cntLocal_.GetValue(static_cast<uint32_t>(r - cntBase_));
+        int32_t c = cntLocal_.GetValue(static_cast<uint32_t>((r - cntBase_) * t_.countPitch));
         if (c < 0) return 0;
         uint64_t u = static_cast<uint64_t>(c);
         return u > t_.entriesPerRow ? t_.entriesPerRow : u;
@@ -279,12 +289,12 @@ private:
     // Entries [a, b) of row r: indices loaded in chunks of idxChunk; entries grouped into reads.
     __aicore__ inline void CopySegment(uint64_t r, uint64_t a, uint64_t b)
     {
-        const uint64_t N = t_.entriesPerRow, S = t_.capacity;
+        const uint64_t S = t_.capacity;
         for (uint64_t j0 = a; j0 < b; j0 += t_.idxChunk) {
             uint64_t n = b - j0 < t_.idxChunk ? b - j0 : t_.idxChunk;
             if (scalarReadPending_) SyncScalarToMte2();
-            LoadInt32(posLocal_, posGm_[r * N + j0], n);
-            LoadInt32(slotLocal_, slotGm_[r * N + j0], n);
+            LoadInt32(posLocal_, posGm_[r * t_.entryPitch + j0], n);
+            LoadInt32(slotLocal_, slotGm_[r * t_.entryPitch + j0], n);
             SyncMte2ToScalar();
             scalarReadPending_ = true;
             for (uint64_t i = 0; i < n; ++i) {
@@ -366,11 +376,11 @@ private:
         d.len = len;
         d.pieces = group_.pieces;
         for (uint32_t k = 0; k < group_.pieces; ++k) d.piece[k] = group_.piece[k];
-        const uint64_t bytes = t_.rowBytes[p];
+        const uint64_t hostPitch = t_.hostPitch[p];
         AscendC::LocalTensor<uint8_t> in = copyQue_.AllocTensor<uint8_t>();
-        AscendC::DataCopyExtParams params{rows, len, static_cast<uint32_t>(bytes - len), 0, 0};
+        AscendC::DataCopyExtParams params{rows, len, static_cast<uint32_t>(hostPitch - len), 0, 0};
         AscendC::DataCopyPadExtParams<uint8_t> pad{false, 0, 0, 0};
-        AscendC::DataCopyPad(in, srcGm_[p][group_.firstHost * bytes + rowOff], params, pad);
+        AscendC::DataCopyPad(in, srcGm_[p][group_.firstHost * hostPitch + rowOff], params, pad);
         copyQue_.EnQue(in);
         ++queued_;
     }
@@ -380,13 +390,13 @@ private:
     {
         Pending& d = pending_[head_];
         AscendC::LocalTensor<uint8_t> out = copyQue_.DeQue<uint8_t>();
-        const uint64_t bytes = t_.rowBytes[d.pair];
+        const uint64_t slotPitch = t_.slotPitch[d.pair];
         const uint64_t pitch = (static_cast<uint64_t>(d.len) + 31) / 32 * 32;  // UB rows are 32 B padded
         for (uint32_t k = 0; k < d.pieces; ++k) {
             const Piece& pc = d.piece[k];
             AscendC::DataCopyExtParams params{static_cast<uint16_t>(pc.count), d.len, 0,
-                                              static_cast<uint32_t>(bytes - d.len), 0};
-            const uint64_t dstOff = (d.row * t_.capacity + pc.slot) * bytes + d.rowOff;
+                                              static_cast<uint32_t>(slotPitch - d.len), 0};
+            const uint64_t dstOff = (d.row * t_.capacity + pc.slot) * slotPitch + d.rowOff;
             AscendC::DataCopyPad(dstGm_[d.pair][dstOff], out[static_cast<uint32_t>(pc.ubRow * pitch)], params);
         }
         copyQue_.FreeTensor(out);

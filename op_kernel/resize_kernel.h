@@ -42,11 +42,13 @@ public:
         LoadTiling(pipe, tilingBuf_, rt_, tiling);
         const PlanTiling& t = rt_.plan;
         W_ = rt_.moveWidth;
+        pitch_ = rt_.movePitch;
         stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), static_cast<uint64_t>(t.rows) * t.width);
         targetGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(target), t.rows);
-        srcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(srcSlots), static_cast<uint64_t>(t.rows) * W_);
-        dstGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(dstSlots), static_cast<uint64_t>(t.rows) * W_);
-        countsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(moveCounts), t.rows);
+        srcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(srcSlots), static_cast<uint64_t>(t.rows) * pitch_);
+        dstGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(dstSlots), static_cast<uint64_t>(t.rows) * pitch_);
+        countsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(moveCounts),
+                                  static_cast<uint64_t>(t.rows) * avsg::kPlanCountPitch);
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
             Win& w = win_[s];
             w.len = t.secLen[s];
@@ -161,10 +163,10 @@ private:
 
     // move_counts[r] = count; the move lists' entries from max(count, 0) on = -1
     __aicore__ inline void Finish(uint32_t r, int32_t count) {
-        const uint64_t rowW = static_cast<uint64_t>(r) * W_;
+        const uint64_t rowW = static_cast<uint64_t>(r) * pitch_;
         scalar_.SetValue(0, count);
         Sync<HardEvent::S_MTE3>();
-        DataCopyPad(countsGm_[r], scalar_, DataCopyExtParams(1, 4, 0, 0, 0));
+        DataCopyPad(countsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], scalar_, DataCopyExtParams(1, 4, 0, 0, 0));
         for (uint32_t j = count > 0 ? static_cast<uint32_t>(count) : 0u; j < W_; j += avsg::kResizeStage) {
             const uint32_t n = MinU(avsg::kResizeStage, W_ - j);
             DataCopyPad(srcGm_[rowW + j], neg_, DataCopyExtParams(1, n * 4, 0, 0, 0));
@@ -181,7 +183,7 @@ private:
     }
     __aicore__ inline void StoreStaged(uint32_t r) {
         if (staged_ == 0) return;
-        const uint64_t at = static_cast<uint64_t>(r) * W_ + written_;
+        const uint64_t at = static_cast<uint64_t>(r) * pitch_ + written_;
         Sync<HardEvent::S_MTE3>();
         DataCopyPad(srcGm_[at], stageSrc_, DataCopyExtParams(1, staged_ * 4, 0, 0, 0));
         DataCopyPad(dstGm_[at], stageDst_, DataCopyExtParams(1, staged_ * 4, 0, 0, 0));
@@ -302,7 +304,7 @@ private:
             Sync<HardEvent::S_MTE2>();
             Sync<HardEvent::MTE3_MTE2>();
             const uint8_t right = static_cast<uint8_t>((8 - n % 8) % 8);
-            DataCopyPad(stageDst_, dstGm_[static_cast<uint64_t>(r) * W_ + from], DataCopyExtParams(1, n * 4, 0, 0, 0),
+            DataCopyPad(stageDst_, dstGm_[static_cast<uint64_t>(r) * pitch_ + from], DataCopyExtParams(1, n * 4, 0, 0, 0),
                         DataCopyPadExtParams<int32_t>(true, 0, right, 0));
             Sync<HardEvent::MTE2_S>();
             loadedChunk_ = chunk;
@@ -352,6 +354,7 @@ private:
 
     avsg::ResizeTiling rt_;
     uint32_t W_ = 1;
+    uint32_t pitch_ = 8;   // int32 per move-list row in GM (W_ rounded up to 32 B)
     uint32_t policy_ = 0;
     uint32_t stashCount_ = 0;
     uint32_t staged_ = 0, written_ = 0;      // move-list entries staged in UB / stored to GM

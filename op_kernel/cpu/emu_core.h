@@ -440,19 +440,26 @@ struct LaunchState {
     // blocks not yet run on their own threads (so the barrier can complete) and sets `threaded`.
     std::function<void()> start_remaining_blocks;
     bool threaded = false;
-    // GM granule ownership (strict build, granule_checks() on): the block that first wrote each
-    // 32 B GM granule by DMA in this launch. Whether two cores' partial writes of one granule
-    // are safe is undocumented, so a second writer is an error.
+    // GM granule ownership (strict build, granule_checks() on): per 32 B GM granule written by DMA
+    // in this launch, the block that last wrote it and how many SyncAlls that block had passed.
+    // Whether two cores' partial writes of one granule are safe is undocumented, so a second
+    // writer between the same two SyncAlls is an error; a SyncAll orders writes on either side of
+    // it (the split lookup's helpers store a chunk the owner patches after the barrier).
+    struct GranuleWriter {
+        uint32_t block;
+        uint64_t epoch;
+    };
     std::mutex granule_mu;
-    std::unordered_map<uintptr_t, uint32_t> granule_owner;
+    std::unordered_map<uintptr_t, GranuleWriter> granule_owner;
 };
 
-// Off by default: the kernels' output pitches are not padded yet. AVSG_EMU_GRANULE_CHECK=1 in the
-// environment (read once) or set_granule_checks(true) turns the check on for later launches.
+// On by default in the strict build: every output pitch is padded to 32 B. AVSG_EMU_GRANULE_CHECK=0
+// in the environment (read once) or set_granule_checks(false) turns the check off for later
+// launches (to drive a layout the ops refuse).
 inline std::atomic<bool>& granule_checks_ref() {
     static std::atomic<bool> on{[] {
         const char* e = std::getenv("AVSG_EMU_GRANULE_CHECK");
-        return e != nullptr && e[0] == '1';
+        return e == nullptr || e[0] != '0';
     }()};
     return on;
 }

@@ -99,12 +99,14 @@ inline void gm_write(uint8_t* dst, const uint8_t* src, size_t n) {
     if (avsg_emu::kStrict && n && c.launch && c.num > 1 && avsg_emu::granule_checks()) {
         std::lock_guard<std::mutex> lk(c.launch->granule_mu);
         const uintptr_t first = reinterpret_cast<uintptr_t>(dst) / 32, last = (reinterpret_cast<uintptr_t>(dst) + n - 1) / 32;
+        const uint64_t epoch = c.counters.sync_alls;
         for (uintptr_t g = first; g <= last; ++g) {
-            auto it = c.launch->granule_owner.emplace(g, c.idx).first;
-            if (it->second != c.idx)
+            auto it = c.launch->granule_owner.emplace(g, avsg_emu::LaunchState::GranuleWriter{c.idx, epoch}).first;
+            if (it->second.block != c.idx && it->second.epoch == epoch)
                 fail("DataCopy(UB->GM): the 32 B GM granule at " + std::to_string(g * 32) + " is written by block " +
-                     std::to_string(it->second) + " and block " + std::to_string(c.idx) +
-                     " in one launch (pad the output pitch so that no granule has two writers)");
+                     std::to_string(it->second.block) + " and block " + std::to_string(c.idx) +
+                     " with no SyncAll between them (pad the output pitch so that no granule has two writers)");
+            it->second = {c.idx, epoch};
         }
     }
     std::memcpy(dst, src, n);

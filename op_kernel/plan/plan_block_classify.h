@@ -36,7 +36,7 @@ protected:
         for (uint32_t q = 0; q < nHit; ++q) SetWordBit(hitBits_, static_cast<uint32_t>(vKey_.GetValue(q)));
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
         Sync<HardEvent::V_MTE3>();
-        StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.N + c * nc], vFoundI_, n);
+        StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.outPitch + c * nc], vFoundI_, n);
         if (nMiss == 0) Sync<HardEvent::MTE3_V>();
         if (nMiss == 0) return;
         Sync<HardEvent::S_V>();
@@ -59,7 +59,7 @@ protected:
         Configure(missRuns_, t_.numChunks, t_.wsMissOff, 0, true, 0, 0, 0, !stash);
         if (stash) Start(stashRuns_);
         Start(missRuns_);
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         uint32_t m = 0, staged = 0;
         int32_t last = -1, code = -1;
         while (missRuns_.has) {

@@ -79,7 +79,7 @@ protected:
             PipeBarrier<PIPE_V>();
             AddHeat(u);
         }
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         for (uint32_t j0 = 0; j0 < m; j0 += nc) {
             const uint32_t n = MinU(nc, m - j0);
             Duplicate(wIdx_, -1, (n + 63) / 64 * 64 + 64);

@@ -17,7 +17,7 @@ protected:
     // pass per chunk with misses, miss_slots streamed in nc blocks, no second lookup.
     __aicore__ inline void OutputMisses(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc;
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         const LocalTensor<int32_t> out = wKey_;   // the chunk's slots
         const LocalTensor<int32_t> lanes = vT1_, js = vT2_, block = vMS_;
         missChunk_ = -1;
@@ -64,7 +64,7 @@ protected:
     template <class Policy>
     __aicore__ inline void StoreRow(uint32_t r, uint32_t m) {
         const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         OutputMisses(r, m);
         FillTail(missPosGm_, rowN, m, t_.N);
         FillTail(missSlotsGm_, rowN, m, t_.N);
@@ -81,7 +81,7 @@ protected:
         if constexpr (Policy::kReuse) AdvanceStep();
         Sync<HardEvent::S_MTE3>();
         DataCopy(statsGm_[static_cast<uint64_t>(r) * 4], statsUb_, 4);
-        StoreInts(missCountsGm_[r], scalarUb_, 1);
+        StoreInts(missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], scalarUb_, 1);
         DataCopy(stateGm_[rowState + t_.stashCountOff], countUb_, avsg::kStashCountPad);
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) Flush(win_[s]);
         Sync<HardEvent::MTE3_S>();

@@ -83,7 +83,7 @@ protected:
     // window chunk, stopping at M -> miss_slots[0:M].
     __aicore__ inline void Allocate(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc;
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         Win& sl = win_[avsg::SEC_SL];
         uint32_t have = 0;
         // level -1 only if a real slot is free (the Sp - S padding slots always hold -1). Below a
@@ -244,7 +244,7 @@ protected:
     __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
         if (m == 0) return;
         const uint32_t nc = t_.nc;
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         for (uint32_t base = 0; base < t_.capPad; base += nc) {
             if constexpr (Policy::kLru) ScoreChunkLru(base, MinU(nc, t_.capPad - base));
             else ScoreChunk(base, MinU(nc, t_.capPad - base));

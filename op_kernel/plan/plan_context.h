@@ -25,10 +25,12 @@ protected:
         seqGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(seq), R);
         stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), R * t_.width);
         statsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(stats), R * 4);
-        slotsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(slots), R * N);
-        missPosGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missPos), R * N);
-        missSlotsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missSlots), R * N);
-        missCountsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missCounts), R);
+        // the outputs at their padded pitches (op_host/plan_tiling.h): a row's granules are its own
+        const uint64_t outLen = R * t_.outPitch;
+        slotsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(slots), outLen);
+        missPosGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missPos), outLen);
+        missSlotsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missSlots), outLen);
+        missCountsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(missCounts), R * avsg::kPlanCountPitch);
         wsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(workspace) +
                                   static_cast<uint64_t>(GetBlockIdx()) * t_.wsPerCore,
                               t_.wsPerCore);
@@ -171,7 +173,7 @@ protected:
     }
     // Streams miss_pos / miss_slots chunk j0 back into vWant_ / vMS_ (tail lanes = 0).
     __aicore__ inline uint32_t LoadMisses(uint32_t r, uint32_t j0, uint32_t m) {
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         const uint32_t n = MinU(t_.nc, m - j0);
         if (missChunk_ == static_cast<int32_t>(j0 / t_.nc)) return n;   // still in vWant_ / vMS_
         missChunk_ = static_cast<int32_t>(j0 / t_.nc);
@@ -206,14 +208,14 @@ protected:
     // A row whose header does not match: state and stats untouched; no selection, no miss, and
     // miss_counts[r] = -1 so the caller can tell (the CPU host raises before this point).
     __aicore__ inline void RejectRow(uint32_t r) {
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.N;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         Sync<HardEvent::S_V>();
         FillTail(slotsGm_, rowN, 0, t_.N);
         FillTail(missPosGm_, rowN, 0, t_.N);
         FillTail(missSlotsGm_, rowN, 0, t_.N);
         scalarUb_.SetValue(0, -1);
         Sync<HardEvent::S_MTE3>();
-        StoreInts(missCountsGm_[r], scalarUb_, 1);
+        StoreInts(missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], scalarUb_, 1);
         Sync<HardEvent::MTE3_S>();
         Sync<HardEvent::MTE3_V>();
         Sync<HardEvent::MTE3_MTE2>();

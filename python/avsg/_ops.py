@@ -58,13 +58,25 @@ def _layout_of(state, capacity: int, buckets: int, max_context: int) -> referenc
 
 # ------------------------------------------------------------------- fake (shape) implementations
 
+# The op library writes output rows at pitches padded to 32 B (op_host/plan_tiling.h) and returns
+# views; the fake kernels return views of the same strides.
+OUTPUT_ROW_ALIGN, COUNT_PITCH = 8, 8      # int32: PlanTiling::outPitch rounding, kPlanCountPitch
+
+
+def _padded_rows(like, R: int, width: int):
+    pitch = -(-width // OUTPUT_ROW_ALIGN) * OUTPUT_ROW_ALIGN
+    return like.new_empty((R, pitch), dtype=torch.int32)[:, :width]
+
+
+def _padded_counts(like, R: int):
+    return like.new_empty((R, COUNT_PITCH), dtype=torch.int32)[:, 0]
+
+
 def _plan_fake(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy=0,
                max_context=0):
     R, T, K = topk_pos.shape
-    return (topk_pos.new_empty((R, T, K), dtype=torch.int32),
-            topk_pos.new_empty((R, T * K), dtype=torch.int32),
-            topk_pos.new_empty((R, T * K), dtype=torch.int32),
-            topk_pos.new_empty((R,), dtype=torch.int32))
+    return (_padded_rows(topk_pos, R, T * K).view(R, T, K), _padded_rows(topk_pos, R, T * K),
+            _padded_rows(topk_pos, R, T * K), _padded_counts(topk_pos, R))
 
 
 def _gather_fake(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_size,
@@ -83,8 +95,7 @@ def _none_fake(*args):
 def _resize_fake(state, rows, capacities, capacity, buckets, lifetime, policy, max_context,
                  min_active):
     R, W = state.shape[0], reference.resize_width(capacity)
-    return (state.new_empty((R, W), dtype=torch.int32), state.new_empty((R, W), dtype=torch.int32),
-            state.new_empty((R,), dtype=torch.int32))
+    return _padded_rows(state, R, W), _padded_rows(state, R, W), _padded_counts(state, R)
 
 
 # The tensor arguments of each op, in schema order (op_host/avsg_ops.cpp), for the device check.

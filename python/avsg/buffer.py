@@ -69,6 +69,31 @@ def get_num_cores() -> int:
     return _num_cores
 
 
+GRANULE_BYTES = 32   # the DMA granule no two cores may share in one launch (see kv_slots)
+
+
+def kv_slots(n: int, row_shape: Sequence[int], dtype: torch.dtype,
+             device: Optional[torch.device] = None) -> torch.Tensor:
+    """Zeroed ``[n, *row_shape]`` slots for a device KV buffer, each slot starting on a 32 B
+    boundary: a view of ``[n, pitch]`` storage whose pitch is one slot's bytes rounded up to 32 B
+    (656 B FP8 rows: 672 B; 1024 B / 128 B BF16 rows are not padded). View the result as
+    ``[R, S, *row_shape]`` for ``gather``'s ``dst``.
+
+    Why: ``gather`` splits a row's misses over several cores, and a slot whose bytes are not a
+    multiple of 32 shares a 32 B granule with its neighbour. Whether two cores' byte-masked DMA
+    writes to one granule are safe is undocumented (one may be a read-modify-write of the whole
+    granule, losing the other's bytes), so ``gather`` refuses a multi-core launch into such a layout.
+    """
+    require_int("n", n, low=0)
+    elems = 1
+    for d in row_shape:
+        elems *= int(d)
+    itemsize = torch.empty((), dtype=dtype).element_size()     # 1, 2, 4 or 8: divides 32
+    pitch = -(-elems * itemsize // GRANULE_BYTES) * GRANULE_BYTES // itemsize
+    storage = torch.zeros(n, pitch, dtype=dtype, device=device)
+    return storage[:, :elems].view(n, *row_shape)
+
+
 class Plan(NamedTuple):
     """Output of ``SparseKVBuffer.plan``; every field is a fixed-shape int32 tensor.
 
@@ -76,6 +101,13 @@ class Plan(NamedTuple):
     miss_pos     [R, T*K]   positions to fetch, ascending, then -1
     miss_slots   [R, T*K]   slot each one goes to, then -1
     miss_counts  [R]        number of valid entries in miss_pos
+
+    The op library writes each row of ``slots``, ``miss_pos`` and ``miss_slots`` at a pitch of T*K
+    rounded up to 8 int32, and ``miss_counts`` at a pitch of 8, so that no 32 B granule holds two
+    rows (two rows may be planned by two cores): the tensors are views of that storage.
+    ``miss_counts`` is therefore never contiguous (stride 8) and the other three are contiguous
+    exactly when T*K is a multiple of 8; call ``.contiguous()`` before passing them to a consumer
+    that needs it. ``gather`` takes them as they are.
     capacity     int        slots per row of the buffer that made the plan
     source       the SparseKVBuffer that made it (None: built by hand or under tracing, unguarded)
     generation   the source's generation when it was made: ``gather`` refuses the plan once a
@@ -443,7 +475,7 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     device = plan.miss_pos.device
     for field in ("slots", "miss_pos", "miss_slots", "miss_counts"):
         t = getattr(plan, field)
-        require_tensor(f"plan.{field}", t, torch.int32)
+        require_tensor(f"plan.{field}", t, torch.int32, contiguous=False)   # padded rows
         if t.device != device:
             raise ValueError(f"plan.{field}: expected a tensor on {device} (that of "
                              f"plan.miss_pos), got one on {t.device}")
@@ -467,8 +499,8 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     elif block_size is not None:
         raise ValueError("block_size: only meaningful with a block_table (paged pool)")
     for i, (s, d) in enumerate(zip(srcs, dsts)):
-        require_tensor(f"dst[{i}]", d)
-        require_tensor(f"src[{i}]", s, dtype=d.dtype)
+        require_tensor(f"dst[{i}]", d, contiguous=False)   # slots may be padded (kv_slots)
+        require_tensor(f"src[{i}]", s, dtype=d.dtype, contiguous=False)   # rows may be padded
         if s.device != device and s.device.type != "cpu":
             raise ValueError(f"src[{i}]: expected a host (CPU) pool or a tensor on {device} (the "
                              f"plan's device), got one on {s.device}")

@@ -21,7 +21,10 @@ def require_int(name: str, value, low: Optional[int] = None, high: Optional[int]
 
 
 def require_tensor(name: str, t, dtype: Optional[torch.dtype] = None, shape=None,
-                    device: Optional[torch.device] = None, ndim: Optional[int] = None) -> None:
+                    device: Optional[torch.device] = None, ndim: Optional[int] = None,
+                    contiguous: bool = True) -> None:
+    """``contiguous=False``: for tensors whose layout the op checks itself (a plan's padded rows,
+    a buffer with padded slots)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if dtype is not None and t.dtype != dtype:
@@ -33,7 +36,7 @@ def require_tensor(name: str, t, dtype: Optional[torch.dtype] = None, shape=None
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
     require_real(name, t)
-    if not t.is_contiguous():
+    if contiguous and not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor")
 
 

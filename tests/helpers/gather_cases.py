@@ -18,7 +18,7 @@ from avsg import reference
 I32 = torch.int32
 
 
-TILING_BYTES = 16 * 8 + 3 * 8 * 8     # sizeof(avsg::GatherTiling), op_host/gather_tiling.h
+TILING_BYTES = 18 * 8 + 5 * 8 * 8     # sizeof(avsg::GatherTiling), op_host/gather_tiling.h: 18 scalars, 5 per-pair arrays
 
 
 COPY_BYTES_MAX = 32 * 1024            # kGatherCopyBytesMax: wider rows are copied in pieces
@@ -52,6 +52,35 @@ def random_bytes(shape, dtype, gen) -> torch.Tensor:
     return raw.view(dtype)
 
 
+def kv_zeros(R: int, S: int, *row: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A zeroed device KV buffer ``[R, S, *row]`` with slots padded to 32 B (avsg.kv_slots)."""
+    return avsg.kv_slots(R * S, row, dtype).view(R, S, *row)
+
+
+def padded_slots(t: torch.Tensor) -> torch.Tensor:
+    """``t [R, S, *row]`` copied into slots padded to 32 B (avsg.kv_slots), as every dst of a
+    multi-core gather must be."""
+    R, S, *row = t.shape
+    out = avsg.kv_slots(R * S, row, t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def pitched_like_plan(miss_pos, miss_slots, miss_counts, extra: int = 0):
+    """The index tensors laid out as the op library's plan writes them: rows at a pitch of
+    N rounded up to 8 (+ ``extra`` int32), counts at a pitch of 8; garbage in the padding."""
+    R, N = miss_pos.shape
+    pitch = -(-N // 8) * 8 + extra
+
+    def rows(t):
+        out = torch.full((R, pitch), 0x7FFF0000, dtype=I32)
+        out[:, :N] = t
+        return out[:, :N]
+    counts = torch.full((R, 8), -7, dtype=I32)
+    counts[:, 0] = miss_counts
+    return rows(miss_pos), rows(miss_slots), counts[:, 0]
+
+
 @dataclasses.dataclass
 class Case:
     miss_pos: torch.Tensor
@@ -70,9 +99,12 @@ class Case:
 
 
 def make_case(seed: int, R: int, N: int, S: int, formats, paged: bool, partition: str, cores: int,
-              max_len: int = 24, block_size: int = 4, outside: float = 0.15) -> Case:
+              max_len: int = 24, block_size: int = 4, outside: float = 0.15,
+              pitched: bool = False) -> Case:
     """A random miss list in the plan's layout: row r's first miss_counts[r] entries are misses
-    (distinct slots; positions possibly outside the pool), the rest is garbage padding."""
+    (distinct slots; positions possibly outside the pool), the rest is garbage padding. Every dst
+    has slots padded to 32 B; ``pitched``: the index tensors are strided views as a plan returns
+    them (``pitched_like_plan``)."""
     gen = torch.Generator().manual_seed(seed)
     counts = torch.randint(0, N + 1, (R,), generator=gen, dtype=I32)
     if paged:
@@ -109,7 +141,9 @@ def make_case(seed: int, R: int, N: int, S: int, formats, paged: bool, partition
     srcs, dsts = [], []
     for dtype, shape in formats:
         srcs.append(random_bytes((*pool_lead, *shape), dtype, gen))
-        dsts.append(random_bytes((R, S, *shape), dtype, gen))
+        dsts.append(padded_slots(random_bytes((R, S, *shape), dtype, gen)))
+    if pitched:
+        pos, slots, counts = pitched_like_plan(pos, slots, counts, extra=8 * (seed % 2))
     return Case(pos, slots, counts, srcs, dsts, table, block_size if paged else 0, partition, cores)
 
 
@@ -144,4 +178,4 @@ def cases(draw):
     block_size = draw(st.integers(1, 8))
     seed = draw(st.integers(0, 2**31 - 1))
     return make_case(seed, R, N, S, formats, paged, partition, cores, max_len=max_len,
-                     block_size=block_size)
+                     block_size=block_size, pitched=draw(st.booleans()))

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 import avsg  # noqa: F401  (loads the op library)
 from avsg import _ops, backend, reference
 
-from helpers.gather_cases import (COPY_BUFFERS, COPY_BYTES_MAX, COUNT_SLOT_BYTES, I32,  # noqa: F401
+from helpers.gather_cases import (padded_slots, COPY_BUFFERS, COPY_BYTES_MAX, COUNT_SLOT_BYTES, I32,  # noqa: F401
                                   ROW_MENU, TILING_BYTES, Case, cases, make_case, run_kernel,
                                   run_reference, same_bytes)
 
@@ -39,8 +39,8 @@ from helpers.gather_cases import (COPY_BUFFERS, COPY_BYTES_MAX, COUNT_SLOT_BYTES
 
 
 def check_against_reference(case: Case) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-    want_dst = [d.clone() for d in case.dsts]
-    got_dst = [d.clone() for d in case.dsts]
+    want_dst = [padded_slots(d) for d in case.dsts]
+    got_dst = [padded_slots(d) for d in case.dsts]
     want = run_reference(case, want_dst)
     got = run_kernel(case, got_dst)
     assert got.dtype == I32 and got.shape == (case.cores,)
@@ -168,7 +168,7 @@ def test_every_core_count_up_to_the_configured_limit():
 def test_more_cores_than_emulated_is_a_clear_error():
     case = make_case(17, R=2, N=4, S=4, formats=[(torch.float32, (2,))], paged=False,
                      partition="miss", cores=41)
-    before = [d.clone() for d in case.dsts]
+    before = [padded_slots(d) for d in case.dsts]
     assert backend.emulated_cores() == 40
     with pytest.raises(ValueError, match="exceeds the emulated AIV core count 40"):
         run_kernel(case)
@@ -188,7 +188,7 @@ def test_no_misses_copies_nothing():
     case = make_case(19, R=3, N=5, S=5, formats=[(torch.uint8, (3,))], paged=True,
                      partition="request", cores=4)
     case.miss_counts.zero_()
-    before = [d.clone() for d in case.dsts]
+    before = [padded_slots(d) for d in case.dsts]
     assert run_kernel(case).tolist() == [0, 0, 0, 0]
     assert all(same_bytes(a, b) for a, b in zip(case.dsts, before))
 
@@ -231,7 +231,7 @@ BAD_ARGS = [
 def test_op_rejects_bad_arguments_before_copying(name, mutate, error, needle):
     case = _small_case()
     mutate(case)
-    before = [d.clone() for d in case.dsts]
+    before = [padded_slots(d) for d in case.dsts]
     with pytest.raises(error, match=needle):
         run_kernel(case)
     assert all(same_bytes(a, b) for a, b in zip(case.dsts, before))

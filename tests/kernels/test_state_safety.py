@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 import avsg
 from avsg import reference
+from helpers.gather_cases import kv_zeros
 
 I32 = torch.int32
 GUARD_STATE = 0x5A5A5A5A          # int32 pattern of the guard rows around the state
@@ -473,7 +474,9 @@ def fuzz_gather(g, seed, edits, paged, checked, partition):
             value = g.targeted()[value[1] % len(g.targeted())]
         t.view(-1)[int(where * t.numel())] = value
     src = torch.randn(g.R * blocks, block, D) if paged else torch.randn(g.R, 3 * g.S, D)
-    big_dst, dst = guarded(torch.zeros(g.R, g.S, D), float("nan"))
+    big_dst = kv_zeros(g.R + 2, g.S, D).fill_(float("nan"))   # guard rows, slots padded to 32 B
+    dst = big_dst[1:-1]
+    dst.zero_()
     before = dst.clone()
     counts = miss_counts.clamp(0, g.N)
     # distinct slots per row: the copy does not depend on the core order, so it is the reference's
@@ -682,7 +685,7 @@ def test_meta_and_mixed_devices_are_rejected():
     buf = avsg.SparseKVBuffer(policy="lifetime", rows=2, capacity=32, topk=8)
     seq = torch.full((2,), 40, dtype=I32)
     plan = buf.plan(torch.arange(8, dtype=I32).repeat(2, 1, 1), seq)
-    src, dst = torch.randn(2, 40, 4), torch.zeros(2, 32, 4)
+    src, dst = torch.randn(2, 40, 4), kv_zeros(2, 32, 4)
     with pytest.raises(ValueError, match=r"src\[0\]: expected a tensor with data"):
         avsg.gather(plan, src.to("meta"), dst)
     with pytest.raises(ValueError, match=r"dst\[0\]"):

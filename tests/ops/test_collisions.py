@@ -11,6 +11,7 @@ import torch
 
 import avsg
 from avsg import reference
+from helpers.gather_cases import kv_zeros
 from helpers.oracle import ContentOracle, PolicyModel
 from helpers.oracle import check_index_consistent
 
@@ -41,7 +42,7 @@ def test_full_buffer_with_every_probe_colliding(T, K, buckets):
     pool = torch.randn(8, block_size, 2, dtype=torch.float64)
     columns = torch.arange(reference.MAX_POSITION // block_size)
     block_table = torch.stack([columns % 8, (columns + 3) % 8]).to(torch.int32)
-    device_kv = torch.zeros(2, S, 2, dtype=torch.float64)
+    device_kv = kv_zeros(2, S, 2, dtype=torch.float64)
     for step, offset in enumerate([0, 0, S, 0, 3 * S // 2, 3 * S // 2]):
         # each query token takes its own slice; row 1 repeats row 0's first token in all tokens
         pos = torch.tensor(colliding_positions(buckets, S, offset), dtype=torch.int32)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import avsg
+from helpers.gather_cases import kv_zeros
 
 R, T, K, S, D = 2, 2, 8, 32, 4
 BACKEND = "inductor"
@@ -25,7 +26,7 @@ def test_compiled_decode_step_matches_eager(check):
     eager_buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, max_context=64)
     graph_buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, max_context=64)
     host = torch.randn(R, 64, D)
-    eager_kv, graph_kv = torch.zeros(R, S, D), torch.zeros(R, S, D)
+    eager_kv, graph_kv = kv_zeros(R, S, D), kv_zeros(R, S, D)
     step = torch.compile(decode_step, fullgraph=True, backend=BACKEND)
     gen = torch.Generator().manual_seed(3)
     for i in range(4):

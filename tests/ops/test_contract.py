@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import avsg
 from avsg import reference
+from helpers.gather_cases import kv_zeros
 from helpers.oracle import ContentOracle, PolicyModel, check_index_consistent
 
 SETTINGS = dict(max_examples=40, deadline=None,
@@ -89,7 +90,7 @@ def test_invariants_on_random_sessions(geo, ops, seed, pad_rate, unchecked):
     oracle, model = ContentOracle(R, S), PolicyModel(R, S, lifetime)
     max_len = 4 * S + 8
     host = torch.randn(R, max_len, 3)
-    device_kv = torch.full((R, S, 3), float("nan"))
+    device_kv = kv_zeros(R, S, 3).fill_(float("nan"))
     seq_lens = torch.randint(1, max_len, (R,), generator=gen, dtype=torch.int32)
     for op in ops:
         if op == "plan":
@@ -186,7 +187,7 @@ def run_mtp_decode(steps: int, seed: int, R=3, T=3, K=24, S=96, lifetime=6):
     spec_state, spec_stats = buf.state.clone(), buf.stats_counts.clone()
     max_len = 64 + steps * T + 8
     host = torch.randn(R, max_len, 2)
-    device_kv = torch.zeros(R, S, 2)
+    device_kv = kv_zeros(R, S, 2)
     lens = torch.full((R,), 64, dtype=torch.int32)
     for step in range(steps):
         seq = lens + T   # the drafts' positions are visible to the step that verifies them

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import avsg
 from avsg import reference
+from helpers.gather_cases import kv_zeros
 from helpers.oracle import host_row_values
 
 I32 = torch.int32
@@ -44,7 +45,7 @@ def run_steps(R, T, K, S, max_len, fmt, paged, partition, cores, steps, seed):
     else:
         block_table = None
         srcs = [random_rows((R, max_len, *w), dtype, gen) for w in widths]
-    dsts = [torch.zeros((R, S, *w), dtype=dtype) for w in widths]
+    dsts = [kv_zeros(R, S, *w, dtype=dtype) for w in widths]
     seq = torch.full((R,), max_len, dtype=I32)
     for _ in range(steps):
         topk = torch.stack([torch.stack([torch.randperm(max_len, generator=gen)[:K]
@@ -120,7 +121,7 @@ def test_gather_returns_zero_work_when_everything_hits():
     buf = avsg.SparseKVBuffer(policy="lifetime", rows=1, capacity=8, topk=4)
     pos = torch.tensor([[[1, 2, 3, 4]]], dtype=I32)
     seq = torch.tensor([10], dtype=I32)
-    host, dst = torch.randn(1, 10, 2), torch.zeros(1, 8, 2)
+    host, dst = torch.randn(1, 10, 2), kv_zeros(1, 8, 2)
     avsg.gather(buf.plan(pos, seq), host, dst)
     before = dst.clone()
     counts = avsg.gather(buf.plan(pos, seq), host, dst, num_cores=4)

@@ -20,6 +20,7 @@ import torch
 
 import avsg
 from avsg.integrations import SparseOffloadManager
+from helpers.gather_cases import kv_zeros
 
 I32, I64 = torch.int32, torch.int64
 R, T, K, S, D = 2, 2, 4, 16, 4
@@ -55,7 +56,7 @@ def test_interleaved_threads_cannot_gather_a_stale_plan():
     plan's generation does, and the buffer's KV stays what B's plan says."""
     buf = make_buffer()
     host = torch.randn(R, MAX_LEN, D)
-    kv = torch.zeros(R, S, D)
+    kv = kv_zeros(R, S, D)
     planned_a, done_b = threading.Event(), threading.Event()
     result = {}
 
@@ -96,7 +97,7 @@ def test_interleaved_threads_cannot_gather_a_stale_plan():
 def test_every_state_change_supersedes_earlier_plans(later):
     buf = make_buffer(capacity=2 * S)
     host = torch.randn(R, MAX_LEN, D)
-    kv, kv2 = torch.zeros(R, 2 * S, D), torch.zeros(R, 2 * S, D)
+    kv, kv2 = kv_zeros(R, 2 * S, D), kv_zeros(R, 2 * S, D)
     plan = buf.plan(*step_inputs(0))
     avsg.gather(plan, host, kv)          # the same current plan, twice and into two buffers
     avsg.gather(plan, [host, host], [kv, kv2])
@@ -118,7 +119,7 @@ def test_every_state_change_supersedes_earlier_plans(later):
 
 def test_apply_moves_refuses_superseded_moves():
     buf = make_buffer(capacity=2 * S)
-    kv = torch.randn(R, 2 * S, D)
+    kv = kv_zeros(R, 2 * S, D).normal_()
     for start in (0, 8, 16):
         buf.plan(*step_inputs(start))
     moves = buf.resize(torch.tensor([0, 1]), torch.tensor([S, S]))
@@ -131,7 +132,7 @@ def test_apply_moves_refuses_superseded_moves():
 
 def test_a_rejected_call_supersedes_nothing():
     buf = make_buffer()
-    host, kv = torch.randn(R, MAX_LEN, D), torch.zeros(R, S, D)
+    host, kv = torch.randn(R, MAX_LEN, D), kv_zeros(R, S, D)
     plan = buf.plan(*step_inputs(0))
     topk, seq = step_inputs(0)
     topk[1, 0, 2] = 99                   # beyond seq_len
@@ -150,7 +151,7 @@ def _raw_calls(buf):
     plan = buf.plan(topk, seq)
     geo = (buf.capacity, buf.hash_buckets)
     ctx = buf._state_context
-    host, kv = torch.randn(R, MAX_LEN, D), torch.zeros(R, S, D)
+    host, kv = torch.randn(R, MAX_LEN, D), kv_zeros(R, S, D)
     ops = torch.ops.avsg
     return [
         ("plan", dict(topk_pos=topk, seq_lens=seq, state=buf.state, stats=buf.stats_counts),

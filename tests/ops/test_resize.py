@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import avsg
 from avsg import _ops, reference
+from helpers.gather_cases import kv_zeros
 from helpers.oracle import ContentOracle, PolicyModel, brute_force_lookup
 
 I64 = torch.int64
@@ -59,7 +60,7 @@ def test_shrink_moves_survivors_and_bytes_follow(policy):
     R, T, K, S = 1, 1, 4, 16
     buf = make(policy, R=R, T=T, K=K, S=S)
     host = torch.randn(R, 64, 2)
-    kv = torch.full((R, S, 2), float("nan"))
+    kv = kv_zeros(R, S, 2).fill_(float("nan"))
     seq = torch.tensor([64], dtype=I32)
     for step in range(4):        # 16 distinct positions fill all 16 slots
         topk = torch.arange(step * 4, step * 4 + 4, dtype=I32).view(1, 1, 4)
@@ -293,7 +294,7 @@ def run_resize_session(policy, geo, ops, seed, pad_rate):
     oracle = ContentOracle(R, S)
     model = PolicyModel(R, S, L) if policy == "lifetime" else None
     host = torch.randn(R, max_len, 3)
-    kv = torch.full((R, S, 3), float("nan"))
+    kv = kv_zeros(R, S, 3).fill_(float("nan"))
     seq = torch.randint(1, max_len // 2, (R,), generator=gen, dtype=I32)
     for op in ops:
         if op == "plan":

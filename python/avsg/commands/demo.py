@@ -48,7 +48,8 @@ def run(trace: str, layers: int, steps: int, capacity: int, synthetic: bool,
     gen = torch.Generator().manual_seed(seed)
     host_pool = torch.randint(0, 256, (layers, context, ROW_BYTES), dtype=torch.uint8,
                               generator=gen)
-    device_buffer = torch.zeros(layers, capacity, ROW_BYTES, dtype=torch.uint8)
+    device_buffer = avsg_buffer.kv_slots(layers * capacity, (ROW_BYTES,), torch.uint8).view(
+        layers, capacity, ROW_BYTES)
     buf = SparseKVBuffer(rows=layers, capacity=capacity, topk=k, lifetime=lifetime,
                          max_context=context)
     print(f"avsg demo: {source}: {layers} layers as buffer rows, {steps} steps, top-{k}, "

@@ -132,7 +132,7 @@ def session_inputs(steps: int, rows: int = 2, queries: int = 2, topk: int = 64, 
 def selftest(device: str, steps: int, deadline: float) -> Check:
     """plan + gather on ``device`` against the reference on CPU, every output and byte."""
     from .. import reference
-    from ..buffer import SparseKVBuffer, gather
+    from ..buffer import SparseKVBuffer, gather, kv_slots
     rows, queries, topk, capacity, row_bytes, context = 2, 2, 64, 384, 656, 700
     buf = SparseKVBuffer(rows=rows, capacity=capacity, topk=topk, queries_per_step=queries,
                          device=device, max_context=context)
@@ -147,7 +147,7 @@ def selftest(device: str, steps: int, deadline: float) -> Check:
         src = backend.alloc_host_pool(host.shape, host.dtype)
         src.copy_(host)
         backend.register_host_pool(src)
-    dst = torch.zeros(rows, capacity, row_bytes, dtype=torch.uint8, device=device)
+    dst = kv_slots(rows * capacity, (row_bytes,), torch.uint8, device).view(rows, capacity, row_bytes)
     ref_dst = torch.zeros(rows, capacity, row_bytes, dtype=torch.uint8)
     done = 0
     for picks, seq in session_inputs(steps, rows, queries, topk, context):

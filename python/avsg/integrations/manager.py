@@ -239,7 +239,8 @@ class SparseOffloadManager:
             for _ in range(num_layers)]
         R, S = max_rows, capacity
         # storage per layer and component: R*S rows, then the spare row (module docstring)
-        self._storage = [tuple(torch.zeros(R * S + 1, 1, c.width, dtype=c.dtype, device=self.device)
+        # (slots padded to 32 B where a row is not a multiple of it: avsg.buffer.kv_slots)
+        self._storage = [tuple(avsg_buffer.kv_slots(R * S + 1, (1, c.width), c.dtype, self.device)
                                for c in self.kv_format.components) for _ in range(num_layers)]
         self.kv = [tuple(s[:R * S].view(R, S, 1, s.shape[-1]) for s in layer)
                    for layer in self._storage]
@@ -621,7 +622,7 @@ class SparseOffloadManager:
         column = torch.arange(T * K, device=self.device)[None, :]
         host_copied = column < host_counts[:, None]
 
-        slots = plan.slots.view(R * T, K).index_select(0, meta.plan_index.clamp(max=R * T - 1))
+        slots = plan.slots.reshape(R * T, K).index_select(0, meta.plan_index.clamp(max=R * T - 1))
         slots = torch.where(meta.planned[:, None], slots, torch.full_like(slots, -1))
         return SparseAttentionInputs(
             slots=_valid_first(slots).view(N, 1, K),

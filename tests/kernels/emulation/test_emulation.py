@@ -162,7 +162,9 @@ RUNTIME = {
     "sort_network_fuzz_ok": None,
     "granule_padded_pitch_ok": None,
     "granule_shared_unchecked_ok": None,
-    "bad_granule_shared_by_two_blocks": ["32 B GM granule", "in one launch (pad the output pitch"],
+    "bad_granule_shared_by_two_blocks": ["32 B GM granule", "with no SyncAll between them"],
+    "granule_handed_over_at_sync_all_ok": None,
+    "bad_granule_rewritten_without_sync_all": ["32 B GM granule", "with no SyncAll between them"],
     "atomic_add_ok": None,
     # instrumentation and cost model
     "counters_ok": None,

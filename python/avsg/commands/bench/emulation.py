@@ -25,7 +25,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from ... import backend
-from ...buffer import SparseKVBuffer, gather
+from ...buffer import SparseKVBuffer, gather, kv_slots
 from ...cli_util import UsageError, check_memory_total, int_in
 from . import common
 
@@ -46,7 +46,8 @@ def run(build: str, args, steps: List[torch.Tensor], host: torch.Tensor) -> Dict
     R = args.rows
     buf = SparseKVBuffer(rows=R, capacity=args.capacity, topk=args.topk, queries_per_step=args.queries,
                          device="cpu", check=False, max_context=args.context)
-    dst = torch.zeros(R, args.capacity, args.row_bytes, dtype=torch.uint8).fill_(0)  # pages faulted
+    dst = kv_slots(R * args.capacity, (args.row_bytes,), torch.uint8).view(R, args.capacity, args.row_bytes)
+    dst.fill_(0)  # pages faulted
     seq = torch.full((R,), args.context, dtype=torch.int32)
     times = {"plan": [], "gather": []}
     outputs = []

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ... import backend
+from ...buffer import kv_slots
 from ...cli_util import UsageError, float_in, int_in
 from ...costmodel import hardware
 from . import common
@@ -101,7 +102,7 @@ def run_config(batch, rate, row_bytes, args, hw, host_cache) -> Dict:
                actual_miss_rate=misses / (batch * args.topk), partitions={})
     want = None
     for label, partition in PARTITIONS:
-        dst = torch.zeros(batch, w["capacity"], row_bytes, dtype=torch.uint8)
+        dst = kv_slots(batch * w["capacity"], (row_bytes,), torch.uint8).view(batch, w["capacity"], row_bytes)
         pos, slots = ((w["sel_pos"], w["sel_slots"]) if partition == "selection"
                       else (w["miss_pos"], w["miss_slots"]))
         per_core = torch.ops.avsg.gather(pos, slots, w["counts"], [host], [dst], None, 0,
@@ -131,7 +132,8 @@ def npu_gather_us(pos, slots, counts, host, dst_shape, partition: str, cores: in
     backend.register_host_pool(pool)
     try:
         dev = torch.device("npu")
-        dst = torch.zeros(dst_shape, dtype=torch.uint8, device=dev)
+        batch, capacity, row_bytes = dst_shape
+        dst = kv_slots(batch * capacity, (row_bytes,), torch.uint8, dev).view(dst_shape)
         p, s, c = pos.to(dev), slots.to(dev), counts.to(dev)
         times = common.npu_time_us(lambda: torch.ops.avsg.gather(p, s, c, [pool], [dst], None, 0,
                                                                  partition, cores))
@@ -148,7 +150,7 @@ def measure_cpu_bandwidth(row_bytes: int, k: int, batch: int = 8, repeats: int =
     import ctypes
     w = workload(batch, 0.5, k, 99)
     host = torch.randint(0, 256, (batch, w["context"], row_bytes), dtype=torch.uint8)
-    dst = torch.zeros(batch, w["capacity"], row_bytes, dtype=torch.uint8)
+    dst = kv_slots(batch * w["capacity"], (row_bytes,), torch.uint8).view(batch, w["capacity"], row_bytes)
     nbytes = int(w["counts"].sum()) * row_bytes
     flat_src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
     flat_dst = torch.empty_like(flat_src)

@@ -48,19 +48,25 @@ class OffloadStore(HostPoolStore):
 
     def __init__(self, spec: StoreSpec):
         super().__init__(spec)
-        width = spec.queries_per_step * spec.topk
-        self.scratch = tuple(torch.zeros(spec.rows, width, c.width, dtype=c.dtype,
-                                         device=spec.device)
-                             for c in spec.kv_format.components)
+        self._scratch = {}
+        self.scratch = self._scratch_for(spec.queries_per_step * spec.topk)
+
+    def _scratch_for(self, width: int):
+        """The scratch of ``width`` rows per request (one per query-token count seen), slots
+        padded to 32 B so that gather may split a row over cores (avsg.buffer.kv_slots)."""
+        if width not in self._scratch:
+            rows = self.spec.rows
+            self._scratch[width] = tuple(
+                avsg_buffer.kv_slots(rows * width, (c.width,), c.dtype, self.spec.device)
+                .view(rows, width, c.width) for c in self.spec.kv_format.components)
+        return self._scratch[width]
 
     def retrieve(self, layer: int, topk_pos: torch.Tensor, batch: StepBatch) -> Retrieved:
         R, T, K = topk_pos.shape
         with self.timers("plan"):
             plan = union_plan(topk_pos)
         with self.timers("gather"):
-            scratch = tuple(s[:, :T * K] for s in self.scratch) if T * K < self.scratch[0].shape[1] \
-                else self.scratch
-            scratch = tuple(s.contiguous() for s in scratch)
+            scratch = self._scratch_for(T * K)
             avsg_buffer.gather(plan, src=list(self.pool.layer(layer)), dst=list(scratch),
                                block_table=self.pool.block_table,
                                block_size=self.pool.block_size, check=False)

@@ -615,14 +615,15 @@ CASE_UNSYNCED(atomic_add_ok) {
 
 // ---------------------------------------------------------------- instrumentation
 CASE_UNSYNCED(counters_ok) {
-    std::vector<int32_t> in(256, 1), out(256, 0);
+    std::vector<int32_t> in(256, 1);
+    alignas(64) static int32_t out[2 * 256];   // a 1 KB region per block: no shared granule
     avsg_emu::launch(2, [&] {
         TPipe pipe;
         TBuf<TPosition::VECCALC> b;
         pipe.InitBuffer(b, 4096);
         GlobalTensor<int32_t> gi, go;
         gi.SetGlobalBuffer(in.data(), 256);
-        go.SetGlobalBuffer(out.data(), 256);
+        go.SetGlobalBuffer(out + GetBlockIdx() * 256, 256);
         auto t = b.Get<int32_t>(256);
         auto m = b.GetWithOffset<uint8_t>(32, 2048);
         DataCopy(t, gi, 256);                                                            // MTE2 1024 B
@@ -773,10 +774,11 @@ CASE_UNSYNCED(sort_network_fuzz_ok) {
     });
 }
 
-// GM granule ownership (avsg_emu::set_granule_checks): within one launch no 32 B GM granule may
-// be written by DMA from two blocks. Each block writes 16 B (ragged, DataCopyPad) at `pitch`
-// bytes from the previous block's output.
-static void write_16B_per_block(uint32_t pitch, bool check) {
+// GM granule ownership (avsg_emu::set_granule_checks): no 32 B GM granule may be written by DMA
+// from two blocks between the same two SyncAlls. Each block writes 16 B (ragged, DataCopyPad) at
+// `pitch` bytes from the previous block's output; with `handover`, block 1 writes block 0's 16 B
+// again after a SyncAll (ordered: the split lookup's owner patching a helper's chunk).
+static void write_16B_per_block(uint32_t pitch, bool check, bool handover = false, bool sync = true) {
     struct Restore {
         bool was = avsg_emu::granule_checks();
         ~Restore() { avsg_emu::set_granule_checks(was); }
@@ -794,8 +796,18 @@ static void write_16B_per_block(uint32_t pitch, bool check) {
         PipeBarrier<PIPE_ALL>();
         DataCopyPad(g, u, DataCopyExtParams(1, 16, 0, 0, 0));
         DataCopyPad(g, u, DataCopyExtParams(1, 16, 0, 0, 0));   // a block may rewrite its own granule
+        if (!handover) return;
+        if (sync) {
+            PipeBarrier<PIPE_ALL>();
+            SyncAll();
+        }
+        GlobalTensor<int32_t> first;
+        first.SetGlobalBuffer(out, 4);
+        if (GetBlockIdx() == 1) DataCopyPad(first, u, DataCopyExtParams(1, 16, 0, 0, 0));
     });
 }
 CASE_UNSYNCED(granule_padded_pitch_ok) { write_16B_per_block(32, true); }
 CASE_UNSYNCED(granule_shared_unchecked_ok) { write_16B_per_block(16, false); }
 CASE_UNSYNCED(bad_granule_shared_by_two_blocks) { write_16B_per_block(16, true); }
+CASE_UNSYNCED(granule_handed_over_at_sync_all_ok) { write_16B_per_block(32, true, true); }
+CASE_UNSYNCED(bad_granule_rewritten_without_sync_all) { write_16B_per_block(32, true, true, false); }
