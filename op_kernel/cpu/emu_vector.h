@@ -5,6 +5,8 @@
 #pragma once
 #include "emu_tensor.h"
 
+#include <cfloat>
+
 namespace AscendC {
 inline namespace AVSG_EMU_VARIANT {
 namespace emu_detail {
@@ -328,12 +330,30 @@ void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<
     uint8_t* d = dst.bytes();
     const T* a = src0.ptr();
     for (uint32_t byte = 0; byte < count / 8; ++byte) {
-        uint8_t v = 0;
+        uint32_t v = 0;   // branch-free: the bits are data
         for (uint32_t bit = 0; bit < 8; ++bit)
-            if (pred(a[byte * 8 + bit], byte * 8 + bit)) v |= static_cast<uint8_t>(1u << bit);
-        d[byte] = v;
+            v |= static_cast<uint32_t>(pred(a[byte * 8 + bit], byte * 8 + bit)) << bit;
+        d[byte] = static_cast<uint8_t>(v);
     }
     vec_issue(api, static_cast<uint64_t>(count) * sizeof(T) / 256);
+}
+}  // namespace emu_detail
+
+namespace emu_detail {
+// Runs f with the comparison of `mode` as a function object, so the per-element loop has no
+// switch (the mode is fixed for the whole call); an invalid mode compares false, as cmp() does.
+template <class T, class F>
+void with_cmp(CMPMODE mode, F f) {
+    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
+    switch (mode) {
+        case CMPMODE::LT: return f([](C x, C y) { return x < y; });
+        case CMPMODE::GT: return f([](C x, C y) { return x > y; });
+        case CMPMODE::EQ: return f([](C x, C y) { return x == y; });
+        case CMPMODE::LE: return f([](C x, C y) { return x <= y; });
+        case CMPMODE::GE: return f([](C x, C y) { return x >= y; });
+        case CMPMODE::NE: return f([](C x, C y) { return x != y; });
+    }
+    f([](C, C) { return false; });
 }
 }  // namespace emu_detail
 
@@ -347,8 +367,12 @@ __aicore__ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& 
     emu_detail::check_cmp<T>(api, cmpMode, count);
     emu_detail::check_ub(api, "src1", src1, count);
     const T* b = src1.ptr();
-    emu_detail::compare_impl<T, U>(
-        api, dst, src0, count, [&](T a, uint32_t i) { return emu_detail::cmp(a, b[i], cmpMode); }, &src1);
+    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
+    emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
+        emu_detail::compare_impl<T, U>(
+            api, dst, src0, count, [b, op](T a, uint32_t i) { return op(static_cast<C>(a), static_cast<C>(b[i])); },
+            &src1);
+    });
 }
 template <class T, class U>
 __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src1Scalar,
@@ -358,8 +382,12 @@ __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>&
     static_assert(std::is_same<U, uint8_t>::value, "Compares: mask type U must be uint8 on A2 (card §5)");
     const char* api = "Compares";
     emu_detail::check_cmp<T>(api, cmpMode, count);
-    emu_detail::compare_impl<T, U>(api, dst, src0, count,
-                                   [&](T a, uint32_t) { return emu_detail::cmp(a, src1Scalar, cmpMode); });
+    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
+    const C y = static_cast<C>(src1Scalar);
+    emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
+        emu_detail::compare_impl<T, U>(api, dst, src0, count,
+                                       [y, op](T a, uint32_t) { return op(static_cast<C>(a), y); });
+    });
 }
 // Deprecated alias of Compares (card §5).
 template <class T, class U>
@@ -602,8 +630,8 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
         hi.rd_ub(src.GetPhyAddr() + off, sizeof(T));  // exactly the gathered elements
     }
     avsg_emu::detail::hz_wr(hi, dst, static_cast<uint64_t>(count) * sizeof(T));
-    for (uint32_t i = 0; i < count; ++i)
-        std::memcpy(&d[i], src.bytes() + static_cast<uint64_t>(srcBaseAddr) + o[i], sizeof(T));
+    const uint8_t* base = src.bytes() + static_cast<uint64_t>(srcBaseAddr);
+    for (uint32_t i = 0; i < count; ++i) std::memcpy(&d[i], base + o[i], sizeof(T));
     emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * sizeof(T)));
 }
 
@@ -678,6 +706,53 @@ void check_cast_mode(RoundMode m) {
 }
 }  // namespace emu_detail
 
+namespace emu_detail {
+// The conversions of Cast, element by element. Fast paths that are exact by construction come
+// first: an int32 of magnitude <= 2^24 is a float exactly (any mode), and for |v| < 2^22 adding
+// and subtracting 1.5 * 2^23 rounds a float to the nearest integer, ties to even, which is
+// nearbyint's result in the default rounding mode (what round_to_int uses for CAST_RINT).
+// Everything else takes the general path.
+template <class T, class U>
+void cast_loop(T* d, const U* s, uint32_t count, RoundMode roundMode) {
+    if constexpr (std::is_same<T, float>::value && std::is_same<U, int32_t>::value) {
+        for (uint32_t i = 0; i < count; ++i) {
+            const int32_t v = s[i];
+            d[i] = (v >= -(1 << 24) && v <= (1 << 24)) ? static_cast<float>(v)
+                                                         : int_to_float(static_cast<long double>(v), roundMode);
+        }
+        return;
+    }
+#if FLT_EVAL_METHOD == 0 && !defined(__FAST_MATH__)   // float arithmetic rounds to float, in order
+    if constexpr (std::is_same<T, int32_t>::value && std::is_same<U, float>::value) {
+        if (roundMode == RoundMode::CAST_RINT) {
+            constexpr float kShift = 12582912.0f;   // 1.5 * 2^23
+            for (uint32_t i = 0; i < count; ++i) {
+                const float v = s[i];
+                if (v > -4194304.0f && v < 4194304.0f)   // |v| < 2^22 (false for NaN)
+                    d[i] = static_cast<int32_t>((v + kShift) - kShift);
+                else
+                    d[i] = sat_from_double<int32_t>(round_to_int(static_cast<double>(v), roundMode));
+            }
+            return;
+        }
+    }
+#endif
+    for (uint32_t i = 0; i < count; ++i) {
+        U v = s[i];
+        if constexpr (std::is_same<T, float>::value && std::is_integral<U>::value)
+            d[i] = int_to_float(static_cast<long double>(v), roundMode);
+        else if constexpr (std::is_integral<T>::value && std::is_same<U, float>::value)
+            d[i] = sat_from_double<T>(round_to_int(static_cast<double>(v), roundMode));
+        else if constexpr (std::is_integral<T>::value && std::is_integral<U>::value) {
+            if (v < static_cast<U>(std::numeric_limits<T>::min()) && sizeof(U) > sizeof(T)) d[i] = std::numeric_limits<T>::min();
+            else if (v > static_cast<U>(std::numeric_limits<T>::max()) && sizeof(U) > sizeof(T)) d[i] = std::numeric_limits<T>::max();
+            else d[i] = static_cast<T>(v);  // widening is exact; narrowing saturates (card §5)
+        } else
+            d[i] = T(static_cast<float>(v));  // half <-> float
+    }
+}
+}  // namespace emu_detail
+
 template <class T, class U>
 __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode& roundMode,
                             const uint32_t count) {
@@ -705,22 +780,16 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
         avsg_emu::detail::hz_rd(hi, src, static_cast<uint64_t>(count) * sizeof(U));
         avsg_emu::detail::hz_wr(hi, dst, static_cast<uint64_t>(count) * sizeof(T));
     }
-    std::vector<T> out(count);
+    // Element i is read before it is written, so only widening in place (dst == src, later
+    // sources under earlier results) needs a copy of the sources.
+    std::vector<U> staged;
     const U* s = src.ptr();
-    for (uint32_t i = 0; i < count; ++i) {
-        U v = s[i];
-        if constexpr (std::is_same<T, float>::value && std::is_integral<U>::value)
-            out[i] = emu_detail::int_to_float(static_cast<long double>(v), roundMode);
-        else if constexpr (std::is_integral<T>::value && std::is_same<U, float>::value)
-            out[i] = emu_detail::sat_from_double<T>(emu_detail::round_to_int(static_cast<double>(v), roundMode));
-        else if constexpr (std::is_integral<T>::value && std::is_integral<U>::value) {
-            if (v < static_cast<U>(std::numeric_limits<T>::min()) && sizeof(U) > sizeof(T)) out[i] = std::numeric_limits<T>::min();
-            else if (v > static_cast<U>(std::numeric_limits<T>::max()) && sizeof(U) > sizeof(T)) out[i] = std::numeric_limits<T>::max();
-            else out[i] = static_cast<T>(v);  // widening is exact; narrowing saturates (card §5)
-        } else
-            out[i] = T(static_cast<float>(v));  // half <-> float
+    if (sizeof(T) > sizeof(U) && dst.GetPhyAddr() == src.GetPhyAddr()) {
+        staged.assign(s, s + count);
+        s = staged.data();
     }
-    std::memcpy(dst.bytes(), out.data(), count * sizeof(T));
+    T* d = dst.ptr();
+    emu_detail::cast_loop(d, s, count, roundMode);
     emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * std::max(sizeof(T), sizeof(U))));
 }
 
