@@ -329,11 +329,19 @@ void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<
     }
     uint8_t* d = dst.bytes();
     const T* a = src0.ptr();
-    for (uint32_t byte = 0; byte < count / 8; ++byte) {
-        uint32_t v = 0;   // branch-free: the bits are data
-        for (uint32_t bit = 0; bit < 8; ++bit)
-            v |= static_cast<uint32_t>(pred(a[byte * 8 + bit], byte * 8 + bit)) << bit;
-        d[byte] = static_cast<uint8_t>(v);
+    // 0/1 flags for a block of elements, then each 8 flags (little-endian bytes of one word) to
+    // one mask byte, element 0 in bit 0: the multiply moves flag k to bit 56 + k without carries
+    constexpr uint32_t kBlock = 256;
+    uint8_t flags[kBlock];
+    const uint32_t bits = count / 8 * 8;
+    for (uint32_t base = 0; base < bits; base += kBlock) {
+        const uint32_t m = std::min(kBlock, bits - base);
+        for (uint32_t i = 0; i < m; ++i) flags[i] = static_cast<uint8_t>(pred(a[base + i], base + i));
+        for (uint32_t byte = 0; byte < m / 8; ++byte) {
+            uint64_t w;
+            std::memcpy(&w, flags + byte * 8, 8);
+            d[base / 8 + byte] = static_cast<uint8_t>((w * 0x0102040810204080ull) >> 56);
+        }
     }
     vec_issue(api, static_cast<uint64_t>(count) * sizeof(T) / 256);
 }
@@ -426,10 +434,11 @@ void select_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<U
     const uint8_t* m = mask.bytes();
     T* d = dst.ptr();
     const T* a = src0.ptr();
-    for (uint32_t i = 0; i < count; ++i) {
-        uint32_t bit = mode == SELMODE::VSEL_CMPMASK_SPR ? i % per_rep : i;
-        bool take0 = (m[bit / 8] >> (bit % 8)) & 1u;
-        d[i] = take0 ? a[i] : src1_at(i);
+    const uint32_t wrap = mode == SELMODE::VSEL_CMPMASK_SPR ? per_rep : 0;   // 0: the mask runs on
+    for (uint32_t i = 0, bit = 0; i < count; ++i) {
+        const T x = a[i], y = src1_at(i);
+        d[i] = ((m[bit / 8] >> (bit % 8)) & 1u) ? x : y;
+        if (++bit == wrap) bit = 0;
     }
     vec_issue(api, reps_for(static_cast<uint64_t>(count) * sizeof(T)));
 }
@@ -468,6 +477,28 @@ struct GatherMaskParams {
 };
 
 namespace emu_detail {
+// push_back / size / data / empty over a local array of N elements, spilling to the heap past it
+template <class T, uint32_t N = 2048>
+class SmallVec {
+public:
+    void push_back(const T& v) {
+        if (n_ == N && heap_.empty()) heap_.assign(local_, local_ + N);
+        if (!heap_.empty()) heap_.push_back(v);
+        else local_[n_] = v;
+        ++n_;
+    }
+    size_t size() const { return n_; }
+    bool empty() const { return n_ == 0; }
+    const T* data() const { return heap_.empty() ? local_ : heap_.data(); }
+
+private:
+    T local_[N];
+    uint64_t n_ = 0;
+    std::vector<T> heap_;
+};
+}  // namespace emu_detail
+
+namespace emu_detail {
 // pattern_bit(r, j): keep element j of repeat r (normal) / element j overall (counter, r = 0).
 template <class T, class P>
 void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& src0, bool reduceMode,
@@ -481,7 +512,9 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
         fail(std::string(api) + ": repeatTimes " + std::to_string(p.repeatTimes) + " > 255 (card §0)");
     check_ub(api, "dst", dst, 0);
     check_ub(api, "src0", src0, 0);
-    std::vector<T> kept;
+    // staged, then copied to dst (which may be src0); a local buffer holds the common sizes
+    // without an allocation
+    SmallVec<T> kept;
     avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);  // reads below, dst write at the end
     if (pattern_ub_off >= 0) hi.rd_ub(static_cast<uint64_t>(pattern_ub_off), pattern_bytes_needed);
     uint64_t processed = 0;
@@ -712,28 +745,38 @@ namespace emu_detail {
 // and subtracting 1.5 * 2^23 rounds a float to the nearest integer, ties to even, which is
 // nearbyint's result in the default rounding mode (what round_to_int uses for CAST_RINT).
 // Everything else takes the general path.
+// d[i] = f(s[i]) through a small local block: the conversion loop then vectorises even when
+// d and s are the same buffer (an in-place Cast), which the compiler cannot assume apart.
+template <class T, class U, class F>
+void convert_blocked(T* d, const U* s, uint32_t count, F f) {
+    constexpr uint32_t kBlock = 256;
+    T out[kBlock];
+    for (uint32_t base = 0; base < count; base += kBlock) {
+        const uint32_t m = std::min(kBlock, count - base);
+        for (uint32_t i = 0; i < m; ++i) out[i] = f(s[base + i]);
+        std::memcpy(d + base, out, m * sizeof(T));
+    }
+}
 template <class T, class U>
 void cast_loop(T* d, const U* s, uint32_t count, RoundMode roundMode) {
     if constexpr (std::is_same<T, float>::value && std::is_same<U, int32_t>::value) {
-        for (uint32_t i = 0; i < count; ++i) {
-            const int32_t v = s[i];
-            d[i] = (v >= -(1 << 24) && v <= (1 << 24)) ? static_cast<float>(v)
-                                                         : int_to_float(static_cast<long double>(v), roundMode);
+        bool exact = true;   // a separate pass: both loops vectorise
+        for (uint32_t i = 0; i < count; ++i) exact &= (s[i] >= -(1 << 24)) & (s[i] <= (1 << 24));
+        if (exact) {
+            convert_blocked(d, s, count, [](int32_t v) { return static_cast<float>(v); });
+            return;
         }
-        return;
     }
 #if FLT_EVAL_METHOD == 0 && !defined(__FAST_MATH__)   // float arithmetic rounds to float, in order
     if constexpr (std::is_same<T, int32_t>::value && std::is_same<U, float>::value) {
         if (roundMode == RoundMode::CAST_RINT) {
             constexpr float kShift = 12582912.0f;   // 1.5 * 2^23
-            for (uint32_t i = 0; i < count; ++i) {
-                const float v = s[i];
-                if (v > -4194304.0f && v < 4194304.0f)   // |v| < 2^22 (false for NaN)
-                    d[i] = static_cast<int32_t>((v + kShift) - kShift);
-                else
-                    d[i] = sat_from_double<int32_t>(round_to_int(static_cast<double>(v), roundMode));
+            bool small = true;   // |v| < 2^22 everywhere (false for NaN)
+            for (uint32_t i = 0; i < count; ++i) small &= (s[i] > -4194304.0f) & (s[i] < 4194304.0f);
+            if (small) {
+                convert_blocked(d, s, count, [](float v) { return static_cast<int32_t>((v + kShift) - kShift); });
+                return;
             }
-            return;
         }
     }
 #endif
