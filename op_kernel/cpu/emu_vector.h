@@ -434,11 +434,34 @@ void select_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<U
     const uint8_t* m = mask.bytes();
     T* d = dst.ptr();
     const T* a = src0.ptr();
-    const uint32_t wrap = mode == SELMODE::VSEL_CMPMASK_SPR ? per_rep : 0;   // 0: the mask runs on
-    for (uint32_t i = 0, bit = 0; i < count; ++i) {
-        const T x = a[i], y = src1_at(i);
-        d[i] = ((m[bit / 8] >> (bit % 8)) & 1u) ? x : y;
-        if (++bit == wrap) bit = 0;
+    if (mode != SELMODE::VSEL_CMPMASK_SPR && count % 8 == 0) {
+        // the mask runs on: per block, its bits to all-ones / zero words, then a bitwise blend
+        // (the element's bits, exactly as a copy), then the block to dst (which may be a source)
+        using W = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;
+        constexpr uint32_t kBlock = 256;
+        W sel[kBlock], out[kBlock];
+        for (uint32_t base = 0; base < count; base += kBlock) {
+            const uint32_t c = std::min(kBlock, count - base);
+            for (uint32_t q = 0; q < c / 8; ++q) {
+                const uint32_t mb = m[base / 8 + q];
+                for (uint32_t k = 0; k < 8; ++k) sel[q * 8 + k] = static_cast<W>(0u - ((mb >> k) & 1u));
+            }
+            for (uint32_t j = 0; j < c; ++j) {
+                const T x = a[base + j], y = src1_at(base + j);
+                W wx, wy;
+                std::memcpy(&wx, &x, sizeof(W));
+                std::memcpy(&wy, &y, sizeof(W));
+                out[j] = static_cast<W>((wx & sel[j]) | (wy & static_cast<W>(~sel[j])));
+            }
+            std::memcpy(d + base, out, c * sizeof(T));
+        }
+    } else {
+        const uint32_t wrap = mode == SELMODE::VSEL_CMPMASK_SPR ? per_rep : 0;   // 0: the mask runs on
+        for (uint32_t i = 0, bit = 0; i < count; ++i) {
+            const T x = a[i], y = src1_at(i);
+            d[i] = ((m[bit / 8] >> (bit % 8)) & 1u) ? x : y;
+            if (++bit == wrap) bit = 0;
+        }
     }
     vec_issue(api, reps_for(static_cast<uint64_t>(count) * sizeof(T)));
 }
@@ -477,23 +500,18 @@ struct GatherMaskParams {
 };
 
 namespace emu_detail {
-// push_back / size / data / empty over a local array of N elements, spilling to the heap past it
-template <class T, uint32_t N = 2048>
-class SmallVec {
+// Scratch of n elements: a local array when it fits, else the heap.
+template <class T, uint32_t N = 4096>
+class Stage {
 public:
-    void push_back(const T& v) {
-        if (n_ == N && heap_.empty()) heap_.assign(local_, local_ + N);
-        if (!heap_.empty()) heap_.push_back(v);
-        else local_[n_] = v;
-        ++n_;
+    T* get(uint64_t n) {
+        if (n <= N) return local_;
+        heap_.resize(n);
+        return heap_.data();
     }
-    size_t size() const { return n_; }
-    bool empty() const { return n_ == 0; }
-    const T* data() const { return heap_.empty() ? local_ : heap_.data(); }
 
 private:
     T local_[N];
-    uint64_t n_ = 0;
     std::vector<T> heap_;
 };
 }  // namespace emu_detail
@@ -512,9 +530,11 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
         fail(std::string(api) + ": repeatTimes " + std::to_string(p.repeatTimes) + " > 255 (card §0)");
     check_ub(api, "dst", dst, 0);
     check_ub(api, "src0", src0, 0);
-    // staged, then copied to dst (which may be src0); a local buffer holds the common sizes
-    // without an allocation
-    SmallVec<T> kept;
+    // Kept elements are staged, then copied to dst (which may be src0). Branch-free compaction:
+    // every element is written at the next free place, which advances only when it is kept.
+    Stage<T> stage;
+    T* kept = nullptr;
+    uint64_t nkept = 0;
     avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);  // reads below, dst write at the end
     if (pattern_ub_off >= 0) hi.rd_ub(static_cast<uint64_t>(pattern_ub_off), pattern_bytes_needed);
     uint64_t processed = 0;
@@ -530,8 +550,11 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
         check_ub(api, "src0", src0, mask);
         avsg_emu::detail::hz_rd(hi, src0, static_cast<uint64_t>(mask) * sizeof(T));
         const T* s = src0.ptr();
-        for (uint32_t j = 0; j < mask; ++j)
-            if (pattern_bit(0u, j)) kept.push_back(s[j]);
+        kept = stage.get(mask);
+        for (uint32_t j = 0; j < mask; ++j) {
+            kept[nkept] = s[j];
+            nkept += pattern_bit(0u, j) ? 1u : 0u;
+        }
         processed = mask;
         vec_issue(api, reps_for(static_cast<uint64_t>(mask) * sizeof(T)));
     } else {
@@ -545,28 +568,27 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
             }
         check_ub(api, "src0", src0, ext / sizeof(T));
         avsg_emu::detail::hz_rd(hi, src0, ext);  // the strided extent (conservative)
+        kept = stage.get(static_cast<uint64_t>(p.repeatTimes) * E);
+        const uint8_t* base = src0.bytes();
         for (uint32_t r = 0; r < p.repeatTimes; ++r)
             for (uint32_t j = 0; j < E; ++j) {
                 uint64_t off = (static_cast<uint64_t>(r) * p.src0RepeatStride * 32) +
                                (j / EB) * static_cast<uint64_t>(p.src0BlockStride) * 32 + (j % EB) * sizeof(T);
-                if (pattern_bit(r, j)) {
-                    T v;
-                    std::memcpy(&v, src0.bytes() + off, sizeof(T));
-                    kept.push_back(v);
-                }
+                std::memcpy(&kept[nkept], base + off, sizeof(T));
+                nkept += pattern_bit(r, j) ? 1u : 0u;
             }
         processed = static_cast<uint64_t>(p.repeatTimes) * E;
         vec_issue(api, p.repeatTimes);
     }
-    check_ub(api, "dst", dst, kept.size());
+    check_ub(api, "dst", dst, nkept);
     uint64_t end = std::min<uint64_t>(processed, dst.GetSize());
     check_overlap(api, dst, end * sizeof(T), src0, processed * sizeof(T));
     // dst up to rsvdCnt plus the undefined (poisoned) part counts as written
-    avsg_emu::detail::hz_wr(hi, dst, std::max<uint64_t>(end, kept.size()) * sizeof(T));
-    if (!kept.empty()) std::memcpy(dst.bytes(), kept.data(), kept.size() * sizeof(T));
-    if (end > kept.size())  // dst beyond rsvdCnt is undefined (card §5): poison it
-        avsg_emu::detail::poison(dst.bytes() + kept.size() * sizeof(T), (end - kept.size()) * sizeof(T));
-    rsvdCnt = kept.size();
+    avsg_emu::detail::hz_wr(hi, dst, std::max<uint64_t>(end, nkept) * sizeof(T));
+    if (nkept) std::memcpy(dst.bytes(), kept, nkept * sizeof(T));
+    if (end > nkept)  // dst beyond rsvdCnt is undefined (card §5): poison it
+        avsg_emu::detail::poison(dst.bytes() + nkept * sizeof(T), (end - nkept) * sizeof(T));
+    rsvdCnt = nkept;
 }
 // Built-in patterns 1..7 (card §5 table), on the element index within a repeat.
 inline bool builtin_pattern_keeps(uint8_t pattern, uint32_t j) {
@@ -760,9 +782,10 @@ void convert_blocked(T* d, const U* s, uint32_t count, F f) {
 template <class T, class U>
 void cast_loop(T* d, const U* s, uint32_t count, RoundMode roundMode) {
     if constexpr (std::is_same<T, float>::value && std::is_same<U, int32_t>::value) {
-        bool exact = true;   // a separate pass: both loops vectorise
-        for (uint32_t i = 0; i < count; ++i) exact &= (s[i] >= -(1 << 24)) & (s[i] <= (1 << 24));
-        if (exact) {
+        uint32_t inexact = 0;   // |v| > 2^24 anywhere; a separate pass, in a form that vectorises
+        for (uint32_t i = 0; i < count; ++i)
+            inexact |= static_cast<uint32_t>(static_cast<uint32_t>(s[i]) + (1u << 24)) > (2u << 24);
+        if (!inexact) {
             convert_blocked(d, s, count, [](int32_t v) { return static_cast<float>(v); });
             return;
         }
@@ -771,9 +794,9 @@ void cast_loop(T* d, const U* s, uint32_t count, RoundMode roundMode) {
     if constexpr (std::is_same<T, int32_t>::value && std::is_same<U, float>::value) {
         if (roundMode == RoundMode::CAST_RINT) {
             constexpr float kShift = 12582912.0f;   // 1.5 * 2^23
-            bool small = true;   // |v| < 2^22 everywhere (false for NaN)
-            for (uint32_t i = 0; i < count; ++i) small &= (s[i] > -4194304.0f) & (s[i] < 4194304.0f);
-            if (small) {
+            uint32_t large = 0;   // |v| >= 2^22 or NaN anywhere (in a form that vectorises)
+            for (uint32_t i = 0; i < count; ++i) large |= !((s[i] > -4194304.0f) & (s[i] < 4194304.0f));
+            if (!large) {
                 convert_blocked(d, s, count, [](float v) { return static_cast<int32_t>((v + kShift) - kShift); });
                 return;
             }
