@@ -16,7 +16,7 @@ Baseline, in the same run: the same job written in plain torch (:class:`TorchLRU
 rows: a dense position -> slot map per request, exact LRU eviction, one ``index_copy_`` of every
 row's misses. Its output is checked every step (every selection reads its own host row). The fast
 build's plan + gather per step is reported as a ratio to it, at the same torch thread count
-(``--threads``). The baseline's policy is exact LRU, the op's ``--policy``, so their miss counts
+(``--threads``), its steps interleaved with the fast build's. The baseline's policy is exact LRU, the op's ``--policy``, so their miss counts
 may differ a little; both hit rates are printed.
 """
 from __future__ import annotations
@@ -47,7 +47,9 @@ def selections(R: int, T: int, K: int, context: int, steps: int, seed: int = 0) 
 
 
 def run(build: str, args, S: int, context: int, steps: List[torch.Tensor],
-        host: torch.Tensor) -> Dict[str, object]:
+        host: torch.Tensor, paired: "TorchRun" = None) -> Dict[str, object]:
+    """Plan + gather of every step in ``build``, timed; each step followed by one step of
+    ``paired`` (the baseline), when given."""
     R = args.rows
     buf = SparseKVBuffer(rows=R, capacity=S, topk=args.topk, queries_per_step=args.queries,
                          device="cpu", check=False, max_context=context, policy=args.policy)
@@ -66,6 +68,8 @@ def run(build: str, args, S: int, context: int, steps: List[torch.Tensor],
             if i >= args.warmup:
                 times["plan"].append((w1 - w0, c1 - c0))
                 times["gather"].append((w2 - w1, c2 - c1))
+            if paired is not None:
+                paired.step(i, topk, host)
     return dict(times=times, outputs=outputs, state=buf.state.clone(), dst=dst,
                 misses=[int(o[3].sum()) for o in outputs[args.warmup:]])
 
@@ -159,24 +163,37 @@ class TorchLRU:
         return self._rows_cache[1]
 
 
-def run_torch(args, S: int, context: int, steps: List[torch.Tensor],
-              host: torch.Tensor) -> Dict[str, object]:
-    base = TorchLRU(args.rows, S, context, args.row_bytes)
-    times, misses = [], []
-    exact = True
-    rows = torch.arange(args.rows)[:, None, None]
-    for i, topk in enumerate(steps):
+class TorchRun:
+    """The baseline driven one step at a time (:meth:`step`), so that ``run`` can interleave its
+    steps with the op's. With ``check``, every step's read-back is compared with the host pool
+    (every valid selection's slot holds its row, every invalid one is -1): that reads every
+    selected row, so timed runs leave it to a separate checked replay of the same steps."""
+
+    def __init__(self, args, S: int, context: int, check: bool):
+        self.base = TorchLRU(args.rows, S, context, args.row_bytes)
+        self.check = check
+        self.warmup, self.context = args.warmup, context
+        self.rows = torch.arange(args.rows)[:, None, None]
+        self.times: List[Tuple[float, float]] = []
+        self.misses: List[int] = []
+        self.exact = True
+
+    def step(self, i: int, topk: torch.Tensor, host: torch.Tensor) -> None:
         w0, c0 = time.perf_counter(), time.process_time()
-        slots, missed = base.plan_and_copy(topk, host)
+        slots, missed = self.base.plan_and_copy(topk, host)
         w1, c1 = time.perf_counter(), time.process_time()
-        if i >= args.warmup:
-            times.append((w1 - w0, c1 - c0))
-            misses.append(missed)
-        valid = (topk >= 0) & (topk < context)
-        got = base.dst[rows.expand_as(topk)[valid], slots[valid]]
-        exact = exact and bool((slots[~valid] == -1).all()) and torch.equal(
-            got, host[rows.expand_as(topk)[valid], topk[valid].long()])
-    return dict(times=times, misses=misses, exact=exact)
+        if i >= self.warmup:
+            self.times.append((w1 - w0, c1 - c0))
+            self.misses.append(missed)
+        if not self.check:
+            return
+        valid = (topk >= 0) & (topk < self.context)
+        rows = self.rows.expand_as(topk)[valid]
+        self.exact = self.exact and bool((slots[~valid] == -1).all()) and torch.equal(
+            self.base.dst[rows, slots[valid]], host[rows, topk[valid].long()])
+
+    def result(self) -> Dict[str, object]:
+        return dict(times=self.times, misses=self.misses, exact=self.exact)
 
 
 def trace_steps(trace: str, R: int, T: int, K: int, count: int) -> Tuple[List[torch.Tensor], int]:
@@ -309,26 +326,49 @@ def _measure(args, capacities: List[int], context: int, steps: List[torch.Tensor
           f"{common.machine()}")
     print("times are this machine's CPU per step (median), not NPU time; plain torch: batched "
           "dense pos -> slot map, exact LRU, index_copy_")
+    print("each side alone, then interleaved step by step (fast = fast build plan + gather)")
     print(f"{'S':>6} {'hits':>6} {'strict plan':>12} {'strict gather':>14} {'fast plan':>10} "
-          f"{'fast gather':>12} {'torch':>8} {'fast / torch':>13}   (cpu ms)")
+          f"{'fast gather':>12} {'torch':>8} {'fast / torch':>13} {'inter fast':>10} "
+          f"{'torch':>8} {'fast / torch':>13}   (cpu ms)")
     points, failures = [], []
     for S in capacities:
-        results = {b: run(b, args, S, context, steps, host) for b in ("strict", "fast")}
-        baseline = run_torch(args, S, context, steps, host)
+        # checked, untimed: the baseline's read-back, every step
+        checked = TorchRun(args, S, context, check=True)
+        for i, topk in enumerate(steps):
+            checked.step(i, topk, host)
+        # timed, two orders: each side alone (its caches warm from its own previous step), and
+        # interleaved step by step (each step follows the other side's: caches as the other
+        # side left them, as between the layers of a decode step; and the same load)
+        results = {"strict": run("strict", args, S, context, steps, host),
+                   "fast": run("fast", args, S, context, steps, host)}
+        alone = TorchRun(args, S, context, check=False)
+        for i, topk in enumerate(steps):
+            alone.step(i, topk, host)
+        interleaved = TorchRun(args, S, context, check=False)
+        fast_interleaved = run("fast", args, S, context, steps, host, interleaved)
+        baseline = alone.result()
         s, f = results["strict"], results["fast"]
-        identical = (all(torch.equal(a, b) for x, y in zip(s["outputs"], f["outputs"])
-                         for a, b in zip(x, y))
-                     and torch.equal(s["state"], f["state"]) and torch.equal(s["dst"], f["dst"]))
+        identical = all(
+            all(torch.equal(a, b) for x, y in zip(s["outputs"], o["outputs"]) for a, b in zip(x, y))
+            and torch.equal(s["state"], o["state"]) and torch.equal(s["dst"], o["dst"])
+            for o in (f, fast_interleaved))
+        baseline["exact"] = checked.exact and checked.misses == alone.misses == interleaved.misses
         ms = {f"{b}_{op}": median_ms(results[b]["times"][op], 1)
               for b in ("strict", "fast") for op in ("plan", "gather")}
         wall = {f"{b}_{op}_wall": median_ms(results[b]["times"][op], 0)
                 for b in ("strict", "fast") for op in ("plan", "gather")}
         torch_ms, torch_wall = median_ms(baseline["times"], 1), median_ms(baseline["times"], 0)
         fast_ms = ms["fast_plan"] + ms["fast_gather"]
+        inter_fast_ms = (median_ms(fast_interleaved["times"]["plan"], 1)
+                         + median_ms(fast_interleaved["times"]["gather"], 1))
+        inter_torch_ms = median_ms(interleaved.times, 1)
         lookups = args.rows * args.queries * args.topk
         point = dict(S=S, **ms, **wall, strict_ms=ms["strict_plan"] + ms["strict_gather"],
                      fast_ms=fast_ms, torch_ms=torch_ms, torch_wall_ms=torch_wall,
                      fast_over_torch=fast_ms / torch_ms if torch_ms else float("inf"),
+                     interleaved_fast_ms=inter_fast_ms, interleaved_torch_ms=inter_torch_ms,
+                     interleaved_fast_over_torch=(inter_fast_ms / inter_torch_ms if inter_torch_ms
+                                                  else float("inf")),
                      op_misses_per_step=statistics.median(f["misses"]),
                      torch_misses_per_step=statistics.median(baseline["misses"]),
                      op_hit_rate=1 - statistics.mean(f["misses"]) / lookups,
@@ -337,7 +377,8 @@ def _measure(args, capacities: List[int], context: int, steps: List[torch.Tensor
         points.append(point)
         print(f"{S:>6} {point['op_hit_rate']:>6.1%} {ms['strict_plan']:>12.2f} "
               f"{ms['strict_gather']:>14.2f} {ms['fast_plan']:>10.2f} {ms['fast_gather']:>12.2f} "
-              f"{torch_ms:>8.2f} {point['fast_over_torch']:>12.2f}x")
+              f"{torch_ms:>8.2f} {point['fast_over_torch']:>12.2f}x {inter_fast_ms:>10.2f} "
+              f"{inter_torch_ms:>8.2f} {point['interleaved_fast_over_torch']:>12.2f}x")
         if not identical:
             failures.append(f"strict and fast emulation builds disagree at S={S}")
         if not baseline["exact"]:
@@ -360,9 +401,11 @@ def _measure(args, capacities: List[int], context: int, steps: List[torch.Tensor
         "rlrrr"),
         common.markdown_table(
             "emulation-torch", ["S", "hits (op / torch LRU)", "fast build plan + gather CPU ms",
-                                "plain torch CPU ms", "fast / torch"],
+                                "plain torch CPU ms", "fast / torch", "interleaved: fast / torch"],
             [[str(p["S"]), f"{p['op_hit_rate']:.1%} / {p['torch_hit_rate']:.1%}", f"{p['fast_ms']:.2f}",
-              f"{p['torch_ms']:.2f}", f"{p['fast_over_torch']:.2f}x"] for p in points], "rrrrr")],
+              f"{p['torch_ms']:.2f}", f"{p['fast_over_torch']:.2f}x",
+              f"{p['interleaved_fast_ms']:.2f} / {p['interleaved_torch_ms']:.2f} = "
+              f"{p['interleaved_fast_over_torch']:.2f}x"] for p in points], "rrrrrr")],
         note=f"Times are this machine's CPU per step (median), not NPU time; torch threads {threads}.")
     if tables:
         files["tables"] = tables
