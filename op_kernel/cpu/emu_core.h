@@ -643,6 +643,7 @@ struct FastPool {
     struct StackFree { void operator()(void* p) const { munmap(p, kFiberStackBytes); } };
     // virtual address space only (pages are committed when touched): the size of a thread's stack
     static constexpr size_t kFiberStackBytes = 8u << 20;
+    static constexpr size_t kGuardBytes = 64u << 10;   // a multiple of any page size in use
     std::vector<std::unique_ptr<uint8_t, UbFree>> arenas;
     std::vector<std::unique_ptr<void, StackFree>> stacks;
     uint8_t* arena(uint32_t i) {
@@ -660,6 +661,12 @@ struct FastPool {
             void* p = mmap(nullptr, kFiberStackBytes, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
             if (p == MAP_FAILED) throw AscendC::EmuError("avsg_emu::launch: out of address space for a block's stack");
+            // a guard page below the stack (it grows down): an overflow faults, as on a thread's
+            // stack, instead of writing into whatever lies below
+            if (mprotect(p, kGuardBytes, PROT_NONE) != 0) {
+                munmap(p, kFiberStackBytes);
+                throw AscendC::EmuError("avsg_emu::launch: cannot protect a block stack's guard page");
+            }
             stacks.emplace_back(p);
         }
         return stacks[i].get();
@@ -709,8 +716,8 @@ inline void fiber_resume(FiberBlocks& f, uint32_t b, BlockContext* self, BlockCo
     if (!f.started[b]) {
         f.started[b] = 1;
         if (getcontext(&f.ctx[b]) != 0) throw AscendC::EmuError("avsg_emu::launch: getcontext failed");
-        f.ctx[b].uc_stack.ss_sp = fast_pool().stack(b);
-        f.ctx[b].uc_stack.ss_size = FastPool::kFiberStackBytes;
+        f.ctx[b].uc_stack.ss_sp = static_cast<uint8_t*>(fast_pool().stack(b)) + FastPool::kGuardBytes;
+        f.ctx[b].uc_stack.ss_size = FastPool::kFiberStackBytes - FastPool::kGuardBytes;
         f.ctx[b].uc_link = &f.sched;
         makecontext(&f.ctx[b], &fiber_entry, 0);
     }
