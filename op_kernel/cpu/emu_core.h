@@ -14,8 +14,8 @@
 //                      std::thread per block. Tests run this build.
 //   fast (AVSG_EMU_FAST=1)  the same API semantics with the checks, the scoreboard, poisoning and
 //                      the counters compiled out, and blocks run one after another on the calling
-//                      thread (a launch whose blocks call SyncAll switches to one thread per block
-//                      at the first SyncAll, see launch_sequential). For runs and benchmarks of
+//                      thread (in a launch whose blocks call SyncAll, block 0's first SyncAll runs
+//                      the others as fibers on that thread, see launch_sequential). For runs and benchmarks of
 //                      kernels that already pass the strict build: a kernel that is correct there
 //                      gives bit-identical results here, a wrong one may give anything.
 // Everything that differs between the builds lives in the inline namespace
@@ -53,6 +53,9 @@
 #include <vector>
 #include <cmath>
 #include <limits>
+
+#include <sys/mman.h>
+#include <ucontext.h>
 
 // ---------------------------------------------------------------------------
 // Compile shims (card §1, §9). On the NPU these are compiler keywords/macros.
@@ -432,14 +435,17 @@ private:
     std::string reason_;
 };
 
+struct FiberBlocks;
+
 struct LaunchState {
     explicit LaunchState(uint32_t n) : num_blocks(n), barrier(n) {}
     uint32_t num_blocks;
     Barrier barrier;
-    // Fast build: blocks run one after another until one calls SyncAll; that call starts the
-    // blocks not yet run on their own threads (so the barrier can complete) and sets `threaded`.
-    std::function<void()> start_remaining_blocks;
-    bool threaded = false;
+    // Fast build: blocks run one after another on the launcher's stack until block 0 calls
+    // SyncAll; from then on blocks 1..n-1 are fibers that block 0's SyncAll runs up to the barrier
+    // (launch_sequential). Null until then.
+    FiberBlocks* fibers = nullptr;
+    std::function<void()> start_fibers;
     // GM granule ownership (strict build, granule_checks() on): per 32 B GM granule written by DMA
     // in this launch, the block that last wrote it and how many SyncAlls that block had passed.
     // Whether two cores' partial writes of one granule are safe is undocumented, so a second
@@ -635,33 +641,155 @@ inline void launch_threads(uint32_t numBlocks, const std::function<void()>& kern
     if (best >= 0) std::rethrow_exception(errors[best]);
 }
 
-// Fast build: the UB arena of the calling thread, allocated once and reused by every block it
-// runs (no poisoning: a kernel that passes the strict build never reads UB it did not write).
-inline uint8_t* thread_ub_arena() {
-    struct Arena {
-        uint8_t* bytes = static_cast<uint8_t*>(std::aligned_alloc(64, kUbPhysicalBytes));
-        ~Arena() { std::free(bytes); }
-    };
-    thread_local Arena arena;
-    if (!arena.bytes) throw AscendC::EmuError("avsg_emu::launch: out of host memory for a UB arena");
-    return arena.bytes;
+// Fast build: UB arenas and fiber stacks of the calling thread, allocated once and reused by
+// every launch it runs (no poisoning: a kernel that passes the strict build never reads UB it did
+// not write). Arena 0 serves every block of a launch without SyncAll, so it stays hot; a launch
+// with SyncAll needs one per block, since blocks then hold their UB across the barrier.
+struct FastPool {
+    struct UbFree { void operator()(uint8_t* p) const { std::free(p); } };
+    struct StackFree { void operator()(void* p) const { munmap(p, kFiberStackBytes); } };
+    // virtual address space only (pages are committed when touched): the size of a thread's stack
+    static constexpr size_t kFiberStackBytes = 8u << 20;
+    static constexpr size_t kGuardBytes = 64u << 10;   // a multiple of any page size in use
+    std::vector<std::unique_ptr<uint8_t, UbFree>> arenas;
+    std::vector<std::unique_ptr<void, StackFree>> stacks;
+    uint8_t* arena(uint32_t i) {
+        while (arenas.size() <= i) {
+            arenas.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(64, kUbPhysicalBytes)));
+            if (!arenas.back()) {
+                arenas.pop_back();
+                throw AscendC::EmuError("avsg_emu::launch: out of host memory for a UB arena");
+            }
+        }
+        return arenas[i].get();
+    }
+    void* stack(uint32_t i) {
+        while (stacks.size() <= i) {
+            void* p = mmap(nullptr, kFiberStackBytes, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+            if (p == MAP_FAILED) throw AscendC::EmuError("avsg_emu::launch: out of address space for a block's stack");
+            // a guard page below the stack (it grows down): an overflow faults, as on a thread's
+            // stack, instead of writing into whatever lies below
+            if (mprotect(p, kGuardBytes, PROT_NONE) != 0) {
+                munmap(p, kFiberStackBytes);
+                throw AscendC::EmuError("avsg_emu::launch: cannot protect a block stack's guard page");
+            }
+            stacks.emplace_back(p);
+        }
+        return stacks[i].get();
+    }
+};
+inline FastPool& fast_pool() {
+    thread_local FastPool pool;
+    return pool;
+}
+
+// Fast build: blocks 1..n-1 of a launch whose block 0 called SyncAll, each a fiber (ucontext) on
+// the launcher's thread. Block 0 stays on the launcher's stack and is the scheduler: its SyncAll
+// resumes every other block, in index order, until that block waits in its own SyncAll (it
+// switches back) or ends; when all of them wait, the barrier is complete and block 0 goes on.
+// After block 0 ends, the launcher resumes each block to its end. One thread, no thread starts,
+// and a block's SyncAll is a pair of context switches. Unequal SyncAll counts and failures break
+// the barrier as in the strict build: every waiting block is resumed to throw BrokenBarrier, so
+// each fiber unwinds its own stack before the launch returns.
+struct FiberBlocks {
+    uint32_t n = 0;
+    std::vector<ucontext_t> ctx;
+    ucontext_t sched{};                    // whoever resumed the running fiber
+    std::vector<uint8_t> started, done, waiting;
+    bool block0_exited = false;
+    bool broken = false;
+    std::string reason;
+    std::function<void(uint32_t)> body;    // runs block b (records its error), on its fiber
+    std::vector<BlockContext*> blocks;
+    uint32_t current = 0;
+    void brk(const std::string& why) {
+        if (!broken) reason = why;
+        broken = true;
+    }
+};
+inline thread_local FiberBlocks* tls_fibers = nullptr;
+inline void fiber_entry() {
+    FiberBlocks& f = *tls_fibers;
+    const uint32_t b = f.current;
+    f.body(b);                             // catches everything: nothing unwinds past a fiber
+    f.done[b] = 1;
+    // returns to f.sched through uc_link
+}
+// Runs block b (1..n-1) until it waits in SyncAll or ends; tls_block is b's meanwhile.
+inline void fiber_resume(FiberBlocks& f, uint32_t b, BlockContext* self, BlockContext* blk) {
+    f.current = b;
+    tls_block = blk;
+    if (!f.started[b]) {
+        f.started[b] = 1;
+        if (getcontext(&f.ctx[b]) != 0) throw AscendC::EmuError("avsg_emu::launch: getcontext failed");
+        f.ctx[b].uc_stack.ss_sp = static_cast<uint8_t*>(fast_pool().stack(b)) + FastPool::kGuardBytes;
+        f.ctx[b].uc_stack.ss_size = FastPool::kFiberStackBytes - FastPool::kGuardBytes;
+        f.ctx[b].uc_link = &f.sched;
+        makecontext(&f.ctx[b], &fiber_entry, 0);
+    }
+    FiberBlocks* outer = tls_fibers;
+    tls_fibers = &f;
+    swapcontext(&f.sched, &f.ctx[b]);
+    tls_fibers = outer;
+    tls_block = self;
+}
+
+// Fast build, SyncAll (emu_sync.h): block 0 schedules the fibers of the other blocks, which
+// switch back to it from their own SyncAll.
+inline void fiber_sync_all(BlockContext& c) {
+    const std::string unequal = " (blocks called SyncAll a different number of times: on the NPU this deadlocks, card §6)";
+    LaunchState& launch = *c.launch;
+    if (c.idx != 0) {
+        if (!launch.fibers)
+            fail("SyncAll: block " + std::to_string(c.idx) + " calls SyncAll but block 0 finished without it" + unequal);
+        FiberBlocks& f = *launch.fibers;
+        if (f.broken) throw BrokenBarrier(f.reason);
+        if (f.block0_exited) {
+            f.brk("SyncAll: block " + std::to_string(c.idx) + " waits for a block that already exited" + unequal);
+            throw BrokenBarrier(f.reason);
+        }
+        f.waiting[c.idx] = 1;
+        swapcontext(&f.ctx[c.idx], &f.sched);
+        f.waiting[c.idx] = 0;
+        if (f.broken) throw BrokenBarrier(f.reason);
+        return;
+    }
+    if (!launch.fibers) launch.start_fibers();
+    FiberBlocks& f = *launch.fibers;
+    for (uint32_t b = 1; b < f.n && !f.broken; ++b) {
+        if (f.done[b]) {
+            f.brk("SyncAll: block 0 waits for a block that already exited" + unequal);
+            break;
+        }
+        fiber_resume(f, b, &c, f.blocks[b]);
+        if (f.done[b])
+            f.brk("SyncAll: block " + std::to_string(b) +
+                  " exited while other blocks wait in SyncAll (unequal SyncAll counts deadlock on the NPU, card §6)");
+    }
+    if (!f.broken) return;   // every block waits in this SyncAll: the barrier is complete
+    for (uint32_t b = 1; b < f.n; ++b)
+        if (f.started[b] && !f.done[b]) fiber_resume(f, b, &c, f.blocks[b]);   // throws BrokenBarrier there
+    throw BrokenBarrier(f.reason);
 }
 
 // Fast build: blocks run in index order on the calling thread, which saves a thread start per
 // block and keeps one UB arena hot. Blocks of a kernel without SyncAll only meet in GM regions
 // the kernel must keep disjoint anyway (no cross-block ordering exists on the NPU without
 // SyncAll), so the order cannot change the result. A kernel with SyncAll cannot run that way:
-// block 0 reaches its first SyncAll before any other block ran, and SyncAll then starts blocks
-// 1..n-1 on threads and waits in the barrier like the strict build. Equal SyncAll counts across
-// blocks are required on the NPU, so block 0 calling SyncAll is the only way a launch meets one.
+// block 0 reaches its first SyncAll before any other block ran; that SyncAll makes blocks
+// 1..n-1 fibers and runs them up to the barrier (FiberBlocks), each with its own UB arena. Equal
+// SyncAll counts across blocks are required on the NPU, so block 0 calling SyncAll is the only
+// way a launch meets one.
 inline void launch_sequential(uint32_t numBlocks, const std::function<void()>& kernelBody) {
     LaunchState state(numBlocks);
     std::vector<BlockContext> blocks(numBlocks);
     std::vector<std::exception_ptr> errors(numBlocks);
     std::vector<bool> secondary(numBlocks, false);
     std::vector<uint64_t> error_order(numBlocks, 0);
-    std::atomic<uint64_t> order{0};
-    std::vector<std::thread> threads;
+    uint64_t order = 0;
+    FastPool& pool = fast_pool();
+    FiberBlocks fibers;
     for (uint32_t b = 0; b < numBlocks; ++b) {
         blocks[b].idx = b;
         blocks[b].num = numBlocks;
@@ -671,7 +799,7 @@ inline void launch_sequential(uint32_t numBlocks, const std::function<void()>& k
         BlockContext& c = blocks[b];
         bool failed = false;
         try {
-            c.ub = thread_ub_arena();
+            c.ub = pool.arena(state.fibers ? b : 0);
             tls_block = &c;
             kernelBody();
         } catch (const BrokenBarrier&) {
@@ -684,19 +812,30 @@ inline void launch_sequential(uint32_t numBlocks, const std::function<void()>& k
             errors[b] = std::current_exception();
             error_order[b] = ++order;
         }
-        state.barrier.block_exited(failed, b);
+        if (failed && state.fibers) state.fibers->brk("SyncAll: aborted because block " + std::to_string(b) + " failed");
         tls_block = nullptr;
     };
-    state.start_remaining_blocks = [&] {
-        state.threaded = true;
-        threads.reserve(numBlocks - 1);
-        for (uint32_t b = 1; b < numBlocks; ++b) threads.emplace_back(run_block, b);
+    state.start_fibers = [&] {
+        fibers.n = numBlocks;
+        fibers.ctx.resize(numBlocks);
+        fibers.started.assign(numBlocks, 0);
+        fibers.done.assign(numBlocks, 0);
+        fibers.waiting.assign(numBlocks, 0);
+        fibers.body = run_block;
+        for (auto& bc : blocks) fibers.blocks.push_back(&bc);
+        pool.arena(numBlocks - 1);   // every arena and stack before the first switch
+        for (uint32_t b = 1; b < numBlocks; ++b) pool.stack(b);
+        state.fibers = &fibers;
     };
-    for (uint32_t b = 0; b < numBlocks && !state.threaded; ++b) {
+    for (uint32_t b = 0; b < numBlocks && !state.fibers; ++b) {
         run_block(b);
         if (errors[b]) break;  // as a hang or abort on the NPU: the first failure is the result
     }
-    for (auto& t : threads) t.join();
+    if (state.fibers) {        // block 0 ended (or failed) after its SyncAlls: the others end now
+        fibers.block0_exited = true;
+        for (uint32_t b = 1; b < numBlocks; ++b)
+            while (fibers.started[b] && !fibers.done[b]) fiber_resume(fibers, b, nullptr, &blocks[b]);
+    }
     last_launch_counted_ref() = false;
     int best = -1;
     for (int pass = 0; pass < 2 && best < 0; ++pass)

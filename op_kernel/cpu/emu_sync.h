@@ -94,19 +94,11 @@ public:
 
 namespace emu_detail {
 // The barrier of both SyncAll forms. The fast build runs blocks one after another until the first
-// SyncAll; it must come from block 0 (equal SyncAll counts, card §6), and then starts the other
-// blocks on threads so that all of them can meet here (avsg_emu::launch_sequential).
+// SyncAll; it must come from block 0 (equal SyncAll counts, card §6), which then runs the other
+// blocks as fibers up to the barrier (avsg_emu::launch_sequential, fiber_sync_all).
 inline void sync_all_wait(avsg_emu::BlockContext& c) {
-    if constexpr (!avsg_emu::kStrict) {
-        if (!c.launch->threaded) {
-            if (c.idx != 0)
-                avsg_emu::fail("SyncAll: block " + std::to_string(c.idx) + " calls SyncAll but block 0 finished "
-                               "without it (blocks called SyncAll a different number of times: on the NPU this "
-                               "deadlocks, card §6)");
-            c.launch->start_remaining_blocks();
-        }
-    }
-    c.launch->barrier.arrive_and_wait(c.idx);
+    if constexpr (!avsg_emu::kStrict) avsg_emu::fiber_sync_all(c);
+    else c.launch->barrier.arrive_and_wait(c.idx);
 }
 }  // namespace emu_detail
 

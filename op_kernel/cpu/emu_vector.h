@@ -5,6 +5,8 @@
 #pragma once
 #include "emu_tensor.h"
 
+#include <cfloat>
+
 namespace AscendC {
 inline namespace AVSG_EMU_VARIANT {
 namespace emu_detail {
@@ -327,13 +329,39 @@ void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<
     }
     uint8_t* d = dst.bytes();
     const T* a = src0.ptr();
-    for (uint32_t byte = 0; byte < count / 8; ++byte) {
-        uint8_t v = 0;
-        for (uint32_t bit = 0; bit < 8; ++bit)
-            if (pred(a[byte * 8 + bit], byte * 8 + bit)) v |= static_cast<uint8_t>(1u << bit);
-        d[byte] = v;
+    // 0/1 flags for a block of elements, then each 8 flags (little-endian bytes of one word) to
+    // one mask byte, element 0 in bit 0: the multiply moves flag k to bit 56 + k without carries
+    constexpr uint32_t kBlock = 256;
+    uint8_t flags[kBlock];
+    const uint32_t bits = count / 8 * 8;
+    for (uint32_t base = 0; base < bits; base += kBlock) {
+        const uint32_t m = std::min(kBlock, bits - base);
+        for (uint32_t i = 0; i < m; ++i) flags[i] = static_cast<uint8_t>(pred(a[base + i], base + i));
+        for (uint32_t byte = 0; byte < m / 8; ++byte) {
+            uint64_t w;
+            std::memcpy(&w, flags + byte * 8, 8);
+            d[base / 8 + byte] = static_cast<uint8_t>((w * 0x0102040810204080ull) >> 56);
+        }
     }
     vec_issue(api, static_cast<uint64_t>(count) * sizeof(T) / 256);
+}
+}  // namespace emu_detail
+
+namespace emu_detail {
+// Runs f with the comparison of `mode` as a function object, so the per-element loop has no
+// switch (the mode is fixed for the whole call); an invalid mode compares false, as cmp() does.
+template <class T, class F>
+void with_cmp(CMPMODE mode, F f) {
+    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
+    switch (mode) {
+        case CMPMODE::LT: return f([](C x, C y) { return x < y; });
+        case CMPMODE::GT: return f([](C x, C y) { return x > y; });
+        case CMPMODE::EQ: return f([](C x, C y) { return x == y; });
+        case CMPMODE::LE: return f([](C x, C y) { return x <= y; });
+        case CMPMODE::GE: return f([](C x, C y) { return x >= y; });
+        case CMPMODE::NE: return f([](C x, C y) { return x != y; });
+    }
+    f([](C, C) { return false; });
 }
 }  // namespace emu_detail
 
@@ -347,8 +375,12 @@ __aicore__ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& 
     emu_detail::check_cmp<T>(api, cmpMode, count);
     emu_detail::check_ub(api, "src1", src1, count);
     const T* b = src1.ptr();
-    emu_detail::compare_impl<T, U>(
-        api, dst, src0, count, [&](T a, uint32_t i) { return emu_detail::cmp(a, b[i], cmpMode); }, &src1);
+    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
+    emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
+        emu_detail::compare_impl<T, U>(
+            api, dst, src0, count, [b, op](T a, uint32_t i) { return op(static_cast<C>(a), static_cast<C>(b[i])); },
+            &src1);
+    });
 }
 template <class T, class U>
 __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src1Scalar,
@@ -358,8 +390,12 @@ __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>&
     static_assert(std::is_same<U, uint8_t>::value, "Compares: mask type U must be uint8 on A2 (card §5)");
     const char* api = "Compares";
     emu_detail::check_cmp<T>(api, cmpMode, count);
-    emu_detail::compare_impl<T, U>(api, dst, src0, count,
-                                   [&](T a, uint32_t) { return emu_detail::cmp(a, src1Scalar, cmpMode); });
+    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
+    const C y = static_cast<C>(src1Scalar);
+    emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
+        emu_detail::compare_impl<T, U>(api, dst, src0, count,
+                                       [y, op](T a, uint32_t) { return op(static_cast<C>(a), y); });
+    });
 }
 // Deprecated alias of Compares (card §5).
 template <class T, class U>
@@ -398,10 +434,34 @@ void select_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<U
     const uint8_t* m = mask.bytes();
     T* d = dst.ptr();
     const T* a = src0.ptr();
-    for (uint32_t i = 0; i < count; ++i) {
-        uint32_t bit = mode == SELMODE::VSEL_CMPMASK_SPR ? i % per_rep : i;
-        bool take0 = (m[bit / 8] >> (bit % 8)) & 1u;
-        d[i] = take0 ? a[i] : src1_at(i);
+    if (mode != SELMODE::VSEL_CMPMASK_SPR && count % 8 == 0) {
+        // the mask runs on: per block, its bits to all-ones / zero words, then a bitwise blend
+        // (the element's bits, exactly as a copy), then the block to dst (which may be a source)
+        using W = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;
+        constexpr uint32_t kBlock = 256;
+        W sel[kBlock], out[kBlock];
+        for (uint32_t base = 0; base < count; base += kBlock) {
+            const uint32_t c = std::min(kBlock, count - base);
+            for (uint32_t q = 0; q < c / 8; ++q) {
+                const uint32_t mb = m[base / 8 + q];
+                for (uint32_t k = 0; k < 8; ++k) sel[q * 8 + k] = static_cast<W>(0u - ((mb >> k) & 1u));
+            }
+            for (uint32_t j = 0; j < c; ++j) {
+                const T x = a[base + j], y = src1_at(base + j);
+                W wx, wy;
+                std::memcpy(&wx, &x, sizeof(W));
+                std::memcpy(&wy, &y, sizeof(W));
+                out[j] = static_cast<W>((wx & sel[j]) | (wy & static_cast<W>(~sel[j])));
+            }
+            std::memcpy(d + base, out, c * sizeof(T));
+        }
+    } else {
+        const uint32_t wrap = mode == SELMODE::VSEL_CMPMASK_SPR ? per_rep : 0;   // 0: the mask runs on
+        for (uint32_t i = 0, bit = 0; i < count; ++i) {
+            const T x = a[i], y = src1_at(i);
+            d[i] = ((m[bit / 8] >> (bit % 8)) & 1u) ? x : y;
+            if (++bit == wrap) bit = 0;
+        }
     }
     vec_issue(api, reps_for(static_cast<uint64_t>(count) * sizeof(T)));
 }
@@ -440,6 +500,23 @@ struct GatherMaskParams {
 };
 
 namespace emu_detail {
+// Scratch of n elements: a local array when it fits, else the heap.
+template <class T, uint32_t N = 4096>
+class Stage {
+public:
+    T* get(uint64_t n) {
+        if (n <= N) return local_;
+        heap_.resize(n);
+        return heap_.data();
+    }
+
+private:
+    T local_[N];
+    std::vector<T> heap_;
+};
+}  // namespace emu_detail
+
+namespace emu_detail {
 // pattern_bit(r, j): keep element j of repeat r (normal) / element j overall (counter, r = 0).
 template <class T, class P>
 void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<T>& src0, bool reduceMode,
@@ -453,7 +530,11 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
         fail(std::string(api) + ": repeatTimes " + std::to_string(p.repeatTimes) + " > 255 (card §0)");
     check_ub(api, "dst", dst, 0);
     check_ub(api, "src0", src0, 0);
-    std::vector<T> kept;
+    // Kept elements are staged, then copied to dst (which may be src0). Branch-free compaction:
+    // every element is written at the next free place, which advances only when it is kept.
+    Stage<T> stage;
+    T* kept = nullptr;
+    uint64_t nkept = 0;
     avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);  // reads below, dst write at the end
     if (pattern_ub_off >= 0) hi.rd_ub(static_cast<uint64_t>(pattern_ub_off), pattern_bytes_needed);
     uint64_t processed = 0;
@@ -469,8 +550,11 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
         check_ub(api, "src0", src0, mask);
         avsg_emu::detail::hz_rd(hi, src0, static_cast<uint64_t>(mask) * sizeof(T));
         const T* s = src0.ptr();
-        for (uint32_t j = 0; j < mask; ++j)
-            if (pattern_bit(0u, j)) kept.push_back(s[j]);
+        kept = stage.get(mask);
+        for (uint32_t j = 0; j < mask; ++j) {
+            kept[nkept] = s[j];
+            nkept += pattern_bit(0u, j) ? 1u : 0u;
+        }
         processed = mask;
         vec_issue(api, reps_for(static_cast<uint64_t>(mask) * sizeof(T)));
     } else {
@@ -484,28 +568,27 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
             }
         check_ub(api, "src0", src0, ext / sizeof(T));
         avsg_emu::detail::hz_rd(hi, src0, ext);  // the strided extent (conservative)
+        kept = stage.get(static_cast<uint64_t>(p.repeatTimes) * E);
+        const uint8_t* base = src0.bytes();
         for (uint32_t r = 0; r < p.repeatTimes; ++r)
             for (uint32_t j = 0; j < E; ++j) {
                 uint64_t off = (static_cast<uint64_t>(r) * p.src0RepeatStride * 32) +
                                (j / EB) * static_cast<uint64_t>(p.src0BlockStride) * 32 + (j % EB) * sizeof(T);
-                if (pattern_bit(r, j)) {
-                    T v;
-                    std::memcpy(&v, src0.bytes() + off, sizeof(T));
-                    kept.push_back(v);
-                }
+                std::memcpy(&kept[nkept], base + off, sizeof(T));
+                nkept += pattern_bit(r, j) ? 1u : 0u;
             }
         processed = static_cast<uint64_t>(p.repeatTimes) * E;
         vec_issue(api, p.repeatTimes);
     }
-    check_ub(api, "dst", dst, kept.size());
+    check_ub(api, "dst", dst, nkept);
     uint64_t end = std::min<uint64_t>(processed, dst.GetSize());
     check_overlap(api, dst, end * sizeof(T), src0, processed * sizeof(T));
     // dst up to rsvdCnt plus the undefined (poisoned) part counts as written
-    avsg_emu::detail::hz_wr(hi, dst, std::max<uint64_t>(end, kept.size()) * sizeof(T));
-    if (!kept.empty()) std::memcpy(dst.bytes(), kept.data(), kept.size() * sizeof(T));
-    if (end > kept.size())  // dst beyond rsvdCnt is undefined (card §5): poison it
-        avsg_emu::detail::poison(dst.bytes() + kept.size() * sizeof(T), (end - kept.size()) * sizeof(T));
-    rsvdCnt = kept.size();
+    avsg_emu::detail::hz_wr(hi, dst, std::max<uint64_t>(end, nkept) * sizeof(T));
+    if (nkept) std::memcpy(dst.bytes(), kept, nkept * sizeof(T));
+    if (end > nkept)  // dst beyond rsvdCnt is undefined (card §5): poison it
+        avsg_emu::detail::poison(dst.bytes() + nkept * sizeof(T), (end - nkept) * sizeof(T));
+    rsvdCnt = nkept;
 }
 // Built-in patterns 1..7 (card §5 table), on the element index within a repeat.
 inline bool builtin_pattern_keeps(uint8_t pattern, uint32_t j) {
@@ -602,8 +685,8 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
         hi.rd_ub(src.GetPhyAddr() + off, sizeof(T));  // exactly the gathered elements
     }
     avsg_emu::detail::hz_wr(hi, dst, static_cast<uint64_t>(count) * sizeof(T));
-    for (uint32_t i = 0; i < count; ++i)
-        std::memcpy(&d[i], src.bytes() + static_cast<uint64_t>(srcBaseAddr) + o[i], sizeof(T));
+    const uint8_t* base = src.bytes() + static_cast<uint64_t>(srcBaseAddr);
+    for (uint32_t i = 0; i < count; ++i) std::memcpy(&d[i], base + o[i], sizeof(T));
     emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * sizeof(T)));
 }
 
@@ -678,6 +761,64 @@ void check_cast_mode(RoundMode m) {
 }
 }  // namespace emu_detail
 
+namespace emu_detail {
+// The conversions of Cast, element by element. Fast paths that are exact by construction come
+// first: an int32 of magnitude <= 2^24 is a float exactly (any mode), and for |v| < 2^22 adding
+// and subtracting 1.5 * 2^23 rounds a float to the nearest integer, ties to even, which is
+// nearbyint's result in the default rounding mode (what round_to_int uses for CAST_RINT).
+// Everything else takes the general path.
+// d[i] = f(s[i]) through a small local block: the conversion loop then vectorises even when
+// d and s are the same buffer (an in-place Cast), which the compiler cannot assume apart.
+template <class T, class U, class F>
+void convert_blocked(T* d, const U* s, uint32_t count, F f) {
+    constexpr uint32_t kBlock = 256;
+    T out[kBlock];
+    for (uint32_t base = 0; base < count; base += kBlock) {
+        const uint32_t m = std::min(kBlock, count - base);
+        for (uint32_t i = 0; i < m; ++i) out[i] = f(s[base + i]);
+        std::memcpy(d + base, out, m * sizeof(T));
+    }
+}
+template <class T, class U>
+void cast_loop(T* d, const U* s, uint32_t count, RoundMode roundMode) {
+    if constexpr (std::is_same<T, float>::value && std::is_same<U, int32_t>::value) {
+        uint32_t inexact = 0;   // |v| > 2^24 anywhere; a separate pass, in a form that vectorises
+        for (uint32_t i = 0; i < count; ++i)
+            inexact |= static_cast<uint32_t>(static_cast<uint32_t>(s[i]) + (1u << 24)) > (2u << 24);
+        if (!inexact) {
+            convert_blocked(d, s, count, [](int32_t v) { return static_cast<float>(v); });
+            return;
+        }
+    }
+#if FLT_EVAL_METHOD == 0 && !defined(__FAST_MATH__)   // float arithmetic rounds to float, in order
+    if constexpr (std::is_same<T, int32_t>::value && std::is_same<U, float>::value) {
+        if (roundMode == RoundMode::CAST_RINT) {
+            constexpr float kShift = 12582912.0f;   // 1.5 * 2^23
+            uint32_t large = 0;   // |v| >= 2^22 or NaN anywhere (in a form that vectorises)
+            for (uint32_t i = 0; i < count; ++i) large |= !((s[i] > -4194304.0f) & (s[i] < 4194304.0f));
+            if (!large) {
+                convert_blocked(d, s, count, [](float v) { return static_cast<int32_t>((v + kShift) - kShift); });
+                return;
+            }
+        }
+    }
+#endif
+    for (uint32_t i = 0; i < count; ++i) {
+        U v = s[i];
+        if constexpr (std::is_same<T, float>::value && std::is_integral<U>::value)
+            d[i] = int_to_float(static_cast<long double>(v), roundMode);
+        else if constexpr (std::is_integral<T>::value && std::is_same<U, float>::value)
+            d[i] = sat_from_double<T>(round_to_int(static_cast<double>(v), roundMode));
+        else if constexpr (std::is_integral<T>::value && std::is_integral<U>::value) {
+            if (v < static_cast<U>(std::numeric_limits<T>::min()) && sizeof(U) > sizeof(T)) d[i] = std::numeric_limits<T>::min();
+            else if (v > static_cast<U>(std::numeric_limits<T>::max()) && sizeof(U) > sizeof(T)) d[i] = std::numeric_limits<T>::max();
+            else d[i] = static_cast<T>(v);  // widening is exact; narrowing saturates (card §5)
+        } else
+            d[i] = T(static_cast<float>(v));  // half <-> float
+    }
+}
+}  // namespace emu_detail
+
 template <class T, class U>
 __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const RoundMode& roundMode,
                             const uint32_t count) {
@@ -705,22 +846,16 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
         avsg_emu::detail::hz_rd(hi, src, static_cast<uint64_t>(count) * sizeof(U));
         avsg_emu::detail::hz_wr(hi, dst, static_cast<uint64_t>(count) * sizeof(T));
     }
-    std::vector<T> out(count);
+    // Element i is read before it is written, so only widening in place (dst == src, later
+    // sources under earlier results) needs a copy of the sources.
+    std::vector<U> staged;
     const U* s = src.ptr();
-    for (uint32_t i = 0; i < count; ++i) {
-        U v = s[i];
-        if constexpr (std::is_same<T, float>::value && std::is_integral<U>::value)
-            out[i] = emu_detail::int_to_float(static_cast<long double>(v), roundMode);
-        else if constexpr (std::is_integral<T>::value && std::is_same<U, float>::value)
-            out[i] = emu_detail::sat_from_double<T>(emu_detail::round_to_int(static_cast<double>(v), roundMode));
-        else if constexpr (std::is_integral<T>::value && std::is_integral<U>::value) {
-            if (v < static_cast<U>(std::numeric_limits<T>::min()) && sizeof(U) > sizeof(T)) out[i] = std::numeric_limits<T>::min();
-            else if (v > static_cast<U>(std::numeric_limits<T>::max()) && sizeof(U) > sizeof(T)) out[i] = std::numeric_limits<T>::max();
-            else out[i] = static_cast<T>(v);  // widening is exact; narrowing saturates (card §5)
-        } else
-            out[i] = T(static_cast<float>(v));  // half <-> float
+    if (sizeof(T) > sizeof(U) && dst.GetPhyAddr() == src.GetPhyAddr()) {
+        staged.assign(s, s + count);
+        s = staged.data();
     }
-    std::memcpy(dst.bytes(), out.data(), count * sizeof(T));
+    T* d = dst.ptr();
+    emu_detail::cast_loop(d, s, count, roundMode);
     emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * std::max(sizeof(T), sizeof(U))));
 }
 

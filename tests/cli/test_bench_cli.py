@@ -202,13 +202,42 @@ def test_hash_buckets_refuses_more_than_the_trace_holds(capsys, tmp_path):
 def test_emulation_tiny(capsys, tmp_path):
     out = tmp_path / "emu"
     status, text, _ = run(["bench", "emulation", "--rows", "1", "--queries", "1", "--topk", "64",
-                           "--capacity", "128", "--context", "256", "--row-bytes", "32", "--steps",
+                           "--capacity", "128,192", "--context", "256", "--row-bytes", "32", "--steps",
                            "1", "--warmup", "0", "--out", str(out)], capsys)
     assert status == 0 and "identical across builds: True" in text
     _outputs(out, ["emulation.json", "emulation.png"])
-    base = json.loads((out / "emulation.json").read_text())["plain_torch"]
-    assert base["exact"] and base["cpu_ms"] > 0
-    assert base["fast_over_torch"] == base["fast_plan_gather_cpu_ms"] / base["cpu_ms"]
+    points = json.loads((out / "emulation.json").read_text())["points"]
+    assert [p["S"] for p in points] == [128, 192]
+    for p in points:
+        assert p["torch_exact"] and p["identical"] and p["torch_ms"] > 0
+        assert p["fast_over_torch"] == p["fast_ms"] / p["torch_ms"]
+        assert p["fast_ms"] == p["fast_plan"] + p["fast_gather"]
+
+
+def test_emulation_on_a_trace_with_mtp(capsys, tmp_path):
+    """Trace mode: the rows are the trace's layers, T consecutive steps per query; the op and the
+    baseline replay the same selections, so their hits agree closely."""
+    from avsg.traces import synth
+    from avsg.traces.format import save_trace
+    trace = tmp_path / "t.npz"
+    save_trace(trace, synth.generate(steps=6, layers=2, k=2048, max_len=9000, seed=1))
+    out = tmp_path / "emu"
+    status, text, _ = run(["bench", "emulation", "--trace", str(trace), "--rows", "2", "--queries",
+                           "2", "--topk", "256", "--capacity", "1024", "--row-bytes", "16",
+                           "--steps", "2", "--warmup", "2", "--policy", "lru", "--out", str(out)],
+                          capsys)
+    assert status == 0 and "read-back: exact" in text
+    (p,) = json.loads((out / "emulation.json").read_text())["points"]
+    assert p["identical"] and p["torch_exact"]
+    assert abs(p["op_hit_rate"] - p["torch_hit_rate"]) < 0.02
+
+
+def test_emulation_trace_and_context_together_is_an_error(capsys, tmp_path):
+    status, _, err = run(["bench", "emulation", "--trace", "nope.npz", "--out", str(tmp_path)], capsys)
+    assert status == 2 and "--trace" in err and len(err.strip().splitlines()) == 1
+    status, _, err = run(["bench", "emulation", "--trace", str(tmp_path), "--context", "4096",
+                          "--out", str(tmp_path / "o")], capsys)
+    assert status == 2 and "--context" in err and len(err.strip().splitlines()) == 1
 
 
 def test_plain_torch_baseline_is_exact_lru():
@@ -231,6 +260,41 @@ def test_plain_torch_baseline_is_exact_lru():
         assert missed == int((cnt - hits).sum()), f"step {i}"
         rows = torch.arange(R)[:, None, None].expand_as(topk)
         assert torch.equal(base.dst[rows, slots], host[rows, topk.long()])
+
+
+def test_plain_torch_baseline_reads_every_selection_back():
+    """The batched baseline on adversarial steps: -1 padding, positions past the context, MTP
+    repeats across query tokens, a buffer exactly T*K slots wide (every step can replace all of
+    it). Every valid selection must read its own host row from dst, every invalid one gets -1,
+    distinct positions get distinct slots, and it fetches exactly the unique valid positions
+    that were not resident before the step."""
+    import torch
+    from avsg.commands.bench.emulation import TorchLRU
+    R, T, K, N = 3, 3, 32, 200
+    S = T * K
+    gen = torch.Generator().manual_seed(5)
+    host = torch.randint(0, 256, (R, N, 12), dtype=torch.uint8, generator=gen)
+    base = TorchLRU(R, S, N, 12)
+    for step in range(40):
+        hot = torch.randint(0, N, (R, K), generator=gen)
+        topk = torch.empty(R, T, K, dtype=torch.int32)
+        for t in range(T):          # each token: a mix of shared (MTP repeats) and fresh positions
+            fresh = torch.randint(-40, N + 40, (R, K), generator=gen)
+            topk[:, t] = torch.where(torch.rand(R, K, generator=gen) < 0.6, hot, fresh)
+        topk[torch.rand(R, T, K, generator=gen) < 0.1] = -1
+        resident = [set(base.pos_of_slot[r].tolist()) - {-1} for r in range(R)]
+        slots, fetched = base.plan_and_copy(topk, host)
+        valid = (topk >= 0) & (topk < N)
+        assert torch.equal(slots[~valid], torch.full_like(slots[~valid], -1)), f"step {step}"
+        assert bool(((slots[valid] >= 0) & (slots[valid] < S)).all())
+        expected = 0
+        for r in range(R):
+            pos, slot = topk[r][valid[r]].long(), slots[r][valid[r]]
+            assert torch.equal(base.dst[r, slot], host[r, pos]), f"step {step} row {r}"
+            pairs = set(zip(pos.tolist(), slot.tolist()))
+            assert len(pairs) == len({p for p, _ in pairs}) == len({s for _, s in pairs})
+            expected += len({p for p, _ in pairs} - resident[r])
+        assert fetched == expected, f"step {step}"
 
 
 @pytest.mark.slow

@@ -272,11 +272,13 @@ def fast_sync_binary(tmp_path_factory):
     return exe
 
 
-@pytest.mark.parametrize("case", ["exchange_rounds", "single_block", "soft_sync", "unequal_counts"])
+@pytest.mark.parametrize("case", ["exchange_rounds", "single_block", "soft_sync", "unequal_counts",
+                                  "failure_breaks_the_barrier"])
 def test_syncall_in_the_fast_build(fast_sync_binary, case):
     """The fast build runs blocks one after another but must still meet in SyncAll: blocks
-    exchange values through GM across barriers (C++ checks every value), and a block that calls
-    SyncAll after block 0 finished without it fails as in the strict build."""
+    exchange values through GM across barriers (C++ checks every value), a block that calls
+    SyncAll after block 0 finished without it fails as in the strict build, and a block failing
+    while the others wait fails the launch with its own error, every waiting block unwound."""
     done = subprocess.run([str(fast_sync_binary), case], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().endswith("OK"), done.stdout

@@ -1,7 +1,8 @@
 // SyncAll in the fast emulation build (compiled with -DAVSG_EMU_FAST=1 by
 // tests/kernels/test_emulation_fast.py). The fast launcher runs blocks one after another on the calling
-// thread and starts the rest on threads when block 0 reaches its first SyncAll; these cases check
-// that blocks still meet in every barrier and that unequal SyncAll counts still fail.
+// thread; when block 0 reaches its first SyncAll, it runs the other blocks as fibers up to each
+// barrier. These cases check that blocks still meet in every barrier, that unequal SyncAll counts
+// still fail, and that a failing block fails the launch with its own error.
 // Usage: fast_syncall <case>; prints OK (exit 0) or the failure (exit 1).
 #include <cstdio>
 #include <cstring>
@@ -95,6 +96,36 @@ static void unequal_counts() {
     CHECK(!"unequal SyncAll counts did not fail");
 }
 
+// A block fails while the others wait in SyncAll (before the first barrier, and after one): the
+// launch raises that block's error, not a broken-barrier one, and every waiting block unwinds
+// (the next launch on the same thread runs normally); a block not started yet never starts.
+static void failure_breaks_the_barrier() {
+    for (int late = 0; late < 2; ++late) {
+        const uint32_t blocks = 5;
+        std::vector<int32_t> unwound(blocks, 0);
+        struct Guard {
+            int32_t* flag;
+            ~Guard() { *flag = 1; }
+        };
+        try {
+            avsg_emu::launch(blocks, [&] {
+                const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
+                Guard g{&unwound[b]};
+                if (late) SyncAll();
+                ascendc_assert(b != 3);
+                SyncAll();
+                SyncAll();
+            });
+            CHECK(!"a failing block did not fail the launch");
+        } catch (const AscendC::EmuError& e) {
+            CHECK(std::string(e.what()).find("ascendc_assert(b != 3)") != std::string::npos);
+        }
+        // blocks after the failing one never started when it failed before the first barrier
+        for (uint32_t b = 0; b < blocks; ++b) CHECK(unwound[b] == (late || b <= 3 ? 1 : 0));
+    }
+    exchange_rounds();
+}
+
 int main(int argc, char** argv) {
     const std::string name = argc > 1 ? argv[1] : "";
     try {
@@ -102,6 +133,7 @@ int main(int argc, char** argv) {
         else if (name == "single_block") single_block();
         else if (name == "soft_sync") soft_sync();
         else if (name == "unequal_counts") unequal_counts();
+        else if (name == "failure_breaks_the_barrier") failure_breaks_the_barrier();
         else {
             std::printf("unknown case '%s'\n", name.c_str());
             return 1;
