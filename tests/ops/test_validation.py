@@ -175,7 +175,7 @@ GATHER_CASES = [
     ("dst slots", lambda p, h, d: ((p, h, torch.zeros(R, S - 1, 8)), {}), ValueError, r"dst\[0\]"),
     ("src rows", lambda p, h, d: ((p, h[:1].contiguous(), d), {}), ValueError, r"src\[0\]"),
     ("noncontig", lambda p, h, d: ((p, h.transpose(0, 1).contiguous().transpose(0, 1), d), {}),
-     ValueError, r"src\[0\]: expected a contiguous"),
+     ValueError, r"src\[0\]: expected evenly spaced rows"),
     ("partition", lambda p, h, d: ((p, h, d), dict(partition="rows")), ValueError, "partition"),
     ("cores", lambda p, h, d: ((p, h, d), dict(num_cores=0)), ValueError, "num_cores"),
     ("short pool", lambda p, h, d: ((p, h[:, :10].contiguous(), d), {}), ValueError,
