@@ -454,7 +454,7 @@ class SparseOffloadManager:
         (KV length after this pass), ``block_table`` int32 ``[>= Q, max_blocks]`` (the host
         pool's), ``num_tokens`` the padded token count of the pass.
         """
-        R, T, S = self.max_rows, self.queries_per_step, self.capacity
+        R = self.max_rows
         require_int("num_tokens", num_tokens, low=0, high=_MAX_TOKENS)
         require_bool("check", check, optional=True)
         require_fits("num_tokens", num_tokens * (_TOKEN_BYTES + 4 * self.topk), self.device,
@@ -495,7 +495,7 @@ class SparseOffloadManager:
         row ``b`` is token ``b * queries + j`` of the pass (``new_kv``, the TND fields of the
         meta). ``queries > T`` bypasses the buffer (a prefill: no ``retrieve``, its rewrites are
         recorded)."""
-        R, T = self.max_rows, self.queries_per_step
+        R = self.max_rows
         require_int("queries", queries, low=1, high=_MAX_TOKENS // R)
         require_bool("check", check, optional=True)
         num_tokens = R * queries

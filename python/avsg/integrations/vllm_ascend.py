@@ -250,7 +250,7 @@ def _define_backend():
 
         def _plan_group(self, layer_id, N, block_table, topk_indices, stable_prefix_lens,
                         token_to_req, current_slots_out):
-            R, T, K, C = self.max_num_reqs, self.decode_width, self.topk, self.avsg_capacity
+            R, T, K = self.max_num_reqs, self.decode_width, self.topk
             dev = self.avsg_device
             t = torch.arange(N, dtype=torch.int64, device=dev)
             if token_to_req is None:
