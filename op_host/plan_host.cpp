@@ -137,9 +137,9 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     if (t.secLen[SEC_SC] == 0)   // lifetime policy: no policy sections, no windows
         for (uint32_t s = SEC_SC; s <= SEC_HT; ++s) t.winLen[s] = 0;
     // Shrink order while the plan exceeds the budget: the stash (touched only in rows whose stash
-    // is not empty, sequentially), then slot_life (streamed by decay / victim passes), then the
-    // larger of the gathered sections: slot_pos, or bucket_key + bucket_slot. The bucket pair is
-    // halved together: the kernels split each bucket index into (window, offset) once for both.
+    // is not empty, sequentially), then slot_life (streamed by decay / victim passes), then
+    // bucket_key (read and written by the insert only, for this step's misses), then the larger
+    // of the sections every lookup gathers from: slot_pos or bucket_slot.
     // slot_pos keeps at least nc entries (BuildResidentRuns, see the checks below); so do
     // slot_life and slot_count under the reuse policy (its score pass reads them in nc-slot
     // chunks). The per-position counts (touched by scalar loops over misses only) and the heat
@@ -157,23 +157,22 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     };
     while (MakePlanUbLayout(t).total > kPlanUbBudget) {
         int pick = -1;
-        for (uint32_t s : {SEC_PC, SEC_HT, SEC_SK, SEC_SS, SEC_SC, SEC_SL})
+        for (uint32_t s : {SEC_PC, SEC_HT, SEC_SK, SEC_SS, SEC_SC, SEC_SL, SEC_BK})
             if (pick < 0 && t.winLen[s] > 0 && shrinkable(s)) pick = static_cast<int>(s);
         if (pick < 0) {
-            const bool sp = shrinkable(SEC_SP), bk = shrinkable(SEC_BK);
-            if (sp && (!bk || t.winLen[SEC_SP] >= t.winLen[SEC_BK])) pick = SEC_SP;
-            else if (bk) pick = SEC_BK;
+            const bool sp = shrinkable(SEC_SP), bs = shrinkable(SEC_BS);
+            if (sp && (!bs || t.winLen[SEC_SP] >= t.winLen[SEC_BS])) pick = SEC_SP;
+            else if (bs) pick = SEC_BS;
         }
         TORCH_CHECK(pick >= 0, "avsg.plan: no UB plan fits ", kPlanUbBudget, " bytes for capacity=", capacity,
                     " buckets=", buckets, " T*K=", t.N);
         halve(t, static_cast<uint32_t>(pick));
-        if (pick == SEC_BK) halve(t, SEC_BS);
     }
-    // hand leftover UB back: slot_life first (fewer window switches in decay / victim passes),
-    // then the stash windows
+    // hand leftover UB back: slot_life and bucket_key first (fewer window switches in the decay,
+    // victim and insert passes), then the stash windows
     for (bool grown = true; grown;) {
         grown = false;
-        for (uint32_t s : {SEC_SL, SEC_SC, SEC_HT, SEC_SK, SEC_SS, SEC_PC}) {
+        for (uint32_t s : {SEC_SL, SEC_BK, SEC_SC, SEC_HT, SEC_SK, SEC_SS, SEC_PC}) {
             if (t.winLen[s] >= t.secLen[s]) continue;
             PlanTiling trial = t;
             SetWindow(trial, s, t.winLog[s] + 1);
@@ -183,7 +182,6 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
             }
         }
     }
-    TORCH_CHECK(t.winLen[SEC_BK] == t.winLen[SEC_BS], "avsg.plan: bucket_key and bucket_slot windows differ");
     // Assumptions of the kernels, checked here for every geometry the ops accept:
     //  * the scalar k-way merges (PlanMerger, op_kernel/plan/plan_block_merge.h) hold at most
     //    kPlanMaxRuns runs: one miss or selection run per selection chunk, one stash run per nc

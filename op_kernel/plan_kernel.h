@@ -17,7 +17,7 @@
 // One soft SyncAll (counters after the slices, zeroed by the host per launch; no mixed kernel
 // type needed), called exactly once by every core, separates the parts from the owner's fold
 // (counts summed, bitmaps or-ed) and step 2's merge. During the lookup the owner writes no GM
-// that a helper reads: helpers read bucket_key, bucket_slot and slot_pos only, the owner's
+// that a helper reads: helpers read bucket_slot and slot_pos only, the owner's
 // prologue writes the stash and the heat, and it frees the padding slots (slot_pos) after the
 // SyncAll. The reuse policy's heat comes from the final bitmap and miss list (HeatUsed), so
 // nothing per hit stays with the owner but one bit.
@@ -26,10 +26,11 @@
 //   0. stash compaction #1 (scalar; before the lookup, see below)
 //   1. refresh: per chunk of NC selections: validity (Cast->float, Compares GE/LT, And on u16,
 //      Select, Cast back), hash (shifts, u16 And against H-1, Muls/Add), then the 4 probes of
-//      the chunk at once (4*NC lanes, HashLookup): Gather bucket_key -> match bits, Gather
-//      bucket_slot, Gather slot_pos[slot] -> match bits, window by window (each window of a
-//      split section loaded at most once per chunk, the resident one first). Hit slots -> hit
-//      bitmap; the chunk's result is stored as its slots.
+//      the chunk at once (4*NC lanes, HashLookup): Gather bucket_slot, Gather slot_pos[slot] ->
+//      match bits, window by window (each window of a split section loaded at most once per
+//      chunk, the resident one first; at S 8192 both sections are whole in UB). bucket_key is
+//      not read by the lookup, only by the insert. Hit slots -> hit bitmap; the chunk's result
+//      is stored as its slots.
 //   2. classify: GatherMask compaction of the chunk's misses, Cast->float, Sort + Extract
 //      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge (loser
 //      tree) with dedup -> miss_pos (and each run entry's index in it). The stash, sorted once per

@@ -45,6 +45,8 @@ protected:
             Buckets();
             SplitIdx(bk, wIdx_);
             GatherVals(bk, wKey_, -1, static_cast<int32_t>(avsg::kMaxPosition));
+            Buckets();                            // bucket_slot has windows of its own
+            SplitIdx(bs, wIdx_);
             GatherVals(bs, wSlot_, 0, SlotMax());
             Adds(wIdx_, wSlot_, 0, n);
             CompareScalar(mKey_, wKey_, -1, CMPMODE::EQ, n);     // never used
@@ -114,7 +116,11 @@ protected:
             Sync<HardEvent::S_V>();               // scalar reads / writes of vB_ and the bits
             Buckets();
             SplitIdx(bk, wIdx_);
-            WriteWinners(cnt);
+            WriteWinners(bk, vWant_, cnt);        // their positions to bucket_key
+            Sync<HardEvent::S_V>();               // WriteWinners' scalar reads of wIdx_'s lists
+            Buckets();
+            SplitIdx(bs, wIdx_);
+            WriteWinners(bs, vMS_, cnt);          // their slots to bucket_slot
         }
     }
     // Misses, hash and free/winner bits of miss chunk c (insert with several miss chunks).
@@ -129,18 +135,17 @@ protected:
         Sync<HardEvent::MTE2_V>();
         Hash(vWant_, t_.nc);
     }
-    // bucket_key / bucket_slot of this chunk's winners (mKey_: per-probe winner bits; wIdx_: the
-    // probe buckets as in-window byte offsets, wWin_: their windows), resident window first.
-    __aicore__ inline void WriteWinners(uint32_t cnt) {
+    // One bucket section's entries of this chunk's winners (mKey_: per-probe winner bits; wIdx_:
+    // the probe buckets as in-window byte offsets of w, wWin_: their windows): values[j] for the
+    // winner j, resident window first.
+    __aicore__ inline void WriteWinners(Win& w, const LocalTensor<int32_t>& values, uint32_t cnt) {
         const uint32_t nc = t_.nc, n = Wide();
-        Win& bk = win_[avsg::SEC_BK];
-        Win& bs = win_[avsg::SEC_BS];
-        const LocalTensor<int32_t> cOff = wSlot_, cKey = wSlot_[nc], cSlot = wSlot_[2 * nc];   // compacted
-        const int32_t first = FirstWin(bk);
-        for (uint32_t k = 0; k < bk.nwin; ++k) {
-            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % bk.nwin);
+        const LocalTensor<int32_t> cOff = wSlot_, cVal = wSlot_[nc];   // compacted
+        const int32_t first = FirstWin(w);
+        for (uint32_t k = 0; k < w.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
             LocalTensor<uint8_t> sel = mKey_;
-            if (bk.nwin > 1) {
+            if (w.nwin > 1) {
                 CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
                 And(U16(mTmp_), U16(mKey_), U16(mWin_), n / 16);
@@ -149,24 +154,20 @@ protected:
             }
             for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
                 const LocalTensor<uint32_t> pat = U32(sel[i * nc / 8]);
-                uint64_t got = 0, got2 = 0, got3 = 0;
+                uint64_t got = 0, got2 = 0;
                 Sync<HardEvent::S_V>();           // scalar reads of the previous lists
                 PipeBarrier<PIPE_V>();            // and the previous GatherMasks' writes
                 GatherMask(cOff, wIdx_[i * nc], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
                 if (got == 0) continue;
-                GatherMask(cKey, vWant_, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
-                GatherMask(cSlot, vMS_, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got3);
+                GatherMask(cVal, values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
                 Sync<HardEvent::V_S>();
-                Ensure(bk, id);
-                Ensure(bs, id);
-                for (uint32_t q = 0; q < static_cast<uint32_t>(got); ++q) {
-                    const uint32_t off = static_cast<uint32_t>(cOff.GetValue(q)) >> 2;
-                    bk.buf.SetValue(off, cKey.GetValue(q));
-                    bs.buf.SetValue(off, cSlot.GetValue(q));
-                }
-                bk.dirty = bs.dirty = true;
+                Ensure(w, id);
+                for (uint32_t q = 0; q < static_cast<uint32_t>(got); ++q)
+                    w.buf.SetValue(static_cast<uint32_t>(cOff.GetValue(q)) >> 2, cVal.GetValue(q));
+                w.dirty = true;
             }
         }
+        PipeBarrier<PIPE_V>();   // the GatherMasks read wIdx_, which the caller rewrites next
     }
 };
 

@@ -71,7 +71,8 @@ dual-pointer kernel may resolve differently):
   ``slot_pos`` at the clamped slot holds its key, so a clamped entry is simply stale or names the
   one slot that really holds the position;
 * the insert's freeness test clamps a bucket key to ``[-1, 2**24]`` (so the kernels can blend
-  keys in float exactly); the lookup compares keys exactly; a negative stash key never matches;
+  keys in float exactly); the stash lookup compares keys exactly; a negative stash key never
+  matches; an invalid selection (negative or past the bound) never matches a slot;
 * every ``plan`` sets the ``Sp - S`` padding entries of ``slot_pos`` and ``slot_life`` to -1, and
   the decay clamps every lifetime to ``[-1, L-1]`` before the hits are set to ``L``. Then every
   slot not hit in the step is a victim candidate, so reservation cannot run short (see
@@ -105,8 +106,15 @@ Index (hash table + stash)
   or freed by invalidate/reset, every index entry pointing at it turns stale at once, with no
   search for it: stale buckets are reclaimed lazily, by the next insert that probes them.
   The same rule applies to stash entries.
-* Lookup of ``p``: the first valid probe bucket whose key is ``p``; failing that, the first valid
-  stash entry whose key is ``p``. The stash is scanned only in rows whose stash is non-empty.
+* Lookup of ``p``: the first probe bucket whose slot holds ``p`` (``slot_pos[bucket_slot[b]] ==
+  p``); failing that, the first valid stash entry whose key is ``p``. The stash is scanned only
+  in rows whose stash is non-empty. The lookup does not read ``bucket_key``: a slot that holds
+  ``p`` is the answer whichever bucket names it, and since ``slot_pos`` holds a position at most
+  once, on any state the ops build this finds exactly the slot a valid entry names (every
+  resident position has one). What it saves is the kernels' bandwidth: the lookup gathers from
+  ``bucket_slot`` and ``slot_pos`` only, which fit the Unified Buffer whole at S = 8192 where
+  the whole bucket pair does not. The insert's freeness and ``check_state`` still use validity
+  (``indexed_slots``).
 * Insert (the misses of one step, in miss-list order ``j``): 4 rounds; in round ``i`` every
   miss not yet placed proposes its bucket ``bucket_i``; a proposed bucket that is free (never
   used or stale) goes to the smallest proposing ``j``. Misses still unplaced after the 4 rounds
@@ -744,7 +752,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
          f"expected a slot in [0, {S})")
     fail("stash_key", ~in_use & ((v.stash_key != -1) | (v.stash_slot != 0)),
          "entries past stash_count must be (-1, 0)")
-    found = index_lookup(v, v.slot_pos, layout.buckets)
+    found = indexed_slots(v, v.slot_pos, layout.buckets)
     slot_ids = torch.arange(S, device=state.device, dtype=found.dtype).expand_as(found)
     fail("slot_pos", (v.slot_pos >= 0) & (found != slot_ids),
          "this resident position is not found at its slot by the hash index")
@@ -797,13 +805,25 @@ def _stash_lookup(v: StateView, sel: torch.Tensor, found: torch.Tensor) -> None:
 
 
 def index_lookup(v: StateView, sel: torch.Tensor, buckets: int) -> torch.Tensor:
-    """Slot holding each selected position, or -1: probe buckets first, then the stash."""
+    """Plan's lookup: the slot holding each selected position, or -1. The first probe bucket
+    whose slot holds the position (``bucket_key`` is not read), then the stash."""
+    return _lookup(v, sel, buckets, by_key=False)
+
+
+def indexed_slots(v: StateView, sel: torch.Tensor, buckets: int) -> torch.Tensor:
+    """Where the index files each position, or -1: by valid entries only (the bucket's key is
+    the position and its slot holds it), then the stash. The invariant check uses this one."""
+    return _lookup(v, sel, buckets, by_key=True)
+
+
+def _lookup(v: StateView, sel: torch.Tensor, buckets: int, by_key: bool) -> torch.Tensor:
     b = probe_buckets(sel.clamp(min=0), buckets)                     # [R, N, P]
-    keys = _gather_rows(v.bucket_key, b)
     slots = _gather_rows(v.bucket_slot, b).clamp(0, _capacity(v) - 1)
     owner = _gather_rows(v.slot_pos, slots)
     want = sel[..., None]
-    match = (keys == want) & (owner == want) & (want >= 0)
+    match = (owner == want) & (want >= 0)
+    if by_key:
+        match &= _gather_rows(v.bucket_key, b) == want
     first = match.int().argmax(-1, keepdim=True)
     found = torch.where(match.any(-1), slots.gather(-1, first).squeeze(-1),
                         torch.full_like(sel, -1))

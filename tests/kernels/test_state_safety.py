@@ -679,6 +679,50 @@ def test_check_state_finds_a_lost_index_entry():
         buf.check_state()
 
 
+@pytest.mark.parametrize("policy", ["lifetime", "lru"])
+def test_lookup_finds_residents_whatever_bucket_key_holds(policy):
+    """The lookup matches a probe by the slot its bucket names (slot_pos), never by bucket_key:
+    with every key garbage, each resident selection still hits, in the kernel as in the
+    reference, and the insert (which does read the keys) stays exact too."""
+    g = Geometry(2, 1, 16, 40, 64, 3, policy=policy)
+    clean, stats, gen = lived_in_state(g, seed=5)
+    dirty = clean.clone()
+    corrupt(dirty, g, 1, [], gen, whole="bucket_key")
+    v = reference.view_state(dirty, g.layout)
+    resident = v.slot_pos[1][v.slot_pos[1] >= 0]
+    seq = torch.full((g.R,), 3 * g.S + 4, dtype=I32)
+    topk = selections(gen, g, seq)
+    topk[1, 0, :8] = resident[:8]
+    _, state = check_plan_outcome(torch.ops.avsg.plan, "hash", clean, dirty, stats, g, 1, topk,
+                                  seq, checked=False)
+    hit_slots = torch.ops.avsg.plan(topk, seq, dirty.clone(), stats.clone(), g.S, g.H, g.L,
+                                    g.policy_id, g.C)[0]
+    owner = v.slot_pos[1].gather(0, hit_slots[1, 0, :8].long())
+    assert torch.equal(owner, resident[:8]), "a resident selection missed"
+
+
+def test_invalid_selection_never_matches_a_corrupt_slot():
+    """Invalid lanes hash as position 0; a corrupted slot holding a negative value must not
+    turn them into hits (the reference drops them before the lookup)."""
+    g = Geometry(2, 1, 16, 40, 64, 3)
+    clean, stats, gen = lived_in_state(g, seed=3)
+    dirty = clean.clone()
+    v = reference.view_state(dirty, g.layout)
+    probes = reference.probe_buckets(torch.zeros(1, dtype=I32), g.H)[0]
+    for value in (-1, -2):
+        v.slot_pos[1, 7] = value
+        v.bucket_slot[1, probes] = 7
+        seq = torch.full((g.R,), 3 * g.S + 4, dtype=I32)
+        topk = selections(gen, g, seq)
+        topk[1, 0, :4] = torch.tensor([-1, -2, -7, int(seq[1]) + 3])   # padding, past the bound
+        before = stats.clone()
+        check_plan_outcome(torch.ops.avsg.plan, "hash", clean, dirty, stats, g, 1, topk, seq,
+                           checked=False)
+        got = torch.ops.avsg.plan(topk, seq, dirty.clone(), before, g.S, g.H, g.L, g.policy_id,
+                                  g.C)[0]
+        assert bool((got[1, 0, :4] == -1).all()), got[1, 0, :4]
+
+
 # ---------------------------------------------------------------------------- public API
 
 def test_meta_and_mixed_devices_are_rejected():
