@@ -13,6 +13,11 @@
 //                                                    of ANY kernel (plan, gather, ...) in the process
 //   avsg::last_launch_vector_apis() -> (str[], Tensor)  per vector API: int64 [blocks, apis, 2]
 //                                                    (instructions, 256 B repeats)
+//   avsg::last_launch_phases() -> (str[], Tensor)    per phase the kernel marked (AVSG_PHASE,
+//                                                    op_kernel/kernel_compat.h): its name and int64
+//                                                    [blocks, phases, fields], the counters split by
+//                                                    phase (summed fields add up to
+//                                                    last_launch_counters; *_max: max over phases)
 //   avsg::cost_fields() -> str[]                     column names of estimate_cost
 //   avsg::estimate_cost(Tensor counters) -> Tensor   float64 [blocks, cost fields]: avsg_emu::estimate
 //                                                    applied to each row of a counters tensor
@@ -132,6 +137,19 @@ std::tuple<std::vector<std::string>, at::Tensor> last_launch_vector_apis()
     return std::make_tuple(apis, t);
 }
 
+std::tuple<std::vector<std::string>, at::Tensor> last_launch_phases()
+{
+    require_counted_launch("last_launch_phases");
+    avsg_emu::LaunchPhases phases = avsg_emu::last_launch_phases();
+    const int64_t F = static_cast<int64_t>(fields().size());
+    const int64_t P = static_cast<int64_t>(phases.names.size());
+    at::Tensor t = at::zeros({static_cast<int64_t>(phases.per_block.size()), P, F}, at::kLong);
+    int64_t* p = t.data_ptr<int64_t>();
+    for (size_t b = 0; b < phases.per_block.size(); ++b)
+        for (int64_t k = 0; k < P; ++k) to_row(phases.per_block[b][k], p + (static_cast<int64_t>(b) * P + k) * F);
+    return std::make_tuple(phases.names, t);
+}
+
 std::vector<std::string> cost_fields()
 {
     return {"scalar_cycles", "vector_cycles", "mte2_cycles", "mte3_cycles", "sync_cycles", "serial_ns", "overlap_ns"};
@@ -178,6 +196,7 @@ TORCH_LIBRARY_FRAGMENT(avsg, m)
     m.def("counter_fields() -> str[]", &counter_fields);
     m.def("last_launch_counters() -> Tensor", &last_launch_counters);
     m.def("last_launch_vector_apis() -> (str[], Tensor)", &last_launch_vector_apis);
+    m.def("last_launch_phases() -> (str[], Tensor)", &last_launch_phases);
     m.def("cost_fields() -> str[]", &cost_fields);
     m.def("estimate_cost(Tensor counters) -> Tensor", &estimate_cost);
     m.def("cost_model() -> (str[], float[])", &cost_model);

@@ -9,6 +9,17 @@
 #define ascendc_assert(...) ((void)0)
 #endif
 
+// AVSG_PHASE(id): the kernel's step `id` begins here (id: an enumerator of a phase enum E with a
+// PhaseTableOf(E) found by argument-dependent lookup, e.g. avsg::PlanPhase in plan/plan_phases.h).
+// The strict emulation charges each block's counters to the phase running when they accrue
+// (avsg_emu::mark_phase); on the NPU, in CANN's CPU-debug build and in the fast emulation it is
+// nothing, not even an evaluation of id.
+#if defined(AVSG_ASCENDC_EMULATION) && AVSG_EMU_STRICT
+#define AVSG_PHASE(id) ::avsg_emu::mark_phase(PhaseTableOf(id), static_cast<uint32_t>(id))
+#else
+#define AVSG_PHASE(id) ((void)0)
+#endif
+
 namespace avsg {
 // The UB byte address of a LocalTensor, as an integer, for alignment arithmetic (Sort32 wants
 // 256 B / 128 B boundaries that TPipe does not promise). GetPhyAddr() is that integer on the device

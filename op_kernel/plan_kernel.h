@@ -56,8 +56,8 @@
 // the lookup's validity test ignores, and nothing the lookup reads changes in between, so the
 // lookup result is the reference's.
 #pragma once
-#pragma once
 #include "plan/plan_block_split.h"
+#include "plan/plan_phases.h"
 
 namespace avsg_kernel {
 
@@ -85,28 +85,42 @@ public:
             const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
             part_ = b / t_.rows;
             rowWs_.SetGlobalBuffer(wsBase_ + static_cast<uint64_t>(b % t_.rows) * t_.wsPerCore, t_.wsPerCore);
-            if (part_ == 0) Row(b % t_.rows);
-            else HelpRow(b % t_.rows);
+            if (part_ == 0) {
+                Row(b % t_.rows);
+            } else {
+                AVSG_PHASE(PlanPhase::kHelper);
+                HelpRow(b % t_.rows);
+            }
             return;
         }
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) Row(r);
     }
 
 private:
+    // AVSG_PHASE: each step's counted work by phase in the strict emulation (plan/plan_phases.h)
     __aicore__ inline void Row(uint32_t r) {
+        AVSG_PHASE(PlanPhase::kStart);
         if (!StartRow(r)) {
             RejectRow(r);
-            if (split_ > 1) SyncParts();
+            if (split_ > 1) {
+                AVSG_PHASE(PlanPhase::kSplitSync);
+                SyncParts();
+            }
             return;
         }
         LoadStashCount();
         if (split_ == 1) FreePadding<Policy>();
-        if constexpr (Policy::kReuse) CoolHeat();
+        if constexpr (Policy::kReuse) {
+            AVSG_PHASE(PlanPhase::kHeat);
+            CoolHeat();
+        }
 
         // 0. stash compaction #1, and the sorted stash (hash plan) or the matches (dual pointer)
+        AVSG_PHASE(PlanPhase::kStash);
         if (stashCount_ > 0) CompactStash();
         stashRuns_.runs = 0;
         if constexpr (Matcher::kDual) {
+            AVSG_PHASE(PlanPhase::kLookup);
             BuildResidentRuns();
             DualMatchRow(r);
         } else if (stashCount_ > 0) {
@@ -115,24 +129,37 @@ private:
         // 1+2. refresh and classify, chunk by chunk; the stash hits join the hits in the merge,
         // before the decay pins them
         for (uint32_t c = 0; c < t_.numChunks; c += split_) {
+            AVSG_PHASE(PlanPhase::kLookup);
             const uint32_t n = PrepareWant(r, c);
             if constexpr (Matcher::kDual) DualFound(c);
             else HashLookup();
+            AVSG_PHASE(PlanPhase::kClassify);
             Classify(r, c, n);
         }
         if (split_ > 1) {
+            AVSG_PHASE(PlanPhase::kSplitSync);
             SyncParts();
             FoldParts();
+            AVSG_PHASE(PlanPhase::kStart);   // the padding slots, freed here once helpers read them
             FreePadding<Policy>();
         }
+        AVSG_PHASE(PlanPhase::kMerge);
         const uint32_t m = MergeMisses(r);
-        if constexpr (Policy::kReuse) HeatUsed(r, m);
+        if constexpr (Policy::kReuse) {
+            AVSG_PHASE(PlanPhase::kHeat);
+            HeatUsed(r, m);
+        }
+        AVSG_PHASE(PlanPhase::kDecay);
         DecayAndPin<Policy>();
         // 3. allocate and install, index the new residents, stash the rest
+        AVSG_PHASE(PlanPhase::kVictims);
         AssignVictims<Policy>(r, m);
+        AVSG_PHASE(PlanPhase::kInsert);
         Insert(r, m);
+        AVSG_PHASE(PlanPhase::kStashPending);
         StashPending(r, m);
         // 4. output, stats, state write-back
+        AVSG_PHASE(PlanPhase::kStore);
         StoreRow<Policy>(r, m);
     }
 };

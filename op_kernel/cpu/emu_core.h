@@ -278,6 +278,26 @@ struct Counters {
     }
 };
 
+// The summable fields of Counters (all but vec_by_api and the *_max ones), for code that adds or
+// subtracts counters field by field (the phases below).
+#define AVSG_EMU_SUMMED_COUNTERS(X)                                                               \
+    X(scalar_ub_reads) X(scalar_ub_writes) X(scalar_gm_reads) X(scalar_gm_writes) X(vec_instrs)   \
+    X(vec_repeats) X(mte2_copies) X(mte2_bytes) X(mte3_copies) X(mte3_bytes) X(ub_copies)         \
+    X(ub_bytes) X(pipe_barriers) X(set_flags) X(wait_flags) X(sync_alls) X(queue_syncs) X(dcci)
+
+// ---- Phases ----------------------------------------------------------------
+// A kernel marks where its steps begin with AVSG_PHASE(id) (kernel_compat.h; nothing on the NPU
+// and in the fast build). The strict build then splits each block's counters by phase: what a
+// block issued between two markers belongs to the phase the first one named, what it issued
+// before its first marker to phase 0, what it issued after its last one to that phase. Per phase
+// the summed fields add up to the block's counters exactly and the *_max fields are the largest
+// value seen while the phase ran (their maximum over phases is the block's). vec_by_api is not
+// split. The id is an enumerator of the kernel's own phase enum, whose table names the phases.
+struct PhaseTable {
+    const char* const* names;
+    uint32_t count;
+};
+
 // ---- Cost model --------------------------------------------------------------
 // A first-order model to turn counters into estimated NPU time. It is NOT a
 // measurement: every constant below is an assumption, labelled with its origin.
@@ -531,6 +551,12 @@ struct BlockContext {
     // DMA atomic add (SetAtomicAdd<T>): accumulate function for UB->GM copies, or null.
     void (*atomic_add)(uint8_t* dst, const uint8_t* src, size_t bytes) = nullptr;
     std::unique_ptr<Scoreboard> hz;       // pipe-hazard scoreboard, null when checks are off
+    // AVSG_PHASE state (strict build): the phase running, the summed counters when it began
+    // (vec_by_api empty), what each phase issued so far; the table of the first marker.
+    const PhaseTable* phase_table = nullptr;
+    uint32_t phase = 0;
+    Counters phase_start;
+    std::vector<Counters> phases;
 };
 
 inline thread_local BlockContext* tls_block = nullptr;
@@ -569,6 +595,59 @@ inline std::vector<Counters>& last_counters_ref() {
 inline std::vector<Counters> last_launch_counters() {
     std::lock_guard<std::mutex> lk(last_mutex());
     return last_counters_ref();
+}
+
+// Charges what the block issued since its current phase began to that phase. The *_max fields
+// restart per phase (finish_phases restores the block's own).
+inline void close_phase(BlockContext& c) {
+    if (c.phases.size() <= c.phase) c.phases.resize(c.phase + 1);
+    Counters& p = c.phases[c.phase];
+#define AVSG_EMU_PHASE_ADD(f) p.f += c.counters.f - c.phase_start.f; c.phase_start.f = c.counters.f;
+    AVSG_EMU_SUMMED_COUNTERS(AVSG_EMU_PHASE_ADD)
+#undef AVSG_EMU_PHASE_ADD
+    p.mte2_inflight_max = std::max(p.mte2_inflight_max, c.counters.mte2_inflight_max);
+    p.mte2_inflight_bytes_max = std::max(p.mte2_inflight_bytes_max, c.counters.mte2_inflight_bytes_max);
+    c.counters.mte2_inflight_max = 0;
+    c.counters.mte2_inflight_bytes_max = 0;
+}
+
+// AVSG_PHASE(id) in the strict build: phase `id` of `table` begins on this block.
+inline void mark_phase(const PhaseTable& table, uint32_t id) {
+    BlockContext& c = ctx("AVSG_PHASE");
+    if (c.phase_table != &table) {
+        if (c.phase_table) fail("AVSG_PHASE: one launch marks phases of two phase enums");
+        c.phase_table = &table;
+        c.phases.reserve(table.count);
+    }
+    if (id >= table.count)
+        fail("AVSG_PHASE: phase id " + std::to_string(id) + " outside its table of " + std::to_string(table.count));
+    close_phase(c);
+    c.phase = id;
+}
+
+// After the block's body (returned or failed): the last phase closed, the block's *_max
+// counters back to their maximum over its phases. A block without markers has one phase.
+inline void finish_phases(BlockContext& c) {
+    close_phase(c);
+    for (const Counters& p : c.phases) {
+        c.counters.mte2_inflight_max = std::max(c.counters.mte2_inflight_max, p.mte2_inflight_max);
+        c.counters.mte2_inflight_bytes_max = std::max(c.counters.mte2_inflight_bytes_max, p.mte2_inflight_bytes_max);
+    }
+}
+
+// The phases of the most recent strict launch: their names (the first marker's table; one phase,
+// "kernel", if no block marked any) and per block, per phase the counters charged to it.
+struct LaunchPhases {
+    std::vector<std::string> names;
+    std::vector<std::vector<Counters>> per_block;
+};
+inline LaunchPhases& last_phases_ref() {
+    static LaunchPhases p;
+    return p;
+}
+inline LaunchPhases last_launch_phases() {
+    std::lock_guard<std::mutex> lk(last_mutex());
+    return last_phases_ref();
 }
 
 // Called by the launcher after a block body returned normally: the block must not leave
@@ -625,11 +704,23 @@ inline void launch_threads(uint32_t numBlocks, const std::function<void()>& kern
     threads.reserve(numBlocks);
     for (uint32_t b = 0; b < numBlocks; ++b) threads.emplace_back(run, b);
     for (auto& t : threads) t.join();
+    LaunchPhases phases;
+    for (auto& bc : blocks) {
+        finish_phases(*bc);
+        if (bc->phase_table && phases.names.empty())
+            phases.names.assign(bc->phase_table->names, bc->phase_table->names + bc->phase_table->count);
+    }
+    if (phases.names.empty()) phases.names = {"kernel"};
+    for (auto& bc : blocks) {
+        bc->phases.resize(phases.names.size());
+        phases.per_block.push_back(std::move(bc->phases));
+    }
     {
         std::lock_guard<std::mutex> lk(last_mutex());
         auto& v = last_counters_ref();
         v.clear();
         for (auto& bc : blocks) v.push_back(bc->counters);
+        last_phases_ref() = std::move(phases);
         last_launch_counted_ref() = true;
     }
     // Prefer the earliest original error; fall back to the earliest secondary one.

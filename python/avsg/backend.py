@@ -293,6 +293,31 @@ def last_launch_counters() -> LaunchCounters:
                           {name: apis[:, i] for i, name in enumerate(names)})
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchPhases:
+    """One emulated launch's counters split by the phases its kernel marked (``AVSG_PHASE``, see
+    op_kernel/kernel_compat.h; the plan kernel's steps are op_kernel/plan/plan_phases.h):
+    ``per_block`` int64 ``[blocks, len(names), len(fields)]``. Per block the summed fields of its
+    phases add up to its :class:`LaunchCounters` row; a ``*_max`` field is the largest value seen
+    while the phase ran. A kernel without markers has one phase, ``"kernel"``."""
+    names: Tuple[str, ...]
+    fields: Tuple[str, ...]
+    per_block: torch.Tensor
+
+    def phase(self, name: str) -> LaunchCounters:
+        """One phase's counters for every block, shaped like a launch's (no per-API split)."""
+        if name not in self.names:
+            raise KeyError(f"phase: expected one of {', '.join(self.names)}, got {name!r}")
+        return LaunchCounters(self.fields, self.per_block[:, self.names.index(name)], {})
+
+
+def last_launch_phases() -> LaunchPhases:
+    """The most recent emulated launch's counters by phase (strict build only, like
+    :func:`last_launch_counters`)."""
+    names, per_block = _require_op("last_launch_phases")()
+    return LaunchPhases(tuple(names), counter_fields(), per_block)
+
+
 def cost_model() -> Dict[str, float]:
     """Constants of the emulation's cost model (``avsg_emu::CostModel`` in emu_core.h)."""
     names, values = _require_op("cost_model")()

@@ -26,25 +26,34 @@ def _read_counters():
     return backend.last_launch_counters()
 
 
+def _read_phases():
+    """The last emulated launch's counted work split by the kernel's phases."""
+    from .. import backend
+    return backend.last_launch_phases()
+
+
 COUNTED_WARMUP, COUNTED_LAUNCHES = 48, 3     # plan launches before and under the counters
 
 
 def counted_plan(trace_path: str, policy: str, queries: int, capacity: int,
                  warmup: int = COUNTED_WARMUP, measured: int = COUNTED_LAUNCHES,
-                 rows: int = 2) -> List:
+                 rows: int = 2, phases: bool = False) -> List:
     """Counters of ``measured`` plan launches of the real kernel on the trace's first ``rows``
     layers (see :func:`counted_plan_on`)."""
     sel, positions, context = load_selections(trace_path, rows, warmup + (measured + 1) * queries)
     return counted_plan_on(sel, positions, int(context), policy, queries, capacity, warmup,
-                           measured)
+                           measured, phases=phases)
 
 
 def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy: str,
-                    queries: int, capacity: int, warmup: int = 48, measured: int = 3) -> List:
+                    queries: int, capacity: int, warmup: int = 48, measured: int = 3,
+                    phases: bool = False) -> List:
     """Counters of ``measured`` plan launches of the real kernel (strict emulation, one row per
     emulated core: ``sel`` int [rows, steps, K]), ``queries`` query tokens per row from
     consecutive steps, after ``warmup`` uncounted steps (fast emulation) so the buffers are warm;
-    rejected drafts are never modelled here (every query token's KV stays valid)."""
+    rejected drafts are never modelled here (every query token's KV stays valid). With
+    ``phases``, each launch's counters split by phase (``backend.LaunchPhases``, for
+    :func:`phase_breakdown`) instead of its ``LaunchCounters``."""
     import torch
     from .. import backend
     from ..buffer import SparseKVBuffer
@@ -70,7 +79,7 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
         with backend.emulation("strict"):
             for j in range(measured):
                 launch(warmup + j * queries)
-                out.append(_read_counters())
+                out.append(_read_phases() if phases else _read_counters())
     finally:
         backend.set_emulated_cores(saved)
     return out
@@ -79,6 +88,66 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
 def counted_us(counters: Sequence, hw: hardware.Profile) -> float:
     """Median serial-pipe estimate (us per row: the launch's slowest block) of counted launches."""
     return float(np.median([hardware.launch_estimate(c, hw)["serial_pipe_us"] for c in counters]))
+
+
+PHASE_COLUMNS = ("serial_us", "scalar_us", "vector_us", "mte2_us", "mte3_us", "sync_us",
+                 "mte2_bytes", "mte3_bytes", "scalar_ops", "vec_instrs", "vec_repeats",
+                 "pipe_barriers")
+
+
+def _phase_values(counters, hw: hardware.Profile) -> Dict[str, "object"]:
+    """PHASE_COLUMNS of one phase for every block (float64 tensors ``[blocks]``)."""
+    us = 1.0 / (hw["clock_ghz"] * 1e3)
+    cyc = hardware.pipe_cycles(counters, hw)
+    f = lambda name: counters[name].double()  # noqa: E731
+    out = {f"{pipe}_us": cyc[pipe] * us for pipe in ("scalar", "vector", "mte2", "mte3", "sync")}
+    out["serial_us"] = sum(out[f"{pipe}_us"] for pipe in ("scalar", "vector", "mte2", "mte3", "sync"))
+    out.update(mte2_bytes=f("mte2_bytes"), mte3_bytes=f("mte3_bytes"),
+               scalar_ops=f("scalar_ub_reads") + f("scalar_ub_writes") + f("scalar_gm_reads")
+               + f("scalar_gm_writes"),
+               vec_instrs=f("vec_instrs"), vec_repeats=f("vec_repeats"),
+               pipe_barriers=f("pipe_barriers"))
+    return out
+
+
+def phase_breakdown(launches: Sequence, hw: hardware.Profile, blocks: str = "slowest") -> Dict:
+    """Where a plan row-step's modelled time goes: per phase of the kernel (``launches``: each
+    launch's ``backend.LaunchPhases``, e.g. from ``counted_plan_on(..., phases=True)``), the
+    serial-pipe us, the us of each pipe (scalar, vector, MTE2, MTE3, sync) and the work behind them
+    (MTE2 / MTE3 bytes, scalar accesses, vector instructions and repeats, pipe barriers).
+
+    Samples: per launch its slowest block by serial-pipe us (``blocks="slowest"``: what the launch
+    waits for) or every block (``"each"``: as ``avsg bench plan --policies`` takes its p50). Each
+    value is the median over the samples, so a phase's us is its typical cost, and the phases' us
+    need not add up to the median total exactly; ``share`` is a phase's us over the sum of the
+    phases' us. Returns ``{"phases": [row per phase, in kernel order], "total": row}``, a row
+    holding ``phase`` and PHASE_COLUMNS (the total's are medians of the samples' sums)."""
+    if blocks not in ("slowest", "each"):
+        raise ValueError(f"blocks: expected 'slowest' or 'each', got {blocks!r}")
+    if not launches:
+        raise ValueError("launches: expected at least one launch's phases")
+    names = launches[0].names
+    if any(launch.names != names for launch in launches):
+        raise ValueError("launches: expected launches of one kernel (the same phases)")
+    samples: Dict[str, Dict[str, List[float]]] = {n: {k: [] for k in PHASE_COLUMNS}
+                                                  for n in (*names, "total")}
+    for launch in launches:
+        per_phase = {n: _phase_values(launch.phase(n), hw) for n in names}
+        total = {k: sum(per_phase[n][k] for n in names) for k in PHASE_COLUMNS}
+        picked = ([int(total["serial_us"].argmax())] if blocks == "slowest"
+                  else range(launch.per_block.shape[0]))
+        for b in picked:
+            for n, values in (*per_phase.items(), ("total", total)):
+                for k in PHASE_COLUMNS:
+                    samples[n][k].append(float(values[k][b]))
+    rows = {n: dict(phase=n, **{k: float(np.median(v)) for k, v in cols.items()})
+            for n, cols in samples.items()}
+    whole = sum(rows[n]["serial_us"] for n in names)
+    for n in names:
+        rows[n]["share"] = rows[n]["serial_us"] / whole if whole > 0 else 0.0
+    rows["total"]["share"] = 1.0
+    return {"phases": [rows[n] for n in names], "total": rows["total"],
+            "samples": len(samples["total"]["serial_us"]), "blocks": blocks}
 
 
 def slotmap_counters(selections: int, misses: float):

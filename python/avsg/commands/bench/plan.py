@@ -61,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "layers (one per core), capacity 8192, --steps counted steps after "
                              "--warmup fast ones; bundled and pessimistic (scalar UB and vector "
                              "issue at 3x) profiles; records in DIR/plan_policies.json")
+    parser.add_argument("--phases", action="store_true",
+                        help="only break the --policies runs down by step of the kernel (phases "
+                             "marked in op_kernel/plan_kernel.h): per policy and T a table of each "
+                             "phase's serial-pipe us on the launch's slowest core (median over the "
+                             "--steps counted steps), its share, the us of each pipe, MTE2 / MTE3 "
+                             "KB, scalar accesses, vector instructions and pipe barriers; --hw "
+                             "profile; records in DIR/plan_phases.json")
     common.add_common_arguments(parser, "plan")
     common.add_tables_argument(parser, "docs/results/plan.md")
 
@@ -184,37 +191,50 @@ def state_bytes_per_row(buf: SparseKVBuffer) -> int:
     return int(buf.state.shape[1]) * buf.state.element_size()
 
 
-def policy_comparison(sel: np.ndarray, positions, warmup: int, steps: int, hw) -> List[Dict]:
-    """Each policy (hash matcher) at T = 1, 2, 4 on the trace's first rows, one row per core,
+def policy_launches(sel: np.ndarray, positions, warmup: int, steps: int, T: int, name: str,
+                    read=None):
+    """One policy (hash matcher) at T query tokens on the trace's first rows, one row per core,
     capacity 8192: ``warmup`` steps in the fast emulation, then ``steps`` counted steps. The T
     query tokens of step s are trace steps s .. s + T - 1 (teacher-forced drafts, sliding by
-    one step). One record per policy and T under each profile (bundled, pessimistic)."""
+    one step). Returns the buffer and per counted step (its rows' miss counts, ``read()`` after
+    it: default ``backend.last_launch_counters``)."""
+    read = read or backend.last_launch_counters
+    rows, _, k = sel.shape
+    buf = SparseKVBuffer(rows=rows, capacity=POLICY_CAPACITY, topk=k, queries_per_step=T,
+                         check=False, policy=name)
+
+    def step_args(s):
+        topk = np.ascontiguousarray(sel[:, s:s + T])
+        seq = torch.full((rows,), int(positions[s + T - 1]) + 1, dtype=torch.int32)
+        return torch.from_numpy(topk).to(torch.int32).view(rows, T, k), seq
+    with backend.emulation("fast"):
+        for s in range(warmup):
+            buf.plan(*step_args(s))
+    counted = []
+    with backend.emulation("strict"):
+        for s in range(warmup, warmup + steps):
+            plan = buf.plan(*step_args(s))
+            counted.append((plan.miss_counts.tolist(), read()))
+    return buf, counted
+
+
+def policy_comparison(sel: np.ndarray, positions, warmup: int, steps: int, hw) -> List[Dict]:
+    """Each policy (hash matcher) at T = 1, 2, 4 as :func:`policy_launches` runs it. One record
+    per policy and T under each profile (bundled, pessimistic)."""
     rows, _, k = sel.shape
     profiles = {"bundled": hw, "pessimistic": pessimistic_profile(hw)}
     records = []
     for T in POLICY_T:
         for name in POLICY_NAMES:
-            buf = SparseKVBuffer(rows=rows, capacity=POLICY_CAPACITY, topk=k, queries_per_step=T,
-                                 check=False, policy=name)
-
-            def step_args(s):
-                topk = np.ascontiguousarray(sel[:, s:s + T])
-                seq = torch.full((rows,), int(positions[s + T - 1]) + 1, dtype=torch.int32)
-                return torch.from_numpy(topk).to(torch.int32).view(rows, T, k), seq
-            with backend.emulation("fast"):
-                for s in range(warmup):
-                    buf.plan(*step_args(s))
+            buf, counted = policy_launches(sel, positions, warmup, steps, T, name)
             per_profile = {p: {"serial": [], "overlapped": []} for p in profiles}
             misses = []
-            with backend.emulation("strict"):
-                for s in range(warmup, warmup + steps):
-                    plan = buf.plan(*step_args(s))
-                    counters = backend.last_launch_counters()
-                    misses.extend(plan.miss_counts.tolist())
-                    for p, prof in profiles.items():
-                        est = hardware.launch_estimate(counters, prof)
-                        per_profile[p]["serial"].extend(est["serial_per_block_us"])
-                        per_profile[p]["overlapped"].extend(est["overlapped_per_block_us"])
+            for step_misses, counters in counted:
+                misses.extend(step_misses)
+                for p, prof in profiles.items():
+                    est = hardware.launch_estimate(counters, prof)
+                    per_profile[p]["serial"].extend(est["serial_per_block_us"])
+                    per_profile[p]["overlapped"].extend(est["overlapped_per_block_us"])
             for p, d in per_profile.items():
                 records.append(dict(policy=name, T=T, profile=p,
                                     serial_pipe_us_p50=float(np.median(d["serial"])),
@@ -277,6 +297,16 @@ def plot(points: List[Dict], path: str) -> None:
 def main(args: argparse.Namespace) -> int:
     reject_together(args, "--no-trace", "--trace", "--no-trace measures pre-filled buffers only, "
                     "--trace names the trace to measure; give one")
+    if args.phases:
+        reject_together(args, "--phases", "--policies", "--phases breaks the --policies runs "
+                        "down by phase; give one")
+        if args.no_trace:
+            raise UsageError("--phases: needs the trace (pass --trace; not with --no-trace)")
+        if args.quick:
+            raise UsageError("--quick: picks grid points, --phases measures none; not with --phases")
+        if args.device != "cpu":
+            raise UsageError("--phases: the breakdown is the CPU emulation's counted work; not "
+                             "with --device npu")
     common.at_least("--rows", args.rows)
     common.at_least("--steps", args.steps)
     common.at_least("--warmup", args.warmup, 0)
@@ -294,7 +324,7 @@ def main(args: argparse.Namespace) -> int:
     sel = None
     if trace is not None:
         from ...traces.lookup import load_selections
-        extra = max(POLICY_T) - 1 if args.policies else 0
+        extra = max(POLICY_T) - 1 if args.policies or args.phases else 0
         tsel, positions, context = load_selections(trace, args.rows, args.warmup + args.steps + extra)
         if tsel.shape[2] < 2048:
             raise UsageError(f"--trace: expected top-2048 selections, the trace has top-{tsel.shape[2]}")
@@ -312,6 +342,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.policies:
             return _run_policies(args, hw, trace, sel, positions, out)
+        if args.phases:
+            return _run_phases(args, hw, trace, sel, positions, out)
         return _run(args, hw, trace, sel, positions if sel is not None else None,
                     context if sel is not None else None, out, grids)
     finally:
@@ -335,6 +367,52 @@ def _run_policies(args, hw, trace, sel, positions, out) -> int:
     print("  " + hardware.PLAN_LEAVES_OUT)
     path = common.write_json(f"{out}/plan_policies.json", dict(
         command="avsg bench plan --policies", estimate=True, machine=common.machine(),
+        hardware_name=hw.name, hardware=hw.sources(), trace=trace, records=records,
+        leaves_out=hardware.PLAN_LEAVES_OUT))
+    common.report_outputs({"JSON": path})
+    return 0
+
+
+def phase_table(breakdown: Dict) -> List[str]:
+    """The lines of one policy and T's phase breakdown (plan_cost.phase_breakdown)."""
+    lines = [f"  {'phase':<16} {'us':>7} {'share':>6} | {'scalar':>7} {'vector':>7} {'MTE2':>7} "
+             f"{'MTE3':>7} {'sync':>7} | {'MTE2 KB':>8} {'MTE3 KB':>8} {'scalar':>7} "
+             f"{'vector':>6} {'barriers':>8}",
+             f"  {'':<16} {'':>7} {'':>6} | {'us per pipe':^39} | {'':>8} {'':>8} "
+             f"{'ops':>7} {'instr':>6} {'':>8}"]
+    for r in (*breakdown["phases"], breakdown["total"]):
+        lines.append(f"  {r['phase']:<16} {r['serial_us']:>7.1f} {r['share']:>6.1%} | "
+                     f"{r['scalar_us']:>7.1f} {r['vector_us']:>7.1f} {r['mte2_us']:>7.1f} "
+                     f"{r['mte3_us']:>7.1f} {r['sync_us']:>7.1f} | {r['mte2_bytes'] / 1024:>8.1f} "
+                     f"{r['mte3_bytes'] / 1024:>8.1f} {r['scalar_ops']:>7.0f} {r['vec_instrs']:>6.0f} "
+                     f"{r['pipe_barriers']:>8.0f}")
+    return lines
+
+
+def _run_phases(args, hw, trace, sel, positions, out) -> int:
+    from ...costmodel.plan_cost import phase_breakdown
+    rows, _, k = sel.shape
+    print(f"\n  plan row-step by phase (MODEL ESTIMATE): {trace}, {args.warmup} warm-up steps, "
+          f"{args.steps} counted, K {k}, S {POLICY_CAPACITY}, {rows} rows, one per core; per "
+          f"phase the median over counted steps of the slowest core's serial-pipe us; share: of "
+          f"the phases' sum (medians need not add up to the total's)")
+    records = []
+    for T in POLICY_T:
+        for name in POLICY_NAMES:
+            _, counted = policy_launches(sel, positions, args.warmup, args.steps, T, name,
+                                         read=backend.last_launch_phases)
+            misses = [m for step_misses, _ in counted for m in step_misses]
+            breakdown = phase_breakdown([phases for _, phases in counted], hw)
+            print(f"\n  {name}, T={T}: total {breakdown['total']['serial_us']:.1f} us serial-pipe, "
+                  f"{float(np.mean(misses)):.1f} misses per row")
+            for line in phase_table(breakdown):
+                print(line)
+            records.append(dict(policy=name, T=T, rows=rows, capacity=POLICY_CAPACITY, K=k,
+                                warmup=args.warmup, steps=args.steps,
+                                misses_per_row=float(np.mean(misses)), **breakdown))
+    print("  " + hardware.PLAN_LEAVES_OUT)
+    path = common.write_json(f"{out}/plan_phases.json", dict(
+        command="avsg bench plan --phases", estimate=True, machine=common.machine(),
         hardware_name=hw.name, hardware=hw.sources(), trace=trace, records=records,
         leaves_out=hardware.PLAN_LEAVES_OUT))
     common.report_outputs({"JSON": path})
