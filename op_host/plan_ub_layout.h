@@ -34,6 +34,9 @@ struct PlanUbLayout {
     uint32_t total;
 };
 
+// The hit byte map: one byte per padded slot, rounded up to whole 128-lane half compares.
+AVSG_PLAN_SHARED_FN uint32_t HitByteMapBytes(const PlanTiling& t) { return RoundUp(t.capPad, 128); }
+
 AVSG_PLAN_SHARED_FN PlanUbLayout MakePlanUbLayout(const PlanTiling& t) {
     PlanUbLayout l{};
     const uint32_t nc = t.nc, wide = kPlanProbes * t.nc;
@@ -59,6 +62,9 @@ AVSG_PLAN_SHARED_FN PlanUbLayout MakePlanUbLayout(const PlanTiling& t) {
     l.total = l.fixed;
     for (uint32_t s = 0; s < SEC_COUNT; ++s) {
         l.window[s] = RoundUp(t.winLen[s] * 4, 32);
+        // bucket_key's window doubles as the hit byte map (one byte per slot, 128-slot
+        // compare blocks) from a row's start to its insert, the only step that reads the keys
+        if (s == SEC_BK) l.window[s] = (l.window[s] > HitByteMapBytes(t) ? l.window[s] : HitByteMapBytes(t));
         l.total += l.window[s];
     }
     return l;

@@ -136,6 +136,7 @@ private:
             AVSG_PHASE(PlanPhase::kClassify);
             Classify(r, c, n);
         }
+        HitBytesToBits();
         if (split_ > 1) {
             AVSG_PHASE(PlanPhase::kSplitSync);
             SyncParts();

@@ -691,7 +691,8 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
 }
 
 // ---------------------------------------------------------------------------
-// Cast (card §5): the A2 pairs of interest plus half<->float.
+// Cast (card §5): the A2 pairs of interest plus half<->float and uint8->half (CAST_NONE, exact:
+// vconv_u82f16 in the A2 headers).
 // ---------------------------------------------------------------------------
 namespace emu_detail {
 inline const char* round_name(RoundMode m) {
@@ -830,9 +831,10 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
                       (std::is_same<U, float>::value && std::is_same<T, int64_t>::value) ||
                       (std::is_same<U, int32_t>::value && std::is_same<T, int16_t>::value) ||
                       (std::is_same<U, half>::value && std::is_same<T, float>::value) ||
-                      (std::is_same<U, float>::value && std::is_same<T, half>::value),
+                      (std::is_same<U, float>::value && std::is_same<T, half>::value) ||
+                      (std::is_same<U, uint8_t>::value && std::is_same<T, half>::value),
                   "Cast: dtype pair not in the emulated A2 list (int32<->float, int32<->int64, int64<->float, "
-                  "int32->int16, half<->float; card §5)");
+                  "int32->int16, half<->float, uint8->half; card §5)");
     const char* api = "Cast";
     emu_detail::check_cast_mode<T, U>(roundMode);
     emu_detail::check_ub(api, "dst", dst, count);

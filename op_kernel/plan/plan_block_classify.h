@@ -2,7 +2,7 @@
 // and misses (a sorted run in the workspace; the chunk's slots stored as they are), then the runs
 // are merged with dedup into miss_pos, looking each distinct miss up in the sorted stash on the
 // way (MergeMisses).
-// UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_, hitBits_, vT1_/vT2_/vKey_/vSlot_ and the
+// UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_, hitBytes_ (hitBits_ in MergeMisses), vT1_/vT2_/vKey_/vSlot_ and the
 // sort region. GM: slots, miss_pos, the workspace's miss runs and their lanes.
 #pragma once
 #include "plan_block_dual_match.h"
@@ -33,7 +33,7 @@ protected:
         hits_ += static_cast<int64_t>(nHit);
         misses_ += static_cast<int64_t>(nMiss);
         // reuse: heat and counts follow from the final bitmap (HeatUsed, CountHits)
-        for (uint32_t q = 0; q < nHit; ++q) SetWordBit(hitBits_, static_cast<uint32_t>(vKey_.GetValue(q)));
+        MarkHits(vKey_, static_cast<uint32_t>(nHit));
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
         Sync<HardEvent::V_MTE3>();
         StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.outPitch + c * nc], vFoundI_, n);

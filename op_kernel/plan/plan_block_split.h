@@ -30,6 +30,7 @@ protected:
                 HashLookup();   // only the hash plan splits a row
                 Classify(r, c, n);
             }
+            HitBytesToBits();
             const LocalTensor<int32_t> head = vFoundI_;
             const uint32_t headLen = avsg::kPlanPartHead + t_.numChunks;
             Sync<HardEvent::MTE3_S>();            // Classify's store of vFoundI_ (write-after-read)

@@ -106,6 +106,7 @@ protected:
         sConcat_.SetSize(nc); sIdx_.SetSize(nc); sDst_.SetSize(2 * nc); sTmp_.SetSize(2 * nc);
         sOutV_.SetSize(nc); sOutI_.SetSize(nc);
         hitBits_ = hitBuf_.Get<uint32_t>();
+        hitBytes_ = winBuf_[avsg::SEC_BK].Get<uint8_t>();   // idle until the insert (plan_ub_layout.h)
         claimBits_ = claimBuf_.Get<uint32_t>();
         pendBits_ = pendBuf_.Get<uint32_t>();
         heads_ = headBuf_.Get<int32_t>();
@@ -230,6 +231,8 @@ protected:
         LoadInts(scalarUb_, seqGm_[r], 1, 0);
         DataCopy(headerUb_, stateGm_[static_cast<uint64_t>(r) * t_.width], avsg::kHeaderWords + avsg::kStashCountPad);
         Duplicate(hitBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.capPad / 16);
+        Sync<HardEvent::MTE3_V>();   // the previous row's write-back of the bucket_key window
+        Duplicate(hitBytes_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), avsg::HitByteMapBytes(t_) / 2);
         Sync<HardEvent::MTE2_S>();
         Sync<HardEvent::V_S>();
         if (!HeaderMatches()) return false;
@@ -239,6 +242,34 @@ protected:
         boundF_ = static_cast<float>(seq);
         lookups_ = hits_ = misses_ = 0;
         return true;
+    }
+    // Hits are marked in a byte map by the scalar unit (MarkHits: one store per hit, two hit
+    // slots per load; A2 has no vector scatter) and turned into the hit bitmap here, 512 slots
+    // per Cast u8->half + compare, once the row's (or the part's) chunks are classified.
+    __aicore__ inline void MarkHits(const LocalTensor<int32_t>& hitSlots, uint32_t count) {
+        const LocalTensor<uint64_t> pairs = hitSlots.ReinterpretCast<uint64_t>();
+        uint32_t q = 0;
+        for (; q + 1 < count; q += 2) {
+            const uint64_t two = pairs.GetValue(q / 2);   // slots in [0, S-1]: clamped by the lookup
+            hitBytes_.SetValue(static_cast<uint32_t>(two), 1);
+            hitBytes_.SetValue(static_cast<uint32_t>(two >> 32), 1);
+        }
+        if (q < count) hitBytes_.SetValue(static_cast<uint32_t>(hitSlots.GetValue(q)), 1);
+    }
+    __aicore__ inline void HitBytesToBits() {
+        const uint32_t total = avsg::HitByteMapBytes(t_);
+        const LocalTensor<half> tmp = vT1_.ReinterpretCast<half>();
+        const LocalTensor<uint8_t> bits = hitBits_.ReinterpretCast<uint8_t>();
+        Sync<HardEvent::S_V>();   // MarkHits' stores
+        for (uint32_t base = 0; base < total; base += t_.nc) {
+            const uint32_t n = MinU(t_.nc, total - base);   // a multiple of 128
+            Cast(tmp, hitBytes_[base], RoundMode::CAST_NONE, n);
+            PipeBarrier<PIPE_V>();
+            CompareScalar(bits[base / 8], tmp, static_cast<half>(0.0f), CMPMODE::GT, n);
+            PipeBarrier<PIPE_V>();
+        }
+        Sync<HardEvent::V_S>();
+        Sync<HardEvent::V_MTE3>();
     }
     // padding slots free, so Allocate's free count and the dual pointer's resident runs see only
     // real slots. Nothing before DecayAndPin reads them in the hash plan (every slot read from
@@ -271,6 +302,7 @@ protected:
     LocalTensor<float> sConcat_, sDst_, sTmp_, sOutV_;
     LocalTensor<uint32_t> sIdx_, sOutI_;
     LocalTensor<uint32_t> hitBits_, claimBits_, pendBits_;
+    LocalTensor<uint8_t> hitBytes_;              // one byte per slot, aliased on bucket_key's window
     LocalTensor<int32_t> heads_, treeUb_;
     LocalTensor<int64_t> statsUb_;
     LocalTensor<int32_t> scalarUb_, headerUb_, countUb_;
