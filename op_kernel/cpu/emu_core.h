@@ -129,6 +129,7 @@ inline float f16_to_f32(uint16_t h) {
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t mant = h & 0x3ffu;
     if (exp == 0) {
+        if (mant == 0) return sign ? -0.0f : 0.0f;   // zero, the common case, without ldexp
         float v = std::ldexp(static_cast<float>(mant), -24);
         return sign ? -v : v;
     }

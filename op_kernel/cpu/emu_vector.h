@@ -5,6 +5,7 @@
 #pragma once
 #include "emu_tensor.h"
 
+#include <array>
 #include <cfloat>
 
 namespace AscendC {
@@ -782,6 +783,15 @@ void convert_blocked(T* d, const U* s, uint32_t count, F f) {
 }
 template <class T, class U>
 void cast_loop(T* d, const U* s, uint32_t count, RoundMode roundMode) {
+    if constexpr (std::is_same<T, half>::value && std::is_same<U, uint8_t>::value) {
+        static const std::array<half, 256> table = [] {   // exact: every uint8 is a half
+            std::array<half, 256> t{};
+            for (int v = 0; v < 256; ++v) t[v] = half(static_cast<float>(v));
+            return t;
+        }();
+        for (uint32_t i = 0; i < count; ++i) d[i] = table[s[i]];
+        return;
+    }
     if constexpr (std::is_same<T, float>::value && std::is_same<U, int32_t>::value) {
         uint32_t inexact = 0;   // |v| > 2^24 anywhere; a separate pass, in a form that vectorises
         for (uint32_t i = 0; i < count; ++i)

@@ -2,8 +2,9 @@
 // and misses (a sorted run in the workspace; the chunk's slots stored as they are), then the runs
 // are merged with dedup into miss_pos, looking each distinct miss up in the sorted stash on the
 // way (MergeMisses).
-// UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_, hitBytes_ (hitBits_ in MergeMisses), vT1_/vT2_/vKey_/vSlot_ and the
-// sort region. GM: slots, miss_pos, the workspace's miss runs and their lanes.
+// UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_, hitBytes_ (hitBits_ in MergeMisses),
+// vT1_/vT2_/vKey_/vSlot_ and the sort region. GM: slots, miss_pos, the workspace's miss runs and
+// their lanes.
 #pragma once
 #include "plan_block_dual_match.h"
 

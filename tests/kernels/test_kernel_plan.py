@@ -39,6 +39,18 @@ def test_ub_plan_fits_and_covers_whole_sections_when_small():
     assert windows == [128 * 4, 128 * 4] + [64 * 4] * 4 + [0] * 3
     total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128, 4096)
     assert windows == [128 * 4, 128 * 4] + [64 * 4] * 5 + [256 * 4, 64 * 4]   # G = 2H, B = 64
+    # bucket_key's UB buffer doubles as the hit byte map (one byte per padded slot, whole
+    # 128-slot compares), so the budget holds max(its window, that map)
+    for T, K, S, H in [(1, 16, 40, 64), (1, 2048, 8192, 16384), (4, 2048, 16384, 32768),
+                       (1, 100, 32768, 32768)]:
+        for max_context in (0, 32768):
+            total, fixed, *windows = torch.ops.avsg.plan_ub_plan(T, K, S, H, max_context)
+            byte_map = -(-(-(-S // 64) * 64) // 128) * 128
+            assert total == fixed + max(windows[0], byte_map) + sum(windows[1:])
+    # S 8192: the lookup's two sections (bucket_slot, slot_pos) stay whole for the lifetime policy
+    for T in (1, 2, 4):
+        total, fixed, *windows = torch.ops.avsg.plan_ub_plan(T, 2048, 8192, 16384)
+        assert windows[1:3] == [16384 * 4, 8192 * 4]
     # the reuse sections are sized by the buffer: the context changes no window
     for T, K, S, H in [(1, 2048, 8192, 16384), (4, 8192, 32768, 32768)]:
         plans = {tuple(torch.ops.avsg.plan_ub_plan(T, K, S, H, c)) for c in (1, 32768, 1 << 24)}
