@@ -106,7 +106,17 @@ protected:
             }
         }
         // C. write the winners, window by window: for each miss chunk, recompute its buckets and,
-        // per window and probe, compact the winners (offset in the window, key, slot) by GatherMask
+        // per window and probe, compact the winners (offset in the window, key, slot) by GatherMask.
+        // A few winners' keys go straight to GM instead, one 4-byte DMA each: a paged
+        // bucket_key window costs a load and a write-back (about 1,100 cycles of MTE at 8 KB),
+        // an entry one DMA issue (about 90), so below kKeyEntriesPerWindow winners per window
+        // the entries are cheaper, and the bound keeps the worst case (a cold buffer's T*K
+        // misses) on the windows.
+        const bool keyEntries = bk.nwin > 1 && m <= kKeyEntriesPerWindow * bk.nwin;
+        if (keyEntries) {   // no window copy may outlive the entries (phase A left it clean)
+            WinFlush<true>(bk);
+            bk.cur = -1;
+        }
         for (uint32_t c = 0; c < chunks; ++c) {
             const uint32_t cnt = MinU(nc, m - c * nc);
             if (loaded != static_cast<int32_t>(c)) {
@@ -115,8 +125,12 @@ protected:
             }
             Sync<HardEvent::S_V>();               // scalar reads / writes of vB_ and the bits
             Buckets();
-            SplitIdx(bk, wIdx_);
-            WriteWinners(bk, vWant_, cnt);        // their positions to bucket_key
+            if (keyEntries) {
+                WriteKeyEntries(cnt);             // their positions to bucket_key, entry by entry
+            } else {
+                SplitIdx(bk, wIdx_);
+                WriteWinners(bk, vWant_, cnt);    // their positions to bucket_key
+            }
             Sync<HardEvent::S_V>();               // WriteWinners' scalar reads of wIdx_'s lists
             Buckets();
             SplitIdx(bs, wIdx_);
@@ -134,6 +148,39 @@ protected:
         Sync<HardEvent::MTE2_S>();
         Sync<HardEvent::MTE2_V>();
         Hash(vWant_, t_.nc);
+    }
+    static constexpr uint32_t kKeyEntriesPerWindow = 12;
+    // bucket_key[b] = p for this chunk's winners (mKey_: per-probe winner bits; wIdx_: their
+    // buckets), one exact 4-byte DMA per entry from a 32 B-aligned staging slot in wTmp_ (idle
+    // here), up to 256 entries per batch.
+    __aicore__ inline void WriteKeyEntries(uint32_t cnt) {
+        const uint32_t nc = t_.nc;
+        const GlobalTensor<int32_t>& gm = win_[avsg::SEC_BK].gm;
+        const LocalTensor<int32_t> cBucket = wSlot_, cKey = wSlot_[nc];   // compacted
+        const uint32_t slots = Wide() / 8;                                  // staging slots in wTmp_
+        uint32_t staged = 0;
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            const LocalTensor<uint32_t> pat = U32(mKey_[i * nc / 8]);
+            uint64_t got = 0, got2 = 0;
+            Sync<HardEvent::S_V>();               // scalar reads of the previous lists
+            PipeBarrier<PIPE_V>();                // and the previous GatherMasks' writes
+            GatherMask(cBucket, wIdx_[i * nc], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
+            if (got == 0) continue;
+            GatherMask(cKey, vWant_, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
+            Sync<HardEvent::V_S>();
+            for (uint32_t q0 = 0; q0 < static_cast<uint32_t>(got); q0 += slots) {
+                const uint32_t n = MinU(slots, static_cast<uint32_t>(got) - q0);
+                if (staged) Sync<HardEvent::MTE3_S>();   // the previous batch's DMAs read wTmp_
+                for (uint32_t q = 0; q < n; ++q) wTmp_.SetValue(q * 8, cKey.GetValue(q0 + q));
+                Sync<HardEvent::S_MTE3>();
+                for (uint32_t q = 0; q < n; ++q)
+                    StoreInts(gm[static_cast<uint32_t>(cBucket.GetValue(q0 + q))], wTmp_[q * 8], 1);
+                staged = n;
+            }
+        }
+        Sync<HardEvent::MTE3_S>();
+        Sync<HardEvent::MTE3_V>();
+        PipeBarrier<PIPE_V>();   // the GatherMasks read wIdx_, which the caller rewrites next
     }
     // One bucket section's entries of this chunk's winners (mKey_: per-probe winner bits; wIdx_:
     // the probe buckets as in-window byte offsets of w, wWin_: their windows): values[j] for the

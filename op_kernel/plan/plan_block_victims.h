@@ -19,7 +19,13 @@ protected:
     // skip level -1.
     template <class Policy>
     __aicore__ inline void DecayAndPin() {
-        const uint32_t nc = t_.nc;
+        // Chunks of a whole window, up to the wide vectors' lanes (fewer instructions and
+        // barriers per slot); reuse keeps nc lanes, as its CountHits works in the nc-lane scratch
+        // (and reads the ages from vT2_).
+        const uint32_t chunk = Policy::kReuse ? t_.nc : Wide();
+        const LocalTensor<int32_t> t1 = Policy::kReuse ? vT1_ : wWin_, t2 = Policy::kReuse ? vT2_ : wIdx_;
+        const LocalTensor<int32_t> sink = Policy::kReuse ? vKey_ : wSlot_;
+        const LocalTensor<float> lifeF = Policy::kReuse ? vTmpF_ : wWin_.ReinterpretCast<float>();
         Win& sl = win_[avsg::SEC_SL];
         freeSlots_ = 0;
         Sync<HardEvent::S_V>();
@@ -27,51 +33,51 @@ protected:
         for (uint32_t id = sl.nwin; id-- > 0;) {
             Ensure(sl, static_cast<int32_t>(id));
             const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
-            for (uint32_t off = 0; off < cnt; off += nc) {
-                const uint32_t n = MinU(nc, cnt - off);
+            for (uint32_t off = 0; off < cnt; off += chunk) {
+                const uint32_t n = MinU(chunk, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
                 if constexpr (Policy::kAged) {
                     // age: clamp to [-1, 1023], then min(age+1, 1023) + min(age, 0): one step
                     // older, free slots (-1) stay free
-                    Maxs(vT1_, life, -1, n);
+                    Maxs(t1, life, -1, n);
                     PipeBarrier<PIPE_V>();
-                    Mins(vT1_, vT1_, avsg::kReuseAgeMax, n);
+                    Mins(t1, t1, avsg::kReuseAgeMax, n);
                     PipeBarrier<PIPE_V>();
-                    Adds(vT2_, vT1_, 1, n);
+                    Adds(t2, t1, 1, n);
                     PipeBarrier<PIPE_V>();
-                    Mins(vT1_, vT1_, 0, n);
+                    Mins(t1, t1, 0, n);
                     PipeBarrier<PIPE_V>();
-                    Mins(vT2_, vT2_, avsg::kReuseAgeMax, n);
+                    Mins(t2, t2, avsg::kReuseAgeMax, n);
                     PipeBarrier<PIPE_V>();
-                    Add(vT2_, vT2_, vT1_, n);
+                    Add(t2, t2, t1, n);
                     PipeBarrier<PIPE_V>();
                 } else {
                     // clamp to [-1, L] first (life - 1 would wrap at INT32_MIN), then decay: the
                     // same as the reference's decay-then-clamp to [-1, L-1]
-                    Maxs(vT1_, life, -1, n);
+                    Maxs(t1, life, -1, n);
                     PipeBarrier<PIPE_V>();
-                    Mins(vT1_, vT1_, static_cast<int32_t>(t_.lifetime), n);
+                    Mins(t1, t1, static_cast<int32_t>(t_.lifetime), n);
                     PipeBarrier<PIPE_V>();
-                    Adds(vT2_, vT1_, -1, n);
+                    Adds(t2, t1, -1, n);
                     PipeBarrier<PIPE_V>();
-                    Mins(vT1_, vT1_, 0, n);
+                    Mins(t1, t1, 0, n);
                     PipeBarrier<PIPE_V>();
-                    Max(vT2_, vT2_, vT1_, n);                    // max(life-1, min(life,0))
+                    Max(t2, t2, t1, n);                    // max(life-1, min(life,0))
                     PipeBarrier<PIPE_V>();
                 }
-                CompareScalar(mB_, vT2_, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
+                CompareScalar(mB_, t2, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
                 PipeBarrier<PIPE_V>();
                 uint64_t nFree = 0;
-                GatherMask(vKey_, vT2_, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
+                GatherMask(sink, t2, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
                 freeSlots_ += static_cast<uint32_t>(nFree);
                 PipeBarrier<PIPE_V>();
-                Cast(vTmpF_, vT2_, RoundMode::CAST_RINT, n);
+                Cast(lifeF, t2, RoundMode::CAST_RINT, n);
                 Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[(id * sl.wlen + off) / 16], n / 16);
                 PipeBarrier<PIPE_V>();
-                Select(vTmpF_, mA_, vTmpF_, Policy::kAged ? 0.0f : static_cast<float>(t_.lifetime),
+                Select(lifeF, mA_, lifeF, Policy::kAged ? 0.0f : static_cast<float>(t_.lifetime),
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                 PipeBarrier<PIPE_V>();
-                Cast(life, vTmpF_, RoundMode::CAST_RINT, n);
+                Cast(life, lifeF, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
                 if constexpr (Policy::kReuse) CountHits(id * sl.wlen + off, n);
             }
