@@ -37,10 +37,10 @@ protected:
         const uint32_t freeWords = n / 32;
         const LocalTensor<int32_t> freeInts = mKey_.ReinterpretCast<int32_t>();
         // A. free bits (mKey_, W bits per miss chunk; kept in the workspace when there are several).
-        // Last chunk first: ScatterVictims left it in vWant_ / vMS_.
+        // Last chunk first: the victims' step may have left it in vWant_ / vMS_.
         for (uint32_t c = chunks; c-- > 0;) {
             LoadMisses(r, c * nc, m);
-            Sync<HardEvent::S_V>();               // ScatterVictims' scalar writes of the windows
+            Sync<HardEvent::S_V>();               // the victims' scalar writes of the windows
             Hash(vWant_, nc);
             Buckets();
             SplitIdx(bk, wIdx_);

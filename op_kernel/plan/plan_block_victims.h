@@ -2,10 +2,11 @@
 // the hits (DecayAndPin); the m victims are then the lowest (life, slot) under the lifetime
 // policy (Allocate) or the lowest (score, slot) under reuse and lru (AllocateByScore: scores to
 // the workspace, an 8-ary threshold search, ties in slot order); each miss is installed in its
-// victim (ScatterVictims, or ScatterVictimsReuse with ghosts). The policy is a tag
+// victim (by Allocate as it finds them, ScatterVictims for lru, ScatterVictimsReuse with ghosts
+// for reuse). The policy is a tag
 // (plan_policy.h), so each kernel compiles only its own passes.
-// UB: the slot_life / slot_pos / slot_count / ghost windows, hitBits_, V(0..6) and vT1_/vT2_/
-// vKey_/vTmpF_ as scratch; GM: miss_slots, the workspace's scores.
+// UB: the slot_life / slot_pos / slot_count / ghost windows, hitBits_, V(0..6), wWin_/wIdx_/wSlot_
+// and vT1_/vT2_/vKey_/vTmpF_ as scratch; GM: miss_slots, the workspace's scores.
 #pragma once
 #include "plan_block_heat.h"
 
@@ -86,7 +87,10 @@ protected:
         Sync<HardEvent::V_S>();
     }
     // Victims in (life, slot) order among life < L: one Compares EQ + GatherMask per level and
-    // window chunk, stopping at M -> miss_slots[0:M].
+    // window chunk, stopping at M -> miss_slots[0:M]. Each chunk's victims are installed while
+    // their slot_life window is resident (miss j takes the j-th victim: slot_pos = its position,
+    // slot_life = L), instead of in a second walk over the windows; a slot installed at level lv
+    // holds L, which no later level (< L) matches, so the victims are those of the decayed state.
     __aicore__ inline void Allocate(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
@@ -118,11 +122,19 @@ protected:
                         Sync<HardEvent::V_MTE3>();
                         StoreInts(missSlotsGm_[rowN + have], vT2_, take);
                         Sync<HardEvent::MTE3_V>();
+                        for (uint32_t q = 0; q < take; ++q) {
+                            const uint32_t j = have + q;
+                            LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
+                            const uint32_t s = static_cast<uint32_t>(vT2_.GetValue(q));
+                            Put(win_[avsg::SEC_SP], s, vWant_.GetValue(j % nc));
+                            Put(sl, s, static_cast<int32_t>(t_.lifetime));
+                        }
                         have += take;
                     }
                 }
             }
         }
+        missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
     }
     // x (int32 >= 0, n lanes) -> log8(x) (shift 20) or log4(x) (shift 21) from float32 bits
     __aicore__ inline void LogBits(const LocalTensor<int32_t>& x, const LocalTensor<float>& tmp, int32_t shift,
@@ -368,8 +380,7 @@ protected:
             AllocateByScore<Policy>(r, m);
             ScatterVictims<Policy>(r, m);
         } else {
-            Allocate(r, m);
-            ScatterVictims<Policy>(r, m);
+            Allocate(r, m);   // installs them as it finds them
         }
     }
 

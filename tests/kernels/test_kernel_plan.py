@@ -115,6 +115,30 @@ def test_real_size_steps(matcher):
             twin.invalidate(seq - 2)
 
 
+@pytest.mark.parametrize("policy", ["lifetime", "lru"])
+def test_few_and_many_misses_with_a_paged_bucket_key(policy):
+    """S 8192, H 16384: bucket_key is paged through UB windows. A step with many misses writes
+    its new keys window by window, a step with a few (at most 12 per window) one entry at a
+    time; both equal the reference, state included."""
+    R, T, K, S, H, L = 2, 1, 2048, 8192, 16384, 16
+    assert torch.ops.avsg.plan_ub_plan(T, K, S, H)[2] < H * 4, "bucket_key is not paged here"
+    twin = Twin(R, S, H, L, policy=policy)
+    gen = torch.Generator().manual_seed(21)
+    seq = torch.full((R,), 30000, dtype=I32)
+    topk = draw(gen, R, T, K, seq, hot=3 * S, pad=0.0, repeat=0.0, wild=0.0)
+    counts = []
+    for step in range(6):
+        counts.append(twin.plan(topk, seq)[3].tolist())
+        seq += 1
+        fresh = 8 if step % 2 else 200                 # few misses, then many
+        lanes = torch.randperm(K, generator=gen)[:fresh]
+        topk = topk.clone()
+        topk[:, 0, lanes] = seq[:, None] - 1 - torch.arange(fresh, dtype=I32)
+    few = [c for row in counts[1:] for c in row if 0 < c <= 96]
+    many = [c for row in counts for c in row if c > 96]
+    assert few and many, counts
+
+
 def test_dual_pointer_equals_hash():
     R, T, K, S, L = 3, 2, 64, 192, 3
     H = reference.default_buckets(S)
