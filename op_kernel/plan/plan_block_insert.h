@@ -150,26 +150,34 @@ protected:
         Hash(vWant_, t_.nc);
     }
     static constexpr uint32_t kKeyEntriesPerWindow = 12;
+    // Probe i's winners among the first cnt misses (winner bits of probe i in bits) compacted
+    // into wSlot_: their wIdx_ lanes at [0, got), their values at [nc, nc + got). Returns got.
+    __aicore__ inline uint32_t CompactWinners(const LocalTensor<uint8_t>& bits, uint32_t i,
+                                              const LocalTensor<int32_t>& values, uint32_t cnt) {
+        const uint32_t nc = t_.nc;
+        const LocalTensor<uint32_t> pat = U32(bits[i * nc / 8]);
+        uint64_t got = 0, got2 = 0;
+        Sync<HardEvent::S_V>();                   // scalar reads of the previous lists
+        PipeBarrier<PIPE_V>();                    // and the previous GatherMasks' writes
+        GatherMask(wSlot_, wIdx_[i * nc], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
+        if (got == 0) return 0;
+        GatherMask(wSlot_[nc], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
+        Sync<HardEvent::V_S>();
+        return static_cast<uint32_t>(got);
+    }
     // bucket_key[b] = p for this chunk's winners (mKey_: per-probe winner bits; wIdx_: their
     // buckets), one exact 4-byte DMA per entry from a 32 B-aligned staging slot in wTmp_ (idle
     // here), up to 256 entries per batch.
     __aicore__ inline void WriteKeyEntries(uint32_t cnt) {
         const uint32_t nc = t_.nc;
         const GlobalTensor<int32_t>& gm = win_[avsg::SEC_BK].gm;
-        const LocalTensor<int32_t> cBucket = wSlot_, cKey = wSlot_[nc];   // compacted
+        const LocalTensor<int32_t> cBucket = wSlot_, cKey = wSlot_[nc];   // CompactWinners' lists
         const uint32_t slots = Wide() / 8;                                  // staging slots in wTmp_
         uint32_t staged = 0;
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
-            const LocalTensor<uint32_t> pat = U32(mKey_[i * nc / 8]);
-            uint64_t got = 0, got2 = 0;
-            Sync<HardEvent::S_V>();               // scalar reads of the previous lists
-            PipeBarrier<PIPE_V>();                // and the previous GatherMasks' writes
-            GatherMask(cBucket, wIdx_[i * nc], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
-            if (got == 0) continue;
-            GatherMask(cKey, vWant_, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
-            Sync<HardEvent::V_S>();
-            for (uint32_t q0 = 0; q0 < static_cast<uint32_t>(got); q0 += slots) {
-                const uint32_t n = MinU(slots, static_cast<uint32_t>(got) - q0);
+            const uint32_t got = CompactWinners(mKey_, i, vWant_, cnt);
+            for (uint32_t q0 = 0; q0 < got; q0 += slots) {
+                const uint32_t n = MinU(slots, got - q0);
                 if (staged) Sync<HardEvent::MTE3_S>();   // the previous batch's DMAs read wTmp_
                 for (uint32_t q = 0; q < n; ++q) wTmp_.SetValue(q * 8, cKey.GetValue(q0 + q));
                 Sync<HardEvent::S_MTE3>();
@@ -187,7 +195,7 @@ protected:
     // winner j, resident window first.
     __aicore__ inline void WriteWinners(Win& w, const LocalTensor<int32_t>& values, uint32_t cnt) {
         const uint32_t nc = t_.nc, n = Wide();
-        const LocalTensor<int32_t> cOff = wSlot_, cVal = wSlot_[nc];   // compacted
+        const LocalTensor<int32_t> cOff = wSlot_, cVal = wSlot_[nc];   // CompactWinners' lists
         const int32_t first = FirstWin(w);
         for (uint32_t k = 0; k < w.nwin; ++k) {
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
@@ -200,16 +208,10 @@ protected:
                 sel = mTmp_;
             }
             for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
-                const LocalTensor<uint32_t> pat = U32(sel[i * nc / 8]);
-                uint64_t got = 0, got2 = 0;
-                Sync<HardEvent::S_V>();           // scalar reads of the previous lists
-                PipeBarrier<PIPE_V>();            // and the previous GatherMasks' writes
-                GatherMask(cOff, wIdx_[i * nc], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
+                const uint32_t got = CompactWinners(sel, i, values, cnt);
                 if (got == 0) continue;
-                GatherMask(cVal, values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
-                Sync<HardEvent::V_S>();
                 Ensure(w, id);
-                for (uint32_t q = 0; q < static_cast<uint32_t>(got); ++q)
+                for (uint32_t q = 0; q < got; ++q)
                     w.buf.SetValue(static_cast<uint32_t>(cOff.GetValue(q)) >> 2, cVal.GetValue(q));
                 w.dirty = true;
             }

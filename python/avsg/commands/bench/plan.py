@@ -364,9 +364,14 @@ def _run_policies(args, hw, trace, sel, positions, out) -> int:
             print(f"  {name:<9} {T:>2} | {b['serial_pipe_us_p50']:>9.1f} {b['overlapped_pipe_us_p50']:>7.1f} | "
                   f"{w['serial_pipe_us_p50']:>12.1f} {w['overlapped_pipe_us_p50']:>9.1f} | "
                   f"{b['misses_per_row']:>10.1f} {b['state_bytes_per_row']:>11,d}")
+    return _write_records(out, "policies", hw, trace, records)
+
+
+def _write_records(out, mode: str, hw, trace, records) -> int:
+    """What --policies and --phases end with: the model's caveat, then DIR/plan_MODE.json."""
     print("  " + hardware.PLAN_LEAVES_OUT)
-    path = common.write_json(f"{out}/plan_policies.json", dict(
-        command="avsg bench plan --policies", estimate=True, machine=common.machine(),
+    path = common.write_json(f"{out}/plan_{mode}.json", dict(
+        command=f"avsg bench plan --{mode}", estimate=True, machine=common.machine(),
         hardware_name=hw.name, hardware=hw.sources(), trace=trace, records=records,
         leaves_out=hardware.PLAN_LEAVES_OUT))
     common.report_outputs({"JSON": path})
@@ -410,13 +415,7 @@ def _run_phases(args, hw, trace, sel, positions, out) -> int:
             records.append(dict(policy=name, T=T, rows=rows, capacity=POLICY_CAPACITY, K=k,
                                 warmup=args.warmup, steps=args.steps,
                                 misses_per_row=float(np.mean(misses)), **breakdown))
-    print("  " + hardware.PLAN_LEAVES_OUT)
-    path = common.write_json(f"{out}/plan_phases.json", dict(
-        command="avsg bench plan --phases", estimate=True, machine=common.machine(),
-        hardware_name=hw.name, hardware=hw.sources(), trace=trace, records=records,
-        leaves_out=hardware.PLAN_LEAVES_OUT))
-    common.report_outputs({"JSON": path})
-    return 0
+    return _write_records(out, "phases", hw, trace, records)
 
 
 def _run(args, hw, trace, sel, positions, context, out, grids) -> int:
