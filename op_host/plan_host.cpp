@@ -95,18 +95,17 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     const uint32_t heatLen = reuse ? HeatEntries(H) : 0;
     t.ghostLog = CeilLog2(GhostEntries(H));
     t.heatMask = HeatEntries(H) - 1;
-    t.secOff[SEC_BK] = hd;
-    t.secOff[SEC_BS] = hd + H;
-    t.secOff[SEC_SP] = hd + 2 * H;
-    t.secOff[SEC_SL] = hd + 2 * H + Sp;
-    t.secOff[SEC_SK] = hd + 2 * H + 2 * Sp;
-    t.secOff[SEC_SS] = hd + 2 * H + 3 * Sp;
-    t.secOff[SEC_SC] = hd + 2 * H + 4 * Sp;
+    t.secOff[SEC_BS] = hd;
+    t.secOff[SEC_SP] = hd + H;
+    t.secOff[SEC_SL] = hd + H + Sp;
+    t.secOff[SEC_SK] = hd + H + 2 * Sp;
+    t.secOff[SEC_SS] = hd + H + 3 * Sp;
+    t.secOff[SEC_SC] = hd + H + 4 * Sp;
     t.secOff[SEC_PC] = t.secOff[SEC_SC] + slotCountLen;
     t.secOff[SEC_HT] = t.secOff[SEC_PC] + ctxPad;
     t.stashCountOff = kHeaderStashCount;
     t.width = t.secOff[SEC_HT] + heatLen;
-    t.secLen[SEC_BK] = t.secLen[SEC_BS] = H;
+    t.secLen[SEC_BS] = H;
     for (uint32_t s = SEC_SP; s <= SEC_SS; ++s) t.secLen[s] = Sp;
     t.secLen[SEC_SC] = slotCountLen;
     t.secLen[SEC_PC] = ctxPad;
@@ -137,9 +136,8 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     if (t.secLen[SEC_SC] == 0)   // lifetime policy: no policy sections, no windows
         for (uint32_t s = SEC_SC; s <= SEC_HT; ++s) t.winLen[s] = 0;
     // Shrink order while the plan exceeds the budget: the stash (touched only in rows whose stash
-    // is not empty, sequentially), then slot_life (streamed by decay / victim passes), then
-    // bucket_key (read and written by the insert only, for this step's misses), then the larger
-    // of the sections every lookup gathers from: slot_pos or bucket_slot.
+    // is not empty, sequentially), then slot_life (streamed by decay / victim passes), then the
+    // larger of the sections every lookup and insert gathers from: slot_pos or bucket_slot.
     // slot_pos keeps at least nc entries (BuildResidentRuns, see the checks below); so do
     // slot_life and slot_count under the reuse policy (its score pass reads them in nc-slot
     // chunks). The per-position counts (touched by scalar loops over misses only) and the heat
@@ -157,7 +155,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     };
     while (MakePlanUbLayout(t).total > kPlanUbBudget) {
         int pick = -1;
-        for (uint32_t s : {SEC_PC, SEC_HT, SEC_SK, SEC_SS, SEC_SC, SEC_SL, SEC_BK})
+        for (uint32_t s : {SEC_PC, SEC_HT, SEC_SK, SEC_SS, SEC_SC, SEC_SL})
             if (pick < 0 && t.winLen[s] > 0 && shrinkable(s)) pick = static_cast<int>(s);
         if (pick < 0) {
             const bool sp = shrinkable(SEC_SP), bs = shrinkable(SEC_BS);
@@ -168,11 +166,11 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
                     " buckets=", buckets, " T*K=", t.N);
         halve(t, static_cast<uint32_t>(pick));
     }
-    // hand leftover UB back: slot_life and bucket_key first (fewer window switches in the decay,
-    // victim and insert passes), then the stash windows
+    // hand leftover UB back: slot_life first (fewer window switches in the decay and victim
+    // passes), then the stash windows
     for (bool grown = true; grown;) {
         grown = false;
-        for (uint32_t s : {SEC_SL, SEC_BK, SEC_SC, SEC_HT, SEC_SK, SEC_SS, SEC_PC}) {
+        for (uint32_t s : {SEC_SL, SEC_SC, SEC_HT, SEC_SK, SEC_SS, SEC_PC}) {
             if (t.winLen[s] >= t.secLen[s]) continue;
             PlanTiling trial = t;
             SetWindow(trial, s, t.winLog[s] + 1);
@@ -281,7 +279,7 @@ int64_t StateWidth(int64_t capacity, int64_t buckets, bool reuse) {
     const int64_t Sp = RoundUp(static_cast<uint32_t>(capacity), 64);
     const uint32_t H = static_cast<uint32_t>(buckets);
     const int64_t policyState = reuse ? Sp + GhostEntries(H) + HeatEntries(H) : 0;
-    return kStateHeaderLen + 2 * buckets + 4 * Sp + policyState;
+    return kStateHeaderLen + buckets + 4 * Sp + policyState;
 }
 
 // The state of an op told its policy: the reuse policy's sections make the only width choice, so
@@ -639,7 +637,7 @@ std::vector<int64_t> PlanUbPlan(int64_t T, int64_t K, int64_t capacity, int64_t 
 // dispatch key, so loading both never registers anything twice.
 #ifdef AVSG_CPU_EMULATION
 TORCH_LIBRARY_FRAGMENT(avsg, m) {
-    // [total UB bytes, fixed bytes, window bytes of bucket_key, bucket_slot, slot_pos, slot_life,
+    // [total UB bytes, fixed bytes, window bytes of bucket_slot, slot_pos, slot_life,
     //  stash_key, stash_slot, slot_count, pos_count, block_heat]; max_context > 0: reuse policy
     m.def("plan_ub_plan(int T, int K, int capacity, int buckets, int max_context=0) -> int[]", &avsg::PlanUbPlan);
     // Tests only: switch the CPU backend's host-side value checks (state headers in plan /

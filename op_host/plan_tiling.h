@@ -4,7 +4,7 @@
 // accept it. All sizes are in int32 elements unless named *Bytes.
 //
 // State row layout (python/avsg/reference.py): a 64-int32 header (magic, S, H, L at words 0..3,
-// stash_count at word 8), then sections BK bucket_key [H], BS bucket_slot [H], SP slot_pos [Sp],
+// stash_count at word 8), then sections BS bucket_slot [H], SP slot_pos [Sp],
 // SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp], and for the reuse policy SC
 // slot_count [Sp], PC ghost [G] (evicted counts, tag << 8 | count), HT block_heat [B] (empty
 // for the lifetime and lru policies). Each section is reached through one UB "window" of winLen elements (a power
@@ -14,7 +14,7 @@
 
 namespace avsg {
 
-enum PlanSection : uint32_t { SEC_BK = 0, SEC_BS, SEC_SP, SEC_SL, SEC_SK, SEC_SS, SEC_SC, SEC_PC, SEC_HT, SEC_COUNT };
+enum PlanSection : uint32_t { SEC_BS = 0, SEC_SP, SEC_SL, SEC_SK, SEC_SS, SEC_SC, SEC_PC, SEC_HT, SEC_COUNT };
 
 constexpr uint32_t kPlanChunk = 512;        // selections per vector chunk (NC): 8 repeats of int32
 constexpr uint32_t kPlanProbes = 4;         // 1 + RETRIES probe buckets per position
@@ -33,7 +33,7 @@ constexpr uint32_t kPlanSortVectors = 8;    // concat 1 + index 1 + dst 2 + tmp 
 constexpr uint32_t kStashCountPad = 8;      // the stash_count block: 8 int32 (32 B) of the header
 constexpr uint32_t kStateHeaderLen = 64;    // int32 header at the start of every state row
 constexpr uint32_t kHeaderWords = 8;        // geometry block read by the kernels (32 B)
-constexpr uint32_t kHeaderMagic = 0x41565331u;   // "AVS1" (reference.HEADER_MAGIC)
+constexpr uint32_t kHeaderMagic = 0x41565332u;   // "AVS2" (reference.HEADER_MAGIC)
 constexpr uint32_t kHeaderCapacity = 1, kHeaderBuckets = 2, kHeaderLifetime = 3;
 constexpr uint32_t kHeaderPolicy = 4, kHeaderMaxContext = 5;
 constexpr uint32_t kHeaderActive = 6;       // active capacity in [N, S] (resize; reset writes S)

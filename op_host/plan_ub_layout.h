@@ -7,8 +7,8 @@
 // Order (TPipe places buffers one after another, 32 B aligned; every size here is already a
 // multiple of 32): tiling copy, the aligned region (sort buffers + the three wide vectors, one
 // buffer with slack because Sort32 wants 256 B / 128 B boundaries that TPipe does not promise),
-// the nc-element work vectors, the wide compare masks, the bitmaps (hit slots, claimed buckets,
-// pending misses), the merge heads and loser trees, stats / scalars / header, then one window per
+// the nc-element work vectors, the wide compare masks, the bitmaps (hit slots, the hit byte map,
+// claimed buckets, pending misses), the merge heads and loser trees, stats / scalars / header, then one window per
 // state section (a section the policy lacks has none).
 #pragma once
 #include "plan_tiling.h"
@@ -21,7 +21,7 @@ struct PlanUbLayout {
     uint32_t aligned;                // sort region + wide vectors + alignment slack
     uint32_t vector;                 // each of kPlanVectors nc-element vectors
     uint32_t mask;                   // each of kPlanMasks kPlanProbes*nc-bit masks
-    uint32_t hitBits, claimBits, pendBits;
+    uint32_t hitBits, hitBytes, claimBits, pendBits;   // hitBytes: one byte per padded slot
     uint32_t heads, trees;           // merge head space (kPlanMergeRegions), two merges' loser trees
     uint32_t stats, scalars, header;  // int64 stats row, scalar staging, header (+ stash count block)
     uint32_t window[SEC_COUNT];      // 0: the section has no window (its policy lacks it)
@@ -50,6 +50,7 @@ AVSG_PLAN_SHARED_FN PlanUbLayout MakePlanUbLayout(const PlanTiling& t) {
     l.vector = RoundUp(nc * 4, 32);
     l.mask = RoundUp(wide / 8, 32);
     l.hitBits = RoundUp(t.capPad / 8, 32);
+    l.hitBytes = HitByteMapBytes(t);
     l.claimBits = RoundUp(t.buckets / 8, 32);
     l.pendBits = RoundUp(t.pendWords * 4, 32);
     l.heads = RoundUp(2 * kPlanMaxRuns * kPlanHeadLen * 4, 32);
@@ -57,14 +58,11 @@ AVSG_PLAN_SHARED_FN PlanUbLayout MakePlanUbLayout(const PlanTiling& t) {
     l.stats = 32;
     l.scalars = 32;
     l.header = 64;
-    l.fixed = l.tiling + l.aligned + kPlanVectors * l.vector + kPlanMasks * l.mask + l.hitBits + l.claimBits +
+    l.fixed = l.tiling + l.aligned + kPlanVectors * l.vector + kPlanMasks * l.mask + l.hitBits + l.hitBytes + l.claimBits +
               l.pendBits + l.heads + l.trees + l.stats + l.scalars + l.header;
     l.total = l.fixed;
     for (uint32_t s = 0; s < SEC_COUNT; ++s) {
         l.window[s] = RoundUp(t.winLen[s] * 4, 32);
-        // bucket_key's window doubles as the hit byte map (one byte per slot, 128-slot
-        // compare blocks) from a row's start to its insert, the only step that reads the keys
-        if (s == SEC_BK) l.window[s] = (l.window[s] > HitByteMapBytes(t) ? l.window[s] : HitByteMapBytes(t));
         l.total += l.window[s];
     }
     return l;

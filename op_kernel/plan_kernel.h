@@ -28,9 +28,8 @@
 //      Select, Cast back), hash (shifts, u16 And against H-1, Muls/Add), then the 4 probes of
 //      the chunk at once (4*NC lanes, HashLookup): Gather bucket_slot, Gather slot_pos[slot] ->
 //      match bits, window by window (each window of a split section loaded at most once per
-//      chunk, the resident one first; at S 8192 both sections are whole in UB). bucket_key is
-//      not read by the lookup, only by the insert. Hit slots -> hit bitmap; the chunk's result
-//      is stored as its slots.
+//      chunk, the resident one first; at S 8192 both sections are whole in UB). Hit slots ->
+//      hit bitmap; the chunk's result is stored as its slots.
 //   2. classify: GatherMask compaction of the chunk's misses, Cast->float, Sort + Extract
 //      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge (loser
 //      tree) with dedup -> miss_pos (and each run entry's index in it). The stash, sorted once per
@@ -41,8 +40,9 @@
 //      hits to L (Not + Select).
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
-//      insert: freeness of all 4 buckets of every miss (all-probe gathers), 4 scalar rounds
-//      (lowest-j claims, winner bits), winners written window by window (GatherMask lists);
+//      insert: freeness of all 4 buckets of every miss (all-probe gathers of the position each
+//      bucket's slot holds, hashed: a bucket is occupied when that position probes it), 4 scalar
+//      rounds (lowest-j claims, winner bits), winners written window by window (GatherMask lists);
 //      stash compaction #2 + append (scalar).
 //   4. output: missed lanes get miss_slots[j] (OutputMisses), patched into the stored chunks;
 //      stats via 32 B DMA of the int64 row.

@@ -314,18 +314,41 @@ private:
 
     __aicore__ inline bool Pending(uint32_t j) { return (pend_.GetValue(j / 32) >> (j % 32)) & 1u; }
 
-    // reference._insert over the moves in order: 4 rounds, a free bucket (never used or stale)
-    // to the lowest pending j, the rest appended to the stash while it has room
+    // reference.occupied_buckets for one bucket: its slot holds a position that probes it
+    __aicore__ inline bool Occupied(uint32_t b) {
+        const int32_t slotMax = static_cast<int32_t>(rt_.plan.capacity) - 1;
+        const int32_t slot = Clamp(Get(win_[avsg::SEC_BS], b), -1, slotMax);   // -1: never used
+        if (slot < 0) return false;
+        const int32_t owner = Clamp(Get(win_[avsg::SEC_SP], static_cast<uint32_t>(slot)), -1,
+                                    static_cast<int32_t>(avsg::kMaxPosition));
+        if (owner < 0) return false;
+        for (uint32_t k = 0; k < avsg::kPlanProbes; ++k)
+            if (Probe(owner, k) == b) return true;
+        return false;
+    }
+
+    // reference._insert over the moves in order: 4 rounds, a free bucket to the lowest pending
+    // j, the rest appended to the stash while it has room
     __aicore__ inline void Insert(uint32_t r, uint32_t moves) {
-        Win& bk = win_[avsg::SEC_BK];
         Win& bs = win_[avsg::SEC_BS];
         Win& sp = win_[avsg::SEC_SP];
-        const int32_t slotMax = static_cast<int32_t>(rt_.plan.capacity) - 1;
         for (uint32_t w = 0; w < (moves + 31) / 32; ++w) {
             const uint32_t lo = w * 32;
             pend_.SetValue(w, lo + 32 <= moves ? 0xFFFFFFFFu : (1u << (moves - lo)) - 1u);
         }
         loadedChunk_ = 0xFFFFFFFFu;
+        const int32_t slotMax = static_cast<int32_t>(rt_.plan.capacity) - 1;
+        for (uint32_t j = 0; j < moves; ++j) {   // indexed already: a probe names its slot
+            const uint32_t dst = MoveDst(r, j);
+            const int32_t pos = Get(sp, dst);
+            for (uint32_t k = 0; k < avsg::kPlanProbes; ++k) {
+                const int32_t slot = Clamp(Get(bs, Probe(pos, k)), -1, slotMax);
+                if (slot >= 0 && Get(sp, static_cast<uint32_t>(slot)) == pos) {
+                    pend_.SetValue(j / 32, pend_.GetValue(j / 32) & ~(1u << (j % 32)));
+                    break;
+                }
+            }
+        }
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
             for (uint32_t w = 0; w < rt_.plan.buckets / 32; ++w) claim_.SetValue(w, 0u);
             for (uint32_t j = 0; j < moves; ++j) {
@@ -334,11 +357,8 @@ private:
                 const int32_t pos = Get(sp, dst);
                 const uint32_t b = Probe(pos, i);
                 if ((claim_.GetValue(b / 32) >> (b % 32)) & 1u) continue;   // a lower j won it
-                const int32_t key = Clamp(Get(bk, b), -1, static_cast<int32_t>(avsg::kMaxPosition));
-                const int32_t owner = Get(sp, static_cast<uint32_t>(Clamp(Get(bs, b), 0, slotMax)));
-                if (key != -1 && owner == key) continue;
+                if (Occupied(b)) continue;
                 claim_.SetValue(b / 32, claim_.GetValue(b / 32) | (1u << (b % 32)));
-                Put(bk, b, pos);
                 Put(bs, b, static_cast<int32_t>(dst));
                 pend_.SetValue(j / 32, pend_.GetValue(j / 32) & ~(1u << (j % 32)));
             }

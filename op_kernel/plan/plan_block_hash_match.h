@@ -11,9 +11,9 @@ namespace avsg_kernel {
 class PlanBlockHashMatch : public PlanBlockStash {
 protected:
     // Hash lookup of vWant_ (nc lanes; invalid lanes hold -2) -> vFoundF_ (slot or -1), probes
-    // only: a probe matches when the slot its bucket names holds p (bucket_key is not read: see
-    // reference.index_lookup), so the gathers touch bucket_slot and slot_pos only, which the
-    // host keeps whole in UB where they fit. The probes run last to first, so the first matching
+    // only: a probe matches when the slot its bucket names holds p (reference.index_lookup), so
+    // the gathers touch bucket_slot and slot_pos only, which the host keeps whole in UB where
+    // they fit. The probes run last to first, so the first matching
     // probe wins as in the reference even if slot_pos held a position twice. A lane no probe
     // finds is looked up in the stash later, once per row, by the sorted merge in MergeMisses
     // (reference: the stash is consulted only then).

@@ -1,9 +1,10 @@
 // plan_block_insert.h: the insert rounds (reference._insert). Freeness of every miss's 4
-// buckets by all-probe gathers, the rounds on the scalar unit (lowest j claims a free bucket),
-// the winners written window by window; what stays pending goes to the stash afterwards.
+// buckets by all-probe gathers (the position each bucket's slot holds, hashed), the rounds on
+// the scalar unit (lowest j claims a free bucket), the winners written window by window; what
+// stays pending goes to the stash afterwards.
 // UB: vWant_/vMS_ (misses and their slots), vFirst_/vStride_/vB_ (hash), mKey_ (free, then
-// winner bits), claimBits_, pendBits_, the bucket_key / bucket_slot / slot_pos windows; GM: the
-// workspace's free / winner bits when there are several miss chunks.
+// winner bits), claimBits_, pendBits_, the bucket_slot / slot_pos windows; GM: the workspace's
+// free / winner bits when there are several miss chunks.
 #pragma once
 #include "plan_block_victims.h"
 
@@ -12,14 +13,14 @@ namespace avsg_kernel {
 class PlanBlockInsert : public PlanBlockVictims {
 protected:
     // Insert: 4 rounds; in round i every pending miss proposes its bucket_i, and a free bucket
-    // (never used or stale) goes to the lowest proposing j.
+    // goes to the lowest proposing j.
     //  A. Freeness of all 4 buckets of every miss, with all-probe gathers (each window loaded at
     //     most once per miss chunk). A bucket's freeness changes during the rounds only when a
-    //     miss wins it (slot_pos is not written during the insert, and a winner's entry is valid:
-    //     its slot holds its position), so "free now" = "free before round 0 and not claimed in
-    //     any round so far": claimBits_ is cleared once, not per round.
+    //     miss wins it (slot_pos is not written during the insert, bucket_slot only for a winner,
+    //     whose slot holds a position that probes the bucket), so "free now" = "free before
+    //     round 0 and not claimed in any round so far": claimBits_ is cleared once, not per round.
     //  B. The rounds on the scalar unit, in (round, j) order: claims, winner bits per probe.
-    //  C. The winners are written window by window (no window ping-pong between claims).
+    //  C. The winners' slots are written window by window (no window ping-pong between claims).
     __aicore__ inline void Insert(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc, n = Wide();
         for (uint32_t w = 0; w < t_.pendWords; ++w) {
@@ -30,7 +31,6 @@ protected:
             pendBits_.SetValue(w, word);
         }
         if (m == 0) return;
-        Win& bk = win_[avsg::SEC_BK];
         Win& bs = win_[avsg::SEC_BS];
         Win& sp = win_[avsg::SEC_SP];
         const uint32_t chunks = (m + nc - 1) / nc;
@@ -43,19 +43,16 @@ protected:
             Sync<HardEvent::S_V>();               // the victims' scalar writes of the windows
             Hash(vWant_, nc);
             Buckets();
-            SplitIdx(bk, wIdx_);
-            GatherVals(bk, wKey_, -1, static_cast<int32_t>(avsg::kMaxPosition));
-            Buckets();                            // bucket_slot has windows of its own
+            Adds(wKey_, wIdx_, 0, n);             // the buckets, kept for FreeBuckets
             SplitIdx(bs, wIdx_);
-            GatherVals(bs, wSlot_, 0, SlotMax());
-            Adds(wIdx_, wSlot_, 0, n);
-            CompareScalar(mKey_, wKey_, -1, CMPMODE::EQ, n);     // never used
+            GatherVals(bs, wSlot_, -1, SlotMax());   // the slot each bucket names, -1: never used
+            CompareScalar(mKey_, wSlot_, -1, CMPMODE::EQ, n);   // FreeBuckets ORs it in
+            Maxs(wIdx_, wSlot_, 0, n);
             PipeBarrier<PIPE_V>();
             SplitIdx(sp, wIdx_);
-            MatchBits(sp, wKey_, true, mOwn_);                   // valid: slot_pos[slot] == key
-            Not(U16(mOwn_), U16(mOwn_), n / 16);
-            PipeBarrier<PIPE_V>();
-            Or(U16(mKey_), U16(mKey_), U16(mOwn_), n / 16);      // free = never used | stale
+            GatherVals(sp, wSlot_, -1, static_cast<int32_t>(avsg::kMaxPosition));   // what it holds
+            DropIndexed(c);
+            FreeBuckets();
             if (chunks > 1) {
                 Sync<HardEvent::V_MTE3>();
                 StoreInts(wsGm_[t_.wsFreeOff + c * freeWords], freeInts, freeWords);
@@ -105,18 +102,9 @@ protected:
                 }
             }
         }
-        // C. write the winners, window by window: for each miss chunk, recompute its buckets and,
-        // per window and probe, compact the winners (offset in the window, key, slot) by GatherMask.
-        // A few winners' keys go straight to GM instead, one 4-byte DMA each: a paged
-        // bucket_key window costs a load and a write-back (about 1,100 cycles of MTE at 8 KB),
-        // an entry one DMA issue (about 90), so below kKeyEntriesPerWindow winners per window
-        // the entries are cheaper, and the bound keeps the worst case (a cold buffer's T*K
-        // misses) on the windows.
-        const bool keyEntries = bk.nwin > 1 && m <= kKeyEntriesPerWindow * bk.nwin;
-        if (keyEntries) {   // no window copy may outlive the entries (phase A left it clean)
-            WinFlush<true>(bk);
-            bk.cur = -1;
-        }
+        // C. write the winners' slots, window by window: for each miss chunk, recompute its
+        // buckets and, per window and probe, compact the winners (offset in the window, slot) by
+        // GatherMask.
         for (uint32_t c = 0; c < chunks; ++c) {
             const uint32_t cnt = MinU(nc, m - c * nc);
             if (loaded != static_cast<int32_t>(c)) {
@@ -125,17 +113,89 @@ protected:
             }
             Sync<HardEvent::S_V>();               // scalar reads / writes of vB_ and the bits
             Buckets();
-            if (keyEntries) {
-                WriteKeyEntries(cnt);             // their positions to bucket_key, entry by entry
-            } else {
-                SplitIdx(bk, wIdx_);
-                WriteWinners(bk, vWant_, cnt);    // their positions to bucket_key
-            }
-            Sync<HardEvent::S_V>();               // WriteWinners' scalar reads of wIdx_'s lists
-            Buckets();
             SplitIdx(bs, wIdx_);
             WriteWinners(bs, vMS_, cnt);          // their slots to bucket_slot
         }
+    }
+    // A miss one of whose probe buckets names the slot that holds it (wSlot_: the position each
+    // probe's slot holds; mKey_: the probes that name no slot) is indexed already: its pending
+    // bit (chunk c) is cleared, so the rounds and the stash skip it.
+    __aicore__ inline void DropIndexed(uint32_t c) {
+        const uint32_t nc = t_.nc, n = Wide();
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i)
+            Compare(mTmp_[i * nc / 8], wSlot_[i * nc], vWant_, CMPMODE::EQ, nc);
+        Not(U16(mOwn_), U16(mKey_), n / 16);
+        PipeBarrier<PIPE_V>();
+        And(U16(mTmp_), U16(mTmp_), U16(mOwn_), n / 16);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) {
+            PipeBarrier<PIPE_V>();
+            Or(U16(mTmp_), U16(mTmp_), U16(mTmp_[i * nc / 8]), nc / 16);
+        }
+        PipeBarrier<PIPE_V>();
+        Not(U16(mTmp_), U16(mTmp_), nc / 16);
+        PipeBarrier<PIPE_V>();
+        const LocalTensor<uint16_t> pend = pendBits_[c * nc / 32].ReinterpretCast<uint16_t>();
+        And(pend, pend, U16(mTmp_), nc / 16);
+        PipeBarrier<PIPE_V>();
+    }
+    // mKey_ = free (W lanes): a bucket (wKey_) that names no slot (mKey_ set on entry) is free,
+    // and so is one whose slot's position (wSlot_, clamped to [-1, 2^24]; -1: a free slot) does
+    // not probe it, i.e. unless bucket - first is
+    // k * stride (mod H) for a probe k of that position (reference.occupied_buckets). The hash as
+    // in Hash, on all W lanes at once. Scratch: wIdx_, wWin_, wTmp_, wSlot_, mOwn_/mTmp_/mWin_.
+    __aicore__ inline void FreeBuckets() {
+        const uint32_t n = Wide();
+        const LocalTensor<int32_t> hMask = wTmp_, lo = wIdx_, hi = wWin_, first = wSlot_;
+        const LocalTensor<int32_t> owner = wSlot_, diff = wWin_, stride = wIdx_, multiple = wSlot_;
+        const int32_t hm = static_cast<int32_t>(t_.buckets - 1);
+        CompareScalar(mOwn_, owner, -1, CMPMODE::EQ, n);   // a free slot indexes nothing
+        Maxs(lo, owner, 0, n);
+        Duplicate(hMask, hm, n);
+        PipeBarrier<PIPE_V>();
+        ShiftRight(hi, lo, static_cast<int32_t>(t_.logBuckets), n);
+        PipeBarrier<PIPE_V>();
+        AndMask(lo, lo, hMask, n);                          // lo = p mod H
+        AndMask(hi, hi, hMask, n);                          // hi = (p >> m) mod H
+        PipeBarrier<PIPE_V>();
+        Muls(first, lo, static_cast<int32_t>(t_.hashA1), n);   // the owner is in mOwn_ now
+        Muls(hMask, hi, static_cast<int32_t>(t_.hashB1), n);   // hMask rebuilt below
+        PipeBarrier<PIPE_V>();
+        Add(first, first, hMask, n);
+        Muls(lo, lo, static_cast<int32_t>(t_.hashA2), n);
+        Muls(hi, hi, static_cast<int32_t>(t_.hashB2), n);
+        PipeBarrier<PIPE_V>();
+        Add(stride, lo, hi, n);
+        Duplicate(hMask, hm, n);
+        PipeBarrier<PIPE_V>();
+        AndMask(first, first, hMask, n);
+        AndMask(stride, stride, hMask, n);
+        PipeBarrier<PIPE_V>();
+        Sub(diff, wKey_, first, n);
+        ShiftRight(stride, stride, 1, n);                   // "| 1": clear bit 0, then add 1
+        PipeBarrier<PIPE_V>();
+        AndMask(diff, diff, hMask, n);                      // (bucket - first) mod H
+        ShiftLeft(stride, stride, 1, n);
+        PipeBarrier<PIPE_V>();
+        Adds(stride, stride, 1, n);
+        CompareScalar(mTmp_, diff, 0, CMPMODE::EQ, n);      // probe 0
+        PipeBarrier<PIPE_V>();
+        Adds(multiple, stride, 0, n);
+        for (uint32_t k = 1;; ++k) {                        // probe k: k * stride mod H
+            PipeBarrier<PIPE_V>();
+            Compare(mWin_, diff, multiple, CMPMODE::EQ, n);
+            PipeBarrier<PIPE_V>();
+            Or(U16(mTmp_), U16(mTmp_), U16(mWin_), n / 16);
+            if (k + 1 == avsg::kPlanProbes) break;
+            Add(multiple, multiple, stride, n);
+            PipeBarrier<PIPE_V>();
+            AndMask(multiple, multiple, hMask, n);
+        }
+        PipeBarrier<PIPE_V>();
+        Not(U16(mTmp_), U16(mTmp_), n / 16);
+        Or(U16(mOwn_), U16(mOwn_), U16(mKey_), n / 16);
+        PipeBarrier<PIPE_V>();
+        Or(U16(mKey_), U16(mTmp_), U16(mOwn_), n / 16);   // free = no probe matches | no owner
+        PipeBarrier<PIPE_V>();
     }
     // Misses, hash and free/winner bits of miss chunk c (insert with several miss chunks).
     __aicore__ inline void LoadInsertChunk(uint32_t r, uint32_t c, uint32_t m) {
@@ -149,7 +209,6 @@ protected:
         Sync<HardEvent::MTE2_V>();
         Hash(vWant_, t_.nc);
     }
-    static constexpr uint32_t kKeyEntriesPerWindow = 12;
     // Probe i's winners among the first cnt misses (winner bits of probe i in bits) compacted
     // into wSlot_: their wIdx_ lanes at [0, got), their values at [nc, nc + got). Returns got.
     __aicore__ inline uint32_t CompactWinners(const LocalTensor<uint8_t>& bits, uint32_t i,
@@ -164,31 +223,6 @@ protected:
         GatherMask(wSlot_[nc], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
         Sync<HardEvent::V_S>();
         return static_cast<uint32_t>(got);
-    }
-    // bucket_key[b] = p for this chunk's winners (mKey_: per-probe winner bits; wIdx_: their
-    // buckets), one exact 4-byte DMA per entry from a 32 B-aligned staging slot in wTmp_ (idle
-    // here), up to 256 entries per batch.
-    __aicore__ inline void WriteKeyEntries(uint32_t cnt) {
-        const uint32_t nc = t_.nc;
-        const GlobalTensor<int32_t>& gm = win_[avsg::SEC_BK].gm;
-        const LocalTensor<int32_t> cBucket = wSlot_, cKey = wSlot_[nc];   // CompactWinners' lists
-        const uint32_t slots = Wide() / 8;                                  // staging slots in wTmp_
-        uint32_t staged = 0;
-        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
-            const uint32_t got = CompactWinners(mKey_, i, vWant_, cnt);
-            for (uint32_t q0 = 0; q0 < got; q0 += slots) {
-                const uint32_t n = MinU(slots, got - q0);
-                if (staged) Sync<HardEvent::MTE3_S>();   // the previous batch's DMAs read wTmp_
-                for (uint32_t q = 0; q < n; ++q) wTmp_.SetValue(q * 8, cKey.GetValue(q0 + q));
-                Sync<HardEvent::S_MTE3>();
-                for (uint32_t q = 0; q < n; ++q)
-                    StoreInts(gm[static_cast<uint32_t>(cBucket.GetValue(q0 + q))], wTmp_[q * 8], 1);
-                staged = n;
-            }
-        }
-        Sync<HardEvent::MTE3_S>();
-        Sync<HardEvent::MTE3_V>();
-        PipeBarrier<PIPE_V>();   // the GatherMasks read wIdx_, which the caller rewrites next
     }
     // One bucket section's entries of this chunk's winners (mKey_: per-probe winner bits; wIdx_:
     // the probe buckets as in-window byte offsets of w, wWin_: their windows): values[j] for the

@@ -54,6 +54,7 @@ protected:
         for (uint32_t i = 0; i < avsg::kPlanVectors; ++i) pipe->InitBuffer(vecBuf_[i], ub.vector);
         for (uint32_t i = 0; i < avsg::kPlanMasks; ++i) pipe->InitBuffer(maskBuf_[i], ub.mask);
         pipe->InitBuffer(hitBuf_, ub.hitBits);
+        pipe->InitBuffer(hitByteBuf_, ub.hitBytes);
         pipe->InitBuffer(claimBuf_, ub.claimBits);
         pipe->InitBuffer(pendBuf_, ub.pendBits);
         pipe->InitBuffer(headBuf_, ub.heads);
@@ -106,7 +107,7 @@ protected:
         sConcat_.SetSize(nc); sIdx_.SetSize(nc); sDst_.SetSize(2 * nc); sTmp_.SetSize(2 * nc);
         sOutV_.SetSize(nc); sOutI_.SetSize(nc);
         hitBits_ = hitBuf_.Get<uint32_t>();
-        hitBytes_ = winBuf_[avsg::SEC_BK].Get<uint8_t>();   // idle until the insert (plan_ub_layout.h)
+        hitBytes_ = hitByteBuf_.Get<uint8_t>();
         claimBits_ = claimBuf_.Get<uint32_t>();
         pendBits_ = pendBuf_.Get<uint32_t>();
         heads_ = headBuf_.Get<int32_t>();
@@ -231,7 +232,6 @@ protected:
         LoadInts(scalarUb_, seqGm_[r], 1, 0);
         DataCopy(headerUb_, stateGm_[static_cast<uint64_t>(r) * t_.width], avsg::kHeaderWords + avsg::kStashCountPad);
         Duplicate(hitBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.capPad / 16);
-        Sync<HardEvent::MTE3_V>();   // the previous row's write-back of the bucket_key window
         Duplicate(hitBytes_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), avsg::HitByteMapBytes(t_) / 2);
         Sync<HardEvent::MTE2_S>();
         Sync<HardEvent::V_S>();
@@ -289,7 +289,7 @@ protected:
     GlobalTensor<int64_t> statsGm_;
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
-    TBuf<TPosition::VECCALC> alignedBuf_, hitBuf_, claimBuf_, pendBuf_, headBuf_, treeBuf_;
+    TBuf<TPosition::VECCALC> alignedBuf_, hitBuf_, hitByteBuf_, claimBuf_, pendBuf_, headBuf_, treeBuf_;
     TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_;
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
@@ -302,7 +302,7 @@ protected:
     LocalTensor<float> sConcat_, sDst_, sTmp_, sOutV_;
     LocalTensor<uint32_t> sIdx_, sOutI_;
     LocalTensor<uint32_t> hitBits_, claimBits_, pendBits_;
-    LocalTensor<uint8_t> hitBytes_;              // one byte per slot, aliased on bucket_key's window
+    LocalTensor<uint8_t> hitBytes_;              // one byte per padded slot (MarkHits)
     LocalTensor<int32_t> heads_, treeUb_;
     LocalTensor<int64_t> statsUb_;
     LocalTensor<int32_t> scalarUb_, headerUb_, countUb_;

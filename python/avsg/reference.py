@@ -12,12 +12,11 @@ vector core can move a row's whole state GM<->UB with a few DMA copies. Each sec
 a multiple of 64 int32 (one 256-byte vector repeat)::
 
     [0,        64)          header       the row's geometry and scalars (below)
-    [64,       64+H)        bucket_key   position indexed by the bucket, -1 = never used
-    [64+H,     64+2H)       bucket_slot  slot that position was given (0 for a never-used bucket)
-    [64+2H,    64+2H+Sp)    slot_pos     position held by each slot, -1 = free
-    [.. +Sp,   64+2H+2Sp)   slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
-    [.. +2Sp,  64+2H+3Sp)   stash_key    overflow index: positions no probe bucket could take
-    [.. +3Sp,  64+2H+4Sp)   stash_slot   their slots
+    [64,       64+H)        bucket_slot  slot the bucket names, -1 = never used
+    [64+H,     64+H+Sp)     slot_pos     position held by each slot, -1 = free
+    [.. +Sp,   64+H+2Sp)    slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
+    [.. +2Sp,  64+H+3Sp)    stash_key    overflow index: positions no probe bucket could take
+    [.. +3Sp,  64+H+4Sp)    stash_slot   their slots
     reuse policy only (the lifetime and lru policies have none of these):
     [.. +4Sp,  .. +5Sp)     slot_count   use count of the position each slot holds, 0..255
     [.. +5Sp,  .. +G)       ghost        counts of evicted positions: ``tag << 8 | count``
@@ -67,12 +66,14 @@ dual-pointer kernel may resolve differently):
   ``S`` entries: misses that would overflow it stay resident but unindexed (a later step misses
   them again; this cannot happen to a state built by the ops);
 * a slot read from ``bucket_slot`` or ``stash_slot`` is clamped to ``[0, S-1]`` before it
-  addresses ``slot_pos`` or is returned (the stored value is kept); the entry is valid only if
-  ``slot_pos`` at the clamped slot holds its key, so a clamped entry is simply stale or names the
-  one slot that really holds the position;
-* the insert's freeness test clamps a bucket key to ``[-1, 2**24]`` (so the kernels can blend
-  keys in float exactly); the stash lookup compares keys exactly; a negative stash key never
-  matches; an invalid selection (negative or past the bound) never matches a slot;
+  addresses ``slot_pos`` or is returned (the stored value is kept; the insert's freeness test
+  clamps ``bucket_slot`` to ``[-1, S-1]``, -1 meaning never used); a bucket is occupied only if
+  the clamped slot holds a position that probes it, a stash entry is valid only if the clamped
+  slot holds its key, so a clamped entry is simply free (stale) or names the one slot that
+  really holds the position;
+* the insert's freeness test clamps the position a bucket's slot holds to ``[-1, 2**24]`` (so
+  the kernels can blend it in float exactly) before hashing it; the stash lookup compares keys
+  exactly; a negative stash key never matches; an invalid selection (negative or past the bound) never matches a slot;
 * every ``plan`` sets the ``Sp - S`` padding entries of ``slot_pos`` and ``slot_life`` to -1, and
   the decay clamps every lifetime to ``[-1, L-1]`` before the hits are set to ``L``. Then every
   slot not hit in the step is a victim candidate, so reservation cannot run short (see
@@ -101,23 +102,26 @@ Index (hash table + stash)
   on ``x mod H`` only, so ``x`` and ``x+H`` would always collide. Keeping both limbs and both
   constants below ``2**15`` keeps every product below ``2**30``: int32 vector arithmetic never
   overflows, and the A2 overflow behaviour of ``Muls``/``Add`` (undocumented) never matters.
-* Entry validity is checked against ``slot_pos``: bucket ``b`` is *valid* when
-  ``slot_pos[bucket_slot[b]] == bucket_key[b] != -1``. When a slot is given to another position,
-  or freed by invalidate/reset, every index entry pointing at it turns stale at once, with no
-  search for it: stale buckets are reclaimed lazily, by the next insert that probes them.
-  The same rule applies to stash entries.
+* A bucket keeps no key: its entry is whatever the slot it names holds. Bucket ``b`` is
+  *occupied* when it names a slot (``bucket_slot[b] >= 0``) that holds a position ``q``
+  (``q = slot_pos[bucket_slot[b]] >= 0``) whose probes include ``b``; otherwise it is *free*. When a slot is given to another position, or
+  freed by invalidate/reset, every bucket naming it turns free at once (unless the new position
+  happens to probe it too, and then it is a valid entry of that position), with no search for
+  it: free buckets are reclaimed lazily, by the next insert that probes them. The stash keeps
+  its keys: a stash entry is valid when its slot holds its key.
 * Lookup of ``p``: the first probe bucket whose slot holds ``p`` (``slot_pos[bucket_slot[b]] ==
   p``); failing that, the first valid stash entry whose key is ``p``. The stash is scanned only
-  in rows whose stash is non-empty. The lookup does not read ``bucket_key``: a slot that holds
-  ``p`` is the answer whichever bucket names it, and since ``slot_pos`` holds a position at most
-  once, on any state the ops build this finds exactly the slot a valid entry names (every
-  resident position has one). What it saves is the kernels' bandwidth: the lookup gathers from
-  ``bucket_slot`` and ``slot_pos`` only, which fit the Unified Buffer whole at S = 8192 where
-  the whole bucket pair does not. The insert's freeness and ``check_state`` still use validity
-  (``indexed_slots``).
-* Insert (the misses of one step, in miss-list order ``j``): 4 rounds; in round ``i`` every
-  miss not yet placed proposes its bucket ``bucket_i``; a proposed bucket that is free (never
-  used or stale) goes to the smallest proposing ``j``. Misses still unplaced after the 4 rounds
+  in rows whose stash is non-empty. Since ``slot_pos`` holds a position at most once, this finds
+  the one slot that holds ``p`` whenever ``p`` has an index entry, and every resident position
+  has one. The index is two int32 per bucket fewer than a keyed table would need, and the
+  kernels gather from ``bucket_slot`` and ``slot_pos`` only, which fit the Unified Buffer whole
+  at S = 8192.
+* Insert (the misses of one step, in miss-list order ``j``): a miss one of whose probe buckets
+  already names the slot that now holds it (its slot was given back to it, or a bucket left by
+  the slot's previous position happens to be one of its probes) is indexed already and placed
+  nowhere else. Then 4 rounds; in round ``i`` every miss not yet placed proposes its bucket
+  ``bucket_i``; a proposed bucket that is free goes to the smallest proposing ``j``. Misses
+  still unplaced after the 4 rounds
   are appended to the stash in ``j`` order. The stash drops its stale entries (order kept) twice
   per step: before the victims are taken (else a freed slot handed back to the same position
   would revive a stale entry beside the new one) and before the append.
@@ -244,7 +248,8 @@ MAX_BUCKETS = 1 << 15                  # keeps hash products below 2**30
 MAX_LIFETIME = 255
 INT32_MAX = (1 << 31) - 1
 STATE_HEADER = 64                      # int32 words of the per-row header
-HEADER_MAGIC = 0x41565331              # "AVS1": a row written by reset, layout version 1
+HEADER_MAGIC = 0x41565332              # "AVS2": a row written by reset, layout version 2
+#: (version 1 also kept a bucket_key section, before bucket_slot; such rows fail the magic check)
 HEADER_MAGIC_WORD, HEADER_CAPACITY, HEADER_BUCKETS, HEADER_LIFETIME = range(4)
 HEADER_POLICY, HEADER_MAX_CONTEXT = 4, 5
 HEADER_ACTIVE = 6                      # active capacity: resident slots all lie below it (resize)
@@ -344,16 +349,12 @@ class Layout(NamedTuple):
         return 0
 
     @property
-    def bucket_key(self) -> int:
+    def bucket_slot(self) -> int:
         return STATE_HEADER
 
     @property
-    def bucket_slot(self) -> int:
-        return STATE_HEADER + self.buckets
-
-    @property
     def slot_pos(self) -> int:
-        return STATE_HEADER + 2 * self.buckets
+        return STATE_HEADER + self.buckets
 
     @property
     def slot_life(self) -> int:
@@ -391,7 +392,6 @@ class Layout(NamedTuple):
 class StateView(NamedTuple):
     """Named, writable views into a state tensor ``[R, Layout.width]`` (unpadded lengths)."""
 
-    bucket_key: torch.Tensor      # [R, H]
     bucket_slot: torch.Tensor     # [R, H]
     slot_pos: torch.Tensor        # [R, S]
     slot_life: torch.Tensor       # [R, S]
@@ -408,7 +408,6 @@ def view_state(state: torch.Tensor, layout: Layout) -> StateView:
     S, H = layout.capacity, layout.buckets
     has_policy_state = layout.reuse
     return StateView(
-        bucket_key=state[:, layout.bucket_key:layout.bucket_key + H],
         bucket_slot=state[:, layout.bucket_slot:layout.bucket_slot + H],
         slot_pos=state[:, layout.slot_pos:layout.slot_pos + S],
         slot_life=state[:, layout.slot_life:layout.slot_life + S],
@@ -460,7 +459,6 @@ def reset(state: torch.Tensor, layout: Layout, row_mask: torch.Tensor, lifetime:
     # A reset row gets the whole allocation back: reset reads nothing from the row (that is what
     # lets it repair any row), so it cannot keep an active capacity it would have to trust.
     fresh[HEADER_ACTIVE] = layout.capacity
-    fresh[layout.bucket_slot:layout.bucket_slot + layout.buckets] = 0
     fresh[layout.stash_slot:layout.stash_slot + layout.padded_capacity] = 0
     fresh[layout.slot_count:] = 0                 # counts, ghosts, heat (reuse) start at 0
     state[row_mask] = fresh
@@ -686,8 +684,8 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
 
     Checked: the header (magic, ``S``, ``H``, ``L``, zero words); ``slot_pos`` in
     ``[-1, 2**24)`` and ``slot_life`` in ``[-1, L]``, free exactly when the other is -1, no
-    position held twice, padding free; ``stash_count`` in ``[0, S]``; every index entry in range
-    (keys in ``[-1, 2**24)``, slots in ``[0, S)``); stash entries past the count are ``(-1, 0)``;
+    position held twice, padding free; ``stash_count`` in ``[0, S]``; every bucket's and stash
+    entry's slot in ``[0, S)`` and every stash key in ``[-1, 2**24)``; stash entries past the count are ``(-1, 0)``;
     every resident position is found by the index at its own slot. Reuse policy: ``slot_life``
     holds ages in ``[-1, 1023]``, counts and heat lie in ``[0, 255]``, a free slot's count is 0,
     every ghost names a position in ``[0, 2**24)``, the step word in ``[0, 256)``. The active capacity lies in ``[min_active, S]`` and no slot at
@@ -701,7 +699,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
         if bool(mask.any()):
             r, i = (int(x) for x in mask.nonzero()[0]) if mask.dim() == 2 else (
                 int(mask.nonzero()[0, 0]), 0)
-            value = {"slot_pos": v.slot_pos, "slot_life": v.slot_life, "bucket_key": v.bucket_key,
+            value = {"slot_pos": v.slot_pos, "slot_life": v.slot_life,
                      "bucket_slot": v.bucket_slot, "stash_key": v.stash_key,
                      "stash_slot": v.stash_slot, "slot_count": v.slot_count,
                      "ghost": v.ghost, "block_heat": v.block_heat}.get(section)
@@ -742,9 +740,8 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
     ordered = v.slot_pos.sort(1).values
     fail("slot_pos", (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0),
          "a position is held by two slots (sorted index shown)")
-    fail("bucket_key", (v.bucket_key < -1) | (v.bucket_key >= MAX_POSITION),
-         "expected -1 or a position in [0, 2**24)")
-    fail("bucket_slot", (v.bucket_slot < 0) | (v.bucket_slot >= S), f"expected a slot in [0, {S})")
+    fail("bucket_slot", (v.bucket_slot < -1) | (v.bucket_slot >= S),
+         f"expected -1 (never used) or a slot in [0, {S})")
     in_use = torch.arange(S, device=state.device)[None, :] < v.stash_count[:, None]
     fail("stash_key", in_use & ((v.stash_key < -1) | (v.stash_key >= MAX_POSITION)),
          "expected -1 or a position in [0, 2**24)")
@@ -752,7 +749,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
          f"expected a slot in [0, {S})")
     fail("stash_key", ~in_use & ((v.stash_key != -1) | (v.stash_slot != 0)),
          "entries past stash_count must be (-1, 0)")
-    found = indexed_slots(v, v.slot_pos, layout.buckets)
+    found = index_lookup(v, v.slot_pos, layout.buckets)
     slot_ids = torch.arange(S, device=state.device, dtype=found.dtype).expand_as(found)
     fail("slot_pos", (v.slot_pos >= 0) & (found != slot_ids),
          "this resident position is not found at its slot by the hash index")
@@ -806,29 +803,27 @@ def _stash_lookup(v: StateView, sel: torch.Tensor, found: torch.Tensor) -> None:
 
 def index_lookup(v: StateView, sel: torch.Tensor, buckets: int) -> torch.Tensor:
     """Plan's lookup: the slot holding each selected position, or -1. The first probe bucket
-    whose slot holds the position (``bucket_key`` is not read), then the stash."""
-    return _lookup(v, sel, buckets, by_key=False)
-
-
-def indexed_slots(v: StateView, sel: torch.Tensor, buckets: int) -> torch.Tensor:
-    """Where the index files each position, or -1: by valid entries only (the bucket's key is
-    the position and its slot holds it), then the stash. The invariant check uses this one."""
-    return _lookup(v, sel, buckets, by_key=True)
-
-
-def _lookup(v: StateView, sel: torch.Tensor, buckets: int, by_key: bool) -> torch.Tensor:
+    whose slot holds the position, then the stash."""
     b = probe_buckets(sel.clamp(min=0), buckets)                     # [R, N, P]
     slots = _gather_rows(v.bucket_slot, b).clamp(0, _capacity(v) - 1)
     owner = _gather_rows(v.slot_pos, slots)
     want = sel[..., None]
     match = (owner == want) & (want >= 0)
-    if by_key:
-        match &= _gather_rows(v.bucket_key, b) == want
     first = match.int().argmax(-1, keepdim=True)
     found = torch.where(match.any(-1), slots.gather(-1, first).squeeze(-1),
                         torch.full_like(sel, -1))
     _stash_lookup(v, sel, found)
     return found
+
+
+def occupied_buckets(v: StateView, bucket: torch.Tensor, buckets: int) -> torch.Tensor:
+    """Whether each bucket (int64 ``[R, ...]``) is occupied: it names a slot (``bucket_slot``
+    clamped to ``[-1, S-1]``, -1: never used) that holds a position, clamped to ``[-1, 2**24]``,
+    whose probes include the bucket."""
+    slots = _gather_rows(v.bucket_slot, bucket).clamp(-1, _capacity(v) - 1)
+    owner = _gather_rows(v.slot_pos, slots.clamp(min=0)).clamp(-1, MAX_POSITION)
+    probes = probe_buckets(owner.clamp(min=0), buckets)
+    return (slots >= 0) & (owner >= 0) & (probes == bucket[..., None]).any(-1)
 
 
 def dual_pointer_lookup(v: StateView, sel: torch.Tensor) -> torch.Tensor:
@@ -861,23 +856,21 @@ def _insert(v: StateView, miss_pos: torch.Tensor, miss_slots: torch.Tensor,
             pending: torch.Tensor, buckets: int) -> None:
     """Place this step's misses in the index: 4 probe rounds, lowest j wins, rest to the stash."""
     R, N = miss_pos.shape
-    S = _capacity(v)
     b = probe_buckets(miss_pos.clamp(min=0), buckets)
     j = torch.arange(N, device=miss_pos.device).expand(R, N)
     row_base = torch.arange(R, device=miss_pos.device)[:, None] * buckets
-    pending = pending.clone()
+    slots = _gather_rows(v.bucket_slot, b).clamp(-1, _capacity(v) - 1)
+    owner = _gather_rows(v.slot_pos, slots.clamp(min=0))
+    indexed = ((slots >= 0) & (owner == miss_pos[..., None])).any(-1)
+    pending = pending & ~indexed
     for i in range(PROBES):
         cand = b[..., i]
-        key = _gather_rows(v.bucket_key, cand).clamp(-1, MAX_POSITION)
-        owner = _gather_rows(v.slot_pos, _gather_rows(v.bucket_slot, cand).clamp(0, S - 1))
-        free = (key == -1) | (owner != key)
-        propose = pending & free
+        propose = pending & ~occupied_buckets(v, cand, buckets)
         winner = torch.full((R * buckets,), N, dtype=torch.int64, device=miss_pos.device)
         flat = (row_base + cand)[propose]
         winner.scatter_reduce_(0, flat, j[propose], reduce="amin")
         won = propose & (winner[(row_base + cand)] == j)
         rr, jj = won.nonzero(as_tuple=True)
-        v.bucket_key[rr, cand[rr, jj]] = miss_pos[rr, jj]
         v.bucket_slot[rr, cand[rr, jj]] = miss_slots[rr, jj]
         pending &= ~won
     rows = torch.nonzero((v.stash_count > 0) | pending.any(1)).flatten().tolist()

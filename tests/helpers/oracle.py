@@ -220,7 +220,7 @@ def check_index_consistent(buf, after_plan: bool = True) -> None:
     v = reference.view_state(buf.state, buf.layout)
     resident = v.slot_pos.clone()
     probe = torch.where(resident >= 0, resident, torch.full_like(resident, -1))
-    found = reference.indexed_slots(v, probe, buf.hash_buckets)
+    found = reference.index_lookup(v, probe, buf.hash_buckets)
     assert torch.equal(found, brute_force_lookup(v.slot_pos, probe))
     for r in range(buf.rows if after_plan else 0):
         n = int(v.stash_count[r])

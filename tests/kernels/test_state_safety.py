@@ -1,7 +1,7 @@
 """Safe whatever the state holds (issue 8, item 0).
 
 A corruption fuzzer: random and targeted values written into every section of one state row
-(header, bucket_key, bucket_slot, slot_pos, slot_life, stash_key, stash_slot, stash_count, the
+(header, bucket_slot, slot_pos, slot_life, stash_key, stash_slot, stash_count, the
 padding slots), then every kernel run on it: plan (hash and dual pointer), invalidate, reset, and
 gather on corrupted plans. Every tensor an op writes sits between guard rows (the op gets the
 middle of a bigger tensor), and the other rows of the batch are compared with a run on the
@@ -36,7 +36,7 @@ from helpers.gather_cases import kv_zeros
 I32 = torch.int32
 GUARD_STATE = 0x5A5A5A5A          # int32 pattern of the guard rows around the state
 GUARD_STATS = 0x0123456789ABCDEF
-SECTIONS = ("header", "bucket_key", "bucket_slot", "slot_pos", "slot_life", "stash_key",
+SECTIONS = ("header", "bucket_slot", "slot_pos", "slot_life", "stash_key",
             "stash_slot", "stash_count", "padding", "slot_count", "ghost", "block_heat",
             "step",              # the last four: reuse policy state (empty under lifetime)
             "active")            # the active capacity (resize)
@@ -80,7 +80,7 @@ class Geometry:
         """(offset, length) of a section of one row, padding included."""
         lay, Sp = self.layout, self.layout.padded_capacity
         return {"header": (0, reference.STATE_HEADER),
-                "bucket_key": (lay.bucket_key, self.H), "bucket_slot": (lay.bucket_slot, self.H),
+                "bucket_slot": (lay.bucket_slot, self.H),
                 "slot_pos": (lay.slot_pos, Sp), "slot_life": (lay.slot_life, Sp),
                 "stash_key": (lay.stash_key, Sp), "stash_slot": (lay.stash_slot, Sp),
                 "stash_count": (reference.HEADER_STASH_COUNT, 1),
@@ -617,7 +617,7 @@ def test_large_geometry_corruption_windows(max_context):
                        policy=g.policy)
     dirty = state.clone()
     edits = []
-    for section in ("bucket_key", "bucket_slot", "slot_pos", "slot_life", "stash_slot",
+    for section in ("bucket_slot", "slot_pos", "slot_life", "stash_slot",
                     "slot_count", "ghost", "block_heat"):
         for i in range(24):
             value = g.targeted()[i % len(g.targeted())] if i % 2 else \
@@ -654,7 +654,6 @@ def test_check_state_accepts_every_state_the_ops_build():
     ("slot_life", -2, "slot_life"),
     ("slot_pos", 1 << 24, "slot_pos"),
     ("bucket_slot", 40, "bucket_slot"),
-    ("bucket_key", -7, "bucket_key"),
     ("padding", 3, "padding"),
     ("header", 0, "no AVSG state header"),
 ])
@@ -674,31 +673,37 @@ def test_check_state_finds_a_lost_index_entry():
     buf = avsg.SparseKVBuffer(policy="lifetime", rows=1, capacity=40, topk=16, lifetime=3, hash_buckets=64)
     buf.plan(torch.arange(16, dtype=I32).view(1, 1, 16), torch.full((1,), 100, dtype=I32))
     v = reference.view_state(buf.state, buf.layout)
-    v.bucket_key[v.bucket_key >= 0] = -1          # the table forgets everything it indexed
+    free_slot = int((v.slot_pos[0] == -1).nonzero()[0])
+    v.bucket_slot[0] = free_slot                   # every bucket names a free slot: all forgotten
     with pytest.raises(ValueError, match="not found at its slot by the hash index"):
         buf.check_state()
 
 
 @pytest.mark.parametrize("policy", ["lifetime", "lru"])
-def test_lookup_finds_residents_whatever_bucket_key_holds(policy):
-    """The lookup matches a probe by the slot its bucket names (slot_pos), never by bucket_key:
-    with every key garbage, each resident selection still hits, in the kernel as in the
-    reference, and the insert (which does read the keys) stays exact too."""
+def test_buckets_naming_one_slot_are_occupied_only_by_its_probes(policy):
+    """A bucket keeps no key: it is occupied when the slot it names holds a position that probes
+    it. With every bucket of a row naming one resident slot, that slot's position is still found
+    (its own probes are occupied by it), every other bucket is free for the insert, and the
+    kernel agrees with the reference, state included."""
     g = Geometry(2, 1, 16, 40, 64, 3, policy=policy)
     clean, stats, gen = lived_in_state(g, seed=5)
     dirty = clean.clone()
-    corrupt(dirty, g, 1, [], gen, whole="bucket_key")
     v = reference.view_state(dirty, g.layout)
-    resident = v.slot_pos[1][v.slot_pos[1] >= 0]
+    slot = int((v.slot_pos[1] >= 0).nonzero()[0])
+    held = v.slot_pos[1, slot].clone()
+    v.bucket_slot[1] = slot
+    every = torch.arange(g.H).expand(g.R, -1)
+    occupied = reference.occupied_buckets(v, every, g.H)[1]
+    assert set(occupied.nonzero().flatten().tolist()) == \
+        set(reference.probe_buckets(held.view(1), g.H)[0].tolist())
     seq = torch.full((g.R,), 3 * g.S + 4, dtype=I32)
     topk = selections(gen, g, seq)
-    topk[1, 0, :8] = resident[:8]
-    _, state = check_plan_outcome(torch.ops.avsg.plan, "hash", clean, dirty, stats, g, 1, topk,
-                                  seq, checked=False)
-    hit_slots = torch.ops.avsg.plan(topk, seq, dirty.clone(), stats.clone(), g.S, g.H, g.L,
-                                    g.policy_id, g.C)[0]
-    owner = v.slot_pos[1].gather(0, hit_slots[1, 0, :8].long())
-    assert torch.equal(owner, resident[:8]), "a resident selection missed"
+    topk[1, 0, 0] = held
+    check_plan_outcome(torch.ops.avsg.plan, "hash", clean, dirty, stats, g, 1, topk, seq,
+                       checked=False)
+    got = torch.ops.avsg.plan(topk, seq, dirty.clone(), stats.clone(), g.S, g.H, g.L,
+                              g.policy_id, g.C)[0]
+    assert int(got[1, 0, 0]) == slot, "the resident position was not found at its slot"
 
 
 def test_invalid_selection_never_matches_a_corrupt_slot():

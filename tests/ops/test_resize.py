@@ -37,7 +37,7 @@ def check_index(buf):
     """The index finds exactly what slot_pos holds, and the stash holds no stale entry."""
     v = reference.view_state(buf.state, buf.layout)
     probe = v.slot_pos.clone()
-    found = reference.indexed_slots(v, probe, buf.hash_buckets)
+    found = reference.index_lookup(v, probe, buf.hash_buckets)
     assert torch.equal(found, brute_force_lookup(v.slot_pos, probe))
 
 
