@@ -31,7 +31,7 @@ def _craft(twin: Twin, row: int, case: str, gen: torch.Generator) -> None:
             life[pos >= 0] = torch.randint(1, 1024, (S,), generator=g, dtype=I32)[pos >= 0]
         elif case == "free":
             life[pos >= 0] = torch.randint(1, 40, (S,), generator=g, dtype=I32)[pos >= 0]
-            free = torch.randperm(S, generator=g)[:700]
+            free = torch.randperm(S, generator=g)[:300]
             life[free] = -1                   # resident slots among them: hit slots holding -1
         elif case == "shrunk":
             active = S - 1500
@@ -50,7 +50,7 @@ def test_lru_victims_on_crafted_ages(build, cases):
     with emulation(build):
         twin = Twin(R, S, H, 4, policy="lru")
         seq = torch.full((R,), 6 * S, dtype=I32)
-        for _ in range(5):                    # fills the buffer (the first steps take free slots)
+        for _ in range(8):                    # fills the buffer (the first steps take free slots)
             twin.plan(draw(gen, R, T, K, seq, hot=3 * S), seq)
             seq += T
         for row, case in enumerate(cases):
