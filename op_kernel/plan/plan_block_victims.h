@@ -1,12 +1,14 @@
 // plan_block_victims.h: victims. One pass over slot_life decays or ages every slot and pins
 // the hits (DecayAndPin); the m victims are then the lowest (life, slot) under the lifetime
-// policy (Allocate) or the lowest (score, slot) under reuse and lru (AllocateByScore: scores to
-// the workspace, an 8-ary threshold search, ties in slot order); each miss is installed in its
-// victim (by Allocate as it finds them, ScatterVictims for lru, ScatterVictimsReuse with ghosts
-// for reuse). The policy is a tag
-// (plan_policy.h), so each kernel compiles only its own passes.
+// policy (Allocate), the lowest (score, slot) under reuse (AllocateByScore: scores to the
+// workspace, an 8-ary threshold search, ties in slot order) and the oldest (age, then slot
+// order) under lru (AllocateLru: a threshold search on the ages in the slot_life windows, whose
+// first pass counts just below the oldest age); each miss is installed in its victim (by
+// Allocate and SelectLru as they find them, ScatterVictimsReuse with ghosts for reuse). The
+// policy is a tag (plan_policy.h), so each kernel compiles only its own passes.
 // UB: the slot_life / slot_pos / slot_count / ghost windows, hitBits_, V(0..6), wWin_/wIdx_/wSlot_
-// and vT1_/vT2_/vKey_/vTmpF_ as scratch; GM: miss_slots, the workspace's scores.
+// and vT1_/vT2_/vKey_/vTmpF_ as scratch, for lru also wTmp_/wKey_ (the sort region, idle here)
+// and V(1) as eight wide masks; GM: miss_slots, the workspace's scores (reuse).
 #pragma once
 #include "plan_block_heat.h"
 
@@ -28,10 +30,16 @@ protected:
         const LocalTensor<int32_t> sink = Policy::kReuse ? vKey_ : wSlot_;
         const LocalTensor<float> lifeF = Policy::kReuse ? vTmpF_ : wWin_.ReinterpretCast<float>();
         Win& sl = win_[avsg::SEC_SL];
+        // lru: the lane-wise max of the new ages (the sort region is idle here), reduced below
+        const LocalTensor<float> ageMax = wTmp_.ReinterpretCast<float>();
         freeSlots_ = 0;
         Sync<HardEvent::S_V>();
-        // last window first: Allocate then starts its slot-order scan in the resident window 0
-        for (uint32_t id = sl.nwin; id-- > 0;) {
+        if constexpr (Policy::kLru) Duplicate(ageMax, -1.0f, Wide());
+        // lifetime and reuse: last window first, so Allocate starts its slot-order scan in the
+        // resident window 0; lru: first window first, its count passes (CountAgesAtLeast) start
+        // from the resident window and end in window 0, where SelectLru starts
+        for (uint32_t k = 0; k < sl.nwin; ++k) {
+            const uint32_t id = Policy::kLru ? k : sl.nwin - 1 - k;
             Ensure(sl, static_cast<int32_t>(id));
             const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
             for (uint32_t off = 0; off < cnt; off += chunk) {
@@ -66,25 +74,44 @@ protected:
                     Max(t2, t2, t1, n);                    // max(life-1, min(life,0))
                     PipeBarrier<PIPE_V>();
                 }
-                CompareScalar(mB_, t2, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
-                PipeBarrier<PIPE_V>();
+                const uint32_t base = id * sl.wlen + off;
                 uint64_t nFree = 0;
-                GatherMask(sink, t2, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
-                freeSlots_ += static_cast<uint32_t>(nFree);
-                PipeBarrier<PIPE_V>();
+                if constexpr (!Policy::kLru) {
+                    CompareScalar(mB_, t2, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
+                    PipeBarrier<PIPE_V>();
+                    GatherMask(sink, t2, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
+                    PipeBarrier<PIPE_V>();
+                }
                 Cast(lifeF, t2, RoundMode::CAST_RINT, n);
-                Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[(id * sl.wlen + off) / 16], n / 16);
+                Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[base / 16], n / 16);
                 PipeBarrier<PIPE_V>();
                 Select(lifeF, mA_, lifeF, Policy::kAged ? 0.0f : static_cast<float>(t_.lifetime),
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                 PipeBarrier<PIPE_V>();
+                if constexpr (Policy::kLru) {
+                    // the victim search's bounds: the oldest age, and the free slots among the
+                    // candidates (below the active capacity), counted after the pins (a hit is
+                    // never free, whatever its slot held)
+                    Max(ageMax, ageMax, lifeF, n);
+                    CompareScalar(mB_, lifeF, -1.0f, CMPMODE::EQ, n);
+                    PipeBarrier<PIPE_V>();
+                    const uint32_t live = base < activeCap_ ? MinU(n, activeCap_ - base) : 0u;
+                    if (live) GatherMask(sink, t2, U32(mB_), true, live, GatherMaskParams(1, 1, 8, 0), nFree);
+                }
+                freeSlots_ += static_cast<uint32_t>(nFree);
                 Cast(life, lifeF, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
-                if constexpr (Policy::kReuse) CountHits(id * sl.wlen + off, n);
+                if constexpr (Policy::kReuse) CountHits(base, n);
             }
             sl.dirty = true;
         }
+        if constexpr (Policy::kLru) {
+            // ages are in [-1, 1023] here: exact in float
+            const LocalTensor<float> top = wIdx_.ReinterpretCast<float>();
+            ReduceMax(top, ageMax, wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(Wide()));
+        }
         Sync<HardEvent::V_S>();
+        if constexpr (Policy::kLru) maxAge_ = static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
     }
     // Victims in (life, slot) order among life < L: one Compares EQ + GatherMask per level and
     // window chunk, stopping at M -> miss_slots[0:M]. Each chunk's victims are installed while
@@ -195,27 +222,6 @@ protected:
         StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
         Sync<HardEvent::MTE3_V>();
     }
-    // lru: score -age (exact in float: ages are in [-1, 1023] after DecayAndPin), free and pinned
-    // slots as in ScoreChunk, with the lru's bounds
-    __aicore__ inline void ScoreChunkLru(uint32_t base, uint32_t n) {
-        const LocalTensor<float> fa = VF(1), fb = VF(4);
-        const LocalTensor<int32_t> age = ChunkOf(win_[avsg::SEC_SL], base);
-        Sync<HardEvent::S_V>();                   // scalar writes of the windows
-        PipeBarrier<PIPE_V>();
-        Cast(fb, age, RoundMode::CAST_RINT, n);
-        PipeBarrier<PIPE_V>();
-        Muls(fa, fb, -1.0f, n);
-        CompareScalar(mA_, fb, 0.0f, CMPMODE::NE, n);             // used this step: pinned
-        PipeBarrier<PIPE_V>();
-        Select(fa, mA_, fa, static_cast<float>(avsg::kLruScorePinned), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
-        PipeBarrier<PIPE_V>();
-        CompareScalar(mA_, fb, -1.0f, CMPMODE::NE, n);            // free: first
-        PipeBarrier<PIPE_V>();
-        Select(fa, mA_, fa, static_cast<float>(avsg::kLruScoreFree), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
-        Sync<HardEvent::V_MTE3>();
-        StoreInts(wsGm_[t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, t_.capacity - base));
-        Sync<HardEvent::MTE3_V>();
-    }
     // scores of slots [base, base+n) back into V(1) (float), padding slots and slots past the
     // active capacity (resize) as SCORE_PINNED: never victims
     __aicore__ inline LocalTensor<float> LoadScores(uint32_t base, uint32_t n) {
@@ -258,17 +264,12 @@ protected:
     // counts 7 thresholds spread over (lo, hi) (3 passes over the scores for reuse, 4 for lru, where
     // a binary search takes 8 and 11), then every slot below it and the first (m - count below)
     // ties, found by a running tie count.
-    template <class Policy>
     __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
         if (m == 0) return;
         const uint32_t nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
-        for (uint32_t base = 0; base < t_.capPad; base += nc) {
-            if constexpr (Policy::kLru) ScoreChunkLru(base, MinU(nc, t_.capPad - base));
-            else ScoreChunk(base, MinU(nc, t_.capPad - base));
-        }
-        int32_t lo = (Policy::kLru ? avsg::kLruScoreFree : avsg::kScoreFree) - 1;
-        int32_t hi = Policy::kLru ? avsg::kLruScorePinned : avsg::kScorePinned;
+        for (uint32_t base = 0; base < t_.capPad; base += nc) ScoreChunk(base, MinU(nc, t_.capPad - base));
+        int32_t lo = avsg::kScoreFree - 1, hi = avsg::kScorePinned;
         uint32_t below = 0;                       // count(score <= lo) < m <= count(score <= hi)
         while (hi - lo > 1) {
             const int32_t span = hi - lo;
@@ -330,6 +331,162 @@ protected:
         Sync<HardEvent::MTE3_S>();
         missChunk_ = -1;                          // vWant_ / vMS_ were used as scratch
     }
+    // ---------------------------------------------------------------- lru
+    // The lru victims are the m lowest (score, slot) of reference.lru_scores: with the key
+    // x = age (0: used this step, pinned), x = 1024 for a free slot (age -1), the m highest
+    // (x, -slot) among the slots below the active capacity. theta = the largest x with
+    // count(x >= theta) >= m; victims: every x > theta and the first m - count(x > theta) slots
+    // at theta. The search runs on the ages in the slot_life windows (no score pass, no
+    // workspace), 2048-lane chunks; its first pass counts the top ages below the largest one
+    // (DecayAndPin's maxAge_), where the victims of a full buffer lie, later passes spread their
+    // thresholds. Which thresholds are counted changes only how many passes the search takes.
+    static constexpr uint32_t kLruThresholds = 8;          // per pass: V(1) holds 8 wide masks
+    static constexpr int32_t kLruFreeKey = avsg::kReuseAgeMax + 1;
+    // 16-bit sink i of CountAgesAtLeast's GatherMasks (2048 lanes each, two per wide vector, all
+    // idle in the victims phase): distinct, so the counts need no barrier between them
+    __aicore__ inline LocalTensor<uint16_t> CountSink(uint32_t i) {
+        const LocalTensor<int32_t>& w = i < 2 ? wIdx_ : i < 4 ? wSlot_ : i < 6 ? wTmp_ : wKey_;
+        return w.ReinterpretCast<uint16_t>()[(i % 2) * Wide()];
+    }
+    // cnt[i] = count(age >= t[i]) over the slots below the active capacity, t[i] >= 1 (free and
+    // pinned slots never count), k <= kLruThresholds, in one pass over the slot_life windows:
+    // the resident one first, then those above it, then those below it, down to window 0.
+    // GatherMask counts the set bits of each compare mask; its source is only a count, so it
+    // runs on 16-bit lanes (half the repeats of a 32-bit one).
+    __aicore__ inline void CountAgesAtLeast(const int32_t* t, uint32_t k, uint32_t* cnt) {
+        const uint32_t W = Wide(), maskBytes = W / 8;
+        Win& sl = win_[avsg::SEC_SL];
+        const LocalTensor<float> af = wWin_.ReinterpretCast<float>();
+        const LocalTensor<uint16_t> src = wWin_.ReinterpretCast<uint16_t>();
+        const LocalTensor<uint8_t> masks = V(1).ReinterpretCast<uint8_t>();
+        for (uint32_t i = 0; i < k; ++i) cnt[i] = 0;
+        const uint32_t first = static_cast<uint32_t>(FirstWin(sl)), up = sl.nwin - first;
+        Sync<HardEvent::S_V>();                   // scalar writes of the windows
+        for (uint32_t q = 0; q < sl.nwin; ++q) {
+            const int32_t id = static_cast<int32_t>(q < up ? first + q : first - 1 - (q - up));
+            const uint32_t start = static_cast<uint32_t>(id) * sl.wlen, cntW = WinCount(sl, id);
+            if (start >= activeCap_) continue;    // the rest is never a victim
+            Ensure(sl, id);
+            for (uint32_t off = 0; off < cntW && start + off < activeCap_; off += W) {
+                const uint32_t n = MinU(W, cntW - off), live = MinU(n, activeCap_ - start - off);
+                PipeBarrier<PIPE_V>();            // the previous chunk's GatherMasks read af and the masks
+                Cast(af, sl.buf[off], RoundMode::CAST_RINT, n);   // ages in [-1, 1023]: exact
+                PipeBarrier<PIPE_V>();
+                for (uint32_t i = 0; i < k; ++i)
+                    CompareScalar(masks[i * maskBytes], af, static_cast<float>(t[i]), CMPMODE::GE, n);
+                PipeBarrier<PIPE_V>();
+                for (uint32_t i = 0; i < k; ++i) {
+                    uint64_t got = 0;
+                    GatherMask(CountSink(i), src, U16(masks[i * maskBytes]), true, live, GatherMaskParams(1, 1, 8, 0),
+                               got);
+                    cnt[i] += static_cast<uint32_t>(got);
+                }
+            }
+        }
+    }
+    // The victims at threshold theta (ties: how many slots at theta to take), in slot order ->
+    // miss_slots[0:m], each installed while its slot_life window is resident (slot_pos = its
+    // position, age 0) as Allocate does; a slot installed in one chunk is not read again.
+    __aicore__ inline void SelectLru(uint32_t r, uint32_t m, int32_t theta, uint32_t ties) {
+        const uint32_t W = Wide(), nc = t_.nc;
+        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
+        Win& sl = win_[avsg::SEC_SL];
+        const bool freeLevel = theta == kLruFreeKey;   // only free slots are taken
+        const float older = static_cast<float>(freeLevel ? kLruFreeKey : theta);   // age > older: taken
+        const float tie = freeLevel ? -1.0f : static_cast<float>(theta);
+        const LocalTensor<float> af = wWin_.ReinterpretCast<float>();
+        const LocalTensor<int32_t> lane = wKey_, ids = wSlot_, tieIds = wTmp_, out = wIdx_;
+        const LocalTensor<float> idsF = wTmp_.ReinterpretCast<float>();   // after tieIds is read
+        Sync<HardEvent::S_V>();
+        Sync<HardEvent::V_S>();                   // CreateVecIndex starts with scalar writes (of a count sink)
+        CreateVecIndex(lane, 0, W);
+        uint32_t have = 0;
+        for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
+            const uint32_t start = id * sl.wlen, cntW = WinCount(sl, static_cast<int32_t>(id));
+            if (start >= activeCap_) break;
+            Ensure(sl, static_cast<int32_t>(id));
+            for (uint32_t off = 0; off < cntW && start + off < activeCap_ && have < m; off += W) {
+                const uint32_t base = start + off, n = MinU(W, cntW - off), live = MinU(n, activeCap_ - base);
+                Sync<HardEvent::S_V>();           // the previous chunk's installs and scalar reads
+                PipeBarrier<PIPE_V>();            // and its vector readers of af / ids / the masks
+                Cast(af, sl.buf[off], RoundMode::CAST_RINT, n);
+                Adds(ids, lane, static_cast<int32_t>(base), n);
+                PipeBarrier<PIPE_V>();
+                CompareScalar(mA_, af, older, CMPMODE::GT, n);
+                CompareScalar(mB_, af, tie, CMPMODE::EQ, n);
+                if (!freeLevel) CompareScalar(mC_, af, -1.0f, CMPMODE::EQ, n);   // free: older than any age
+                PipeBarrier<PIPE_V>();
+                if (!freeLevel) Or(U16(mA_), U16(mA_), U16(mC_), n / 16);
+                uint64_t e = 0;
+                GatherMask(tieIds, ids, U32(mB_), true, live, GatherMaskParams(1, 1, 8, 0), e);
+                if (static_cast<uint32_t>(e) > ties) {   // the tie boundary lies in this chunk
+                    Sync<HardEvent::V_S>();
+                    const float last = ties == 0 ? -1.0f : static_cast<float>(tieIds.GetValue(ties - 1));
+                    Sync<HardEvent::S_V>();
+                    PipeBarrier<PIPE_V>();
+                    Cast(idsF, ids, RoundMode::CAST_RINT, n);   // slot ids < 2^15: exact
+                    PipeBarrier<PIPE_V>();
+                    CompareScalar(mC_, idsF, last, CMPMODE::LE, n);
+                    PipeBarrier<PIPE_V>();
+                    And(U16(mB_), U16(mB_), U16(mC_), n / 16);
+                    ties = 0;
+                } else {
+                    ties -= static_cast<uint32_t>(e);
+                }
+                PipeBarrier<PIPE_V>();
+                Or(U16(mA_), U16(mA_), U16(mB_), n / 16);
+                PipeBarrier<PIPE_V>();
+                uint64_t got = 0;
+                GatherMask(out, ids, U32(mA_), true, live, GatherMaskParams(1, 1, 8, 0), got);
+                const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
+                if (take == 0) continue;
+                Sync<HardEvent::V_S>();
+                Sync<HardEvent::V_MTE3>();
+                StoreInts(missSlotsGm_[rowN + have], out, take);
+                Sync<HardEvent::MTE3_V>();
+                for (uint32_t q = 0; q < take; ++q) {
+                    const uint32_t j = have + q;
+                    LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
+                    const uint32_t s = static_cast<uint32_t>(out.GetValue(q));
+                    Put(win_[avsg::SEC_SP], s, vWant_.GetValue(j % nc));
+                    Put(sl, s, 0);                  // an age: used this step
+                }
+                have += take;
+            }
+        }
+        missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
+    }
+    __aicore__ inline void AllocateLru(uint32_t r, uint32_t m) {
+        if (m == 0) return;
+        int32_t theta = kLruFreeKey;              // enough free slots: the first m of them
+        uint32_t above = 0;                       // count(x > theta)
+        if (freeSlots_ < m) {
+            // count(x >= lo) >= m > count(x >= hi) = above: lo = 0 counts every candidate (the
+            // active capacity holds N >= m), no candidate is older than maxAge_
+            int32_t lo = 0, hi = (maxAge_ > 0 ? maxAge_ : 0) + 1;
+            above = freeSlots_;
+            for (bool top = true; hi - lo > 1; top = false) {
+                const uint32_t span = static_cast<uint32_t>(hi - lo);
+                const uint32_t k = MinU(kLruThresholds, span - 1);
+                int32_t t[kLruThresholds];
+                uint32_t cnt[kLruThresholds];
+                for (uint32_t i = 0; i < k; ++i)  // strictly increasing inside (lo, hi): span > k
+                    t[i] = top ? hi - static_cast<int32_t>(k - i)
+                               : lo + static_cast<int32_t>(span * (i + 1) / (k + 1));
+                CountAgesAtLeast(t, k, cnt);
+                for (uint32_t i = k; i-- > 0;) {  // counts fall as t rises
+                    if (cnt[i] + freeSlots_ >= m) {
+                        lo = t[i];
+                        break;
+                    }
+                    hi = t[i];
+                    above = cnt[i] + freeSlots_;
+                }
+            }
+            theta = lo;
+        }
+        SelectLru(r, m, theta, m - above);
+    }
     // Evicted positions leave their counts as ghosts (entry p mod G, tag p >> log2 G), then each miss
     // takes its own back (when the tag is its own) + the return gain: all spills before any reload,
     // in miss order (reference: _reuse_install).
@@ -359,32 +516,22 @@ protected:
             }
         }
     }
-    template <class Policy>
-    __aicore__ inline void ScatterVictims(uint32_t r, uint32_t m) {
-        for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
-            const uint32_t n = LoadMisses(r, j0, m);
-            for (uint32_t q = 0; q < n; ++q) {
-                const uint32_t s = static_cast<uint32_t>(vMS_.GetValue(q));
-                Put(win_[avsg::SEC_SP], s, vWant_.GetValue(q));
-                Put(win_[avsg::SEC_SL], s, Policy::kLru ? 0 : static_cast<int32_t>(t_.lifetime));   // lru: an age
-            }
-        }
-    }
     // Step 3 by policy: the m victims to miss_slots, then the misses installed in their slots.
     template <class Policy>
     __aicore__ inline void AssignVictims(uint32_t r, uint32_t m) {
         if constexpr (Policy::kReuse) {
-            AllocateByScore<Policy>(r, m);
+            AllocateByScore(r, m);
             ScatterVictimsReuse(r, m);
         } else if constexpr (Policy::kLru) {
-            AllocateByScore<Policy>(r, m);
-            ScatterVictims<Policy>(r, m);
+            AllocateLru(r, m);   // installs them as it finds them
         } else {
             Allocate(r, m);   // installs them as it finds them
         }
     }
 
-    uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included)
+    uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included;
+                                             // lru: the free candidates, below the active capacity)
+    int32_t maxAge_ = -1;                    // lru: the largest age after DecayAndPin, any slot
 };
 
 }  // namespace avsg_kernel
