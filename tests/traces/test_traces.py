@@ -517,3 +517,64 @@ def test_shared_trace_reference_figures():
     assert replay(tr, "prev-step", 8192).hit_rate == pytest.approx(0.696, abs=0.001)
     assert replay(tr, "lru", 8192).hit_rate == pytest.approx(0.943, abs=0.001)
     assert replay(tr, "belady", 8192).hit_rate == pytest.approx(0.970, abs=0.001)
+
+
+def _brute_freq_lifetime(sets, capacity, lifetime=16, classes=4, halve_every=128):
+    """The freq-lifetime rules written out slot by slot (dicts, no numpy): hits per step."""
+    life, count, pos_at = [-1] * capacity, [0] * capacity, [-1] * capacity
+    ghosts, hand, out = {}, 0, []
+    G = 2 * max(64, 1 << (2 * capacity - 1).bit_length())
+    for s, sel in enumerate(sets):
+        for j in range(capacity):
+            c = min(int(np.log2(1 + count[j])), classes)
+            if life[j] > 0 and s % (1 << c) == 0:
+                life[j] -= 1
+        if halve_every and s > 0 and s % halve_every == 0:
+            count = [c >> 1 for c in count]
+            ghosts = {e: (t, c >> 1) for e, (t, c) in ghosts.items()}
+        where = {p: j for j, p in enumerate(pos_at) if p >= 0}
+        hit = [p for p in sel if p in where]
+        for p in hit:
+            count[where[p]] = min(count[where[p]] + 1, 255)
+            life[where[p]] = lifetime
+        pinned = {where[p] for p in hit}
+        misses = sorted(p for p in sel if p not in where)
+        order = sorted((j for j in range(capacity) if j not in pinned),
+                       key=lambda j: (life[j], (j - hand) % capacity))
+        for p, j in zip(misses, order):
+            if pos_at[j] >= 0:
+                ghosts[pos_at[j] % G] = (pos_at[j] // G, count[j])
+            tag, c = ghosts.get(p % G, (-1, 0))
+            pos_at[j], life[j] = p, lifetime
+            count[j] = min((c if tag == p // G else 0) + 1, 255)
+        if misses:
+            hand = (order[len(misses) - 1] + 1) % capacity
+        out.append(len(hit))
+    return out
+
+
+@pytest.mark.parametrize("name,classes", [("freq-lifetime", 4), ("lifetime-hand", 0)])
+def test_freq_lifetime_matches_brute_force_and_keeps_selections(name, classes):
+    # few positions recurring at mixed gaps, small buffer: ages, class-scaled decay, ghosts
+    # (positions G apart share an entry: context 2G), halving (every 8) and the hand all act
+    rng = np.random.default_rng(7)
+    k, capacity, steps = 4, 8, 60
+    G = 2 * 64
+    pool = np.array([0, 1, 2, 3, 5, 9, G + 1, G + 2, 40, 41, 2 * G - 1, 77])
+    sets = [sorted(rng.choice(pool, k, replace=False).tolist()) for _ in range(steps)]
+    tr = mk(sets, k=k, T=2 * G)
+    pol = make_policy(name, 1, capacity, k, max_pos=tr.T)
+    pol.halve_every = 8
+    res = replay(tr, pol, count_first_step=True)
+    want = _brute_freq_lifetime(sets, capacity, classes=classes, halve_every=8)
+    assert res.hits[0].tolist() == want
+    assert sum(want) > 0 and sum(want) < steps * k
+    # every selection resident after its step, the maps consistent
+    pol.reset()
+    for s, sel in enumerate(sets):
+        u = np.array([sel], np.int64)
+        from avsg.traces.policies import StepInput
+        pol.step(s, StepInput(u[:, None], u, np.array([k]), np.array([tr.T])))
+        assert (pol.pos_slot[0, sel] >= 0).all()
+        assert (pol.slot_pos[0, pol.pos_slot[0, sel]] == sel).all()
+    assert len(pol.levels) > 0 and min(pol.levels) >= 1

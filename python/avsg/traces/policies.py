@@ -41,6 +41,21 @@ Policies (names used by the CLI):
                    in slot order, then from the next older bucket, and so on.
 ``prev-step``      only the previous step's selection is reusable (the buffer holds exactly the last
                    step's selections).
+``freq-lifetime``  a frequency-aware lifetime (a candidate default, trace lab only). Per slot a life
+                   in ``[-1, L]`` (``lifetime``, default 16; -1 free) and a use count (0..255); per
+                   row a hand and a ghost table of ``G = 2H`` entries (``H = next_pow2(2 * capacity)``,
+                   as the op's ``reuse``) holding the count an evicted position leaves, keyed by
+                   ``pos mod G`` with tag ``pos // G`` (the later spill wins). Each step: every
+                   resident slot with ``life > 0`` loses one when ``s mod 2**c == 0``, ``c =
+                   min(floor(log2(1 + count)), classes)`` (``classes`` default 4: a used slot ages
+                   up to 16x slower); every ``halve_every`` steps (default 128) all counts and
+                   ghost counts halve. A hit adds one to the count and sets life ``L``; a miss
+                   takes its ghost's count (0 if the tag differs) plus one. Victims: the unpinned
+                   slots in ``(life, (slot - hand) mod capacity)`` order (free first), and the hand
+                   moves past the last victim. ``levels`` records, per row-step with misses, the
+                   number of levels from -1 up to the last victim's (the level scan's passes).
+``lifetime-hand``  the paper's lifetime with the same hand order among equal lives and no counts
+                   (``freq-lifetime`` with ``classes = 0``).
 ``belady``         Belady's offline optimum under the constraint that all of the current step's
                    selections are resident after the step: on a miss the resident unpinned entry whose
                    next use is farthest in the future is evicted (never-used-again entries first). With
@@ -64,7 +79,7 @@ import numpy as np
 
 __all__ = ["Policy", "StepInput", "POLICIES", "make_policy", "unique_rows", "policy_names",
            "LRU", "Clock", "SetAssocFIFO", "BucketedLRU", "PrevStep", "Belady", "AVSGPolicy",
-           "AVSGLifetimePolicy"]
+           "AVSGLifetimePolicy", "FreqLifetime", "LifetimeHand"]
 
 _INF = np.iinfo(np.int64).max // 4
 _EMPTY = -_INF  # empty slots are always taken first
@@ -388,6 +403,83 @@ class Belady(_SlotPolicy):
         return super().step(s, inp)
 
 
+class FreqLifetime(_SlotPolicy):
+    name = "freq-lifetime"
+
+    def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=16, classes=4,
+                 halve_every=128):
+        self.lifetime, self.classes, self.halve_every = int(lifetime), int(classes), int(halve_every)
+        buckets = 64
+        while buckets < 2 * capacity:
+            buckets *= 2
+        self.ghosts = 2 * buckets
+        super().__init__(rows, capacity, k, queries, max_pos)
+
+    def describe(self):
+        return f"{self.name}(L={self.lifetime}, classes={self.classes}, halve={self.halve_every})"
+
+    def _reset_meta(self):
+        R, S = self.rows, self.capacity
+        self.life = np.full((R, S), -1, np.int64)
+        self.count = np.zeros((R, S), np.int64)
+        self.hand = np.zeros(R, np.int64)
+        self.ghost_tag = np.full((R, self.ghosts), -1, np.int64)
+        self.ghost_count = np.zeros((R, self.ghosts), np.int64)
+        self.levels = []
+
+    def step(self, s, inp):
+        cls = np.minimum(np.log2(1 + self.count).astype(np.int64), self.classes)
+        due = (s & ((1 << cls) - 1)) == 0
+        self.life -= (self.life > 0) & due
+        if self.halve_every and s > 0 and s % self.halve_every == 0:
+            self.count >>= 1
+            self.ghost_count >>= 1
+        return super().step(s, inp)
+
+    def _on_hits(self, s, inp, hit, slot_of):
+        rr, cc = np.nonzero(hit)
+        sl = slot_of[rr, cc]
+        self.count[rr, sl] = np.minimum(self.count[rr, sl] + 1, 255)
+        self.life[rr, sl] = self.lifetime
+
+    def _choose(self, r, s, mp, pinned):
+        S = self.capacity
+        life = self.life[r]
+        prio = (life + 1) * S + (self._slotidx - self.hand[r]) % S
+        prio[pinned] = _INF
+        n = mp.size
+        idx = np.argpartition(prio, n - 1)[:n] if n < S else np.arange(S)
+        victims = idx[np.argsort(prio[idx], kind="stable")]
+        self.hand[r] = (victims[-1] + 1) % S
+        self.levels.append(int(life[victims[-1]]) + 2)
+        old = self.slot_pos[r, victims]
+        ev = old >= 0
+        entry = old[ev] % self.ghosts
+        self.ghost_tag[r, entry] = old[ev] // self.ghosts
+        self.ghost_count[r, entry] = self.count[r, victims[ev]]
+        return victims
+
+    def _on_install(self, r, s, mp, slots, inp, mr):
+        entry = mp % self.ghosts
+        mine = self.ghost_tag[r, entry] == mp // self.ghosts
+        self.count[r, slots] = np.minimum(np.where(mine, self.ghost_count[r, entry], 0) + 1, 255)
+        self.life[r, slots] = self.lifetime
+
+    def _on_evict(self, r, slots):
+        self.life[r, slots] = -1
+        self.count[r, slots] = 0
+
+
+class LifetimeHand(FreqLifetime):
+    name = "lifetime-hand"
+
+    def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=16):
+        super().__init__(rows, capacity, k, queries, max_pos, lifetime, classes=0)
+
+    def describe(self):
+        return f"{self.name}(L={self.lifetime})"
+
+
 class PrevStep(Policy):
     name = "prev-step"
 
@@ -501,6 +593,8 @@ POLICIES: Dict[str, Callable[..., Policy]] = {
     "bucketed-lru": BucketedLRU,
     "prev-step": PrevStep,
     "belady": Belady,
+    "freq-lifetime": FreqLifetime,
+    "lifetime-hand": LifetimeHand,
     "avsg": AVSGPolicy,
     "avsg-lifetime": AVSGLifetimePolicy,
     "avsg-lru": AVSGLruPolicy,
@@ -516,6 +610,8 @@ _POLICY_OPTS = {
     "avsg": ("lifetime", "cost_every"),
     "avsg-lifetime": ("lifetime", "cost_every"),
     "avsg-lru": ("cost_every",),
+    "freq-lifetime": ("lifetime",),
+    "lifetime-hand": ("lifetime",),
 }
 
 
