@@ -149,7 +149,7 @@ def test_reuse_state_is_sized_by_the_buffer():
     S, K = 8192, 2048
     buf = avsg.SparseKVBuffer(rows=4, capacity=S, topk=K, policy="reuse")
     H = buf.hash_buckets
-    assert buf.layout.width == reference.STATE_HEADER + 2 * H + 5 * S + 2 * H + H // 16
+    assert buf.layout.width == reference.STATE_HEADER + H + 5 * S + 2 * H + H // 16
     assert buf.layout.width == avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy="reuse",
                                                    max_context=1 << 24).layout.width
     seq = torch.full((4,), 1 << 22, dtype=I32)
