@@ -39,6 +39,7 @@ constexpr uint32_t kHeaderPolicy = 4, kHeaderMaxContext = 5;
 constexpr uint32_t kHeaderActive = 6;       // active capacity in [N, S] (resize; reset writes S)
 constexpr uint32_t kHeaderStashCount = 8;   // stash_count's block starts here
 constexpr uint32_t kHeaderStep = 9;         // reuse: steps since the counts were halved
+constexpr uint32_t kHeaderHand = 10;        // lifetime: the slot the next tie search starts at
 constexpr uint32_t kMaxPosition = 1u << 24;
 // Residency policies (reference.POLICY_IDS) and the reuse policy's constants (reference.REUSE_*)
 constexpr uint32_t kPolicyLifetime = 0, kPolicyReuse = 1, kPolicyLru = 2;

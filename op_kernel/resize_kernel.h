@@ -18,7 +18,8 @@
 //   1. one pass over the slots: occupancy and a histogram of the eviction ranks (lifetime
 //      life + 1, lru 1023 - age, reuse score + 80: all small integer ranges);
 //   2. the e = occupied - c lowest (rank, slot): threshold bin from the histogram, then one pass
-//      in slot order taking every rank below it and the first ties (stable order = slot order);
+//      in slot order taking every rank below it and the first ties (lifetime: slot order from
+//      the hand on, as plan);
 //      the reuse policy spills each evicted count to pos_count;
 //   3. survivors at slots >= c, ascending, move into the lowest free slots < c (two pointers) with
 //      life/age and count; the moves are staged to the move lists in GM; slots >= c end free;
@@ -216,7 +217,13 @@ private:
             uint32_t theta = 0, below = 0;
             while (below + static_cast<uint32_t>(hist_.GetValue(theta)) < evict) below += hist_.GetValue(theta++);
             uint32_t ties = evict - below;
-            for (uint32_t s = 0; s < S; ++s) {
+            // ties in slot order, from the hand on under the lifetime policy (as plan takes them)
+            const int32_t handWord = hdr_.GetValue(avsg::kHeaderHand);
+            const uint32_t hand = policy_ == avsg::kPolicyLifetime && handWord >= 0 &&
+                                          handWord < hdr_.GetValue(avsg::kHeaderActive)
+                                      ? static_cast<uint32_t>(handWord) : 0u;
+            for (uint32_t i = 0; i < S; ++i) {
+                const uint32_t s = i < S - hand ? hand + i : i - (S - hand);
                 const int32_t pos = Get(sp, s);
                 if (pos < 0) continue;
                 const uint32_t b = Bin(s, pos);

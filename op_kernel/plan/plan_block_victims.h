@@ -1,6 +1,6 @@
 // plan_block_victims.h: victims. One pass over slot_life decays or ages every slot and pins
-// the hits (DecayAndPin); the m victims are then the lowest (life, slot) under the lifetime
-// policy (Allocate), the lowest (score, slot) under reuse (AllocateByScore: scores to the
+// the hits (DecayAndPin); the m victims are then the lowest (life, slot - hand mod S) under the
+// lifetime policy (Allocate), the lowest (score, slot) under reuse (AllocateByScore: scores to the
 // workspace, an 8-ary threshold search, ties in slot order) and the oldest (age, then slot
 // order) under lru (AllocateLru: a threshold search on the ages in the slot_life windows, whose
 // first pass counts just below the oldest age); each miss is installed in its victim (by
@@ -113,38 +113,47 @@ protected:
         Sync<HardEvent::V_S>();
         if constexpr (Policy::kLru) maxAge_ = static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
     }
-    // Victims in (life, slot) order among life < L: one Compares EQ + GatherMask per level and
-    // window chunk, stopping at M -> miss_slots[0:M]. Each chunk's victims are installed while
-    // their slot_life window is resident (miss j takes the j-th victim: slot_pos = its position,
-    // slot_life = L), instead of in a second walk over the windows; a slot installed at level lv
-    // holds L, which no later level (< L) matches, so the victims are those of the decayed state.
+    // Victims in (life, turn) order among life < L, turn = (slot - hand) mod S: per level the
+    // slots [hand, A) then [0, hand), one Compares EQ + GatherMask per chunk (the chunks that
+    // cross an end of the range also mask the slot ids to it: int32 Compares is EQ-only on A2,
+    // so through float), stopping at M -> miss_slots[0:M]. Each chunk's victims are installed
+    // while their slot_life window is resident (miss j takes the j-th victim: slot_pos = its
+    // position, slot_life = L), instead of in a second walk over the windows; a slot installed at
+    // level lv holds L, which no later level (< L) matches, so the victims are those of the
+    // decayed state. The hand then moves past the last victim.
     __aicore__ inline void Allocate(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         Win& sl = win_[avsg::SEC_SL];
-        uint32_t have = 0;
+        constexpr uint32_t kHandWord = avsg::kHeaderHand - avsg::kHeaderStashCount;
+        const int32_t handWord = countUb_.GetValue(kHandWord);
+        const uint32_t hand = handWord >= 0 && static_cast<uint32_t>(handWord) < activeCap_
+                                  ? static_cast<uint32_t>(handWord) : 0u;
+        uint32_t have = 0, lastSlot = 0;
         // level -1 only if a real slot is free (the Sp - S padding slots always hold -1). Below a
         // shrunk active capacity the free count cannot tell: slots past it are free on a state
         // the ops built but need not be on any other, so level -1 is always searched there.
         const int32_t lv0 = activeCap_ < t_.capacity || freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
         for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
-            for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
-                Ensure(sl, static_cast<int32_t>(id));
-                const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
-                for (uint32_t off = 0; off < cnt && have < m; off += nc) {
-                    const uint32_t n = MinU(nc, cnt - off);
-                    const uint32_t base = id * sl.wlen + off;
+            for (uint32_t part = 0; part < 2 && have < m; ++part) {
+                const uint32_t lo = part == 0 ? hand : 0u, hi = part == 0 ? activeCap_ : hand;
+                // chunks of nc slots, or of a whole window where windows are shorter
+                const uint32_t grid = MinU(nc, sl.wlen);
+                for (uint32_t base = lo - lo % grid, n = 0; base < hi && have < m; base += n) {
+                    const int32_t id = static_cast<int32_t>(base >> sl.wlog);
+                    Ensure(sl, id);
+                    const uint32_t off = base - static_cast<uint32_t>(id) * sl.wlen;
+                    n = MinU(nc, WinCount(sl, id) - off);
+                    const LocalTensor<int32_t> life = sl.buf[off];
                     Sync<HardEvent::S_V>();       // scalar reads of the previous chunk's vT2_
-                    CompareScalar(mA_, sl.buf[off], lv, CMPMODE::EQ, n);
+                    CompareScalar(mA_, life, lv, CMPMODE::EQ, n);
                     Adds(vT1_, vLane_, static_cast<int32_t>(base), n);   // slot ids
                     PipeBarrier<PIPE_V>();
+                    if (base < lo || base + n > hi) KeepSlotsIn(lo, hi, n);
                     uint64_t got = 0;
                     GatherMask(vT2_, vT1_, U32(mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
                     Sync<HardEvent::V_S>();
-                    uint32_t k = static_cast<uint32_t>(got);
-                    // ids ascend: padding and slots past the active capacity (resize) are a tail
-                    while (k > 0 && static_cast<uint32_t>(vT2_.GetValue(k - 1)) >= activeCap_) --k;
-                    const uint32_t take = MinU(k, m - have);
+                    const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
                     if (take) {
                         Sync<HardEvent::V_MTE3>();
                         StoreInts(missSlotsGm_[rowN + have], vT2_, take);
@@ -155,13 +164,28 @@ protected:
                             const uint32_t s = static_cast<uint32_t>(vT2_.GetValue(q));
                             Put(win_[avsg::SEC_SP], s, vWant_.GetValue(j % nc));
                             Put(sl, s, static_cast<int32_t>(t_.lifetime));
+                            lastSlot = s;
                         }
                         have += take;
                     }
                 }
             }
         }
+        if (have) countUb_.SetValue(kHandWord, static_cast<int32_t>(lastSlot + 1 < activeCap_ ? lastSlot + 1 : 0u));
         missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
+    }
+    // mA_ &= lo <= slot id (vT1_) < hi on n lanes; ids are < 2^24, exact in float
+    __aicore__ inline void KeepSlotsIn(uint32_t lo, uint32_t hi, uint32_t n) {
+        Cast(vTmpF_, vT1_, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mB_, vTmpF_, static_cast<float>(lo), CMPMODE::GE, n);
+        PipeBarrier<PIPE_V>();
+        And(U16(mA_), U16(mA_), U16(mB_), n / 16);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(mB_, vTmpF_, static_cast<float>(hi), CMPMODE::LT, n);
+        PipeBarrier<PIPE_V>();
+        And(U16(mA_), U16(mA_), U16(mB_), n / 16);
+        PipeBarrier<PIPE_V>();
     }
     // x (int32 >= 0, n lanes) -> log8(x) (shift 20) or log4(x) (shift 21) from float32 bits
     __aicore__ inline void LogBits(const LocalTensor<int32_t>& x, const LocalTensor<float>& tmp, int32_t shift,

@@ -126,13 +126,15 @@ class ContentOracle:
 
 
 class PolicyModel:
-    """The default lifetime policy, one row and one selection at a time."""
+    """The default lifetime policy, one row and one selection at a time: ties between equal
+    lives go in slot order from the row's hand, which then moves past the last victim."""
 
     def __init__(self, rows: int, capacity: int, lifetime: int):
         self.capacity, self.lifetime = capacity, lifetime
         self.pos = [[-1] * capacity for _ in range(rows)]
         self.life = [[-1] * capacity for _ in range(rows)]
         self.active = [capacity] * rows
+        self.hand = [0] * rows
 
     def plan(self, topk_pos: torch.Tensor, seq_lens: torch.Tensor):
         R, T, K = topk_pos.shape
@@ -150,9 +152,14 @@ class PolicyModel:
                 if p in where:
                     life[where[p]] = L
             misses = sorted({p for p in sel if p >= 0 and p not in where})
-            candidates = sorted((life[s], s) for s in range(self.active[r]) if life[s] < L)
-            victims = [s for _, s in candidates[:len(misses)]]
+            A = self.active[r]
+            hand = self.hand[r] if self.hand[r] < A else 0
+            turn = [s for s in range(hand, A)] + [s for s in range(hand)]
+            candidates = sorted((life[s], i, s) for i, s in enumerate(turn) if life[s] < L)
+            victims = [s for _, _, s in candidates[:len(misses)]]
             assert len(victims) == len(misses)
+            if victims:
+                self.hand[r] = (victims[-1] + 1) % A
             for p, s in zip(misses, victims):
                 pos[s], life[s] = p, L
                 where[p] = s
@@ -176,10 +183,12 @@ class PolicyModel:
             self.pos[r] = [-1] * self.capacity
             self.life[r] = [-1] * self.capacity
             self.active[r] = self.capacity
+            self.hand[r] = 0
 
     def resize(self, rows, capacities):
-        """Shrink: evict the lowest (life, slot) until the row fits, then move the survivors past
-        the capacity, lowest first, into the lowest free slots. Returns {row: [(src, dst)]}."""
+        """Shrink: evict the lowest (life, slot from the hand on) until the row fits, then move
+        the survivors past the capacity, lowest first, into the lowest free slots. The hand stays
+        (plan takes it as 0 once it lies past the capacity). Returns {row: [(src, dst)]}."""
         moves = {}
         for r, c in zip(rows, capacities):
             pos, life = self.pos[r], self.life[r]
@@ -187,8 +196,10 @@ class PolicyModel:
             if c >= self.active[r]:
                 self.active[r] = c
                 continue
-            held = sorted((life[s], s) for s in range(self.capacity) if pos[s] >= 0)
-            for _, s in held[:max(0, len(held) - c)]:
+            hand = self.hand[r] if self.hand[r] < self.active[r] else 0
+            held = sorted((life[s], (s - hand) % self.capacity, s)
+                          for s in range(self.capacity) if pos[s] >= 0)
+            for _, _, s in held[:max(0, len(held) - c)]:
                 pos[s], life[s] = -1, -1
             free = [s for s in range(c) if pos[s] < 0]
             for s in range(c, self.capacity):

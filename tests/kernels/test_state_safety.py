@@ -39,7 +39,8 @@ GUARD_STATS = 0x0123456789ABCDEF
 SECTIONS = ("header", "bucket_slot", "slot_pos", "slot_life", "stash_key",
             "stash_slot", "stash_count", "padding", "slot_count", "ghost", "block_heat",
             "step",              # the last four: reuse policy state (empty under lifetime)
-            "active")            # the active capacity (resize)
+            "active",            # the active capacity (resize)
+            "hand")              # the lifetime policy's tie hand
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 SLOW = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -89,7 +90,8 @@ class Geometry:
                 "ghost": (lay.ghost, lay.ghosts),
                 "block_heat": (lay.block_heat, lay.heat_blocks),
                 "step": (reference.HEADER_STEP, 1 if self.policy == "reuse" else 0),
-                "active": (reference.HEADER_ACTIVE, 1)}[name]
+                "active": (reference.HEADER_ACTIVE, 1),
+                "hand": (reference.HEADER_HAND, 1)}[name]
 
     def targeted(self):
         S, Sp, H, L = self.S, self.layout.padded_capacity, self.H, self.L
@@ -667,6 +669,23 @@ def test_check_state_names_what_is_broken(section, value, needle):
         buf.check_state()
     buf.reset(1)
     buf.check_state()
+
+
+@pytest.mark.parametrize("policy,hand,ok", [("lifetime", 39, True), ("lifetime", 40, False),
+                                             ("lifetime", -1, False), ("lru", 1, False)])
+def test_check_state_bounds_the_hand_word(policy, hand, ok):
+    # the lifetime policy's hand lies in [0, S); no other policy moves it off 0
+    buf = avsg.SparseKVBuffer(policy=policy, rows=2, capacity=40, topk=16, lifetime=3, hash_buckets=64)
+    seq = torch.full((2,), 100, dtype=I32)
+    buf.plan(torch.arange(16, dtype=I32).repeat(2, 1, 1), seq)
+    buf.check_state()
+    assert int(buf.state[0, reference.HEADER_HAND]) == (16 if policy == "lifetime" else 0)
+    buf.state[1, reference.HEADER_HAND] = hand
+    if ok:
+        buf.check_state()
+    else:
+        with pytest.raises(ValueError, match="hand word"):
+            buf.check_state()
 
 
 def test_check_state_finds_a_lost_index_entry():

@@ -267,6 +267,35 @@ def test_avsg_replay_equals_stepping_buffer_directly(name, policy):
 
 
 @needs_avsg
+@pytest.mark.parametrize("capacity", [24, 40])
+def test_avsg_lifetime_equals_the_lab_hand_model(capacity):
+    """The op's lifetime policy and the lab's ``lifetime-hand`` (numpy, written separately) are
+    one policy: hits agree step by step, so the hand order (ties from the slot after the last
+    victim) is what the kernel runs. Few recurring positions make many equal lives tie."""
+    rng = np.random.default_rng(11)
+    L, N, K, T = 2, 80, 16, 96
+    pool = rng.choice(T, 64, replace=False)
+    sel = np.stack([np.stack([np.sort(rng.choice(pool, K, replace=False)) for _ in range(N)])
+                    for _ in range(L)]).astype(np.int32)
+    tr = Trace(sel, np.full(N, T - 1, np.int32), T=T, k=K)
+    op = replay(tr, "avsg-lifetime", capacity, count_first_step=True, lifetime=3)
+    lab = replay(tr, "lifetime-hand", capacity, count_first_step=True, lifetime=3)
+    np.testing.assert_array_equal(op.hits, lab.hits)
+    assert 0 < op.total_hits < op.total_selections
+
+    from avsg.traces.policies import LifetimeHand
+
+    class SlotOrder(LifetimeHand):             # the paper's ties: always from slot 0
+        def _choose(self, r, s, mp, pinned):
+            victims = super()._choose(r, s, mp, pinned)
+            self.hand[r] = 0
+            return victims
+
+    plain = replay(tr, SlotOrder(L, capacity, K, max_pos=T, lifetime=3), count_first_step=True)
+    assert not np.array_equal(plain.hits, op.hits)   # the data make the tie order matter
+
+
+@needs_avsg
 def test_avsg_replay_reports_the_modelled_step_cost():
     """Sampled steps run in the strict build (same hits as the fast one); their counted plan
     launches become the plan us per row-step, the misses the link us, and the batch-64 step
