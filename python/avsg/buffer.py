@@ -168,8 +168,8 @@ class SparseKVBuffer:
         lifetime: steps an entry survives without a hit before it is reclaimable (1..255);
             the ``lifetime`` policy's parameter (kept in the header under any policy).
         policy: which resident entries a miss evicts. ``"lifetime"`` (default): the AVSG
-            paper's (entries not hit for ``lifetime`` steps tie at 0 and go in slot order); it
-            hits a little less than exact LRU but plans the cheapest, and has the lowest modelled
+            paper's (entries not hit for ``lifetime`` steps tie at 0), its ties taken in turns
+            from a rotating hand; it hits a little less than exact LRU but plans the cheapest, and has the lowest modelled
             step cost (plan + copies) of the three on both shared traces. ``"reuse"``: the lowest
             predicted reuse, from how often a position was selected (its count survives
             eviction), how long ago it was last used, and how densely this step selected its
