@@ -33,6 +33,7 @@ protected:
         // lru: the lane-wise max of the new ages (the sort region is idle here), reduced below
         const LocalTensor<float> ageMax = wTmp_.ReinterpretCast<float>();
         freeSlots_ = 0;
+        if constexpr (Policy::kLru) WinSetClear(lruFreeWins_, false);
         Sync<HardEvent::S_V>();
         if constexpr (Policy::kLru) Duplicate(ageMax, -1.0f, Wide());
         // lifetime and reuse: last window first, so Allocate starts its slot-order scan in the
@@ -97,6 +98,7 @@ protected:
                     PipeBarrier<PIPE_V>();
                     const uint32_t live = base < activeCap_ ? MinU(n, activeCap_ - base) : 0u;
                     if (live) GatherMask(sink, t2, U32(mB_), true, live, GatherMaskParams(1, 1, 8, 0), nFree);
+                    if (nFree) WinSetAdd(lruFreeWins_, id);
                 }
                 freeSlots_ += static_cast<uint32_t>(nFree);
                 Cast(life, lifeF, RoundMode::CAST_RINT, n);
@@ -342,6 +344,22 @@ protected:
     // thresholds. Which thresholds are counted changes only how many passes the search takes.
     static constexpr uint32_t kLruThresholds = 8;          // per pass: V(1) holds 8 wide masks
     static constexpr int32_t kLruFreeKey = avsg::kReuseAgeMax + 1;
+    // Sets of slot_life windows, one bit each, so that SelectLru loads only the windows that hold
+    // a victim. 128 bits cover every geometry the ops accept (S <= 32768 in windows of >= 256
+    // slots); a window past them is always a member (visited, never skipped).
+    static constexpr uint32_t kLruWinWords = 4;
+    __aicore__ static inline void WinSetClear(uint32_t* set, bool all) {
+        for (uint32_t w = 0; w < kLruWinWords; ++w) set[w] = all ? ~0u : 0u;
+    }
+    __aicore__ static inline void WinSetCopy(uint32_t* dst, const uint32_t* src) {
+        for (uint32_t w = 0; w < kLruWinWords; ++w) dst[w] = src[w];
+    }
+    __aicore__ static inline void WinSetAdd(uint32_t* set, uint32_t id) {
+        if (id < kLruWinWords * 32) set[id >> 5] |= 1u << (id & 31);
+    }
+    __aicore__ static inline bool WinSetHas(const uint32_t* set, uint32_t id) {
+        return id >= kLruWinWords * 32 || ((set[id >> 5] >> (id & 31)) & 1u) != 0;
+    }
     // 16-bit sink i of CountAgesAtLeast's GatherMasks (2048 lanes each, two per wide vector, all
     // idle in the victims phase): distinct, so the counts need no barrier between them
     __aicore__ inline LocalTensor<uint16_t> CountSink(uint32_t i) {
@@ -351,15 +369,20 @@ protected:
     // cnt[i] = count(age >= t[i]) over the slots below the active capacity, t[i] >= 1 (free and
     // pinned slots never count), k <= kLruThresholds, in one pass over the slot_life windows:
     // the resident one first, then those above it, then those below it, down to window 0.
+    // seen[i]: the windows where that count is not 0.
     // GatherMask counts the set bits of each compare mask; its source is only a count, so it
     // runs on 16-bit lanes (half the repeats of a 32-bit one).
-    __aicore__ inline void CountAgesAtLeast(const int32_t* t, uint32_t k, uint32_t* cnt) {
+    __aicore__ inline void CountAgesAtLeast(const int32_t* t, uint32_t k, uint32_t* cnt,
+                                            uint32_t (*seen)[kLruWinWords]) {
         const uint32_t W = Wide(), maskBytes = W / 8;
         Win& sl = win_[avsg::SEC_SL];
         const LocalTensor<float> af = wWin_.ReinterpretCast<float>();
         const LocalTensor<uint16_t> src = wWin_.ReinterpretCast<uint16_t>();
         const LocalTensor<uint8_t> masks = V(1).ReinterpretCast<uint8_t>();
-        for (uint32_t i = 0; i < k; ++i) cnt[i] = 0;
+        for (uint32_t i = 0; i < k; ++i) {
+            cnt[i] = 0;
+            WinSetClear(seen[i], false);
+        }
         const uint32_t first = static_cast<uint32_t>(FirstWin(sl)), up = sl.nwin - first;
         Sync<HardEvent::S_V>();                   // scalar writes of the windows
         for (uint32_t q = 0; q < sl.nwin; ++q) {
@@ -380,14 +403,18 @@ protected:
                     GatherMask(CountSink(i), src, U16(masks[i * maskBytes]), true, live, GatherMaskParams(1, 1, 8, 0),
                                got);
                     cnt[i] += static_cast<uint32_t>(got);
+                    if (got) WinSetAdd(seen[i], static_cast<uint32_t>(id));
                 }
             }
         }
     }
     // The victims at threshold theta (ties: how many slots at theta to take), in slot order ->
     // miss_slots[0:m], each installed while its slot_life window is resident (slot_pos = its
-    // position, age 0) as Allocate does; a slot installed in one chunk is not read again.
-    __aicore__ inline void SelectLru(uint32_t r, uint32_t m, int32_t theta, uint32_t ties) {
+    // position, age 0) as Allocate does; a slot installed in one chunk is not read again. Only
+    // windows that hold a victim are loaded: a free slot (lruFreeWins_), an age above theta
+    // (olderWins) or, while ties are still taken, one at theta (tieWins: ages >= theta).
+    __aicore__ inline void SelectLru(uint32_t r, uint32_t m, int32_t theta, uint32_t ties, const uint32_t* tieWins,
+                                     const uint32_t* olderWins) {
         const uint32_t W = Wide(), nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         Win& sl = win_[avsg::SEC_SL];
@@ -404,6 +431,9 @@ protected:
         for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
             const uint32_t start = id * sl.wlen, cntW = WinCount(sl, static_cast<int32_t>(id));
             if (start >= activeCap_) break;
+            const bool hasFree = WinSetHas(lruFreeWins_, id);
+            if (!hasFree && (freeLevel || (!WinSetHas(olderWins, id) && (ties == 0 || !WinSetHas(tieWins, id)))))
+                continue;
             Ensure(sl, static_cast<int32_t>(id));
             for (uint32_t off = 0; off < cntW && start + off < activeCap_ && have < m; off += W) {
                 const uint32_t base = start + off, n = MinU(W, cntW - off), live = MinU(n, activeCap_ - base);
@@ -414,9 +444,10 @@ protected:
                 PipeBarrier<PIPE_V>();
                 CompareScalar(mA_, af, older, CMPMODE::GT, n);
                 CompareScalar(mB_, af, tie, CMPMODE::EQ, n);
-                if (!freeLevel) CompareScalar(mC_, af, -1.0f, CMPMODE::EQ, n);   // free: older than any age
+                const bool freeOlder = !freeLevel && hasFree;   // free: older than any age
+                if (freeOlder) CompareScalar(mC_, af, -1.0f, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
-                if (!freeLevel) Or(U16(mA_), U16(mA_), U16(mC_), n / 16);
+                if (freeOlder) Or(U16(mA_), U16(mA_), U16(mC_), n / 16);
                 uint64_t e = 0;
                 GatherMask(tieIds, ids, U32(mB_), true, live, GatherMaskParams(1, 1, 8, 0), e);
                 if (static_cast<uint32_t>(e) > ties) {   // the tie boundary lies in this chunk
@@ -460,6 +491,9 @@ protected:
         if (m == 0) return;
         int32_t theta = kLruFreeKey;              // enough free slots: the first m of them
         uint32_t above = 0;                       // count(x > theta)
+        uint32_t loWins[kLruWinWords], hiWins[kLruWinWords];   // windows with an age >= lo / >= hi
+        WinSetClear(loWins, true);
+        WinSetClear(hiWins, false);
         if (freeSlots_ < m) {
             // count(x >= lo) >= m > count(x >= hi) = above: lo = 0 counts every candidate (the
             // active capacity holds N >= m), no candidate is older than maxAge_
@@ -470,22 +504,25 @@ protected:
                 const uint32_t k = MinU(kLruThresholds, span - 1);
                 int32_t t[kLruThresholds];
                 uint32_t cnt[kLruThresholds];
+                uint32_t seen[kLruThresholds][kLruWinWords];
                 for (uint32_t i = 0; i < k; ++i)  // strictly increasing inside (lo, hi): span > k
                     t[i] = top ? hi - static_cast<int32_t>(k - i)
                                : lo + static_cast<int32_t>(span * (i + 1) / (k + 1));
-                CountAgesAtLeast(t, k, cnt);
+                CountAgesAtLeast(t, k, cnt, seen);
                 for (uint32_t i = k; i-- > 0;) {  // counts fall as t rises
                     if (cnt[i] + freeSlots_ >= m) {
                         lo = t[i];
+                        WinSetCopy(loWins, seen[i]);
                         break;
                     }
                     hi = t[i];
                     above = cnt[i] + freeSlots_;
+                    WinSetCopy(hiWins, seen[i]);
                 }
             }
             theta = lo;
         }
-        SelectLru(r, m, theta, m - above);
+        SelectLru(r, m, theta, m - above, loWins, hiWins);   // hi = theta + 1 here
     }
     // Evicted positions leave their counts as ghosts (entry p mod G, tag p >> log2 G), then each miss
     // takes its own back (when the tag is its own) + the return gain: all spills before any reload,
@@ -532,6 +569,7 @@ protected:
     uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included;
                                              // lru: the free candidates, below the active capacity)
     int32_t maxAge_ = -1;                    // lru: the largest age after DecayAndPin, any slot
+    uint32_t lruFreeWins_[kLruWinWords] = {};   // lru: the windows with a free candidate
 };
 
 }  // namespace avsg_kernel
