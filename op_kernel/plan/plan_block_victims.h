@@ -30,12 +30,18 @@ protected:
         const LocalTensor<int32_t> sink = Policy::kReuse ? vKey_ : wSlot_;
         const LocalTensor<float> lifeF = Policy::kReuse ? vTmpF_ : wWin_.ReinterpretCast<float>();
         Win& sl = win_[avsg::SEC_SL];
-        // lru: the lane-wise max of the new ages (the sort region is idle here), reduced below
+        // lru: the new ages as half, or their lane-wise max where that copy does not fit (the
+        // sort region is idle here), reduced below
         const LocalTensor<float> ageMax = wTmp_.ReinterpretCast<float>();
+        const bool compact = Policy::kLru && LruCompact();
         freeSlots_ = 0;
         if constexpr (Policy::kLru) WinSetClear(lruFreeWins_, false);
         Sync<HardEvent::S_V>();
-        if constexpr (Policy::kLru) Duplicate(ageMax, -1.0f, Wide());
+        if constexpr (Policy::kLru) {
+            const uint32_t padded = avsg::RoundUp(t_.capPad, kLruHalfLanes);
+            if (!compact) Duplicate(ageMax, -1.0f, Wide());
+            else if (padded > t_.capPad) Duplicate(sHalf_[t_.capPad], static_cast<half>(-1.0f), padded - t_.capPad);
+        }
         // lifetime and reuse: last window first, so Allocate starts its slot-order scan in the
         // resident window 0; lru: first window first, its count passes (CountAgesAtLeast) start
         // from the resident window and end in window 0, where SelectLru starts
@@ -93,7 +99,8 @@ protected:
                     // the victim search's bounds: the oldest age, and the free slots among the
                     // candidates (below the active capacity), counted after the pins (a hit is
                     // never free, whatever its slot held)
-                    Max(ageMax, ageMax, lifeF, n);
+                    if (compact) Cast(sHalf_[base], lifeF, RoundMode::CAST_NONE, n);   // [-1, 1023]: exact
+                    else Max(ageMax, ageMax, lifeF, n);
                     CompareScalar(mB_, lifeF, -1.0f, CMPMODE::EQ, n);
                     PipeBarrier<PIPE_V>();
                     const uint32_t live = base < activeCap_ ? MinU(n, activeCap_ - base) : 0u;
@@ -108,12 +115,20 @@ protected:
             sl.dirty = true;
         }
         if constexpr (Policy::kLru) {
-            // ages are in [-1, 1023] here: exact in float
-            const LocalTensor<float> top = wIdx_.ReinterpretCast<float>();
-            ReduceMax(top, ageMax, wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(Wide()));
+            // ages are in [-1, 1023] here: exact in float and in half
+            if (compact) {
+                ReduceMax(wIdx_.ReinterpretCast<half>(), sHalf_, wSlot_.ReinterpretCast<half>(),
+                          static_cast<int32_t>(t_.capPad));
+            } else {
+                const LocalTensor<float> top = wIdx_.ReinterpretCast<float>();
+                ReduceMax(top, ageMax, wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(Wide()));
+            }
         }
         Sync<HardEvent::V_S>();
-        if constexpr (Policy::kLru) maxAge_ = static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
+        if constexpr (Policy::kLru) {
+            maxAge_ = compact ? static_cast<int32_t>(static_cast<float>(wIdx_.ReinterpretCast<half>().GetValue(0)))
+                              : static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
+        }
     }
     // Victims in (life, slot) order among life < L: one Compares EQ + GatherMask per level and
     // window chunk, stopping at M -> miss_slots[0:M]. Each chunk's victims are installed while
@@ -348,6 +363,13 @@ protected:
     // a victim. 128 bits cover every geometry the ops accept (S <= 32768 in windows of >= 256
     // slots); a window past them is always a member (visited, never skipped).
     static constexpr uint32_t kLruWinWords = 4;
+    // The half copy of the ages (DecayAndPin) fills the sort region: every padded slot, rounded up
+    // to whole 256 B compares (128 half lanes), when that fits; otherwise the count passes read
+    // the slot_life windows. Its count passes work in chunks of half a wide vector (sinks below).
+    static constexpr uint32_t kLruHalfLanes = 128;
+    __aicore__ inline bool LruCompact() const {
+        return avsg::RoundUp(t_.capPad, kLruHalfLanes) <= 2 * avsg::kPlanSortVectors * t_.nc;
+    }
     __aicore__ static inline void WinSetClear(uint32_t* set, bool all) {
         for (uint32_t w = 0; w < kLruWinWords; ++w) set[w] = all ? ~0u : 0u;
     }
@@ -366,10 +388,15 @@ protected:
         const LocalTensor<int32_t>& w = i < 2 ? wIdx_ : i < 4 ? wSlot_ : i < 6 ? wTmp_ : wKey_;
         return w.ReinterpretCast<uint16_t>()[(i % 2) * Wide()];
     }
+    // the same for the half copy's chunks (Wide() / 2 lanes), clear of the sort region that holds it
+    __aicore__ inline LocalTensor<uint16_t> CountSinkHalf(uint32_t i) {
+        return (i < 4 ? wIdx_ : wSlot_).ReinterpretCast<uint16_t>()[(i % 4) * (Wide() / 2)];
+    }
     // cnt[i] = count(age >= t[i]) over the slots below the active capacity, t[i] >= 1 (free and
     // pinned slots never count), k <= kLruThresholds, in one pass over the slot_life windows:
     // the resident one first, then those above it, then those below it, down to window 0.
-    // seen[i]: the windows where that count is not 0.
+    // seen[i]: the windows where that count is not 0. From the half copy of the ages where
+    // DecayAndPin wrote one (no window moves; chunks inside one window each).
     // GatherMask counts the set bits of each compare mask; its source is only a count, so it
     // runs on 16-bit lanes (half the repeats of a 32-bit one).
     __aicore__ inline void CountAgesAtLeast(const int32_t* t, uint32_t k, uint32_t* cnt,
@@ -382,6 +409,28 @@ protected:
         for (uint32_t i = 0; i < k; ++i) {
             cnt[i] = 0;
             WinSetClear(seen[i], false);
+        }
+        if (LruCompact()) {
+            const uint32_t chunk = MinU(W / 2, sl.wlen);   // both powers of two, or one window
+            const LocalTensor<uint16_t> ages = sHalf_.ReinterpretCast<uint16_t>();
+            Sync<HardEvent::S_V>();               // scalar reads of the sinks (DecayAndPin's maximum)
+            for (uint32_t off = 0; off < activeCap_; off += chunk) {
+                const uint32_t live = MinU(chunk, activeCap_ - off), n = avsg::RoundUp(live, kLruHalfLanes);
+                const uint32_t id = off / sl.wlen;
+                PipeBarrier<PIPE_V>();            // the copy's Casts; the previous chunk's GatherMasks
+                for (uint32_t i = 0; i < k; ++i)
+                    CompareScalar(masks[i * maskBytes], sHalf_[off], static_cast<half>(static_cast<float>(t[i])),
+                                  CMPMODE::GE, n);
+                PipeBarrier<PIPE_V>();
+                for (uint32_t i = 0; i < k; ++i) {
+                    uint64_t got = 0;
+                    GatherMask(CountSinkHalf(i), ages[off], U16(masks[i * maskBytes]), true, live,
+                               GatherMaskParams(1, 1, 8, 0), got);
+                    cnt[i] += static_cast<uint32_t>(got);
+                    if (got) WinSetAdd(seen[i], id);
+                }
+            }
+            return;
         }
         const uint32_t first = static_cast<uint32_t>(FirstWin(sl)), up = sl.nwin - first;
         Sync<HardEvent::S_V>();                   // scalar writes of the windows
