@@ -2,13 +2,14 @@
 // the hits (DecayAndPin); the m victims are then the lowest (life, slot) under the lifetime
 // policy (Allocate), the lowest (score, slot) under reuse (AllocateByScore: scores to the
 // workspace, an 8-ary threshold search, ties in slot order) and the oldest (age, then slot
-// order) under lru (AllocateLru: a threshold search on the ages in the slot_life windows, whose
-// first pass counts just below the oldest age); each miss is installed in its victim (by
-// Allocate and SelectLru as they find them, ScatterVictimsReuse with ghosts for reuse). The
-// policy is a tag (plan_policy.h), so each kernel compiles only its own passes.
+// order) under lru (AllocateLru: a threshold search on the ages, from a half copy of them where
+// it fits, whose first pass counts just below the oldest age); each miss is installed in its
+// victim (by Allocate and SelectLru as they find them, ScatterVictimsReuse with ghosts for
+// reuse). The policy is a tag (plan_policy.h), so each kernel compiles only its own passes.
 // UB: the slot_life / slot_pos / slot_count / ghost windows, hitBits_, V(0..6), wWin_/wIdx_/wSlot_
-// and vT1_/vT2_/vKey_/vTmpF_ as scratch, for lru also wTmp_/wKey_ (the sort region, idle here)
-// and V(1) as eight wide masks; GM: miss_slots, the workspace's scores (reuse).
+// and vT1_/vT2_/vKey_/vTmpF_ as scratch, for lru also the sort region (idle here: the half copy
+// of the ages, or wTmp_/wKey_) and V(1) as eight wide masks; GM: miss_slots, the workspace's
+// scores (reuse).
 #pragma once
 #include "plan_block_heat.h"
 
@@ -278,9 +279,9 @@ protected:
     }
     // Victims: the m slots with the lowest (score, slot), in ascending slot order -> miss_slots.
     // Threshold theta (the smallest with count(score <= theta) >= m) by an 8-ary search: each pass
-    // counts 7 thresholds spread over (lo, hi) (3 passes over the scores for reuse, 4 for lru, where
-    // a binary search takes 8 and 11), then every slot below it and the first (m - count below)
-    // ties, found by a running tie count.
+    // counts 7 thresholds spread over (lo, hi) (3 passes over the scores, where a binary search
+    // takes 8), then every slot below it and the first (m - count below) ties, found by a running
+    // tie count. The reuse policy's; lru searches its ages without scores (AllocateLru).
     __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
         if (m == 0) return;
         const uint32_t nc = t_.nc;
@@ -353,8 +354,8 @@ protected:
     // x = age (0: used this step, pinned), x = 1024 for a free slot (age -1), the m highest
     // (x, -slot) among the slots below the active capacity. theta = the largest x with
     // count(x >= theta) >= m; victims: every x > theta and the first m - count(x > theta) slots
-    // at theta. The search runs on the ages in the slot_life windows (no score pass, no
-    // workspace), 2048-lane chunks; its first pass counts the top ages below the largest one
+    // at theta. The search counts on DecayAndPin's half copy of the ages (no window moves) or,
+    // where it does not fit, on the slot_life windows (no score pass, no workspace); its first pass counts the top ages below the largest one
     // (DecayAndPin's maxAge_), where the victims of a full buffer lie, later passes spread their
     // thresholds. Which thresholds are counted changes only how many passes the search takes.
     static constexpr uint32_t kLruThresholds = 8;          // per pass: V(1) holds 8 wide masks
