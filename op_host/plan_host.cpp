@@ -123,7 +123,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.wsSelLaneOff = t.wsSelKeyOff + t.numChunks * t.nc;
     t.wsFreeOff = t.wsSelLaneOff + t.numChunks * t.nc;
     t.wsScoreOff = t.wsFreeOff + t.numChunks * (kPlanProbes * t.nc / 32);
-    t.wsPerCore = t.wsScoreOff + (policy != kPolicyLifetime ? Sp : 0);
+    t.wsPerCore = t.wsScoreOff + (reuse ? Sp : 0);   // lru counts its ages in UB, without scores
     t.split = 1;
     t.wsPartOff = t.wsPerCore;
     t.partWords = RoundUp(kPlanPartHead + t.numChunks, 8) + RoundUp(Sp / 32, 8);

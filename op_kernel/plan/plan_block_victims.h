@@ -2,13 +2,14 @@
 // the hits (DecayAndPin); the m victims are then the lowest (life, slot - hand mod S) under the
 // lifetime policy (Allocate), the lowest (score, slot) under reuse (AllocateByScore: scores to the
 // workspace, an 8-ary threshold search, ties in slot order) and the oldest (age, then slot
-// order) under lru (AllocateLru: a threshold search on the ages in the slot_life windows, whose
-// first pass counts just below the oldest age); each miss is installed in its victim (by
-// Allocate and SelectLru as they find them, ScatterVictimsReuse with ghosts for reuse). The
-// policy is a tag (plan_policy.h), so each kernel compiles only its own passes.
+// order) under lru (AllocateLru: a threshold search on the ages, from a half copy of them where
+// it fits, whose first pass counts just below the oldest age); each miss is installed in its
+// victim (by Allocate and SelectLru as they find them, ScatterVictimsReuse with ghosts for
+// reuse). The policy is a tag (plan_policy.h), so each kernel compiles only its own passes.
 // UB: the slot_life / slot_pos / slot_count / ghost windows, hitBits_, V(0..6), wWin_/wIdx_/wSlot_
-// and vT1_/vT2_/vKey_/vTmpF_ as scratch, for lru also wTmp_/wKey_ (the sort region, idle here)
-// and V(1) as eight wide masks; GM: miss_slots, the workspace's scores (reuse).
+// and vT1_/vT2_/vKey_/vTmpF_ as scratch, for lru also the sort region (idle here: the half copy
+// of the ages, or wTmp_/wKey_) and V(1) as eight wide masks; GM: miss_slots, the workspace's
+// scores (reuse).
 #pragma once
 #include "plan_block_heat.h"
 
@@ -30,11 +31,18 @@ protected:
         const LocalTensor<int32_t> sink = Policy::kReuse ? vKey_ : wSlot_;
         const LocalTensor<float> lifeF = Policy::kReuse ? vTmpF_ : wWin_.ReinterpretCast<float>();
         Win& sl = win_[avsg::SEC_SL];
-        // lru: the lane-wise max of the new ages (the sort region is idle here), reduced below
+        // lru: the new ages as half, or their lane-wise max where that copy does not fit (the
+        // sort region is idle here), reduced below
         const LocalTensor<float> ageMax = wTmp_.ReinterpretCast<float>();
+        const bool compact = Policy::kLru && LruCompact();
         freeSlots_ = 0;
+        if constexpr (Policy::kLru) WinSetClear(lruFreeWins_, false);
         Sync<HardEvent::S_V>();
-        if constexpr (Policy::kLru) Duplicate(ageMax, -1.0f, Wide());
+        if constexpr (Policy::kLru) {
+            const uint32_t padded = avsg::RoundUp(t_.capPad, kLruHalfLanes);
+            if (!compact) Duplicate(ageMax, -1.0f, Wide());
+            else if (padded > t_.capPad) Duplicate(sHalf_[t_.capPad], static_cast<half>(-1.0f), padded - t_.capPad);
+        }
         // lifetime and reuse: last window first, so Allocate starts its slot-order scan in the
         // resident window 0; lru: first window first, its count passes (CountAgesAtLeast) start
         // from the resident window and end in window 0, where SelectLru starts
@@ -92,11 +100,13 @@ protected:
                     // the victim search's bounds: the oldest age, and the free slots among the
                     // candidates (below the active capacity), counted after the pins (a hit is
                     // never free, whatever its slot held)
-                    Max(ageMax, ageMax, lifeF, n);
+                    if (compact) Cast(sHalf_[base], lifeF, RoundMode::CAST_NONE, n);   // [-1, 1023]: exact
+                    else Max(ageMax, ageMax, lifeF, n);
                     CompareScalar(mB_, lifeF, -1.0f, CMPMODE::EQ, n);
                     PipeBarrier<PIPE_V>();
                     const uint32_t live = base < activeCap_ ? MinU(n, activeCap_ - base) : 0u;
                     if (live) GatherMask(sink, t2, U32(mB_), true, live, GatherMaskParams(1, 1, 8, 0), nFree);
+                    if (nFree) WinSetAdd(lruFreeWins_, id);
                 }
                 freeSlots_ += static_cast<uint32_t>(nFree);
                 Cast(life, lifeF, RoundMode::CAST_RINT, n);
@@ -106,12 +116,20 @@ protected:
             sl.dirty = true;
         }
         if constexpr (Policy::kLru) {
-            // ages are in [-1, 1023] here: exact in float
-            const LocalTensor<float> top = wIdx_.ReinterpretCast<float>();
-            ReduceMax(top, ageMax, wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(Wide()));
+            // ages are in [-1, 1023] here: exact in float and in half
+            if (compact) {
+                ReduceMax(wIdx_.ReinterpretCast<half>(), sHalf_, wSlot_.ReinterpretCast<half>(),
+                          static_cast<int32_t>(t_.capPad));
+            } else {
+                const LocalTensor<float> top = wIdx_.ReinterpretCast<float>();
+                ReduceMax(top, ageMax, wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(Wide()));
+            }
         }
         Sync<HardEvent::V_S>();
-        if constexpr (Policy::kLru) maxAge_ = static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
+        if constexpr (Policy::kLru) {
+            maxAge_ = compact ? static_cast<int32_t>(static_cast<float>(wIdx_.ReinterpretCast<half>().GetValue(0)))
+                              : static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
+        }
     }
     // Victims in (life, turn) order among life < L, turn = (slot - hand) mod S: per level the
     // slots [hand, A) then [0, hand), one Compares EQ + GatherMask per chunk (the chunks that
@@ -285,9 +303,9 @@ protected:
     }
     // Victims: the m slots with the lowest (score, slot), in ascending slot order -> miss_slots.
     // Threshold theta (the smallest with count(score <= theta) >= m) by an 8-ary search: each pass
-    // counts 7 thresholds spread over (lo, hi) (3 passes over the scores for reuse, 4 for lru, where
-    // a binary search takes 8 and 11), then every slot below it and the first (m - count below)
-    // ties, found by a running tie count.
+    // counts 7 thresholds spread over (lo, hi) (3 passes over the scores, where a binary search
+    // takes 8), then every slot below it and the first (m - count below) ties, found by a running
+    // tie count. The reuse policy's; lru searches its ages without scores (AllocateLru).
     __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
         if (m == 0) return;
         const uint32_t nc = t_.nc;
@@ -360,30 +378,85 @@ protected:
     // x = age (0: used this step, pinned), x = 1024 for a free slot (age -1), the m highest
     // (x, -slot) among the slots below the active capacity. theta = the largest x with
     // count(x >= theta) >= m; victims: every x > theta and the first m - count(x > theta) slots
-    // at theta. The search runs on the ages in the slot_life windows (no score pass, no
-    // workspace), 2048-lane chunks; its first pass counts the top ages below the largest one
+    // at theta. The search counts on DecayAndPin's half copy of the ages (no window moves) or,
+    // where it does not fit, on the slot_life windows (no score pass, no workspace); its first pass counts the top ages below the largest one
     // (DecayAndPin's maxAge_), where the victims of a full buffer lie, later passes spread their
     // thresholds. Which thresholds are counted changes only how many passes the search takes.
     static constexpr uint32_t kLruThresholds = 8;          // per pass: V(1) holds 8 wide masks
     static constexpr int32_t kLruFreeKey = avsg::kReuseAgeMax + 1;
+    // Sets of slot_life windows, one bit each, so that SelectLru loads only the windows that hold
+    // a victim. 128 bits cover every geometry the ops accept (S <= 32768 in windows of >= 256
+    // slots); a window past them is always a member (visited, never skipped).
+    static constexpr uint32_t kLruWinWords = 4;
+    // The half copy of the ages (DecayAndPin) fills the sort region: every padded slot, rounded up
+    // to whole 256 B compares (128 half lanes), when that fits; otherwise the count passes read
+    // the slot_life windows. Its count passes work in chunks of half a wide vector (sinks below).
+    static constexpr uint32_t kLruHalfLanes = 128;
+    __aicore__ inline bool LruCompact() const {
+        return avsg::RoundUp(t_.capPad, kLruHalfLanes) <= 2 * avsg::kPlanSortVectors * t_.nc;
+    }
+    __aicore__ static inline void WinSetClear(uint32_t* set, bool all) {
+        for (uint32_t w = 0; w < kLruWinWords; ++w) set[w] = all ? ~0u : 0u;
+    }
+    __aicore__ static inline void WinSetCopy(uint32_t* dst, const uint32_t* src) {
+        for (uint32_t w = 0; w < kLruWinWords; ++w) dst[w] = src[w];
+    }
+    __aicore__ static inline void WinSetAdd(uint32_t* set, uint32_t id) {
+        if (id < kLruWinWords * 32) set[id >> 5] |= 1u << (id & 31);
+    }
+    __aicore__ static inline bool WinSetHas(const uint32_t* set, uint32_t id) {
+        return id >= kLruWinWords * 32 || ((set[id >> 5] >> (id & 31)) & 1u) != 0;
+    }
     // 16-bit sink i of CountAgesAtLeast's GatherMasks (2048 lanes each, two per wide vector, all
     // idle in the victims phase): distinct, so the counts need no barrier between them
     __aicore__ inline LocalTensor<uint16_t> CountSink(uint32_t i) {
         const LocalTensor<int32_t>& w = i < 2 ? wIdx_ : i < 4 ? wSlot_ : i < 6 ? wTmp_ : wKey_;
         return w.ReinterpretCast<uint16_t>()[(i % 2) * Wide()];
     }
+    // the same for the half copy's chunks (Wide() / 2 lanes), clear of the sort region that holds it
+    __aicore__ inline LocalTensor<uint16_t> CountSinkHalf(uint32_t i) {
+        return (i < 4 ? wIdx_ : wSlot_).ReinterpretCast<uint16_t>()[(i % 4) * (Wide() / 2)];
+    }
     // cnt[i] = count(age >= t[i]) over the slots below the active capacity, t[i] >= 1 (free and
     // pinned slots never count), k <= kLruThresholds, in one pass over the slot_life windows:
     // the resident one first, then those above it, then those below it, down to window 0.
+    // seen[i]: the windows where that count is not 0. From the half copy of the ages where
+    // DecayAndPin wrote one (no window moves; chunks inside one window each).
     // GatherMask counts the set bits of each compare mask; its source is only a count, so it
     // runs on 16-bit lanes (half the repeats of a 32-bit one).
-    __aicore__ inline void CountAgesAtLeast(const int32_t* t, uint32_t k, uint32_t* cnt) {
+    __aicore__ inline void CountAgesAtLeast(const int32_t* t, uint32_t k, uint32_t* cnt,
+                                            uint32_t (*seen)[kLruWinWords]) {
         const uint32_t W = Wide(), maskBytes = W / 8;
         Win& sl = win_[avsg::SEC_SL];
         const LocalTensor<float> af = wWin_.ReinterpretCast<float>();
         const LocalTensor<uint16_t> src = wWin_.ReinterpretCast<uint16_t>();
         const LocalTensor<uint8_t> masks = V(1).ReinterpretCast<uint8_t>();
-        for (uint32_t i = 0; i < k; ++i) cnt[i] = 0;
+        for (uint32_t i = 0; i < k; ++i) {
+            cnt[i] = 0;
+            WinSetClear(seen[i], false);
+        }
+        if (LruCompact()) {
+            const uint32_t chunk = MinU(W / 2, sl.wlen);   // both powers of two, or one window
+            const LocalTensor<uint16_t> ages = sHalf_.ReinterpretCast<uint16_t>();
+            Sync<HardEvent::S_V>();               // scalar reads of the sinks (DecayAndPin's maximum)
+            for (uint32_t off = 0; off < activeCap_; off += chunk) {
+                const uint32_t live = MinU(chunk, activeCap_ - off), n = avsg::RoundUp(live, kLruHalfLanes);
+                const uint32_t id = off / sl.wlen;
+                PipeBarrier<PIPE_V>();            // the copy's Casts; the previous chunk's GatherMasks
+                for (uint32_t i = 0; i < k; ++i)
+                    CompareScalar(masks[i * maskBytes], sHalf_[off], static_cast<half>(static_cast<float>(t[i])),
+                                  CMPMODE::GE, n);
+                PipeBarrier<PIPE_V>();
+                for (uint32_t i = 0; i < k; ++i) {
+                    uint64_t got = 0;
+                    GatherMask(CountSinkHalf(i), ages[off], U16(masks[i * maskBytes]), true, live,
+                               GatherMaskParams(1, 1, 8, 0), got);
+                    cnt[i] += static_cast<uint32_t>(got);
+                    if (got) WinSetAdd(seen[i], id);
+                }
+            }
+            return;
+        }
         const uint32_t first = static_cast<uint32_t>(FirstWin(sl)), up = sl.nwin - first;
         Sync<HardEvent::S_V>();                   // scalar writes of the windows
         for (uint32_t q = 0; q < sl.nwin; ++q) {
@@ -404,14 +477,18 @@ protected:
                     GatherMask(CountSink(i), src, U16(masks[i * maskBytes]), true, live, GatherMaskParams(1, 1, 8, 0),
                                got);
                     cnt[i] += static_cast<uint32_t>(got);
+                    if (got) WinSetAdd(seen[i], static_cast<uint32_t>(id));
                 }
             }
         }
     }
     // The victims at threshold theta (ties: how many slots at theta to take), in slot order ->
     // miss_slots[0:m], each installed while its slot_life window is resident (slot_pos = its
-    // position, age 0) as Allocate does; a slot installed in one chunk is not read again.
-    __aicore__ inline void SelectLru(uint32_t r, uint32_t m, int32_t theta, uint32_t ties) {
+    // position, age 0) as Allocate does; a slot installed in one chunk is not read again. Only
+    // windows that hold a victim are loaded: a free slot (lruFreeWins_), an age above theta
+    // (olderWins) or, while ties are still taken, one at theta (tieWins: ages >= theta).
+    __aicore__ inline void SelectLru(uint32_t r, uint32_t m, int32_t theta, uint32_t ties, const uint32_t* tieWins,
+                                     const uint32_t* olderWins) {
         const uint32_t W = Wide(), nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         Win& sl = win_[avsg::SEC_SL];
@@ -428,6 +505,9 @@ protected:
         for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
             const uint32_t start = id * sl.wlen, cntW = WinCount(sl, static_cast<int32_t>(id));
             if (start >= activeCap_) break;
+            const bool hasFree = WinSetHas(lruFreeWins_, id);
+            if (!hasFree && (freeLevel || (!WinSetHas(olderWins, id) && (ties == 0 || !WinSetHas(tieWins, id)))))
+                continue;
             Ensure(sl, static_cast<int32_t>(id));
             for (uint32_t off = 0; off < cntW && start + off < activeCap_ && have < m; off += W) {
                 const uint32_t base = start + off, n = MinU(W, cntW - off), live = MinU(n, activeCap_ - base);
@@ -438,9 +518,10 @@ protected:
                 PipeBarrier<PIPE_V>();
                 CompareScalar(mA_, af, older, CMPMODE::GT, n);
                 CompareScalar(mB_, af, tie, CMPMODE::EQ, n);
-                if (!freeLevel) CompareScalar(mC_, af, -1.0f, CMPMODE::EQ, n);   // free: older than any age
+                const bool freeOlder = !freeLevel && hasFree;   // free: older than any age
+                if (freeOlder) CompareScalar(mC_, af, -1.0f, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
-                if (!freeLevel) Or(U16(mA_), U16(mA_), U16(mC_), n / 16);
+                if (freeOlder) Or(U16(mA_), U16(mA_), U16(mC_), n / 16);
                 uint64_t e = 0;
                 GatherMask(tieIds, ids, U32(mB_), true, live, GatherMaskParams(1, 1, 8, 0), e);
                 if (static_cast<uint32_t>(e) > ties) {   // the tie boundary lies in this chunk
@@ -484,6 +565,9 @@ protected:
         if (m == 0) return;
         int32_t theta = kLruFreeKey;              // enough free slots: the first m of them
         uint32_t above = 0;                       // count(x > theta)
+        uint32_t loWins[kLruWinWords], hiWins[kLruWinWords];   // windows with an age >= lo / >= hi
+        WinSetClear(loWins, true);
+        WinSetClear(hiWins, false);
         if (freeSlots_ < m) {
             // count(x >= lo) >= m > count(x >= hi) = above: lo = 0 counts every candidate (the
             // active capacity holds N >= m), no candidate is older than maxAge_
@@ -494,22 +578,25 @@ protected:
                 const uint32_t k = MinU(kLruThresholds, span - 1);
                 int32_t t[kLruThresholds];
                 uint32_t cnt[kLruThresholds];
+                uint32_t seen[kLruThresholds][kLruWinWords];
                 for (uint32_t i = 0; i < k; ++i)  // strictly increasing inside (lo, hi): span > k
                     t[i] = top ? hi - static_cast<int32_t>(k - i)
                                : lo + static_cast<int32_t>(span * (i + 1) / (k + 1));
-                CountAgesAtLeast(t, k, cnt);
+                CountAgesAtLeast(t, k, cnt, seen);
                 for (uint32_t i = k; i-- > 0;) {  // counts fall as t rises
                     if (cnt[i] + freeSlots_ >= m) {
                         lo = t[i];
+                        WinSetCopy(loWins, seen[i]);
                         break;
                     }
                     hi = t[i];
                     above = cnt[i] + freeSlots_;
+                    WinSetCopy(hiWins, seen[i]);
                 }
             }
             theta = lo;
         }
-        SelectLru(r, m, theta, m - above);
+        SelectLru(r, m, theta, m - above, loWins, hiWins);   // hi = theta + 1 here
     }
     // Evicted positions leave their counts as ghosts (entry p mod G, tag p >> log2 G), then each miss
     // takes its own back (when the tag is its own) + the return gain: all spills before any reload,
@@ -556,6 +643,7 @@ protected:
     uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included;
                                              // lru: the free candidates, below the active capacity)
     int32_t maxAge_ = -1;                    // lru: the largest age after DecayAndPin, any slot
+    uint32_t lruFreeWins_[kLruWinWords] = {};   // lru: the windows with a free candidate
 };
 
 }  // namespace avsg_kernel

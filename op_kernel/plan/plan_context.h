@@ -86,6 +86,8 @@ protected:
         wTmp_ = sb.template ReinterpretCast<int32_t>();   // the sort region holds two wide vectors
         wKey_ = wTmp_[wide];                              // while no sort runs
         wIdx_.SetSize(wide); wWin_.SetSize(wide); wSlot_.SetSize(wide); wTmp_.SetSize(wide); wKey_.SetSize(wide);
+        sHalf_ = sb.template ReinterpretCast<half>();     // the whole sort region as half lanes
+        sHalf_.SetSize(2 * avsg::kPlanSortVectors * nc);
         // short-lived nc-element scratch, aliased into wide vectors that are idle whenever these
         // are used (hash temporaries before the wide gathers; the rest outside the lookups)
         vLo_ = wWin_; vHi_ = wWin_[nc]; vT1_ = wWin_[2 * nc]; vT2_ = wWin_[3 * nc];
@@ -296,6 +298,7 @@ protected:
     LocalTensor<int32_t> vWant_, vFirst_, vStride_, vFoundI_, vMS_, vLane_, vHMask_;   // nc lanes
     LocalTensor<float> vWantF_, vFoundF_;
     LocalTensor<int32_t> wIdx_, wWin_, wSlot_, wTmp_, wKey_;                   // kPlanProbes*nc lanes
+    LocalTensor<half> sHalf_;                      // the sort region, 2 * kPlanSortVectors * nc lanes
     LocalTensor<int32_t> vLo_, vHi_, vT1_, vT2_, vB_, vKey_, vSlot_;  // aliases
     LocalTensor<float> vTmpF_;
     LocalTensor<uint8_t> mKey_, mOwn_, mWin_, mTmp_, mA_, mB_, mC_;

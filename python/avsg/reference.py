@@ -968,9 +968,10 @@ def lowest_scores(score: torch.Tensor, m: torch.Tensor, free: int = SCORE_FREE,
     """Mask of the ``m[r]`` slots with the lowest ``(score, slot)`` of each row, without a sort:
     binary search for the threshold ``theta`` (the smallest with ``count(score <= theta) >= m``;
     ``ceil(log2(pinned - free + 2))`` compare + count passes over the slots here: 8 for reuse,
-    11 for lru; the kernel's 8-ary search finds the same ``theta`` in 3 and 4), then every slot
-    below it and the first ``m - count(score < theta)`` slots equal
-    to it (a prefix count of the tie mask)."""
+    11 for lru. The kernels find the same ``theta`` in fewer: reuse's 8-ary search in 3; lru's
+    first pass counts the 8 ages up to the oldest, and a theta below them takes more passes,
+    8 thresholds each), then every slot below it and the first ``m - count(score < theta)``
+    slots equal to it (a prefix count of the tie mask)."""
     lo = torch.full_like(m, free - 1)             # count(score <= lo) < m   (or m == 0)
     hi = torch.full_like(m, pinned)               # count(score <= hi) >= m
     while bool((hi - lo > 1).any()):

@@ -1,9 +1,12 @@
-"""The lru victim search of the plan kernel (AllocateLru: a threshold search on the ages in the
-slot_life windows, 2048-slot chunks, first pass just below the oldest age) against the
+"""The lru victim search of the plan kernel (AllocateLru: a threshold search on the ages, first
+pass just below the oldest age, then SelectLru over the windows that hold a victim) against the
 reference, bit for bit, on crafted ages in a buffer whose slot_life is paged through several UB
-windows: one age everywhere (the ties span every chunk and window), ages spread over the whole
-range (several passes), few young ages with free slots (some of them selected again, so hit
-slots that held -1), and a shrunk active capacity whose tail holds the oldest ages.
+windows. The count passes read DecayAndPin's half copy of the ages (S 8192; S 8000, whose copy
+is padded to whole 128-lane compares) or, where that copy does not fit the 8192 half lanes of
+the sort region (S 16384), the windows. Cases: one age everywhere (the ties span every chunk and
+window), ages spread over the whole range (several passes), few young ages with free slots (some
+of them selected again, so hit slots that held -1), and a shrunk active capacity whose tail
+holds the oldest ages.
 """
 from __future__ import annotations
 
@@ -15,10 +18,10 @@ from avsg.backend import emulation
 
 from helpers.plan_cases import I32, Twin, draw
 
-R, T, K, S, H = 2, 1, 2048, 8192, 8192
+R, T, K = 2, 1, 2048
 
 
-def _craft(twin: Twin, row: int, case: str, gen: torch.Generator) -> None:
+def _craft(twin: Twin, row: int, case: str, gen: torch.Generator, S: int) -> None:
     """Rewrite one row's ages (both states alike)."""
     seed = int(torch.randint(0, 1 << 30, (1,), generator=gen))
     for state in (twin.state, twin.ref_state):
@@ -43,7 +46,9 @@ def _craft(twin: Twin, row: int, case: str, gen: torch.Generator) -> None:
 
 @pytest.mark.parametrize("build", ["strict", "fast"])
 @pytest.mark.parametrize("cases", [("ties", "spread"), ("free", "shrunk")])
-def test_lru_victims_on_crafted_ages(build, cases):
+@pytest.mark.parametrize("S", [8192, 8000, 16384])
+def test_lru_victims_on_crafted_ages(build, cases, S):
+    H = max(8192, S)
     windows = torch.ops.avsg.plan_ub_plan(T, K, S, H, 0)[2:]
     assert windows[3] < S * 4, "slot_life should be paged through several windows here"
     gen = torch.Generator().manual_seed(len(cases[0]) * 7 + len(build))
@@ -54,7 +59,7 @@ def test_lru_victims_on_crafted_ages(build, cases):
             twin.plan(draw(gen, R, T, K, seq, hot=3 * S), seq)
             seq += T
         for row, case in enumerate(cases):
-            _craft(twin, row, case, gen)
+            _craft(twin, row, case, gen, S)
         for _ in range(2):
             topk = draw(gen, R, T, K, seq, hot=3 * S)
             twin.plan(topk, seq)
