@@ -331,13 +331,22 @@ void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<
     uint8_t* d = dst.bytes();
     const T* a = src0.ptr();
     // 0/1 flags for a block of elements, then each 8 flags (little-endian bytes of one word) to
-    // one mask byte, element 0 in bit 0: the multiply moves flag k to bit 56 + k without carries
+    // one mask byte, element 0 in bit 0: the multiply moves flag k to bit 56 + k without carries.
+    // pred takes the element as the type it compares in (float for half: the block is widened
+    // first, by a conversion that vectorises).
+    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
     constexpr uint32_t kBlock = 256;
     uint8_t flags[kBlock];
+    C wide[std::is_same<T, half>::value ? kBlock : 1];
     const uint32_t bits = count / 8 * 8;
     for (uint32_t base = 0; base < bits; base += kBlock) {
         const uint32_t m = std::min(kBlock, bits - base);
-        for (uint32_t i = 0; i < m; ++i) flags[i] = static_cast<uint8_t>(pred(a[base + i], base + i));
+        if constexpr (std::is_same<T, half>::value) {
+            for (uint32_t i = 0; i < m; ++i) wide[i] = avsg_emu::numeric::f16_to_f32_flat(a[base + i].bits);
+            for (uint32_t i = 0; i < m; ++i) flags[i] = static_cast<uint8_t>(pred(wide[i], base + i));
+        } else {
+            for (uint32_t i = 0; i < m; ++i) flags[i] = static_cast<uint8_t>(pred(static_cast<C>(a[base + i]), base + i));
+        }
         for (uint32_t byte = 0; byte < m / 8; ++byte) {
             uint64_t w;
             std::memcpy(&w, flags + byte * 8, 8);
@@ -379,7 +388,7 @@ __aicore__ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& 
     using C = std::conditional_t<std::is_integral<T>::value, T, float>;
     emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
         emu_detail::compare_impl<T, U>(
-            api, dst, src0, count, [b, op](T a, uint32_t i) { return op(static_cast<C>(a), static_cast<C>(b[i])); },
+            api, dst, src0, count, [b, op](C a, uint32_t i) { return op(a, static_cast<C>(b[i])); },
             &src1);
     });
 }
@@ -395,7 +404,7 @@ __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>&
     const C y = static_cast<C>(src1Scalar);
     emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
         emu_detail::compare_impl<T, U>(api, dst, src0, count,
-                                       [y, op](T a, uint32_t) { return op(static_cast<C>(a), y); });
+                                       [y, op](C a, uint32_t) { return op(a, y); });
     });
 }
 // Deprecated alias of Compares (card §5).

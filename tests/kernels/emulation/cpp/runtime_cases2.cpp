@@ -811,3 +811,17 @@ CASE_UNSYNCED(granule_shared_unchecked_ok) { write_16B_per_block(16, false); }
 CASE_UNSYNCED(bad_granule_shared_by_two_blocks) { write_16B_per_block(16, true); }
 CASE_UNSYNCED(granule_handed_over_at_sync_all_ok) { write_16B_per_block(32, true, true); }
 CASE_UNSYNCED(bad_granule_rewritten_without_sync_all) { write_16B_per_block(32, true, true, false); }
+
+// Compare on half widens each block with f16_to_f32_flat (branch-free, so it vectorises): the
+// same float, bit for bit, as the half stand-in's own conversion for every bit pattern.
+CASE(half_to_float_all_patterns_ok) {
+    for (uint32_t h = 0; h < 65536; ++h) {
+        const float a = avsg_emu::numeric::f16_to_f32(static_cast<uint16_t>(h));
+        const float b = avsg_emu::numeric::f16_to_f32_flat(static_cast<uint16_t>(h));
+        uint32_t ab, bb;
+        std::memcpy(&ab, &a, 4);
+        std::memcpy(&bb, &b, 4);
+        if (ab != bb) throw CheckFailed("half pattern " + std::to_string(h) + ": " + std::to_string(ab) +
+                                        " != " + std::to_string(bb));
+    }
+}
