@@ -7,7 +7,7 @@
 // victim (by Allocate and SelectLru as they find them, ScatterVictimsReuse with ghosts for
 // reuse). The policy is a tag (plan_policy.h), so each kernel compiles only its own passes.
 // UB: the slot_life / slot_pos / slot_count / ghost windows, hitBits_, V(0..6), wWin_/wIdx_/wSlot_
-// and vT1_/vT2_/vKey_/vTmpF_ as scratch, for lru also the sort region (idle here: the half copy
+// and vT1_/vT2_/vKey_/vTmpF_ as scratch, for lru and lifetime also the sort region (idle here: the half copy
 // of the ages, or wTmp_/wKey_) and V(1) as eight wide masks; GM: miss_slots, the workspace's
 // scores (reuse).
 #pragma once
@@ -31,17 +31,20 @@ protected:
         const LocalTensor<int32_t> sink = Policy::kReuse ? vKey_ : wSlot_;
         const LocalTensor<float> lifeF = Policy::kReuse ? vTmpF_ : wWin_.ReinterpretCast<float>();
         Win& sl = win_[avsg::SEC_SL];
-        // lru: the new ages as half, or their lane-wise max where that copy does not fit (the
-        // sort region is idle here), reduced below
+        // lru and lifetime: the new ages / lives as half (the sort region is idle here) where
+        // that copy fits; lru otherwise the ages' lane-wise max, reduced below
         const LocalTensor<float> ageMax = wTmp_.ReinterpretCast<float>();
-        const bool compact = Policy::kLru && LruCompact();
+        const bool compact = !Policy::kReuse && HalfCopyFits();
         freeSlots_ = 0;
         if constexpr (Policy::kLru) WinSetClear(lruFreeWins_, false);
         Sync<HardEvent::S_V>();
-        if constexpr (Policy::kLru) {
+        if constexpr (!Policy::kReuse) {
+            // the copy's tail past the padded slots: free under lru (counted nowhere: past the
+            // active capacity), pinned (L, no level's) under lifetime
             const uint32_t padded = avsg::RoundUp(t_.capPad, kLruHalfLanes);
-            if (!compact) Duplicate(ageMax, -1.0f, Wide());
-            else if (padded > t_.capPad) Duplicate(sHalf_[t_.capPad], static_cast<half>(-1.0f), padded - t_.capPad);
+            const float tail = Policy::kLru ? -1.0f : static_cast<float>(t_.lifetime);
+            if (Policy::kLru && !compact) Duplicate(ageMax, -1.0f, Wide());
+            else if (compact && padded > t_.capPad) Duplicate(sHalf_[t_.capPad], static_cast<half>(tail), padded - t_.capPad);
         }
         // lifetime and reuse: last window first, so Allocate starts its slot-order scan in the
         // resident window 0; lru: first window first, its count passes (CountAgesAtLeast) start
@@ -96,6 +99,9 @@ protected:
                 Select(lifeF, mA_, lifeF, Policy::kAged ? 0.0f : static_cast<float>(t_.lifetime),
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                 PipeBarrier<PIPE_V>();
+                if constexpr (!Policy::kAged) {
+                    if (compact) Cast(sHalf_[base], lifeF, RoundMode::CAST_NONE, n);   // [-1, 255]: exact
+                }
                 if constexpr (Policy::kLru) {
                     // the victim search's bounds: the oldest age, and the free slots among the
                     // candidates (below the active capacity), counted after the pins (a hit is
@@ -138,7 +144,9 @@ protected:
     // while their slot_life window is resident (miss j takes the j-th victim: slot_pos = its
     // position, slot_life = L), instead of in a second walk over the windows; a slot installed at
     // level lv holds L, which no later level (< L) matches, so the victims are those of the
-    // decayed state. The hand then moves past the last victim.
+    // decayed state. The hand then moves past the last victim. Where DecayAndPin's half copy of
+    // the lives fits, the compares read it instead (no window moves per level; the installs
+    // write it too, and move the slot_pos / slot_life windows only to where victims are).
     __aicore__ inline void Allocate(uint32_t r, uint32_t m) {
         const uint32_t nc = t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
@@ -148,6 +156,7 @@ protected:
         const uint32_t hand = handWord >= 0 && static_cast<uint32_t>(handWord) < activeCap_
                                   ? static_cast<uint32_t>(handWord) : 0u;
         uint32_t have = 0, lastSlot = 0;
+        const bool compact = HalfCopyFits();
         // level -1 only if a real slot is free (the Sp - S padding slots always hold -1). Below a
         // shrunk active capacity the free count cannot tell: slots past it are free on a state
         // the ops built but need not be on any other, so level -1 is always searched there.
@@ -156,15 +165,20 @@ protected:
             for (uint32_t part = 0; part < 2 && have < m; ++part) {
                 const uint32_t lo = part == 0 ? hand : 0u, hi = part == 0 ? activeCap_ : hand;
                 // chunks of nc slots, or of a whole window where windows are shorter
-                const uint32_t grid = MinU(nc, sl.wlen);
+                const uint32_t grid = compact ? nc : MinU(nc, sl.wlen);
                 for (uint32_t base = lo - lo % grid, n = 0; base < hi && have < m; base += n) {
-                    const int32_t id = static_cast<int32_t>(base >> sl.wlog);
-                    Ensure(sl, id);
-                    const uint32_t off = base - static_cast<uint32_t>(id) * sl.wlen;
-                    n = MinU(nc, WinCount(sl, id) - off);
-                    const LocalTensor<int32_t> life = sl.buf[off];
-                    Sync<HardEvent::S_V>();       // scalar reads of the previous chunk's vT2_
-                    CompareScalar(mA_, life, lv, CMPMODE::EQ, n);
+                    Sync<HardEvent::S_V>();       // scalar reads of the previous chunk's vT2_ (and writes of the copy)
+                    if (compact) {
+                        n = MinU(nc, t_.capPad - base);
+                        CompareScalar(mA_, sHalf_[base], static_cast<half>(static_cast<float>(lv)), CMPMODE::EQ,
+                                      avsg::RoundUp(n, kLruHalfLanes));
+                    } else {
+                        const int32_t id = static_cast<int32_t>(base >> sl.wlog);
+                        Ensure(sl, id);
+                        const uint32_t off = base - static_cast<uint32_t>(id) * sl.wlen;
+                        n = MinU(nc, WinCount(sl, id) - off);
+                        CompareScalar(mA_, sl.buf[off], lv, CMPMODE::EQ, n);
+                    }
                     Adds(vT1_, vLane_, static_cast<int32_t>(base), n);   // slot ids
                     PipeBarrier<PIPE_V>();
                     if (base < lo || base + n > hi) KeepSlotsIn(lo, hi, n);
@@ -182,6 +196,7 @@ protected:
                             const uint32_t s = static_cast<uint32_t>(vT2_.GetValue(q));
                             Put(win_[avsg::SEC_SP], s, vWant_.GetValue(j % nc));
                             Put(sl, s, static_cast<int32_t>(t_.lifetime));
+                            if (compact) sHalf_.SetValue(s, static_cast<half>(static_cast<float>(t_.lifetime)));
                             lastSlot = s;
                         }
                         have += take;
@@ -392,7 +407,7 @@ protected:
     // to whole 256 B compares (128 half lanes), when that fits; otherwise the count passes read
     // the slot_life windows. Its count passes work in chunks of half a wide vector (sinks below).
     static constexpr uint32_t kLruHalfLanes = 128;
-    __aicore__ inline bool LruCompact() const {
+    __aicore__ inline bool HalfCopyFits() const {
         return avsg::RoundUp(t_.capPad, kLruHalfLanes) <= 2 * avsg::kPlanSortVectors * t_.nc;
     }
     __aicore__ static inline void WinSetClear(uint32_t* set, bool all) {
@@ -435,7 +450,7 @@ protected:
             cnt[i] = 0;
             WinSetClear(seen[i], false);
         }
-        if (LruCompact()) {
+        if (HalfCopyFits()) {
             const uint32_t chunk = MinU(W / 2, sl.wlen);   // both powers of two, or one window
             const LocalTensor<uint16_t> ages = sHalf_.ReinterpretCast<uint16_t>();
             Sync<HardEvent::S_V>();               // scalar reads of the sinks (DecayAndPin's maximum)
