@@ -7,9 +7,9 @@
 // victim (by Allocate and SelectLru as they find them, ScatterVictimsReuse with ghosts for
 // reuse). The policy is a tag (plan_policy.h), so each kernel compiles only its own passes.
 // UB: the slot_life / slot_pos / slot_count / ghost windows, hitBits_, V(0..6), wWin_/wIdx_/wSlot_
-// and vT1_/vT2_/vKey_/vTmpF_ as scratch, for lru and lifetime also the sort region (idle here: the half copy
-// of the ages, or wTmp_/wKey_) and V(1) as eight wide masks; GM: miss_slots, the workspace's
-// scores (reuse).
+// and vT1_/vT2_/vKey_/vTmpF_ as scratch, for lru and lifetime also the sort region (idle here:
+// the half copy of the ages or lives, or wTmp_/wKey_), for lru V(1) as eight wide masks; GM:
+// miss_slots, the workspace's scores (reuse).
 #pragma once
 #include "plan_block_heat.h"
 
@@ -41,7 +41,7 @@ protected:
         if constexpr (!Policy::kReuse) {
             // the copy's tail past the padded slots: free under lru (counted nowhere: past the
             // active capacity), pinned (L, no level's) under lifetime
-            const uint32_t padded = avsg::RoundUp(t_.capPad, kLruHalfLanes);
+            const uint32_t padded = avsg::RoundUp(t_.capPad, kHalfCopyLanes);
             const float tail = Policy::kLru ? -1.0f : static_cast<float>(t_.lifetime);
             if (Policy::kLru && !compact) Duplicate(ageMax, -1.0f, Wide());
             else if (compact && padded > t_.capPad) Duplicate(sHalf_[t_.capPad], static_cast<half>(tail), padded - t_.capPad);
@@ -167,11 +167,11 @@ protected:
                 // chunks of nc slots, or of a whole window where windows are shorter
                 const uint32_t grid = compact ? nc : MinU(nc, sl.wlen);
                 for (uint32_t base = lo - lo % grid, n = 0; base < hi && have < m; base += n) {
-                    Sync<HardEvent::S_V>();       // scalar reads of the previous chunk's vT2_ (and writes of the copy)
+                    Sync<HardEvent::S_V>();       // the previous chunk's scalar vT2_ reads, copy writes
                     if (compact) {
                         n = MinU(nc, t_.capPad - base);
                         CompareScalar(mA_, sHalf_[base], static_cast<half>(static_cast<float>(lv)), CMPMODE::EQ,
-                                      avsg::RoundUp(n, kLruHalfLanes));
+                                      avsg::RoundUp(n, kHalfCopyLanes));
                     } else {
                         const int32_t id = static_cast<int32_t>(base >> sl.wlog);
                         Ensure(sl, id);
@@ -403,12 +403,12 @@ protected:
     // a victim. 128 bits cover every geometry the ops accept (S <= 32768 in windows of >= 256
     // slots); a window past them is always a member (visited, never skipped).
     static constexpr uint32_t kLruWinWords = 4;
-    // The half copy of the ages (DecayAndPin) fills the sort region: every padded slot, rounded up
-    // to whole 256 B compares (128 half lanes), when that fits; otherwise the count passes read
-    // the slot_life windows. Its count passes work in chunks of half a wide vector (sinks below).
-    static constexpr uint32_t kLruHalfLanes = 128;
+    // The half copy of the ages (lru) or lives (lifetime), written by DecayAndPin, fills the sort
+    // region: every padded slot, rounded up to whole 256 B compares (128 half lanes), when that
+    // fits; otherwise the searches read the slot_life windows. Its count passes work in chunks of half a wide vector (sinks below).
+    static constexpr uint32_t kHalfCopyLanes = 128;
     __aicore__ inline bool HalfCopyFits() const {
-        return avsg::RoundUp(t_.capPad, kLruHalfLanes) <= 2 * avsg::kPlanSortVectors * t_.nc;
+        return avsg::RoundUp(t_.capPad, kHalfCopyLanes) <= 2 * avsg::kPlanSortVectors * t_.nc;
     }
     __aicore__ static inline void WinSetClear(uint32_t* set, bool all) {
         for (uint32_t w = 0; w < kLruWinWords; ++w) set[w] = all ? ~0u : 0u;
@@ -455,7 +455,7 @@ protected:
             const LocalTensor<uint16_t> ages = sHalf_.ReinterpretCast<uint16_t>();
             Sync<HardEvent::S_V>();               // scalar reads of the sinks (DecayAndPin's maximum)
             for (uint32_t off = 0; off < activeCap_; off += chunk) {
-                const uint32_t live = MinU(chunk, activeCap_ - off), n = avsg::RoundUp(live, kLruHalfLanes);
+                const uint32_t live = MinU(chunk, activeCap_ - off), n = avsg::RoundUp(live, kHalfCopyLanes);
                 const uint32_t id = off / sl.wlen;
                 PipeBarrier<PIPE_V>();            // the copy's Casts; the previous chunk's GatherMasks
                 for (uint32_t i = 0; i < k; ++i)
