@@ -17,9 +17,9 @@ namespace avsg_kernel {
 
 class PlanBlockVictims : public PlanBlockHeat {
 protected:
-    // slot_life: decay (life>0 -> life-1), clamp to [-1, L-1] (a no-op on states the ops built;
-    // on any other it keeps every unpinned slot a victim candidate), hit slots -> L, one vector
-    // pass per window. Also counts the free slots (life -1, padding included), so Allocate can
+    // slot_life: clamp to [-1, L+1] (a no-op on states the ops built; on any other it keeps
+    // every unpinned slot a victim candidate), decay (fresh L+1 -> first life - 1, other
+    // life>0 -> life-1: all in [-1, L-1]), hit slots -> L, one vector pass per window. Also counts the free slots (life -1, padding included), so Allocate can
     // skip level -1.
     template <class Policy>
     __aicore__ inline void DecayAndPin() {
@@ -72,11 +72,11 @@ protected:
                     Add(t2, t2, t1, n);
                     PipeBarrier<PIPE_V>();
                 } else {
-                    // clamp to [-1, L] first (life - 1 would wrap at INT32_MIN), then decay: the
-                    // same as the reference's decay-then-clamp to [-1, L-1]
+                    // clamp to [-1, L+1] first (life - 1 would wrap at INT32_MIN), then decay;
+                    // a fresh slot decays to L here, mapped to its first life below
                     Maxs(t1, life, -1, n);
                     PipeBarrier<PIPE_V>();
-                    Mins(t1, t1, static_cast<int32_t>(t_.lifetime), n);
+                    Mins(t1, t1, static_cast<int32_t>(t_.lifetime) + 1, n);
                     PipeBarrier<PIPE_V>();
                     Adds(t2, t1, -1, n);
                     PipeBarrier<PIPE_V>();
@@ -96,6 +96,15 @@ protected:
                 Cast(lifeF, t2, RoundMode::CAST_RINT, n);
                 Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[base / 16], n / 16);
                 PipeBarrier<PIPE_V>();
+                if constexpr (!Policy::kAged) {
+                    // only a fresh slot decays to L: its probation (reference.first_life)
+                    const float lifeL = static_cast<float>(t_.lifetime);
+                    CompareScalar(mC_, lifeF, lifeL, CMPMODE::NE, n);
+                    PipeBarrier<PIPE_V>();
+                    Select(lifeF, mC_, lifeF, static_cast<float>((t_.lifetime + 1) / 2) - 1.0f,
+                           SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+                    PipeBarrier<PIPE_V>();
+                }
                 Select(lifeF, mA_, lifeF, Policy::kAged ? 0.0f : static_cast<float>(t_.lifetime),
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                 PipeBarrier<PIPE_V>();
@@ -142,8 +151,8 @@ protected:
     // cross an end of the range also mask the slot ids to it: int32 Compares is EQ-only on A2,
     // so through float), stopping at M -> miss_slots[0:M]. Each chunk's victims are installed
     // while their slot_life window is resident (miss j takes the j-th victim: slot_pos = its
-    // position, slot_life = L), instead of in a second walk over the windows; a slot installed at
-    // level lv holds L, which no later level (< L) matches, so the victims are those of the
+    // position, slot_life = L+1, fresh), instead of in a second walk over the windows; a slot
+    // installed at level lv holds L+1, which no later level (< L) matches, so the victims are those of the
     // decayed state. The hand then moves past the last victim. Where DecayAndPin's half copy of
     // the lives fits, the compares read it instead (no window moves per level; the installs
     // write it too, and move the slot_pos / slot_life windows only to where victims are).
@@ -195,8 +204,8 @@ protected:
                             LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
                             const uint32_t s = static_cast<uint32_t>(vT2_.GetValue(q));
                             Put(win_[avsg::SEC_SP], s, vWant_.GetValue(j % nc));
-                            Put(sl, s, static_cast<int32_t>(t_.lifetime));
-                            if (compact) sHalf_.SetValue(s, static_cast<half>(static_cast<float>(t_.lifetime)));
+                            Put(sl, s, static_cast<int32_t>(t_.lifetime) + 1);   // fresh: above every level
+                            if (compact) sHalf_.SetValue(s, static_cast<half>(static_cast<float>(t_.lifetime + 1)));
                             lastSlot = s;
                         }
                         have += take;

@@ -165,12 +165,15 @@ class SparseKVBuffer:
         capacity: slots per row (``S``); must be at least ``topk * queries_per_step``.
         topk: selections per query token (``K``).
         queries_per_step: query tokens per request per step (``T`` = 1 + MTP drafts).
-        lifetime: steps an entry survives without a hit before it is reclaimable (1..255);
-            the ``lifetime`` policy's parameter (kept in the header under any policy).
+        lifetime: steps an entry survives without a hit before it is reclaimable (1..255); an
+            entry fetched on a miss gets half of it, rounded up, until its first hit. The
+            ``lifetime`` policy's parameter (kept in the header under any policy).
         policy: which resident entries a miss evicts. ``"lifetime"`` (default): the AVSG
             paper's (entries not hit for ``lifetime`` steps tie at 0), its ties taken in turns
-            from a rotating hand; it hits a little less than exact LRU but plans the cheapest, and has the lowest modelled
-            step cost (plan + copies) of the three on both shared traces. ``"reuse"``: the lowest
+            from a rotating hand, fetched entries on probation (half a life); it hits about as
+            often as exact LRU (more at 4K, less at 16K on the shared traces) and plans the
+            cheapest, with the lowest modelled step cost (plan + copies) of the three on both
+            shared traces. ``"reuse"``: the lowest
             predicted reuse, from how often a position was selected (its count survives
             eviction), how long ago it was last used, and how densely this step selected its
             64-position neighbourhood: the most hits (above exact LRU at every capacity measured),

@@ -140,8 +140,9 @@ search runs over slots, and a contiguous ``slot_life`` vector lets decay be one 
 
 One ``plan`` step, per row (all rows independently, all in parallel):
 
-1. **Refresh.** Decay: every slot with ``life > 0`` loses one, then lives are clamped to
-   ``[-1, L-1]`` (a no-op on a state the ops built). Look up every valid selection
+1. **Refresh.** Decay: lives are clamped to ``[-1, L+1]`` (a no-op on a state the ops built),
+   a slot filled in the previous step (``L+1``, "fresh") drops to ``first_life(L) - 1``, every
+   other slot with ``life > 0`` loses one: every life is now in ``[-1, L-1]``. Look up every valid selection
    (``0 <= pos < min(seq_len, 2**24)``; everything else is treated as ``-1``). Every hit sets its
    slot's life to ``L``. Hit slots are now exactly the slots with ``life == L``: every other slot
    decayed, so it is at most ``L-1``. That is the pinning of invariant 4, with no extra mask.
@@ -153,7 +154,12 @@ One ``plan`` step, per row (all rows independently, all in parallel):
    likewise treat slots ``>= A`` as pinned; ``A >= T*K`` keeps the count below valid): free slots first (life -1), then reclaimable ones (0), then, if there are too few,
    the oldest live ones. This is "decay further, oldest first, until enough are free", without
    rewriting the survivors' lifetimes. ``miss_pos[j]`` gets the ``j``-th victim; its slot gets
-   ``slot_pos = miss_pos[j]`` and ``life = L``. There are always enough victims, whatever the state
+   ``slot_pos = miss_pos[j]`` and ``life = L+1`` (fresh: pinned like a hit for the rest of the
+   step, and ranked as ``L`` by ``resize``), so at the next step's decay it holds
+   ``first_life(L) - 1``: a fetched position starts at half the life a hit gives
+   (``first_life(L) = ceil(L/2)``). A position that has not been reused yet is likelier to be a
+   one-off than one that has; on the shared traces this probation is worth about 1 pp of hit rate
+   at 4K and 0.1-0.2 pp at 8K (docs/hit_rate.md). There are always enough victims, whatever the state
    held: after the refresh every slot not hit has ``life <= L-1`` (the decay clamps), the hits of
    the step pin at most ``#distinct selections - M`` slots (a slot holds one position) and
    ``S >= T*K >= #distinct selections``.
@@ -176,9 +182,10 @@ Residency policies
 ------------------
 The header records the policy; ``plan`` checks it (and ``max_context``) like the geometry.
 
-* ``lifetime`` (the AVSG paper's, with the hand; the default): above. Entries not hit for ``L``
-  steps all tie at lifetime 0 and leave in hand order, so it forgets recency where it matters (on
-  the shared traces it hits less than exact LRU), but its plan is the cheapest by far, and
+* ``lifetime`` (the AVSG paper's, with the hand and a probation for fetched positions; the
+  default): above. Entries not hit for ``L`` steps all tie at lifetime 0 and leave in hand order,
+  so it forgets recency where a large buffer needs it (on the shared traces it hits more than
+  exact LRU at 4K and less at 16K), but its plan is the cheapest by far, and
   a step's cost is plan + copies: at 8K it has the lowest modelled step cost of the three on
   both shared traces, at batch 1 and 64.
 * ``reuse``: evict what is least likely to be reused, judged by how often the position
@@ -262,6 +269,13 @@ HEADER_ACTIVE = 6                      # active capacity: resident slots all lie
 HEADER_STASH_COUNT = 8                 # its own 32-byte block: plan rewrites [8, 16) only
 HEADER_STEP = 9                        # reuse policy: steps since the counts were last halved
 HEADER_HAND = 10                       # lifetime policy: the slot its next tie search starts at
+
+
+def first_life(lifetime: int) -> int:
+    """The life a position fetched on a miss starts with under the lifetime policy: half a hit's
+    (rounded up), as its first decay sees it (the slot holds the fresh mark ``L+1`` until then)."""
+    return (lifetime + 1) // 2
+
 
 # Residency policies: the id is stored in the header (word 4) so ops check it.
 POLICY_IDS = {"lifetime": 0, "reuse": 1, "lru": 2}
@@ -702,7 +716,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
     passes over the state (one index lookup per resident slot), no per-step cost.
 
     Checked: the header (magic, ``S``, ``H``, ``L``, zero words); ``slot_pos`` in
-    ``[-1, 2**24)`` and ``slot_life`` in ``[-1, L]``, free exactly when the other is -1, no
+    ``[-1, 2**24)`` and ``slot_life`` in ``[-1, L+1]`` (``L+1``: fresh), free exactly when the other is -1, no
     position held twice, padding free; ``stash_count`` in ``[0, S]``; every bucket's and stash
     entry's slot in ``[0, S)`` and every stash key in ``[-1, 2**24)``; stash entries past the count are ``(-1, 0)``;
     every resident position is found by the index at its own slot. Reuse policy: ``slot_life``
@@ -741,7 +755,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
     fail("slot_pos", (v.slot_pos < -1) | (v.slot_pos >= MAX_POSITION),
          "expected -1 or a position in [0, 2**24)")
     aged = policy in ("reuse", "lru")
-    top = REUSE_AGE_MAX if aged else lifetime
+    top = REUSE_AGE_MAX if aged else lifetime + 1      # lifetime: L+1 marks a fresh slot
     fail("slot_life", (v.slot_life < -1) | (v.slot_life > top),
          f"expected a {'age' if aged else 'lifetime'} in [-1, {top}]")
     if policy == "reuse":
@@ -1070,7 +1084,9 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
         _reuse_refresh(v, layout)
         aged = life.clone()               # before the hits pin: > 1 marks a return
     else:
-        life.sub_((life > 0).to(torch.int32)).clamp_(-1, lifetime - 1)
+        life.clamp_(-1, lifetime + 1)
+        fresh = life == lifetime + 1         # filled in the previous step: on probation
+        life.sub_((life > 0).to(torch.int32)).masked_fill_(fresh, first_life(lifetime) - 1)
     if matcher == "hash":
         hit_slot = index_lookup(v, sel, layout.buckets)
     elif matcher == "dual_pointer":
@@ -1125,7 +1141,9 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
                                  torch.full_like(slot_ids, INT32_MAX))
         victims = torch.argsort(victim_key, dim=1)[:, :N].to(torch.int32)
         last = victims.gather(1, (miss_counts.long() - 1).clamp(min=0)[:, None])[:, 0]
-        state[:, HEADER_HAND] = torch.where(miss_counts > 0, (last + 1) % active, hand)
+        # no misses: the word stays as it is (a hand outside [0, A) is read as 0, not repaired)
+        state[:, HEADER_HAND] = torch.where(miss_counts > 0, ((last + 1) % active).to(torch.int32),
+                                            state[:, HEADER_HAND])
     miss_slots = torch.where(is_miss, victims, torch.full_like(victims, -1))
     # Entries that went stale before this step go now: a freed slot may be handed back to the
     # same position below, which would revive its stale entry next to the new one.
@@ -1134,7 +1152,7 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
         _reuse_install(v, layout, miss_pos, miss_slots, is_miss)
     rr, jj = is_miss.nonzero(as_tuple=True)
     v.slot_pos[rr, miss_slots[rr, jj].long()] = miss_pos[rr, jj]
-    life[rr, miss_slots[rr, jj].long()] = 0 if reuse or lru else lifetime
+    life[rr, miss_slots[rr, jj].long()] = 0 if reuse or lru else lifetime + 1   # lifetime: fresh
     _insert(v, miss_pos, miss_slots, is_miss, layout.buckets)
     if reuse:
         # every REUSE_HALVE_EVERY steps all counts halve, so old popularity fades

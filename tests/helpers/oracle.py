@@ -5,7 +5,8 @@ outputs alone (a miss writes its position into its slot) and checks the contract
 on every step: sharing, miss-only, pinning, capacity, and the shape of the miss lists.
 
 ``PolicyModel`` is the default policy as a plain sequential loop over Python lists: decay, hits
-back to L, misses sorted, victims by (lifetime, slot). It predicts every output exactly.
+back to L, misses sorted, victims by (lifetime, slot), a fetched position starting at half a
+hit's life. It predicts every output exactly.
 """
 from __future__ import annotations
 
@@ -145,7 +146,9 @@ class PolicyModel:
             seq_len = int(seq_lens[r])
             sel = [p if _valid(p, seq_len) else -1 for p in topk_pos[r].flatten().tolist()]
             for s in range(self.capacity):
-                if life[s] > 0:
+                if life[s] == L + 1:              # fetched last step: on probation
+                    life[s] = (L + 1) // 2 - 1
+                elif life[s] > 0:
                     life[s] -= 1
             where = {p: s for s, p in enumerate(pos) if p >= 0}
             for p in sel:
@@ -161,7 +164,7 @@ class PolicyModel:
             if victims:
                 self.hand[r] = (victims[-1] + 1) % A
             for p, s in zip(misses, victims):
-                pos[s], life[s] = p, L
+                pos[s], life[s] = p, L + 1        # fresh until the next decay
                 where[p] = s
             pad = T * K - len(misses)
             out_slots.append([where[p] if p >= 0 else -1 for p in sel])
@@ -197,7 +200,7 @@ class PolicyModel:
                 self.active[r] = c
                 continue
             hand = self.hand[r] if self.hand[r] < self.active[r] else 0
-            held = sorted((life[s], (s - hand) % self.capacity, s)
+            held = sorted((min(life[s], self.lifetime), (s - hand) % self.capacity, s)
                           for s in range(self.capacity) if pos[s] >= 0)
             for _, _, s in held[:max(0, len(held) - c)]:
                 pos[s], life[s] = -1, -1

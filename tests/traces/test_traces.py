@@ -548,7 +548,7 @@ def test_shared_trace_reference_figures():
     assert replay(tr, "belady", 8192).hit_rate == pytest.approx(0.970, abs=0.001)
 
 
-def _brute_freq_lifetime(sets, capacity, lifetime=16, classes=4, halve_every=128):
+def _brute_freq_lifetime(sets, capacity, lifetime=16, classes=4, halve_every=128, insert_life=16):
     """The freq-lifetime rules written out slot by slot (dicts, no numpy): hits per step."""
     life, count, pos_at = [-1] * capacity, [0] * capacity, [-1] * capacity
     ghosts, hand, out = {}, 0, []
@@ -574,7 +574,7 @@ def _brute_freq_lifetime(sets, capacity, lifetime=16, classes=4, halve_every=128
             if pos_at[j] >= 0:
                 ghosts[pos_at[j] % G] = (pos_at[j] // G, count[j])
             tag, c = ghosts.get(p % G, (-1, 0))
-            pos_at[j], life[j] = p, lifetime
+            pos_at[j], life[j] = p, insert_life
             count[j] = min((c if tag == p // G else 0) + 1, 255)
         if misses:
             hand = (order[len(misses) - 1] + 1) % capacity
@@ -582,8 +582,9 @@ def _brute_freq_lifetime(sets, capacity, lifetime=16, classes=4, halve_every=128
     return out
 
 
-@pytest.mark.parametrize("name,classes", [("freq-lifetime", 4), ("lifetime-hand", 0)])
-def test_freq_lifetime_matches_brute_force_and_keeps_selections(name, classes):
+@pytest.mark.parametrize("name,classes,insert_life", [("freq-lifetime", 4, 16),
+                                                     ("lifetime-hand", 0, 8)])
+def test_freq_lifetime_matches_brute_force_and_keeps_selections(name, classes, insert_life):
     # few positions recurring at mixed gaps, small buffer: ages, class-scaled decay, ghosts
     # (positions G apart share an entry: context 2G), halving (every 8) and the hand all act
     rng = np.random.default_rng(7)
@@ -595,7 +596,8 @@ def test_freq_lifetime_matches_brute_force_and_keeps_selections(name, classes):
     pol = make_policy(name, 1, capacity, k, max_pos=tr.T)
     pol.halve_every = 8
     res = replay(tr, pol, count_first_step=True)
-    want = _brute_freq_lifetime(sets, capacity, classes=classes, halve_every=8)
+    want = _brute_freq_lifetime(sets, capacity, classes=classes, halve_every=8,
+                                insert_life=insert_life)
     assert res.hits[0].tolist() == want
     assert sum(want) > 0 and sum(want) < steps * k
     # every selection resident after its step, the maps consistent

@@ -50,12 +50,14 @@ Policies (names used by the CLI):
                    min(floor(log2(1 + count)), classes)`` (``classes`` default 4: a used slot ages
                    up to 16x slower); every ``halve_every`` steps (default 128) all counts and
                    ghost counts halve. A hit adds one to the count and sets life ``L``; a miss
-                   takes its ghost's count (0 if the tag differs) plus one. Victims: the unpinned
+                   takes its ghost's count (0 if the tag differs) plus one and life
+                   ``insert_life`` (default ``L``). Victims: the unpinned
                    slots in ``(life, (slot - hand) mod capacity)`` order (free first), and the hand
                    moves past the last victim. ``levels`` records, per row-step with misses, the
                    number of levels from -1 up to the last victim's (the level scan's passes).
 ``lifetime-hand``  the paper's lifetime with the same hand order among equal lives and no counts
-                   (``freq-lifetime`` with ``classes = 0``).
+                   (``freq-lifetime`` with ``classes = 0``), and the op's probation: a miss
+                   starts at life ``ceil(L/2)`` (``reference.first_life``), a hit at ``L``.
 ``belady``         Belady's offline optimum under the constraint that all of the current step's
                    selections are resident after the step: on a miss the resident unpinned entry whose
                    next use is farthest in the future is evicted (never-used-again entries first). With
@@ -407,8 +409,9 @@ class FreqLifetime(_SlotPolicy):
     name = "freq-lifetime"
 
     def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=16, classes=4,
-                 halve_every=128):
+                 halve_every=128, insert_life=None):
         self.lifetime, self.classes, self.halve_every = int(lifetime), int(classes), int(halve_every)
+        self.insert_life = self.lifetime if insert_life is None else int(insert_life)
         buckets = 64
         while buckets < 2 * capacity:
             buckets *= 2
@@ -463,7 +466,7 @@ class FreqLifetime(_SlotPolicy):
         entry = mp % self.ghosts
         mine = self.ghost_tag[r, entry] == mp // self.ghosts
         self.count[r, slots] = np.minimum(np.where(mine, self.ghost_count[r, entry], 0) + 1, 255)
-        self.life[r, slots] = self.lifetime
+        self.life[r, slots] = self.insert_life
 
     def _on_evict(self, r, slots):
         self.life[r, slots] = -1
@@ -474,7 +477,10 @@ class LifetimeHand(FreqLifetime):
     name = "lifetime-hand"
 
     def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=16):
-        super().__init__(rows, capacity, k, queries, max_pos, lifetime, classes=0)
+        # written from the rule, not from reference.first_life, so the test comparing the two
+        # checks the op against an independent statement of it
+        super().__init__(rows, capacity, k, queries, max_pos, lifetime, classes=0,
+                         insert_life=(int(lifetime) + 1) // 2)
 
     def describe(self):
         return f"{self.name}(L={self.lifetime})"
