@@ -169,7 +169,18 @@ protected:
         // level -1 only if a real slot is free (the Sp - S padding slots always hold -1). Below a
         // shrunk active capacity the free count cannot tell: slots past it are free on a state
         // the ops built but need not be on any other, so level -1 is always searched there.
-        const int32_t lv0 = activeCap_ < t_.capacity || freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
+        int32_t lv0 = activeCap_ < t_.capacity || freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
+        if (compact && lv0 == 0) {
+            // No slot is free: the scan starts at the lowest life the slots hold, since every
+            // level below it is empty and its pass would find nothing (a hit holds L, above
+            // every level). One reduction instead of those passes.
+            const LocalTensor<half> lowest = wIdx_.ReinterpretCast<half>();
+            PipeBarrier<PIPE_V>();                // DecayAndPin's casts into the half copy
+            ReduceMin(lowest, sHalf_, wSlot_.ReinterpretCast<half>(), static_cast<int32_t>(activeCap_));
+            Sync<HardEvent::V_S>();
+            const int32_t low = static_cast<int32_t>(static_cast<float>(lowest.GetValue(0)));
+            if (low > 0 && low < static_cast<int32_t>(t_.lifetime)) lv0 = low;
+        }
         for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
             for (uint32_t part = 0; part < 2 && have < m; ++part) {
                 const uint32_t lo = part == 0 ? hand : 0u, hi = part == 0 ? activeCap_ : hand;

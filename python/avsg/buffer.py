@@ -171,8 +171,8 @@ class SparseKVBuffer:
         policy: which resident entries a miss evicts. ``"lifetime"`` (default): the AVSG
             paper's (entries not hit for ``lifetime`` steps tie at 0), its ties taken in turns
             from a rotating hand, fetched entries on probation (half a life); it hits about as
-            often as exact LRU (more at 4K, less at 16K on the shared traces) and plans the
-            cheapest, with the lowest modelled step cost (plan + copies) of the three on both
+            often as exact LRU (more at 4K and 8K, less at 16K on the shared traces) and plans
+            the cheapest, with the lowest modelled step cost (plan + copies) of the three on both
             shared traces. ``"reuse"``: the lowest
             predicted reuse, from how often a position was selected (its count survives
             eviction), how long ago it was last used, and how densely this step selected its
@@ -190,7 +190,7 @@ class SparseKVBuffer:
     """
 
     def __init__(self, rows: int, capacity: int, topk: int, queries_per_step: int = 1,
-                 lifetime: int = 16, device: Union[str, torch.device] = "cpu",
+                 lifetime: int = reference.DEFAULT_LIFETIME, device: Union[str, torch.device] = "cpu",
                  hash_buckets: Optional[int] = None, check: Optional[bool] = None,
                  policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None):
         require_int("rows", rows, low=1)

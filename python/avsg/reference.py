@@ -159,9 +159,9 @@ One ``plan`` step, per row (all rows independently, all in parallel):
    ``first_life(L) - 1``: a fetched position starts at half the life a hit gives
    (``first_life(L) = ceil(L/2)``). A position that has not been reused yet is likelier to be a
    one-off than one that has; on the shared traces this probation is worth about 1 pp of hit rate
-   at 4K and 0.1-0.2 pp at 8K (docs/hit_rate.md). There are always enough victims, whatever the state
-   held: after the refresh every slot not hit has ``life <= L-1`` (the decay clamps), the hits of
-   the step pin at most ``#distinct selections - M`` slots (a slot holds one position) and
+   at 4K and 0.1-0.2 pp at 8K (docs/hit_rate.md, which also says why ``L = 32`` is the default).
+   There are always enough victims, whatever the state held: after the refresh every slot not
+   hit has ``life <= L-1`` (the decay clamps), the hits of the step pin at most ``#distinct selections - M`` slots (a slot holds one position) and
    ``S >= T*K >= #distinct selections``.
    ``turn = (slot - hand) mod S`` orders slots of equal life from the row's *hand* (header word
    10, taken as 0 unless it lies in ``[0, A)``) round the buffer; when ``M > 0`` the hand moves to
@@ -184,8 +184,9 @@ The header records the policy; ``plan`` checks it (and ``max_context``) like the
 
 * ``lifetime`` (the AVSG paper's, with the hand and a probation for fetched positions; the
   default): above. Entries not hit for ``L`` steps all tie at lifetime 0 and leave in hand order,
-  so it forgets recency where a large buffer needs it (on the shared traces it hits more than
-  exact LRU at 4K and less at 16K), but its plan is the cheapest by far, and
+  so it forgets recency where a large buffer needs it (on the shared traces, at the default
+  ``L = 32``, it hits more than exact LRU at 4K and 8K and less at 16K), but its plan is the
+  cheapest by far, and
   a step's cost is plan + copies: at 8K it has the lowest modelled step cost of the three on
   both shared traces, at batch 1 and 64.
 * ``reuse``: evict what is least likely to be reused, judged by how often the position
@@ -259,6 +260,8 @@ VECTOR_INT32 = 64                      # int32 lanes in one 256-byte vector repe
 MAX_POSITION = 1 << 24                 # positions >= this are out of range (float-exact keys)
 MAX_BUCKETS = 1 << 15                  # keeps hash products below 2**30
 MAX_LIFETIME = 255
+#: the lifetime policy's default L (docs/hit_rate.md: tuned on asyncio_32k, held out on debian)
+DEFAULT_LIFETIME = 32
 INT32_MAX = (1 << 31) - 1
 STATE_HEADER = 64                      # int32 words of the per-row header
 HEADER_MAGIC = 0x41565332              # "AVS2": a row written by reset, layout version 2

@@ -10,7 +10,8 @@ from avsg.integrations.vllm_ascend import avsg_options
 
 def test_defaults_env_and_additional_config(monkeypatch):
     monkeypatch.delenv("AVSG_POLICY", raising=False)
-    assert avsg_options(None) == {"policy": reference.DEFAULT_POLICY, "lifetime": 16}
+    assert avsg_options(None) == {"policy": reference.DEFAULT_POLICY,
+                                   "lifetime": reference.DEFAULT_LIFETIME}
     monkeypatch.setenv("AVSG_POLICY", "lru")
     assert avsg_options({})["policy"] == "lru"
     assert avsg_options({"avsg": {"policy": "reuse", "lifetime": 8}}) == \

@@ -572,11 +572,11 @@ def test_issue_repro_smaller_lifetime_is_refused_and_clamped():
 @pytest.mark.parametrize("name,value,needle", [
     ("capacity", 60, "capacity: the state was built with 64, got 60"),
     ("buckets", 256, "buckets: the state was built with 128, got 256"),
-    ("lifetime", 7, "lifetime: the state was built with 16, got 7"),
+    ("lifetime", 7, f"lifetime: the state was built with {reference.DEFAULT_LIFETIME}, got 7"),
 ])
 def test_geometry_mismatch_names_the_argument(name, value, needle):
     buf = avsg.SparseKVBuffer(policy="lifetime", rows=2, capacity=64, topk=16)
-    args = {"capacity": 64, "buckets": 128, "lifetime": 16}
+    args = {"capacity": 64, "buckets": 128, "lifetime": reference.DEFAULT_LIFETIME}
     args[name] = value
     if name == "buckets":      # same width needed to reach the header check: rebuild as 256
         buf = avsg.SparseKVBuffer(policy="lifetime", rows=2, capacity=64, topk=16, hash_buckets=128)
@@ -592,7 +592,7 @@ def test_geometry_mismatch_names_the_argument(name, value, needle):
             torch.ops.avsg.invalidate(buf.state, seq, args["capacity"], args["buckets"])
     assert torch.equal(buf.state, before)
     buf.lifetime = 3           # an attribute changed behind the state's back
-    with pytest.raises(ValueError, match="lifetime: the state was built with 16, got 3"):
+    with pytest.raises(ValueError, match=f"lifetime: the state was built with {reference.DEFAULT_LIFETIME}, got 3"):
         buf.plan(topk, seq)
 
 

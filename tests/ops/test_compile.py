@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import avsg
+from avsg import reference
 from helpers.gather_cases import kv_zeros
 
 R, T, K, S, D = 2, 2, 8, 32, 4
@@ -51,6 +52,6 @@ def test_compiled_step_still_gets_the_ops_own_checks():
     topk = torch.arange(T * K, dtype=torch.int32).view(1, T, K).repeat(R, 1, 1)
     seq = torch.full((R,), 64, dtype=torch.int32)
     step(buf, topk, seq)
-    buf.lifetime = 3          # the state was built with 16
-    with pytest.raises(Exception, match="lifetime: the state was built with 16, got 3"):
+    buf.lifetime = 3          # the state was built with the default
+    with pytest.raises(Exception, match=f"lifetime: the state was built with {reference.DEFAULT_LIFETIME}, got 3"):
         step(buf, topk, seq)

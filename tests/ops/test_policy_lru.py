@@ -40,7 +40,7 @@ def test_lru_needs_no_context_and_rejects_a_reuse_state():
     other = avsg.SparseKVBuffer(rows=1, capacity=8, topk=2, policy="lifetime")
     with pytest.raises(ValueError, match="policy"):
         torch.ops.avsg.plan(torch.zeros(1, 1, 2, dtype=I32), torch.tensor([4], dtype=I32),
-                            other.state, other.stats_counts, 8, buf.hash_buckets, 16, 2, 0)
+                            other.state, other.stats_counts, 8, buf.hash_buckets, buf.lifetime, 2, 0)
 
 
 def model_hits(sel: np.ndarray, capacity: int) -> np.ndarray:

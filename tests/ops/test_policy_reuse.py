@@ -126,17 +126,17 @@ def test_state_records_its_policy():
     topk = torch.tensor([[[1, 2, 3, 4]]] * 2, dtype=I32)
     seq = torch.full((2,), 64, dtype=I32)
     with pytest.raises(ValueError, match="policy"):
-        reference.check_header(buf.state, buf.layout, 16, "lifetime")
+        reference.check_header(buf.state, buf.layout, reference.DEFAULT_LIFETIME, "lifetime")
     with pytest.raises(ValueError, match="policy"):
-        torch.ops.avsg.plan(topk, seq, buf.state, buf.stats_counts, 16, 64, 16, 0, 64)
+        torch.ops.avsg.plan(topk, seq, buf.state, buf.stats_counts, 16, 64, buf.lifetime, 0, 64)
     with pytest.raises(ValueError, match="max_context"):
-        torch.ops.avsg.plan(topk, seq, buf.state, buf.stats_counts, 16, 64, 16, 1, 32)
+        torch.ops.avsg.plan(topk, seq, buf.state, buf.stats_counts, 16, 64, buf.lifetime, 1, 32)
     old = torch.ops.avsg._set_host_value_checks(False)
     try:
         state = buf.state.clone()
         state[1, reference.HEADER_POLICY] = 0
         before = state.clone()
-        out = torch.ops.avsg.plan(topk, seq, state, buf.stats_counts.clone(), 16, 64, 16, 1, 64)
+        out = torch.ops.avsg.plan(topk, seq, state, buf.stats_counts.clone(), 16, 64, buf.lifetime, 1, 64)
         assert int(out[3][1]) == -1 and torch.equal(state[1], before[1])
         assert int(out[3][0]) == 4
     finally:

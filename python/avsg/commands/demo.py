@@ -12,7 +12,7 @@ import argparse
 import time
 import torch
 
-from .. import buffer as avsg_buffer
+from .. import buffer as avsg_buffer, reference
 from ..buffer import SparseKVBuffer, gather
 from ..cli_util import UsageError, check_memory_total, int_in, reject_together
 from ..traces.lookup import find_trace, load_selections, synthetic_selections, trace_label
@@ -108,8 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", type=int_in(SYNTHETIC_TOPK, MAX_CAPACITY), default=8192,
                         help=f"buffer slots per row, {SYNTHETIC_TOPK}..{MAX_CAPACITY} "
                              f"(>= the trace's top-k; default 8192)")
-    parser.add_argument("--lifetime", type=int_in(1, 255), default=16,
-                        help="buffer lifetime, 1..255 (default 16)")
+    parser.add_argument("--lifetime", type=int_in(1, 255), default=reference.DEFAULT_LIFETIME,
+                        help=f"buffer lifetime, 1..255 (default {reference.DEFAULT_LIFETIME})")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -355,7 +355,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--lifetime: only the lifetime policy has a lifetime; it does nothing "
                          f"with --policy {args.policy} (add --policy lifetime)")
     if args.lifetime is None:
-        args.lifetime = 16
+        args.lifetime = reference.DEFAULT_LIFETIME
     json_path = output_path("--json", args.json)
     record_path = output_path("--record-trace", args.record_trace, ".npz")
     device = resolve_device(args.device)

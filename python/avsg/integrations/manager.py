@@ -187,7 +187,7 @@ class SparseOffloadManager:
 
     def __init__(self, num_layers: int, max_rows: int, capacity: int, topk: int,
                  queries_per_step: int = 1, kv_format: Union[str, KVFormat] = "bf16",
-                 lifetime: int = 16, hash_buckets: Optional[int] = None,
+                 lifetime: int = reference.DEFAULT_LIFETIME, hash_buckets: Optional[int] = None,
                  resident_block_size: int = RESIDENT_BLOCK_SIZE,
                  device: Union[str, torch.device] = "cpu",
                  host_kv: Optional[Sequence[Sequence[torch.Tensor]]] = None,

@@ -69,10 +69,10 @@ def backend_class():
 
 def avsg_options(additional_config=None) -> Dict[str, object]:
     """Residency options: ``additional_config["avsg"]`` (a dict, or its JSON), then
-    ``AVSG_POLICY``; defaults: the buffer's policy (``reference.DEFAULT_POLICY``), ``lifetime=16``."""
+    ``AVSG_POLICY``; defaults: the buffer's (``reference.DEFAULT_POLICY``, ``DEFAULT_LIFETIME``)."""
     from .. import reference
     opts: Dict[str, object] = {"policy": os.environ.get(ENV_POLICY, reference.DEFAULT_POLICY),
-                               "lifetime": 16}
+                               "lifetime": reference.DEFAULT_LIFETIME}
     raw = (additional_config or {}).get(CONFIG_KEY) if isinstance(additional_config, dict) \
         else None
     if isinstance(raw, str):

@@ -72,7 +72,7 @@ class StoreSpec:
     device: torch.device
     capacity: int = 8192
     policy: str = reference.DEFAULT_POLICY   # avsg: the buffers' residency policy
-    lifetime: int = 16                  # avsg: the lifetime policy's L
+    lifetime: int = reference.DEFAULT_LIFETIME   # avsg: the lifetime policy's L
     block_size: int = 128
     write_through: bool = False         # avsg: a pass's new KV into its reserved slots directly
     timers: Timers = NULL_TIMERS

@@ -68,7 +68,8 @@ Policies (names used by the CLI):
                    policy (counts, log-recency, block heat; its state is sized by the buffer), one
                    buffer row per trace row; all rows are planned in one batched call per step.
                    hits = unique selections - ``plan.miss_counts``.
-``avsg-lifetime``  the same op with the paper's lifetime policy, lifetime ``lifetime`` (default 16):
+``avsg-lifetime``  the same op with the paper's lifetime policy, lifetime ``lifetime`` (default
+                   ``reference.DEFAULT_LIFETIME``):
                    the buffer's default (``avsg.reference.DEFAULT_POLICY``).
 ``avsg-lru``       the same op with its ``lru`` policy (exact LRU at step granularity; ties within a
                    step go by slot, where ``lru`` breaks them by position).
@@ -476,7 +477,9 @@ class FreqLifetime(_SlotPolicy):
 class LifetimeHand(FreqLifetime):
     name = "lifetime-hand"
 
-    def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=16):
+    def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=None):
+        if lifetime is None:              # the op's default (reference imports torch: only then)
+            from ..reference import DEFAULT_LIFETIME as lifetime
         # written from the rule, not from reference.first_life, so the test comparing the two
         # checks the op against an independent statement of it
         super().__init__(rows, capacity, k, queries, max_pos, lifetime, classes=0,
@@ -521,7 +524,7 @@ class AVSGPolicy(Policy):
     name = "avsg"
     policy = "reuse"
 
-    def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=16, cost_every=0):
+    def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=None, cost_every=0):
         super().__init__(rows, capacity, k, queries, max_pos)
         # cost_every > 0: every cost_every-th step runs in the strict emulation, which counts the
         # plan's work; its per-core estimates (one row per core) are the plan cost samples
@@ -536,7 +539,7 @@ class AVSGPolicy(Policy):
                 "policy 'avsg' needs the avsg operator package (avsg.SparseKVBuffer); install it with "
                 f"`pip install --no-build-isolation -e .` in the repository ({e})") from e
         self._torch = torch
-        self.lifetime = int(lifetime)
+        self.lifetime = int(avsg.reference.DEFAULT_LIFETIME if lifetime is None else lifetime)
         self.reset()
 
     def describe(self):

@@ -123,8 +123,10 @@ def add_common_trace_args(p, with_policy_opts=True):
     if with_policy_opts:
         p.add_argument("--count-first-step", action="store_true",
                        help="count step 0 too (default: it only warms the buffer)")
-        p.add_argument("--lifetime", type=int_in(1, 255), default=16,
-                       help="avsg-lifetime: lifetime L, 1..255 (default 16)")
+        p.add_argument("--lifetime", type=int_in(1, 255),
+                       help="avsg-lifetime, lifetime-hand, freq-lifetime: lifetime L, 1..255 "
+                            "(default: the op's, reference.DEFAULT_LIFETIME, for the first two; 16 "
+                            "for freq-lifetime)")
         p.add_argument("--ways", type=int_in(1, 32768), default=16,
                        help="setassoc-fifo: ways per set, a divisor of the capacity, 1..32768 "
                             "(default 16)")
