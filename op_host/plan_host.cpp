@@ -27,6 +27,7 @@
 #ifdef AVSG_CPU_EMULATION
 #include "cpu_kernels.h"  // the kernels, in the strict and the fast emulation build
 #include "kernel_operator.h"
+#include "npu/split_launch.h"  // its switches only: the config launch needs CANN
 using GM_ADDR_T = GM_ADDR;
 #endif
 
@@ -225,19 +226,18 @@ uint32_t BlockDimFor(int64_t rows) {
 // soft SyncAll and the owner's fold from two chunks on. Workspace: the parts' regions in each
 // slice, and 8 int32 of sync counters per core after the slices (zeroed per launch).
 void ApplySplit(PlanTiling& t, int64_t rows) {
-#ifdef AVSG_WITH_NPU
     // On the NPU the split waits across cores in a soft SyncAll, which has no timeout: launched
     // without the batch schedule mode it can deadlock when other streams hold some of its cores.
-    // Off in every build until AVSG_NPU_SPLIT=1, which `avsg doctor` recommends once a split plan
-    // matched the reference on this device in a child process it can kill: the batch mode, the
-    // launch timeout (npu/split_launch.h, where the build has the config launch) and what a
-    // timed-out launch leaves behind have not run on a card, so they bound the wait once it is on
-    // but do not make it the default.
+    // Off until AVSG_NPU_SPLIT=1, which `avsg doctor` recommends once a split plan matched the
+    // reference on this device in a child process it can kill: the batch mode, the launch timeout
+    // (npu/split_launch.h, where the build has the config launch) and what a timed-out launch
+    // leaves behind have not run on a card, so they bound the wait once it is on but do not make
+    // it the default. The CPU backend reads the same switch, so that it runs the launch the card
+    // runs (and does not pay for helper blocks that run one after another here).
     bool enabled = false;
     const std::string bad = npu::ParseSplitSwitch(std::getenv(npu::kSplitEnv), enabled);
     TORCH_CHECK_VALUE(bad.empty(), "avsg.plan: ", bad);
     if (!enabled) return;
-#endif
     const int64_t split = std::min<int64_t>(CoreCount() / rows, t.numChunks);
     // the owner folds a part's hit bitmap through the all-probe vector wIdx_
     if (split < 2 || t.capPad / 8 > kPlanProbes * t.nc * 4) return;

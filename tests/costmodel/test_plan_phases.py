@@ -16,7 +16,7 @@ from avsg.costmodel import hardware, plan_cost
 from avsg.traces import synth
 from avsg.traces.format import save_trace
 
-from helpers.plan_cases import I32, Twin, draw
+from helpers.plan_cases import I32, Twin, draw, split_lookup
 
 PHASES = ("setup", "row start", "stash runs", "lookup", "classify", "split sync+fold",
           "merge misses", "heat", "decay+pin", "victims", "insert", "stash pending",
@@ -50,7 +50,7 @@ def test_phases_add_up_to_the_launch_counters(matcher, policy, split):
     saved = backend.emulated_cores()
     backend.set_emulated_cores(40 if split else R)   # R cores: rows * 2 > cores, no split
     try:
-        with backend.emulation("strict"):
+        with backend.emulation("strict"), split_lookup():
             twin = Twin(R, S, H, 4, matcher=matcher, max_context=C, policy=policy)
             seq = torch.randint(S, 3 * S, (R,), generator=gen, dtype=I32)
             for step in range(3):

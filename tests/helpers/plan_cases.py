@@ -3,9 +3,12 @@ kernels (on any device) and the reference (on CPU) in lockstep and compares ever
 whole state and the stats after every call; ``draw`` makes adversarial top-k (hot-window reuse,
 MTP repeats, -1 padding, out-of-range junk); ``geometry`` / ``session`` are the hypothesis
 strategies of a random session, ``run_session`` drives one; ``colliding`` gives positions that
-share one probe sequence.
+share one probe sequence; ``split_lookup`` turns the hash plan's split lookup on for a block.
 """
 from __future__ import annotations
+
+import contextlib
+import os
 
 import torch
 from hypothesis import strategies as st
@@ -17,6 +20,22 @@ I32 = torch.int32
 
 
 OUT_NAMES = ("slots", "miss_pos", "miss_slots", "miss_counts")
+SPLIT_ENV = "AVSG_NPU_SPLIT"
+
+
+@contextlib.contextmanager
+def split_lookup(on: bool = True):
+    """Inside: the hash plan may spread a row's lookup over idle emulated cores (AVSG_NPU_SPLIT,
+    read by every plan call; off by default in every build, as on the NPU)."""
+    saved = os.environ.get(SPLIT_ENV)
+    os.environ[SPLIT_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[SPLIT_ENV]
+        else:
+            os.environ[SPLIT_ENV] = saved
 
 
 class Twin:

@@ -5,6 +5,9 @@ directly on a cloned state.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +16,8 @@ from hypothesis import strategies as st
 import avsg  # noqa: F401  (loads the op library)
 from avsg import _ops, reference
 
-from helpers.plan_cases import I32, Twin, colliding, draw, geometry, run_session, session  # noqa: F401
+from helpers.plan_cases import (I32, Twin, colliding, draw, geometry, run_session, session,  # noqa: F401
+                                split_lookup)
 
 
 
@@ -201,7 +205,7 @@ def test_split_lookup_bit_exact(build, policy, R, T, K, S, H):
     from avsg.backend import emulation, last_launch_counters
     C = {"reuse": 4 * S, "lifetime": 0, "lru": 0}[policy]
     gen = torch.Generator().manual_seed(R * 1000 + K)
-    with emulation(build):
+    with emulation(build), split_lookup():
         twin = Twin(R, S, H, 5, max_context=C, policy=policy)
         seq = torch.randint(S, 3 * S, (R,), generator=gen, dtype=I32)
         for step in range(4):
@@ -214,9 +218,33 @@ def test_split_lookup_bit_exact(build, policy, R, T, K, S, H):
                 twin.invalidate(seq - 3)
 
 
+def test_split_lookup_off_by_default_and_switch_checked():
+    """As on the NPU, a plan splits its lookup only with AVSG_NPU_SPLIT=1: unset or 0 runs one
+    block per row, whatever cores are idle; any other value is refused, naming the variable, with
+    the state untouched."""
+    from avsg.backend import emulation, last_launch_counters
+    R, T, K, S, H = 2, 1, 1500, 2048, 2048          # 3 selection chunks per row
+    gen = torch.Generator().manual_seed(11)
+    seq = torch.full((R,), 3000, dtype=I32)
+    with emulation("strict"):
+        twin = Twin(R, S, H, 4)
+        for on, blocks in ((None, R), (False, R), (True, 3 * R)):
+            with (split_lookup(on) if on is not None else contextlib.nullcontext()):
+                twin.plan(draw(gen, R, T, K, seq, hot=2500), seq)
+            assert last_launch_counters().blocks == blocks
+        before = twin.state.clone()
+        with split_lookup():
+            os.environ["AVSG_NPU_SPLIT"] = "yes"
+            with pytest.raises(ValueError, match="AVSG_NPU_SPLIT: expected 0 .* or 1 .*, got 'yes'"):
+                torch.ops.avsg.plan(draw(gen, R, T, K, seq, hot=2500), seq, twin.state, twin.stats,
+                                    S, H, 4, 0, 0)
+        assert torch.equal(twin.state, before)
+
+
 def test_split_lookup_rejected_row():
     """A row whose header does not match is left alone by its owner and by its helpers (each
     checks the header itself) while the other row of the launch splits as usual."""
+    from avsg.backend import emulation, last_launch_counters
     R, T, K, S, H = 2, 1, 1500, 2048, 2048
     twin = Twin(R, S, H, 4)
     gen = torch.Generator().manual_seed(4)
@@ -227,7 +255,9 @@ def test_split_lookup_rejected_row():
     topk = draw(gen, R, T, K, seq, hot=2500)
     old = torch.ops.avsg._set_host_value_checks(False)       # the kernel's own check
     try:
-        got = torch.ops.avsg.plan(topk, seq, twin.state, twin.stats, S, H, 4, 0, 0)
+        with split_lookup(), emulation("strict"):
+            got = torch.ops.avsg.plan(topk, seq, twin.state, twin.stats, S, H, 4, 0, 0)
+            assert last_launch_counters().blocks == R * 3
     finally:
         torch.ops.avsg._set_host_value_checks(old)
     assert int(got[3][1]) == -1 and bool((got[0][1] == -1).all())

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 import avsg
 from avsg import reference
 from helpers.gather_cases import kv_zeros
+from helpers.plan_cases import split_lookup
 
 I32 = torch.int32
 GUARD_STATE = 0x5A5A5A5A          # int32 pattern of the guard rows around the state
@@ -312,7 +313,8 @@ def test_split_plan_survives_corrupted_state(g, seed, row, edits, whole, checked
     """Two rows of more than one selection chunk: each row's lookup is split over up to 20
     cores, the helpers reading the corrupted row's state (and its header, to skip a rejected
     row) and writing only its outputs and its owner's workspace."""
-    fuzz_plan(g, seed, row, edits, whole, "hash", checked)
+    with split_lookup():
+        fuzz_plan(g, seed, row, edits, whole, "hash", checked)
 
 
 # --------------------------------------------------------------------------------- resize

@@ -28,8 +28,8 @@ I32 = torch.int32
 @pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
 @pytest.mark.parametrize("T,K", [(1, 5), (3, 5), (2, 8), (1, 13)])
 def test_plan_rows_padded_and_exact(policy, T, K):
-    """Rows on different cores (and, with few rows, a split lookup): outputs equal the reference,
-    rows start every roundup(T*K, 8) int32 and miss_counts every 8."""
+    """Rows on different cores: outputs equal the reference, rows start every roundup(T*K, 8)
+    int32 and miss_counts every 8."""
     R, S = 3, 4 * T * K + 8
     buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, policy=policy,
                               check=False)    # random draws repeat positions: they share a slot
