@@ -18,12 +18,6 @@ protected:
     // of once per probe. Lanes are split once into (window id in wWin_, byte offset inside the
     // window in place of the index); for each window, every lane gathers at its in-window offset
     // (in bounds whatever its window) and only the lanes of that window are kept (mWin_).
-    // A lookup gathers for the kPlanProbes buckets of nc selections at once (W = kPlanProbes*nc
-    // lanes), so a section split into windows has each window loaded at most once per chunk (and
-    // the window left resident by the previous gather is served first, without a load), instead
-    // of once per probe. Lanes are split once into (window id in wWin_, byte offset inside the
-    // window in place of the index); for each window, every lane gathers at its in-window offset
-    // (in bounds whatever its window) and only the lanes of that window are kept (mWin_).
     __aicore__ inline uint32_t Wide() const { return avsg::kPlanProbes * t_.nc; }
     __aicore__ inline int32_t FirstWin(const Win& w) const { return w.cur < 0 ? 0 : w.cur; }
     // idx (W lanes, entries of section w) -> byte offsets inside their window (in place) and

@@ -228,8 +228,8 @@ def run_checks(seconds: float, selftest_on: bool, say: Callable[[str], None]) ->
     else:
         add(Check("host registration", "missing", "needs the NPU backend and an NPU"))
         add(Check("AI-core host reads", "missing", "needs the NPU backend and an NPU"))
-        add(Check("split lookup", "missing", "needs the NPU backend and an NPU (the CPU emulation always "
-                  "splits)"))
+        add(Check("split lookup", "missing", "needs the NPU backend and an NPU (the CPU emulation "
+                  "splits only with AVSG_NPU_SPLIT=1, as the NPU does)"))
 
     if selftest_on:
         add(selftest("cpu", steps=3, deadline=time.monotonic() + seconds))

@@ -559,8 +559,8 @@ class AVSGPolicy(Policy):
         sl = torch.from_numpy(np.ascontiguousarray(inp.seq_lens, dtype=np.int32))
         if self.cost_every and s > 0 and s % self.cost_every == 0:
             from .. import backend
-            # one emulated core per row: with idle cores the plan would split a row's lookup
-            # over helpers, and the per-block costs would be parts of rows
+            # one emulated core per row: with idle cores (and AVSG_NPU_SPLIT=1) the plan would
+            # split a row's lookup over helpers, and the per-block costs would be parts of rows
             cores = backend.emulated_cores()
             backend.set_emulated_cores(self.rows)
             try:

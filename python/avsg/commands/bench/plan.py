@@ -335,8 +335,8 @@ def main(args: argparse.Namespace) -> int:
           f"{common.machine()}")
     print("  MODEL ESTIMATE from the CPU emulation's counted work, not a measurement: " + hw.status)
     # One emulated core per row: each matcher's per-row cost, as the paper compares them (with
-    # idle cores the hash plan would also spread a row's lookup over them; the dual pointer
-    # cannot). Restored before returning.
+    # idle cores and AVSG_NPU_SPLIT=1 the hash plan would also spread a row's lookup over them;
+    # the dual pointer cannot). Restored before returning.
     saved_cores = backend.emulated_cores()
     backend.set_emulated_cores(args.rows)
     try:
