@@ -45,7 +45,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -177,7 +177,7 @@ def max_batch(c, hw, mode, context, T, capacity, topk_buffer, cards, limit: int 
 # ---------------------------------------------------------------- one iteration's time
 
 def _compute_layer_s(c, hw, fmt: KVFormat, batch: int, tokens: int, context: int,
-                     cards: int) -> float:
+                     cards: int) -> Tuple[float, float]:
     """(compute, sparse MLA) seconds of one layer for ``tokens`` query tokens of ``batch``
     requests: its share of the weights, the indexer over every cached key, sparse MLA over K
     rows per token (the part copies may overlap)."""
@@ -235,7 +235,7 @@ def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], b
     T = 1 + traffic.drafts
     L, K = c.num_hidden_layers, c.index_topk
     compute_s, mla_s = _compute_layer_s(c, hw, fmt, batch, batch * T, context, cards)
-    draft_s, draft_mla_s = _compute_layer_s(c, hw, fmt, batch, batch, context, cards)
+    draft_s, _ = _compute_layer_s(c, hw, fmt, batch, batch, context, cards)   # drafts overlap no copies
     out = {}
     for mode in modes:
         if mode not in traffic.rows and mode not in ("device",):
