@@ -24,16 +24,20 @@ SPLIT_ENV = "AVSG_NPU_SPLIT"
 
 
 @contextlib.contextmanager
-def split_lookup(on: bool = True):
+def split_lookup(on=True):
     """Inside: the hash plan may spread a row's lookup over idle emulated cores (AVSG_NPU_SPLIT,
-    read by every plan call; off by default in every build, as on the NPU)."""
+    read by every plan call; off by default in every build, as on the NPU). ``on=None``: the
+    variable unset."""
     saved = os.environ.get(SPLIT_ENV)
-    os.environ[SPLIT_ENV] = "1" if on else "0"
+    if on is None:
+        os.environ.pop(SPLIT_ENV, None)
+    else:
+        os.environ[SPLIT_ENV] = "1" if on else "0"
     try:
         yield
     finally:
         if saved is None:
-            del os.environ[SPLIT_ENV]
+            os.environ.pop(SPLIT_ENV, None)
         else:
             os.environ[SPLIT_ENV] = saved
 

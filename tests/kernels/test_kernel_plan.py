@@ -5,7 +5,6 @@ directly on a cloned state.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
@@ -229,7 +228,7 @@ def test_split_lookup_off_by_default_and_switch_checked():
     with emulation("strict"):
         twin = Twin(R, S, H, 4)
         for on, blocks in ((None, R), (False, R), (True, 3 * R)):
-            with (split_lookup(on) if on is not None else contextlib.nullcontext()):
+            with split_lookup(on):
                 twin.plan(draw(gen, R, T, K, seq, hot=2500), seq)
             assert last_launch_counters().blocks == blocks
         before = twin.state.clone()
