@@ -33,7 +33,7 @@ protected:
         Win& sl = win_[avsg::SEC_SL];
         // lru and lifetime: the new ages / lives as half (the sort region is idle here) where
         // that copy fits; lru otherwise the ages' lane-wise max, reduced below
-        const LocalTensor<float> ageMax = wTmp_.ReinterpretCast<float>(), lowestLife = ageMax;
+        const LocalTensor<float> ageMax = wTmp_.ReinterpretCast<float>();
         const bool compact = !Policy::kReuse && HalfCopyFits();
         freeSlots_ = 0;
         if constexpr (Policy::kLru) WinSetClear(lruFreeWins_, false);
@@ -45,9 +45,6 @@ protected:
             const float tail = Policy::kLru ? -1.0f : static_cast<float>(t_.lifetime);
             if (Policy::kLru && !compact) Duplicate(ageMax, -1.0f, Wide());
             else if (compact && padded > t_.capPad) Duplicate(sHalf_[t_.capPad], static_cast<half>(tail), padded - t_.capPad);
-            // lifetime without the half copy: the lanes' lowest life of a slot in use (a free
-            // slot, padding included, reads as L), for Allocate's first level
-            else if (!Policy::kLru && !compact) Duplicate(lowestLife, static_cast<float>(t_.lifetime), Wide());
         }
         // lifetime and reuse: last window first, so Allocate starts its slot-order scan in the
         // resident window 0; lru: first window first, its count passes (CountAgesAtLeast) start
@@ -112,16 +109,7 @@ protected:
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                 PipeBarrier<PIPE_V>();
                 if constexpr (!Policy::kAged) {
-                    if (compact) {
-                        Cast(sHalf_[base], lifeF, RoundMode::CAST_NONE, n);   // [-1, 256]: exact
-                    } else {
-                        const LocalTensor<float> inUse = t2.ReinterpretCast<float>();   // t2 is spent
-                        CompareScalar(mB_, lifeF, -1.0f, CMPMODE::NE, n);
-                        PipeBarrier<PIPE_V>();
-                        Select(inUse, mB_, lifeF, static_cast<float>(t_.lifetime), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
-                        PipeBarrier<PIPE_V>();
-                        Min(lowestLife, lowestLife, inUse, n);
-                    }
+                    if (compact) Cast(sHalf_[base], lifeF, RoundMode::CAST_NONE, n);   // [-1, 255]: exact
                 }
                 if constexpr (Policy::kLru) {
                     // the victim search's bounds: the oldest age, and the free slots among the
@@ -151,19 +139,11 @@ protected:
                 const LocalTensor<float> top = wIdx_.ReinterpretCast<float>();
                 ReduceMax(top, ageMax, wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(Wide()));
             }
-        } else if constexpr (!Policy::kReuse) {
-            if (!compact) {
-                PipeBarrier<PIPE_V>();
-                ReduceMin(wIdx_.ReinterpretCast<float>(), lowestLife, wSlot_.ReinterpretCast<float>(),
-                          static_cast<int32_t>(Wide()));
-            }
         }
         Sync<HardEvent::V_S>();
         if constexpr (Policy::kLru) {
             maxAge_ = compact ? static_cast<int32_t>(static_cast<float>(wIdx_.ReinterpretCast<half>().GetValue(0)))
                               : static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
-        } else if constexpr (!Policy::kReuse) {
-            lowestInUse_ = compact ? -1 : static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
         }
     }
     // Victims in (life, turn) order among life < L, turn = (slot - hand) mod S: per level the
@@ -190,19 +170,15 @@ protected:
         // shrunk active capacity the free count cannot tell: slots past it are free on a state
         // the ops built but need not be on any other, so level -1 is always searched there.
         int32_t lv0 = activeCap_ < t_.capacity || freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
-        if (lv0 == 0) {
+        if (compact && lv0 == 0) {
             // No slot is free: the scan starts at the lowest life the slots hold, since every
             // level below it is empty and its pass would find nothing (a hit holds L, above
-            // every level). One reduction instead of those passes: over the half copy where it
-            // fits, else DecayAndPin's lane-wise minimum over the windows.
-            int32_t low = lowestInUse_;
-            if (compact) {
-                const LocalTensor<half> lowest = wIdx_.ReinterpretCast<half>();
-                PipeBarrier<PIPE_V>();            // DecayAndPin's casts into the half copy
-                ReduceMin(lowest, sHalf_, wSlot_.ReinterpretCast<half>(), static_cast<int32_t>(activeCap_));
-                Sync<HardEvent::V_S>();
-                low = static_cast<int32_t>(static_cast<float>(lowest.GetValue(0)));
-            }
+            // every level). One reduction instead of those passes.
+            const LocalTensor<half> lowest = wIdx_.ReinterpretCast<half>();
+            PipeBarrier<PIPE_V>();                // DecayAndPin's casts into the half copy
+            ReduceMin(lowest, sHalf_, wSlot_.ReinterpretCast<half>(), static_cast<int32_t>(activeCap_));
+            Sync<HardEvent::V_S>();
+            const int32_t low = static_cast<int32_t>(static_cast<float>(lowest.GetValue(0)));
             if (low > 0 && low < static_cast<int32_t>(t_.lifetime)) lv0 = low;
         }
         for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
@@ -702,8 +678,6 @@ protected:
     uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included;
                                              // lru: the free candidates, below the active capacity)
     int32_t maxAge_ = -1;                    // lru: the largest age after DecayAndPin, any slot
-    int32_t lowestInUse_ = -1;               // lifetime without the half copy: the lowest life of
-                                             // a slot in use after DecayAndPin (L: none)
     uint32_t lruFreeWins_[kLruWinWords] = {};   // lru: the windows with a free candidate
 };
 

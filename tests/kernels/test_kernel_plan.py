@@ -217,28 +217,6 @@ def test_split_lookup_bit_exact(build, policy, R, T, K, S, H):
                 twin.invalidate(seq - 3)
 
 
-@pytest.mark.parametrize("build,matcher", [("strict", "hash"), ("fast", "hash"), ("fast", "dual_pointer")])
-def test_lifetime_scan_start_without_the_half_copy(build, matcher):
-    """Past 8192 slots the half copy of the lives does not fit; the level scan then starts at
-    the lowest life of a slot in use, which the decay takes lane-wise over the windows. With a
-    long lifetime and a full buffer every life lies far above 0, so a start one level off would
-    take other victims (ties go in hand order within a level) and differ from the reference."""
-    from avsg.backend import emulation
-    R, T, K, S, L = 1, 2, 512, 8256, 200           # 8256: past the half copy, with padding
-    H = reference.default_buckets(S)
-    gen = torch.Generator().manual_seed(5)
-    with emulation(build):
-        twin = Twin(R, S, H, L, matcher)
-        seq = torch.full((R,), 3 * S, dtype=I32)
-        lowest = []
-        for step in range(40):
-            twin.plan(draw(gen, R, T, K, seq, hot=S + S // 2, pad=0.02, repeat=0.3, wild=0.01), seq)
-            life = twin.ref_state[0, twin.layout.slot_life:twin.layout.slot_life + S]
-            lowest.append(int(life.min()))
-            seq += T
-    assert max(lowest) > 50, lowest                 # the start level was far from 0
-
-
 def test_split_lookup_off_by_default_and_switch_checked():
     """As on the NPU, a plan splits its lookup only with AVSG_NPU_SPLIT=1: unset or 0 runs one
     block per row, whatever cores are idle; any other value is refused, naming the variable, with
