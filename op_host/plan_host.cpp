@@ -447,6 +447,22 @@ void LaunchStateOp(bool is_reset, uint32_t blockDim, const PlanTiling& tiling, c
 
 using PlanOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// The plan's scratch in GM: every word the kernel reads it wrote earlier in the same launch (the
+// sync counters are zeroed by the caller). On the NPU the caching allocator recycles it. On the
+// CPU a fresh allocation of several hundred KB would be new pages every call, zeroed by the
+// kernel on first touch (a tenth of a fast-build plan at 16K slots), so each thread keeps one
+// buffer and grows it. A plan launch finishes before its op returns, so one buffer per thread is
+// never in use twice.
+at::Tensor PlanWorkspace(int64_t words, const at::TensorOptions& opts) {
+#ifdef AVSG_CPU_EMULATION
+    thread_local at::Tensor cached;
+    if (!cached.defined() || cached.numel() < words) cached = at::empty({words}, opts);
+    return cached.narrow(0, 0, words);
+#else
+    return at::empty({words}, opts);
+#endif
+}
+
 PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_lens, const at::Tensor& state,
                  const at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy,
                  int64_t max_context) {
@@ -491,7 +507,7 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     at::Tensor miss_counts = miss_count_rows.select(1, 0);
     const int64_t slices = static_cast<int64_t>(blockDim) * tiling.wsPerCore;
     const int64_t syncWords = tiling.split > 1 ? static_cast<int64_t>(blockDim) * kPlanSyncWords : 0;
-    at::Tensor workspace = at::empty({slices + syncWords}, opts);
+    at::Tensor workspace = PlanWorkspace(slices + syncWords, opts);
     if (syncWords) workspace.narrow(0, slices, syncWords).zero_();   // soft SyncAll counters
     LaunchPlan(dual, blockDim, tiling, topk_pos, seq_lens, state, stats, slots_rows, miss_pos_rows, miss_slots_rows,
                miss_count_rows, workspace);
