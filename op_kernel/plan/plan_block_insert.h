@@ -22,7 +22,7 @@ protected:
     //  B. The rounds on the scalar unit, in (round, j) order: claims, winner bits per probe.
     //  C. The winners' slots are written window by window (no window ping-pong between claims).
     __aicore__ inline void Insert(uint32_t r, uint32_t m) {
-        const uint32_t nc = t_.nc, n = Wide();
+        const uint32_t nc = t_.nc;
         for (uint32_t w = 0; w < t_.pendWords; ++w) {
             const uint32_t lo = w * 32;
             uint32_t word = 0;
@@ -34,6 +34,11 @@ protected:
         Win& bs = win_[avsg::SEC_BS];
         Win& sp = win_[avsg::SEC_SP];
         const uint32_t chunks = (m + nc - 1) / nc;
+        // One miss chunk (the usual few dozen misses): probe slices only as wide as the misses,
+        // rounded up so that every probe's mask slice starts 32 B aligned. Several: nc, the layout
+        // of the workspace copies. Restored to nc at the end, for every other block.
+        probeStride_ = chunks == 1 ? MinU(nc, avsg::RoundUp(m, avsg::kPlanInsertStride)) : nc;
+        const uint32_t ps = probeStride_, n = ProbeLanes();
         const uint32_t freeWords = n / 32;
         const LocalTensor<int32_t> freeInts = mKey_.ReinterpretCast<int32_t>();
         // A. free bits (mKey_, W bits per miss chunk; kept in the workspace when there are several).
@@ -41,7 +46,7 @@ protected:
         for (uint32_t c = chunks; c-- > 0;) {
             LoadMisses(r, c * nc, m);
             Sync<HardEvent::S_V>();               // the victims' scalar writes of the windows
-            Hash(vWant_, nc);
+            Hash(vWant_, ps);
             Buckets();
             Adds(wKey_, wIdx_, 0, n);             // the buckets, kept for FreeBuckets
             SplitIdx(bs, wIdx_);
@@ -75,13 +80,13 @@ protected:
                     loaded = static_cast<int32_t>(c);
                 }
                 Sync<HardEvent::S_V>();           // the previous pass's scalar reads of vB_
-                Probe(static_cast<int32_t>(i), nc);
+                Probe(static_cast<int32_t>(i), ps);
                 Sync<HardEvent::V_S>();
                 // 32 misses per step: candidates = pending & bucket free, lowest j first (j0 is a
                 // multiple of 32; pending bits past m are 0)
                 for (uint32_t w = 0; w < (cnt + 31) / 32; ++w) {
                     const uint32_t pw = (j0 >> 5) + w;
-                    const uint32_t fw = i * nc / 32 + w;
+                    const uint32_t fw = i * ps / 32 + w;
                     uint32_t pend = pendBits_.GetValue(pw);
                     uint32_t cand = pend == 0 ? 0u : pend & bits.GetValue(fw);
                     uint32_t won = 0;
@@ -97,7 +102,7 @@ protected:
                 }
                 if (chunks > 1) {                 // winners of (i, c) back over its free bits
                     Sync<HardEvent::S_MTE3>();
-                    StoreInts(wsGm_[t_.wsFreeOff + c * freeWords + i * nc / 32], freeInts[i * nc / 32], nc / 32);
+                    StoreInts(wsGm_[t_.wsFreeOff + c * freeWords + i * ps / 32], freeInts[i * ps / 32], ps / 32);
                     Sync<HardEvent::MTE3_S>();
                 }
             }
@@ -116,26 +121,27 @@ protected:
             SplitIdx(bs, wIdx_);
             WriteWinners(bs, vMS_, cnt);          // their slots to bucket_slot
         }
+        probeStride_ = nc;
     }
     // A miss one of whose probe buckets names the slot that holds it (wSlot_: the position each
     // probe's slot holds; mKey_: the probes that name no slot) is indexed already: its pending
     // bit (chunk c) is cleared, so the rounds and the stash skip it.
     __aicore__ inline void DropIndexed(uint32_t c) {
-        const uint32_t nc = t_.nc, n = Wide();
+        const uint32_t nc = t_.nc, ps = probeStride_, n = ProbeLanes();
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i)
-            Compare(mTmp_[i * nc / 8], wSlot_[i * nc], vWant_, CMPMODE::EQ, nc);
+            Compare(mTmp_[i * ps / 8], wSlot_[i * ps], vWant_, CMPMODE::EQ, ps);
         Not(U16(mOwn_), U16(mKey_), n / 16);
         PipeBarrier<PIPE_V>();
         And(U16(mTmp_), U16(mTmp_), U16(mOwn_), n / 16);
         for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) {
             PipeBarrier<PIPE_V>();
-            Or(U16(mTmp_), U16(mTmp_), U16(mTmp_[i * nc / 8]), nc / 16);
+            Or(U16(mTmp_), U16(mTmp_), U16(mTmp_[i * ps / 8]), ps / 16);
         }
         PipeBarrier<PIPE_V>();
-        Not(U16(mTmp_), U16(mTmp_), nc / 16);
+        Not(U16(mTmp_), U16(mTmp_), ps / 16);
         PipeBarrier<PIPE_V>();
         const LocalTensor<uint16_t> pend = pendBits_[c * nc / 32].ReinterpretCast<uint16_t>();
-        And(pend, pend, U16(mTmp_), nc / 16);
+        And(pend, pend, U16(mTmp_), ps / 16);   // pending bits past ps (past m) are 0 already
         PipeBarrier<PIPE_V>();
     }
     // mKey_ = free (W lanes): a bucket (wKey_) that names no slot (mKey_ set on entry) is free,
@@ -144,7 +150,7 @@ protected:
     // k * stride (mod H) for a probe k of that position (reference.occupied_buckets). The hash as
     // in Hash, on all W lanes at once. Scratch: wIdx_, wWin_, wTmp_, wSlot_, mOwn_/mTmp_/mWin_.
     __aicore__ inline void FreeBuckets() {
-        const uint32_t n = Wide();
+        const uint32_t n = ProbeLanes();
         const LocalTensor<int32_t> hMask = wTmp_, lo = wIdx_, hi = wWin_, first = wSlot_;
         const LocalTensor<int32_t> owner = wSlot_, diff = wWin_, stride = wIdx_, multiple = wSlot_;
         const int32_t hm = static_cast<int32_t>(t_.buckets - 1);
@@ -213,12 +219,12 @@ protected:
     // into wSlot_: their wIdx_ lanes at [0, got), their values at [nc, nc + got). Returns got.
     __aicore__ inline uint32_t CompactWinners(const LocalTensor<uint8_t>& bits, uint32_t i,
                                               const LocalTensor<int32_t>& values, uint32_t cnt) {
-        const uint32_t nc = t_.nc;
-        const LocalTensor<uint32_t> pat = U32(bits[i * nc / 8]);
+        const uint32_t nc = t_.nc, ps = probeStride_;
+        const LocalTensor<uint32_t> pat = U32(bits[i * ps / 8]);
         uint64_t got = 0, got2 = 0;
         Sync<HardEvent::S_V>();                   // scalar reads of the previous lists
         PipeBarrier<PIPE_V>();                    // and the previous GatherMasks' writes
-        GatherMask(wSlot_, wIdx_[i * nc], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
+        GatherMask(wSlot_, wIdx_[i * ps], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
         if (got == 0) return 0;
         GatherMask(wSlot_[nc], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
         Sync<HardEvent::V_S>();
@@ -228,7 +234,7 @@ protected:
     // the probe buckets as in-window byte offsets of w, wWin_: their windows): values[j] for the
     // winner j, resident window first.
     __aicore__ inline void WriteWinners(Win& w, const LocalTensor<int32_t>& values, uint32_t cnt) {
-        const uint32_t nc = t_.nc, n = Wide();
+        const uint32_t nc = t_.nc, n = ProbeLanes();
         const LocalTensor<int32_t> cOff = wSlot_, cVal = wSlot_[nc];   // CompactWinners' lists
         const int32_t first = FirstWin(w);
         for (uint32_t k = 0; k < w.nwin; ++k) {

@@ -18,12 +18,16 @@ protected:
     // of once per probe. Lanes are split once into (window id in wWin_, byte offset inside the
     // window in place of the index); for each window, every lane gathers at its in-window offset
     // (in bounds whatever its window) and only the lanes of that window are kept (mWin_).
+    // Probe i of lane l sits at i * probeStride_ + l. The stride is nc, except inside the insert,
+    // which narrows it to its misses rounded up to kPlanInsertStride (fewer repeats for the usual
+    // few dozen misses); Wide() is the vectors' capacity, ProbeLanes() the lanes in use.
     __aicore__ inline uint32_t Wide() const { return avsg::kPlanProbes * t_.nc; }
+    __aicore__ inline uint32_t ProbeLanes() const { return avsg::kPlanProbes * probeStride_; }
     __aicore__ inline int32_t FirstWin(const Win& w) const { return w.cur < 0 ? 0 : w.cur; }
     // idx (W lanes, entries of section w) -> byte offsets inside their window (in place) and
     // window ids (wWin_, multi-window sections only). Scratch: wTmp_.
     __aicore__ inline void SplitIdx(const Win& w, const LocalTensor<int32_t>& idx) {
-        const uint32_t n = Wide();
+        const uint32_t n = ProbeLanes();
         if (w.nwin > 1) {
             ShiftRight(wWin_, idx, static_cast<int32_t>(w.wlog), n);
             PipeBarrier<PIPE_V>();
@@ -38,17 +42,17 @@ protected:
     // dst (nc-bit slices of a W-bit mask) = wTmp_ == ref: one W-lane reference, or the nc-lane
     // selections repeated for every probe
     __aicore__ inline void CompareRef(const LocalTensor<uint8_t>& dst, const LocalTensor<int32_t>& ref, bool wideRef) {
-        const uint32_t nc = t_.nc;
+        const uint32_t ps = probeStride_;
         if (wideRef) {
-            Compare(dst, wTmp_, ref, CMPMODE::EQ, Wide());
+            Compare(dst, wTmp_, ref, CMPMODE::EQ, ProbeLanes());
             return;
         }
-        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) Compare(dst[i * nc / 8], wTmp_[i * nc], ref, CMPMODE::EQ, nc);
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) Compare(dst[i * ps / 8], wTmp_[i * ps], ref, CMPMODE::EQ, ps);
     }
     // acc (W bits) = section[lane] == ref, at the offsets in wIdx_ (from SplitIdx).
     __aicore__ inline void MatchBits(Win& w, const LocalTensor<int32_t>& ref, bool wideRef,
                                      const LocalTensor<uint8_t>& acc) {
-        const uint32_t n = Wide();
+        const uint32_t n = ProbeLanes();
         const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
         if (w.nwin == 1) {
             Ensure(w, 0);
@@ -79,7 +83,7 @@ protected:
     // [0, S-1] or a key in [-1, 2^24]: several windows are then blended in float exactly (Select
     // is float-only on A2).
     __aicore__ inline void GatherVals(Win& w, const LocalTensor<int32_t>& dst, int32_t lo, int32_t hi) {
-        const uint32_t n = Wide();
+        const uint32_t n = ProbeLanes();
         const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
         if (w.nwin == 1) {
             Ensure(w, 0);
@@ -154,15 +158,16 @@ protected:
         AndMask(vB_, vB_, vHMask_, n);
         PipeBarrier<PIPE_V>();
     }
-    // wIdx[i*nc + l] = (first[l] + i*stride[l]) mod H for every probe i (first + 3*stride < 4H)
+    // wIdx[i*ps + l] = (first[l] + i*stride[l]) mod H for every probe i (first + 3*stride < 4H),
+    // ps = probeStride_
     __aicore__ inline void Buckets() {
-        const uint32_t nc = t_.nc;
-        Adds(wIdx_, vFirst_, 0, nc);
-        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Muls(wIdx_[i * nc], vStride_, static_cast<int32_t>(i), nc);
+        const uint32_t ps = probeStride_;
+        Adds(wIdx_, vFirst_, 0, ps);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Muls(wIdx_[i * ps], vStride_, static_cast<int32_t>(i), ps);
         PipeBarrier<PIPE_V>();
-        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Add(wIdx_[i * nc], wIdx_[i * nc], vFirst_, nc);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Add(wIdx_[i * ps], wIdx_[i * ps], vFirst_, ps);
         PipeBarrier<PIPE_V>();
-        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) AndMask(wIdx_[i * nc], wIdx_[i * nc], vHMask_, nc);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) AndMask(wIdx_[i * ps], wIdx_[i * ps], vHMask_, ps);
         PipeBarrier<PIPE_V>();
     }
     // Loads chunk c of the row's selections: vWant = p if 0 <= p < bound else -2, vWantF = float.

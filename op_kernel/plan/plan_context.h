@@ -47,6 +47,7 @@ protected:
         // Sort32's alignment (dst 256 B, sources 128 B), which TPipe does not promise: its pool
         // base is not ours. One buffer with slack, cut at the first 256 B boundary.
         const uint32_t wide = avsg::kPlanProbes * nc;
+        probeStride_ = nc;
         pipe->InitBuffer(alignedBuf_, ub.aligned);
         const uint32_t alignPad = static_cast<uint32_t>(
             (avsg::kPlanSortAlign - avsg::UbAddr(alignedBuf_.Get<uint8_t>()) % avsg::kPlanSortAlign) %
@@ -315,6 +316,7 @@ protected:
     uint32_t split_ = 1, part_ = 0;           // lookup parts of a row (1: not split), this core's part
     uint32_t activeCap_ = 0;                 // header word 6, checked in [N, S]: victims lie below it
     int32_t missChunk_ = -1;                 // miss chunk held by vWant_ / vMS_ (LoadMisses), -1: none
+    uint32_t probeStride_ = 0;               // lanes per probe slice of the wide vectors (ProbeLanes)
     int64_t lookups_ = 0, hits_ = 0, misses_ = 0;
 };
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import avsg  # noqa: F401  (loads the op library)
 from avsg import _ops, reference
+from avsg.backend import emulation
 
 from helpers.plan_cases import (I32, Twin, colliding, draw, geometry, run_session, session,  # noqa: F401
                                 split_lookup)
@@ -138,6 +139,33 @@ def test_few_and_many_misses_at_the_benchmark_geometry(policy):
     few = [c for row in counts[1:] for c in row if 0 < c <= 96]
     many = [c for row in counts for c in row if c > 96]
     assert few and many, counts
+
+
+@pytest.mark.parametrize("build", ["strict", "fast"])
+@pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
+def test_insert_probe_stride_at_every_miss_count_boundary(build, policy):
+    """The insert narrows its probe slices to the misses rounded up to 256 lanes when they fit
+    one 512-lane chunk: miss counts on both sides of 256 and 512, some of them colliding (the
+    rounds contend, the losers go to the stash), equal the reference, state included."""
+    R, T, K, S, H, L = 2, 1, 1024, 2048, 2048, 8
+    twin = Twin(R, S, H, L, policy=policy, max_context=1 << 24 if policy == "reuse" else 0)
+    gen = torch.Generator().manual_seed(5)
+    seq = torch.full((R,), 13_000_000, dtype=I32)
+    topk = torch.stack([torch.randperm(1 << 18, generator=gen)[:K] for _ in range(R)]).to(I32)
+    topk = topk.view(R, T, K)
+    seen = set()
+    with emulation(build):
+        twin.plan(topk, seq)                                   # cold: two miss chunks
+        for step, fresh in enumerate((1, 255, 256, 257, 511, 512, 513, 40)):
+            topk = topk.clone()
+            lanes = torch.randperm(K, generator=gen)[:fresh]
+            new = (1 << 18) + step * K + torch.arange(fresh, dtype=I32)
+            # (1 + n) * H^2 + base: the same first bucket and stride, below 2^24
+            clash = torch.tensor(colliding(H, min(fresh, 3), base=5 + step, offset=1), dtype=I32)
+            new[:clash.numel()] = clash                        # one probe family, contended
+            topk[:, 0, lanes] = new
+            seen.update(twin.plan(topk, seq)[3].view(-1).tolist())
+    assert {1, 255, 256, 257, 511, 512, 513} <= seen, sorted(seen)
 
 
 def test_dual_pointer_equals_hash():
