@@ -87,11 +87,15 @@ protected:
                 }
                 const uint32_t base = id * sl.wlen + off;
                 uint64_t nFree = 0;
-                if constexpr (!Policy::kLru) {
-                    CompareScalar(mB_, t2, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
-                    PipeBarrier<PIPE_V>();
-                    GatherMask(sink, t2, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
-                    PipeBarrier<PIPE_V>();
+                if constexpr (!Policy::kLru && !Policy::kReuse) {
+                    // lifetime without the half copy: Allocate's level -1 test (with it, the
+                    // copy's minimum tells; reuse's score search needs no count)
+                    if (!compact) {
+                        CompareScalar(mB_, t2, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
+                        PipeBarrier<PIPE_V>();
+                        GatherMask(sink, t2, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
+                        PipeBarrier<PIPE_V>();
+                    }
                 }
                 Cast(lifeF, t2, RoundMode::CAST_RINT, n);
                 Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[base / 16], n / 16);
@@ -166,20 +170,22 @@ protected:
                                   ? static_cast<uint32_t>(handWord) : 0u;
         uint32_t have = 0, lastSlot = 0;
         const bool compact = HalfCopyFits();
-        // level -1 only if a real slot is free (the Sp - S padding slots always hold -1). Below a
-        // shrunk active capacity the free count cannot tell: slots past it are free on a state
-        // the ops built but need not be on any other, so level -1 is always searched there.
-        int32_t lv0 = activeCap_ < t_.capacity || freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
-        if (compact && lv0 == 0) {
-            // No slot is free: the scan starts at the lowest life the slots hold, since every
+        // level -1 only if a real slot is free (the Sp - S padding slots hold -1: FreePadding).
+        // Below a shrunk active capacity nothing tells: slots past it are free on a state the
+        // ops built but need not be on any other, so level -1 is always searched there.
+        int32_t lv0 = -1;
+        if (activeCap_ == t_.capacity && compact) {
+            // The scan starts at the lowest life the slots hold (-1: a free one), since every
             // level below it is empty and its pass would find nothing (a hit holds L, above
-            // every level). One reduction instead of those passes.
+            // every level). One reduction instead of those passes and of a free count.
             const LocalTensor<half> lowest = wIdx_.ReinterpretCast<half>();
             PipeBarrier<PIPE_V>();                // DecayAndPin's casts into the half copy
             ReduceMin(lowest, sHalf_, wSlot_.ReinterpretCast<half>(), static_cast<int32_t>(activeCap_));
             Sync<HardEvent::V_S>();
             const int32_t low = static_cast<int32_t>(static_cast<float>(lowest.GetValue(0)));
-            if (low > 0 && low < static_cast<int32_t>(t_.lifetime)) lv0 = low;
+            lv0 = low < 0 ? -1 : low < static_cast<int32_t>(t_.lifetime) ? low : 0;
+        } else if (activeCap_ == t_.capacity) {
+            lv0 = freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
         }
         for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
             for (uint32_t part = 0; part < 2 && have < m; ++part) {
@@ -675,8 +681,9 @@ protected:
         }
     }
 
-    uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin (padding included;
-                                             // lru: the free candidates, below the active capacity)
+    uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin: lifetime without
+                                             // the half copy (padding included); lru: the free
+                                             // candidates, below the active capacity; else 0
     int32_t maxAge_ = -1;                    // lru: the largest age after DecayAndPin, any slot
     uint32_t lruFreeWins_[kLruWinWords] = {};   // lru: the windows with a free candidate
 };
