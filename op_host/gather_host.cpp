@@ -207,7 +207,15 @@ inline void check_values_cpu(const Args& a, const at::Tensor& miss_pos, const at
 {
     const int32_t* cnt = miss_counts.data_ptr<int32_t>();
     const int32_t* slots = miss_slots.data_ptr<int32_t>();
-    std::vector<int64_t> seen(static_cast<size_t>(a.S), -1);
+    // seen[s] == first + r: row r of this call copied into slot s. The marks outlive the call
+    // and every call takes fresh ones, so no per-call pass over S slots clears them (nor pages
+    // in a new array).
+    thread_local std::vector<uint64_t> marks;
+    thread_local uint64_t nextMark = 1;
+    if (marks.size() < static_cast<size_t>(a.S)) marks.assign(static_cast<size_t>(a.S), 0);
+    const uint64_t first = nextMark;
+    nextMark += static_cast<uint64_t>(a.R);
+    uint64_t* seen = marks.data();
     if (a.partition == kPartitionSelection) {
         // selection layout: every entry with a position and a slot in range is a copy
         const int32_t* pos = miss_pos.data_ptr<int32_t>();
@@ -215,10 +223,10 @@ inline void check_values_cpu(const Args& a, const at::Tensor& miss_pos, const at
             for (int64_t j = 0; j < a.N; ++j) {
                 int32_t s = slots[r * a.entryPitch + j];
                 if (pos[r * a.entryPitch + j] < 0 || s < 0 || s >= a.S) continue;
-                TORCH_CHECK_VALUE(seen[s] != r, "avsg.gather: miss_slots[", r, ", ", j, "] = ", s,
+                TORCH_CHECK_VALUE(seen[s] != first + r, "avsg.gather: miss_slots[", r, ", ", j, "] = ", s,
                                   " repeats an earlier copy of row ", r, " (selection layout: a row's "
                                   "copies need distinct slots)");
-                seen[s] = r;
+                seen[s] = first + r;
             }
         }
         return;
@@ -231,9 +239,9 @@ inline void check_values_cpu(const Args& a, const at::Tensor& miss_pos, const at
             int32_t s = slots[r * a.entryPitch + j];
             TORCH_CHECK_VALUE(s >= 0 && s < a.S, "avsg.gather: miss_slots[", r, ", ", j, "] = ", s,
                               ": expected a slot in [0, ", a.S, ")");
-            TORCH_CHECK_VALUE(seen[s] != r, "avsg.gather: miss_slots[", r, ", ", j, "] = ", s,
+            TORCH_CHECK_VALUE(seen[s] != first + r, "avsg.gather: miss_slots[", r, ", ", j, "] = ", s,
                               " repeats an earlier miss of row ", r, " (a row's misses need distinct slots)");
-            seen[s] = r;
+            seen[s] = first + r;
         }
     }
 }

@@ -139,23 +139,6 @@ inline float f16_to_f32(uint16_t h) {
     std::memcpy(&f, &bits, 4);
     return f;
 }
-// f16_to_f32 without branches on the value, so that a loop over halves vectorises (Compare on
-// half runs through it): the same result for every one of the 65536 bit patterns
-// (runtime case half_to_float_all_patterns_ok). Zero and subnormals are em * 2^-24, exact in
-// float; infinities and NaNs keep their mantissa; normals rebias the exponent by 112.
-inline float f16_to_f32_flat(uint16_t h) {
-    const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
-    const uint32_t em = h & 0x7fffu;
-    const float small = static_cast<float>(static_cast<int32_t>(em)) * 5.9604644775390625e-8f;
-    uint32_t smallBits;
-    std::memcpy(&smallBits, &small, 4);
-    const uint32_t normal = (em << 13) + (112u << 23);
-    const uint32_t special = (em << 13) | 0x7f800000u;
-    const uint32_t bits = sign | (em >= 0x7c00u ? special : (em >= 0x400u ? normal : smallBits));
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
 inline uint16_t f32_to_bf16(float f) {
     uint32_t x;
     std::memcpy(&x, &f, 4);

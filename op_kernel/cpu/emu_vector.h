@@ -316,7 +316,7 @@ void check_cmp(const char* api, CMPMODE mode, uint32_t count) {
         fail(std::string(api) + ": count*sizeof(T) = " + std::to_string(bytes) +
              " B is not a multiple of 256 B (card §5: tail elements are neither computed nor written; pad and round up)");
 }
-template <class T, class U, class F>
+template <class T, class U, bool Bits = false, class F>
 void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<T>& src0, uint32_t count, F pred,
                   const LocalTensor<T>* src1 = nullptr) {
     check_ub(api, "dst", dst, count / 8);
@@ -332,20 +332,19 @@ void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<
     const T* a = src0.ptr();
     // 0/1 flags for a block of elements, then each 8 flags (little-endian bytes of one word) to
     // one mask byte, element 0 in bit 0: the multiply moves flag k to bit 56 + k without carries.
-    // pred takes the element as the type it compares in (float for half: the block is widened
-    // first, by a conversion that vectorises).
-    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
+    // pred takes the element as the type it compares in; a half as its bit pattern (Bits: the
+    // callers compare order keys, see half_order_key).
+    static_assert(Bits == std::is_same<T, half>::value, "compare_impl: half compares on its bits, and only half");
     constexpr uint32_t kBlock = 256;
     uint8_t flags[kBlock];
-    C wide[std::is_same<T, half>::value ? kBlock : 1];
     const uint32_t bits = count / 8 * 8;
-    for (uint32_t base = 0; base < bits; base += kBlock) {
-        const uint32_t m = std::min(kBlock, bits - base);
-        if constexpr (std::is_same<T, half>::value) {
-            for (uint32_t i = 0; i < m; ++i) wide[i] = avsg_emu::numeric::f16_to_f32_flat(a[base + i].bits);
-            for (uint32_t i = 0; i < m; ++i) flags[i] = static_cast<uint8_t>(pred(wide[i], base + i));
+    // 64-bit offsets: with a 32-bit base + i (which may wrap) the loops load lane by lane
+    for (size_t base = 0; base < bits; base += kBlock) {
+        const uint32_t m = std::min<uint32_t>(kBlock, bits - static_cast<uint32_t>(base));
+        if constexpr (Bits) {
+            for (uint32_t i = 0; i < m; ++i) flags[i] = static_cast<uint8_t>(pred(a[base + i].bits, base + i));
         } else {
-            for (uint32_t i = 0; i < m; ++i) flags[i] = static_cast<uint8_t>(pred(static_cast<C>(a[base + i]), base + i));
+            for (uint32_t i = 0; i < m; ++i) flags[i] = static_cast<uint8_t>(pred(a[base + i], base + i));
         }
         for (uint32_t byte = 0; byte < m / 8; ++byte) {
             uint64_t w;
@@ -358,6 +357,14 @@ void compare_impl(const char* api, const LocalTensor<U>& dst, const LocalTensor<
 }  // namespace emu_detail
 
 namespace emu_detail {
+// Half comparisons without widening (they vectorise): a NaN compares false but under NE; any
+// other half orders as its key, the magnitude bits negated for a set sign (+0 and -0 both 0),
+// exactly as the float values order.
+inline bool half_is_nan(uint16_t h) { return (h & 0x7fffu) > 0x7c00u; }
+inline int32_t half_order_key(uint16_t h) {
+    const int32_t mag = h & 0x7fff, neg = -static_cast<int32_t>(h >> 15);
+    return (mag ^ neg) - neg;
+}
 // Runs f with the comparison of `mode` as a function object, so the per-element loop has no
 // switch (the mode is fixed for the whole call); an invalid mode compares false, as cmp() does.
 template <class T, class F>
@@ -385,12 +392,21 @@ __aicore__ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& 
     emu_detail::check_cmp<T>(api, cmpMode, count);
     emu_detail::check_ub(api, "src1", src1, count);
     const T* b = src1.ptr();
-    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
-    emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
-        emu_detail::compare_impl<T, U>(
-            api, dst, src0, count, [b, op](C a, uint32_t i) { return op(a, static_cast<C>(b[i])); },
-            &src1);
-    });
+    if constexpr (std::is_same<T, half>::value) {   // on the halves' order keys: see Compares
+        emu_detail::with_cmp<int32_t>(cmpMode, [&](auto op) {
+            const bool ne = cmpMode == CMPMODE::NE;
+            emu_detail::compare_impl<T, U, true>(api, dst, src0, count, [=](uint16_t a, size_t i) {
+                const uint16_t c = b[i].bits;
+                return (emu_detail::half_is_nan(a) | emu_detail::half_is_nan(c))
+                           ? ne : op(emu_detail::half_order_key(a), emu_detail::half_order_key(c));
+            }, &src1);
+        });
+    } else {
+        emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
+            emu_detail::compare_impl<T, U>(
+                api, dst, src0, count, [b, op](T a, size_t i) { return op(a, b[i]); }, &src1);
+        });
+    }
 }
 template <class T, class U>
 __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const T src1Scalar,
@@ -400,12 +416,22 @@ __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>&
     static_assert(std::is_same<U, uint8_t>::value, "Compares: mask type U must be uint8 on A2 (card §5)");
     const char* api = "Compares";
     emu_detail::check_cmp<T>(api, cmpMode, count);
-    using C = std::conditional_t<std::is_integral<T>::value, T, float>;
-    const C y = static_cast<C>(src1Scalar);
-    emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
-        emu_detail::compare_impl<T, U>(api, dst, src0, count,
-                                       [y, op](C a, uint32_t) { return op(a, y); });
-    });
+    if constexpr (std::is_same<T, half>::value) {
+        const uint16_t yb = src1Scalar.bits;
+        emu_detail::with_cmp<int32_t>(cmpMode, [&](auto op) {
+            const bool ne = cmpMode == CMPMODE::NE;
+            const int32_t ky = emu_detail::half_order_key(yb);
+            const bool yNan = emu_detail::half_is_nan(yb);
+            emu_detail::compare_impl<T, U, true>(api, dst, src0, count, [=](uint16_t a, size_t) {
+                return (yNan | emu_detail::half_is_nan(a)) ? ne : op(emu_detail::half_order_key(a), ky);
+            });
+        });
+    } else {
+        const T y = src1Scalar;
+        emu_detail::with_cmp<T>(cmpMode, [&](auto op) {
+            emu_detail::compare_impl<T, U>(api, dst, src0, count, [y, op](T a, size_t) { return op(a, y); });
+        });
+    }
 }
 // Deprecated alias of Compares (card §5).
 template <class T, class U>
@@ -450,8 +476,8 @@ void select_impl(const char* api, const LocalTensor<T>& dst, const LocalTensor<U
         using W = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;
         constexpr uint32_t kBlock = 256;
         W sel[kBlock], out[kBlock];
-        for (uint32_t base = 0; base < count; base += kBlock) {
-            const uint32_t c = std::min(kBlock, count - base);
+        for (size_t base = 0; base < count; base += kBlock) {   // 64-bit: see compare_impl
+            const uint32_t c = std::min<uint32_t>(kBlock, count - static_cast<uint32_t>(base));
             for (uint32_t q = 0; q < c / 8; ++q) {
                 const uint32_t mb = m[base / 8 + q];
                 for (uint32_t k = 0; k < 8; ++k) sel[q * 8 + k] = static_cast<W>(0u - ((mb >> k) & 1u));
@@ -482,7 +508,7 @@ __aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& s
                               T src1, SELMODE selMode, uint32_t count) {
     if (selMode != SELMODE::VSEL_TENSOR_SCALAR_MODE)
         avsg_emu::fail("Select(tensor, scalar): selMode must be VSEL_TENSOR_SCALAR_MODE (card §5)");
-    emu_detail::select_impl("Select", dst, selMask, src0, selMode, count, [&](uint32_t) { return src1; });
+    emu_detail::select_impl("Select", dst, selMask, src0, selMode, count, [&](size_t) { return src1; });
 }
 template <class T, class U>
 __aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0,
@@ -491,7 +517,7 @@ __aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& s
         avsg_emu::fail("Select(tensor, tensor): selMode must be VSEL_CMPMASK_SPR or VSEL_TENSOR_TENSOR_MODE (card §5)");
     emu_detail::check_ub("Select", "src1", src1, count);
     const T* b = src1.ptr();
-    emu_detail::select_impl("Select", dst, selMask, src0, selMode, count, [&](uint32_t i) { return b[i]; }, &src1);
+    emu_detail::select_impl("Select", dst, selMask, src0, selMode, count, [&](size_t i) { return b[i]; }, &src1);
 }
 
 // ---------------------------------------------------------------------------
@@ -784,8 +810,8 @@ template <class T, class U, class F>
 void convert_blocked(T* d, const U* s, uint32_t count, F f) {
     constexpr uint32_t kBlock = 256;
     T out[kBlock];
-    for (uint32_t base = 0; base < count; base += kBlock) {
-        const uint32_t m = std::min(kBlock, count - base);
+    for (size_t base = 0; base < count; base += kBlock) {   // 64-bit: see compare_impl
+        const uint32_t m = std::min<uint32_t>(kBlock, count - static_cast<uint32_t>(base));
         for (uint32_t i = 0; i < m; ++i) out[i] = f(s[base + i]);
         std::memcpy(d + base, out, m * sizeof(T));
     }
@@ -807,6 +833,30 @@ void cast_loop(T* d, const U* s, uint32_t count, RoundMode roundMode) {
             inexact |= static_cast<uint32_t>(static_cast<uint32_t>(s[i]) + (1u << 24)) > (2u << 24);
         if (!inexact) {
             convert_blocked(d, s, count, [](int32_t v) { return static_cast<float>(v); });
+            return;
+        }
+    }
+    if constexpr (std::is_same<T, half>::value && std::is_same<U, float>::value) {
+        // Every value a zero or a half normal exactly (exponent in range, low 13 mantissa bits
+        // clear; the plan's small integers are): then the conversion is a rebias of the bits,
+        // without rounding, as f32_to_f16 would give. Checked in a pass that vectorises.
+        uint32_t other = 0;
+        for (uint32_t i = 0; i < count; ++i) {
+            uint32_t x;
+            std::memcpy(&x, &s[i], 4);
+            const uint32_t mag = x & 0x7fffffffu;
+            other |= static_cast<uint32_t>(mag != 0u) &
+                     static_cast<uint32_t>(((mag & 0x1fffu) != 0u) |
+                                           ((mag - (113u << 23)) > (((142u - 113u) << 23) | 0x7fffffu)));
+        }
+        if (!other) {
+            for (uint32_t i = 0; i < count; ++i) {
+                uint32_t x;
+                std::memcpy(&x, &s[i], 4);
+                const uint32_t mag = x & 0x7fffffffu;
+                const uint32_t h = ((x >> 16) & 0x8000u) | (mag ? (mag >> 13) - (112u << 10) : 0u);
+                d[i].bits = static_cast<uint16_t>(h);
+            }
             return;
         }
     }
@@ -912,10 +962,30 @@ void reduce_minmax(const char* api, const LocalTensor<T>& dst, const LocalTensor
         avsg_emu::detail::hz_wr(hi, dst, (calIndex ? 2 : 1) * sizeof(T));
     }
     const T* s = src.ptr();
+    // The first index whose value is strictly the best seen, scanning in order (a NaN is never
+    // taken, except as element 0, which nothing then beats): in two passes that vectorise, the
+    // best value, then the first element equal to it (+0 and -0 compare equal, as in the scan).
+    // Half runs on its order keys (a NaN's key loses to every other), float on its values.
     uint32_t best = 0;
-    for (uint32_t i = 1; i < n; ++i) {
-        float a = static_cast<float>(s[i]), b = static_cast<float>(s[best]);
-        if (is_max ? a > b : a < b) best = i;
+    if constexpr (std::is_same<T, half>::value) {
+        if (!half_is_nan(s[0].bits)) {
+            const int32_t loser = is_max ? INT32_MIN : INT32_MAX;
+            auto key = [loser](uint16_t h) { return half_is_nan(h) ? loser : half_order_key(h); };
+            int32_t top = key(s[0].bits);
+            if (is_max) for (uint32_t i = 1; i < n; ++i) top = std::max(top, key(s[i].bits));
+            else for (uint32_t i = 1; i < n; ++i) top = std::min(top, key(s[i].bits));
+            while (key(s[best].bits) != top) ++best;
+        }
+    } else {
+        const float first = s[0];
+        if (first == first) {
+            float top = first;
+            for (uint32_t i = 1; i < n; ++i) {   // a NaN fails both compares: top stays
+                const float a = s[i];
+                top = (is_max ? a > top : a < top) ? a : top;
+            }
+            while (s[best] != top) ++best;
+        }
     }
     T v = s[best];
     T* d = dst.ptr();

@@ -90,7 +90,9 @@ RUNTIME = {
     "bad_tbuf_get_len": ["TBuf::Get(len)", "tensor size overflow"],
     # Compare / Compares (card §5)
     "compare_bitmask_layout_ok": None,
-    "half_to_float_all_patterns_ok": None,
+    "cast_float_to_half_matches_rounding_ok": None,
+    "reduce_minmax_matches_scan_ok": None,
+    "compare_half_all_modes_all_patterns_ok": None,
     "bad_compare_not256": ["Compare: count*sizeof(T) = 128 B is not a multiple of 256 B"],
     "bad_compares_int32_not_eq": ["Compares: int32 supports only CMPMODE::EQ"],
     "bad_compare_int32_not_eq": ["Compare: int32 supports only CMPMODE::EQ"],

@@ -812,16 +812,150 @@ CASE_UNSYNCED(bad_granule_shared_by_two_blocks) { write_16B_per_block(16, true);
 CASE_UNSYNCED(granule_handed_over_at_sync_all_ok) { write_16B_per_block(32, true, true); }
 CASE_UNSYNCED(bad_granule_rewritten_without_sync_all) { write_16B_per_block(32, true, true, false); }
 
-// Compare on half widens each block with f16_to_f32_flat (branch-free, so it vectorises): the
-// same float, bit for bit, as the half stand-in's own conversion for every bit pattern.
-CASE(half_to_float_all_patterns_ok) {
-    for (uint32_t h = 0; h < 65536; ++h) {
-        const float a = avsg_emu::numeric::f16_to_f32(static_cast<uint16_t>(h));
-        const float b = avsg_emu::numeric::f16_to_f32_flat(static_cast<uint16_t>(h));
-        uint32_t ab, bb;
-        std::memcpy(&ab, &a, 4);
-        std::memcpy(&bb, &b, 4);
-        if (ab != bb) throw CheckFailed("half pattern " + std::to_string(h) + ": " + std::to_string(ab) +
-                                        " != " + std::to_string(bb));
-    }
+// Cast float -> half has a fast path for blocks of zeros and exact half normals (a rebias of
+// the bits); any other value sends the whole call to the rounding conversion. Either way every
+// element must be f32_to_f16's: every half's float value in 64-lane blocks (the blocks holding
+// an infinity, a NaN or a subnormal take the slow path), then single values beside 1.0f (so the
+// guard alone picks the path) at the exponent and mantissa edges and at random bit patterns.
+CASE_UNSYNCED(cast_float_to_half_matches_rounding_ok) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 1024);
+        auto x = b.Get<float>(64);
+        auto h = b.GetWithOffset<half>(64, 512);
+        auto check = [&](uint32_t n) {
+            Cast(h, x, RoundMode::CAST_NONE, n);
+            for (uint32_t i = 0; i < n; ++i) {
+                uint32_t bits;
+                const float f = x.GetValue(i);
+                std::memcpy(&bits, &f, 4);
+                const uint16_t want = avsg_emu::numeric::f32_to_f16(f);
+                if (h.GetValue(i).bits != want)
+                    throw CheckFailed("float bits " + std::to_string(bits) + ": half " +
+                                      std::to_string(h.GetValue(i).bits) + " != " + std::to_string(want));
+            }
+        };
+        for (uint32_t base = 0; base < 65536; base += 64) {
+            for (uint32_t i = 0; i < 64; ++i)
+                x.SetValue(i, avsg_emu::numeric::f16_to_f32(static_cast<uint16_t>(base + i)));
+            check(64);
+        }
+        auto pair = [&](uint32_t bits) {
+            float f;
+            std::memcpy(&f, &bits, 4);
+            x.SetValue(0, f);
+            x.SetValue(1, 1.0f);
+            check(2);
+        };
+        const uint32_t exps[] = {0, 1, 101, 102, 111, 112, 113, 114, 141, 142, 143, 144, 254, 255};
+        const uint32_t mants[] = {0, 1, 0xfff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000, 0x7fe000, 0x7fefff, 0x7ff000, 0x7fffff};
+        for (uint32_t sign = 0; sign < 2; ++sign)
+            for (uint32_t e : exps)
+                for (uint32_t m : mants) pair((sign << 31) | (e << 23) | m);
+        uint64_t state = 0x9e3779b97f4a7c15ull;
+        for (int i = 0; i < 200000; ++i) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t bits = static_cast<uint32_t>(state >> 32);
+            if (i % 2) bits &= ~0x1fffu;   // half of them with the low mantissa bits clear
+            pair(bits);
+        }
+    });
+}
+
+// ReduceMin / ReduceMax (two passes in the emulation: the best value, then its first index)
+// against the one-pass scan they replace, on half and float: ties, +0 / -0, NaNs (never taken
+// unless at index 0), infinities, every length up to 300 lanes.
+template <class T>
+static void reduce_against_scan(TBuf<TPosition::VECCALC>& b, uint64_t& state) {
+    auto src = b.Get<T>(512);
+    auto dst = b.GetWithOffset<T>(16, 2048);
+    auto tmp = b.GetWithOffset<T>(64, 2304);
+    const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, 3.0f, -7.0f, 65504.0f, -65504.0f,
+                          INFINITY, -INFINITY, NAN, 0.5f, 5.0f};
+    for (uint32_t n = 1; n <= 300; ++n)
+        for (int trial = 0; trial < 6; ++trial) {
+            for (uint32_t i = 0; i < n; ++i) {
+                state = state * 6364136223846793005ull + 1442695040888963407ull;
+                const uint32_t r = static_cast<uint32_t>(state >> 33);
+                src.SetValue(i, static_cast<T>(trial < 3 ? pool[r % 14] : static_cast<float>(static_cast<int>(r % 9) - 4)));
+            }
+            for (int is_max = 0; is_max < 2; ++is_max) {
+                uint32_t best = 0;
+                for (uint32_t i = 1; i < n; ++i) {
+                    const float a = static_cast<float>(src.GetValue(i)), c = static_cast<float>(src.GetValue(best));
+                    if (is_max ? a > c : a < c) best = i;
+                }
+                if (is_max) ReduceMax(dst, src, tmp, static_cast<int32_t>(n), true);
+                else ReduceMin(dst, src, tmp, static_cast<int32_t>(n), true);
+                uint32_t idx = 0;
+                std::memcpy(&idx, static_cast<const void*>(&dst.ptr()[1]), sizeof(T));
+                const T got = dst.GetValue(0), want = src.GetValue(best);
+                if (idx != best || std::memcmp(&got, &want, sizeof(T)) != 0)
+                    throw CheckFailed(std::string(is_max ? "ReduceMax" : "ReduceMin") + " n=" + std::to_string(n) +
+                                      ": index " + std::to_string(idx) + " != " + std::to_string(best));
+            }
+        }
+}
+CASE_UNSYNCED(reduce_minmax_matches_scan_ok) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        uint64_t state = 12345;
+        reduce_against_scan<half>(b, state);
+        reduce_against_scan<float>(b, state);
+    });
+}
+
+// Compare / Compares on half run on order keys of the bit patterns (+0 / -0 alike, NaN
+// compares false but under NE): the mask must be the float comparison's in every mode, for
+// every half against zeros, NaNs, infinities, subnormals and normals, in both forms.
+CASE_UNSYNCED(compare_half_all_modes_all_patterns_ok) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 2048);
+        auto x = b.Get<half>(256);
+        auto ys = b.GetWithOffset<half>(256, 512);
+        auto m = b.GetWithOffset<uint8_t>(32, 1024);
+        const uint16_t scalars[] = {0x0000, 0x8000, 0x3c00, 0xbc00, 0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xfe00,
+                                    0x0001, 0x8001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x5140, 0xd140};
+        const CMPMODE modes[] = {CMPMODE::LT, CMPMODE::GT, CMPMODE::EQ, CMPMODE::LE, CMPMODE::GE, CMPMODE::NE};
+        for (uint16_t yb : scalars) {
+            half y;
+            y.bits = yb;
+            const float yf = avsg_emu::numeric::f16_to_f32(yb);
+            for (uint32_t i = 0; i < 256; ++i) ys.SetValue(i, y);
+            for (uint32_t base = 0; base < 65536; base += 256) {
+                for (uint32_t i = 0; i < 256; ++i) {
+                    half v;
+                    v.bits = static_cast<uint16_t>(base + i);
+                    x.SetValue(i, v);
+                }
+                for (CMPMODE mode : modes)
+                    for (int tensor = 0; tensor < 2; ++tensor) {
+                        if (tensor) Compare(m, x, ys, mode, 256);
+                        else Compares(m, x, y, mode, 256);
+                        for (uint32_t i = 0; i < 256; ++i) {
+                            const float xf = avsg_emu::numeric::f16_to_f32(static_cast<uint16_t>(base + i));
+                            bool want = false;
+                            switch (mode) {
+                                case CMPMODE::LT: want = xf < yf; break;
+                                case CMPMODE::GT: want = xf > yf; break;
+                                case CMPMODE::EQ: want = xf == yf; break;
+                                case CMPMODE::LE: want = xf <= yf; break;
+                                case CMPMODE::GE: want = xf >= yf; break;
+                                case CMPMODE::NE: want = xf != yf; break;
+                            }
+                            const bool got = (m.GetValue(i / 8) >> (i % 8)) & 1u;
+                            if (got != want)
+                                throw CheckFailed("half " + std::to_string(base + i) + " mode " +
+                                                  std::to_string(static_cast<int>(mode)) + " vs " + std::to_string(yb) +
+                                                  (tensor ? " (Compare)" : " (Compares)") + ": got " + std::to_string(got));
+                        }
+                    }
+            }
+        }
+    });
 }
