@@ -808,6 +808,12 @@ namespace emu_detail {
 // d and s are the same buffer (an in-place Cast), which the compiler cannot assume apart.
 template <class T, class U, class F>
 void convert_blocked(T* d, const U* s, uint32_t count, F f) {
+    if constexpr (sizeof(T) == sizeof(U)) {
+        // element i is read before it is written and the ranges are equal or disjoint (Cast
+        // rejects a partial overlap): no staging needed
+        for (uint32_t i = 0; i < count; ++i) d[i] = f(s[i]);
+        return;
+    }
     constexpr uint32_t kBlock = 256;
     T out[kBlock];
     for (size_t base = 0; base < count; base += kBlock) {   // 64-bit: see compare_impl
@@ -819,12 +825,14 @@ void convert_blocked(T* d, const U* s, uint32_t count, F f) {
 template <class T, class U>
 void cast_loop(T* d, const U* s, uint32_t count, RoundMode roundMode) {
     if constexpr (std::is_same<T, half>::value && std::is_same<U, uint8_t>::value) {
-        static const std::array<half, 256> table = [] {   // exact: every uint8 is a half
-            std::array<half, 256> t{};
-            for (int v = 0; v < 256; ++v) t[v] = half(static_cast<float>(v));
-            return t;
-        }();
-        for (uint32_t i = 0; i < count; ++i) d[i] = table[s[i]];
+        // exact: every uint8 is a half normal (or zero), so its float's bits rebias (in a loop
+        // that vectorises, where a 256-entry table would be read lane by lane)
+        for (uint32_t i = 0; i < count; ++i) {
+            const float f = static_cast<float>(static_cast<int32_t>(s[i]));
+            uint32_t x;
+            std::memcpy(&x, &f, 4);
+            d[i].bits = static_cast<uint16_t>(x ? (x >> 13) - (112u << 10) : 0u);
+        }
         return;
     }
     if constexpr (std::is_same<T, float>::value && std::is_same<U, int32_t>::value) {

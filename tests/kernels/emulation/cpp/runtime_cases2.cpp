@@ -813,7 +813,8 @@ CASE_UNSYNCED(granule_handed_over_at_sync_all_ok) { write_16B_per_block(32, true
 CASE_UNSYNCED(bad_granule_rewritten_without_sync_all) { write_16B_per_block(32, true, true, false); }
 
 // Cast float -> half has a fast path for blocks of zeros and exact half normals (a rebias of
-// the bits); any other value sends the whole call to the rounding conversion. Either way every
+// the bits); any other value sends the whole call to the rounding conversion. uint8 -> half is
+// always a rebias. Either way every
 // element must be f32_to_f16's: every half's float value in 64-lane blocks (the blocks holding
 // an infinity, a NaN or a subnormal take the slow path), then single values beside 1.0f (so the
 // guard alone picks the path) at the exponent and mantissa edges and at random bit patterns.
@@ -853,6 +854,16 @@ CASE_UNSYNCED(cast_float_to_half_matches_rounding_ok) {
         for (uint32_t sign = 0; sign < 2; ++sign)
             for (uint32_t e : exps)
                 for (uint32_t m : mants) pair((sign << 31) | (e << 23) | m);
+        // uint8 -> half (exact, by rebias in the emulation): every byte value
+        auto u8 = b.GetWithOffset<uint8_t>(256, 768);
+        for (uint32_t v = 0; v < 256; ++v) u8.SetValue(v, static_cast<uint8_t>(v));
+        auto wide = b.GetWithOffset<half>(256, 0);   // over x, set again below
+        Cast(wide, u8, RoundMode::CAST_NONE, 256);
+        for (uint32_t v = 0; v < 256; ++v) {
+            const uint16_t got = wide.GetValue(v).bits;
+            if (got != avsg_emu::numeric::f32_to_f16(static_cast<float>(v)))
+                throw CheckFailed("uint8 " + std::to_string(v) + ": half " + std::to_string(got));
+        }
         uint64_t state = 0x9e3779b97f4a7c15ull;
         for (int i = 0; i < 200000; ++i) {
             state = state * 6364136223846793005ull + 1442695040888963407ull;
