@@ -5,7 +5,6 @@
 #pragma once
 #include "emu_tensor.h"
 
-#include <array>
 #include <cfloat>
 
 namespace AscendC {
@@ -971,9 +970,10 @@ void reduce_minmax(const char* api, const LocalTensor<T>& dst, const LocalTensor
     }
     const T* s = src.ptr();
     // The first index whose value is strictly the best seen, scanning in order (a NaN is never
-    // taken, except as element 0, which nothing then beats): in two passes that vectorise, the
-    // best value, then the first element equal to it (+0 and -0 compare equal, as in the scan).
-    // Half runs on its order keys (a NaN's key loses to every other), float on its values.
+    // taken, except as element 0, which nothing then beats), in two passes: the best value, then
+    // the first element equal to it (+0 and -0 compare equal, as in the scan). Half runs on its
+    // order keys (a NaN's key loses to every other), in integer loops that vectorise; float on
+    // its values.
     uint32_t best = 0;
     if constexpr (std::is_same<T, half>::value) {
         if (!half_is_nan(s[0].bits)) {
