@@ -36,6 +36,9 @@ class CMakeBuild(build_ext):
             f"-DPython3_EXECUTABLE={sys.executable}",
             "-DCMAKE_BUILD_TYPE=Release",
         ]
+        # the fast CPU emulation's -march (CMakeLists.txt), passed every time: the build tree's
+        # cache must not keep an earlier build's choice
+        config.append(f"-DAVSG_FAST_ARCH={os.environ.get('AVSG_FAST_ARCH') or 'auto'}")
         subprocess.check_call(config, cwd=build_dir)
         jobs = str(os.cpu_count() or 2)
         subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs], cwd=build_dir)

@@ -54,10 +54,35 @@ const KernelBuild& selected_kernels() {
     return b ? *b : strict_kernels();
 }
 
+const char* fast_kernels_arch() {
+#if defined(AVSG_FAST_MARCH)
+    return AVSG_FAST_MARCH;
+#else
+    return "";
+#endif
+}
+
+// This file's strict copy is compiled for the generic target, so the check itself runs anywhere.
+std::string fast_kernels_unsupported() {
+#if defined(AVSG_FAST_MARCH) && (defined(__x86_64__) || defined(__i386__))
+    if (!__builtin_cpu_supports(AVSG_FAST_MARCH))
+        return std::string("the fast build was compiled for ") + AVSG_FAST_MARCH +
+               " (the machine that built it), which this CPU does not support; rebuild with "
+               "AVSG_FAST_ARCH=generic pip install --no-build-isolation -e . (or on this machine)";
+#endif
+    return "";
+}
+
 void select_kernels(const std::string& name) {
-    if (name == "strict") selected() = &strict_kernels();
-    else if (name == "fast") selected() = &fast_kernels();
-    else throw std::invalid_argument("expected 'strict' or 'fast', got '" + name + "'");
+    if (name == "strict") {
+        selected() = &strict_kernels();
+    } else if (name == "fast") {
+        const std::string why = fast_kernels_unsupported();
+        if (!why.empty()) throw std::invalid_argument(why);
+        selected() = &fast_kernels();
+    } else {
+        throw std::invalid_argument("expected 'strict' or 'fast', got '" + name + "'");
+    }
 }
 #endif
 

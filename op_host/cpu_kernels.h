@@ -36,7 +36,12 @@ const KernelBuild& fast_kernels();
 
 // The build the CPU ops launch: process-wide, "strict" until select_kernels says otherwise.
 const KernelBuild& selected_kernels();
-// name: "strict" or "fast"; anything else throws std::invalid_argument.
+// name: "strict" or "fast"; anything else throws std::invalid_argument, and so does "fast" where
+// fast_kernels_unsupported() says why not.
 void select_kernels(const std::string& name);
+// The -march the fast build was compiled for (CMakeLists.txt: AVSG_FAST_ARCH), "" when generic.
+const char* fast_kernels_arch();
+// Why this CPU cannot run the fast build (it lacks that instruction set), or "" when it can.
+std::string fast_kernels_unsupported();
 
 }  // namespace avsg_cpu

@@ -6,6 +6,7 @@
 //   avsg::set_emulation(str build) -> ()             "strict" (default) or "fast": which build of the
 //                                                    kernels the CPU ops launch (op_host/cpu_kernels.h)
 //   avsg::emulation() -> str                         the selected build
+//   avsg::fast_emulation_arch() -> str               the -march of the fast build, or "generic"
 //   avsg::set_emulated_cores(int cores) -> ()        blockDim limit of the emulation (default 40)
 //   avsg::emulated_cores() -> int
 //   avsg::counter_fields() -> str[]                  column names of last_launch_counters
@@ -87,6 +88,11 @@ void set_emulation(c10::string_view build)
 }
 
 std::string emulation() { return avsg_cpu::selected_kernels().name; }
+
+std::string fast_emulation_arch() {
+    const std::string arch = avsg_cpu::fast_kernels_arch();
+    return arch.empty() ? "generic" : arch;
+}
 
 // The fast build counts nothing; the counters still held are those of an older strict launch.
 void require_counted_launch(const char* what)
@@ -191,6 +197,7 @@ TORCH_LIBRARY_FRAGMENT(avsg, m)
 {
     m.def("set_emulation(str build) -> ()", &set_emulation);
     m.def("emulation() -> str", &emulation);
+    m.def("fast_emulation_arch() -> str", &fast_emulation_arch);
     m.def("set_emulated_cores(int cores) -> ()", &set_emulated_cores);
     m.def("emulated_cores() -> int", &emulated_cores);
     m.def("counter_fields() -> str[]", &counter_fields);

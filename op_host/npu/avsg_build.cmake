@@ -11,6 +11,25 @@ function(avsg_cxx_standard torch_version out)
   endif()
 endfunction()
 
+# The instruction set the fast CPU emulation build is compiled for (-march; "" is the compiler's
+# generic target). The fast build is what `avsg run` and the benchmarks time on CPU, and GCC's
+# auto-vectoriser on the emulated vector APIs is most of its speed, so by default it targets the
+# best x86-64 level the build machine runs (host_level: x86-64-v4, -v3, -v2, or "" when none or
+# not x86). request: "auto" (that), "generic" (portable), or one x86-64-vN level. The strict build
+# stays generic: it is the build whose counters price the NPU, and the fast build is tested against
+# it bit for bit (floating-point contraction is off in both, so no FMA changes a result).
+function(avsg_fast_emulation_arch request host_level out)
+  if(request STREQUAL "auto")
+    set(${out} "${host_level}" PARENT_SCOPE)
+  elseif(request STREQUAL "generic")
+    set(${out} "" PARENT_SCOPE)
+  elseif(request MATCHES "^x86-64-v[234]$")
+    set(${out} "${request}" PARENT_SCOPE)
+  else()
+    message(FATAL_ERROR "AVSG_FAST_ARCH: expected auto, generic, x86-64-v2, x86-64-v3 or x86-64-v4, got '${request}'")
+  endif()
+endfunction()
+
 # The directory holding CANN's ascendc.cmake. Its location moved between CANN releases; the
 # last candidates are the per-architecture trees (<arch>-linux/tikcpp/...), first the host's
 # architecture, then any other one installed.

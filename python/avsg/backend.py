@@ -160,6 +160,7 @@ def backend_info() -> Dict[str, object]:
     return {
         "cpu": dict(_ops.CPU_BACKEND),
         "emulation": get_emulation() if _has_op("emulation") else None,
+        "fast_emulation_arch": fast_emulation_arch() if _has_op("fast_emulation_arch") else None,
         "emulated_cores": emulated_cores() if _has_op("emulated_cores") else None,
         "npu_library": lib,
         "npu_split_launch": built_split_launch(lib) if lib else None,
@@ -192,6 +193,14 @@ def get_emulation() -> str:
     return str(_require_op("emulation")())
 
 
+def fast_emulation_arch() -> str:
+    """The instruction set the fast build was compiled for: an x86-64 level such as
+    ``"x86-64-v4"`` (by default the best one the building machine runs) or ``"generic"``
+    (``AVSG_FAST_ARCH=generic`` at build time). ``set_emulation("fast")`` refuses, with a
+    ValueError saying so, on a CPU without that level."""
+    return str(_require_op("fast_emulation_arch")())
+
+
 def set_emulation(build: str) -> None:
     """Select the build of the kernels the CPU ops launch, process-wide (all threads).
 
@@ -199,6 +208,8 @@ def set_emulation(build: str) -> None:
     ``"fast"`` runs the same kernel sources with the checks, the hazard scoreboard, UB poisoning
     and the counters compiled out, bit-identical for kernels that pass the strict build. After a
     fast launch ``last_launch_counters()`` raises instead of returning an older launch's numbers.
+    The fast build is compiled for the building machine's instruction set (``fast_emulation_arch``);
+    selecting it on a CPU without that set raises ValueError and keeps the current build.
     """
     if build not in EMULATION_BUILDS:
         raise ValueError(f"build: expected one of {EMULATION_BUILDS}, got {build!r}")

@@ -201,6 +201,25 @@ def test_default_is_strict_and_reported():
     assert backend.get_emulation() == "strict"
 
 
+def test_fast_build_names_its_instruction_set_and_runs_on_the_machine_that_built_it():
+    arch = backend.fast_emulation_arch()
+    assert arch in ("generic", "x86-64-v2", "x86-64-v3", "x86-64-v4")
+    assert backend.backend_info()["fast_emulation_arch"] == arch
+    if arch != "generic":   # the level's defining features, as this CPU reports them
+        flags = set()
+        if os.path.exists("/proc/cpuinfo"):
+            for line in open("/proc/cpuinfo"):
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+        need = {"x86-64-v2": {"sse4_2", "popcnt"}, "x86-64-v3": {"avx2", "fma", "bmi2"},
+                "x86-64-v4": {"avx512f", "avx512bw", "avx512dq", "avx512vl"}}[arch]
+        if flags:
+            assert need <= flags, f"built for {arch}, this CPU lacks {sorted(need - flags)}"
+    backend.set_emulation("fast")   # this machine built the library (tests run on a fresh build)
+    assert backend.get_emulation() == "fast"
+
+
 def test_context_manager_restores_the_previous_build():
     with backend.emulation("fast") as build:
         assert build == "fast" and backend.get_emulation() == "fast"

@@ -81,6 +81,38 @@ def test_rpath_is_a_link_option_because_ascendc_cmake_skips_rpath(tmp_path):
     assert "BUILD_RPATH" not in NPU_CMAKE and "INSTALL_RPATH" not in NPU_CMAKE
 
 
+@needs_cmake
+def test_fast_emulation_arch_is_the_host_level_unless_told(tmp_path):
+    out = cmake_script(tmp_path, """
+avsg_fast_emulation_arch("auto" "x86-64-v4" a)
+message("auto_v4=${a}")
+avsg_fast_emulation_arch("auto" "" b)
+message("auto_none=${b}")
+avsg_fast_emulation_arch("generic" "x86-64-v4" c)
+message("generic=${c}")
+avsg_fast_emulation_arch("x86-64-v3" "x86-64-v4" d)
+message("v3=${d}")""")
+    assert out == {"auto_v4": "x86-64-v4", "auto_none": "", "generic": "", "v3": "x86-64-v3"}
+    # -march reaches the fast copy only: the strict copy, whose counters price the NPU, is generic
+    assert "target_compile_options(avsg_kernels_fast PRIVATE -march=${AVSG_FAST_MARCH})" in TOP_CMAKE
+    assert [line for line in TOP_CMAKE.splitlines() if "-march=" in line and "PRIVATE" in line] == [
+        "  target_compile_options(avsg_kernels_fast PRIVATE -march=${AVSG_FAST_MARCH})"]
+    # no FMA contraction in either copy: the fast build is compared with the strict one bit for bit
+    assert "target_compile_options(avsg_kernels_fast PRIVATE ${_avsg_exact_fp})" in TOP_CMAKE
+    assert "target_compile_options(avsg_C PRIVATE ${_avsg_exact_fp})" in TOP_CMAKE
+
+
+@needs_cmake
+@pytest.mark.parametrize("bad", ["native", "x86-64-v5", "avx2"])
+def test_fast_emulation_arch_rejects_an_unknown_request_by_name(tmp_path, bad):
+    script = tmp_path / "drive.cmake"
+    script.write_text(f'include("{BUILD_CMAKE}")\navsg_fast_emulation_arch("{bad}" "x86-64-v4" a)\n')
+    result = subprocess.run(["cmake", "-P", str(script)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    said = " ".join(result.stderr.split())   # cmake wraps a long message
+    assert f"AVSG_FAST_ARCH: expected auto, generic, x86-64-v2, x86-64-v3 or x86-64-v4, got '{bad}'" in said
+
+
 def test_kernel_compile_options_hook_and_soc_tag_are_wired():
     assert "ascendc_compile_options(avsg_kernels PRIVATE ${AVSG_KERNEL_COMPILE_OPTIONS})" in NPU_CMAKE
     assert '$ENV{AVSG_KERNEL_COMPILE_OPTIONS}' in NPU_CMAKE

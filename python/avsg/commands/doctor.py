@@ -201,7 +201,8 @@ def run_checks(seconds: float, selftest_on: bool, say: Callable[[str], None]) ->
     info = backend.backend_info()
     cpu_ops = [op for op, impl in info["cpu"].items() if impl == "kernel"] if isinstance(info["cpu"], dict) else []
     add(Check("backend cpu", "ok", f"AscendC kernels through the {info['emulation']} emulation "
-              f"({', '.join(cpu_ops) or 'reference only'}); {info['emulated_cores']} emulated AIV cores"))
+              f"({', '.join(cpu_ops) or 'reference only'}); {info['emulated_cores']} emulated AIV cores; "
+              f"fast build for {info['fast_emulation_arch']}"))
     launch = split_launch_note(info["npu_split_launch"])
     if info["npu_loaded"]:
         add(Check("backend npu", "ok", f"{info['npu_library']}; {launch}"))
