@@ -206,7 +206,10 @@ def test_emulation_tiny(capsys, tmp_path):
                            "1", "--warmup", "0", "--out", str(out)], capsys)
     assert status == 0 and "identical across builds: True" in text
     _outputs(out, ["emulation.json", "emulation.png"])
-    points = json.loads((out / "emulation.json").read_text())["points"]
+    record = json.loads((out / "emulation.json").read_text())
+    points = record["points"]
+    assert record["fast_emulation_arch"] == backend.fast_emulation_arch()   # what the fast side ran as
+    assert f"fast build for {backend.fast_emulation_arch()}" in text
     assert [p["S"] for p in points] == [128, 192]
     for p in points:
         assert p["torch_exact"] and p["identical"] and p["torch_ms"] > 0

@@ -220,6 +220,40 @@ def test_fast_build_names_its_instruction_set_and_runs_on_the_machine_that_built
     assert backend.get_emulation() == "fast"
 
 
+def _functions_using_wide_registers(library):
+    """Demangled names of the library's functions whose code touches an AVX register."""
+    import re
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", library], capture_output=True,
+                          text=True, timeout=120, check=True).stdout
+    found, name = set(), None
+    for line in text.splitlines():
+        head = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if head:
+            name = head.group(1)
+        elif name and ("%ymm" in line or "%zmm" in line):
+            found.add(name)
+    return found
+
+
+@pytest.mark.skipif(not __import__("shutil").which("objdump") or os.uname().machine != "x86_64",
+                    reason="needs objdump on x86-64")
+def test_only_the_fast_copy_uses_the_wider_instruction_set():
+    """The strict emulation, the host code and the kernels' strict entries stay generic, so the
+    strict build (and the check that refuses the fast one) run on any x86-64 CPU."""
+    if backend.fast_emulation_arch() == "generic":
+        pytest.skip("the fast build is generic too")
+    library = next(Path(avsg.__file__).parent.glob("_C*.so"))
+    wide = _functions_using_wide_registers(str(library))
+    assert any("AscendC::fast::" in f for f in wide), "the fast copy was not built for its level"
+    strict_side = sorted(f for f in wide if f.startswith(("AscendC::strict::", "avsg_emu::strict::",
+                                                          "avsg_cpu::", "avsg::", "avsg_plan", "avsg_gather")))
+    strict_side = [f for f in strict_side if "_fast" not in f]
+    assert strict_side == []
+    # what the two copies share is kept from the first object that defines it: the fast ones last
+    top = (ROOT / "CMakeLists.txt").read_text()
+    assert "${AVSG_KERNEL_SOURCES} $<TARGET_OBJECTS:avsg_kernels_fast>)" in top
+
+
 def test_context_manager_restores_the_previous_build():
     with backend.emulation("fast") as build:
         assert build == "fast" and backend.get_emulation() == "fast"

@@ -319,12 +319,13 @@ def _measure(args, capacities: List[int], context: int, steps: List[torch.Tensor
     from ...traces.lookup import trace_label
     host = torch.randint(0, 256, (args.rows, context, args.row_bytes), dtype=torch.uint8)
     threads = torch.get_num_threads()
+    arch = backend.fast_emulation_arch()   # the fast side's speed depends on it (docs/backends.md)
     source = (f"trace {trace_label(common.trace_path(args.trace))}" if args.trace is not None
               else "drifting synthetic scores")
     print(f"emulation builds vs plain torch: R={args.rows} T={args.queries} K={args.topk} "
           f"context={context:,} ({source}), policy {args.policy}, rows of {args.row_bytes} B; "
           f"{args.steps} steps after {args.warmup} warm-up; torch threads {threads} (both sides); "
-          f"{common.machine()}")
+          f"{common.machine()}; fast build for {arch}")
     print("times are this machine's CPU per step (median), not NPU time; plain torch: batched "
           "dense pos -> slot map, exact LRU, index_copy_")
     print("each side alone, then interleaved step by step (fast = fast build plan + gather)")
@@ -391,7 +392,7 @@ def _measure(args, capacities: List[int], context: int, steps: List[torch.Tensor
     config = {k: v for k, v in vars(args).items() if k not in ("func", "argv")}
     files = {"JSON": common.write_json(f"{out}/emulation.json", dict(
         command="avsg bench emulation", config=config, machine=common.machine(), context=context,
-        torch_threads=threads, points=points))}
+        torch_threads=threads, fast_emulation_arch=arch, points=points))}
     title = (f"CPU emulation vs plain torch, R={args.rows} T={args.queries} K={args.topk}, "
              f"{args.row_bytes} B rows, {args.policy}\n{common.machine()}, {threads} torch threads")
     files["plot"] = common.save_plot(f"{out}/emulation.png", lambda p: plot(points, p, title))
@@ -407,7 +408,8 @@ def _measure(args, capacities: List[int], context: int, steps: List[torch.Tensor
               f"{p['torch_ms']:.2f}", f"{p['fast_over_torch']:.2f}x",
               f"{p['interleaved_fast_ms']:.2f} / {p['interleaved_torch_ms']:.2f} = "
               f"{p['interleaved_fast_over_torch']:.2f}x"] for p in points], "rrrrrr")],
-        note=f"Times are this machine's CPU per step (median), not NPU time; torch threads {threads}.")
+        note=f"Times are this machine's CPU per step (median), not NPU time; torch threads {threads}; "
+             f"fast build for {arch} (AVSG_FAST_ARCH).")
     if tables:
         files["tables"] = tables
     common.report_outputs(files)
