@@ -43,6 +43,7 @@ constexpr uint32_t kHeaderStashCount = 8;   // stash_count's block starts here
 constexpr uint32_t kHeaderStep = 9;         // reuse: steps since the counts were halved
 constexpr uint32_t kHeaderHand = 10;        // lifetime: the slot the next tie search starts at
 constexpr uint32_t kMaxPosition = 1u << 24;
+constexpr uint32_t kProbationSteps = 4;     // lifetime: see FirstLife (reference.PROBATION_STEPS)
 // Residency policies (reference.POLICY_IDS) and the reuse policy's constants (reference.REUSE_*)
 constexpr uint32_t kPolicyLifetime = 0, kPolicyReuse = 1, kPolicyLru = 2;
 constexpr int32_t kReuseAgeMax = 1023, kReuseCountMax = 255, kReuseHeatMax = 255;
@@ -126,6 +127,9 @@ static_assert((1u << kResizeWindowLog) == kResizeWindow, "windows are addressed 
 #define AVSG_PLAN_SHARED_FN constexpr inline
 #endif
 AVSG_PLAN_SHARED_FN uint32_t RoundUp(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
+// Lifetime policy: a fetched position starts kProbationSteps short of a hit's life, or at half of it
+// (rounded up) when L < 2 * kProbationSteps (reference.first_life).
+AVSG_PLAN_SHARED_FN uint32_t FirstLife(uint32_t L) { return L - (L / 2 < kProbationSteps ? L / 2 : kProbationSteps); }
 // Reuse policy sections, sized by the buckets H (a power of two >= 64) only.
 AVSG_PLAN_SHARED_FN uint32_t GhostEntries(uint32_t H) { return 2 * H; }   // reference.ghost_entries
 AVSG_PLAN_SHARED_FN uint32_t HeatEntries(uint32_t H) {

@@ -105,7 +105,7 @@ protected:
                     const float lifeL = static_cast<float>(t_.lifetime);
                     CompareScalar(mC_, lifeF, lifeL, CMPMODE::NE, n);
                     PipeBarrier<PIPE_V>();
-                    Select(lifeF, mC_, lifeF, static_cast<float>((t_.lifetime + 1) / 2) - 1.0f,
+                    Select(lifeF, mC_, lifeF, static_cast<float>(avsg::FirstLife(t_.lifetime)) - 1.0f,
                            SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                     PipeBarrier<PIPE_V>();
                 }

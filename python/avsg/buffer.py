@@ -166,18 +166,19 @@ class SparseKVBuffer:
         topk: selections per query token (``K``).
         queries_per_step: query tokens per request per step (``T`` = 1 + MTP drafts).
         lifetime: steps an entry survives without a hit before it is reclaimable (1..255); an
-            entry fetched on a miss gets half of it, rounded up, until its first hit. The
+            entry fetched on a miss gets 4 steps less (half of it, rounded up, below 8) until its
+            first hit. The
             ``lifetime`` policy's parameter (kept in the header under any policy).
         policy: which resident entries a miss evicts. ``"lifetime"`` (default): the AVSG
             paper's (entries not hit for ``lifetime`` steps tie at 0), its ties taken in turns
-            from a rotating hand, fetched entries on probation (half a life); it hits about as
-            often as exact LRU (more at 4K and 8K, less at 16K on the shared traces) and plans
-            the cheapest, with the lowest modelled step cost (plan + copies) of the three on both
+            from a rotating hand, fetched entries on probation (4 steps short of a hit's life); at the
+            default ``lifetime=255`` it hits more often than exact LRU (at 4K, 8K and 16K on the
+            shared traces) and plans the cheapest, with the lowest modelled step cost (plan + copies) of the three on both
             shared traces. ``"reuse"``: the lowest
             predicted reuse, from how often a position was selected (its count survives
             eviction), how long ago it was last used, and how densely this step selected its
             64-position neighbourhood: the most hits (above exact LRU at every capacity measured),
-            at about 2.5x the lifetime plan's counted cost. ``"lru"``: exact least recently used
+            at about 4x the lifetime plan's counted cost. ``"lru"``: exact least recently used
             at step granularity (ages saturate at 1023 steps; ties by slot), the reference point.
             ``reference.py`` specifies all three; ``docs/hit_rate.md`` compares them.
         max_context: optional, any policy: the longest context (positions ``< max_context``) of

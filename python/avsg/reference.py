@@ -156,10 +156,11 @@ One ``plan`` step, per row (all rows independently, all in parallel):
    rewriting the survivors' lifetimes. ``miss_pos[j]`` gets the ``j``-th victim; its slot gets
    ``slot_pos = miss_pos[j]`` and ``life = L+1`` (fresh: pinned like a hit for the rest of the
    step, and ranked as ``L`` by ``resize``), so at the next step's decay it holds
-   ``first_life(L) - 1``: a fetched position starts at half the life a hit gives
-   (``first_life(L) = ceil(L/2)``). A position that has not been reused yet is likelier to be a
-   one-off than one that has; on the shared traces this probation is worth about 1 pp of hit rate
-   at 4K and 0.1-0.2 pp at 8K (docs/hit_rate.md, which also says why ``L = 32`` is the default).
+   ``first_life(L) - 1``: a fetched position starts ``PROBATION_STEPS`` (4) short of the life a
+   hit gives, or at half of it when ``L < 8`` (``first_life(L) = L - min(4, L // 2)``). A
+   position that has not been reused yet is likelier to be a one-off than one that has; on the
+   shared traces this probation is worth 0.6-0.7 pp of hit rate at 4K and 0.1 pp at 8K
+   (docs/hit_rate.md, which also says why ``L = 255`` is the default).
    There are always enough victims, whatever the state held: after the refresh every slot not
    hit has ``life <= L-1`` (the decay clamps), the hits of the step pin at most ``#distinct selections - M`` slots (a slot holds one position) and
    ``S >= T*K >= #distinct selections``.
@@ -183,12 +184,12 @@ Residency policies
 The header records the policy; ``plan`` checks it (and ``max_context``) like the geometry.
 
 * ``lifetime`` (the AVSG paper's, with the hand and a probation for fetched positions; the
-  default): above. Entries not hit for ``L`` steps all tie at lifetime 0 and leave in hand order,
-  so it forgets recency where a large buffer needs it (on the shared traces, at the default
-  ``L = 32``, it hits more than exact LRU at 4K and 8K and less at 16K), but its plan is the
-  cheapest by far, and
-  a step's cost is plan + copies: at 8K it has the lowest modelled step cost of the three on
-  both shared traces, at batch 1 and 64.
+  default): above. Entries not hit for ``L`` steps all tie at lifetime 0 and leave in hand order;
+  at the default ``L = 255`` (the 8-bit maximum) that is rare, so it ranks slots by the steps
+  since their last use, as exact LRU does, with the probation on top: on the shared traces it
+  hits more than exact LRU at 4K, 8K and 16K, and on every layer within 0.02 pp of it or above.
+  Its plan is the cheapest of the three, and a step's cost is plan + copies: at 8K it has the
+  lowest modelled step cost of the three on both shared traces, at batch 1 and 64.
 * ``reuse``: evict what is least likely to be reused, judged by how often the position
   was selected, how long ago, and how densely the step selects its neighbourhood. Per step, per
   row (``_reuse_refresh``, ``reuse_scores``, ``lowest_scores``, ``_reuse_install``):
@@ -261,7 +262,9 @@ MAX_POSITION = 1 << 24                 # positions >= this are out of range (flo
 MAX_BUCKETS = 1 << 15                  # keeps hash products below 2**30
 MAX_LIFETIME = 255
 #: the lifetime policy's default L (docs/hit_rate.md: tuned on asyncio_32k, held out on debian)
-DEFAULT_LIFETIME = 32
+DEFAULT_LIFETIME = 255
+#: a position fetched on a miss starts this many steps short of a hit's life (``first_life``)
+PROBATION_STEPS = 4
 INT32_MAX = (1 << 31) - 1
 STATE_HEADER = 64                      # int32 words of the per-row header
 HEADER_MAGIC = 0x41565332              # "AVS2": a row written by reset, layout version 2
@@ -275,9 +278,10 @@ HEADER_HAND = 10                       # lifetime policy: the slot its next tie 
 
 
 def first_life(lifetime: int) -> int:
-    """The life a position fetched on a miss starts with under the lifetime policy: half a hit's
-    (rounded up), as its first decay sees it (the slot holds the fresh mark ``L+1`` until then)."""
-    return (lifetime + 1) // 2
+    """The life a position fetched on a miss starts with under the lifetime policy, as its first
+    decay sees it (the slot holds the fresh mark ``L+1`` until then): ``PROBATION_STEPS`` short of
+    a hit's, or half a hit's (rounded up) when ``L`` is below ``2 * PROBATION_STEPS``."""
+    return lifetime - min(PROBATION_STEPS, lifetime // 2)
 
 
 # Residency policies: the id is stored in the header (word 4) so ops check it.

@@ -11,6 +11,7 @@ from avsg.kvformat import get_format
 from avsg.runtime import weights
 from avsg.runtime.algo.dsa import DSA
 from avsg.runtime.base import STORES, StoreSpec
+from avsg.runtime import store as _registered_stores  # noqa: F401  (fills STORES)
 from avsg.runtime.context import ContextFill
 from avsg.runtime.engine import Engine
 from avsg.runtime.model import DeepseekV32

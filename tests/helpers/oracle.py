@@ -5,8 +5,8 @@ outputs alone (a miss writes its position into its slot) and checks the contract
 on every step: sharing, miss-only, pinning, capacity, and the shape of the miss lists.
 
 ``PolicyModel`` is the default policy as a plain sequential loop over Python lists: decay, hits
-back to L, misses sorted, victims by (lifetime, slot), a fetched position starting at half a
-hit's life. It predicts every output exactly.
+back to L, misses sorted, victims by (lifetime, slot), a fetched position starting 4 steps short
+of a hit's life (half of it below L = 8). It predicts every output exactly.
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ class PolicyModel:
             sel = [p if _valid(p, seq_len) else -1 for p in topk_pos[r].flatten().tolist()]
             for s in range(self.capacity):
                 if life[s] == L + 1:              # fetched last step: on probation
-                    life[s] = (L + 1) // 2 - 1
+                    life[s] = L - min(4, L // 2) - 1
                 elif life[s] > 0:
                     life[s] -= 1
             where = {p: s for s, p in enumerate(pos) if p >= 0}

@@ -296,6 +296,34 @@ def test_avsg_lifetime_equals_the_lab_hand_model(capacity):
 
 
 @needs_avsg
+@pytest.mark.parametrize("lifetime", [12, 255])
+def test_avsg_lifetime_probation_equals_the_lab(lifetime):
+    """Where ``L - 4`` and half a life differ (``L >= 10``; 255 is the default), the op's start
+    life for a fetched position is the lab's ``L - min(4, L // 2)``, step by step, and the data
+    make the probation's length matter (a lab with half a life gets other hits)."""
+    from avsg import reference
+    from avsg.traces.policies import FreqLifetime
+    rng = np.random.default_rng(5)
+    L, N, K, T = 2, 96, 16, 160
+    pool = rng.choice(T, 96, replace=False)
+    sel = np.stack([np.stack([np.sort(rng.choice(pool[: 40 + (s * 7) % 56], K, replace=False))
+                              for s in range(N)]) for _ in range(L)]).astype(np.int32)
+    tr = Trace(sel, np.full(N, T - 1, np.int32), T=T, k=K)
+    capacity = 40
+    op = replay(tr, "avsg-lifetime", capacity, count_first_step=True, lifetime=lifetime)
+    lab = replay(tr, "lifetime-hand", capacity, count_first_step=True, lifetime=lifetime)
+    np.testing.assert_array_equal(op.hits, lab.hits)
+    assert reference.first_life(lifetime) == lifetime - 4
+    half = FreqLifetime(L, capacity, K, max_pos=T, lifetime=lifetime, classes=0,
+                        insert_life=(lifetime + 1) // 2)
+    assert not np.array_equal(replay(tr, half, count_first_step=True).hits, op.hits)
+    if lifetime == 255:
+        assert reference.DEFAULT_LIFETIME == 255
+        assert np.array_equal(replay(tr, "avsg-lifetime", capacity, count_first_step=True).hits,
+                              op.hits)
+
+
+@needs_avsg
 def test_avsg_replay_reports_the_modelled_step_cost():
     """Sampled steps run in the strict build (same hits as the fast one); their counted plan
     launches become the plan us per row-step, the misses the link us, and the batch-64 step
@@ -582,9 +610,11 @@ def _brute_freq_lifetime(sets, capacity, lifetime=16, classes=4, halve_every=128
     return out
 
 
-@pytest.mark.parametrize("name,classes,insert_life", [("freq-lifetime", 4, 16),
-                                                     ("lifetime-hand", 0, 8)])
-def test_freq_lifetime_matches_brute_force_and_keeps_selections(name, classes, insert_life):
+@pytest.mark.parametrize("name,classes,lifetime,insert_life", [("freq-lifetime", 4, 16, 16),
+                                                              ("lifetime-hand", 0, 16, 12),
+                                                              ("lifetime-hand", 0, 5, 3)])
+def test_freq_lifetime_matches_brute_force_and_keeps_selections(name, classes, lifetime,
+                                                                insert_life):
     # few positions recurring at mixed gaps, small buffer: ages, class-scaled decay, ghosts
     # (positions G apart share an entry: context 2G), halving (every 8) and the hand all act
     rng = np.random.default_rng(7)
@@ -593,10 +623,10 @@ def test_freq_lifetime_matches_brute_force_and_keeps_selections(name, classes, i
     pool = np.array([0, 1, 2, 3, 5, 9, G + 1, G + 2, 40, 41, 2 * G - 1, 77])
     sets = [sorted(rng.choice(pool, k, replace=False).tolist()) for _ in range(steps)]
     tr = mk(sets, k=k, T=2 * G)
-    pol = make_policy(name, 1, capacity, k, max_pos=tr.T)
+    pol = make_policy(name, 1, capacity, k, max_pos=tr.T, lifetime=lifetime)
     pol.halve_every = 8
     res = replay(tr, pol, count_first_step=True)
-    want = _brute_freq_lifetime(sets, capacity, classes=classes, halve_every=8,
+    want = _brute_freq_lifetime(sets, capacity, lifetime=lifetime, classes=classes, halve_every=8,
                                 insert_life=insert_life)
     assert res.hits[0].tolist() == want
     assert sum(want) > 0 and sum(want) < steps * k

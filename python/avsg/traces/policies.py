@@ -57,7 +57,7 @@ Policies (names used by the CLI):
                    number of levels from -1 up to the last victim's (the level scan's passes).
 ``lifetime-hand``  the paper's lifetime with the same hand order among equal lives and no counts
                    (``freq-lifetime`` with ``classes = 0``), and the op's probation: a miss
-                   starts at life ``ceil(L/2)`` (``reference.first_life``), a hit at ``L``.
+                   starts at life ``L - min(4, L // 2)`` (``reference.first_life``), a hit at ``L``.
 ``belady``         Belady's offline optimum under the constraint that all of the current step's
                    selections are resident after the step: on a miss the resident unpinned entry whose
                    next use is farthest in the future is evicted (never-used-again entries first). With
@@ -483,7 +483,7 @@ class LifetimeHand(FreqLifetime):
         # written from the rule, not from reference.first_life, so the test comparing the two
         # checks the op against an independent statement of it
         super().__init__(rows, capacity, k, queries, max_pos, lifetime, classes=0,
-                         insert_life=(int(lifetime) + 1) // 2)
+                         insert_life=int(lifetime) - min(4, int(lifetime) // 2))
 
     def describe(self):
         return f"{self.name}(L={self.lifetime})"
