@@ -104,6 +104,14 @@ __aicore__ inline void WinEnsure(Win& w, int32_t id) {
     Sync<HardEvent::MTE2_S>();
     w.cur = id;
 }
+// Makes window id current without loading it, for a caller that overwrites all WinCount(w, id)
+// of its entries (a whole-section write-back): the GM copy is not read, only replaced.
+template <bool kVector>
+__aicore__ inline void WinClaim(Win& w, int32_t id) {
+    if (w.cur == id) return;
+    WinFlush<kVector>(w);
+    w.cur = id;
+}
 template <bool kVector>
 __aicore__ inline int32_t WinGet(Win& w, uint32_t idx) {
     const int32_t id = static_cast<int32_t>(idx >> w.wlog);

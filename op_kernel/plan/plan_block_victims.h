@@ -32,9 +32,13 @@ protected:
         const LocalTensor<float> lifeF = Policy::kReuse ? vTmpF_ : wWin_.ReinterpretCast<float>();
         Win& sl = win_[avsg::SEC_SL];
         // lru and lifetime: the new ages / lives as half (the sort region is idle here) where
-        // that copy fits; lru otherwise the ages' lane-wise max, reduced below
-        const LocalTensor<float> ageMax = wTmp_.ReinterpretCast<float>();
+        // that copy fits; otherwise lru the ages' lane-wise max, lifetime the candidates'
+        // lane-wise lowest life (Allocate's first level), reduced below
+        const LocalTensor<float> ageMax = wTmp_.ReinterpretCast<float>(), lowestLife = ageMax;
         const bool compact = !Policy::kReuse && HalfCopyFits();
+        // lifetime with the half copy: the new lives stay there until Allocate's installs are in
+        // and WriteBackLives stores them (this pass loads slot_life and stores nothing)
+        const bool livesInHalf = !Policy::kAged && compact;
         freeSlots_ = 0;
         if constexpr (Policy::kLru) WinSetClear(lruFreeWins_, false);
         Sync<HardEvent::S_V>();
@@ -44,6 +48,7 @@ protected:
             const uint32_t padded = avsg::RoundUp(t_.capPad, kHalfCopyLanes);
             const float tail = Policy::kLru ? -1.0f : static_cast<float>(t_.lifetime);
             if (Policy::kLru && !compact) Duplicate(ageMax, -1.0f, Wide());
+            else if (!compact) Duplicate(lowestLife, static_cast<float>(t_.lifetime), Wide());
             else if (compact && padded > t_.capPad) Duplicate(sHalf_[t_.capPad], static_cast<half>(tail), padded - t_.capPad);
         }
         // lifetime and reuse: last window first, so Allocate starts its slot-order scan in the
@@ -87,16 +92,6 @@ protected:
                 }
                 const uint32_t base = id * sl.wlen + off;
                 uint64_t nFree = 0;
-                if constexpr (!Policy::kLru && !Policy::kReuse) {
-                    // lifetime without the half copy: Allocate's level -1 test (with it, the
-                    // copy's minimum tells; reuse's score search needs no count)
-                    if (!compact) {
-                        CompareScalar(mB_, t2, -1, CMPMODE::EQ, n);   // free (neither decayed nor hit)
-                        PipeBarrier<PIPE_V>();
-                        GatherMask(sink, t2, U32(mB_), true, n, GatherMaskParams(1, 1, 8, 0), nFree);
-                        PipeBarrier<PIPE_V>();
-                    }
-                }
                 Cast(lifeF, t2, RoundMode::CAST_RINT, n);
                 Not(U16(mA_), hitBits_.ReinterpretCast<uint16_t>()[base / 16], n / 16);
                 PipeBarrier<PIPE_V>();
@@ -113,7 +108,13 @@ protected:
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
                 PipeBarrier<PIPE_V>();
                 if constexpr (!Policy::kAged) {
-                    if (compact) Cast(sHalf_[base], lifeF, RoundMode::CAST_NONE, n);   // [-1, 255]: exact
+                    if (compact) {
+                        Cast(sHalf_[base], lifeF, RoundMode::CAST_NONE, n);   // [-1, 255]: exact
+                    } else {
+                        // candidates only: a slot past the active capacity (resize) is none
+                        const uint32_t live = base < activeCap_ ? MinU(n, activeCap_ - base) : 0u;
+                        if (live) Min(lowestLife, lowestLife, lifeF, live);
+                    }
                 }
                 if constexpr (Policy::kLru) {
                     // the victim search's bounds: the oldest age, and the free slots among the
@@ -128,11 +129,15 @@ protected:
                     if (nFree) WinSetAdd(lruFreeWins_, id);
                 }
                 freeSlots_ += static_cast<uint32_t>(nFree);
+                if (livesInHalf) {
+                    PipeBarrier<PIPE_V>();        // the copy's cast reads lifeF, which t1 aliases
+                    continue;
+                }
                 Cast(life, lifeF, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
                 if constexpr (Policy::kReuse) CountHits(base, n);
             }
-            sl.dirty = true;
+            if (!livesInHalf) sl.dirty = true;
         }
         if constexpr (Policy::kLru) {
             // ages are in [-1, 1023] here: exact in float and in half
@@ -143,11 +148,19 @@ protected:
                 const LocalTensor<float> top = wIdx_.ReinterpretCast<float>();
                 ReduceMax(top, ageMax, wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(Wide()));
             }
+        } else if constexpr (!Policy::kReuse) {
+            if (!compact) {
+                PipeBarrier<PIPE_V>();
+                ReduceMin(wIdx_.ReinterpretCast<float>(), lowestLife, wSlot_.ReinterpretCast<float>(),
+                          static_cast<int32_t>(Wide()));
+            }
         }
         Sync<HardEvent::V_S>();
         if constexpr (Policy::kLru) {
             maxAge_ = compact ? static_cast<int32_t>(static_cast<float>(wIdx_.ReinterpretCast<half>().GetValue(0)))
                               : static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
+        } else if constexpr (!Policy::kReuse) {
+            if (!compact) lowestLife_ = static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
         }
     }
     // Victims in (life, turn) order among life < L, turn = (slot - hand) mod S: per level the
@@ -170,23 +183,19 @@ protected:
                                   ? static_cast<uint32_t>(handWord) : 0u;
         uint32_t have = 0, lastSlot = 0;
         const bool compact = HalfCopyFits();
-        // level -1 only if a real slot is free (the Sp - S padding slots hold -1: FreePadding).
-        // Below a shrunk active capacity nothing tells: slots past it are free on a state the
-        // ops built but need not be on any other, so level -1 is always searched there.
-        int32_t lv0 = -1;
-        if (activeCap_ == t_.capacity && compact) {
-            // The scan starts at the lowest life the slots hold (-1: a free one), since every
-            // level below it is empty and its pass would find nothing (a hit holds L, above
-            // every level). One reduction instead of those passes and of a free count.
+        // The scan starts at the lowest life a candidate (a slot below the active capacity)
+        // holds, -1 if one is free: every level below it is empty, and at L = 255 there can be
+        // hundreds (a hit holds L, above every level). One reduction instead of their passes:
+        // over the half copy where it fits, else of DecayAndPin's lane-wise minimum.
+        int32_t low = lowestLife_;
+        if (compact) {
             const LocalTensor<half> lowest = wIdx_.ReinterpretCast<half>();
             PipeBarrier<PIPE_V>();                // DecayAndPin's casts into the half copy
             ReduceMin(lowest, sHalf_, wSlot_.ReinterpretCast<half>(), static_cast<int32_t>(activeCap_));
             Sync<HardEvent::V_S>();
-            const int32_t low = static_cast<int32_t>(static_cast<float>(lowest.GetValue(0)));
-            lv0 = low < 0 ? -1 : low < static_cast<int32_t>(t_.lifetime) ? low : 0;
-        } else if (activeCap_ == t_.capacity) {
-            lv0 = freeSlots_ > t_.capPad - t_.capacity ? -1 : 0;
+            low = static_cast<int32_t>(static_cast<float>(lowest.GetValue(0)));
         }
+        const int32_t lv0 = low < static_cast<int32_t>(t_.lifetime) ? (low < -1 ? -1 : low) : 0;
         for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
             for (uint32_t part = 0; part < 2 && have < m; ++part) {
                 const uint32_t lo = part == 0 ? hand : 0u, hi = part == 0 ? activeCap_ : hand;
@@ -221,8 +230,9 @@ protected:
                             LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
                             const uint32_t s = static_cast<uint32_t>(vT2_.GetValue(q));
                             Put(win_[avsg::SEC_SP], s, vWant_.GetValue(j % nc));
-                            Put(sl, s, static_cast<int32_t>(t_.lifetime) + 1);   // fresh: above every level
+                            // fresh: above every level
                             if (compact) sHalf_.SetValue(s, static_cast<half>(static_cast<float>(t_.lifetime + 1)));
+                            else Put(sl, s, static_cast<int32_t>(t_.lifetime) + 1);
                             lastSlot = s;
                         }
                         have += take;
@@ -232,6 +242,29 @@ protected:
         }
         if (have) countUb_.SetValue(kHandWord, static_cast<int32_t>(lastSlot + 1 < activeCap_ ? lastSlot + 1 : 0u));
         missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
+        if (compact) WriteBackLives();
+    }
+    // slot_life = the half copy (lives in [-1, L+1]: exact in half), window by window. Every
+    // entry of each window is overwritten, so no window is loaded: the step moves slot_life in
+    // once (DecayAndPin) and out once, wherever its victims lie.
+    __aicore__ inline void WriteBackLives() {
+        Win& sl = win_[avsg::SEC_SL];
+        const LocalTensor<float> lifeF = wWin_.ReinterpretCast<float>();
+        const uint32_t chunk = Wide();
+        Sync<HardEvent::S_V>();                   // the installs' scalar writes of the half copy
+        PipeBarrier<PIPE_V>();                    // and the level scan's vector readers of wWin_
+        for (uint32_t id = 0; id < sl.nwin; ++id) {
+            Claim(sl, static_cast<int32_t>(id));
+            const uint32_t base = id * sl.wlen, cnt = WinCount(sl, static_cast<int32_t>(id));
+            for (uint32_t off = 0; off < cnt; off += chunk) {
+                const uint32_t n = MinU(chunk, cnt - off);
+                Cast(lifeF, sHalf_[base + off], RoundMode::CAST_NONE, n);
+                PipeBarrier<PIPE_V>();
+                Cast(sl.buf[off], lifeF, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+            }
+            sl.dirty = true;
+        }
     }
     // mA_ &= lo <= slot id (vT1_) < hi on n lanes; ids are < 2^24, exact in float
     __aicore__ inline void KeepSlotsIn(uint32_t lo, uint32_t hi, uint32_t n) {
@@ -681,9 +714,10 @@ protected:
         }
     }
 
-    uint32_t freeSlots_ = 0;                 // slots at life -1 after DecayAndPin: lifetime without
-                                             // the half copy (padding included); lru: the free
-                                             // candidates, below the active capacity; else 0
+    uint32_t freeSlots_ = 0;                 // lru: the free candidates after DecayAndPin (below
+                                             // the active capacity); else 0
+    int32_t lowestLife_ = -1;                // lifetime without the half copy: the candidates'
+                                             // lowest life after DecayAndPin (L: none)
     int32_t maxAge_ = -1;                    // lru: the largest age after DecayAndPin, any slot
     uint32_t lruFreeWins_[kLruWinWords] = {};   // lru: the windows with a free candidate
 };

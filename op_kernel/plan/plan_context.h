@@ -147,6 +147,7 @@ protected:
     // Windows of the current row; their buffers are vector operands too (kVector).
     __aicore__ inline void Flush(Win& w) { WinFlush<true>(w); }
     __aicore__ inline void Ensure(Win& w, int32_t id) { WinEnsure<true>(w, id); }
+    __aicore__ inline void Claim(Win& w, int32_t id) { WinClaim<true>(w, id); }
     __aicore__ inline int32_t Get(Win& w, uint32_t idx) { return WinGet<true>(w, idx); }
     __aicore__ inline void Put(Win& w, uint32_t idx, int32_t v) { WinPut<true>(w, idx, v); }
     __aicore__ inline void BindRow(uint32_t r) { BindWindows(win_, stateGm_, t_, r); }

@@ -245,6 +245,37 @@ def test_split_lookup_bit_exact(build, policy, R, T, K, S, H):
                 twin.invalidate(seq - 3)
 
 
+@pytest.mark.parametrize("capacity,active", [(8256, None), (4096, 3072)])
+def test_lifetime_level_scan_work_does_not_grow_with_the_lifetime(capacity, active):
+    """The level scan starts at the lowest life a candidate holds, whether the lives' half copy
+    fits (4096) or not (8256: past it), and in a row resize shrank: a full buffer at L = 255
+    holds no life near 0, so a scan from level 0 would pass hundreds of empty levels. Counted
+    work, not time: the strict build's vector instructions of one plan at L = 255 stay within
+    1.5x of L = 16 on the same selections (a scan from 0 costs 10x and more)."""
+    from avsg import backend
+    K, steps = 512, 48
+
+    def vector_instructions(lifetime):
+        gen = torch.Generator().manual_seed(3)
+        buf = avsg.SparseKVBuffer(rows=1, capacity=capacity, topk=K, lifetime=lifetime)
+        if active:
+            buf.resize(torch.tensor([0]), torch.tensor([active]))
+        seq = torch.full((1,), 4 * capacity, dtype=I32)
+        with emulation("fast"):
+            for _ in range(steps):
+                buf.plan(draw(gen, 1, 1, K, seq, hot=2 * capacity, pad=0.0, repeat=0.0, wild=0.0), seq, check=False)
+                seq += 1
+        life = reference.view_state(buf.state, buf.layout).slot_life[0, :active or capacity]
+        with emulation("strict"):
+            buf.plan(draw(gen, 1, 1, K, seq, hot=2 * capacity, pad=0.0, repeat=0.0, wild=0.0), seq, check=False)
+            return int(backend.last_launch_counters()["vec_instrs"].max()), int(life.min())
+
+    short, _ = vector_instructions(16)
+    long_, lowest = vector_instructions(255)
+    assert lowest > 150, lowest                     # every life is far from level 0
+    assert long_ <= 1.5 * short, (long_, short)
+
+
 def test_split_lookup_off_by_default_and_switch_checked():
     """As on the NPU, a plan splits its lookup only with AVSG_NPU_SPLIT=1: unset or 0 runs one
     block per row, whatever cores are idle; any other value is refused, naming the variable, with
