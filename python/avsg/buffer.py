@@ -178,7 +178,7 @@ class SparseKVBuffer:
             predicted reuse, from how often a position was selected (its count survives
             eviction), how long ago it was last used, and how densely this step selected its
             64-position neighbourhood: the most hits (above exact LRU at every capacity measured),
-            at about 4x the lifetime plan's counted cost. ``"lru"``: exact least recently used
+            at 2.4-4.2x the lifetime plan's counted cost (T 4 to 1). ``"lru"``: exact least recently used
             at step granularity (ages saturate at 1023 steps; ties by slot), the reference point.
             ``reference.py`` specifies all three; ``docs/hit_rate.md`` compares them.
         max_context: optional, any policy: the longest context (positions ``< max_context``) of

@@ -515,3 +515,73 @@ def test_debug_shows_the_traceback(files):
     with pytest.raises(TraceInputError, match="truncated0.npz"):
         with contextlib.redirect_stdout(io.StringIO()):
             cli.main(["--debug", "trace", "info", str(files["bad"]["truncated0"])])
+
+
+def _profile(tmp_path, name, key, entry):
+    """The bundled hardware profile with one entry replaced (``entry`` None: removed)."""
+    from avsg.costmodel import hardware
+    with open(hardware.DEFAULT_PROFILE) as f:
+        profile = json.load(f)
+    if entry is None:
+        del profile[key]
+    else:
+        profile[key] = entry
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(profile))
+    return str(path)
+
+
+def test_second_review_cases(files, tmp_path):
+    """The second hostile review: an offline policy where no future exists, replays that count
+    nothing, --hw profiles a model cannot run on, options named by the command that asked."""
+    good, big = str(files["good"]), str(files["big"])
+    out = str(tmp_path / "out")
+    src = "a test"
+    hw = {name: _profile(tmp_path, name, key, entry) for name, key, entry in [
+        ("no_source", "clock_ghz", {"value": 1.85}),
+        ("null", "clock_ghz", {"value": None, "source": src}),
+        ("text", "clock_ghz", {"value": "fast", "source": src}),
+        ("zero_link", "link_bytes_per_s", {"value": 0, "source": src}),
+        ("zero_cores", "aiv_cores", {"value": 0, "source": src}),
+        ("negative", "clock_ghz", {"value": -1.85, "source": src}),
+        ("efficiency", "hbm_efficiency", {"value": 1.5, "source": src}),
+        ("missing", "link_bytes_per_s", None)]}
+    cases = [
+        (["trace", "mtp", good, "--policy", "belady"], "--policy"),
+        (["trace", "mtp", good, "--steps", "4"], "--steps"),
+        (["trace", "replay", good, "--policy", "lru", "--capacity", "32", "--steps", "1",
+          "--no-plot", "--out", out], "--steps"),
+        (["trace", "info", good, "--stats", "--window", "19"], "--window"),
+        (["trace", "info", good, "--stats", "--steps", "1"], "--stats"),
+        (["trace", "synth", "", "--steps", "4", "--k", "16", "--max-len", "64"], "out"),
+        (["bench", "plan", "--trace", big, "--rows", "3", "--out", out], "--rows"),
+        (["bench", "plan", "--trace", big, "--warmup", "56", "--out", out], "--warmup + --steps"),
+        (["bench", "emulation", "--trace", big, "--rows", "3", "--out", out], "--rows"),
+        (["bench", "hash-buckets", "--trace", good, "--capacity", "32", "--ratios", "1",
+          "--out", out], "--ratios"),
+        *[(["bench", "plan", "--quick", "--no-trace", "--hw", hw[n], "--out", out], needle)
+          for n, needle in [("no_source", "'clock_ghz'"), ("null", "'clock_ghz'"),
+                            ("text", "'clock_ghz'"), ("negative", "'clock_ghz'"),
+                            ("efficiency", "'hbm_efficiency'"), ("missing", "'link_bytes_per_s'")]],
+        (["bench", "decode", "--hw", hw["zero_link"], "--out", out], "'link_bytes_per_s'"),
+        (["serve-sim", "--hw", hw["zero_cores"], "--out", out], "'aiv_cores'"),
+        (["trace", "replay", good, "--policy", "avsg", "--capacity", "32", "--cost-every", "1",
+          "--hw", hw["null"], "--no-plot", "--out", out], "'clock_ghz'"),
+    ]
+    for argv, needle in cases:
+        assert_one_line_error(argv, needle)
+    # a grid point the context cannot hold is refused before any point is written
+    grid = tmp_path / "grid"
+    assert_one_line_error(["trace", "synth", str(grid), "--steps", "4", "--k", "16", "--max-len",
+                           "64", "--gamma", "0.9", "0", "--mu-hist", "0"], "--max-len")
+    assert not grid.exists() or not any(grid.iterdir())
+
+
+def test_run_projects_a_small_model_with_a_large_buffer(tmp_path):
+    """A buffer of many top-k's (129 slots of a top-8 model) scales past the op's largest
+    buffer in the V3.2 projection; the run still succeeds and prints its estimate."""
+    status, out, err = run(["run", "--config", "tiny", "--select", "indexer", "--context", "64",
+                            "--batch", "1", "--requests", "1", "--new-tokens", "1", "--capacity",
+                            "129", "--quiet"])
+    assert status == 0, err[-2000:]
+    assert "est. DeepSeek-V3.2" in out

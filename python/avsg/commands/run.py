@@ -144,8 +144,8 @@ def checkpoint_config(directory: str):
         raise UsageError(f"--checkpoint: not a directory: {directory}")
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
-        raise UsageError(f"--checkpoint: {directory} has no config.json (pass --config for the "
-                         f"model it holds)")
+        raise UsageError(f"--checkpoint: {directory} has no config.json (a checkpoint directory "
+                         f"holds the model's config.json beside its weights)")
     try:
         return model_config.from_hf_config(path)
     except ValueError as e:                       # a broken config.json (JSON errors included)
@@ -526,7 +526,10 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
     T = 1 + args.mtp
     # copies per selection carry over; scale them to DeepSeek-V3.2's top-k
     scale = config.index_topk / args.topk
-    capacity = max(args.capacity * config.index_topk // args.topk, T * config.index_topk)
+    # (the op's largest buffer bounds it: a small model's buffer of many top-k's scales past it)
+    from .. import reference
+    capacity = min(max(args.capacity * config.index_topk // args.topk, T * config.index_topk),
+                   reference.MAX_BUCKETS)
     traffic = copy_traffic.Traffic(
         drafts=args.mtp, accept_mean=0.0,
         tokens_per_iteration=tokens / (iterations / kv_layers), capacity=capacity,

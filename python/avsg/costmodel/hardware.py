@@ -14,6 +14,7 @@ faster than its link.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Dict
 
@@ -50,7 +51,53 @@ def load_profile(path: str = DEFAULT_PROFILE) -> Profile:
         raise ValueError(f"--hw: {path} is not JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(entries, dict):
         raise ValueError(f"--hw: {path}: expected a JSON object")
+    check_entries(entries, path)
     return Profile(entries, path)
+
+
+# Entries the model divides by or scales with: zero or less would give infinities, negative
+# times or a schedule that cannot run, so a profile must give them a positive value.
+POSITIVE_KEYS = frozenset((
+    "hbm_bytes_per_s", "hbm_efficiency", "cube_flops_bf16", "cube_flops_int8", "cube_efficiency",
+    "link_bytes_per_s", "dma_in_flight_per_core", "aiv_cores", "hbm_bytes", "clock_ghz",
+    "vec_cycles_per_repeat", "mte_bytes_per_cycle", "weight_bytes_per_param",
+    "host_cpu_time_factor", "host_lru_threads"))
+FRACTION_KEYS = frozenset(("hbm_efficiency", "cube_efficiency"))
+
+
+def check_entries(entries: Dict, path: str) -> None:
+    """Every entry but ``name`` / ``status`` is ``{"value": finite number >= 0, "source": text}``;
+    the POSITIVE_KEYS are > 0, the efficiencies <= 1, ``fp8_compute`` is 0 or 1; every entry of
+    the bundled profile is present. A ValueError names the entry."""
+    def bad(key, what):
+        return ValueError(f"--hw: {path}: entry {key!r}: {what}")
+    for key, entry in entries.items():
+        if key in ("name", "status"):
+            continue
+        if not isinstance(entry, dict):
+            raise bad(key, f"expected {{\"value\": number, \"source\": text}}, got {entry!r}")
+        value = entry.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad(key, f"expected a number as \"value\", got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise bad(key, f"expected a finite value >= 0, got {value!r}")
+        if key in POSITIVE_KEYS and value <= 0:
+            raise bad(key, f"expected a value > 0 (the model divides by or scales with it), got {value!r}")
+        if key in FRACTION_KEYS and value > 1:
+            raise bad(key, f"expected a fraction in (0, 1], got {value!r}")
+        if key == "fp8_compute" and value not in (0, 1):
+            raise bad(key, f"expected 0 or 1, got {value!r}")
+        if not isinstance(entry.get("source"), str):
+            raise bad(key, "expected a \"source\" text (where the value comes from)")
+    missing = sorted(k for k in _bundled_keys() if k not in entries)
+    if missing:
+        raise ValueError(f"--hw: {path}: no entry {missing[0]!r} (a profile gives every entry of "
+                         f"the bundled one; {len(missing)} missing)")
+
+
+def _bundled_keys():
+    with open(DEFAULT_PROFILE) as f:
+        return [k for k, v in json.load(f).items() if isinstance(v, dict)]
 
 
 def link_time_s(profile: Profile, rows: float, row_bytes: int) -> float:

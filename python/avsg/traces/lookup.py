@@ -69,19 +69,20 @@ def read_trace(option: str, path: Optional[str], check_values: bool = True):
 
 
 def load_selections(trace: str, layers: Optional[int], steps: int,
-                    option: str = "--trace") -> Tuple[np.ndarray, np.ndarray, int]:
+                    option: str = "--trace", layers_option: str = "--layers",
+                    steps_option: str = "--steps") -> Tuple[np.ndarray, np.ndarray, int]:
     """The first ``layers`` (None: all) x ``steps`` of a trace as (sel int64 [layers, steps, k],
     positions int64 [steps], context T), their values checked; asking for more than it holds is
-    an error naming ``--layers`` / ``--steps``."""
+    an error naming ``layers_option`` / ``steps_option`` (the caller's options that asked)."""
     tr = read_trace(option, trace, check_values=False)
     if tr.sel.ndim != 3:
         raise TraceInputError(f"{option}: {trace} has an MTP axis; expected sel [layers, steps, k]")
     if layers is None:
         layers = tr.layers
     if layers > tr.layers:
-        raise TraceInputError(f"--layers: the trace has {tr.layers} layers, asked for {layers}")
+        raise TraceInputError(f"{layers_option}: the trace has {tr.layers} layers, asked for {layers}")
     if steps > tr.steps:
-        raise TraceInputError(f"--steps: the trace has {tr.steps} steps, asked for {steps}")
+        raise TraceInputError(f"{steps_option}: the trace has {tr.steps} steps, asked for {steps}")
     tr = tr.subset(layers=slice(0, layers), steps=slice(0, steps))
     try:            # the values replayed, not the layers and steps left out
         validate_trace(tr)

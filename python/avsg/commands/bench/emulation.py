@@ -204,7 +204,8 @@ def trace_steps(trace: str, R: int, T: int, K: int, count: int) -> Tuple[List[to
     bench plan' does), so reuse is preserved."""
     import numpy as np
     from ...traces.lookup import load_selections
-    sel, _, context = load_selections(trace, R, count + T - 1)
+    sel, _, context = load_selections(trace, R, count + T - 1, layers_option="--rows",
+                                      steps_option="--warmup + --steps + --queries - 1")
     if K > sel.shape[2]:
         raise UsageError(f"--topk: the trace has top-{sel.shape[2]} selections, asked for {K}")
     prio = (sel.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(1 << 32)

@@ -98,6 +98,9 @@ def main(args: argparse.Namespace) -> int:
         if args.capacity * r > reference.MAX_BUCKETS:
             raise UsageError(f"--ratios: capacity {args.capacity} x {r} exceeds the largest table "
                              f"({reference.MAX_BUCKETS} buckets)")
+        if args.capacity * r < reference.VECTOR_INT32:
+            raise UsageError(f"--ratios: capacity {args.capacity} x {r} is below the smallest table "
+                             f"({reference.VECTOR_INT32} buckets)")
     if args.device == "npu":
         common.require_npu("hash-buckets")
     out = common.out_dir(args, "hash-buckets")

@@ -325,7 +325,9 @@ def main(args: argparse.Namespace) -> int:
     if trace is not None:
         from ...traces.lookup import load_selections
         extra = max(POLICY_T) - 1 if args.policies or args.phases else 0
-        tsel, positions, context = load_selections(trace, args.rows, args.warmup + args.steps + extra)
+        tsel, positions, context = load_selections(
+            trace, args.rows, args.warmup + args.steps + extra, layers_option="--rows",
+            steps_option="--warmup + --steps" + (f" + {extra}" if extra else ""))
         if tsel.shape[2] < 2048:
             raise UsageError(f"--trace: expected top-2048 selections, the trace has top-{tsel.shape[2]}")
         sel = tsel

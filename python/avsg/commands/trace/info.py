@@ -31,10 +31,22 @@ def main(args: argparse.Namespace) -> int:
     if tr.extra:
         print(f"  extra keys: {sorted(tr.extra)}")
     if args.stats:
+        # both measure a step against earlier ones: a step with no history has no figure
+        if tr.steps < 2:
+            raise UsageError(f"--stats: gamma and recall compare steps; the trace (after --steps) "
+                             f"has {tr.steps} step")
+        if tr.steps < args.window + 2:
+            raise UsageError(f"--window: recall over a window of {args.window} steps needs at "
+                             f"least {args.window + 2} steps; the trace (after --steps) has {tr.steps}")
         g = measure_gamma(tr.sel)
         r = measure_recall(tr.sel, args.window)
         print(f"  adjacent-step similarity gamma: mean {g.mean():.4f} (per layer min {g.mean(1).min():.4f}"
               f", max {g.mean(1).max():.4f})")
-        print(f"  historical recall (window {args.window}): mean {np.nanmean(r):.4f} "
-              f"(per layer min {np.nanmin(np.nanmean(r, 1)):.4f}, max {np.nanmax(np.nanmean(r, 1)):.4f})")
+        if np.isnan(r).all():
+            print(f"  historical recall (window {args.window}): none (no step selects a position "
+                  f"the step before did not)")
+        else:
+            per_layer = np.array([np.nanmean(row) if not np.isnan(row).all() else np.nan for row in r])
+            print(f"  historical recall (window {args.window}): mean {np.nanmean(r):.4f} "
+                  f"(per layer min {np.nanmin(per_layer):.4f}, max {np.nanmax(per_layer):.4f})")
     return 0

@@ -17,10 +17,13 @@ from . import common
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ...traces.policies import policy_names
-    names = policy_names()
+    # belady is offline (it reads the whole future at the start); here the acceptance draws
+    # the iterations as the replay goes, so it has no future to read
+    names = [n for n in policy_names() if n != "belady"]
     from ...traces.mtp import MODES
     common.add_common_trace_args(p)
-    p.add_argument("--policy", default="lru", choices=names, help="buffer policy (default lru)")
+    p.add_argument("--policy", default="lru", choices=names,
+                   help="buffer policy (default lru; not belady, an offline bound: see trace replay)")
     p.add_argument("--capacity", type=int_in(1, common.MAX_CAPACITY), default=8192,
                    help="buffer entries per layer, (1 + --drafts) x K..16777216 (default 8192)")
     p.add_argument("--drafts", type=int_in(1, 16), default=3,
@@ -59,6 +62,10 @@ def main(args: argparse.Namespace) -> int:
                           accept_model=args.accept_model, seed=args.seed,
                           modes=args.modes or MODES, count_first_step=args.count_first_step,
                           **common.policy_opts(args))
+    if res["iterations"] == 0:
+        raise UsageError(f"--steps: {tr.steps} trace steps give no counted MTP iteration (an "
+                         f"iteration reads 1 + --drafts = {1 + args.drafts} steps and the first "
+                         f"only warms the buffers; pass more steps or --count-first-step)")
     print(format_mtp(res))
     if json_path:
         report.write_json(json_path, res)

@@ -84,6 +84,9 @@ def main(args: argparse.Namespace) -> int:
     if args.quiet:
         args.progress = False
     common.check_policies(tr, policies, args.capacity, args, tr.queries)
+    if tr.steps < 2 and not args.count_first_step:
+        raise UsageError(f"--steps: {tr.steps} step counts nothing (step 0 warms the buffers); "
+                         f"replay at least 2 steps, or pass --count-first-step")
     print(f"trace {args.trace}: {tr.summary()}")
     if avsg_note:
         print(avsg_note)

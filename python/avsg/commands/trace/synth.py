@@ -43,15 +43,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from ...traces.format import save_trace, smallest_sel_dtype
     from ...traces.synth import generate, measure_gamma, measure_recall
+    if not args.out:
+        raise UsageError("out: expected an output .npz (or a directory for a grid), got an empty name")
     need = args.k + args.steps + args.window
     if args.max_len < need:
         raise UsageError(f"--max-len: expected >= --k + --steps + --window = {need:,} (every step "
                          f"selects --k of the positions so far), got {args.max_len:,}")
     # the trace, its int64 copies while measured, and one position map per layer
     sel_bytes = args.layers * args.steps * args.k * smallest_sel_dtype(args.max_len, False).itemsize
-    check_memory("--steps", sel_bytes + 16 * args.steps * args.k + 8 * args.max_len,
-                 f"{args.layers:,} layers x {args.steps:,} steps x top-{args.k:,}")
     grid = [(g, m) for g in args.gamma for m in args.mu_hist]
+    # every grid point is drawn before any is written: a point the context cannot hold is
+    # refused with nothing left behind
+    check_memory("--steps", len(grid) * sel_bytes + 16 * args.steps * args.k + 8 * args.max_len,
+                 f"{len(grid)} x {args.layers:,} layers x {args.steps:,} steps x top-{args.k:,}")
     many = len(grid) > 1
     if many:
         check_dir_writable("out", args.out)
@@ -59,10 +63,17 @@ def main(args: argparse.Namespace) -> int:
     else:
         paths = [args.out]
     paths = [output_path("out", p, ".npz") for p in paths]
-    for (g, m), path in zip(grid, paths):
+    drawn = []
+    for g, m in grid:
         t0 = time.perf_counter()
-        tr = generate(steps=args.steps, layers=args.layers, k=args.k, max_len=args.max_len, gamma=g,
-                      mu_hist=m, sigma=args.sigma, window=args.window, seed=args.seed)
+        try:
+            tr = generate(steps=args.steps, layers=args.layers, k=args.k, max_len=args.max_len,
+                          gamma=g, mu_hist=m, sigma=args.sigma, window=args.window, seed=args.seed)
+        except ValueError as e:   # the context is too short for this point's fresh selections
+            raise UsageError(f"--max-len: {str(e).replace('max_len', '--max-len')} (nothing "
+                             f"written)") from None
+        drawn.append((tr, time.perf_counter() - t0))
+    for (g, m), path, (tr, seconds) in zip(grid, paths, drawn):
         save_trace(path, tr)
         mg = measure_gamma(tr.sel).mean()
         rc = measure_recall(tr.sel, args.window)
@@ -70,5 +81,5 @@ def main(args: argparse.Namespace) -> int:
                   if np.isfinite(rc).any() else f"recall not measured: fewer than --window + 2 = "
                   f"{args.window + 2} steps")
         print(f"wrote {path}: gamma={g} (measured {mg:.4f}), mu_hist={m} ({recall}), "
-              f"{tr.summary()} [{time.perf_counter() - t0:.1f}s]")
+              f"{tr.summary()} [{seconds:.1f}s]")
     return 0
