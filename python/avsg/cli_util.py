@@ -51,7 +51,9 @@ def mark_leaves(parser: argparse.ArgumentParser) -> None:
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
         parser.set_defaults(_options=frozenset(
-            o for a in parser._actions for o in a.option_strings if o.startswith("--")))
+            o for a in parser._actions for o in a.option_strings if o.startswith("--")),
+            _names={a.dest: next((o for o in a.option_strings if o.startswith("--")), a.dest)
+                    for a in parser._actions if a.dest != "help"})
         return
     for sub in subs:
         for child in set(sub.choices.values()):
@@ -332,3 +334,12 @@ def keep_freed_memory() -> None:
         libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
     except (OSError, AttributeError):
         pass
+
+
+def empty_argument(args: argparse.Namespace, names: dict) -> Optional[str]:
+    """The option (or positional) the command line gave an empty string: no avsg argument takes
+    one, and a path of "" would silently mean the current directory or a default."""
+    for dest, value in vars(args).items():
+        if value == "" or (isinstance(value, list) and "" in value):
+            return names.get(dest, dest)
+    return None

@@ -567,6 +567,17 @@ def test_second_review_cases(files, tmp_path):
         (["serve-sim", "--hw", hw["zero_cores"], "--out", out], "'aiv_cores'"),
         (["trace", "replay", good, "--policy", "avsg", "--capacity", "32", "--cost-every", "1",
           "--hw", hw["null"], "--no-plot", "--out", out], "'clock_ghz'"),
+        # options that would do nothing, or do one thing twice
+        (["trace", "replay", good, "--policy", "lru", "--lifetime", "8", "--no-plot"], "--lifetime"),
+        (["trace", "mtp", good, "--modes", "shared", "shared"], "--modes"),
+        (["serve-sim", "--variants", "fixed,fixed"], "--variants"),
+        (["trace", "synth", out + "/grid", "--gamma", "0.5", "0.5"], "--gamma"),
+        (["bench", "decode", "--trace-layers", "4096", "--out", out], "--trace-layers"),
+        (["bench", "decode", "--trace-steps", "300", "--out", out], "--trace-steps"),
+        # an empty string is never a value: as a path it would mean the current directory
+        (["trace", "replay", good, "--out", ""], "--out"),
+        (["bench", "plan", "--tables", ""], "--tables"),
+        (["trace", "replay", good, "--layer-select", ""], "--layer-select"),
     ]
     for argv, needle in cases:
         assert_one_line_error(argv, needle)
@@ -585,3 +596,12 @@ def test_run_projects_a_small_model_with_a_large_buffer(tmp_path):
                             "129", "--quiet"])
     assert status == 0, err[-2000:]
     assert "est. DeepSeek-V3.2" in out
+    assert "outputs identical across modes" in out
+
+
+def test_run_with_one_mode_compares_nothing():
+    status, out, err = run(["run", "--config", "tiny", "--select", "indexer", "--context", "64",
+                            "--batch", "1", "--requests", "1", "--new-tokens", "1", "--modes",
+                            "avsg", "--quiet"])
+    assert status == 0, err[-2000:]
+    assert "outputs identical" not in out and "outputs not compared: one mode ran" in out

@@ -22,7 +22,8 @@ import re
 import sys
 from typing import Dict, List, Optional, Tuple, Union
 
-from ..cli_util import INPUT_ERRORS, OneLineParser, mark_leaves, report_error
+from ..cli_util import (INPUT_ERRORS, OneLineParser, UsageError, empty_argument, mark_leaves,
+                        report_error)
 
 Leaf = Tuple[str, str]                              # (module under avsg.commands, one-line help)
 Group = Tuple[str, str, Dict[str, Leaf]]            # (group help, description, its commands)
@@ -107,7 +108,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     options = vars(args).pop("_options", ())   # the command's options, for report_error
+    names = vars(args).pop("_names", {})
     try:
+        empty = empty_argument(args, names)
+        if empty is not None:
+            raise UsageError(f"{empty}: expected a value, got an empty string")
         return int(args.func(args) or 0)
     except INPUT_ERRORS as e:
         if args.debug:

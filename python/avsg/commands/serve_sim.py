@@ -161,11 +161,13 @@ def main(args: argparse.Namespace) -> int:
     _check_args(args)
     check_writable("--tables", args.tables)
     out_dir = common.out_dir(args, "serve-sim")
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = [v.strip() for v in args.variants.split(",")]
     bad = [v for v in variants if v not in sim.VARIANTS]
     if bad or not variants:
         raise UsageError(f"--variants: expected a subset of {', '.join(sim.VARIANTS)}, got "
                          f"{args.variants!r}")
+    if len(set(variants)) < len(variants):
+        raise UsageError(f"--variants: {args.variants!r} names a variant twice")
     try:
         hw = hardware.load_profile(args.hw)
         config = from_hf_config(args.config)

@@ -55,6 +55,12 @@ def load_trace_cut(trace_path: str, layers: Optional[int], steps: int, min_steps
     if trace.steps < min_steps:
         raise TraceInputError(f"--trace: {trace_path} has {trace.steps} steps; the counted plan needs "
                          f"at least {min_steps} (warm-up and measured launches)")
+    if layers is not None and layers > trace.layers:
+        raise TraceInputError(f"--trace-layers: {trace_path} has {trace.layers} layers, asked for "
+                              f"{layers}")
+    if steps > trace.steps:
+        raise TraceInputError(f"--trace-steps: {trace_path} has {trace.steps} steps, asked for "
+                              f"{steps}")
     trace = trace.subset(layers=slice(0, layers), steps=slice(0, steps))
     try:
         validate_trace(trace)

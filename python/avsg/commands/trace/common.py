@@ -63,6 +63,10 @@ def check_policies(tr, policies, capacities, args, queries: int) -> None:
     refuses (a capacity below Tq x K or above the op's 32768, --ways, a trace whose T is past
     2**24) is a usage error naming the option before the first result."""
     from ...traces.policies import make_policy
+    lifetime_policies = ("avsg-lifetime", "lifetime-hand", "freq-lifetime")
+    if getattr(args, "lifetime", None) is not None and not set(policies) & set(lifetime_policies):
+        raise UsageError(f"--lifetime: only {', '.join(lifetime_policies)} have a lifetime; it does "
+                         f"nothing for {' '.join(policies)}")
     # the policies keep a slot per position and row (int64): bound it before building one
     check_memory("--capacity", 16 * tr.layers * queries * (tr.T + 1 + max(capacities)),
                  f"the policies' state for T = {tr.T:,} positions and {max(capacities):,} slots")

@@ -44,6 +44,8 @@ def main(args: argparse.Namespace) -> int:
     if args.accept_mean > args.drafts:
         raise UsageError(f"--accept-mean: expected a mean of 0..--drafts = {args.drafts} accepted "
                          f"drafts per step, got {args.accept_mean:g}")
+    if args.modes and len(set(args.modes)) < len(args.modes):
+        raise UsageError(f"--modes: {' '.join(args.modes)} names a mode twice")
     json_path = output_path("--json", args.json)
     tr = common.load(args)
     if tr.has_mtp_axis:

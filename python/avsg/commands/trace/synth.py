@@ -43,14 +43,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from ...traces.format import save_trace, smallest_sel_dtype
     from ...traces.synth import generate, measure_gamma, measure_recall
-    if not args.out:
-        raise UsageError("out: expected an output .npz (or a directory for a grid), got an empty name")
     need = args.k + args.steps + args.window
     if args.max_len < need:
         raise UsageError(f"--max-len: expected >= --k + --steps + --window = {need:,} (every step "
                          f"selects --k of the positions so far), got {args.max_len:,}")
     # the trace, its int64 copies while measured, and one position map per layer
     sel_bytes = args.layers * args.steps * args.k * smallest_sel_dtype(args.max_len, False).itemsize
+    for option, values in (("--gamma", args.gamma), ("--mu-hist", args.mu_hist)):
+        if len(set(values)) < len(values):   # two grid points would write one file
+            raise UsageError(f"{option}: {' '.join(f'{v:g}' for v in values)} repeats a value")
     grid = [(g, m) for g in args.gamma for m in args.mu_hist]
     # every grid point is drawn before any is written: a point the context cannot hold is
     # refused with nothing left behind
