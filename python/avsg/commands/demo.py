@@ -9,12 +9,13 @@ host pool, then prints the hit rate and the bytes moved against copying every se
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import torch
 
 from .. import buffer as avsg_buffer, reference
 from ..buffer import SparseKVBuffer, gather
-from ..cli_util import UsageError, check_memory_total, int_in, reject_together
+from ..cli_util import UsageError, check_memory_total, int_in, progress_bar, reject_together
 from ..traces.lookup import find_trace, load_selections, synthetic_selections, trace_label
 
 ROW_BYTES = 656
@@ -57,6 +58,7 @@ def run(trace: str, layers: int, steps: int, capacity: int, synthetic: bool,
           f" MiB, {avsg_buffer.get_num_cores()} gather cores")
     copied = 0
     started = time.perf_counter()
+    bar = progress_bar(steps, "plan + gather", "step", sys.stderr.isatty())
     for step in range(steps):
         topk = torch.from_numpy(sel[:, step]).to(torch.int32).view(layers, 1, k)
         # the query at position p attends to 0..p, itself included
@@ -64,6 +66,8 @@ def run(trace: str, layers: int, steps: int, capacity: int, synthetic: bool,
         plan = buf.plan(topk, seq_lens)
         gather(plan, host_pool, device_buffer)
         copied += int(plan.miss_counts.sum())
+        bar.update(1)
+    bar.close()
     elapsed = time.perf_counter() - started
     # self-check: attention would read exactly the host rows through the last step's slots
     rows = torch.arange(layers)[:, None, None].expand_as(topk)
