@@ -459,6 +459,18 @@ def test_real_processes(files, argv, tmp_path):
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
 
 
+def test_a_reader_that_goes_away_is_no_error(files, tmp_path):
+    """`avsg ... | head -1`: the pipe closes under a command still printing; it exits 0, silently."""
+    # unbuffered, so that the first print after the close meets the closed pipe inside the command
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "avsg.cli", "trace", "mtp", str(files["good"]),
+                             "--capacity", "64", "--drafts", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    proc.stdout.close()                        # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and err == "", err
+
+
 # ------------------------------------------------------------------------------ README claims
 
 def _readme():

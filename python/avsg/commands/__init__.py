@@ -18,6 +18,7 @@ or a size this machine cannot allocate prints one line on stderr and exits with 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import sys
 from typing import Dict, List, Optional, Tuple, Union
@@ -114,6 +115,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if empty is not None:
             raise UsageError(f"{empty}: expected a value, got an empty string")
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # the reader went away (`avsg ... | head`): nothing is wrong and nothing is left to say;
+        # stdout points at devnull so that the interpreter's final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except INPUT_ERRORS as e:
         if args.debug:
             raise

@@ -28,8 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="buffer entries per layer, (1 + --drafts) x K..16777216 (default 8192)")
     p.add_argument("--drafts", type=int_in(1, 16), default=3,
                    help="MTP draft tokens per step, 1..16 (default 3)")
-    p.add_argument("--accept-mean", type=float_in(0, 16), default=1.44,
-                   help="mean accepted drafts per step, 0..--drafts (<= 16; default 1.44)")
+    p.add_argument("--accept-mean", type=float_in(0, 16), default=None,
+                   help="mean accepted drafts per step, 0..--drafts (<= 16; default 0.48 x "
+                        "--drafts: 1.44 at the default 3 drafts)")
     p.add_argument("--accept-model", choices=("geometric", "fixed"), default="geometric",
                    help="how accepted drafts are drawn (default geometric)")
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0,
@@ -41,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from ...traces.mtp import MODES, format_mtp, mtp_replay
     from ...traces import report
+    if args.accept_mean is None:      # the default acceptance rate, whatever the drafts
+        args.accept_mean = 0.48 * args.drafts
     if args.accept_mean > args.drafts:
         raise UsageError(f"--accept-mean: expected a mean of 0..--drafts = {args.drafts} accepted "
                          f"drafts per step, got {args.accept_mean:g}")
