@@ -586,6 +586,8 @@ def test_second_review_cases(files, tmp_path):
         (["trace", "synth", out + "/grid", "--gamma", "0.5", "0.5"], "--gamma"),
         (["bench", "decode", "--trace-layers", "4096", "--out", out], "--trace-layers"),
         (["bench", "decode", "--trace-steps", "300", "--out", out], "--trace-steps"),
+        (["serve-sim", "--trace", good, "--layers-per-trace", "9", "--out", out], "--layers-per-trace"),
+        (["serve-sim", "--trace", good, "--trace-steps", "64", "--out", out], "--trace-steps"),
         # an empty string is never a value: as a path it would mean the current directory
         (["trace", "replay", good, "--out", ""], "--out"),
         (["bench", "plan", "--tables", ""], "--tables"),

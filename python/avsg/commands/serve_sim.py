@@ -27,6 +27,8 @@ SYNTHETIC_TOPK, SYNTHETIC_CONTEXT = 2048, 32768
 MAX_REQUESTS = 1_000_000      # the simulation keeps every request's record
 MAX_BUFFER_GB = 1024.0        # device memory of a card is tens of GB
 MAX_BATCH = 4096
+DEFAULT_LAYERS_PER_TRACE = 8   # locality rows per trace
+DEFAULT_TRACE_STEPS = 1024     # decode steps of each row
 MICROBATCH_VARIANTS = (("none", "static"), ("arrival", "static"), ("cmr", "static"),
                        ("cmr", "ofms"))
 
@@ -42,12 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic", action="store_true",
                         help="use generated traces instead (no trace files needed; not with "
                              "--trace)")
-    parser.add_argument("--layers-per-trace", type=int_in(1, 4096), default=8,
+    parser.add_argument("--layers-per-trace", type=int_in(1, 4096), default=None,
                         help="trace layers used as locality rows, spread over each trace, 1..4096 "
-                             "(default 8)")
-    parser.add_argument("--trace-steps", type=int_in(1, 1 << 20), default=1024,
-                        help="decode steps of each row used, 1..1048576 (default 1024; caps output "
-                             "lengths)")
+                             f"(default {DEFAULT_LAYERS_PER_TRACE}, or all of a trace with fewer)")
+    parser.add_argument("--trace-steps", type=int_in(1, 1 << 20), default=None,
+                        help="decode steps of each row used, 1..1048576 (default "
+                             f"{DEFAULT_TRACE_STEPS}, or all of a shorter trace; caps output lengths)")
     parser.add_argument("--requests", type=int_in(1, MAX_REQUESTS), default=300,
                         help=f"requests simulated, 1..{MAX_REQUESTS:,} (default 300)")
     parser.add_argument("--rate", type=float_in(0, 1e6, low_open=True), default=4.0,
@@ -130,7 +132,12 @@ def _trace_paths(args) -> List[str]:
 
 
 def _load_traces(args) -> List[tuple]:
+    """The traces, and the effective --layers-per-trace / --trace-steps: an explicit value a
+    trace cannot give is an error; the defaults take what a shorter trace has."""
     from ..traces import synth
+    explicit_layers, explicit_steps = args.layers_per_trace, args.trace_steps
+    args.layers_per_trace = explicit_layers or DEFAULT_LAYERS_PER_TRACE
+    args.trace_steps = explicit_steps or DEFAULT_TRACE_STEPS
     if args.synthetic:
         longest = SYNTHETIC_CONTEXT - SYNTHETIC_TOPK - 9       # every step selects top-k anew
         if args.trace_steps > longest:
@@ -149,6 +156,11 @@ def _load_traces(args) -> List[tuple]:
         tr = read_trace("--trace", p, check_values=True)   # bad values would skew the model
         if tr.k > 4096 or tr.T < 2 * tr.k:
             raise UsageError(f"--trace: {p}: top-k {tr.k} / context {tr.T} not usable")
+        if explicit_layers and explicit_layers > tr.layers:
+            raise UsageError(f"--layers-per-trace: {p} has {tr.layers} layers, asked for "
+                             f"{explicit_layers}")
+        if explicit_steps and explicit_steps > tr.steps:
+            raise UsageError(f"--trace-steps: {p} has {tr.steps} steps, asked for {explicit_steps}")
         out.append((os.path.splitext(os.path.basename(p))[0], tr))
     return out
 
