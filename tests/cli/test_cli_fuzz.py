@@ -595,6 +595,12 @@ def test_second_review_cases(files, tmp_path):
     ]
     for argv, needle in cases:
         assert_one_line_error(argv, needle)
+    # generate has no --config: its missing-config error must not send the user to one
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    line = assert_one_line_error(["generate", "--checkpoint", str(ckpt), "--input-ids", "[[1]]"],
+                                 "no config.json")
+    assert "--config" not in line, line
     # a grid point the context cannot hold is refused before any point is written
     grid = tmp_path / "grid"
     assert_one_line_error(["trace", "synth", str(grid), "--steps", "4", "--k", "16", "--max-len",

@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}")
     json_path = output_path("--json", args.json)
-    config = checkpoint_config(args.checkpoint)
+    config = checkpoint_config(args.checkpoint, has_config_option=False)
     prompts = parse_input_ids(args.input_ids)
     for i, prompt in enumerate(prompts):
         bad = [t for t in prompt if not 0 <= t < config.vocab_size]

@@ -138,14 +138,16 @@ def load_config(spec: str):
         raise UsageError(f"--config: {e}") from None
 
 
-def checkpoint_config(directory: str):
-    """The model config a checkpoint directory carries: its ``config.json``."""
+def checkpoint_config(directory: str, has_config_option: bool = True):
+    """The model config a checkpoint directory carries: its ``config.json``. Without one the
+    error points at ``--config`` where the command has it (run), else at the directory."""
     if not os.path.isdir(directory):
         raise UsageError(f"--checkpoint: not a directory: {directory}")
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
-        raise UsageError(f"--checkpoint: {directory} has no config.json (a checkpoint directory "
-                         f"holds the model's config.json beside its weights)")
+        hint = ("pass --config for the model it holds" if has_config_option else
+                "a checkpoint directory holds the model's config.json beside its weights")
+        raise UsageError(f"--checkpoint: {directory} has no config.json ({hint})")
     try:
         return model_config.from_hf_config(path)
     except ValueError as e:                       # a broken config.json (JSON errors included)
