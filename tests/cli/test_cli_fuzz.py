@@ -587,6 +587,9 @@ def test_second_review_cases(files, tmp_path):
         (["bench", "decode", "--trace-layers", "4096", "--out", out], "--trace-layers"),
         (["bench", "decode", "--trace-steps", "300", "--out", out], "--trace-steps"),
         (["serve-sim", "--trace", good, "--layers-per-trace", "9", "--out", out], "--layers-per-trace"),
+        (["trace", "replay", good, "--progress", "--quiet"], "--progress and --quiet"),
+        (["trace", "replay", good, "--plot", out + "/p.png", "--no-plot"], "--plot and --no-plot"),
+        (["doctor", "--no-selftest", "--seconds", "5"], "--no-selftest and --seconds"),
         (["serve-sim", "--trace", good, "--trace-steps", "64", "--out", out], "--trace-steps"),
         # an empty string is never a value: as a path it would mean the current directory
         (["trace", "replay", good, "--out", ""], "--out"),

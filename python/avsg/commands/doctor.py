@@ -32,7 +32,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from ..cli_util import float_in, output_path
+from ..cli_util import float_in, output_path, reject_together
 
 CANN_VERSION_FILES = ("ascend_toolkit_install.info", "ascend_cann_install.info", "version.info",
                       "runtime/version.info")
@@ -369,15 +369,17 @@ def verdict(checks: List[Check]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=float_in(0, 86400, low_open=True), default=30.0,
+    parser.add_argument("--seconds", type=float_in(0, 86400, low_open=True), default=None,
                         help="time limit of the NPU self-test, seconds in (0, 86400] (default 30)")
     parser.add_argument("--no-selftest", action="store_true", help="versions and backends only")
     parser.add_argument("--json", help="also write the checks as JSON to this file")
 
 
 def main(args: argparse.Namespace) -> int:
+    reject_together(args, "--no-selftest", "--seconds", "--seconds limits the self-test")
     json_path = output_path("--json", args.json)
-    checks = run_checks(args.seconds, not args.no_selftest, lambda line: print(line, flush=True))
+    seconds = 30.0 if args.seconds is None else args.seconds
+    checks = run_checks(seconds, not args.no_selftest, lambda line: print(line, flush=True))
     line = verdict(checks)
     print(line)
     if json_path:

@@ -13,7 +13,7 @@ from typing import List, Optional
 import numpy as np
 
 from ...cli_util import (UsageError, check_dir_writable, check_memory, check_writable, float_in,
-                         int_in, output_path)
+                         int_in, output_path, reject_together)
 from . import common
 
 
@@ -57,6 +57,8 @@ def main(args: argparse.Namespace) -> int:
     from ...traces.replay import replay
     from ...traces import report
     t_all = time.perf_counter()
+    reject_together(args, "--progress", "--quiet")
+    reject_together(args, "--plot", "--no-plot")
     tr = common.load(args)
     policies = args.policy or policy_names()
     avsg_note = None
