@@ -581,6 +581,8 @@ def test_second_review_cases(files, tmp_path):
           "--hw", hw["null"], "--no-plot", "--out", out], "'clock_ghz'"),
         # options that would do nothing, or do one thing twice
         (["trace", "replay", good, "--policy", "lru", "--lifetime", "8", "--no-plot"], "--lifetime"),
+        (["trace", "replay", good, "--policy", "lru", "--ways", "3", "--no-plot"], "--ways"),
+        (["trace", "mtp", good, "--policy", "lru", "--buckets", "3"], "--buckets"),
         (["trace", "mtp", good, "--modes", "shared", "shared"], "--modes"),
         (["serve-sim", "--variants", "fixed,fixed"], "--variants"),
         (["trace", "synth", out + "/grid", "--gamma", "0.5", "0.5"], "--gamma"),

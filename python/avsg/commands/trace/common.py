@@ -58,15 +58,22 @@ def load(args):
     return tr
 
 
+# (option, dest, the policies that read it): given with none of them, it would do nothing
+POLICY_OPTIONS = (("--lifetime", "lifetime", ("avsg-lifetime", "lifetime-hand", "freq-lifetime")),
+                  ("--ways", "ways", ("setassoc-fifo",)),
+                  ("--buckets", "buckets", ("bucketed-lru",)),
+                  ("--bucket-width", "bucket_width", ("bucketed-lru",)))
+
+
 def check_policies(tr, policies, capacities, args, queries: int) -> None:
     """Build every (policy, capacity) once before any replay, so that a value the library
     refuses (a capacity below Tq x K or above the op's 32768, --ways, a trace whose T is past
     2**24) is a usage error naming the option before the first result."""
     from ...traces.policies import make_policy
-    lifetime_policies = ("avsg-lifetime", "lifetime-hand", "freq-lifetime")
-    if getattr(args, "lifetime", None) is not None and not set(policies) & set(lifetime_policies):
-        raise UsageError(f"--lifetime: only {', '.join(lifetime_policies)} have a lifetime; it does "
-                         f"nothing for {' '.join(policies)}")
+    for option, dest, users in POLICY_OPTIONS:   # an option no chosen policy reads does nothing
+        if getattr(args, dest, None) is not None and not set(policies) & set(users):
+            raise UsageError(f"{option}: read only by {', '.join(users)}; it does nothing for "
+                             f"{' '.join(policies)}")
     # the policies keep a slot per position and row (int64): bound it before building one
     check_memory("--capacity", 16 * tr.layers * queries * (tr.T + 1 + max(capacities)),
                  f"the policies' state for T = {tr.T:,} positions and {max(capacities):,} slots")
@@ -131,10 +138,10 @@ def add_common_trace_args(p, with_policy_opts=True):
                        help="avsg-lifetime, lifetime-hand, freq-lifetime: lifetime L, 1..255 "
                             "(default: the op's, reference.DEFAULT_LIFETIME, for the first two; 16 "
                             "for freq-lifetime)")
-        p.add_argument("--ways", type=int_in(1, 32768), default=16,
+        p.add_argument("--ways", type=int_in(1, 32768),
                        help="setassoc-fifo: ways per set, a divisor of the capacity, 1..32768 "
                             "(default 16)")
-        p.add_argument("--buckets", type=int_in(1, 65536), default=64,
+        p.add_argument("--buckets", type=int_in(1, 65536),
                        help="bucketed-lru: buckets, 1..65536 (default 64)")
-        p.add_argument("--bucket-width", type=int_in(1, 1 << 20), default=1,
+        p.add_argument("--bucket-width", type=int_in(1, 1 << 20),
                        help="bucketed-lru: steps per bucket, 1..1048576 (default 1)")
