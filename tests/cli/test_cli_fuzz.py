@@ -565,7 +565,8 @@ def test_second_review_cases(files, tmp_path):
           "--no-plot", "--out", out], "--steps"),
         (["trace", "info", good, "--stats", "--window", "19"], "--window"),
         (["trace", "info", good, "--stats", "--steps", "1"], "--stats"),
-        (["trace", "synth", "", "--steps", "4", "--k", "16", "--max-len", "64"], "out"),
+        (["trace", "synth", "", "--steps", "4", "--k", "16", "--max-len", "64"],
+         "out: expected a value"),
         (["bench", "plan", "--trace", big, "--rows", "3", "--out", out], "--rows"),
         (["bench", "plan", "--trace", big, "--warmup", "56", "--out", out], "--warmup + --steps"),
         (["bench", "emulation", "--trace", big, "--rows", "3", "--out", out], "--rows"),
@@ -600,6 +601,20 @@ def test_second_review_cases(files, tmp_path):
     ]
     for argv, needle in cases:
         assert_one_line_error(argv, needle)
+    # the defaults take what a short trace has: gamma without recall, a decode replay of all of it
+    status, out_text, err = run(["trace", "info", good, "--stats", "--steps", "5"])
+    assert status == 0 and "recall (window 8): not measured" in out_text, err
+    from avsg.costmodel import hardware, traffic
+    from avsg.traces.lookup import TraceInputError
+    assert traffic.load_trace_cut(big, None, None, default_steps=256).steps == 56   # all 56
+    with pytest.raises(TraceInputError, match="--trace-steps: .* has 56 steps, asked for 57"):
+        traffic.load_trace_cut(big, None, 57)
+    # what a calibration writes loads: fitted slopes the model does not read may be any number,
+    # and a fit may put a cost the model only multiplies by at 0
+    hardware.load_profile(_profile(tmp_path, "calib", "calib_x_cycles_per_iter",
+                                   {"value": -3.0, "source": src}))
+    hardware.load_profile(_profile(tmp_path, "fit0", "vec_cycles_per_repeat",
+                                   {"value": 0.0, "source": src}))
     # generate has no --config: its missing-config error must not send the user to one
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

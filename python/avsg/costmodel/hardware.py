@@ -60,17 +60,20 @@ def load_profile(path: str = DEFAULT_PROFILE) -> Profile:
 POSITIVE_KEYS = frozenset((
     "hbm_bytes_per_s", "hbm_efficiency", "cube_flops_bf16", "cube_flops_int8", "cube_efficiency",
     "link_bytes_per_s", "dma_in_flight_per_core", "aiv_cores", "hbm_bytes", "clock_ghz",
-    "vec_cycles_per_repeat", "mte_bytes_per_cycle", "weight_bytes_per_param",
+    "mte_bytes_per_cycle", "weight_bytes_per_param",
     "host_cpu_time_factor", "host_lru_threads"))
 FRACTION_KEYS = frozenset(("hbm_efficiency", "cube_efficiency"))
 
 
 def check_entries(entries: Dict, path: str) -> None:
-    """Every entry but ``name`` / ``status`` is ``{"value": finite number >= 0, "source": text}``;
-    the POSITIVE_KEYS are > 0, the efficiencies <= 1, ``fp8_compute`` is 0 or 1; every entry of
-    the bundled profile is present. A ValueError names the entry."""
+    """Every entry but ``name`` / ``status`` is ``{"value": finite number, "source": text}``; the
+    model's entries (the bundled profile's) are >= 0, the POSITIVE_KEYS > 0, the efficiencies
+    <= 1 and ``fp8_compute`` 0 or 1, and all of them are present. Other entries (a calibration
+    run's fitted slopes, ``calib_*``) the model does not read: a number is all they need to be.
+    A ValueError names the entry."""
     def bad(key, what):
         return ValueError(f"--hw: {path}: entry {key!r}: {what}")
+    model_keys = set(_bundled_keys())
     for key, entry in entries.items():
         if key in ("name", "status"):
             continue
@@ -79,8 +82,10 @@ def check_entries(entries: Dict, path: str) -> None:
         value = entry.get("value")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad(key, f"expected a number as \"value\", got {value!r}")
-        if not math.isfinite(value) or value < 0:
-            raise bad(key, f"expected a finite value >= 0, got {value!r}")
+        if not math.isfinite(value):
+            raise bad(key, f"expected a finite value, got {value!r}")
+        if key in model_keys and value < 0:
+            raise bad(key, f"expected a value >= 0, got {value!r}")
         if key in POSITIVE_KEYS and value <= 0:
             raise bad(key, f"expected a value > 0 (the model divides by or scales with it), got {value!r}")
         if key in FRACTION_KEYS and value > 1:
@@ -89,7 +94,7 @@ def check_entries(entries: Dict, path: str) -> None:
             raise bad(key, f"expected 0 or 1, got {value!r}")
         if not isinstance(entry.get("source"), str):
             raise bad(key, "expected a \"source\" text (where the value comes from)")
-    missing = sorted(k for k in _bundled_keys() if k not in entries)
+    missing = sorted(k for k in model_keys if k not in entries)
     if missing:
         raise ValueError(f"--hw: {path}: no entry {missing[0]!r} (a profile gives every entry of "
                          f"the bundled one; {len(missing)} missing)")

@@ -46,8 +46,11 @@ def _slotmap_policy_class():
     return SlotMapFIFO
 
 
-def load_trace_cut(trace_path: str, layers: Optional[int], steps: int, min_steps: int = 0):
-    """The first ``layers`` x ``steps`` of a trace, their values checked (one-line errors)."""
+def load_trace_cut(trace_path: str, layers: Optional[int], steps: Optional[int], min_steps: int = 0,
+                   default_steps: int = 256):
+    """The first ``layers`` x ``steps`` of a trace, their values checked (one-line errors).
+    ``steps`` None: ``default_steps``, or all of a shorter trace; a value given is refused when
+    the trace is shorter."""
     from ..traces.format import TraceFormatError, validate_trace
     trace = read_trace("--trace", trace_path, check_values=False)
     if trace.has_mtp_axis:
@@ -58,7 +61,9 @@ def load_trace_cut(trace_path: str, layers: Optional[int], steps: int, min_steps
     if layers is not None and layers > trace.layers:
         raise TraceInputError(f"--trace-layers: {trace_path} has {trace.layers} layers, asked for "
                               f"{layers}")
-    if steps > trace.steps:
+    if steps is None:
+        steps = min(default_steps, trace.steps)
+    elif steps > trace.steps:
         raise TraceInputError(f"--trace-steps: {trace_path} has {trace.steps} steps, asked for "
                               f"{steps}")
     trace = trace.subset(layers=slice(0, layers), steps=slice(0, steps))

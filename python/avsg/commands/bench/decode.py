@@ -25,6 +25,8 @@ from ...costmodel.projection import (MAX_BATCH, MODES, PEERS, PROFILES, SENSITIV
                                      best_peer, kv_format, max_batch, profile_variant, project)
 from ...costmodel.traffic import Traffic, load_trace_cut, measure_traffic
 
+DEFAULT_TRACE_STEPS = 256   # trace steps replayed unless --trace-steps says otherwise
+
 # ---------------------------------------------------------------- the command
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "embedded asyncio_32k_8x256)")
     parser.add_argument("--trace-layers", type=int_in(0, 4096), default=0,
                         help="trace layers replayed, 0..4096 (default 0: all of them)")
-    parser.add_argument("--trace-steps", type=int_in(8, 1 << 20), default=256,
-                        help="trace steps replayed, 8..1048576 (default 256)")
+    parser.add_argument("--trace-steps", type=int_in(8, 1 << 20), default=None,
+                        help=f"trace steps replayed, 8..1048576 (default {DEFAULT_TRACE_STEPS}, or "
+                             f"all of a shorter trace)")
     parser.add_argument("--capacity", type=int_in(1, 32768), default=8192,
                         help="slots per request and layer of avsg, lru-device and slotmap-device, "
                              "(1 + 3) x top-k..32768 (default 8192)")
@@ -105,7 +108,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--topk-buffer-size: expected >= top-k = {config.index_topk}, got "
                          f"{args.topk_buffer_size}")
     cut = load_trace_cut(trace, args.trace_layers or None, args.trace_steps,
-                         min_steps=COUNTED_WARMUP + (COUNTED_LAUNCHES + 1) * (1 + max(mtps)))
+                         min_steps=COUNTED_WARMUP + (COUNTED_LAUNCHES + 1) * (1 + max(mtps)),
+                         default_steps=DEFAULT_TRACE_STEPS)
+    args.trace_steps = cut.steps      # the default takes what a shorter trace has
     if cut.k != config.index_topk:
         raise UsageError(f"--trace: it selects top-{cut.k}, the model's index_topk is "
                          f"{config.index_topk}")
