@@ -166,12 +166,28 @@ def parse_size(option: str, text: str, low: int = 1, high: Optional[int] = None)
     return value
 
 
-def size_list(option: str, text: str, low: int = 1, high: Optional[int] = None) -> List[int]:
-    """Comma-separated :func:`parse_size` values; at least one."""
-    parts = [p for p in text.split(",") if p.strip()]
-    if not parts:
+def comma_list(option: str, text: str) -> List[str]:
+    """The comma-separated items of ``text``, stripped: at least one, none empty (``1,,2`` or a
+    trailing comma is a typo, not a shorter list), none twice (every list option runs each
+    value once)."""
+    items = [p.strip() for p in text.split(",")]
+    if not any(items):
         raise UsageError(f"{option}: expected at least one value, got {text!r}")
-    return [parse_size(option, p, low, high) for p in parts]
+    if not all(items):
+        raise UsageError(f"{option}: empty value in {text!r}")
+    repeated = [v for i, v in enumerate(items) if v in items[:i]]
+    if repeated:
+        raise UsageError(f"{option}: {repeated[0]} given twice in {text!r}")
+    return items
+
+
+def size_list(option: str, text: str, low: int = 1, high: Optional[int] = None) -> List[int]:
+    """Comma-separated :func:`parse_size` values (:func:`comma_list`); equal values written
+    differently (``32K,32768``) count as repeats too."""
+    values = [parse_size(option, p, low, high) for p in comma_list(option, text)]
+    if len(set(values)) < len(values):
+        raise UsageError(f"{option}: a value given twice in {text!r}")
+    return values
 
 
 def reject_together(args, first: str, second: str, why: str = "") -> None:

@@ -628,6 +628,60 @@ def test_second_review_cases(files, tmp_path):
     assert not grid.exists() or not any(grid.iterdir())
 
 
+def test_third_review_cases(files, tmp_path):
+    """Every comma-separated option: an empty item (``1,,2``, a trailing comma) is a typo and a
+    repeated value (also written differently, ``32K,32768``) would run twice; both are refused
+    by name. --layer-select ranges must run forwards and name each layer once. Then errors that
+    used to name the wrong cause."""
+    good = str(files["good"])
+    out = str(tmp_path / "out")
+    cases = [
+        (["bench", "decode", "--batch", "1,,2", "--out", out], "--batch: empty value"),
+        (["bench", "decode", "--batch", "1,8,", "--out", out], "--batch: empty value"),
+        (["bench", "decode", "--batch", "8,8", "--out", out], "--batch: 8 given twice"),
+        (["bench", "decode", "--context", "32K,32768", "--out", out], "--context: a value given twice"),
+        (["bench", "decode", "--mtp", "1,1", "--out", out], "--mtp"),
+        (["bench", "gather", "--miss-rate", "0.5,,0.25", "--out", out], "--miss-rate: empty value"),
+        (["bench", "gather", "--row-bytes", "656,656", "--out", out], "--row-bytes"),
+        (["bench", "hash-buckets", "--trace", good, "--ratios", "2,,4", "--out", out], "--ratios"),
+        (["bench", "emulation", "--capacity", "4096,4096", "--out", out], "--capacity"),
+        (["bench", "all", "--only", ",", "--out", out], "--only: expected at least one value"),
+        (["run", "--modes", "avsg,,device"], "--modes: empty value"),
+        (["serve-sim", "--variants", "elastic,", "--out", out], "--variants: empty value"),
+        (["trace", "replay", good, "--layer-select", "1-0", "--no-plot"], "runs backwards"),
+        (["trace", "replay", good, "--layer-select", ",,", "--no-plot"], "--layer-select"),
+        (["trace", "replay", good, "--layer-select", "0-1,1", "--no-plot"], "more than once"),
+        (["trace", "replay", good, "--layer-select", "-1", "--no-plot"], "--layer-select"),
+        (["trace", "replay", good, "--policy", "lru", "--cost-every", "5", "--no-plot"],
+         "--cost-every: read only by avsg"),
+    ]
+    for argv, needle in cases:
+        assert_one_line_error(argv, needle)
+    # errors that named the wrong cause: a trace whose context alone is too much state (not
+    # --capacity), a model with fewer positions than its top-k (not --context), a capacity for
+    # a store that has no buffer
+    rng = np.random.default_rng(0)
+    sel = np.sort(np.stack([[rng.choice(1000, 16, replace=False) for _ in range(40)]
+                            for _ in range(2)]), axis=2)
+    far = tmp_path / "far.npz"
+    np.savez(far, sel=sel, positions=np.arange(40) + 2 ** 40 - 40, T=np.int64(2 ** 40),
+             k=np.int32(16))
+    line = assert_one_line_error(["trace", "replay", str(far), "--capacity", "32", "--no-plot"],
+                                 f"trace: {far}")
+    assert "--capacity" not in line, line
+    from avsg.costmodel.projection import V32_CONFIG
+    with open(V32_CONFIG) as f:
+        config = json.load(f)
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({**config, "max_position_embeddings": 100}))
+    assert_one_line_error(["bench", "decode", "--config", str(small), "--out", out],
+                          "--config: max_position_embeddings (100) is below index_topk")
+    assert_one_line_error(["generate", "--checkpoint", str(tmp_path), "--input-ids", "[[1]]",
+                           "--capacity", "64"], "--capacity: sizes the avsg buffer")
+    from avsg.commands.trace.common import parse_index_list
+    assert parse_index_list(" 0-2, 5 ", 6) == [0, 1, 2, 5]
+
+
 def test_run_projects_a_small_model_with_a_large_buffer(tmp_path):
     """A buffer of many top-k's (129 slots of a top-8 model) scales past the op's largest
     buffer in the V3.2 projection; the run still succeeds and prints its estimate."""

@@ -92,6 +92,9 @@ def main(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}")
     json_path = output_path("--json", args.json)
+    if args.capacity is not None and args.mode != "avsg":
+        raise UsageError(f"--capacity: sizes the avsg buffer; --mode {args.mode} has none "
+                         f"(add --mode avsg)")
     config = checkpoint_config(args.checkpoint, has_config_option=False)
     prompts = parse_input_ids(args.input_ids)
     for i, prompt in enumerate(prompts):

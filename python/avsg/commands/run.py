@@ -29,8 +29,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from ..cli_util import (UsageError, check_memory_total, int_in, keep_freed_memory, output_path,
-                        progress_bar)
+from ..cli_util import (UsageError, check_memory_total, comma_list, int_in, keep_freed_memory,
+                        output_path, progress_bar)
 from .. import model_config, reference
 from ..runtime import store as _stores  # noqa: F401  (registers the stores)
 from ..runtime.base import STORES, StoreSpec
@@ -342,17 +342,11 @@ def main(args: argparse.Namespace) -> int:
     _positive("--capacity", args.capacity)
     requests = _positive("--requests", args.requests) if args.requests is not None \
         else 2 * args.batch
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = comma_list("--modes", args.modes)
     for m in modes:
         if m not in STORES:
             raise UsageError(f"--modes: unknown mode {m!r}; expected a subset of "
                              f"{','.join(MODES)}")
-    if not modes:
-        raise UsageError("--modes: expected at least one mode")
-    repeated = sorted({m for m in modes if modes.count(m) > 1})
-    if repeated:
-        raise UsageError(f"--modes: {','.join(repeated)} given twice; each mode runs once and the "
-                         f"outputs are compared across different modes")
     if args.lifetime is not None and args.policy != "lifetime":
         raise UsageError(f"--lifetime: only the lifetime policy has a lifetime; it does nothing "
                          f"with --policy {args.policy} (add --policy lifetime)")

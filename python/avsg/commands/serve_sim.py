@@ -18,8 +18,8 @@ from typing import List
 
 import numpy as np
 
-from ..cli_util import (UsageError, check_memory, check_writable, float_in, int_in, progress_bar,
-                        reject_together)
+from ..cli_util import (UsageError, check_memory, check_writable, comma_list, float_in, int_in,
+                        progress_bar, reject_together)
 from ..traces.lookup import read_trace
 
 DEFAULT_OUT = os.path.join("avsg-results", "serve-sim")
@@ -173,13 +173,11 @@ def main(args: argparse.Namespace) -> int:
     _check_args(args)
     check_writable("--tables", args.tables)
     out_dir = common.out_dir(args, "serve-sim")
-    variants = [v.strip() for v in args.variants.split(",")]
+    variants = comma_list("--variants", args.variants)
     bad = [v for v in variants if v not in sim.VARIANTS]
-    if bad or not variants:
+    if bad:
         raise UsageError(f"--variants: expected a subset of {', '.join(sim.VARIANTS)}, got "
                          f"{args.variants!r}")
-    if len(set(variants)) < len(variants):
-        raise UsageError(f"--variants: {args.variants!r} names a variant twice")
     try:
         hw = hardware.load_profile(args.hw)
         config = from_hf_config(args.config)

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import torch
 
 from ... import backend
-from ...cli_util import UsageError, check_dir_writable, check_writable, progress_bar
+from ...cli_util import UsageError, check_dir_writable, check_writable, comma_list, progress_bar
 from ...costmodel import hardware
 
 RESULTS_ROOT = "avsg-results"
@@ -139,11 +139,11 @@ def npu_time_us(fn, warmup: int = 3, iters: int = 10) -> List[float]:
 
 def int_list(option: str, text: str, low: int = 1, high: Optional[int] = None) -> List[int]:
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in comma_list(option, text)]
     except ValueError:
         raise UsageError(f"{option}: expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise UsageError(f"{option}: expected at least one value, got {text!r}")
+    if len(set(values)) < len(values):
+        raise UsageError(f"{option}: a value given twice in {text!r}")
     if min(values) < low:
         raise UsageError(f"{option}: expected integers >= {low}, got {text!r}")
     if high is not None and max(values) > high:
@@ -153,10 +153,12 @@ def int_list(option: str, text: str, low: int = 1, high: Optional[int] = None) -
 
 def float_list(option: str, text: str, low: float, high: float) -> List[float]:
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        values = [float(v) for v in comma_list(option, text)]
     except ValueError:
         raise UsageError(f"{option}: expected comma-separated numbers, got {text!r}") from None
-    if not values or min(values) <= low or max(values) > high:
+    if len(set(values)) < len(values):
+        raise UsageError(f"{option}: a value given twice in {text!r}")
+    if min(values) <= low or max(values) > high:
         raise UsageError(f"{option}: expected numbers in ({low:g}, {high:g}], got {text!r}")
     return values
 

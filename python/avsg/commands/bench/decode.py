@@ -96,6 +96,10 @@ def main(args: argparse.Namespace) -> int:
     batches = size_list("--batch", args.batch, 1, MAX_BATCH)
     mtps = sorted(set(size_list("--mtp", args.mtp, 0, 3)))
     hw, config = load_inputs(args)
+    if config.max_position_embeddings < config.index_topk:
+        raise UsageError(f"--config: max_position_embeddings ({config.max_position_embeddings:,}) "
+                         f"is below index_topk ({config.index_topk:,}): the model selects every "
+                         f"position it has, so there is no offload to model")
     contexts = size_list("--context", args.context, config.index_topk,
                          config.max_position_embeddings)
     if args.link_gbps is not None:

@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from ...cli_util import UsageError
+from ...cli_util import UsageError, comma_list
 from . import common
 
 QUICK = {
@@ -39,12 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from .. import main as run_command     # the package table: each bench as its command line runs
-    only = [b.strip() for b in args.only.split(",") if b.strip()]
+    only = comma_list("--only", args.only)
     bad = [b for b in only if b not in QUICK]
-    if bad or not only:
+    if bad:
         raise UsageError(f"--only: expected names among {', '.join(QUICK)}, got {args.only!r}")
-    if len(set(only)) < len(only):
-        raise UsageError(f"--only: each benchmark at most once, got {args.only!r}")
     common.load_hw(args)                 # a bad --hw is the user's mistake, not a skipped bench
     if args.device == "npu":
         common.require_npu("all")

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from typing import List, Optional
 
 import numpy as np
 
-from ...cli_util import (UsageError, check_dir_writable, check_memory, check_writable, float_in,
-                         int_in, output_path)
+from ...cli_util import (UsageError, check_dir_writable, check_memory_total, check_writable,
+                         float_in, int_in, output_path)
 from ...traces.lookup import read_trace
 
 DEFAULT_CAPACITIES = (4096, 8192, 16384)
@@ -20,22 +21,24 @@ MAX_CAPACITY = 1 << 24      # positions the op addresses; a larger buffer holds 
 
 
 def parse_index_list(text: str, n: int) -> List[int]:
+    """``0-3,7`` -> [0, 1, 2, 3, 7]: comma-separated indices and ascending ranges in [0, n)."""
     out = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if "-" in part:
-                a, b = part.split("-", 1)
-                out.extend(range(int(a), int(b) + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise UsageError(f"--layer-select: expected indices and ranges like 0-3,7, got {text!r}") \
-            from None
+    for part in (p.strip() for p in text.split(",")):
+        if not re.fullmatch(r"\d+(-\d+)?", part):
+            where = f" in {text!r}" if part != text.strip() else ""
+            raise UsageError(f"--layer-select: expected indices and ranges like 0-3,7, got "
+                             f"{part!r}{where}")
+        a, _, b = part.partition("-")
+        first, last = int(a), int(b or a)
+        if last < first:
+            raise UsageError(f"--layer-select: range {part!r} runs backwards (write {last}-{first})")
+        out.extend(range(first, last + 1))
     bad = [i for i in out if not 0 <= i < n]
-    if bad or not out:
-        raise UsageError(f"--layer-select: indices {bad or text!r} not in [0, {n}) (the trace "
-                         f"has {n} layers)")
+    if bad:
+        raise UsageError(f"--layer-select: indices {bad} not in [0, {n}) (the trace has {n} layers)")
+    repeated = sorted({i for i in out if out.count(i) > 1})
+    if repeated:
+        raise UsageError(f"--layer-select: layers {repeated} listed more than once")
     return out
 
 
@@ -62,7 +65,8 @@ def load(args):
 POLICY_OPTIONS = (("--lifetime", "lifetime", ("avsg-lifetime", "lifetime-hand", "freq-lifetime")),
                   ("--ways", "ways", ("setassoc-fifo",)),
                   ("--buckets", "buckets", ("bucketed-lru",)),
-                  ("--bucket-width", "bucket_width", ("bucketed-lru",)))
+                  ("--bucket-width", "bucket_width", ("bucketed-lru",)),
+                  ("--cost-every", "cost_every", ("avsg", "avsg-lifetime", "avsg-lru")))
 
 
 def check_policies(tr, policies, capacities, args, queries: int) -> None:
@@ -75,8 +79,12 @@ def check_policies(tr, policies, capacities, args, queries: int) -> None:
             raise UsageError(f"{option}: read only by {', '.join(users)}; it does nothing for "
                              f"{' '.join(policies)}")
     # the policies keep a slot per position and row (int64): bound it before building one
-    check_memory("--capacity", 16 * tr.layers * queries * (tr.T + 1 + max(capacities)),
-                 f"the policies' state for T = {tr.T:,} positions and {max(capacities):,} slots")
+    # (the error names whichever of the trace's context and --capacity takes the most)
+    per_entry = 16 * tr.layers * queries
+    check_memory_total([
+        (f"trace: {args.trace}", per_entry * (tr.T + 1),
+         f"the policies' state for its context of T = {tr.T:,} positions"),
+        ("--capacity", per_entry * max(capacities), f"{max(capacities):,} slots")])
     for cap in capacities:
         for name in policies:
             try:

@@ -16,6 +16,10 @@ from ...cli_util import (UsageError, check_dir_writable, check_memory, check_wri
                          int_in, output_path, reject_together)
 from . import common
 
+# a strict (counted) plan step costs about 25 fast ones on CPU: one in 32 keeps a costed replay
+# within about twice the time of a plain one
+DEFAULT_COST_EVERY = 32
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ...traces.policies import policy_names
@@ -42,10 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action="store_true", default=None,
                    help="progress bar per replay (default: on when stderr is a terminal)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--cost-every", type=int_in(0, 1 << 20), default=32, metavar="N",
+    p.add_argument("--cost-every", type=int_in(0, 1 << 20), default=None, metavar="N",
                    help="avsg policies: run every N-th step in the strict emulation and report the "
                         "modelled plan us per row-step, the link us of the misses and their sum at "
-                        "batch 1 and 64, 0..1048576 (default 32; 0: off)")
+                        f"batch 1 and 64, 0..1048576 (default {DEFAULT_COST_EVERY}; 0: off)")
     from ...costmodel import hardware as _hardware
     p.add_argument("--hw", metavar="JSON", default=_hardware.DEFAULT_PROFILE,
                    help="hardware profile of the step-cost model (default: the bundled, "
@@ -86,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
     if args.quiet:
         args.progress = False
     common.check_policies(tr, policies, args.capacity, args, tr.queries)
+    if args.cost_every is None:       # (given with no avsg policy, check_policies refused it)
+        args.cost_every = DEFAULT_COST_EVERY
     if tr.steps < 2 and not args.count_first_step:
         raise UsageError(f"--steps: {tr.steps} step counts nothing (step 0 warms the buffers); "
                          f"replay at least 2 steps, or pass --count-first-step")
