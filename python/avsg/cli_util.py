@@ -50,7 +50,7 @@ def mark_leaves(parser: argparse.ArgumentParser) -> None:
     error naming an argument can be reported under the command's option."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
-        parser.set_defaults(_options=frozenset(
+        parser.set_defaults(_leaf=parser, _options=frozenset(
             o for a in parser._actions for o in a.option_strings if o.startswith("--")),
             _names={a.dest: next((o for o in a.option_strings if o.startswith("--")), a.dest)
                     for a in parser._actions if a.dest != "help"})

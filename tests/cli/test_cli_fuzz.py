@@ -527,6 +527,15 @@ def test_debug_shows_the_traceback(files):
     with pytest.raises(TraceInputError, match="truncated0.npz"):
         with contextlib.redirect_stdout(io.StringIO()):
             cli.main(["--debug", "trace", "info", str(files["bad"]["truncated0"])])
+    with pytest.raises(TraceInputError, match="truncated0.npz"):      # after the command too
+        with contextlib.redirect_stdout(io.StringIO()):
+            cli.main(["trace", "info", str(files["bad"]["truncated0"]), "--debug"])
+
+
+def test_an_unknown_option_is_reported_by_its_command(files):
+    line = assert_one_line_error(["trace", "info", str(files["good"]), "--bogus", "1"],
+                                 "unrecognized arguments: --bogus 1")
+    assert line.startswith("avsg trace info: error:"), line
 
 
 def _profile(tmp_path, name, key, entry):

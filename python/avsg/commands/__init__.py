@@ -17,6 +17,7 @@ or a size this machine cannot allocate prints one line on stderr and exits with 
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import re
@@ -76,6 +77,9 @@ def _add_leaf(sub, name: str, leaf: Leaf) -> None:
     parser = sub.add_parser(name, help=help_text,
                             description=plain((module.__doc__ or help_text).split("\n\n")[0]))
     module.add_arguments(parser)
+    # also after the command (``avsg run --debug``); SUPPRESS keeps the top-level value unless given
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks for every error")
     parser.set_defaults(func=module.main)
 
 
@@ -106,7 +110,10 @@ def _name(args) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run one ``avsg`` command line (``sys.argv[1:]`` when None); returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:     # reported by the command that was given them, with its usage line
+        vars(args).pop("_leaf").error(f"unrecognized arguments: {' '.join(unknown)}")
+    vars(args).pop("_leaf", None)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     options = vars(args).pop("_options", ())   # the command's options, for report_error
     names = vars(args).pop("_names", {})
