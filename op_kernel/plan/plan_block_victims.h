@@ -19,8 +19,9 @@ class PlanBlockVictims : public PlanBlockHeat {
 protected:
     // slot_life: clamp to [-1, L+1] (a no-op on states the ops built; on any other it keeps
     // every unpinned slot a victim candidate), decay (fresh L+1 -> first life - 1, other
-    // life>0 -> life-1: all in [-1, L-1]), hit slots -> L, one vector pass per window. Also counts the free slots (life -1, padding included), so Allocate can
-    // skip level -1.
+    // life>0 -> life-1: all in [-1, L-1]), hit slots -> L, one vector pass per window. Also
+    // what the victim search starts from: lru the oldest age and the free candidates, lifetime
+    // the lowest life (the half copy's, or a lane-wise minimum).
     template <class Policy>
     __aicore__ inline void DecayAndPin() {
         // Chunks of a whole window, up to the wide vectors' lanes (fewer instructions and
@@ -186,15 +187,9 @@ protected:
         // The scan starts at the lowest life a candidate (a slot below the active capacity)
         // holds, -1 if one is free: every level below it is empty, and at L = 255 there can be
         // hundreds (a hit holds L, above every level). One reduction instead of their passes:
-        // over the half copy where it fits, else of DecayAndPin's lane-wise minimum.
-        int32_t low = lowestLife_;
-        if (compact) {
-            const LocalTensor<half> lowest = wIdx_.ReinterpretCast<half>();
-            PipeBarrier<PIPE_V>();                // DecayAndPin's casts into the half copy
-            ReduceMin(lowest, sHalf_, wSlot_.ReinterpretCast<half>(), static_cast<int32_t>(activeCap_));
-            Sync<HardEvent::V_S>();
-            low = static_cast<int32_t>(static_cast<float>(lowest.GetValue(0)));
-        }
+        // over the half copy where it fits, else of DecayAndPin's lane-wise minimum. After the
+        // free slots (level -1) it jumps again, to the lowest life held (below).
+        const int32_t low = compact ? HalfCopyLowestLife() : lowestLife_;
         const int32_t lv0 = low < static_cast<int32_t>(t_.lifetime) ? (low < -1 ? -1 : low) : 0;
         for (int32_t lv = lv0; lv < static_cast<int32_t>(t_.lifetime) && have < m; ++lv) {
             for (uint32_t part = 0; part < 2 && have < m; ++part) {
@@ -239,10 +234,55 @@ protected:
                     }
                 }
             }
+            // Level -1 took every free slot (each now holds L+1), fewer than the misses (after an
+            // invalidate, say): the next level with candidates is the lowest life now held, which
+            // may lie hundreds of empty levels up. One more reduction instead of their passes.
+            if (lv == -1 && have < m) {
+                const int32_t held = compact ? HalfCopyLowestLife() : WindowLowestLife();
+                lv = (held < 0 ? 0 : held) - 1;
+            }
         }
         if (have) countUb_.SetValue(kHandWord, static_cast<int32_t>(lastSlot + 1 < activeCap_ ? lastSlot + 1 : 0u));
         missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
         if (compact) WriteBackLives();
+    }
+    // The lowest life a candidate (a slot below the active capacity) holds, -1 if one is free:
+    // over the half copy, which DecayAndPin's casts and Allocate's installs wrote.
+    __aicore__ inline int32_t HalfCopyLowestLife() {
+        const LocalTensor<half> lowest = wIdx_.ReinterpretCast<half>();
+        Sync<HardEvent::S_V>();                   // the installs' scalar writes of the half copy
+        PipeBarrier<PIPE_V>();                    // DecayAndPin's casts into it
+        ReduceMin(lowest, sHalf_, wSlot_.ReinterpretCast<half>(), static_cast<int32_t>(activeCap_));
+        Sync<HardEvent::V_S>();
+        return static_cast<int32_t>(static_cast<float>(lowest.GetValue(0)));
+    }
+    // The same from the slot_life windows, where the half copy does not fit: one vector pass
+    // (lane-wise Min, then one ReduceMin), from the resident window on.
+    __aicore__ inline int32_t WindowLowestLife() {
+        Win& sl = win_[avsg::SEC_SL];
+        const LocalTensor<float> lowest = wTmp_.ReinterpretCast<float>(), lifeF = wWin_.ReinterpretCast<float>();
+        const uint32_t chunk = Wide();
+        Sync<HardEvent::S_V>();                   // the installs' scalar writes of the windows
+        Duplicate(lowest, static_cast<float>(t_.lifetime), chunk);
+        const uint32_t first = sl.cur < 0 ? 0u : static_cast<uint32_t>(sl.cur);
+        for (uint32_t k = 0; k < sl.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((first + k) % sl.nwin);
+            const uint32_t base = static_cast<uint32_t>(id) * sl.wlen;
+            if (base >= activeCap_) continue;
+            Ensure(sl, id);
+            const uint32_t live = MinU(WinCount(sl, id), activeCap_ - base);
+            for (uint32_t off = 0; off < live; off += chunk) {
+                const uint32_t n = MinU(chunk, live - off);
+                PipeBarrier<PIPE_V>();            // the previous chunk's Min reads lifeF
+                Cast(lifeF, sl.buf[off], RoundMode::CAST_RINT, n);   // lives in [-1, L+1]: exact
+                PipeBarrier<PIPE_V>();
+                Min(lowest, lowest, lifeF, n);
+            }
+        }
+        PipeBarrier<PIPE_V>();
+        ReduceMin(wIdx_.ReinterpretCast<float>(), lowest, wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(chunk));
+        Sync<HardEvent::V_S>();
+        return static_cast<int32_t>(wIdx_.ReinterpretCast<float>().GetValue(0));
     }
     // slot_life = the half copy (lives in [-1, L+1]: exact in half), window by window. Every
     // entry of each window is overwritten, so no window is loaded: the step moves slot_life in
