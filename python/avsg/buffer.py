@@ -112,6 +112,8 @@ class Plan(NamedTuple):
     source       the SparseKVBuffer that made it (None: built by hand or under tracing, unguarded)
     generation   the source's generation when it was made: ``gather`` refuses the plan once a
                  later ``plan``/``invalidate``/``reset``/``resize`` of the source has run
+    moves        True for what ``resize`` returns (source and destination are slots):
+                 ``apply_moves`` takes only these, ``gather`` only the others
     """
 
     slots: torch.Tensor
@@ -121,6 +123,7 @@ class Plan(NamedTuple):
     capacity: int
     source: Optional["SparseKVBuffer"] = None
     generation: int = 0
+    moves: bool = False
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -364,7 +367,7 @@ class SparseKVBuffer:
         finally:
             self._release(held)
         return Plan(dst.view(self.rows, 1, -1), src, dst, counts, self.capacity, source,
-                    generation)
+                    generation, moves=True)
 
     def _check_resize(self, rows: torch.Tensor, capacities: torch.Tensor) -> None:
         low, high = self.topk * self.queries_per_step, self.capacity
@@ -476,6 +479,16 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
     """
     if not isinstance(plan, Plan):
         raise TypeError(f"plan: expected avsg.Plan, got {type(plan).__name__}")
+    if plan.moves:      # its miss_pos are slots of the buffer, not host rows
+        raise ValueError("plan: the moves of SparseKVBuffer.resize; copy them with "
+                         "avsg.apply_moves(moves, buffers), not gather")
+    return _gather(plan, src, dst, block_table, block_size, partition, num_cores, check)
+
+
+def _gather(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[torch.Tensor],
+            block_size: Optional[int], partition: str, num_cores: Optional[int],
+            check: Optional[bool]) -> torch.Tensor:
+    """``gather`` of any plan, fetches and moves alike (``apply_moves`` is the other caller)."""
     device = plan.miss_pos.device
     for field in ("slots", "miss_pos", "miss_slots", "miss_counts"):
         t = getattr(plan, field)
@@ -559,8 +572,14 @@ def apply_moves(moves: Plan, buffers: TensorList, num_cores: Optional[int] = Non
     destination of ``gather``. Safe in place: a move's source lies at or past the new capacity
     and its destination below it, so no copy reads a row another one writes. Returns what
     ``gather`` returns."""
+    if not isinstance(moves, Plan):
+        raise TypeError(f"moves: expected the avsg.Plan of SparseKVBuffer.resize, got "
+                        f"{type(moves).__name__}")
+    if not moves.moves:     # a fetch plan's miss_pos are positions: they would be read as slots
+        raise ValueError("moves: a plan of SparseKVBuffer.plan (misses to fetch), not the moves "
+                         "of SparseKVBuffer.resize; copy it with avsg.gather")
     tensors = _as_list("buffers", buffers)
-    return gather(moves, tensors, tensors, num_cores=num_cores)
+    return _gather(moves, tensors, tensors, None, None, "miss", num_cores, None)
 
 
 def _check_host_rows(plan: Plan, src: torch.Tensor, block_table, block_size) -> None:

@@ -218,8 +218,11 @@ def test_retrieve_rtk_bad_input_names_the_argument_and_touches_nothing():
                        (torch.full((R, 1, K), -1, dtype=I32), "meta")):
         with pytest.raises(ValueError, match=match):
             mgr.retrieve_rtk(0, bad, meta)
+    new = [torch.zeros(R * 2, c.width, dtype=c.dtype) for c in mgr.kv_format.components]
     with pytest.raises(ValueError, match=r"topk_pos\[0, 0, 0\] = 9 is beyond"):
-        mgr.retrieve_rtk(0, torch.full((R, 2, K), 9, dtype=I32), meta)
+        mgr.retrieve_rtk(0, torch.full((R, 2, K), 9, dtype=I32), meta, new_kv=new)
     with pytest.raises(ValueError, match="new_kv"):
         mgr.retrieve_rtk(0, good, meta, new_kv=[torch.zeros(R * 2, WIDTH)])
+    with pytest.raises(ValueError, match="new_kv: write_through=True needs this pass's KV"):
+        mgr.retrieve_rtk(0, good, meta)
     assert all(torch.equal(buf.state, s) for buf, s in zip(mgr.buffers, state))

@@ -135,6 +135,10 @@ class StepMeta(NamedTuple):
     kv_lens: torch.Tensor            # int32 [Q]  resident kv length per request (S or 0)
     query_start_loc: torch.Tensor    # int32 [Q + 1] as given (begin_step_rtk: arange * queries)
     buffered: torch.Tensor           # bool  [R]  per state row: a request planned this pass
+    # the manager's generation when it was made: retrieve refuses the meta once a later
+    # begin_step or a lifecycle call (add, free, move_row, swap_rows) has run (0: made under
+    # tracing, unguarded, as a Plan's)
+    generation: int = 0
 
 
 class SparseAttentionInputs(NamedTuple):
@@ -251,6 +255,8 @@ class SparseOffloadManager:
         self.occupied = torch.zeros(R, dtype=torch.bool, device=self.device)
         self.resident_block_table = torch.empty(R, self.pages_per_row, dtype=torch.int32,
                                                 device=self.device)
+        # bumped by every begin_step and every lifecycle call (StepMeta.generation)
+        self._generation = 0
         self._sync_tables()
         # per layer and state row: the lowest position to drop before the layer's next plan
         # (module docstring, "Stale copies"); _NO_LIMIT = nothing pending
@@ -327,7 +333,8 @@ class SparseOffloadManager:
 
     def _sync_tables(self) -> None:
         """Host tables -> the device tensors the steps read (in place: compiled graphs keep
-        pointing at them)."""
+        pointing at them). Every earlier StepMeta is superseded: its rows no longer match."""
+        self._generation += 1
         state_rows = torch.tensor(self._state_row_host, dtype=torch.int64)
         self.state_row_of_batch_row.copy_(state_rows)
         self.occupied.copy_(torch.tensor(self._occupied_host, dtype=torch.bool))
@@ -551,9 +558,13 @@ class SparseOffloadManager:
         base = by_state_row(start - first_new, 0)
         table = by_state_row(block_table, -1)
         kv_lens = torch.where(buffered, S, 0).to(torch.int32)
+        generation = 0
+        if not tracing():
+            self._generation += 1
+            generation = self._generation
         return StepMeta(N, Q, planned, plan_index, seq_lens.index_select(0, req), seq_state,
                         stable, base, table, kv_lens, query_start_loc,
-                        by_state_row(buffered, False))
+                        by_state_row(buffered, False), generation)
 
     def _check_step(self, qsl, seq_lens, block_table, num_tokens) -> None:
         q = qsl.tolist()
@@ -567,11 +578,13 @@ class SparseOffloadManager:
             raise ValueError(f"query_start_loc[-1] = {q[-1]}: more tokens than num_tokens = "
                              f"{num_tokens}")
         seq = seq_lens.tolist()
-        bs = self.block_size if self.host_kv is not None else None
+        limit = self.buffers[0].max_context
+        buffered = []
         for i, length in enumerate(seq):
             q_len = q[i + 1] - q[i]
             if not 0 <= length <= reference.MAX_POSITION:
                 raise ValueError(f"seq_lens[{i}] = {length}: expected 0 <= seq_len <= 2**24")
+            buffered.append(0 < q_len <= self.queries_per_step)
             if q_len == 0:
                 continue
             if not self._occupied_host[i]:
@@ -580,19 +593,35 @@ class SparseOffloadManager:
             if q_len > length:
                 raise ValueError(f"seq_lens[{i}] = {length}: less than the request's {q_len} "
                                  f"tokens in this pass (seq_lens count them)")
-            if q_len > self.queries_per_step or bs is None:
-                continue            # bypasses the buffer: its blocks are the engine's business
-            need = -(-length // bs)
-            if need > block_table.shape[1]:
-                raise ValueError(f"block_table: request {i} has seq_len {length}, which needs "
-                                 f"{need} blocks of {bs}, but block_table has "
-                                 f"{block_table.shape[1]} columns")
-            blocks = block_table[i, :need]
-            bad = (blocks < 0) | (blocks >= self.num_host_blocks)
-            if bool(bad.any()):
-                col = int(bad.nonzero()[0, 0])
-                raise ValueError(f"block_table[{i}, {col}] = {int(blocks[col])}: expected a host "
-                                 f"block in [0, {self.num_host_blocks}) for seq_len {length}")
+            if limit is not None and length > limit:
+                raise ValueError(f"seq_lens[{i}] = {length}: expected <= max_context = {limit} "
+                                 f"(the buffers would drop the positions past it)")
+        if self.host_kv is not None:    # else retrieve checks them, once the pool is known
+            # a bypassing request's blocks are the engine's business: only buffered rows
+            self._check_blocks(seq_lens, block_table,
+                               torch.tensor(buffered, dtype=torch.bool, device=self.device),
+                               lambda i: i)
+
+    def _check_blocks(self, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                      buffered: torch.Tensor, batch_row: Callable[[int], int]) -> None:
+        """Every host block a buffered row's ``seq_len`` needs is a block of the pool: the
+        gather that follows reads them unchecked. ``batch_row(i)``: row ``i``'s batch row."""
+        bs = self.block_size
+        need = torch.where(buffered, (seq_lens.to(torch.int64) + bs - 1) // bs, 0)
+        short = need > block_table.shape[1]
+        if bool(short.any()):
+            i = int(short.nonzero()[0, 0])
+            raise ValueError(f"block_table: request {batch_row(i)} has seq_len {int(seq_lens[i])}, "
+                             f"which needs {int(need[i])} blocks of {bs}, but block_table has "
+                             f"{block_table.shape[1]} columns")
+        column = torch.arange(block_table.shape[1], device=block_table.device)
+        bad = (column[None, :] < need[:, None]) & ((block_table < 0)
+                                                   | (block_table >= self.num_host_blocks))
+        if bool(bad.any()):
+            i, col = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"block_table[{batch_row(i)}, {col}] = {int(block_table[i, col])}: "
+                             f"expected a host block in [0, {self.num_host_blocks}) for seq_len "
+                             f"{int(seq_lens[i])}")
 
     def retrieve(self, layer: int, topk_indices: torch.Tensor, meta: StepMeta,
                  new_kv: Optional[Sequence[torch.Tensor]] = None,
@@ -610,6 +639,8 @@ class SparseOffloadManager:
         self._host(layer)                   # a pool to gather from, before anything runs
         news = self._new_kv_rows(new_kv, N)
         if (self.check if check is None else check) and not tracing():
+            self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
+                               self._state_row_host.index)
             self._check_topk(topk_indices, meta)
 
         with self._phase("plan"):
@@ -658,6 +689,8 @@ class SparseOffloadManager:
         if (self.check if check is None else check) and not tracing():
             def where(t, k=None):
                 return f"topk_pos[{t // q}, {t % q}" + ("]" if k is None else f", {k}]")
+            self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
+                               self._state_row_host.index)
             self._check_topk(topk_pos.reshape(N, 1, K), meta, where)
 
         state_rows = self.state_row_of_batch_row
@@ -677,8 +710,12 @@ class SparseOffloadManager:
 
     def _new_kv_rows(self, new_kv, N: int) -> Optional[List[torch.Tensor]]:
         """``new_kv`` as ``[N, width]`` per component when write-through uses it, else None."""
-        if new_kv is None or not self.write_through:
+        if not self.write_through:
             return None
+        if new_kv is None:
+            raise ValueError("new_kv: write_through=True needs this pass's KV (the host write "
+                             "may come after the gather, so this pass's positions cannot be read "
+                             "from the host)")
         comps = self.kv_format.components
         if not isinstance(new_kv, (list, tuple)) or len(new_kv) != len(comps):
             raise ValueError(f"new_kv: expected {len(comps)} components "
@@ -737,6 +774,11 @@ class SparseOffloadManager:
         if meta.block_table.shape[0] != R:
             raise ValueError(f"meta.block_table: expected {R} rows (max_rows), got "
                              f"{tuple(meta.block_table.shape)}: a StepMeta of another manager?")
+        require_int("meta.generation", meta.generation, low=0)
+        if meta.generation and not tracing() and meta.generation != self._generation:
+            raise ValueError("meta: superseded; begin_step or a lifecycle call (add, free, "
+                             "move_row, swap_rows) ran since this StepMeta was made, so its rows "
+                             "no longer match the batch: call begin_step for this pass again")
 
     def _token_rows(self, name: str, part: torch.Tensor, N: int, comp) -> torch.Tensor:
         require_tensor(name, part, comp.dtype, device=self.device)
@@ -810,6 +852,11 @@ class SparseOffloadManager:
                 i = int(bad.nonzero()[0, 0])
                 raise ValueError(f"slot_mapping[{i}] = {int(rows[i])}: beyond the host pool's "
                                  f"{pool_rows} rows")
+            below = rows < -1
+            if bool(below.any()):
+                i = int(below.nonzero()[0, 0])
+                raise ValueError(f"slot_mapping[{i}] = {int(rows[i])}: only -1 may be negative "
+                                 f"(it means padding)")
         valid = (rows >= 0) & (rows < pool_rows)
         # Skipped entries repeat the first valid entry, index and bytes alike, so the scatter
         # writes identical bytes twice rather than anything outside the valid rows; with no
