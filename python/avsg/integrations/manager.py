@@ -65,8 +65,9 @@ One pass
    b. ``plan``: the ``[num_tokens, 1, K]`` top-k is scattered into ``[R, T, K]`` (all ``T`` query
       tokens of a request share its state row) and matched against the buffer;
    c. ``gather`` copies the misses host -> buffer through the host block table;
-   d. with ``write_through`` and ``new_kv``, a miss on one of this pass's own positions is copied
-      from ``new_kv`` (already on the device) into its reserved slot instead of from the host;
+   d. with ``write_through`` (which then needs ``new_kv``), a miss on one of this pass's own
+      positions is copied from ``new_kv`` (already on the device) into its reserved slot instead
+      of from the host;
    e. ``retrieve`` returns the slots in TND layout ``[num_tokens, 1, K]``, valid entries first
       (order kept) and ``-1`` after, with the resident block table and the kv lengths (sparse
       flash attention's inputs); ``retrieve_rtk`` returns them as ``[R, q, K]`` in selection
@@ -94,7 +95,10 @@ Fixed shapes, no host sync: ``begin_step``, ``retrieve``, their ``_rtk`` forms a
 only launch fixed-shape tensor ops (with ``check=False``, the NPU default; ``check=True`` reads
 values and raises ``ValueError`` naming the argument), so ``torch.compile(fullgraph=True)`` and
 graph capture can take a layer step. Lifecycle calls (``add``, ``free``, ``move_row``,
-``swap_rows``) run between steps on the host and update the device tables in place.
+``swap_rows``) run between steps on the host and update the device tables in place; each, like
+a later ``begin_step``, supersedes the pass's ``StepMeta`` (``retrieve`` refuses it, outside
+tracing). With ``check``, ``begin_step`` also refuses ``seq_lens`` past ``max_context`` and
+``retrieve`` checks the host block table against the pool.
 """
 from __future__ import annotations
 
