@@ -14,9 +14,9 @@ def test_defaults_env_and_additional_config(monkeypatch):
                                    "lifetime": reference.DEFAULT_LIFETIME}
     monkeypatch.setenv("AVSG_POLICY", "lru")
     assert avsg_options({})["policy"] == "lru"
-    assert avsg_options({"avsg": {"policy": "reuse", "lifetime": 8}}) == \
-        {"policy": "reuse", "lifetime": 8}
-    assert avsg_options({"avsg": '{"lifetime": 4}'})["lifetime"] == 4
+    assert avsg_options({"avsg": {"policy": "lifetime", "lifetime": 8}}) == \
+        {"policy": "lifetime", "lifetime": 8}
+    assert avsg_options({"avsg": '{"policy": "lifetime", "lifetime": 4}'})["lifetime"] == 4
 
 
 @pytest.mark.parametrize("config, words", [
@@ -24,6 +24,7 @@ def test_defaults_env_and_additional_config(monkeypatch):
     ({"avsg": {"policy": "fifo"}}, "expected one of"),
     ({"avsg": {"lifetime": 0}}, "lifetime: expected an int in [1, 255]"),
     ({"avsg": ["lru"]}, "expected a dict"),
+    ({"avsg": {"policy": "reuse", "lifetime": 8}}, "lifetime: read only by the lifetime policy"),
 ])
 def test_bad_options_name_the_key(config, words, monkeypatch):
     monkeypatch.delenv("AVSG_POLICY", raising=False)

@@ -81,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the avsg buffers' residency policy (default "
                              f"{reference.DEFAULT_POLICY})")
     parser.add_argument("--lifetime", type=int_in(1, 255), default=None,
-                        help="the lifetime policy's L, 1..255 (default 16; only with the lifetime "
-                             "policy, the default)")
+                        help=f"the lifetime policy's L, 1..255 (default {reference.DEFAULT_LIFETIME}; only "
+                             f"with the lifetime policy, the default)")
     parser.add_argument("--select", choices=("trace", "indexer"), default="trace",
                         help="selection source: a recorded trace (default) or the model's indexer")
     parser.add_argument("--trace", help="selection trace .npz (default: the embedded "

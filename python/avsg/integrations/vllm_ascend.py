@@ -91,6 +91,9 @@ def avsg_options(additional_config=None) -> Dict[str, object]:
         raise ValueError(f"additional_config.{CONFIG_KEY}.policy / {ENV_POLICY}: expected one of "
                          f"{tuple(reference.POLICY_IDS)}, got {opts['policy']!r}")
     lifetime = opts["lifetime"]
+    if raw and "lifetime" in raw and opts["policy"] != "lifetime":
+        raise ValueError(f"additional_config.{CONFIG_KEY}.lifetime: read only by the lifetime "
+                         f"policy; the policy is {opts['policy']!r}")
     if isinstance(lifetime, bool) or not isinstance(lifetime, int) or \
             not 1 <= lifetime <= reference.MAX_LIFETIME:
         raise ValueError(f"additional_config.{CONFIG_KEY}.lifetime: expected an int in "

@@ -1,7 +1,7 @@
 """``avsg bench all``: every benchmark in turn, under one output directory, headline ratios last.
 
 plan, gather, hash-buckets, emulation and decode, each into ``--out``/<command>/ (default
-avsg-results/bench-all/). ``--quick`` runs reduced grids (a few minutes on a 2-core machine);
+avsg-results/bench-all/). ``--quick`` runs reduced grids (under 2 minutes on a 2-core machine);
 without it, each benchmark's full defaults (much longer). The last line summarises the headline
 ratios: hash vs dual-pointer plan at S = K = 2048, S3 vs S1 / S2 gather, and AVSG vs offload TPOT.
 A benchmark that needs the shared trace and cannot find it is skipped with a message.
@@ -31,7 +31,7 @@ NEEDS_TRACE = ("decode",)   # the others fall back to pre-filled buffers or synt
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="reduced grids: a few minutes on a 2-core machine")
+                        help="reduced grids: under 2 minutes on a 2-core machine")
     parser.add_argument("--only", default="plan,gather,hash-buckets,emulation,decode",
                         help="comma-separated benchmarks to run (default all five)")
     common.add_common_arguments(parser, "all")
