@@ -327,3 +327,28 @@ def test_compiled_layer_step_matches_eager(check):
             assert torch.equal(a, b)
     assert graph.buffers[1].stats()["hits"] > 0
     assert int(graph.write_through_rows) > 0
+
+
+def test_compiled_retrieve_does_not_recompile_per_step():
+    """begin_step eager, retrieve compiled (how a model runner splits them): the StepMeta's
+    generation changes every step, and a guard on it would recompile the graph each time."""
+    from torch._dynamo.testing import CompileCounter
+    torch._dynamo.reset()
+    mgr, _ = make(check=False)
+    for row in range(R):
+        mgr.add(row)
+    counter = CompileCounter()
+
+    def retrieve(mgr, topk, meta):
+        out = mgr.retrieve(1, topk, meta)
+        return out.slots, out.planned
+
+    compiled = torch.compile(retrieve, fullgraph=True, dynamic=False, backend=counter)
+    generations = set()
+    for step in range(4):
+        qsl, seq, topk = decode_inputs(step)
+        meta = mgr.begin_step(qsl, seq, block_table(), topk.shape[0])
+        generations.add(meta.generation)
+        compiled(mgr, topk, meta)
+    assert len(generations) == 4
+    assert counter.frame_count == 1

@@ -778,8 +778,12 @@ class SparseOffloadManager:
         if meta.block_table.shape[0] != R:
             raise ValueError(f"meta.block_table: expected {R} rows (max_rows), got "
                              f"{tuple(meta.block_table.shape)}: a StepMeta of another manager?")
+        if tracing():
+            # not checked under torch.compile: Dynamo would guard on the int and recompile the
+            # graph at every step
+            return
         require_int("meta.generation", meta.generation, low=0)
-        if meta.generation and not tracing() and meta.generation != self._generation:
+        if meta.generation and meta.generation != self._generation:
             raise ValueError("meta: superseded; begin_step or a lifecycle call (add, free, "
                              "move_row, swap_rows) ran since this StepMeta was made, so its rows "
                              "no longer match the batch: call begin_step for this pass again")

@@ -228,7 +228,7 @@ def vllm_config():
         parallel_config=SimpleNamespace(),
         scheduler_config=SimpleNamespace(max_num_seqs=R, max_num_batched_tokens=64),
         speculative_config=SimpleNamespace(num_speculative_tokens=T - 1),
-        kv_transfer_config=None, additional_config={"avsg": {"policy": "reuse", "lifetime": 16}})
+        kv_transfer_config=None, additional_config={"avsg": {"policy": "reuse"}})
 
 
 def offload_config():
