@@ -287,6 +287,20 @@ class LaunchCounters:
     def block(self, i: int) -> Dict[str, int]:
         return dict(zip(self.fields, self.per_block[i].tolist()))
 
+    def then(self, later: "LaunchCounters") -> "LaunchCounters":
+        """This launch's work followed by ``later``'s on the same blocks (block i runs both, one
+        after the other): per block the counters add up, a ``*_max`` one takes the larger."""
+        if later.fields != self.fields or later.blocks != self.blocks:
+            raise ValueError(f"later: expected a launch of {self.blocks} blocks with the same "
+                             f"counters, got {later.blocks} blocks")
+        is_max = torch.tensor([f.endswith("_max") for f in self.fields])
+        per_block = torch.where(is_max, torch.maximum(self.per_block, later.per_block),
+                                self.per_block + later.per_block)
+        apis = dict(self.vector_apis)
+        for name, work in later.vector_apis.items():
+            apis[name] = apis[name] + work if name in apis else work
+        return LaunchCounters(self.fields, per_block, apis)
+
     def total(self) -> Dict[str, int]:
         """Every counter summed over blocks, except the ``*_max`` ones (the largest block's)."""
         sums = self.per_block.sum(0).tolist()

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from avsg import cli
 from avsg.costmodel import hardware, host_lru, plan_cost, projection
@@ -158,7 +159,7 @@ def test_host_lru_matches_its_statement(seed):
 
 def _trace(tmp_path):
     trace = tmp_path / "t.npz"
-    save_trace(trace, synth.generate(steps=72, layers=2, k=2048, max_len=8000, seed=0))
+    save_trace(trace, synth.generate(steps=80, layers=2, k=2048, max_len=8000, seed=0))
     return trace
 
 
@@ -242,7 +243,7 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
     from types import SimpleNamespace as NS
     from avsg.commands.run import project_on_npu
     monkeypatch.setattr(plan_cost, "counted_plan_on", lambda *a, **k: ["counted"])
-    monkeypatch.setattr(plan_cost, "counted_us", lambda counters, hw: 123.0)
+    monkeypatch.setattr(plan_cost, "counted_us", lambda counters, hw, statistic="median": 123.0)
     records = [NS(emitted=[1, 1]) for _ in range(10)]
     outputs = {0: [1] * 15, 1: [1] * 15}
     kv_layers, iterations = 5, 10 * 2 * 5
@@ -261,3 +262,69 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
         assert line[mode]["feasible"] == direct[mode]["feasible"]
         assert line[mode]["tpot_s"] == pytest.approx(direct[mode]["tpot_s"])
     assert line["avsg"]["plan_us_per_layer"] == pytest.approx(123.0)
+
+
+def test_launch_counters_then_adds_per_block_and_keeps_the_larger_max():
+    from avsg import backend
+    fields = backend.counter_fields()
+    gen = np.random.default_rng(0)
+    first = backend.LaunchCounters(fields, torch.from_numpy(gen.integers(0, 100, (3, len(fields)))),
+                                   {"Add": torch.tensor([[1, 2]] * 3)})
+    later = backend.LaunchCounters(fields, torch.from_numpy(gen.integers(0, 100, (3, len(fields)))),
+                                   {"Add": torch.tensor([[3, 4]] * 3), "Min": torch.tensor([[5, 6]] * 3)})
+    both = first.then(later)
+    for f in fields:
+        want = (torch.maximum(first[f], later[f]) if f.endswith("_max") else first[f] + later[f])
+        assert torch.equal(both[f], want), f
+    assert any(f.endswith("_max") for f in fields)
+    assert both.vector_apis["Add"].tolist() == [[4, 6]] * 3 and "Min" in both.vector_apis
+    with pytest.raises(ValueError, match="later"):
+        first.then(backend.LaunchCounters(fields, first.per_block[:2], {}))
+
+
+@pytest.mark.parametrize("T", [2, 4])
+def test_counted_mtp_matching_is_plan_then_invalidate_on_the_traffic_schedule(T):
+    """Under an acceptance model each counted iteration is the plan launch followed, when a draft
+    was rejected, by the invalidate launch; the iterations advance 1 + accepted steps, as the copy
+    traffic's do. Every draft accepted is the teacher-forced schedule: no invalidate at all."""
+    from avsg import backend
+    from avsg.traces.mtp import draw_accepted
+    trace = synth.generate(steps=120, layers=2, k=256, max_len=4000, seed=1)
+    sel, positions = np.asarray(trace.sel), np.asarray(trace.positions)
+    args = (sel, positions, int(trace.T), "lifetime", T, 1024)
+    plain = plan_cost.counted_plan_on(*args, warmup=24, measured=6)
+    all_accepted = plan_cost.counted_plan_on(*args, warmup=24, measured=6, accept_mean=T - 1.0)
+    assert [c.per_block.tolist() for c in plain] == [c.per_block.tolist() for c in all_accepted]
+
+    accept = 0.4 * (T - 1)
+    with_inval = plan_cost.counted_plan_on(*args, warmup=24, accept_mean=accept)
+    plan_only = plan_cost.counted_plan_on(*args, warmup=24, accept_mean=accept, phases=True)
+    assert len(with_inval) == len(plan_only) == plan_cost.COUNTED_MTP_LAUNCHES
+    # which measured iterations rejected a draft: the same draw the traffic makes
+    schedule = draw_accepted(24 + plan_cost.COUNTED_MTP_LAUNCHES, T - 1, accept)
+    step = i = 0
+    while step + T <= 24:
+        step += 1 + int(schedule[i])
+        i += 1
+    rejected = [int(a) < T - 1 for a in schedule[i:i + len(with_inval)]]
+    assert any(rejected) and not all(rejected)
+    summed = [i for i, f in enumerate(backend.counter_fields()) if not f.endswith("_max")]
+    instrs = backend.counter_fields().index("vec_instrs")
+    for counters, phases, rej in zip(with_inval, plan_only, rejected):
+        plan = phases.per_block.sum(1)        # a launch's phases add up to it (but its *_max)
+        extra = counters.per_block - plan
+        if rej:
+            assert (extra[:, instrs] > 0).all()          # the invalidate launch's own work
+        else:
+            assert not extra[:, summed].any()
+    hw = hardware.load_profile()
+    plans = [backend.LaunchCounters(c.fields, c.per_block.sum(1), {}) for c in plan_only]
+    assert plan_cost.counted_us(with_inval, hw, "mean") > plan_cost.counted_us(plans, hw, "mean")
+    with pytest.raises(ValueError, match="statistic"):
+        plan_cost.counted_us(with_inval, hw, "p99")
+
+
+def test_slotmap_counted_work_grows_with_rejected_drafts():
+    hw = hardware.load_profile()
+    t = lambda r: hardware.launch_estimate(plan_cost.slotmap_counters(4096, 150, r), hw)["serial_pipe_us"]  # noqa: E731
+    assert t(0.0) < t(1.0) < t(2.0)

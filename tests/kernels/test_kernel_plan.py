@@ -277,10 +277,17 @@ def test_lifetime_level_scan_work_does_not_grow_with_the_lifetime(capacity, acti
                     break
             buf.invalidate(seq - back)
         life = reference.view_state(buf.state, buf.layout).slot_life[0, :active or capacity].clone()
+        ref_state, ref_stats = buf.state.clone(), buf.stats_counts.clone()
+        topk = draw(gen, 1, 1, K, seq, hot=2 * capacity, pad=0.0, repeat=0.0, wild=0.0)
         with emulation("strict"):
-            plan = buf.plan(draw(gen, 1, 1, K, seq, hot=2 * capacity, pad=0.0, repeat=0.0, wild=0.0),
-                            seq, check=False)
+            plan = buf.plan(topk, seq, check=False)
             counted = int(backend.last_launch_counters()["vec_instrs"].max())
+        # the jump past the empty levels picks the reference's victims, in its order
+        want = reference.plan(ref_state, ref_stats, topk, seq, buf.layout, lifetime)
+        for name, got, ref in zip(("slots", "miss_pos", "miss_slots", "miss_counts"),
+                                  (plan.slots, plan.miss_pos, plan.miss_slots, plan.miss_counts), want):
+            assert torch.equal(got, ref), name
+        assert torch.equal(buf.state, ref_state) and torch.equal(buf.stats_counts, ref_stats)
         assert int((life == -1).sum()) == free
         assert not freed or 0 < free < int(plan.miss_counts[0]), (free, plan.miss_counts)
         return counted, int(life[life >= 0].min())

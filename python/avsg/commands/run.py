@@ -538,17 +538,20 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
         source="this run")
     from ..traces.lookup import find_trace, load_selections, synthetic_selections
     trace = find_trace(getattr(args, "trace", None))
+    steps = plan_cost.counted_plan_steps(T, mtp=True)
     sel = None
     if trace:
         try:
-            sel, positions, context_max = load_selections(trace, 2, 48 + 4 * T)
+            sel, positions, context_max = load_selections(trace, 2, steps)
         except ValueError:
             sel = None
     if sel is None or sel.shape[2] != config.index_topk:
-        sel, positions, context_max = synthetic_selections(2, 48 + 4 * T, config.index_topk, 32768)
+        sel, positions, context_max = synthetic_selections(2, steps, config.index_topk, 32768)
+    # the plan under this run's acceptance: rejected drafts invalidated, as the run did
+    accept = min(max(traffic.tokens_per_iteration - 1.0, 0.0), float(T - 1))
     counters = plan_cost.counted_plan_on(sel, positions, int(context_max), args.policy, T,
-                                        capacity)
-    costs = plan_cost.Costs({"avsg": {T: plan_cost.counted_us(counters, hw)}}, 0.0, "")
+                                        capacity, accept_mean=accept)
+    costs = plan_cost.Costs({"avsg": {T: plan_cost.counted_us(counters, hw, "mean")}}, 0.0, "")
     context = int(np.mean([r.context_len for r in workload.requests]))
     projected = projection.project(config, hw, traffic, costs, workload.rows, context, cards=32,
                                modes=("device", "offload", "avsg"))

@@ -33,61 +33,109 @@ def _read_phases():
 
 
 COUNTED_WARMUP, COUNTED_LAUNCHES = 48, 3     # plan launches before and under the counters
+# MTP matching is sampled over more iterations: whether a draft was rejected (and so whether the
+# step also invalidates) varies from one iteration to the next
+COUNTED_MTP_LAUNCHES = 12
+
+
+def counted_plan_steps(queries: int, mtp: bool, warmup: int = COUNTED_WARMUP) -> int:
+    """Trace steps :func:`counted_plan` reads at ``queries`` query tokens (``mtp``: with an
+    acceptance model, so COUNTED_MTP_LAUNCHES iterations)."""
+    measured = COUNTED_MTP_LAUNCHES if mtp and queries > 1 else COUNTED_LAUNCHES
+    return warmup + (measured + 1) * queries
 
 
 def counted_plan(trace_path: str, policy: str, queries: int, capacity: int,
-                 warmup: int = COUNTED_WARMUP, measured: int = COUNTED_LAUNCHES,
-                 rows: int = 2, phases: bool = False) -> List:
-    """Counters of ``measured`` plan launches of the real kernel on the trace's first ``rows``
-    layers (see :func:`counted_plan_on`)."""
-    sel, positions, context = load_selections(trace_path, rows, warmup + (measured + 1) * queries)
+                 warmup: int = COUNTED_WARMUP, measured: Optional[int] = None,
+                 rows: int = 2, phases: bool = False, accept_mean: Optional[float] = None) -> List:
+    """Counters of the matching on the trace's first ``rows`` layers (see
+    :func:`counted_plan_on`)."""
+    sel, positions, context = load_selections(
+        trace_path, rows, counted_plan_steps(queries, accept_mean is not None, warmup)
+        if measured is None else warmup + (measured + 1) * queries)
     return counted_plan_on(sel, positions, int(context), policy, queries, capacity, warmup,
-                           measured, phases=phases)
+                           measured, phases=phases, accept_mean=accept_mean)
 
 
 def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy: str,
-                    queries: int, capacity: int, warmup: int = 48, measured: int = 3,
-                    phases: bool = False) -> List:
-    """Counters of ``measured`` plan launches of the real kernel (strict emulation, one row per
-    emulated core: ``sel`` int [rows, steps, K]), ``queries`` query tokens per row from
-    consecutive steps, after ``warmup`` uncounted steps (fast emulation) so the buffers are warm;
-    rejected drafts are never modelled here (every query token's KV stays valid). With
-    ``phases``, each launch's counters split by phase (``backend.LaunchPhases``, for
-    :func:`phase_breakdown`) instead of its ``LaunchCounters``."""
+                    queries: int, capacity: int, warmup: int = COUNTED_WARMUP,
+                    measured: Optional[int] = None, phases: bool = False,
+                    accept_mean: Optional[float] = None) -> List:
+    """Counters of ``measured`` matching iterations of the real kernels (strict emulation, one row
+    per emulated core: ``sel`` int [rows, steps, K]), ``queries`` query tokens per row from
+    consecutive steps, after uncounted iterations (fast emulation) over ``warmup`` steps so the
+    buffers are warm.
+
+    ``accept_mean`` (None: every draft accepted) is the MTP schedule's mean accepted drafts,
+    drawn as the copy traffic draws them (:func:`..traces.mtp.draw_accepted`, seed 0): iteration
+    ``i`` plans steps ``s .. s + queries - 1``, the verifier accepts ``a_i`` drafts, the buffer
+    invalidates the rejected ones' positions (``valid_len = positions[s] + 1 + a_i``, as the
+    runtime and :func:`.traffic.measure_traffic` do) and the next iteration starts at ``s + 1 +
+    a_i``. An iteration's counters are then its plan launch followed by its invalidate launch
+    (:meth:`..backend.LaunchCounters.then`): both sit on the layer's critical path. With every
+    draft accepted nothing is invalidated and each iteration is one plan launch. ``measured``
+    defaults to COUNTED_LAUNCHES, or COUNTED_MTP_LAUNCHES with an acceptance model (whether an
+    iteration invalidates varies). With ``phases``, each plan launch's counters split by phase
+    (``backend.LaunchPhases``, for :func:`phase_breakdown`; invalidate launches left out)."""
     import torch
     from .. import backend
     from ..buffer import SparseKVBuffer
+    from ..traces.mtp import draw_accepted
     rows, steps, K = sel.shape
+    mtp = accept_mean is not None and queries > 1
+    if measured is None:
+        measured = COUNTED_MTP_LAUNCHES if mtp else COUNTED_LAUNCHES
+    # every iteration advances >= 1 step, so warm-up takes at most ``warmup`` of them
+    accepted = (draw_accepted(warmup + measured, queries - 1, accept_mean) if mtp
+                else np.full(warmup + measured, queries - 1, np.int64))
     if steps < warmup + measured * queries:
         raise ValueError(f"trace: expected at least {warmup + measured * queries} steps for the "
                          f"counted plan, got {steps}")
     extra = {"max_context": int(context) + 8} if policy == "reuse" else {}
     buf = SparseKVBuffer(rows=rows, capacity=capacity, topk=K, queries_per_step=queries,
                          check=False, policy=policy, **extra)
+    step = iteration = 0
 
-    def launch(s):
-        topk = torch.from_numpy(np.ascontiguousarray(sel[:, s:s + queries])).to(torch.int32)
-        seq = torch.full((rows,), int(positions[s + queries - 1]) + 1, dtype=torch.int32)
+    def launch(counted: bool):
+        nonlocal step, iteration
+        topk = torch.from_numpy(np.ascontiguousarray(sel[:, step:step + queries])).to(torch.int32)
+        seq = torch.full((rows,), int(positions[step + queries - 1]) + 1, dtype=torch.int32)
         buf.plan(topk, seq)
+        work = (_read_phases() if phases else _read_counters()) if counted else None
+        a = int(accepted[iteration])
+        if a < queries - 1:
+            buf.invalidate(torch.full((rows,), int(positions[step]) + 1 + a, dtype=torch.int32))
+            if counted and not phases:
+                work = work.then(_read_counters())
+        step += 1 + a
+        iteration += 1
+        return work
     saved = backend.emulated_cores()
     backend.set_emulated_cores(rows)
     try:
         with backend.emulation("fast"):
-            for s in range(0, warmup - queries + 1, queries):
-                launch(s)
+            while step + queries <= warmup:
+                launch(False)
         out = []
         with backend.emulation("strict"):
-            for j in range(measured):
-                launch(warmup + j * queries)
-                out.append(_read_phases() if phases else _read_counters())
+            for _ in range(measured):
+                if step + queries > steps:
+                    raise ValueError(f"trace: {steps} steps are too few for {measured} counted "
+                                     f"iterations after {warmup} warm-up steps")
+                out.append(launch(True))
     finally:
         backend.set_emulated_cores(saved)
     return out
 
 
-def counted_us(counters: Sequence, hw: hardware.Profile) -> float:
-    """Median serial-pipe estimate (us per row: the launch's slowest block) of counted launches."""
-    return float(np.median([hardware.launch_estimate(c, hw)["serial_pipe_us"] for c in counters]))
+def counted_us(counters: Sequence, hw: hardware.Profile, statistic: str = "median") -> float:
+    """Serial-pipe estimate (us per row: the launch's slowest block) of counted launches, their
+    median (a typical launch) or ``"mean"`` (the expected cost: what the decode model adds up,
+    since under MTP only some iterations also invalidate)."""
+    if statistic not in ("median", "mean"):
+        raise ValueError(f"statistic: expected 'median' or 'mean', got {statistic!r}")
+    us = [hardware.launch_estimate(c, hw)["serial_pipe_us"] for c in counters]
+    return float(np.median(us) if statistic == "median" else np.mean(us))
 
 
 PHASE_COLUMNS = ("serial_us", "scalar_us", "vector_us", "mte2_us", "mte3_us", "sync_us",
@@ -150,23 +198,26 @@ def phase_breakdown(launches: Sequence, hw: hardware.Profile, blocks: str = "slo
             "samples": len(samples["total"]["serial_us"]), "blocks": blocks}
 
 
-def slotmap_counters(selections: int, misses: float):
+def slotmap_counters(selections: int, misses: float, rejected: float = 0.0):
     """Counted-work model of one row's slot-map lookup (one AIV block): the selections DMA'd in,
     one scalar read of ``slot_map[pos]`` per selection (an indexed read through the DCache: the
     cheapest form, a 4-byte DMA per selection costs ~4x more), four vector passes to mark hits
     and compact the misses, per miss one read of the FIFO victim's position, three scalar writes
     (clear the victim's entry, set the new one, the slot's position) and two cache-line flushes,
-    and the slots DMA'd out. Shaped like the emulation's counters, so the profile prices it the
-    way it prices the real kernels."""
+    and the slots DMA'd out. Per ``rejected`` draft position (MTP: the verifier's rejections,
+    mean per row and iteration) one read of its slot and two writes to forget it, with their
+    flushes: a direct map finds them without a scan. Shaped like the emulation's counters, so the
+    profile prices it the way it prices the real kernels."""
     import torch
-    n, m = float(selections), float(misses)
+    n, m, r = float(selections), float(misses), float(rejected)
     chunks = math.ceil(4 * n / 16384)
     repeats = math.ceil(4 * n / 256)
-    work = {"scalar_ub_reads": 0.0, "scalar_ub_writes": n, "scalar_gm_reads": n + m,
-            "scalar_gm_writes": 3 * m, "vec_instrs": 4.0 * chunks, "vec_repeats": 4.0 * repeats,
+    work = {"scalar_ub_reads": 0.0, "scalar_ub_writes": n, "scalar_gm_reads": n + m + r,
+            "scalar_gm_writes": 3 * m + 2 * r, "vec_instrs": 4.0 * chunks,
+            "vec_repeats": 4.0 * repeats,
             "mte2_copies": chunks, "mte2_bytes": 4 * n, "mte3_copies": chunks, "mte3_bytes": 4 * n,
             "pipe_barriers": 4.0, "set_flags": 2.0 * chunks, "wait_flags": 2.0 * chunks,
-            "queue_syncs": 0.0, "sync_alls": 0.0, "dcci": 2 * m}
+            "queue_syncs": 0.0, "sync_alls": 0.0, "dcci": 2 * m + 2 * r}
 
     class _Counters(dict):
         def __getitem__(self, k):
@@ -187,14 +238,17 @@ def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer
                   traffic: Dict[int, Traffic], hw: hardware.Profile,
                   counters: Optional[Dict] = None) -> Costs:
     """Costs under ``hw``; ``counters`` (from :func:`plan_counters`) are profile-independent."""
-    counters = counters or plan_counters(trace_path, Ts, capacity)
+    counters = counters or plan_counters(trace_path, Ts, capacity, topk_buffer,
+                                         {T: traffic[T - 1].accept_mean for T in Ts})
     plan_us: Dict[str, Dict[int, float]] = {m: {} for m in ("avsg", "lru-device", "slotmap-device")}
     for T in Ts:
         for mode, policy in PLAN_POLICY.items():
-            plan_us[mode][T] = counted_us(counters[(policy, T)], hw)
+            plan_us[mode][T] = counted_us(counters[(policy, T)], hw, "mean")
         K = counters["k"]
+        tr = traffic[T - 1]
         plan_us["slotmap-device"][T] = hardware.launch_estimate(
-            slotmap_counters(T * K, traffic[T - 1].mean("slotmap-device")), hw)["serial_pipe_us"]
+            slotmap_counters(T * K, tr.mean("slotmap-device"), tr.drafts - tr.accept_mean),
+            hw)["serial_pipe_us"]
     host = counters["host"]
     return Costs(plan_us, host["us_per_row"] * hw["host_cpu_time_factor"],
                  f"host LRU timed on this machine: {host['us_per_row']:.1f} us per query-token "
@@ -203,12 +257,17 @@ def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer
 
 
 def plan_counters(trace_path: str, Ts: Sequence[int], capacity: int,
-                  topk_buffer: int = 4096) -> Dict:
+                  topk_buffer: int = 4096,
+                  accept_means: Optional[Dict[int, float]] = None) -> Dict:
+    """The op's counted matching per policy and T (``accept_means``: T -> mean accepted drafts;
+    each T > 1 then follows the MTP schedule, rejected drafts invalidated: see
+    :func:`counted_plan_on`), and the host LRU's time per row, timed here."""
     from . import host_lru
     out: Dict = {}
     for T in Ts:
-        for policy in set(PLAN_POLICY.values()):
-            out[(policy, T)] = counted_plan(trace_path, policy, T, capacity)
+        accept = (accept_means or {}).get(T) if T > 1 else None
+        for policy in sorted(set(PLAN_POLICY.values())):
+            out[(policy, T)] = counted_plan(trace_path, policy, T, capacity, accept_mean=accept)
     from ..traces import format as trace_format
     layers = trace_format.load_trace(trace_path, check_values=False).layers
     sel, positions, context = load_selections(trace_path, layers, 48)

@@ -785,8 +785,10 @@ class SparseOffloadManager:
         require_int("meta.generation", meta.generation, low=0)
         if meta.generation and meta.generation != self._generation:
             raise ValueError("meta: superseded; begin_step or a lifecycle call (add, free, "
-                             "move_row, swap_rows) ran since this StepMeta was made, so its rows "
-                             "no longer match the batch: call begin_step for this pass again")
+                             "move_row, swap_rows) ran since this StepMeta was made. The manager "
+                             "serves one pass at a time (begin_step records its pass's dropped "
+                             "positions, a lifecycle call moves rows): call begin_step for this "
+                             "pass again")
 
     def _token_rows(self, name: str, part: torch.Tensor, N: int, comp) -> torch.Tensor:
         require_tensor(name, part, comp.dtype, device=self.device)

@@ -20,7 +20,7 @@ from typing import Dict, List
 
 from ...cli_util import UsageError, float_in, int_in, size_list
 from ...costmodel import hardware
-from ...costmodel.plan_cost import COUNTED_LAUNCHES, COUNTED_WARMUP, measure_costs, plan_counters
+from ...costmodel.plan_cost import counted_plan_steps, measure_costs, plan_counters
 from ...costmodel.projection import (MAX_BATCH, MODES, PEERS, PROFILES, SENSITIVE, V32_CONFIG,
                                      best_peer, kv_format, max_batch, profile_variant, project)
 from ...costmodel.traffic import Traffic, load_trace_cut, measure_traffic
@@ -112,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--topk-buffer-size: expected >= top-k = {config.index_topk}, got "
                          f"{args.topk_buffer_size}")
     cut = load_trace_cut(trace, args.trace_layers or None, args.trace_steps,
-                         min_steps=COUNTED_WARMUP + (COUNTED_LAUNCHES + 1) * (1 + max(mtps)),
+                         min_steps=counted_plan_steps(1 + max(mtps), mtp=True),
                          default_steps=DEFAULT_TRACE_STEPS)
     args.trace_steps = cut.steps      # the default takes what a shorter trace has
     if cut.k != config.index_topk:
@@ -139,7 +139,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"    MTP-{n} ({tr.tokens_per_iteration:.2f} tokens/iteration): " + ", ".join(
             f"{m} {tr.mean(m):,.0f} [{tr.spread(m)['min']:,.0f}-{tr.spread(m)['max']:,.0f}]"
             for m in ("offload", "lru-host", "lru-device", "slotmap-device", "avsg")))
-    counters = plan_counters(trace, [1 + n for n in mtps], args.capacity, args.topk_buffer_size)
+    counters = plan_counters(trace, [1 + n for n in mtps], args.capacity, args.topk_buffer_size,
+                             {1 + n: traffic[n].accept_mean for n in mtps})
     # traffic keyed by T - 1 = drafts for the slot map's miss count
     costs = {name: measure_costs(trace, [1 + n for n in mtps], args.capacity,
                                  args.topk_buffer_size, traffic, profile_variant(hw, name), counters)
