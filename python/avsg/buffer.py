@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Dict, NamedTuple, Optional, Sequence, Union
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -487,18 +487,21 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
 
 def _gather(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[torch.Tensor],
             block_size: Optional[int], partition: str, num_cores: Optional[int],
-            check: Optional[bool]) -> torch.Tensor:
-    """``gather`` of any plan, fetches and moves alike (``apply_moves`` is the other caller)."""
+            check: Optional[bool], names: Tuple[str, str, str] = ("plan", "src", "dst")
+            ) -> torch.Tensor:
+    """``gather`` of any plan, fetches and moves alike (``apply_moves`` is the other caller).
+    ``names``: what the caller calls the plan, the pools and the destinations, for messages."""
+    pn, sn, dn = names
     device = plan.miss_pos.device
     for field in ("slots", "miss_pos", "miss_slots", "miss_counts"):
         t = getattr(plan, field)
-        require_tensor(f"plan.{field}", t, torch.int32, contiguous=False)   # padded rows
+        require_tensor(f"{pn}.{field}", t, torch.int32, contiguous=False)   # padded rows
         if t.device != device:
-            raise ValueError(f"plan.{field}: expected a tensor on {device} (that of "
-                             f"plan.miss_pos), got one on {t.device}")
-    srcs, dsts = _as_list("src", src), _as_list("dst", dst)
+            raise ValueError(f"{pn}.{field}: expected a tensor on {device} (that of "
+                             f"{pn}.miss_pos), got one on {t.device}")
+    srcs, dsts = _as_list(sn, src), _as_list(dn, dst)
     if len(srcs) != len(dsts):
-        raise ValueError(f"src/dst: expected the same number of tensors, got {len(srcs)} and "
+        raise ValueError(f"{sn}/{dn}: expected the same number of tensors, got {len(srcs)} and "
                          f"{len(dsts)}")
     if partition not in reference.ALL_PARTITIONS:
         raise ValueError(f"partition: expected one of {reference.ALL_PARTITIONS}, got {partition!r}")
@@ -516,30 +519,30 @@ def _gather(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[
     elif block_size is not None:
         raise ValueError("block_size: only meaningful with a block_table (paged pool)")
     for i, (s, d) in enumerate(zip(srcs, dsts)):
-        require_tensor(f"dst[{i}]", d, contiguous=False)   # slots may be padded (kv_slots)
-        require_tensor(f"src[{i}]", s, dtype=d.dtype, contiguous=False)   # rows may be padded
+        require_tensor(f"{dn}[{i}]", d, contiguous=False)   # slots may be padded (kv_slots)
+        require_tensor(f"{sn}[{i}]", s, dtype=d.dtype, contiguous=False)   # rows may be padded
         if s.device != device and s.device.type != "cpu":
-            raise ValueError(f"src[{i}]: expected a host (CPU) pool or a tensor on {device} (the "
+            raise ValueError(f"{sn}[{i}]: expected a host (CPU) pool or a tensor on {device} (the "
                              f"plan's device), got one on {s.device}")
         if d.dim() < 2 or d.shape[0] != R or d.shape[1] != plan.capacity:
-            raise ValueError(f"dst[{i}]: expected shape [{R}, {plan.capacity}, ...], got "
+            raise ValueError(f"{dn}[{i}]: expected shape [{R}, {plan.capacity}, ...], got "
                              f"{tuple(d.shape)}")
         if d.device != plan.miss_pos.device:
-            raise ValueError(f"dst[{i}]: expected a tensor on {plan.miss_pos.device} (the "
+            raise ValueError(f"{dn}[{i}]: expected a tensor on {plan.miss_pos.device} (the "
                              f"plan's device), got one on {d.device}")
         if s.dim() != d.dim() or s.shape[2:] != d.shape[2:]:
-            raise ValueError(f"src[{i}]: expected shape [*, *, {', '.join(map(str, d.shape[2:]))}]"
-                             f" matching dst[{i}]'s row shape, got {tuple(s.shape)}")
+            raise ValueError(f"{sn}[{i}]: expected shape [*, *, {', '.join(map(str, d.shape[2:]))}]"
+                             f" matching {dn}[{i}]'s row shape, got {tuple(s.shape)}")
         if paged and s.shape[1] != block_size:
-            raise ValueError(f"src[{i}]: a paged pool is [num_blocks, block_size={block_size}, "
+            raise ValueError(f"{sn}[{i}]: a paged pool is [num_blocks, block_size={block_size}, "
                              f"...], got {tuple(s.shape)}")
         if not paged and s.shape[0] != R:
-            raise ValueError(f"src[{i}]: a contiguous pool is [{R}, max_len, ...], got "
+            raise ValueError(f"{sn}[{i}]: a contiguous pool is [{R}, max_len, ...], got "
                              f"{tuple(s.shape)}")
     if paged and any(s.shape[0] != srcs[0].shape[0] for s in srcs):
-        raise ValueError("src: paged pools sharing one block_table need the same num_blocks")
+        raise ValueError(f"{sn}: paged pools sharing one block_table need the same num_blocks")
     if not paged and any(s.shape[1] != srcs[0].shape[1] for s in srcs):
-        raise ValueError("src: contiguous pools sharing one plan need the same max_len")
+        raise ValueError(f"{sn}: contiguous pools sharing one plan need the same max_len")
     if ((dsts[0].device.type == "cpu") if check is None else check) and not tracing():
         _check_host_rows(plan, srcs[0], block_table, block_size)
     miss_pos, miss_slots = plan.miss_pos, plan.miss_slots
@@ -549,13 +552,13 @@ def _gather(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[
     source = plan.source
     guarded = source is not None and not tracing()
     if guarded and not isinstance(source, SparseKVBuffer):
-        raise TypeError(f"plan.source: expected the SparseKVBuffer that made the plan or None, "
+        raise TypeError(f"{pn}.source: expected the SparseKVBuffer that made the plan or None, "
                         f"got {type(source).__name__}")
     held = source._hold("gather") if guarded else False
     try:
         if guarded and plan.generation != source._generation:
             raise ValueError(
-                f"plan: superseded; the buffer ran {source._generation - plan.generation} "
+                f"{pn}: superseded; the buffer ran {source._generation - plan.generation} "
                 f"plan/invalidate/reset/resize call(s) since it made this plan (generation "
                 f"{plan.generation}, buffer at {source._generation}), so its slots no longer "
                 f"describe the buffer: gather a plan before the buffer's next call")
@@ -579,7 +582,8 @@ def apply_moves(moves: Plan, buffers: TensorList, num_cores: Optional[int] = Non
         raise ValueError("moves: a plan of SparseKVBuffer.plan (misses to fetch), not the moves "
                          "of SparseKVBuffer.resize; copy it with avsg.gather")
     tensors = _as_list("buffers", buffers)
-    return _gather(moves, tensors, tensors, None, None, "miss", num_cores, None)
+    return _gather(moves, tensors, tensors, None, None, "miss", num_cores, None,
+                   names=("moves", "buffers", "buffers"))
 
 
 def _check_host_rows(plan: Plan, src: torch.Tensor, block_table, block_size) -> None:

@@ -536,6 +536,9 @@ def test_an_unknown_option_is_reported_by_its_command(files):
     line = assert_one_line_error(["trace", "info", str(files["good"]), "--bogus", "1"],
                                  "unrecognized arguments: --bogus 1")
     assert line.startswith("avsg trace info: error:"), line
+    line = assert_one_line_error(["--bogus", "trace", "info", str(files["good"])],
+                                 "unrecognized arguments: --bogus")
+    assert line.startswith("avsg: error:"), line      # given before the command: not its option
 
 
 def _profile(tmp_path, name, key, entry):
@@ -649,23 +652,27 @@ def test_third_review_cases(files, tmp_path):
         (["bench", "decode", "--batch", "1,8,", "--out", out], "--batch: empty value"),
         (["bench", "decode", "--batch", "8,8", "--out", out], "--batch: 8 given twice"),
         (["bench", "decode", "--context", "32K,32768", "--out", out], "--context: a value given twice"),
-        (["bench", "decode", "--mtp", "1,1", "--out", out], "--mtp"),
+        (["bench", "decode", "--mtp", "1,1", "--out", out], "--mtp: 1 given twice"),
         (["bench", "gather", "--miss-rate", "0.5,,0.25", "--out", out], "--miss-rate: empty value"),
-        (["bench", "gather", "--row-bytes", "656,656", "--out", out], "--row-bytes"),
-        (["bench", "hash-buckets", "--trace", good, "--ratios", "2,,4", "--out", out], "--ratios"),
-        (["bench", "emulation", "--capacity", "4096,4096", "--out", out], "--capacity"),
+        (["bench", "gather", "--row-bytes", "656,656", "--out", out], "--row-bytes: 656 given twice"),
+        (["bench", "hash-buckets", "--trace", good, "--ratios", "2,,4", "--out", out], "--ratios: empty value"),
+        (["bench", "emulation", "--capacity", "4096,4096", "--out", out], "--capacity: 4096 given twice"),
         (["bench", "all", "--only", ",", "--out", out], "--only: expected at least one value"),
         (["run", "--modes", "avsg,,device"], "--modes: empty value"),
         (["serve-sim", "--variants", "elastic,", "--out", out], "--variants: empty value"),
         (["trace", "replay", good, "--layer-select", "1-0", "--no-plot"], "runs backwards"),
-        (["trace", "replay", good, "--layer-select", ",,", "--no-plot"], "--layer-select"),
+        (["trace", "replay", good, "--layer-select", ",,", "--no-plot"], "got '' in ',,'"),
         (["trace", "replay", good, "--layer-select", "0-1,1", "--no-plot"], "more than once"),
-        (["trace", "replay", good, "--layer-select", "-1", "--no-plot"], "--layer-select"),
+        (["trace", "replay", good, "--layer-select", "-1", "--no-plot"], "--layer-select: expected indices"),
         (["trace", "replay", good, "--policy", "lru", "--cost-every", "5", "--no-plot"],
          "--cost-every: read only by avsg"),
     ]
     for argv, needle in cases:
         assert_one_line_error(argv, needle)
+    # "--cost-every 0" (off) asks nothing of a policy, so any policy takes it
+    status, _, err = run(["trace", "replay", good, "--policy", "lru", "--cost-every", "0",
+                          "--no-plot", "--quiet", "--out", out])
+    assert status == 0, err[-2000:]
     # errors that named the wrong cause: a trace whose context alone is too much state (not
     # --capacity), a model with fewer positions than its top-k (not --context), a capacity for
     # a store that has no buffer

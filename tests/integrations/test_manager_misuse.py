@@ -115,6 +115,27 @@ def test_blocks_are_checked_when_the_pool_comes_after_begin_step():
     assert _unchanged(mgr, snap)
 
 
+def test_blocks_begin_step_checked_are_not_checked_again_per_layer(monkeypatch):
+    """Checked in begin_step against the pool, a meta's blocks are not re-read (device reads, so
+    host syncs on an NPU) by every layer's retrieve; a pool registered since is checked again."""
+    mgr = _manager(capacity=8, topk=2, check=True)
+    mgr.register_host_kv(_pool(2))
+    mgr.add(0)
+    calls = []
+    real = type(mgr)._check_blocks
+    monkeypatch.setattr(type(mgr), "_check_blocks",
+                        lambda self, *a: (calls.append(1), real(self, *a))[1])
+    meta = mgr.begin_step(torch.tensor([0, 1], dtype=I32), torch.tensor([12], dtype=I32),
+                          torch.tensor([[0, 1]], dtype=I32), 1)
+    assert len(calls) == 1
+    for layer in range(len(mgr.buffers)):
+        mgr.retrieve(layer, torch.tensor([[[10, 1]]], dtype=I32), meta)
+    assert len(calls) == 1
+    mgr.register_host_kv(_pool(1))          # one block: block 1 of the table is gone
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 1: expected a host block"):
+        mgr.retrieve(0, torch.tensor([[[10, 1]]], dtype=I32), meta)
+
+
 def test_write_kv_refuses_negative_rows_other_than_padding():
     mgr = _manager(capacity=8, topk=2, check=True)
     host = [tuple(torch.zeros(2, 8, 1, 4) for _ in range(2))]

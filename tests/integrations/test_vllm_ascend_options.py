@@ -19,6 +19,15 @@ def test_defaults_env_and_additional_config(monkeypatch):
     assert avsg_options({"avsg": '{"policy": "lifetime", "lifetime": 4}'})["lifetime"] == 4
 
 
+def test_a_lifetime_under_another_policy_names_where_that_policy_came_from(monkeypatch):
+    monkeypatch.setenv("AVSG_POLICY", "lru")
+    with pytest.raises(ValueError, match=r"the policy is 'lru' \(from AVSG_POLICY\)"):
+        avsg_options({"avsg": {"lifetime": 16}})
+    with pytest.raises(ValueError, match=r"the policy is 'reuse' \(from additional_config.avsg.policy\)"):
+        avsg_options({"avsg": {"policy": "reuse", "lifetime": 16}})
+    assert avsg_options({"avsg": {"policy": "lifetime", "lifetime": 16}})["lifetime"] == 16
+
+
 @pytest.mark.parametrize("config, words", [
     ({"avsg": {"polcy": "lru"}}, "unknown keys ['polcy']"),
     ({"avsg": {"policy": "fifo"}}, "expected one of"),

@@ -124,8 +124,10 @@ def test_apply_moves_refuses_superseded_moves():
         buf.plan(*step_inputs(start))
     moves = buf.resize(torch.tensor([0, 1]), torch.tensor([S, S]))
     buf.plan(*step_inputs(30))
-    with pytest.raises(ValueError, match="plan: superseded"):
+    with pytest.raises(ValueError, match="moves: superseded"):
         avsg.apply_moves(moves, kv)
+    with pytest.raises(ValueError, match=r"buffers\[0\]: expected shape"):   # named as apply_moves names it
+        avsg.apply_moves(buf.resize(torch.tensor([0]), torch.tensor([S])), kv[:, :S])
     fresh = buf.resize(torch.tensor([0]), torch.tensor([2 * S]))
     avsg.apply_moves(fresh, kv)          # current: fine
 

@@ -110,8 +110,13 @@ def _name(args) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run one ``avsg`` command line (``sys.argv[1:]`` when None); returns the exit status."""
-    args, unknown = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
     if unknown:     # reported by the command that was given them, with its usage line
+        given = list(sys.argv[1:] if argv is None else argv)
+        before = given[:given.index(args.command)] if args.command in given else []
+        if any(u in before for u in unknown):     # `avsg --bogus trace info`: not the command's
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         vars(args).pop("_leaf").error(f"unrecognized arguments: {' '.join(unknown)}")
     vars(args).pop("_leaf", None)
     args.argv = list(sys.argv[1:] if argv is None else argv)

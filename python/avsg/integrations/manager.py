@@ -261,6 +261,9 @@ class SparseOffloadManager:
                                                 device=self.device)
         # bumped by every begin_step and every lifecycle call (StepMeta.generation)
         self._generation = 0
+        # the generation whose StepMeta had its host blocks checked against the pool in
+        # begin_step (None: none), so that retrieve checks them only where begin_step could not
+        self._blocks_checked: Optional[int] = None
         self._sync_tables()
         # per layer and state row: the lowest position to drop before the layer's next plan
         # (module docstring, "Stale copies"); _NO_LIMIT = nothing pending
@@ -311,6 +314,7 @@ class SparseOffloadManager:
         self.host_kv = layers
         self.block_size = int(layers[0][0].shape[1])
         self.num_host_blocks = int(layers[0][0].shape[0])
+        self._blocks_checked = None          # checked against another pool, or not at all
 
     def _host(self, layer: int) -> Tuple[torch.Tensor, ...]:
         if self.host_kv is None:
@@ -484,7 +488,8 @@ class SparseOffloadManager:
             raise ValueError(f"block_table: expected at least num_reqs = {Q} rows, got "
                              f"{block_table.shape[0]}")
         seq_lens, block_table = seq_lens[:Q], block_table[:Q]
-        if (self.check if check is None else check) and not tracing():
+        checked = (self.check if check is None else check) and not tracing()
+        if checked:
             self._check_step(query_start_loc, seq_lens, block_table, num_tokens)
 
         qsl = query_start_loc.to(torch.int64)
@@ -493,7 +498,7 @@ class SparseOffloadManager:
         j = token - qsl[req]
         live = (token < qsl[Q]) & (j >= 0)
         return self._step_meta(qsl[:-1], qsl[1:] - qsl[:-1], seq_lens, block_table, req, j, live,
-                               query_start_loc)
+                               query_start_loc, checked)
 
     def begin_step_rtk(self, seq_lens: torch.Tensor, queries: int, block_table: torch.Tensor,
                        active: Optional[torch.Tensor] = None,
@@ -523,7 +528,8 @@ class SparseOffloadManager:
         q_len = torch.where(active, queries, 0).to(torch.int64)
         start = torch.arange(R, dtype=torch.int64, device=self.device) * queries
         query_start_loc = torch.arange(R + 1, dtype=torch.int32, device=self.device) * queries
-        if (self.check if check is None else check) and not tracing():
+        checked = (self.check if check is None else check) and not tracing()
+        if checked:
             qsl = torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device),
                              q_len.cumsum(0)]).to(torch.int32)
             self._check_step(qsl, seq_lens, block_table, num_tokens)
@@ -531,14 +537,16 @@ class SparseOffloadManager:
         req = token // queries
         j = token - req * queries
         return self._step_meta(start, q_len, seq_lens, block_table, req, j, active[req],
-                               query_start_loc)
+                               query_start_loc, checked)
 
     def _step_meta(self, start: torch.Tensor, q_len: torch.Tensor, seq_lens: torch.Tensor,
                    block_table: torch.Tensor, req: torch.Tensor, j: torch.Tensor,
-                   live: torch.Tensor, query_start_loc: torch.Tensor) -> StepMeta:
+                   live: torch.Tensor, query_start_loc: torch.Tensor,
+                   checked: bool = False) -> StepMeta:
         """Both entries' common part. Per batch row (``[Q]``): ``start`` int64 its first token,
         ``q_len`` int64 its token count, ``seq_lens``, ``block_table``; per token (``[N]``):
-        ``req`` int64 its request, ``j`` int64 its index in it, ``live`` bool not padding."""
+        ``req`` int64 its request, ``j`` int64 its index in it, ``live`` bool not padding;
+        ``checked``: the entry ran ``_check_step`` on them."""
         R, T, S = self.max_rows, self.queries_per_step, self.capacity
         Q, N = q_len.shape[0], req.shape[0]
         seq = seq_lens.to(torch.int64)
@@ -566,6 +574,8 @@ class SparseOffloadManager:
         if not tracing():
             self._generation += 1
             generation = self._generation
+            # _check_step checked the blocks only against a pool already registered
+            self._blocks_checked = generation if checked and self.host_kv is not None else None
         return StepMeta(N, Q, planned, plan_index, seq_lens.index_select(0, req), seq_state,
                         stable, base, table, kv_lens, query_start_loc,
                         by_state_row(buffered, False), generation)
@@ -643,8 +653,9 @@ class SparseOffloadManager:
         self._host(layer)                   # a pool to gather from, before anything runs
         news = self._new_kv_rows(new_kv, N)
         if (self.check if check is None else check) and not tracing():
-            self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
-                               self._state_row_host.index)
+            if not meta.generation or meta.generation != self._blocks_checked:
+                self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
+                                   self._state_row_host.index)
             self._check_topk(topk_indices, meta)
 
         with self._phase("plan"):
@@ -693,8 +704,9 @@ class SparseOffloadManager:
         if (self.check if check is None else check) and not tracing():
             def where(t, k=None):
                 return f"topk_pos[{t // q}, {t % q}" + ("]" if k is None else f", {k}]")
-            self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
-                               self._state_row_host.index)
+            if not meta.generation or meta.generation != self._blocks_checked:
+                self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
+                                   self._state_row_host.index)
             self._check_topk(topk_pos.reshape(N, 1, K), meta, where)
 
         state_rows = self.state_row_of_batch_row

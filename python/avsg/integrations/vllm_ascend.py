@@ -86,14 +86,15 @@ def avsg_options(additional_config=None) -> Dict[str, object]:
             raise ValueError(f"additional_config.{CONFIG_KEY}: unknown keys {sorted(unknown)}; "
                              f"expected 'policy', 'lifetime'")
         opts.update(raw)
-    from .. import reference
     if opts["policy"] not in reference.POLICY_IDS:
         raise ValueError(f"additional_config.{CONFIG_KEY}.policy / {ENV_POLICY}: expected one of "
                          f"{tuple(reference.POLICY_IDS)}, got {opts['policy']!r}")
     lifetime = opts["lifetime"]
     if raw and "lifetime" in raw and opts["policy"] != "lifetime":
+        source = (f"additional_config.{CONFIG_KEY}.policy" if "policy" in raw else
+                  ENV_POLICY if ENV_POLICY in os.environ else "the default")
         raise ValueError(f"additional_config.{CONFIG_KEY}.lifetime: read only by the lifetime "
-                         f"policy; the policy is {opts['policy']!r}")
+                         f"policy; the policy is {opts['policy']!r} (from {source})")
     if isinstance(lifetime, bool) or not isinstance(lifetime, int) or \
             not 1 <= lifetime <= reference.MAX_LIFETIME:
         raise ValueError(f"additional_config.{CONFIG_KEY}.lifetime: expected an int in "

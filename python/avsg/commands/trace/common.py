@@ -75,7 +75,10 @@ def check_policies(tr, policies, capacities, args, queries: int) -> None:
     2**24) is a usage error naming the option before the first result."""
     from ...traces.policies import make_policy
     for option, dest, users in POLICY_OPTIONS:   # an option no chosen policy reads does nothing
-        if getattr(args, dest, None) is not None and not set(policies) & set(users):
+        value = getattr(args, dest, None)
+        if dest == "cost_every" and value == 0:   # "off" asks for nothing, so it holds anywhere
+            continue
+        if value is not None and not set(policies) & set(users):
             raise UsageError(f"{option}: read only by {', '.join(users)}; it does nothing for "
                              f"{' '.join(policies)}")
     # the policies keep a slot per position and row (int64): bound it before building one
