@@ -289,7 +289,9 @@ class LaunchCounters:
 
     def then(self, later: "LaunchCounters") -> "LaunchCounters":
         """This launch's work followed by ``later``'s on the same blocks (block i runs both, one
-        after the other): per block the counters add up, a ``*_max`` one takes the larger."""
+        after the other): per block the counters add up, a ``*_max`` one takes the larger. An
+        approximation of two launches, whose critical path is the slowest block of each: the
+        same wherever one of them costs every block alike (as ``invalidate`` does)."""
         if later.fields != self.fields or later.blocks != self.blocks:
             raise ValueError(f"later: expected a launch of {self.blocks} blocks with the same "
                              f"counters, got {later.blocks} blocks")

@@ -242,7 +242,8 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
     counted cost: the same figures as calling the model directly."""
     from types import SimpleNamespace as NS
     from avsg.commands.run import project_on_npu
-    monkeypatch.setattr(plan_cost, "counted_plan_on", lambda *a, **k: ["counted"])
+    seen = {}
+    monkeypatch.setattr(plan_cost, "counted_plan_on", lambda *a, **k: (seen.update(k), ["counted"])[1])
     monkeypatch.setattr(plan_cost, "counted_us", lambda counters, hw, statistic="median": 123.0)
     records = [NS(emitted=[1, 1]) for _ in range(10)]
     outputs = {0: [1] * 15, 1: [1] * 15}
@@ -262,6 +263,7 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
         assert line[mode]["feasible"] == direct[mode]["feasible"]
         assert line[mode]["tpot_s"] == pytest.approx(direct[mode]["tpot_s"])
     assert line["avsg"]["plan_us_per_layer"] == pytest.approx(123.0)
+    assert seen["accept_mean"] == pytest.approx(30 / 20 - 1)    # the run's own acceptance
 
 
 def test_launch_counters_then_adds_per_block_and_keeps_the_larger_max():
@@ -282,46 +284,55 @@ def test_launch_counters_then_adds_per_block_and_keeps_the_larger_max():
         first.then(backend.LaunchCounters(fields, first.per_block[:2], {}))
 
 
-@pytest.mark.parametrize("T", [2, 4])
-def test_counted_mtp_matching_is_plan_then_invalidate_on_the_traffic_schedule(T):
-    """Under an acceptance model each counted iteration is the plan launch followed, when a draft
-    was rejected, by the invalidate launch; the iterations advance 1 + accepted steps, as the copy
-    traffic's do. Every draft accepted is the teacher-forced schedule: no invalidate at all."""
+@pytest.mark.parametrize("T", [1, 2, 4])
+def test_counted_serving_matching_is_invalidate_and_plan_on_the_traffic_schedule(T, monkeypatch):
+    """With an acceptance model each counted iteration is what the serving manager launches per
+    layer: the plan and an invalidate (every pass: whether a draft was rejected is on the
+    device), the invalidate dropping the rejected drafts (valid_len = positions[s] + 1 + a) and
+    the iterations advancing 1 + a steps, as the copy traffic's do. Without one, every draft is
+    accepted and only the plan runs."""
     from avsg import backend
+    from avsg.buffer import SparseKVBuffer
     from avsg.traces.mtp import draw_accepted
     trace = synth.generate(steps=120, layers=2, k=256, max_len=4000, seed=1)
     sel, positions = np.asarray(trace.sel), np.asarray(trace.positions)
     args = (sel, positions, int(trace.T), "lifetime", T, 1024)
+    invalidated = []
+    real_invalidate = SparseKVBuffer.invalidate
+    monkeypatch.setattr(SparseKVBuffer, "invalidate", lambda self, lens: (
+        invalidated.append(lens.tolist()), real_invalidate(self, lens))[1])
     plain = plan_cost.counted_plan_on(*args, warmup=24, measured=6)
-    all_accepted = plan_cost.counted_plan_on(*args, warmup=24, measured=6, accept_mean=T - 1.0)
-    assert [c.per_block.tolist() for c in plain] == [c.per_block.tolist() for c in all_accepted]
+    assert not invalidated
 
     accept = 0.4 * (T - 1)
-    with_inval = plan_cost.counted_plan_on(*args, warmup=24, accept_mean=accept)
-    plan_only = plan_cost.counted_plan_on(*args, warmup=24, accept_mean=accept, phases=True)
-    assert len(with_inval) == len(plan_only) == plan_cost.COUNTED_MTP_LAUNCHES
-    # which measured iterations rejected a draft: the same draw the traffic makes
-    schedule = draw_accepted(24 + plan_cost.COUNTED_MTP_LAUNCHES, T - 1, accept)
-    step = i = 0
-    while step + T <= 24:
+    serving = plan_cost.counted_plan_on(*args, warmup=24, accept_mean=accept)
+    measured = plan_cost.COUNTED_MTP_LAUNCHES if T > 1 else plan_cost.COUNTED_LAUNCHES
+    assert len(serving) == measured
+    # the schedule, drawn independently: iteration i starts at step s_i
+    schedule = draw_accepted(24 + measured, T - 1, accept) if T > 1 else np.zeros(24 + measured, int)
+    want, step, i = [], 0, 0
+    while len(want) < len(invalidated):
+        want.append([int(positions[step]) + 1 + int(schedule[i])] * 2)
         step += 1 + int(schedule[i])
         i += 1
-    rejected = [int(a) < T - 1 for a in schedule[i:i + len(with_inval)]]
-    assert any(rejected) and not all(rejected)
+    assert invalidated == want
+    if T > 1:
+        assert any(a < T - 1 for a in schedule[:i]) and any(a == T - 1 for a in schedule[:i])
+    invalidated.clear()
+    plan_only = plan_cost.counted_plan_on(*args, warmup=24, accept_mean=accept, phases=True)
+    assert len(invalidated) == len(want)            # the same state, phases or not
     summed = [i for i, f in enumerate(backend.counter_fields()) if not f.endswith("_max")]
     instrs = backend.counter_fields().index("vec_instrs")
-    for counters, phases, rej in zip(with_inval, plan_only, rejected):
-        plan = phases.per_block.sum(1)        # a launch's phases add up to it (but its *_max)
-        extra = counters.per_block - plan
-        if rej:
-            assert (extra[:, instrs] > 0).all()          # the invalidate launch's own work
-        else:
-            assert not extra[:, summed].any()
+    for counters, phases in zip(serving, plan_only):
+        extra = counters.per_block - phases.per_block.sum(1)   # a launch's phases add up to it
+        assert (extra[:, instrs] > 0).all()                    # every iteration's invalidate
+        assert (extra[:, summed] >= 0).all()
     hw = hardware.load_profile()
     plans = [backend.LaunchCounters(c.fields, c.per_block.sum(1), {}) for c in plan_only]
-    assert plan_cost.counted_us(with_inval, hw, "mean") > plan_cost.counted_us(plans, hw, "mean")
+    assert plan_cost.counted_us(serving, hw, "mean") > plan_cost.counted_us(plans, hw, "mean")
+    assert len(plain) == 6
     with pytest.raises(ValueError, match="statistic"):
-        plan_cost.counted_us(with_inval, hw, "p99")
+        plan_cost.counted_us(serving, hw, "p99")
 
 
 def test_slotmap_counted_work_grows_with_rejected_drafts():

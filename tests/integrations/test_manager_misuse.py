@@ -131,9 +131,19 @@ def test_blocks_begin_step_checked_are_not_checked_again_per_layer(monkeypatch):
     for layer in range(len(mgr.buffers)):
         mgr.retrieve(layer, torch.tensor([[[10, 1]]], dtype=I32), meta)
     assert len(calls) == 1
+    # a meta with other tensors than begin_step checked is checked again
+    bad = meta._replace(block_table=torch.full_like(meta.block_table, 7))
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 7: expected a host block"):
+        mgr.retrieve(0, torch.tensor([[[10, 1]]], dtype=I32), bad)
     mgr.register_host_kv(_pool(1))          # one block: block 1 of the table is gone
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 1: expected a host block"):
         mgr.retrieve(0, torch.tensor([[[10, 1]]], dtype=I32), meta)
+    # begin_step unchecked: a checked retrieve checks the blocks itself
+    mgr.register_host_kv(_pool(2))
+    meta = mgr.begin_step(torch.tensor([0, 1], dtype=I32), torch.tensor([12], dtype=I32),
+                          torch.tensor([[0, 5]], dtype=I32), 1, check=False)
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 5: expected a host block"):
+        mgr.retrieve(0, torch.tensor([[[10, 1]]], dtype=I32), meta, check=True)
 
 
 def test_write_kv_refuses_negative_rows_other_than_padding():

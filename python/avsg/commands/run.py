@@ -529,9 +529,12 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
     from .. import reference
     capacity = min(max(args.capacity * config.index_topk // args.topk, T * config.index_topk),
                    reference.MAX_BUCKETS)
+    per_iteration = tokens / (iterations / kv_layers)
+    # this run's acceptance: the plan below follows it, rejected drafts invalidated as they were
+    accept = min(max(per_iteration - 1.0, 0.0), float(T - 1))
     traffic = copy_traffic.Traffic(
-        drafts=args.mtp, accept_mean=0.0,
-        tokens_per_iteration=tokens / (iterations / kv_layers), capacity=capacity,
+        drafts=args.mtp, accept_mean=accept,
+        tokens_per_iteration=per_iteration, capacity=capacity,
         topk_buffer=4096,
         rows={"offload": [scale * by_mode["offload"].h2d_rows / iterations],
               "avsg": [scale * by_mode["avsg"].h2d_rows / iterations]},
@@ -547,8 +550,6 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
             sel = None
     if sel is None or sel.shape[2] != config.index_topk:
         sel, positions, context_max = synthetic_selections(2, steps, config.index_topk, 32768)
-    # the plan under this run's acceptance: rejected drafts invalidated, as the run did
-    accept = min(max(traffic.tokens_per_iteration - 1.0, 0.0), float(T - 1))
     counters = plan_cost.counted_plan_on(sel, positions, int(context_max), args.policy, T,
                                         capacity, accept_mean=accept)
     costs = plan_cost.Costs({"avsg": {T: plan_cost.counted_us(counters, hw, "mean")}}, 0.0, "")

@@ -112,8 +112,9 @@ def _check_args(args) -> None:
 
 
 def _counted_plan_us(trace, hw) -> float:
-    """The default policy's plan cost per row (one query token, capacity 8192), read from the
-    kernel's counted work on the first trace's first layers."""
+    """The default policy's matching cost per row and layer (one query token, capacity 8192: the
+    serving manager's invalidate + plan, ``plan_cost.counted_plan_on``), read from the kernels'
+    counted work on the first trace's first layers."""
     from .. import reference
     from ..costmodel import plan_cost
     steps = min(64, trace.sel.shape[1])
@@ -122,8 +123,8 @@ def _counted_plan_us(trace, hw) -> float:
     sel = np.asarray(trace.sel[:2, :steps])
     counters = plan_cost.counted_plan_on(sel, np.asarray(trace.positions[:steps]), int(trace.T),
                                          reference.DEFAULT_POLICY, 1, 8192,
-                                         warmup=min(48, steps - 3))
-    return plan_cost.counted_us(counters, hw)
+                                         warmup=min(48, steps - 3), accept_mean=0.0)
+    return plan_cost.counted_us(counters, hw, "mean")
 
 
 def _trace_paths(args) -> List[str]:

@@ -66,23 +66,31 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
     consecutive steps, after uncounted iterations (fast emulation) over ``warmup`` steps so the
     buffers are warm.
 
-    ``accept_mean`` (None: every draft accepted) is the MTP schedule's mean accepted drafts,
-    drawn as the copy traffic draws them (:func:`..traces.mtp.draw_accepted`, seed 0): iteration
-    ``i`` plans steps ``s .. s + queries - 1``, the verifier accepts ``a_i`` drafts, the buffer
-    invalidates the rejected ones' positions (``valid_len = positions[s] + 1 + a_i``, as the
-    runtime and :func:`.traffic.measure_traffic` do) and the next iteration starts at ``s + 1 +
-    a_i``. An iteration's counters are then its plan launch followed by its invalidate launch
-    (:meth:`..backend.LaunchCounters.then`): both sit on the layer's critical path. With every
-    draft accepted nothing is invalidated and each iteration is one plan launch. ``measured``
-    defaults to COUNTED_LAUNCHES, or COUNTED_MTP_LAUNCHES with an acceptance model (whether an
-    iteration invalidates varies). With ``phases``, each plan launch's counters split by phase
-    (``backend.LaunchPhases``, for :func:`phase_breakdown`; invalidate launches left out)."""
+    Two kinds of iteration:
+
+    * ``accept_mean=None``: the plan kernel alone, every draft accepted (iterations ``queries``
+      steps apart), nothing invalidated: what ``avsg bench plan`` measures.
+    * ``accept_mean`` given (0 at one query token): what the serving manager launches per layer
+      and pass (:mod:`..integrations.manager`), on the copies' MTP schedule. Accepted drafts are
+      drawn as the copy traffic draws them (:func:`..traces.mtp.draw_accepted`, seed 0):
+      iteration ``i`` plans steps ``s .. s + queries - 1``, the verifier accepts ``a_i`` drafts,
+      the buffer drops the rejected ones' positions (``valid_len = positions[s] + 1 + a_i``, as
+      :func:`.traffic.measure_traffic` does) and the next iteration starts at ``s + 1 + a_i``.
+      The manager launches that ``invalidate`` in every pass, rejected drafts or not (knowing
+      would take a host sync), so every iteration's counters are its plan launch followed by an
+      invalidate launch (:meth:`..backend.LaunchCounters.then`): both sit on the layer's
+      critical path.
+
+    ``measured`` defaults to COUNTED_LAUNCHES, or COUNTED_MTP_LAUNCHES on an MTP schedule. With
+    ``phases``, each plan launch's counters split by phase (``backend.LaunchPhases``, for
+    :func:`phase_breakdown`; invalidate launches left out)."""
     import torch
     from .. import backend
     from ..buffer import SparseKVBuffer
     from ..traces.mtp import draw_accepted
     rows, steps, K = sel.shape
-    mtp = accept_mean is not None and queries > 1
+    serving = accept_mean is not None
+    mtp = serving and queries > 1
     if measured is None:
         measured = COUNTED_MTP_LAUNCHES if mtp else COUNTED_LAUNCHES
     # every iteration advances >= 1 step, so warm-up takes at most ``warmup`` of them
@@ -103,7 +111,7 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
         buf.plan(topk, seq)
         work = (_read_phases() if phases else _read_counters()) if counted else None
         a = int(accepted[iteration])
-        if a < queries - 1:
+        if serving:     # every pass, whatever was rejected: the manager cannot know without a sync
             buf.invalidate(torch.full((rows,), int(positions[step]) + 1 + a, dtype=torch.int32))
             if counted and not phases:
                 work = work.then(_read_counters())
@@ -259,13 +267,16 @@ def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer
 def plan_counters(trace_path: str, Ts: Sequence[int], capacity: int,
                   topk_buffer: int = 4096,
                   accept_means: Optional[Dict[int, float]] = None) -> Dict:
-    """The op's counted matching per policy and T (``accept_means``: T -> mean accepted drafts;
-    each T > 1 then follows the MTP schedule, rejected drafts invalidated: see
-    :func:`counted_plan_on`), and the host LRU's time per row, timed here."""
+    """The op's counted matching per policy and T, as the serving manager launches it (an
+    invalidate and a plan per layer and pass, on the MTP schedule of ``accept_means``: T -> mean
+    accepted drafts, needed for every T > 1; see :func:`counted_plan_on`), and the host LRU's
+    time per row, timed here."""
     from . import host_lru
     out: Dict = {}
     for T in Ts:
-        accept = (accept_means or {}).get(T) if T > 1 else None
+        accept = (accept_means or {}).get(T, 0.0 if T == 1 else None)
+        if accept is None:
+            raise ValueError(f"accept_means: expected the mean accepted drafts at T = {T}")
         for policy in sorted(set(PLAN_POLICY.values())):
             out[(policy, T)] = counted_plan(trace_path, policy, T, capacity, accept_mean=accept)
     from ..traces import format as trace_format

@@ -261,9 +261,10 @@ class SparseOffloadManager:
                                                 device=self.device)
         # bumped by every begin_step and every lifecycle call (StepMeta.generation)
         self._generation = 0
-        # the generation whose StepMeta had its host blocks checked against the pool in
-        # begin_step (None: none), so that retrieve checks them only where begin_step could not
-        self._blocks_checked: Optional[int] = None
+        # the StepMeta whose host blocks begin_step checked against the pool (its generation and
+        # its block_table, seq_lens and buffered tensors; None: none), so that retrieve checks them only
+        # where begin_step could not: a meta with other tensors, or another manager's, is checked
+        self._blocks_checked: Optional[Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self._sync_tables()
         # per layer and state row: the lowest position to drop before the layer's next plan
         # (module docstring, "Stale copies"); _NO_LIMIT = nothing pending
@@ -574,11 +575,13 @@ class SparseOffloadManager:
         if not tracing():
             self._generation += 1
             generation = self._generation
+        buffered_state = by_state_row(buffered, False)
+        if generation:
             # _check_step checked the blocks only against a pool already registered
-            self._blocks_checked = generation if checked and self.host_kv is not None else None
+            self._blocks_checked = ((generation, table, seq_state, buffered_state)
+                                    if checked and self.host_kv is not None else None)
         return StepMeta(N, Q, planned, plan_index, seq_lens.index_select(0, req), seq_state,
-                        stable, base, table, kv_lens, query_start_loc,
-                        by_state_row(buffered, False), generation)
+                        stable, base, table, kv_lens, query_start_loc, buffered_state, generation)
 
     def _check_step(self, qsl, seq_lens, block_table, num_tokens) -> None:
         q = qsl.tolist()
@@ -653,7 +656,7 @@ class SparseOffloadManager:
         self._host(layer)                   # a pool to gather from, before anything runs
         news = self._new_kv_rows(new_kv, N)
         if (self.check if check is None else check) and not tracing():
-            if not meta.generation or meta.generation != self._blocks_checked:
+            if not self._blocks_checked_for(meta):
                 self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
                                    self._state_row_host.index)
             self._check_topk(topk_indices, meta)
@@ -704,7 +707,7 @@ class SparseOffloadManager:
         if (self.check if check is None else check) and not tracing():
             def where(t, k=None):
                 return f"topk_pos[{t // q}, {t % q}" + ("]" if k is None else f", {k}]")
-            if not meta.generation or meta.generation != self._blocks_checked:
+            if not self._blocks_checked_for(meta):
                 self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
                                    self._state_row_host.index)
             self._check_topk(topk_pos.reshape(N, 1, K), meta, where)
@@ -801,6 +804,12 @@ class SparseOffloadManager:
                              "serves one pass at a time (begin_step records its pass's dropped "
                              "positions, a lifecycle call moves rows): call begin_step for this "
                              "pass again")
+
+    def _blocks_checked_for(self, meta: StepMeta) -> bool:
+        """begin_step checked this very meta's blocks against the pool registered now."""
+        done = self._blocks_checked
+        return bool(meta.generation) and done is not None and done[0] == meta.generation and \
+            done[1] is meta.block_table and done[2] is meta.seq_lens and done[3] is meta.buffered
 
     def _token_rows(self, name: str, part: torch.Tensor, N: int, comp) -> torch.Tensor:
         require_tensor(name, part, comp.dtype, device=self.device)

@@ -91,8 +91,8 @@ def avsg_options(additional_config=None) -> Dict[str, object]:
                          f"{tuple(reference.POLICY_IDS)}, got {opts['policy']!r}")
     lifetime = opts["lifetime"]
     if raw and "lifetime" in raw and opts["policy"] != "lifetime":
-        source = (f"additional_config.{CONFIG_KEY}.policy" if "policy" in raw else
-                  ENV_POLICY if ENV_POLICY in os.environ else "the default")
+        # (the default policy reads the lifetime: another one came from the config or the env)
+        source = f"additional_config.{CONFIG_KEY}.policy" if "policy" in raw else ENV_POLICY
         raise ValueError(f"additional_config.{CONFIG_KEY}.lifetime: read only by the lifetime "
                          f"policy; the policy is {opts['policy']!r} (from {source})")
     if isinstance(lifetime, bool) or not isinstance(lifetime, int) or \
