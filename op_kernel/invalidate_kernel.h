@@ -64,14 +64,19 @@ public:
                 Sync<HardEvent::MTE3_MTE2>();
                 Sync<HardEvent::V_MTE2>();
                 DataCopy(pos, stateGm_[base + t_.secOff[avsg::SEC_SP] + off], n);
-                DataCopy(life, stateGm_[base + t_.secOff[avsg::SEC_SL] + off], n);
-                if (reuse_) DataCopy(count, stateGm_[base + t_.secOff[avsg::SEC_SC] + off], n);
                 Sync<HardEvent::MTE2_V>();
                 Mins(keep, pos, static_cast<int32_t>(avsg::kMaxPosition), n);
-                Duplicate(zeroF, 0.0f, n);
                 PipeBarrier<PIPE_V>();
                 Cast(keepF, keep, RoundMode::CAST_RINT, n);
-                PipeBarrier<PIPE_V>();
+                // Most passes drop nothing (every draft accepted, or one query token: the serving
+                // manager invalidates every pass). The largest position held says so; then the
+                // chunk's slot_life is not read and nothing is stored.
+                if (!AnyAtLeast(keepF, life.ReinterpretCast<float>(), real, limit)) continue;
+                Sync<HardEvent::V_MTE2>();        // ReduceMax's work area is life's buffer
+                DataCopy(life, stateGm_[base + t_.secOff[avsg::SEC_SL] + off], n);
+                if (reuse_) DataCopy(count, stateGm_[base + t_.secOff[avsg::SEC_SC] + off], n);
+                Duplicate(zeroF, 0.0f, n);
+                Sync<HardEvent::MTE2_V>();
                 CompareScalar(drop, keepF, limit, CMPMODE::GE, n);
                 PipeBarrier<PIPE_V>();
                 Select(keepF, drop, zeroF, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // drop ? 0 : -1
@@ -104,6 +109,17 @@ public:
     }
 
 private:
+    // Whether any of the first ``count`` values of ``vals`` (floats holding exact integers) is
+    // >= limit: one ReduceMax (float only on A2) and a scalar read of its result.
+    __aicore__ inline bool AnyAtLeast(const LocalTensor<float>& vals, const LocalTensor<float>& work,
+                                      uint32_t count, float limit) {
+        const LocalTensor<float> top = scalarBuf_.Get<float>();
+        Sync<HardEvent::S_V>();                   // earlier scalar reads of this buffer (lens, top)
+        PipeBarrier<PIPE_V>();                    // vals was just computed
+        ReduceMax(top, vals, work, static_cast<int32_t>(count));
+        Sync<HardEvent::V_S>();
+        return top.GetValue(0) >= limit;
+    }
     // Reuse policy: every ghost naming a position >= limit (tag * G + entry, reference.
     // ghost_positions) returns to 0, so a rejected draft's positions start from nothing when the
     // real tokens arrive. The name is formed in float: tag * G is exact (a power of two), the sum
@@ -135,7 +151,7 @@ private:
             Muls(tagF, tagF, entries, n);
             PipeBarrier<PIPE_V>();
             Add(tagF, tagF, entryF, n);
-            PipeBarrier<PIPE_V>();
+            if (!AnyAtLeast(tagF, keepF, n, limit)) continue;   // no ghost here to forget: no store
             CompareScalar(drop, tagF, limit, CMPMODE::GE, n);
             PipeBarrier<PIPE_V>();
             Select(keepF, drop, zeroF, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // drop ? 0 : -1

@@ -298,6 +298,42 @@ def test_lifetime_level_scan_work_does_not_grow_with_the_lifetime(capacity, acti
     assert long_ <= 1.5 * short, (long_, short)
 
 
+@pytest.mark.parametrize("policy", ["lifetime", "reuse"])
+def test_invalidate_stores_only_the_chunks_it_changes(policy):
+    """The serving manager invalidates every pass, and most passes drop nothing: a chunk of slots
+    (8192 per chunk) holding no position at or past the limit is neither read back nor stored.
+    16384 slots fill in order (older, smaller positions in the low chunk); dropping the newest
+    positions changes only the high chunk. State and stats stay the reference's."""
+    from avsg import backend
+    S, K = 16384, 2048
+    buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy=policy)
+    seq = torch.tensor([90000], dtype=I32)
+    for step in range(S // K):      # step i: positions [10000 i, 10000 i + K), one slot each
+        topk = (torch.arange(K, dtype=I32) + 10000 * step).view(1, 1, K)
+        buf.plan(topk, seq, check=False)
+    held = buf.resident(0)
+    assert len(held) == S and all(slot >= S // 2 for p, slot in held.items() if p >= 60000)
+
+    def invalidate(limit):
+        want = buf.state.clone()
+        reference.invalidate(want, buf.layout, torch.tensor([limit], dtype=I32))
+        with emulation("strict"):
+            buf.invalidate(torch.tensor([limit], dtype=I32))
+            counters = backend.last_launch_counters()
+        assert torch.equal(buf.state, want)
+        return int(counters["mte3_bytes"][0]), int(counters["mte2_bytes"][0])
+
+    stored, loaded_none = invalidate(1 << 24)           # nothing to drop
+    assert stored == 0
+    stored, loaded = invalidate(60000)                  # the newest positions, high chunk only
+    assert len(buf.resident(0)) == 6 * K
+    if policy == "lifetime":
+        assert stored == 2 * 4 * (S // 2)               # slot_pos and slot_life of one chunk
+        assert loaded > loaded_none
+    else:
+        assert stored >= 3 * 4 * (S // 2)               # and the chunk's counts, and ghosts
+
+
 def test_split_lookup_off_by_default_and_switch_checked():
     """As on the NPU, a plan splits its lookup only with AVSG_NPU_SPLIT=1: unset or 0 runs one
     block per row, whatever cores are idle; any other value is refused, naming the variable, with
