@@ -303,7 +303,9 @@ def test_invalidate_stores_only_the_chunks_it_changes(policy):
     """The serving manager invalidates every pass, and most passes drop nothing: a chunk of slots
     (8192 per chunk) holding no position at or past the limit is neither read back nor stored.
     16384 slots fill in order (older, smaller positions in the low chunk); dropping the newest
-    positions changes only the high chunk. State and stats stay the reference's."""
+    positions changes only the high chunk; a limit equal to the low chunk's largest position
+    changes it too. Under reuse, evicted positions leave ghosts, which a limit below them
+    clears. State and stats stay the reference's throughout."""
     from avsg import backend
     S, K = 16384, 2048
     buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy=policy)
@@ -325,13 +327,25 @@ def test_invalidate_stores_only_the_chunks_it_changes(policy):
 
     stored, loaded_none = invalidate(1 << 24)           # nothing to drop
     assert stored == 0
-    stored, loaded = invalidate(60000)                  # the newest positions, high chunk only
-    assert len(buf.resident(0)) == 6 * K
-    if policy == "lifetime":
-        assert stored == 2 * 4 * (S // 2)               # slot_pos and slot_life of one chunk
-        assert loaded > loaded_none
-    else:
-        assert stored >= 3 * 4 * (S // 2)               # and the chunk's counts, and ghosts
+    stored, loaded = invalidate(60000)               # the newest positions, high chunk only
+    assert len(buf.resident(0)) == 6 * K and loaded > loaded_none
+    chunk = 4 * (S // 2)
+    # pos and life of one chunk; under reuse also its counts, and the one chunk of ghosts whose
+    # entries name positions >= 60000 (an empty ghost, tag 0, names its own entry index)
+    assert stored == (2 if policy == "lifetime" else 4) * chunk
+    low_top = max(p for p, slot in buf.resident(0).items() if slot < S // 2)
+    stored, _ = invalidate(low_top)                  # a chunk whose largest position is the limit
+    assert low_top not in buf.resident(0) and stored >= 2 * chunk
+    if policy == "reuse":           # evictions leave ghosts; a limit below them forgets them
+        before = set(buf.resident(0))
+        for step in range(6):       # 12288 new positions into about 8192 free slots
+            topk = (torch.arange(K, dtype=I32) + 70000 + 3000 * step).view(1, 1, K)
+            buf.plan(topk, seq, check=False)
+        evicted = before - set(buf.resident(0))
+        assert evicted
+        ghosts = reference.view_state(buf.state, buf.layout).ghost.clone()
+        invalidate(min(evicted))
+        assert not torch.equal(reference.view_state(buf.state, buf.layout).ghost, ghosts)
 
 
 def test_split_lookup_off_by_default_and_switch_checked():
