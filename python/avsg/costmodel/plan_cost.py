@@ -33,8 +33,8 @@ def _read_phases():
 
 
 COUNTED_WARMUP, COUNTED_LAUNCHES = 48, 3     # plan launches before and under the counters
-# MTP matching is sampled over more iterations: whether a draft was rejected (and so whether the
-# step also invalidates) varies from one iteration to the next
+# MTP matching is sampled over more iterations: how many drafts were accepted (and so what the
+# invalidate drops and the plan misses) varies from one iteration to the next
 COUNTED_MTP_LAUNCHES = 12
 
 
@@ -139,7 +139,7 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
 def counted_us(counters: Sequence, hw: hardware.Profile, statistic: str = "median") -> float:
     """Serial-pipe estimate (us per row: the launch's slowest block) of counted launches, their
     median (a typical launch) or ``"mean"`` (the expected cost: what the decode model adds up,
-    since under MTP only some iterations also invalidate)."""
+    since under MTP an iteration's work depends on what the verifier rejected)."""
     if statistic not in ("median", "mean"):
         raise ValueError(f"statistic: expected 'median' or 'mean', got {statistic!r}")
     us = [hardware.launch_estimate(c, hw)["serial_pipe_us"] for c in counters]

@@ -262,8 +262,9 @@ class SparseOffloadManager:
         # bumped by every begin_step and every lifecycle call (StepMeta.generation)
         self._generation = 0
         # the StepMeta whose host blocks begin_step checked against the pool (its generation and
-        # its block_table, seq_lens and buffered tensors; None: none), so that retrieve checks them only
-        # where begin_step could not: a meta with other tensors, or another manager's, is checked
+        # its block_table, seq_lens and buffered tensors; None: none), so that retrieve checks
+        # them only where begin_step could not: a meta with other tensors, or another
+        # manager's, is checked
         self._blocks_checked: Optional[Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self._sync_tables()
         # per layer and state row: the lowest position to drop before the layer's next plan
