@@ -8,9 +8,12 @@ conftest puts tests/ on the path).
     kernel_build.py   the strict_kernels marker and fixture of the runtime / integration tests
     engine.py         engine drivers of the runtime tests: tiny model, prompts, engine, run
     engine_harness.py a serving loop over the engine for the integration tests
+    third_party.py    the third-party source trees (scripts/third_party.py): a skip naming the
+                      missing tree and its folder in the cache, or a failure where CI requires it
 
-``REPO`` is the repository root; ``SHARED`` the shared test inputs beside it (``../shared``, or
-``AVSG_SHARED_DIR``), which tests skip without, saying so.
+``REPO`` is the repository root; ``SHARED`` the team's shared test inputs beside it (the traces in
+``../shared/traces``, or ``AVSG_SHARED_DIR``), which tests skip without, saying so. Third-party
+source trees are not there: they come from the cache, through ``third_party``.
 """
 import os
 

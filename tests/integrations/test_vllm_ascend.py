@@ -3,10 +3,13 @@
 plugin active, the multi-step drive of its real call sites (vllm_ascend_session/
 vllm_ascend_drive.py) and the H2D comparison with its per-token LRU.
 
-Needs vllm 0.27.1 (``.ci/run`` installs it with ``--no-deps``) and the vllm-ascend snapshot in
-``../shared/vllm-ascend`` (unpacked into ``build/``); skips with the reason when either is absent.
-Everything that imports vllm runs in a subprocess: vllm-ascend's conftest stubs ``torch_npu`` and
-``torch.npu`` process-wide, which must not leak into the rest of the suite.
+Needs vllm 0.27.1 (``.ci/run`` installs it with ``--no-deps``) and the vllm-ascend source tree in
+the third-party cache (``$AVSG_THIRD_PARTY/vllm-ascend/<commit>/``, default
+``~/.cache/avsg/third_party``; scripts/third_party.py, docs/testing.md), used in place and never
+written to; skips with the reason when either is absent (fails instead under AVSG_REQUIRE_VLLM=1,
+which .ci/run sets when it finds the tree). Everything that imports vllm runs in a subprocess:
+vllm-ascend's conftest stubs ``torch_npu`` and ``torch.npu`` process-wide, which must not leak into
+the rest of the suite.
 """
 import importlib.util
 import json
@@ -14,24 +17,17 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
+from helpers import third_party
+
 REPO = Path(__file__).resolve().parents[2]
 SESSION = Path(__file__).resolve().parent / "vllm_ascend_session"
-SNAPSHOT = "vllm-ascend-182b75ea84.tar.gz"
+REQUIRED_BY = "AVSG_REQUIRE_VLLM"
 UNIT_TESTS = ["tests/ut/attention/test_sfa_kv_offload.py",
               "tests/ut/distributed/kv_transfer/sparse_kv_offload/"]
-
-
-def _shared():
-    for base in (REPO.parent, REPO.parent.parent):
-        tar = base / "shared" / "vllm-ascend" / SNAPSHOT
-        if tar.exists():
-            return tar
-    return None
 
 
 def _vllm_version():
@@ -46,23 +42,26 @@ def _vllm_version():
 
 
 @pytest.fixture(scope="module")
-def snapshot():
-    tar = _shared()
-    if tar is None:
-        pytest.skip("../shared/vllm-ascend (the vllm-ascend snapshot) is not beside the repository")
+def vllm_ascend_tree():
+    (tree,) = third_party.require("vllm-ascend", required_by=REQUIRED_BY)
     version = _vllm_version()
     if version is None or not version.startswith("0.27."):
         message = (f"vllm 0.27.x is not installed (found {version}); .ci/run installs it with "
                    f"--no-deps -r requirements-vllm.txt")
-        if os.environ.get("AVSG_REQUIRE_VLLM") == "1":     # set by .ci/run: never skip there
+        if os.environ.get(REQUIRED_BY) == "1":     # set by .ci/run with the tree: never skip there
             pytest.fail(message)
         pytest.skip(message)
-    root = REPO / "build" / "vllm-ascend-182b75ea84"
-    if not (root / "vllm-ascend" / "vllm_ascend").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(tar) as archive:
-            archive.extractall(root, filter="data")
-    return root / "vllm-ascend"
+    return Path(tree)
+
+
+def _listing(tree: Path) -> dict:
+    """Every path under the tree and its modification time: the cache is read, never written."""
+    listing = {}
+    for folder, dirs, files in os.walk(tree):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            listing[path] = os.lstat(path).st_mtime_ns
+    return listing
 
 
 def _entry_point_dist(tmp: Path) -> Path:
@@ -80,10 +79,11 @@ def _entry_point_dist(tmp: Path) -> Path:
     return tmp
 
 
-def _env(snapshot_dir, tmp, switch):
+def _env(tree, tmp, switch):
     env = dict(os.environ)
-    paths = [str(snapshot_dir), str(REPO / "python"), str(SESSION), str(_entry_point_dist(tmp))]
+    paths = [str(tree), str(REPO / "python"), str(SESSION), str(_entry_point_dist(tmp))]
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"     # no __pycache__ inside the cache's tree
     env.pop("VLLM_PLUGINS", None)
     if switch:
         env["AVSG_VLLM_ASCEND"] = "1"
@@ -92,17 +92,24 @@ def _env(snapshot_dir, tmp, switch):
     return env
 
 
-def test_vllm_ascend_unit_tests_and_drive_with_the_plugin_on(snapshot, tmp_path):
+def test_vllm_ascend_unit_tests_and_drive_with_the_plugin_on(vllm_ascend_tree, tmp_path):
+    tree = vllm_ascend_tree
     report = tmp_path / "h2d.json"
-    env = _env(snapshot, tmp_path / "dist", switch=True)
+    env = _env(tree, tmp_path / "dist", switch=True)
     env["AVSG_VLLM_ASCEND_REPORT"] = str(report)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-           "avsg_vllm_hook", "-o", "addopts=", "--rootdir", str(snapshot), *UNIT_TESTS,
-           str(SESSION / "vllm_ascend_drive.py")]
-    proc = subprocess.run(cmd, cwd=snapshot, env=env, capture_output=True, text=True,
-                          timeout=600)
+           "avsg_vllm_hook", "-o", "addopts=", "--rootdir", str(tree),
+           *(str(tree / t) for t in UNIT_TESTS), str(SESSION / "vllm_ascend_drive.py")]
+    before = _listing(tree)
+    # run from a scratch folder: whatever the tests write relative to it stays out of the cache
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
+    after = _listing(tree)
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    assert not changed, f"the session wrote into the cache's tree: {changed[:10]}"
     passed = re.search(r"(\d+) passed", proc.stdout)
     assert passed and int(passed.group(1)) >= 11 + 6, tail   # 11 of vllm-ascend's, 6 drive
     result = json.loads(report.read_text())

@@ -1,11 +1,13 @@
 """The kernels and the NPU host code type-check against the real AscendC and torch-npu headers
 (scripts/typecheck_ascendc.py), and the check rejects a wrong API call.
 
-Needs ../shared/ascendc-sdk next to the repository (or $AVSG_SHARED_DIR); skips with the reason
-without it. The host half also needs the torch / torch-npu 2.14.0 wheels' headers, which
-`python scripts/typecheck_ascendc.py --fetch-only` downloads into build/typecheck (.ci/run does,
-and sets AVSG_TYPECHECK_REQUIRED=1 so that a missing piece fails instead of skipping). This file is
-the only place CI runs the check.
+Needs the asc-devkit and asc-tools source trees in the third-party cache
+($AVSG_THIRD_PARTY/<tree>/<commit>/, default ~/.cache/avsg/third_party; scripts/third_party.py,
+docs/testing.md); skips naming the missing tree and folder without them. The host half also needs
+the torch / torch-npu 2.14.0 wheels' headers, which `python scripts/typecheck_ascendc.py
+--fetch-only` downloads into build/typecheck (.ci/run does when it finds the trees, and sets
+AVSG_TYPECHECK_REQUIRED=1 so that a missing piece fails instead of skipping). This file is the
+only place CI runs the check.
 """
 import os
 import re
@@ -14,25 +16,30 @@ import sys
 
 import pytest
 
+from helpers import third_party
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "typecheck_ascendc.py")
-SHARED = os.environ.get("AVSG_SHARED_DIR", os.path.join(os.path.dirname(ROOT), "shared"))
-SDK = os.path.join(SHARED, "ascendc-sdk")
 WORK = os.path.join(ROOT, "build", "typecheck")
 FIXTURES = os.path.join(ROOT, "tests", "npu", "typecheck_fixtures")
-REQUIRED = os.environ.get("AVSG_TYPECHECK_REQUIRED") == "1"
+REQUIRED_BY = "AVSG_TYPECHECK_REQUIRED"
+REQUIRED = os.environ.get(REQUIRED_BY) == "1"
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import typecheck_ascendc as tc  # noqa: E402
 
-needs_sdk = pytest.mark.skipif(not os.path.isdir(SDK) and not REQUIRED,
-                               reason=f"the AscendC SDK headers are not at {SDK} (shared folder absent)")
+
+
+@pytest.fixture
+def sdk_trees():
+    """The script finds the trees itself ($AVSG_THIRD_PARTY is inherited); this only skips, or
+    fails under AVSG_TYPECHECK_REQUIRED=1, when they are missing."""
+    return third_party.require(*tc.SDK_TREES, required_by=REQUIRED_BY)
 
 
 def run(*args):
-    env = dict(os.environ, AVSG_SHARED_DIR=SHARED)
     return subprocess.run([sys.executable, SCRIPT, "--work", WORK, *args], capture_output=True, text=True,
-                          env=env, timeout=900)
+                          timeout=900)
 
 
 def host_headers_present():
@@ -40,7 +47,7 @@ def host_headers_present():
                for d in (f"torch-{tc.TORCH_VERSION}", f"torch-npu-{tc.TORCH_NPU_VERSION}"))
 
 
-@needs_sdk
+@pytest.mark.usefixtures("sdk_trees")
 def test_kernels_and_npu_host_code_typecheck_clean_against_the_real_headers():
     """Every op_kernel/*.cpp for every targeted arch, ASCENDC_DUMP=1 and 0; and, when the
     wheels' headers are there, every NPU host source with -DAVSG_WITH_NPU=1 and C++20."""
@@ -63,7 +70,7 @@ def test_kernels_and_npu_host_code_typecheck_clean_against_the_real_headers():
                     f"{WORK} (python scripts/typecheck_ascendc.py --fetch-only)")
 
 
-@needs_sdk
+@pytest.mark.usefixtures("sdk_trees")
 def test_a_wrong_or_misspelt_api_call_fails_the_check():
     """The negative control: next to a good kernel, one with a wrong DataCopyParams field and one
     with a misspelt API. The misspelt name must not have been stubbed."""
@@ -107,7 +114,13 @@ def test_host_code_is_checked_with_the_config_launch_and_without(tmp_path):
         assert ("-DAVSG_NPU_LAUNCH_CONFIG=1" in cmd) != label.endswith(f"without {tc.LAUNCH_CONFIG_MACRO}"), label
 
 
-def test_without_the_shared_folder_the_check_skips_with_the_reason(tmp_path):
-    result = subprocess.run([sys.executable, SCRIPT, "--shared", str(tmp_path / "nowhere"), "--work",
+def test_without_the_trees_the_check_skips_naming_what_is_missing_and_where(tmp_path):
+    nowhere = tmp_path / "nowhere"
+    result = subprocess.run([sys.executable, SCRIPT, "--third-party", str(nowhere), "--work",
                              str(tmp_path / "w")], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and "skipped: no AscendC SDK headers" in result.stdout
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("typecheck: skipped: the AscendC SDK is absent"), result.stdout
+    for name in tc.SDK_TREES:
+        assert third_party.tree_dir(name, str(nowhere)) in result.stdout
+    assert "$AVSG_THIRD_PARTY" in result.stdout and "docs/testing.md" in result.stdout
+    assert not (tmp_path / "w").exists()

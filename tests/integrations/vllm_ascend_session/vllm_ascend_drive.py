@@ -27,8 +27,11 @@ import pytest
 import torch
 
 if "torch_npu" not in sys.modules:
-    # run alone (not after vllm-ascend's unit tests): stub torch_npu the way its tests do
-    runpy.run_path(os.path.join(os.getcwd(), "tests", "ut", "conftest.py"))
+    # run alone (not after vllm-ascend's unit tests): stub torch_npu the way its tests do, with the
+    # conftest of the vllm-ascend tree on the path (found without importing it: that needs the stub)
+    import importlib.util
+    tree = os.path.dirname(os.path.dirname(importlib.util.find_spec("vllm_ascend").origin))
+    runpy.run_path(os.path.join(tree, "tests", "ut", "conftest.py"))
 
 import vllm_ascend.distributed.kv_transfer.sparse_kv_offload.sparse_kv_offload_manager as vam
 from vllm.v1.utils import CpuGpuBuffer
