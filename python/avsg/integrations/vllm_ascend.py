@@ -24,13 +24,21 @@ its slots (``current_slots_npu[t]``, valid first, then ``-1``).
 
 Phases
 ------
-1. per step, on the host (``begin_step``, hooked after vllm-ascend's
+0. per scheduler step, forward or not (``apply_scheduler_output``, hooked before the model
+   runner's ``_update_states``, which runs before its early return for a step that schedules no
+   token): the state row of every request the step does not continue with its KV intact is
+   freed: finished, preempted, not scheduled, resumed from preemption (its KV is recomputed into
+   new blocks) or scheduled as new under an id that still holds a row. A freed row is reset before
+   any request gets it again. Without this, a request preempted while it was alone (that step
+   runs no forward, so phase 1 never sees it leave) kept its row and read its pre-preemption KV
+   after resuming.
+1. per forward, on the host (``begin_step``, hooked after vllm-ascend's
    ``update_sparse_kv_offload_metadata``): request ids -> state rows. A request keeps its state
-   row while it stays in the batch, wherever condense or swap moves it; a request that leaves the
-   batch (finished or preempted) frees its row, and a row is reset before a new (or resumed)
-   request gets it, so no hit outlives its request. The batch-index -> state-row table and each
-   request's scheduled token count go to the device in place (fixed addresses: graph replays read
-   the current values).
+   row while it stays in the batch, wherever condense or swap moves it; a request absent from the
+   batch frees its row (phase 0 has normally done so already), and a row is reset before a request
+   without one gets it, so no hit outlives its request's KV. The batch-index -> state-row table
+   and each request's scheduled token count go to the device in place (fixed addresses: graph
+   replays read the current values).
 2. per layer, on the device (``onload_topk_kv``): tokens -> (state row, query index ``j``) from the
    token-to-request map (target or drafter's); tokens past their request's scheduled count
    (graph padding, whose ``token_to_req`` is 0) are dropped. Positions ``>= stable_prefix_len``
@@ -185,14 +193,14 @@ def _define_backend():
         def begin_step(self, req_ids: Sequence[Optional[str]], scheduled_tokens) -> None:
             """Map this step's batch (``req_ids[i]`` in batch row ``i``, ``scheduled_tokens[i]``
             tokens) to state rows; free the rows of requests no longer in the batch and reset a
-            row before a new request gets it."""
+            row before a request without one gets it (``apply_scheduler_output`` has freed the
+            rows of resumed and restarted requests, so they get a reset one here)."""
             R = self.max_num_reqs
             if len(req_ids) > R:
                 raise ValueError(f"req_ids: expected at most max_num_seqs = {R} requests, got "
                                  f"{len(req_ids)}")
             present = {r for r in req_ids if isinstance(r, str)}
-            for req in [r for r in self._row_of_req if r not in present]:
-                self._free_rows.append(self._row_of_req.pop(req))
+            self.release_rows([r for r in self._row_of_req if r not in present])
             fresh: List[int] = []
             state_of_batch = [-1] * R
             batch_of_state = [0] * R
@@ -214,6 +222,36 @@ def _define_backend():
             self.avsg_state_row_of_batch.copy_(torch.tensor(state_of_batch, dtype=torch.int64))
             self.avsg_batch_of_state_row.copy_(torch.tensor(batch_of_state, dtype=torch.int64))
             self.avsg_scheduled_tokens.copy_(torch.tensor(counts, dtype=torch.int64))
+
+        def apply_scheduler_output(self, scheduler_output) -> None:
+            """Free the state rows of the requests this scheduler step does not continue with
+            their KV intact. Called for every ``SchedulerOutput`` the model runner applies,
+            including one that schedules no token (no forward, so no ``begin_step``)."""
+            if not hasattr(self, "_row_of_req"):
+                return                  # before register_kv_caches: no rows yet
+            out = scheduler_output
+            # KV gone or replaced: finished, preempted, resumed from preemption (recomputed into
+            # new blocks; also in the very step of its preemption, as reset_prefix_cache does),
+            # and new under an id that still holds a row (finished and resubmitted; a streaming
+            # update too, where the reset only costs misses)
+            kv_replaced = set(out.finished_req_ids)
+            kv_replaced.update(getattr(out, "preempted_req_ids", None) or ())
+            kv_replaced.update(getattr(out.scheduled_cached_reqs, "resumed_req_ids", None) or ())
+            kv_replaced.update(new.req_id for new in out.scheduled_new_reqs)
+            # not scheduled: the runner drops it from the persistent batch this step, so the
+            # next begin_step would free its row anyway; freeing it now covers a step with no
+            # forward
+            scheduled = out.num_scheduled_tokens
+            self.release_rows([req for req in self._row_of_req
+                               if req in kv_replaced or req not in scheduled])
+
+        def release_rows(self, req_ids: Sequence[str]) -> None:
+            """Free the state rows of ``req_ids`` (ids without a row are skipped). A freed row is
+            reset before ``begin_step`` gives it to any request, this one included."""
+            for req in req_ids:
+                row = self._row_of_req.pop(req, None)
+                if row is not None:
+                    self._free_rows.append(row)
 
         def state_row_of(self, req_id: str) -> Optional[int]:
             return self._row_of_req.get(req_id)

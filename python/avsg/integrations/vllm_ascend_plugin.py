@@ -12,10 +12,15 @@ and, when that manager is created (the worker has imported the model runner by t
 * ``AscendSFAKVOffloadImpl._resident_views``: the manager's views over the whole per-request
   buffer (the stock one slices the first ``num_tokens`` per-token rows);
 * ``update_sparse_kv_offload_metadata`` (in the manager module and the model runner, which
-  imported it by name): the original, then ``manager.begin_step`` with the step's request ids.
+  imported it by name): the original, then ``manager.begin_step`` with the step's request ids;
+* ``NPUModelRunner._update_states`` (the runner's per-step state update, which ``execute_model``
+  runs for every scheduler output, before returning early when it schedules no token):
+  ``manager.apply_scheduler_output`` with that output, then the original. Only there does the
+  manager see a request leave (finished, preempted) or come back with recomputed KV (resumed)
+  in a step that runs no forward: the metadata function above runs only with a forward.
 
 The upstream hook that would make all of this unnecessary is a manager-class key in
-``sparse_kv_offload_config`` plus a per-step call on the manager (docs/vllm-ascend.md).
+``sparse_kv_offload_config`` plus per-step calls on the manager (docs/vllm-ascend.md).
 """
 from __future__ import annotations
 
@@ -132,9 +137,41 @@ def install_runtime_hooks() -> None:
             manager.begin_step(list(req_ids[:num_reqs]), qsl[1:] - qsl[:-1])
     update_sparse_kv_offload_metadata._stock = original
     vam.update_sparse_kv_offload_metadata = update_sparse_kv_offload_metadata
+    # the manager is built by the model runner (its only caller of init_sparse_kv_offload_manager
+    # is NPUModelRunner.initialize_kv_cache), so the runner module is loaded by now in a server
     runner = sys.modules.get(_RUNNER_MODULE)
-    if runner is not None and hasattr(runner, "update_sparse_kv_offload_metadata"):
+    if runner is None:
+        from vllm.logger import logger
+        logger.warning("AVSG sparse KV offload: %s is not loaded, so the per-step request "
+                       "lifecycle hook is not installed; rows follow forward steps only",
+                       _RUNNER_MODULE)
+        return
+    if hasattr(runner, "update_sparse_kv_offload_metadata"):
         runner.update_sparse_kv_offload_metadata = update_sparse_kv_offload_metadata
+    _hook_update_states(vam, runner)
+
+
+def _hook_update_states(vam, runner) -> None:
+    """``NPUModelRunner._update_states``: the scheduler output to the manager first."""
+    cls = getattr(runner, "NPUModelRunner", None)
+    stock = getattr(cls, "_update_states", None)
+    if stock is None:
+        raise UnsupportedVersion(f"{ENV_SWITCH}=1: AVSG's vllm-ascend backend supports vllm-ascend "
+                                 f"{SUPPORTED_VLLM_ASCEND}; found a model runner without "
+                                 f"NPUModelRunner._update_states")
+    if getattr(stock, "_avsg", False):
+        return
+
+    def _update_states(self, scheduler_output):
+        manager = getattr(self, "sparse_kv_offload_manager", None) or \
+            vam._SPARSE_KV_OFFLOAD_MANAGER
+        if manager is not None and hasattr(manager, "apply_scheduler_output"):
+            manager.apply_scheduler_output(scheduler_output)
+        return stock(self, scheduler_output)
+    _update_states._avsg = True
+    _update_states._stock = stock
+    _update_states.__wrapped__ = stock
+    cls._update_states = _update_states
 
 
 def uninstall() -> None:
@@ -152,6 +189,10 @@ def uninstall() -> None:
         if runner is not None and getattr(runner, "update_sparse_kv_offload_metadata",
                                           None) is not None:
             runner.update_sparse_kv_offload_metadata = stock_update
+    runner_cls = getattr(sys.modules.get(_RUNNER_MODULE), "NPUModelRunner", None)
+    update_states = getattr(runner_cls, "_update_states", None)
+    if getattr(update_states, "_avsg", False):
+        runner_cls._update_states = update_states._stock
     attn = sys.modules.get(_ATTN_MODULE)
     if attn is not None:
         views = attn.AscendSFAKVOffloadImpl._resident_views

@@ -11,6 +11,9 @@ they need an NPU: ``_compute_kv_only`` (rope/norm: here the KV is the input spli
 stand-in whose ``sparse_copy`` moves bytes by address, and whose host pool only rank 0 holds;
 TP rank 1 reaches it only through the addresses rank 0 broadcasts, and every copy is checked to
 read the pool or the rank's own inputs and to write only the rank's own buffers (or the pool).
+The tests at the end put vllm-ascend's model runner (``execute_model``, ``_update_states``, its
+persistent batch) between a scheduler and these call sites, steps that schedule no token included
+(vllm_ascend_runner_drive.py).
 """
 import contextlib
 import ctypes
@@ -223,7 +226,7 @@ def cpu_sparse_flash_attention(cls, sfa_impl, ql_nope, q_pe, kv_cache, topk_indi
 
 
 # ----------------------------------------------------------------------------- model + engine
-def vllm_config():
+def vllm_config(policy="reuse"):
     return SimpleNamespace(
         model_config=SimpleNamespace(
             get_num_layers=lambda parallel_config: len(TARGET_LAYERS), max_model_len=MAX_LEN,
@@ -231,7 +234,7 @@ def vllm_config():
         parallel_config=SimpleNamespace(),
         scheduler_config=SimpleNamespace(max_num_seqs=R, max_num_batched_tokens=64),
         speculative_config=SimpleNamespace(num_speculative_tokens=T - 1),
-        kv_transfer_config=None, additional_config={"avsg": {"policy": "reuse"}})
+        kv_transfer_config=None, additional_config={"avsg": {"policy": policy}})
 
 
 def offload_config():
@@ -239,8 +242,8 @@ def offload_config():
                            keep_device_kv_cache=False, enabled=True)
 
 
-def make_manager(rank, tp_size, mailbox, pool):
-    cfg = vllm_config()
+def make_manager(rank, tp_size, mailbox, pool, policy="reuse"):
+    cfg = vllm_config(policy)
     kv_cache_config = SimpleNamespace(
         num_blocks=NUM_BLOCKS,
         kv_cache_groups=[SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=BS))])
@@ -297,7 +300,7 @@ class Engine:
     """A persistent batch as vLLM's InputBatch keeps it, a host pool with a block allocator,
     the true KV of every request, and the per-token LRU model of vllm-ascend at equal memory."""
 
-    def __init__(self, tp_size, seed=0):
+    def __init__(self, tp_size, seed=0, policy="reuse"):
         self.rng = random.Random(seed)
         torch.manual_seed(seed)
         REGIONS.ranges.clear()          # (the tensors a range holds stay alive with it)
@@ -310,7 +313,7 @@ class Engine:
         self.managers = []
         for rank in range(tp_size):
             vam._SPARSE_KV_OFFLOAD_MANAGER = None
-            self.managers.append(make_manager(rank, tp_size, mailbox, self.pool))
+            self.managers.append(make_manager(rank, tp_size, mailbox, self.pool, policy))
         self.impls = {name: make_impl(name) for name in LAYERS}
         self.free_blocks = list(range(NUM_BLOCKS))
         self.batch = []                  # persistent batch: requests in rows 0..n-1
@@ -391,7 +394,9 @@ class Engine:
             self.rng.shuffle(row)          # -1 among valid entries: the op needs them last
         return row
 
-    def step(self, pad_to=None):
+    def step(self, pad_to=None, update_metadata=None):
+        """One forward of ``self.batch``; ``update_metadata``: the function standing for the
+        model runner's call (default: the manager module's, looked up now: the plugin wraps it)."""
         batch = self.batch
         nreq = len(batch)
         if nreq == 0:
@@ -409,9 +414,9 @@ class Engine:
         req_ids = [r.rid for r in batch]
         for rank, manager in enumerate(self.managers):
             vam._SPARSE_KV_OFFLOAD_MANAGER = manager
-            vam.update_sparse_kv_offload_metadata(n_tok, nreq, n_pad, nreq, req_ids,
-                                                  self.qsl_buf, self.req_ids_buf,
-                                                  self.token_to_req_buf)
+            (update_metadata or vam.update_sparse_kv_offload_metadata)(
+                n_tok, nreq, n_pad, nreq, req_ids, self.qsl_buf, self.req_ids_buf,
+                self.token_to_req_buf)
         token_to_req = self.token_to_req_buf.gpu[:n_pad].clone()
         assert token_to_req[:n_tok].tolist() == sum([[i] * T for i in range(nreq)], [])
         seq_lens = [r.n + T for r in batch]
@@ -668,3 +673,41 @@ def test_the_drive_catches_a_stale_hit(monkeypatch):
                         lambda self, rows=None: stock(self) if rows is None else None)
     with pytest.raises(AssertionError, match="layer model.layers"):
         run_drive(1, steps=60, seed=1)
+
+
+# ----------------------------------------------------------------------------- the model runner
+# vllm-ascend's model runner between a scheduler and the layers, steps without a forward included
+# (vllm_ascend_runner_drive.py; imported in the tests, as it imports this module)
+RUNNER_SCENARIOS = ["preempted_alone", "several_preempted_resumed_in_order",
+                    "several_preempted_resumed_in_reverse",
+                    "preempted_beside_then_alone_resume_earlier_first",
+                    "preempted_beside_then_alone_resume_later_first",
+                    "preempted_and_resumed_in_one_step", "finished_alone_then_same_id_again"]
+
+
+@pytest.mark.parametrize("policy", ["lifetime", "reuse", "lru"])
+@pytest.mark.parametrize("scenario", RUNNER_SCENARIOS)
+def test_runner_resumed_requests_read_their_current_kv(scenario, policy):
+    """Preemption (alone, beside others, several at once, resumed in either order or in the same
+    step), finish and an id used again, through the runner's execute_model: every attention
+    output exact against the host's current KV, and after every step (forward or not) exactly
+    that step's requests hold a state row."""
+    import vllm_ascend_runner_drive as runner_drive
+    assert sorted(runner_drive.SCENARIOS) == sorted(RUNNER_SCENARIOS)
+    runner_drive.run_scenario(scenario, policy)
+
+
+def test_runner_hook_wraps_update_states_and_uninstall_restores_it():
+    import vllm_ascend_runner_drive as runner_drive
+    runner_cls = runner_drive.npu_runner.NPUModelRunner
+    runner_drive.RunnerEngine("reuse")           # a manager built: the runtime hooks are in
+    hooked = runner_cls._update_states
+    assert hooked._avsg and hooked._stock.__qualname__ == "NPUModelRunner._update_states"
+    vllm_ascend_plugin.uninstall()
+    try:
+        assert runner_cls._update_states is hooked._stock
+        assert not hasattr(vam.update_sparse_kv_offload_metadata, "_stock")
+    finally:
+        vllm_ascend_plugin.install()
+        runner_drive.RunnerEngine("reuse")
+    assert runner_cls._update_states._stock is hooked._stock
