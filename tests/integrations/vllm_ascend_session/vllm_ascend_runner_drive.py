@@ -332,5 +332,9 @@ def run_scenario(name, policy, seed=0):
     assert engine.manager.avsg_options["policy"] == policy
     SCENARIOS[name](engine)
     assert engine.forwards > 0 and engine.exact_tokens > 0
+    # rows kept positions resident across steps, so a stale read was possible: exact reads mean
+    # something only then
+    hits = sum(buf.stats()["hits"] for buf in engine.manager.avsg_buffers)
+    assert hits > 0, "no selection hit a resident position: the exactness check proved nothing"
     assert not engine.row_faults, f"rows kept past their request's step: {engine.row_faults}"
     return engine
