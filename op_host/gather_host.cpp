@@ -279,7 +279,8 @@ inline GatherTiling make_tiling(const Args& a, size_t first, size_t count, const
         t.hostPitch[i] = a.hostPitch[first + i];
         widest = std::max<uint64_t>(widest, t.rowBytes[i]);
     }
-    // A buffer holds up to kGatherMaxSpanRows rows at the 32 B-padded UB pitch of the widest pair,
+    // A buffer holds up to kGatherMaxSpanRows rows at the UB row pitch of the widest pair (its
+    // bytes rounded up to 32: UbRowPitch in op_kernel/gather_kernel.h, where the rule is cited),
     // at most kGatherCopyBytesMax; rows wider than that are copied in pieces, one row per read.
     const uint64_t pitch = (widest + 31) / 32 * 32;
     t.copyBytes = std::min<uint64_t>(pitch * kGatherMaxSpanRows, kGatherCopyBytesMax);

@@ -27,8 +27,9 @@
 //     misses contiguous in host row is read by ONE DataCopyPad (blockCount = rows), and, with
 //     page reads (tiling readGapRows > 0), misses a few rows apart in one host page share a read
 //     that also fetches the rows between them; a group spans at most spanRows host rows;
-//   * the group's rows land in UB at a 32 B-padded pitch and are written out by one DataCopyPad
-//     per run contiguous in both host row and slot;
+//   * the group's rows land in UB at the pitch UbRowPitch(row bytes) (below: the UB block size
+//     DataCopyPad documents, rounded up to 32 B, with no gap) and are written out by one
+//     DataCopyPad per run contiguous in both host row and slot, which reads them at that pitch;
 //   * reads go through a TQueBind<VECIN, VECOUT, kGatherCopyBuffers> whose every buffer can hold
 //     a read in flight: a group is enqueued after its read is issued, and its writes are issued
 //     only when the queue is full (oldest first) or at the end, so up to kGatherCopyBuffers reads
@@ -47,6 +48,33 @@
 #include "gather_tiling.h"
 
 namespace avsg {
+
+// UB row pitch of the gather's multi-row copies, and the one thing their layout depends on.
+//
+// A read of `rows` host rows of `len` bytes is one DataCopyPad GM->UB with blockCount = rows,
+// blockLen = len, no left/right padding, dstStride = kUbRowGapBlocks; the writes read runs of
+// those rows back with DataCopyPad UB->GM, blockLen = len, srcStride = kUbRowGapBlocks. On the UB
+// side both count a block as len rounded up to 32 B and the stride (in 32 B blocks) from the end
+// of that padded block, so row k of a read lies at k * UbRowPitch(len) and a write starting at a
+// row's UB offset reads each following row at the same pitch. The SDK states this rule
+// (asc-devkit 82b89a15f; A2 has only this form, PaddingMode::Normal):
+//   * impl/basic_api/utils/kernel_check_data_copy_overflow.h:462-465 (GM->UB, DataCopyExtParams):
+//     the UB extent is blockCount * AlignUp(blockLen + padding, 32) + (blockCount - 1) * dstStride * 32;
+//     :483-484 (UB->GM): blockCount * AlignUp(blockLen, 32) + (blockCount - 1) * srcStride * 32
+//     (32 = DEFAULT_C0_SIZE, impl/basic_api/utils/kernel_utils_constants.h:39);
+//   * docs/zh/api/SIMD-API/基础API/Memory矢量计算/数据搬运/DataCopyPad（GMToUB非对齐数据搬运）.md:59
+//     ("when blockLen is not 32 B aligned, every block is padded to 32 B"), :127 (dstStride: from
+//     the end of one block to the start of the next, in 32 B blocks), :134 (isPad false: the
+//     hardware pads the right of each block to 32 B), :107 (PaddingMode::Normal, the only mode
+//     before Ascend 950: every block is padded; Compact, packing blocks, is 950-only);
+//   * .../DataCopyPad（UBToGM非对齐数据搬运）.md:66 and :133 (a UB block that is not 32 B aligned
+//     is read with its dummy tail up to 32 B, which is dropped in GM), :114 (srcStride in 32 B
+//     blocks, end to start).
+// The emulation (op_kernel/cpu/emu_datacopy.h) places and reads UB rows by the same rule and
+// poisons the padding, so a kernel assuming another pitch fails its gather tests; `avsg doctor`
+// gathers runs of adjacent 656 B rows on the NPU and compares them with the reference.
+constexpr uint32_t kUbRowGapBlocks = 0;
+__aicore__ inline uint64_t UbRowPitch(uint64_t len) { return (len + 31) / 32 * 32 + kUbRowGapBlocks * 32ull; }
 
 class GatherKernel {
 public:
@@ -378,7 +406,8 @@ private:
         for (uint32_t k = 0; k < group_.pieces; ++k) d.piece[k] = group_.piece[k];
         const uint64_t hostPitch = t_.hostPitch[p];
         AscendC::LocalTensor<uint8_t> in = copyQue_.AllocTensor<uint8_t>();
-        AscendC::DataCopyExtParams params{rows, len, static_cast<uint32_t>(hostPitch - len), 0, 0};
+        // host row firstHost + k -> UB byte k * UbRowPitch(len) (the rule above UbRowPitch)
+        AscendC::DataCopyExtParams params{rows, len, static_cast<uint32_t>(hostPitch - len), kUbRowGapBlocks, 0};
         AscendC::DataCopyPadExtParams<uint8_t> pad{false, 0, 0, 0};
         AscendC::DataCopyPad(in, srcGm_[p][group_.firstHost * hostPitch + rowOff], params, pad);
         copyQue_.EnQue(in);
@@ -391,10 +420,11 @@ private:
         Pending& d = pending_[head_];
         AscendC::LocalTensor<uint8_t> out = copyQue_.DeQue<uint8_t>();
         const uint64_t slotPitch = t_.slotPitch[d.pair];
-        const uint64_t pitch = (static_cast<uint64_t>(d.len) + 31) / 32 * 32;  // UB rows are 32 B padded
+        const uint64_t pitch = UbRowPitch(d.len);  // where Enqueue's read put each row
         for (uint32_t k = 0; k < d.pieces; ++k) {
             const Piece& pc = d.piece[k];
-            AscendC::DataCopyExtParams params{static_cast<uint16_t>(pc.count), d.len, 0,
+            // pc.count rows from UB row pc.ubRow on, read at UbRowPitch(len), to consecutive slots
+            AscendC::DataCopyExtParams params{static_cast<uint16_t>(pc.count), d.len, kUbRowGapBlocks,
                                               static_cast<uint32_t>(slotPitch - d.len), 0};
             const uint64_t dstOff = (d.row * t_.capacity + pc.slot) * slotPitch + d.rowOff;
             AscendC::DataCopyPad(dstGm_[d.pair][dstOff], out[static_cast<uint32_t>(pc.ubRow * pitch)], params);

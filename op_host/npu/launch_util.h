@@ -50,8 +50,9 @@ constexpr size_t kMaxDeviceTilings = 256;
 // reuse is ordered after A only. Launches queued on B may still read it, so eviction calls
 // record_stream for every stream that used the entry (A included: harmless, caching allocators
 // skip the allocation stream): the allocator then records an event on each of them when the
-// block is freed and reuses it only after all of them completed. (The evicting caller's stream alone is not enough: a manager on B
-// may evict an entry that A's queued launches still read, and vice versa.)
+// block is freed and reuses it only after all of them completed. The evicting caller's stream
+// alone is not enough: a manager on B may evict an entry that A's queued launches still read,
+// and vice versa.
 //
 // APIs, as torch_npu implements them (Ascend/pytorch, read in the code index):
 // * c10::Event(c10::DeviceType::PrivateUse1): record(stream) and block(stream) dispatch to

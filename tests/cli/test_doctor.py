@@ -28,10 +28,11 @@ def test_doctor_here_says_what_is_missing_and_exits_0(tmp_path):
     lines = res.stdout.strip().splitlines()
     assert lines[-1].startswith("verdict: CPU backend OK; NPU backend not available here")
     text = res.stdout
-    for name in ("torch_npu", "CANN", "driver", "backend npu", "host registration", "split lookup",
-                 "self-test npu"):
+    for name in ("torch_npu", "CANN", "driver", "backend npu", "host registration", "adjacent rows npu",
+                 "split lookup", "self-test npu"):
         assert any(name in line and "[--  ]" in line for line in lines), (name, text)
     assert any("self-test cpu" in line and "[ok  ]" in line and "exact" in line for line in lines), text
+    assert any("adjacent rows cpu" in line and "[ok  ]" in line and "byte for byte" in line for line in lines), text
     data = json.loads(report.read_text())
     assert data["verdict"] == lines[-1] and {c["name"] for c in data["checks"]} >= {"torch", "self-test cpu"}
 
@@ -131,3 +132,51 @@ def test_split_launch_note_names_the_launch_once(monkeypatch):
     assert note == ("split plan launch: ACLRT_LAUNCH_KERNEL, no batch schedule mode (the acl/acl_rt.h of CANN lacks X); "
                     "the split is off unless AVSG_NPU_SPLIT=1")
     assert "off unless AVSG_NPU_SPLIT=1" in doctor.split_launch_note(None)
+
+
+def test_adjacent_rows_probe_reads_runs_of_odd_rows_and_matches_the_reference():
+    """The first-contact check for DataCopyPad's UB padding: runs of adjacent 656 B rows (not a
+    multiple of 32 B) over several cores. On CPU it runs the kernel through the emulation, which
+    places and reads UB rows by the documented rule; the counters show the runs were read as
+    multi-row copies (what the check is about), not row by row."""
+    import torch
+    from avsg import backend
+    host, miss_pos, miss_slots, miss_counts, S = doctor.adjacent_rows_case()
+    assert host.shape[-1] % 32 != 0
+    assert torch.equal(miss_pos.diff(dim=1), torch.ones_like(miss_pos[:, 1:]))   # adjacent host rows
+    check = doctor.adjacent_rows_probe("cpu")
+    assert (check.name, check.status) == ("adjacent rows cpu", "ok"), check.detail
+    c = backend.last_launch_counters()
+    assert c.blocks == doctor.ADJACENT_CORES
+    share = host.shape[0] * doctor.ADJACENT_RUN // doctor.ADJACENT_CORES
+    # tiling, counts, two index loads and the row reads: 80 rows in three reads per core
+    assert c["mte2_copies"].tolist() == [4 + 3] * doctor.ADJACENT_CORES, c["mte2_copies"].tolist()
+    assert int(c["mte2_copies"].max()) < share // 8
+
+
+def test_adjacent_rows_probe_names_rows_at_the_wrong_pitch():
+    """A device that put the rows after the first of a multi-row read at another UB offset: the
+    check fails, names the first wrong slot and says the first row of each core's share was right.
+    Stand-in: the real op, then every row that is not the first of its read shifted by 16 B."""
+    import torch
+
+    def shifted(miss_pos, miss_slots, counts, src, dst, *rest):
+        out = torch.ops.avsg.gather(miss_pos, miss_slots, counts, src, dst, *rest)
+        for r in range(miss_pos.shape[0]):
+            for j in range(miss_pos.shape[1]):
+                if j % 80 % 32:   # reads of 32, 32 and 16 rows per core's share: 6 heads per row, 308 others
+                    row = dst[0][r, int(miss_slots[r, j])]
+                    row.copy_(torch.roll(row.clone(), 16))
+        return out
+    check = doctor.adjacent_rows_probe("cpu", shifted)
+    assert check.status == "fail"
+    assert check.detail.startswith("308 of 320 gathered 656 B rows differ from the reference, first at row 0 slot 1 "
+                                   "(pos 8); the first row of each core's share is right"), check.detail
+
+    def first_row_wrong(miss_pos, miss_slots, counts, src, dst, *rest):
+        out = torch.ops.avsg.gather(miss_pos, miss_slots, counts, src, dst, *rest)
+        dst[0][1, int(miss_slots[1, 0]), 0] ^= 1
+        return out
+    check = doctor.adjacent_rows_probe("cpu", first_row_wrong)
+    assert check.status == "fail" and check.detail == ("1 of 320 gathered 656 B rows differ from the reference, "
+                                                       "first at row 1 slot 191 (pos 120)")

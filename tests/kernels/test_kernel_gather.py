@@ -19,8 +19,8 @@ import avsg  # noqa: F401  (loads the op library)
 from avsg import _ops, backend, reference
 
 from helpers.gather_cases import (padded_slots, COPY_BUFFERS, COPY_BYTES_MAX, COUNT_SLOT_BYTES, I32,  # noqa: F401
-                                  ROW_MENU, TILING_BYTES, Case, cases, make_case, run_kernel,
-                                  run_reference, same_bytes)
+                                  ROW_MENU, TILING_BYTES, Case, cases, make_case, random_bytes,
+                                  run_kernel, run_reference, same_bytes)
 
 
 # (dtype, trailing row shape): 1, 2, 3, 12, 20, 64, 128, 512, 656, 1024 and 1152 bytes per row.
@@ -93,6 +93,50 @@ def test_mla_row_formats(partition, paged):
     per_core, _ = check_against_reference(case)
     check_counters(case, per_core)
     assert int(per_core.sum()) > 0
+
+
+def adjacent_rows_case(formats, paged: bool, partition: str, cores: int) -> Case:
+    """Runs of ADJACENT host rows whose bytes are not a multiple of 32: one multi-row DataCopyPad
+    per read, its rows at UbRowPitch (row bytes rounded up to 32) in UB, written back from there
+    (op_kernel/gather_kernel.h). Row 0 misses positions 5..100, row 1 positions 40..135; slots
+    partly consecutive (one write per read), partly pairwise swapped and descending (one write per
+    row). Paged: blocks of 16 positions in ascending blocks with a hole between pairs of blocks,
+    so runs break at every other block edge."""
+    R, N, S, L = 2, 96, 130, 160
+    gen = torch.Generator().manual_seed(29)
+    miss_pos = torch.stack([torch.arange(5, 5 + N), torch.arange(40, 40 + N)]).to(I32)
+    row0 = list(range(40)) + [40 + (i ^ 1) for i in range(32)] + list(range(129, 129 - 24, -1))
+    miss_slots = torch.tensor([row0, list(range(S - 1, S - 1 - N, -1))], dtype=I32)
+    miss_counts = torch.full((R,), N, dtype=I32)
+    if paged:
+        bs = 16
+        blocks = L // bs
+        table = torch.stack([torch.tensor([2 * r * blocks + b + b // 2 for b in range(blocks)])
+                             for r in range(R)]).to(I32)
+        pool_lead = (int(table.max()) + 1, bs)
+    else:
+        bs, table, pool_lead = 0, None, (R, L)
+    srcs = [random_bytes((*pool_lead, *shape), dtype, gen) for dtype, shape in formats]
+    dsts = [padded_slots(random_bytes((R, S, *shape), dtype, gen)) for dtype, shape in formats]
+    return Case(miss_pos, miss_slots, miss_counts, srcs, dsts, table, bs, partition, cores)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("partition", ["miss", "request", "topk"])
+def test_adjacent_odd_sized_rows(partition, paged):
+    """656 B FP8 rows, 20 B and 6 B rows (UB pitches 672, 32, 32), runs of adjacent positions over
+    several cores, bit for bit; and the runs really were read many rows per DataCopyPad."""
+    formats = [(torch.uint8, (656,)), (torch.float32, (5,)), (torch.bfloat16, (3,))]
+    case = adjacent_rows_case(formats, paged, partition, cores=3)
+    assert all(b % 32 for b in case.row_bytes)
+    per_core, _ = check_against_reference(case)
+    check_counters(case, per_core)
+    copied = int(per_core.sum())
+    assert copied == 2 * 96
+    reads = int(backend.last_launch_counters()["mte2_copies"].sum())
+    # per pair at most one read per 32 adjacent rows (+ block edges when paged) + index loads;
+    # row by row it would be copied * pairs = 576
+    assert reads < copied * len(formats) // 6, reads
 
 
 def test_rows_wider_than_a_ub_buffer_are_split():

@@ -101,7 +101,10 @@ void Step(const char* name) { std::printf("== %s\n", name); }
 // torch_npu's current stream (NPUStream.cpp), as the stand-in header declares it.
 namespace c10_npu {
 NPUStream getCurrentNPUStream(c10::DeviceIndex) { return NPUStream(g_current); }
-aclrtStream NPUStream::stream(bool) const { return reinterpret_cast<aclrtStream>(static_cast<uintptr_t>(stream_.id())); }
+aclrtStream NPUStream::stream(bool) const
+{
+    return reinterpret_cast<aclrtStream>(static_cast<uintptr_t>(stream_.id()));
+}
 }  // namespace c10_npu
 
 int main()

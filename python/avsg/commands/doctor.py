@@ -2,7 +2,10 @@
 
 Prints the backends present; the torch, torch_npu, CANN and driver versions; the core counts;
 how host memory gets mapped for the AI cores (and whether an AI core reads the first and the last
-row of a registered pool); how the NPU library launches a split plan (with the batch schedule
+row of a registered pool); whether a gather of runs of adjacent 656 B rows, which the kernel reads
+many rows per DMA with each UB row padded to 32 B, matches the reference byte for byte (on every
+backend present: the CPU emulation models the documented padding, the NPU is the check); how the
+NPU library launches a split plan (with the batch schedule
 mode and a launch timeout where CANN has the config launch) and whether the plan's split lookup
 works on this NPU (it waits across cores, so it is off on the NPU in every build until proven:
 tried in a child process killed after a time limit, then AVSG_NPU_SPLIT=1 turns it on); then a
@@ -225,14 +228,17 @@ def run_checks(seconds: float, selftest_on: bool, say: Callable[[str], None]) ->
         path, describe = backend.host_register_info()[:2]
         add(Check("host registration", "info", describe))
         add(host_registration_probe(backend))
+        add(adjacent_rows_probe("npu"))
         add(split_lookup_probe(min(seconds, 60.0), info["npu_split_launch"]))
     else:
         add(Check("host registration", "missing", "needs the NPU backend and an NPU"))
         add(Check("AI-core host reads", "missing", "needs the NPU backend and an NPU"))
+        add(Check("adjacent rows npu", "missing", "needs the NPU backend and an NPU"))
         add(Check("split lookup", "missing", "needs the NPU backend and an NPU (the CPU emulation "
                   "splits only with AVSG_NPU_SPLIT=1, as the NPU does)"))
 
     if selftest_on:
+        add(adjacent_rows_probe("cpu"))
         add(selftest("cpu", steps=3, deadline=time.monotonic() + seconds))
         if npu_ready:
             try:
@@ -279,6 +285,90 @@ def host_registration_probe(backend) -> Check:
             backend.unregister_host_pool(pool)
         except Exception:  # noqa: BLE001
             pass
+
+
+ADJACENT_ROW_BYTES = 656      # FP8 MLA row: not a multiple of 32 B, so UB rows carry padding
+ADJACENT_RUN = 160            # consecutive positions per request row
+ADJACENT_CORES = 4            # "miss" partition: 80 positions per core, read 32 + 32 + 16 rows at a time
+
+
+def adjacent_rows_case():
+    """The inputs of ``adjacent_rows_probe``: a pool ``[2, 320, 656]`` of random bytes; row 0
+    misses positions 7..166, row 1 positions 120..279 (runs of adjacent host rows). Row 0's
+    slots: the first 64 consecutive (one write per read), then pairs swapped, then descending
+    (one write per row); row 1's slots descending. Capacity 192 slots."""
+    R, L, S, n = 2, 320, 192, ADJACENT_RUN
+    gen = torch.Generator().manual_seed(11)
+    host = torch.randint(0, 256, (R, L, ADJACENT_ROW_BYTES), dtype=torch.uint8, generator=gen)
+    miss_pos = torch.stack([torch.arange(7, 7 + n), torch.arange(120, 120 + n)]).to(torch.int32)
+    first = list(range(64))
+    pairs = [64 + (i ^ 1) for i in range(48)]
+    down = list(range(191, 191 - (n - 112), -1))
+    miss_slots = torch.tensor([first + pairs + down, list(range(S - 1, S - 1 - n, -1))], dtype=torch.int32)
+    miss_counts = torch.full((R,), n, dtype=torch.int32)
+    return host, miss_pos, miss_slots, miss_counts, S
+
+
+def adjacent_rows_probe(device: str, gather: Optional[Callable] = None) -> Check:
+    """Gather runs of ADJACENT 656 B rows (FP8) over several cores on ``device`` and compare every
+    byte of every slot, and the per-core counts, with the reference. A multi-row read puts host row
+    k of a run at k * roundup32(656) = k * 672 in UB and the writes read it back there: DataCopyPad
+    pads every block to 32 B on the UB side (op_kernel/gather_kernel.h, UbRowPitch, cites the
+    rule). If this device padded differently, the first row of every read would be right and the
+    rows after it wrong; the detail says which. ``gather``: the op (tests pass a stand-in)."""
+    from .. import backend, reference
+    from ..buffer import kv_slots
+    gather = gather or torch.ops.avsg.gather
+    name = f"adjacent rows {device}"
+    host, miss_pos, miss_slots, miss_counts, S = adjacent_rows_case()
+    R = host.shape[0]
+    src = host
+    try:
+        if device != "cpu":
+            src = backend.alloc_host_pool(host.shape, host.dtype)
+            src.copy_(host)
+            backend.register_host_pool(src)
+    except Exception as e:  # noqa: BLE001
+        return Check(name, "fail", f"registration failed: {e}")
+    try:
+        dst = kv_slots(R * S, (ADJACENT_ROW_BYTES,), torch.uint8, device).view(R, S, ADJACENT_ROW_BYTES)
+        got_counts = gather(miss_pos.to(device), miss_slots.to(device), miss_counts.to(device), [src], [dst],
+                            None, 0, "miss", ADJACENT_CORES)
+        if device != "cpu":
+            torch.npu.synchronize()
+        want = torch.zeros(R, S, ADJACENT_ROW_BYTES, dtype=torch.uint8)
+        want_counts = reference.gather(miss_pos, miss_slots, miss_counts, [host], [want], None, None, "miss",
+                                       ADJACENT_CORES)
+        got = dst.cpu()
+        bad = (got != want).any(dim=-1).nonzero().tolist()      # [row, slot] of every wrong slot
+        if bad:
+            entry = {(r, int(miss_slots[r, j])): j for r in range(R) for j in range(ADJACENT_RUN)}
+            r, slot = bad[0]
+            j = entry.get((r, slot))
+            where = (f"row {r} slot {slot} (pos {int(miss_pos[r, j])})" if j is not None
+                     else f"row {r} slot {slot}, where no miss goes")
+            # each core's share starts a read; if those rows are right and later ones are not,
+            # the rows of a multi-row read land at another UB pitch than the one the kernel uses
+            share = R * ADJACENT_RUN // ADJACENT_CORES
+            heads_ok = not any(entry.get((rr, ss), -1) % share == 0 for rr, ss in bad)
+            hint = ("; the first row of each core's share is right, later rows of its reads are not: "
+                    "DataCopyPad's UB row pitch on this device is not the one op_kernel/gather_kernel.h "
+                    "(UbRowPitch) cites" if heads_ok else "")
+            return Check(name, "fail", f"{len(bad)} of {R * ADJACENT_RUN} gathered {ADJACENT_ROW_BYTES} B rows "
+                         f"differ from the reference, first at {where}{hint}")
+        if not torch.equal(got_counts.cpu(), want_counts):
+            return Check(name, "fail", f"per-core counts {got_counts.cpu().tolist()} != reference "
+                         f"{want_counts.tolist()}")
+        return Check(name, "ok", f"{R} x {ADJACENT_RUN} adjacent {ADJACENT_ROW_BYTES} B rows over "
+                     f"{ADJACENT_CORES} cores (multi-row reads) match the reference byte for byte")
+    except Exception as e:  # noqa: BLE001  (report, do not crash the doctor)
+        return Check(name, "fail", f"{type(e).__name__}: {e}")
+    finally:
+        if device != "cpu":
+            try:
+                backend.unregister_host_pool(src)
+            except Exception:  # noqa: BLE001
+                pass
 
 
 SPLIT_ENV = "AVSG_NPU_SPLIT"
