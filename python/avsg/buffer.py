@@ -28,9 +28,16 @@ generation it was made at, and ``gather``/``apply_moves`` raise ``ValueError`` n
 for a plan that a later call of that buffer superseded; the same current plan may be gathered
 any number of times, into any number of ``dst`` tensors.
 
+Plans not copied. A plan records its misses as resident before any byte moves. Until a gather of
+it succeeds (or ``mark_copied`` says the caller copied them), the buffer's next state change first
+drops them, and a refused or failed gather drops them at once, so no later plan hits a slot no
+copy filled (docs/api.md, "Plans not copied"; ``track_copies=False`` turns this off for buffers
+that hold no KV).
+
 Guaranteed, in eager mode, for plans made by ``SparseKVBuffer.plan``/``resize`` and used through
 ``gather``/``apply_moves``: a gather never applies a plan to a state that changed after the plan,
-whichever thread made either call. Not guaranteed:
+whichever thread made either call, and no position counts as resident unless a copy of it
+succeeded. Not guaranteed:
 * raw ``torch.ops.avsg.*`` calls: they take tensors and know nothing of plans or generations;
 * a ``Plan`` built by hand, or with ``source=None`` (nothing to compare with);
 * ``torch.compile``: a plan made while tracing records no source, and compiled calls neither take
@@ -55,17 +62,31 @@ from .validation import (require_bool, require_device, require_fits, require_int
 TensorList = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 DEFAULT_NUM_CORES = 40          # AIV cores of Ascend 910B3/B4; 910B1/B2 and A3 dies have 48
-_num_cores = int(os.environ.get("AVSG_NUM_CORES", DEFAULT_NUM_CORES))
+_num_cores: Optional[int] = None        # None: not set yet, AVSG_NUM_CORES decides on first use
 
 
 def set_num_cores(cores: int) -> None:
-    """Default number of cores ``gather`` splits its work over (``AVSG_NUM_CORES`` at import)."""
+    """Default number of cores ``gather`` splits its work over (else ``AVSG_NUM_CORES``, else
+    40)."""
     global _num_cores
     require_int("cores", cores, low=1)
     _num_cores = cores
 
 
 def get_num_cores() -> int:
+    """The default core count. ``AVSG_NUM_CORES`` is read here, on first use, not at import: a
+    bad value then fails the call that needs it with a ``ValueError`` naming the variable,
+    instead of every ``import avsg`` (``--help`` included)."""
+    global _num_cores
+    if _num_cores is None:
+        text = os.environ.get("AVSG_NUM_CORES", "").strip()
+        if not text:
+            _num_cores = DEFAULT_NUM_CORES
+        elif not text.isdigit() or int(text) < 1:
+            raise ValueError(f"AVSG_NUM_CORES={text!r}: expected a whole number of cores >= 1 "
+                             f"(unset it for the default, {DEFAULT_NUM_CORES})")
+        else:
+            _num_cores = int(text)
     return _num_cores
 
 
@@ -191,12 +212,20 @@ class SparseKVBuffer:
         hash_buckets: hash buckets per row, a power of two in [max(64, capacity), 2**15];
             default ``next_pow2(2 * capacity)``.
         check: default of ``plan``'s value checks; ``None`` means on for CPU, off elsewhere.
+        track_copies: keep no position resident whose bytes were never copied (default). A
+            ``plan``'s misses are reserved before any byte moves; until ``gather`` (or
+            ``mark_copied``, for a caller that copies them by its own means) succeeds for that
+            plan, the buffer's next ``plan``/``invalidate``/``reset``/``resize`` first drops them,
+            and a refused ``gather`` drops them at once ("Plans not copied" in docs/api.md).
+            ``False`` for a buffer that holds no KV (trace replays, plan benchmarks): a plan's
+            misses are resident from the plan on, copied or not.
     """
 
     def __init__(self, rows: int, capacity: int, topk: int, queries_per_step: int = 1,
                  lifetime: int = reference.DEFAULT_LIFETIME, device: Union[str, torch.device] = "cpu",
                  hash_buckets: Optional[int] = None, check: Optional[bool] = None,
-                 policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None):
+                 policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None,
+                 track_copies: bool = True):
         require_int("rows", rows, low=1)
         require_int("topk", topk, low=1)
         require_int("queries_per_step", queries_per_step, low=1)
@@ -225,6 +254,8 @@ class SparseKVBuffer:
         self.queries_per_step, self.lifetime = queries_per_step, lifetime
         self.hash_buckets = hash_buckets
         require_bool("check", check, optional=True)
+        require_bool("track_copies", track_copies)
+        self.track_copies = track_copies
         self.device = require_device("device", device)
         self.check = (self.device.type == "cpu") if check is None else check
         self.layout = reference.Layout(capacity, hash_buckets, self._state_context,
@@ -234,6 +265,9 @@ class SparseKVBuffer:
                       f"rows = {rows} x {row_bytes} B of state per row")
         self._busy = threading.Lock()
         self._generation = 0       # bumped by every op that changes residency (Plan.generation)
+        # the latest plan (or resize) whose reserved entries no copy has filled yet:
+        # (generation, slots [R, N], positions [R, N] or None); see _drop_uncopied
+        self._uncopied: Optional[Tuple[int, torch.Tensor, Optional[torch.Tensor]]] = None
         self.state = torch.empty(rows, self.layout.width, dtype=torch.int32, device=self.device)
         self.stats_counts = torch.zeros(rows, len(reference.STAT_NAMES), dtype=torch.int64,
                                         device=self.device)
@@ -269,6 +303,7 @@ class SparseKVBuffer:
             (slots, miss_pos, miss_slots, miss_counts), source, generation = self._apply(
                 op, topk_pos, seq_lens, self.state, self.stats_counts, self.capacity,
                 self.hash_buckets, self.lifetime, self._policy_id, self._state_context)
+            self._expect_copies(generation, miss_slots, miss_pos)
         finally:
             self._release(held)
         return Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity, source, generation)
@@ -291,8 +326,10 @@ class SparseKVBuffer:
     def _apply(self, op, *args):
         """Run an op that changes the state (with the lock held) and supersede every earlier
         plan. An op refusing the call with a check (``ValueError``/``TypeError``, raised before
-        it writes) supersedes nothing: a rejected call changes nothing. Returns the op's
+        it writes) supersedes nothing and changes nothing, but for the one repair every call
+        starts with: the entries of a plan no copy filled are dropped first. Returns the op's
         outputs and what a plan made now records, ``source`` and ``generation``."""
+        self._drop_uncopied()
         try:
             out = op(*args)
         except (ValueError, TypeError):
@@ -301,6 +338,74 @@ class SparseKVBuffer:
             self._advance()          # it may have written part of the state
             raise
         return (out, *self._advance())
+
+    # ------------------------------------------------------------------ plans not copied
+    # A plan reserves a slot for each miss and records the position there before any byte moves.
+    # Until a copy fills those slots, a later plan would count the positions as hits and
+    # attention would read whatever the slots held. So the buffer remembers the latest plan no
+    # copy has filled and drops its entries (by slot, on the device, no host sync) before its
+    # next state change, or at once when a gather of it is refused.
+
+    def _expect_copies(self, generation: int, slots: torch.Tensor,
+                       positions: Optional[torch.Tensor]) -> None:
+        """The op that made ``generation`` reserved ``slots`` [R, N] for ``positions`` (None:
+        whatever the slots hold) and no byte of them is copied yet."""
+        if self.track_copies and generation:       # 0: made under tracing, not tracked
+            self._uncopied = (generation, slots, positions)
+
+    def _drop_uncopied(self) -> None:
+        if self._uncopied is None or tracing():
+            return
+        _, slots, positions = self._uncopied
+        self._uncopied = None
+        reference.drop_entries(self.state, self.layout, slots, positions)
+
+    def _copied(self, plan: Plan) -> None:
+        """A copy of ``plan``'s misses succeeded: its entries stay resident."""
+        if self._uncopied is not None and self._uncopied[0] == plan.generation:
+            self._uncopied = None
+
+    def _drop_refused(self, plan: Plan) -> str:
+        """A copy of ``plan`` was refused or failed: whatever it reserved leaves the buffer (a
+        later plan fetches it again). Its own record when it is the plan not yet copied, else
+        its fields (a plan copied once into other tensors, or superseded); dropping an entry
+        that was copied only costs a fetch. Returns what the error message adds."""
+        if self._uncopied is not None and self._uncopied[0] == plan.generation:
+            self._drop_uncopied()
+        else:
+            slots, positions = plan.miss_slots, None if plan.moves else plan.miss_pos
+            shaped = all(isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 2
+                         and t.shape == slots.shape and t.shape[0] == self.rows
+                         and t.device == self.device
+                         for t in ((slots,) if positions is None else (slots, positions)))
+            if not shaped:
+                return "nothing was dropped (the plan's miss lists are not this buffer's shape)"
+            reference.drop_entries(self.state, self.layout, slots, positions)
+        what = "moved entries" if plan.moves else "misses"
+        return (f"the buffer dropped this plan's {what} (none of them counts as resident any "
+                f"more; a later plan fetches them again)")
+
+    def mark_copied(self, plan: Plan) -> None:
+        """Say that ``plan``'s misses were copied into their slots by the caller's own means
+        (its own copy kernel, say), not by ``gather``: without it the buffer's next call drops
+        them. Refuses (``ValueError`` naming ``plan``) a plan this buffer did not make or that a
+        later call superseded."""
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan: expected avsg.Plan, got {type(plan).__name__}")
+        if tracing():
+            return
+        held = self._hold("mark_copied")
+        try:
+            if plan.source is not self:
+                raise ValueError("plan: made by another buffer (or by hand); mark_copied takes "
+                                 "a plan of this buffer")
+            if plan.generation != self._generation:
+                raise ValueError(f"plan: superseded; the buffer ran "
+                                 f"{self._generation - plan.generation} call(s) since it made "
+                                 f"this plan and dropped its misses if nothing had copied them")
+            self._copied(plan)
+        finally:
+            self._release(held)
 
     def _advance(self):
         """Under tracing ``(None, 0)``: a compiled graph neither counts nor is guarded (reading
@@ -364,6 +469,11 @@ class SparseKVBuffer:
                 torch.ops.avsg.resize, self.state, rows.to(torch.int64),
                 capacities.to(torch.int64), self.capacity, self.hash_buckets, self.lifetime,
                 self._policy_id, self._state_context, self.topk * self.queries_per_step)
+            # the moved positions, read where the moves put them: what is dropped if the moves
+            # are never applied
+            moved = torch.where(dst >= 0, reference.view_state(self.state, self.layout).slot_pos
+                                .gather(1, dst.clamp(min=0).long()), torch.full_like(dst, -1))
+            self._expect_copies(generation, dst, moved)
         finally:
             self._release(held)
         return Plan(dst.view(self.rows, 1, -1), src, dst, counts, self.capacity, source,
@@ -490,7 +600,50 @@ def _gather(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[
             check: Optional[bool], names: Tuple[str, str, str] = ("plan", "src", "dst")
             ) -> torch.Tensor:
     """``gather`` of any plan, fetches and moves alike (``apply_moves`` is the other caller).
-    ``names``: what the caller calls the plan, the pools and the destinations, for messages."""
+    ``names``: what the caller calls the plan, the pools and the destinations, for messages.
+
+    A plan of a buffer (``plan.source``) is checked and copied with that buffer held, and any
+    refusal or failure drops what the plan reserved (``SparseKVBuffer._drop_refused``) before the
+    error leaves: no later plan can hit a slot this copy did not fill."""
+    pn = names[0]
+    source = plan.source if isinstance(plan, Plan) else None
+    guarded = source is not None and not tracing()
+    if guarded and not isinstance(source, SparseKVBuffer):
+        raise TypeError(f"{pn}.source: expected the SparseKVBuffer that made the plan or None, "
+                        f"got {type(source).__name__}")
+    # another thread inside this buffer: refused without touching it (its call, or the next
+    # one, drops this plan's reservations unless a copy of the plan succeeds first)
+    held = source._hold("gather") if guarded else False
+    try:
+        if guarded and plan.generation != source._generation:
+            raise ValueError(
+                f"{pn}: superseded; the buffer ran {source._generation - plan.generation} "
+                f"plan/invalidate/reset/resize call(s) since it made this plan (generation "
+                f"{plan.generation}, buffer at {source._generation}), so its slots no longer "
+                f"describe the buffer: gather a plan before the buffer's next call")
+        copied = _copy(plan, src, dst, block_table, block_size, partition, num_cores, check,
+                       names)
+    except BaseException as error:
+        if not guarded:
+            raise
+        note = source._drop_refused(plan)
+        if type(error) in (ValueError, TypeError, RuntimeError):
+            raise type(error)(f"{error}; {note}").with_traceback(error.__traceback__) from None
+        error.add_note(note)
+        raise
+    else:
+        if guarded:
+            source._copied(plan)
+        return copied
+    finally:
+        if guarded:
+            source._release(held)
+
+
+def _copy(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[torch.Tensor],
+          block_size: Optional[int], partition: str, num_cores: Optional[int],
+          check: Optional[bool], names: Tuple[str, str, str]) -> torch.Tensor:
+    """``_gather``'s checks and its one launch."""
     pn, sn, dn = names
     device = plan.miss_pos.device
     for field in ("slots", "miss_pos", "miss_slots", "miss_counts"):
@@ -506,7 +659,7 @@ def _gather(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[
     if partition not in reference.ALL_PARTITIONS:
         raise ValueError(f"partition: expected one of {reference.ALL_PARTITIONS}, got {partition!r}")
     require_bool("check", check, optional=True)
-    cores = _num_cores if num_cores is None else num_cores
+    cores = get_num_cores() if num_cores is None else num_cores
     require_int("num_cores", cores, low=1)
     R = plan.miss_pos.shape[0]
     paged = block_table is not None
@@ -549,24 +702,8 @@ def _gather(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[
     if partition == reference.SELECTION_PARTITION:
         miss_pos, miss_slots = reference.selection_layout(plan.slots, plan.miss_pos,
                                                           plan.miss_slots, plan.miss_counts)
-    source = plan.source
-    guarded = source is not None and not tracing()
-    if guarded and not isinstance(source, SparseKVBuffer):
-        raise TypeError(f"{pn}.source: expected the SparseKVBuffer that made the plan or None, "
-                        f"got {type(source).__name__}")
-    held = source._hold("gather") if guarded else False
-    try:
-        if guarded and plan.generation != source._generation:
-            raise ValueError(
-                f"{pn}: superseded; the buffer ran {source._generation - plan.generation} "
-                f"plan/invalidate/reset/resize call(s) since it made this plan (generation "
-                f"{plan.generation}, buffer at {source._generation}), so its slots no longer "
-                f"describe the buffer: gather a plan before the buffer's next call")
-        return torch.ops.avsg.gather(miss_pos, miss_slots, plan.miss_counts, srcs, dsts,
-                                     block_table, block_size if paged else 0, partition, cores)
-    finally:
-        if guarded:
-            source._release(held)
+    return torch.ops.avsg.gather(miss_pos, miss_slots, plan.miss_counts, srcs, dsts,
+                                 block_table, block_size if paged else 0, partition, cores)
 
 
 def apply_moves(moves: Plan, buffers: TensorList, num_cores: Optional[int] = None) -> torch.Tensor:

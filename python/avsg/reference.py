@@ -561,6 +561,32 @@ def invalidate(state: torch.Tensor, layout: Layout, valid_lens: torch.Tensor) ->
         v.ghost.masked_fill_(ghost_positions(v.ghost, layout) >= limit[:, None], 0)
 
 
+def drop_entries(state: torch.Tensor, layout: Layout, slots: torch.Tensor,
+                 positions: Optional[torch.Tensor] = None) -> None:
+    """Free slot ``slots[r, j]`` of row ``r`` where it still holds ``positions[r, j]`` (every
+    named slot when ``positions`` is None); entries ``< 0`` or ``>= S`` name nothing. Freed as
+    ``invalidate`` frees (the index entries go stale; reuse: the slot's count returns to 0).
+
+    This is how ``SparseKVBuffer`` forgets what a plan reserved when no copy filled it (a
+    refused or missing ``gather``): the slots are the plan's ``miss_slots``, the positions its
+    ``miss_pos``. Fixed-shape tensor work on the state's device (no host sync, no header
+    check: it only ever frees slots, which no state content can make unsafe)."""
+    v = view_state(state, layout)
+    R, S = v.slot_pos.shape
+    named = (slots >= 0) & (slots < S)
+    column = torch.where(named, slots, S).long()           # column S: a spare that is never read
+    held = torch.cat([v.slot_pos, v.slot_pos.new_full((R, 1), -1)], 1).gather(1, column)
+    if positions is not None:
+        named &= (positions >= 0) & (held == positions)
+    drop = torch.zeros(R, S + 1, dtype=torch.bool, device=state.device)
+    drop.scatter_(1, torch.where(named, column, S), True)
+    drop = drop[:, :S]
+    v.slot_pos.masked_fill_(drop, -1)
+    v.slot_life.masked_fill_(drop, -1)
+    if layout.reuse:
+        v.slot_count[:, :S].masked_fill_(drop, 0)
+
+
 def ghost_positions(ghost: torch.Tensor, layout: Layout) -> torch.Tensor:
     """The position each ghost entry names: ``tag * G + entry`` (int64; negative for an entry
     no op writes, whose tag is negative)."""

@@ -178,3 +178,43 @@ def test_fetch_plans_and_resize_moves_do_not_mix():
     assert torch.equal(kv, before)
     avsg.apply_moves(moves, [kv])
     assert all(torch.equal(kv[0, s], host[0, p]) for p, s in buf.resident(0).items())
+
+
+def test_another_managers_step_meta_is_refused():
+    """Issue 40, F2: two managers (one per microbatch) that have seen the same number of
+    lifecycle calls have equal generations; B must still refuse A's meta, which maps batch rows
+    to A's state rows, with the state untouched."""
+    a, b = _manager(max_rows=2), _manager(max_rows=2)
+    for mgr in (a, b):
+        mgr.register_host_kv(_pool(4))
+        mgr.add(0)
+        mgr.add(1)
+    b.swap_rows(0, 1)
+    a.swap_rows(0, 1)
+    args = (torch.tensor([0, 1, 2], dtype=I32), torch.tensor([8, 8], dtype=I32),
+            torch.tensor([[0, 1], [2, 3]], dtype=I32), 2)
+    meta_a, meta_b = a.begin_step(*args), b.begin_step(*args)
+    assert meta_a.generation == meta_b.generation, "the case needs equal generations"
+    topk = torch.tensor([[[0, 1, 2, 3]], [[4, 5, 6, 7]]], dtype=I32)
+    snap = _snapshot(b)
+    with pytest.raises(ValueError, match="meta: made by another SparseOffloadManager"):
+        b.retrieve(0, topk, meta_a)
+    assert _unchanged(b, snap)
+    rtk = a.begin_step_rtk(torch.tensor([8, 8], dtype=I32), 1, args[2])
+    with pytest.raises(ValueError, match="meta: made by another SparseOffloadManager"):
+        b.retrieve_rtk(0, topk.view(2, 1, 4), rtk)
+    assert _unchanged(b, snap)
+    b.retrieve(0, topk, meta_b)              # its own meta: fine
+
+
+def test_begin_step_rtk_names_active_for_a_free_row():
+    """Issue 40, U1: the fault is ``active`` (begin_step_rtk takes no query_start_loc)."""
+    mgr = _manager(max_rows=2, check=True)
+    mgr.register_host_kv(_pool(4))
+    mgr.add(0)
+    with pytest.raises(ValueError, match=r"^active\[1\]: batch row 1 is active but holds no "
+                                         r"request"):
+        mgr.begin_step_rtk(torch.tensor([8, 8], dtype=I32), 1,
+                           torch.tensor([[0, 1], [2, 3]], dtype=I32))
+    mgr.begin_step_rtk(torch.tensor([8, 8], dtype=I32), 1, torch.tensor([[0, 1], [2, 3]], dtype=I32),
+                       active=torch.tensor([True, False]))

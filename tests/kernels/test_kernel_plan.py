@@ -16,6 +16,9 @@ import avsg  # noqa: F401  (loads the op library)
 from avsg import _ops, reference
 from avsg.backend import emulation
 
+# plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
+# a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
+
 from helpers.plan_cases import (I32, Twin, colliding, draw, geometry, run_session, session,  # noqa: F401
                                 split_lookup)
 
@@ -261,7 +264,8 @@ def test_lifetime_level_scan_work_does_not_grow_with_the_lifetime(capacity, acti
 
     def vector_instructions(lifetime):
         gen = torch.Generator().manual_seed(3)
-        buf = avsg.SparseKVBuffer(rows=1, capacity=capacity, topk=K, lifetime=lifetime)
+        buf = avsg.SparseKVBuffer(rows=1, capacity=capacity, topk=K, lifetime=lifetime,
+                                  track_copies=False)
         if active:
             buf.resize(torch.tensor([0]), torch.tensor([active]))
         seq = torch.full((1,), 4 * capacity, dtype=I32)
@@ -308,7 +312,7 @@ def test_invalidate_stores_only_the_chunks_it_changes(policy):
     clears. State and stats stay the reference's throughout."""
     from avsg import backend
     S, K = 16384, 2048
-    buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy=policy)
+    buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy=policy, track_copies=False)
     seq = torch.tensor([90000], dtype=I32)
     for step in range(S // K):      # step i: positions [10000 i, 10000 i + K), one slot each
         topk = (torch.arange(K, dtype=I32) + 10000 * step).view(1, 1, K)

@@ -15,6 +15,9 @@ from helpers.gather_cases import kv_zeros
 from helpers.oracle import ContentOracle, PolicyModel
 from helpers.oracle import check_index_consistent
 
+# plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
+# a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
+
 
 def colliding_positions(buckets: int, count: int, offset: int = 0, base: int = 5):
     step = buckets * buckets
@@ -34,7 +37,7 @@ def test_colliding_positions_share_one_probe_sequence():
 def test_full_buffer_with_every_probe_colliding(T, K, buckets):
     S = T * K
     buf = avsg.SparseKVBuffer(policy="lifetime", rows=2, capacity=S, topk=K, queries_per_step=T, lifetime=2,
-                              hash_buckets=buckets)
+                              hash_buckets=buckets, track_copies=False)
     oracle, model = ContentOracle(2, S), PolicyModel(2, S, 2)
     seq = torch.full((2,), reference.MAX_POSITION, dtype=torch.int32)
     # a paged pool: position base + n*H*H lives in column n of the block table
@@ -67,7 +70,8 @@ def test_full_buffer_with_every_probe_colliding(T, K, buckets):
 
 def test_stash_survives_invalidate_and_reset():
     buckets, K = 64, 64
-    buf = avsg.SparseKVBuffer(policy="lifetime", rows=1, capacity=K, topk=K, lifetime=3, hash_buckets=buckets)
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=1, capacity=K, topk=K, lifetime=3, hash_buckets=buckets,
+                              track_copies=False)
     model, oracle = PolicyModel(1, K, 3), ContentOracle(1, K)
     seq = torch.full((1,), reference.MAX_POSITION, dtype=torch.int32)
     pos = torch.tensor(colliding_positions(buckets, K), dtype=torch.int32).view(1, 1, K)
@@ -101,7 +105,7 @@ def test_random_sessions_in_few_collision_families(R, T, K, ratio, lifetime, fam
     buckets = 64 if S <= 64 else 128
     gen = torch.Generator().manual_seed(seed)
     buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime,
-                              hash_buckets=buckets)
+                              hash_buckets=buckets, track_copies=False)
     oracle, model = ContentOracle(R, S), PolicyModel(R, S, lifetime)
     family = torch.tensor([colliding_positions(buckets, 3 * S, base=b) for b in (5, 9, 77)][:families])
     seq = torch.full((R,), reference.MAX_POSITION, dtype=torch.int32)

@@ -19,6 +19,9 @@ from avsg import reference
 from helpers.gather_cases import kv_zeros
 from helpers.oracle import ContentOracle, PolicyModel, check_index_consistent
 
+# plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
+# a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
+
 SETTINGS = dict(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -83,8 +86,10 @@ def test_invariants_on_random_sessions(geo, ops, seed, pad_rate, unchecked):
     R, T, K, ratio, lifetime = geo
     S = max(T * K, int(T * K * ratio))
     gen = torch.Generator().manual_seed(seed)
-    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime)
-    dual = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime)
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime,
+                              track_copies=False)
+    dual = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime,
+                               track_copies=False)
     # the specification itself, called directly (the ops may be served by compiled kernels)
     spec_state, spec_stats = buf.state.clone(), buf.stats_counts.clone()
     oracle, model = ContentOracle(R, S), PolicyModel(R, S, lifetime)
@@ -148,7 +153,8 @@ def test_full_size_topk_against_policy_model(geo, seed):
     T, K, ratio = geo
     R, S, lifetime = 2, int(T * K * ratio), 4
     gen = torch.Generator().manual_seed(seed)
-    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime)
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime,
+                              track_copies=False)
     oracle, model = ContentOracle(R, S), PolicyModel(R, S, lifetime)
     seq_lens = torch.full((R,), 3 * S, dtype=torch.int32)
     for _ in range(4):
@@ -165,8 +171,10 @@ def test_full_size_topk_against_policy_model(geo, seed):
 def test_deterministic_replay():
     """Same inputs and state give the same outputs and state (invariant 6)."""
     gen = torch.Generator().manual_seed(7)
-    a = avsg.SparseKVBuffer(policy="lifetime", rows=3, capacity=96, topk=16, queries_per_step=3)
-    b = avsg.SparseKVBuffer(policy="lifetime", rows=3, capacity=96, topk=16, queries_per_step=3)
+    a = avsg.SparseKVBuffer(policy="lifetime", rows=3, capacity=96, topk=16, queries_per_step=3,
+                            track_copies=False)
+    b = avsg.SparseKVBuffer(policy="lifetime", rows=3, capacity=96, topk=16, queries_per_step=3,
+                            track_copies=False)
     seq = torch.tensor([200, 90, 33], dtype=torch.int32)
     for _ in range(10):
         topk = draw_selection(gen, 3, 3, 16, seq, 40, 0.1, 0.0, 0.0)
@@ -182,7 +190,8 @@ def run_mtp_decode(steps: int, seed: int, R=3, T=3, K=24, S=96, lifetime=6):
     positions, and now and then replaces a finished request (reset). Checked every step by the
     oracle, the policy model, the reference (called directly) and the gathered bytes."""
     gen = torch.Generator().manual_seed(seed)
-    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime)
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=lifetime,
+                              track_copies=False)
     oracle, model = ContentOracle(R, S), PolicyModel(R, S, lifetime)
     spec_state, spec_stats = buf.state.clone(), buf.stats_counts.clone()
     max_len = 64 + steps * T + 8

@@ -22,6 +22,9 @@ import avsg
 from avsg import backend, reference
 from helpers.gather_cases import make_case, padded_slots, pitched_like_plan, run_kernel, run_reference, same_bytes
 
+# plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
+# a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
+
 I32 = torch.int32
 
 
@@ -32,7 +35,7 @@ def test_plan_rows_padded_and_exact(policy, T, K):
     int32 and miss_counts every 8."""
     R, S = 3, 4 * T * K + 8
     buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, policy=policy,
-                              check=False)    # random draws repeat positions: they share a slot
+                              check=False, track_copies=False)    # random draws repeat positions: they share a slot
     gen = torch.Generator().manual_seed(T * 100 + K)
     layout = buf.layout
     ref_state, ref_stats = buf.state.clone(), buf.stats_counts.clone()
@@ -54,7 +57,7 @@ def test_plan_rows_padded_and_exact(policy, T, K):
 
 def test_resize_outputs_padded():
     R, K, S = 3, 4, 20            # move lists of W = S / 2 = 10 entries: rows padded to 16
-    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, policy="lifetime")
+    buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, policy="lifetime", track_copies=False)
     gen = torch.Generator().manual_seed(3)
     for _ in range(4):
         buf.plan(torch.randint(0, 200, (R, 1, K), generator=gen, dtype=I32),

@@ -13,11 +13,14 @@ import torch
 import avsg
 from avsg.backend import emulation
 
+# plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
+# a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
+
 I32 = torch.int32
 
 
 def test_least_recently_used_goes_first_ties_by_slot():
-    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, policy="lru")
+    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, policy="lru", track_copies=False)
     seq = torch.tensor([16], dtype=I32)
 
     def step(a, b):
@@ -35,9 +38,9 @@ def test_least_recently_used_goes_first_ties_by_slot():
 
 
 def test_lru_needs_no_context_and_rejects_a_reuse_state():
-    buf = avsg.SparseKVBuffer(rows=1, capacity=8, topk=2, policy="lru")
+    buf = avsg.SparseKVBuffer(rows=1, capacity=8, topk=2, policy="lru", track_copies=False)
     assert buf.max_context is None
-    other = avsg.SparseKVBuffer(rows=1, capacity=8, topk=2, policy="lifetime")
+    other = avsg.SparseKVBuffer(rows=1, capacity=8, topk=2, policy="lifetime", track_copies=False)
     with pytest.raises(ValueError, match="policy"):
         torch.ops.avsg.plan(torch.zeros(1, 1, 2, dtype=I32), torch.tensor([4], dtype=I32),
                             other.state, other.stats_counts, 8, buf.hash_buckets, buf.lifetime, 2, 0)
@@ -80,7 +83,8 @@ def test_kernel_matches_an_independent_model_on_the_shared_trace(build):
         pytest.skip(f"{path} not found")
     sel = data["sel"][[16], :200].astype(np.int64)
     S, K = 2560, sel.shape[2]
-    buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy="lru", check=False)
+    buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy="lru", check=False,
+                              track_copies=False)
     got = []
     with emulation(build):
         for t in range(sel.shape[1]):

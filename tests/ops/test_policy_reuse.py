@@ -18,6 +18,9 @@ from avsg import reference
 from avsg.backend import emulation
 from helpers.plan_cases import Twin
 
+# plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
+# a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
+
 I32 = torch.int32
 
 
@@ -36,7 +39,7 @@ def test_rejected_drafts_do_not_inflate_counts():
     (a miss gains 2). Positions below the accepted length that rejected query tokens selected
     keep their count."""
     buf = avsg.SparseKVBuffer(rows=1, capacity=8, topk=2, queries_per_step=2, max_context=64,
-                              policy="reuse")
+                              policy="reuse", track_copies=False)
     seq = torch.tensor([42], dtype=I32)
     # token 0 selects {3, 40}, the draft token 1 selects {3, 41} (41: its own, speculative)
     buf.plan(torch.tensor([[[3, 40], [3, 41]]], dtype=I32), seq)
@@ -51,7 +54,8 @@ def test_rejected_drafts_do_not_inflate_counts():
 
 def test_invalidate_forgets_counts_of_evicted_speculative_positions():
     """A count left as a ghost (the position was evicted) is also dropped by invalidate."""
-    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=2, max_context=32, policy="reuse")
+    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=2, max_context=32, policy="reuse",
+                              track_copies=False)
     seq = torch.tensor([32], dtype=I32)
     buf.plan(torch.tensor([[[20, 21]]], dtype=I32), seq)
     buf.plan(torch.tensor([[[20, 21]]], dtype=I32), seq)
@@ -63,7 +67,8 @@ def test_invalidate_forgets_counts_of_evicted_speculative_positions():
 
 
 def test_counts_survive_eviction_and_return():
-    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=4, max_context=100, policy="reuse")
+    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=4, max_context=100, policy="reuse",
+                              track_copies=False)
     seq = torch.tensor([100], dtype=I32)
     for _ in range(3):
         buf.plan(torch.tensor([[[10, 11, 12, 13]]], dtype=I32), seq)
@@ -77,7 +82,7 @@ def test_a_return_counts_double_a_streak_once():
     """Hand-checked: a hit one step after the last use gains 1, a hit after a gap gains 2, a
     miss (always a return) its spilled count + 2; with T query tokens a slot gains once."""
     buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, queries_per_step=2, max_context=64,
-                              policy="reuse")
+                              policy="reuse", track_copies=False)
     seq = torch.tensor([64], dtype=I32)
 
     def step(*tokens):
@@ -98,7 +103,8 @@ def test_a_return_counts_double_a_streak_once():
 
 
 def test_counts_halve_every_256_steps():
-    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=1, max_context=8, policy="reuse")
+    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=1, max_context=8, policy="reuse",
+                              track_copies=False)
     seq = torch.tensor([8], dtype=I32)
     for step in range(256):
         buf.plan(torch.tensor([[[5]]], dtype=I32), seq)
@@ -109,7 +115,8 @@ def test_counts_halve_every_256_steps():
 
 
 def test_selections_beyond_max_context_are_none():
-    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, max_context=10, policy="reuse")
+    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, max_context=10, policy="reuse",
+                              track_copies=False)
     plan = buf.plan(torch.tensor([[[3, 9]]], dtype=I32), torch.tensor([10], dtype=I32))
     assert int(plan.miss_counts[0]) == 2
     with pytest.raises(ValueError, match="max_context"):
@@ -122,7 +129,8 @@ def test_selections_beyond_max_context_are_none():
 def test_state_records_its_policy():
     """The header holds policy and max_context: an op called with others refuses the state (on
     CPU); without the host checks the kernel rejects the row as it does any geometry mismatch."""
-    buf = avsg.SparseKVBuffer(rows=2, capacity=16, topk=4, max_context=64, policy="reuse")
+    buf = avsg.SparseKVBuffer(rows=2, capacity=16, topk=4, max_context=64, policy="reuse",
+                              track_copies=False)
     topk = torch.tensor([[[1, 2, 3, 4]]] * 2, dtype=I32)
     seq = torch.full((2,), 64, dtype=I32)
     with pytest.raises(ValueError, match="policy"):
@@ -147,11 +155,11 @@ def test_reuse_state_is_sized_by_the_buffer():
     """No max_context needed, and none changes the state: S + G + B int32 beyond the lifetime
     layout (G = 2H ghosts, B = max(64, H / 16) heat blocks), whatever the context."""
     S, K = 8192, 2048
-    buf = avsg.SparseKVBuffer(rows=4, capacity=S, topk=K, policy="reuse")
+    buf = avsg.SparseKVBuffer(rows=4, capacity=S, topk=K, policy="reuse", track_copies=False)
     H = buf.hash_buckets
     assert buf.layout.width == reference.STATE_HEADER + H + 5 * S + 2 * H + H // 16
     assert buf.layout.width == avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy="reuse",
-                                                   max_context=1 << 24).layout.width
+                                                   max_context=1 << 24, track_copies=False).layout.width
     seq = torch.full((4,), 1 << 22, dtype=I32)
     topk = (torch.arange(K, dtype=I32) * 1999 % (1 << 22)).view(1, 1, K).repeat(4, 1, 1)
     assert int(buf.plan(topk, seq).miss_counts.sum()) == 4 * K
@@ -162,7 +170,7 @@ def test_ghosts_collide_modulo_g():
     """Positions G apart share a ghost entry: the later eviction wins, and the earlier position
     returns as a stranger (count 0 + 2); an untouched ghost returns its count. Two slots and two
     selections per step: every step of new positions evicts both."""
-    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=2, policy="reuse")
+    buf = avsg.SparseKVBuffer(rows=1, capacity=2, topk=2, policy="reuse", track_copies=False)
     G = buf.layout.ghosts
     seq = torch.tensor([4 * G], dtype=I32)
 
@@ -186,7 +194,8 @@ def test_ghosts_collide_modulo_g():
 
 @pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
 def test_max_context_is_a_check_for_every_policy(policy):
-    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, policy=policy, max_context=10)
+    buf = avsg.SparseKVBuffer(rows=1, capacity=4, topk=2, policy=policy, max_context=10,
+                              track_copies=False)
     with pytest.raises(ValueError, match="max_context"):
         buf.plan(torch.tensor([[[3, 12]]], dtype=I32), torch.tensor([13], dtype=I32))
     plan = buf.plan(torch.tensor([[[3, 12]]], dtype=I32), torch.tensor([13], dtype=I32),
@@ -197,7 +206,7 @@ def test_max_context_is_a_check_for_every_policy(policy):
 
 def test_lifetime_policy_state_is_unchanged():
     """The lifetime policy has no policy sections, words 4-5 zero."""
-    buf = avsg.SparseKVBuffer(rows=1, capacity=64, topk=8, policy="lifetime")
+    buf = avsg.SparseKVBuffer(rows=1, capacity=64, topk=8, policy="lifetime", track_copies=False)
     assert buf.layout.width == reference.STATE_HEADER + 128 + 4 * 64
     assert int(buf.state[0, 4]) == 0 and int(buf.state[0, 5]) == 0
 
@@ -261,7 +270,7 @@ def test_kernel_matches_an_independent_model_on_the_shared_trace():
     sel = data["sel"][[16], :300].astype(np.int64)       # the hardest layer, past one halving
     S, K = 2560, sel.shape[2]
     buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, check=False,
-                              policy="reuse")   # no max_context needed
+                              policy="reuse", track_copies=False)   # no max_context needed
     got = []
     for t in range(sel.shape[1]):
         plan = buf.plan(torch.from_numpy(sel[:, t]).to(I32).view(1, 1, K),

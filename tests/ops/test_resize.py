@@ -19,6 +19,9 @@ from avsg import _ops, reference
 from helpers.gather_cases import kv_zeros
 from helpers.oracle import ContentOracle, PolicyModel, brute_force_lookup
 
+# plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
+# a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
+
 I64 = torch.int64
 I32 = torch.int32
 POLICIES = ("lifetime", "reuse", "lru")
@@ -26,7 +29,8 @@ POLICIES = ("lifetime", "reuse", "lru")
 
 def make(policy, R=2, T=1, K=4, S=16, L=4, **kw):
     return avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=L,
-                               policy=policy, max_context=4096 if policy == "reuse" else None, **kw)
+                               policy=policy, max_context=4096 if policy == "reuse" else None, **kw,
+                               track_copies=False)
 
 
 def rows_caps(rows, caps):
@@ -143,7 +147,7 @@ def test_moves_reindex_through_the_stash():
     and the index finds them at their new slots."""
     K, S = 16, 64
     buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, lifetime=8, policy="lifetime",
-                              hash_buckets=64)
+                              hash_buckets=64, track_copies=False)
     seq = torch.tensor([1 << 20], dtype=I32)
     for step in range(4):
         topk = (torch.arange(K, dtype=I32) * 64 + step).view(1, 1, K)   # one low limb per step
@@ -289,7 +293,7 @@ def run_resize_session(policy, geo, ops, seed, pad_rate):
     max_len = 4 * S + 8
     C = max_len if policy == "reuse" else None
     buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, queries_per_step=T, lifetime=L,
-                              policy=policy, max_context=C)
+                              policy=policy, max_context=C, track_copies=False)
     spec_state, spec_stats = buf.state.clone(), buf.stats_counts.clone()
     oracle = ContentOracle(R, S)
     model = PolicyModel(R, S, L) if policy == "lifetime" else None
@@ -407,7 +411,7 @@ def test_largest_geometry_shrinks_to_the_minimum(policy):
     R, K, S = 2, 2048, 1 << 15
     C = 1 << 20 if policy == "reuse" else None
     buf = avsg.SparseKVBuffer(rows=R, capacity=S, topk=K, lifetime=9, policy=policy,
-                              max_context=C, hash_buckets=S)
+                              max_context=C, hash_buckets=S, track_copies=False)
     gen = torch.Generator().manual_seed(5)
     seq = torch.full((R,), 1 << 20, dtype=I32)
     for step in range(18):

@@ -6,12 +6,16 @@ import torch
 
 import avsg
 
+# plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
+# a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
+
 R, T, K, S = 2, 2, 4, 16
 I32 = torch.int32
 
 
 def make_buffer():
-    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T)
+    buf = avsg.SparseKVBuffer(policy="lifetime", rows=R, capacity=S, topk=K, queries_per_step=T,
+                              track_copies=False)
     warm = torch.arange(R * T * K, dtype=I32).view(R, T, K) % 11
     warm[:, 1] = warm[:, 0] + 11
     buf.plan(warm, torch.full((R,), 40, dtype=I32))
@@ -53,7 +57,8 @@ def test_constructor_rejects(kwargs, error, needle):
 
 def test_capacity_message_says_what_is_needed():
     with pytest.raises(ValueError, match=r"capacity: expected >= .*= 8"):
-        avsg.SparseKVBuffer(policy="lifetime", rows=1, capacity=7, topk=4, queries_per_step=2)
+        avsg.SparseKVBuffer(policy="lifetime", rows=1, capacity=7, topk=4, queries_per_step=2,
+                            track_copies=False)
 
 
 def _bad_values(pos):

@@ -28,6 +28,9 @@ def _avsg_missing():
     except Exception as e:  # not built / not importable
         return f"avsg.SparseKVBuffer is not importable (operator package not built: {e})"
 
+# plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
+# a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
+
 
 AVSG_MISSING = _avsg_missing()
 needs_avsg = pytest.mark.skipif(AVSG_MISSING is not None, reason=str(AVSG_MISSING))
@@ -256,7 +259,7 @@ def test_avsg_replay_equals_stepping_buffer_directly(name, policy):
     r = replay(tr, name, C, count_first_step=True, lifetime=4)
     buf = avsg.SparseKVBuffer(policy=policy, rows=L, capacity=C, topk=K, queries_per_step=1,
                               lifetime=4, device="cpu",
-                              max_context=T if policy == "reuse" else None)
+                              max_context=T if policy == "reuse" else None, track_copies=False)
     hits = np.zeros((L, N), np.int64)
     for s in range(N):
         plan = buf.plan(torch.from_numpy(sel[:, s][:, None, :].copy()), torch.full((L,), T, dtype=torch.int32))

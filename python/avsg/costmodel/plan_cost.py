@@ -101,7 +101,7 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
                          f"counted plan, got {steps}")
     extra = {"max_context": int(context) + 8} if policy == "reuse" else {}
     buf = SparseKVBuffer(rows=rows, capacity=capacity, topk=K, queries_per_step=queries,
-                         check=False, policy=policy, **extra)
+                         check=False, policy=policy, track_copies=False, **extra)
     step = iteration = 0
 
     def launch(counted: bool):

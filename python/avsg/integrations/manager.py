@@ -82,8 +82,12 @@ so a recorded drop is as good as an applied one, and no copy is ever read stale.
 records (the engine's rejected drafts, for the layers it names); so does ``begin_step`` for a
 request that bypasses the buffer (``q_len > T``: it may still hold copies of positions it
 rewrites, e.g. rejected drafts of its previous pass), for every layer, also when the engine calls
-no ``retrieve`` for the bypassing pass and also with ``auto_invalidate`` off; ``add`` clears a
-row's record (its state is reset). ``resident(layer, row)`` shows what a plan can still hit.
+no ``retrieve`` for the bypassing pass and also with ``auto_invalidate`` off; with
+``auto_invalidate``, a layer that ``write_kv`` wrote in a pass but that did not ``retrieve`` in it
+records the pass's positions when the next ``begin_step`` comes; ``write_kv`` after its layer's
+``retrieve`` in the same pass (write-through off) records them at once (that gather may have
+fetched their old bytes); ``add`` clears a row's record (its state is reset).
+``resident(layer, row)`` shows what a plan can still hit.
 
 Ordering. Every step's host writes (step 2) must be visible to the host reads of a later gather:
 on an NPU both are on the compute stream, so stream order suffices; a copy engine on another
@@ -103,6 +107,7 @@ tracing). With ``check``, ``begin_step`` also refuses ``seq_lens`` past ``max_co
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import (Callable, ContextManager, Dict, List, NamedTuple, Optional, Sequence,
                     Tuple, Union)
 
@@ -120,6 +125,7 @@ _NO_LIMIT = reference.MAX_POSITION    # an invalidate limit that drops nothing
 _MAX_WIDTH = 1 << 16                  # latent / RoPE widths: DeepSeek's are 512 and 64
 _MAX_TOKENS = (1 << 31) - 1           # query_start_loc is int32
 _TOKEN_BYTES = 64                     # what begin_step and retrieve allocate per token, about
+_SERIALS = itertools.count(1)         # one per manager: StepMeta.manager names the one that made it
 
 
 class StepMeta(NamedTuple):
@@ -143,6 +149,9 @@ class StepMeta(NamedTuple):
     # begin_step or a lifecycle call (add, free, move_row, swap_rows) has run (0: made under
     # tracing, unguarded, as a Plan's)
     generation: int = 0
+    # the serial number of the manager whose begin_step made it: another manager refuses it
+    # (outside tracing, as the generation), since it maps batch rows to that manager's state rows
+    manager: int = 0
 
 
 class SparseAttentionInputs(NamedTuple):
@@ -261,6 +270,14 @@ class SparseOffloadManager:
                                                 device=self.device)
         # bumped by every begin_step and every lifecycle call (StepMeta.generation)
         self._generation = 0
+        self._serial = next(_SERIALS)
+        # the pass begin_step mapped last: its generation and its stable_lens (positions at or
+        # past them are rewritten by the pass), and per layer the generation of the pass whose
+        # retrieve it ran last (write_kv after the layer's retrieve records a drop: U2; a layer
+        # written but not retrieved in a pass records one when the pass ends: U3)
+        self._pass: Optional[Tuple[int, torch.Tensor]] = None
+        self._retrieved_in = [0] * num_layers
+        self._written_in = [0] * num_layers          # the same for write_kv (U3)
         # the StepMeta whose host blocks begin_step checked against the pool (its generation and
         # its block_table, seq_lens and buffered tensors; None: none), so that retrieve checks
         # them only where begin_step could not: a meta with other tensors, or another
@@ -534,7 +551,7 @@ class SparseOffloadManager:
         if checked:
             qsl = torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device),
                              q_len.cumsum(0)]).to(torch.int32)
-            self._check_step(qsl, seq_lens, block_table, num_tokens)
+            self._check_step(qsl, seq_lens, block_table, num_tokens, rows_from="active")
         token = torch.arange(num_tokens, dtype=torch.int64, device=self.device)
         req = token // queries
         j = token - req * queries
@@ -574,17 +591,36 @@ class SparseOffloadManager:
         kv_lens = torch.where(buffered, S, 0).to(torch.int32)
         generation = 0
         if not tracing():
+            self._close_pass()
             self._generation += 1
             generation = self._generation
+            self._pass = (generation, stable)
         buffered_state = by_state_row(buffered, False)
         if generation:
             # _check_step checked the blocks only against a pool already registered
             self._blocks_checked = ((generation, table, seq_state, buffered_state)
                                     if checked and self.host_kv is not None else None)
         return StepMeta(N, Q, planned, plan_index, seq_lens.index_select(0, req), seq_state,
-                        stable, base, table, kv_lens, query_start_loc, buffered_state, generation)
+                        stable, base, table, kv_lens, query_start_loc, buffered_state, generation,
+                        self._serial)
 
-    def _check_step(self, qsl, seq_lens, block_table, num_tokens) -> None:
+    def _close_pass(self) -> None:
+        """The last pass is over (a new one begins). A layer it wrote (``write_kv``) but did not
+        retrieve never dropped the positions the pass rewrote (``auto_invalidate`` drops them at
+        the retrieve): they wait for that layer's next plan (U3)."""
+        if self._pass is None or not self.auto_invalidate:
+            return
+        done = self._pass[0]
+        layers = [layer for layer in range(self.num_layers)
+                  if self._written_in[layer] == done and self._retrieved_in[layer] != done]
+        if layers:
+            self._record_drops(self._pass[1], layers)
+
+    def _check_step(self, qsl, seq_lens, block_table, num_tokens,
+                    rows_from: str = "query_start_loc") -> None:
+        """``rows_from``: the argument that says which batch rows have tokens (the caller's:
+        ``query_start_loc``, or ``active`` for ``begin_step_rtk``), named when one of them
+        holds no request."""
         q = qsl.tolist()
         if q[0] != 0:
             raise ValueError(f"query_start_loc[0] = {q[0]}: expected 0")
@@ -606,6 +642,9 @@ class SparseOffloadManager:
             if q_len == 0:
                 continue
             if not self._occupied_host[i]:
+                if rows_from == "active":
+                    raise ValueError(f"active[{i}]: batch row {i} is active but holds no request "
+                                     f"(add(row) first, or pass active[{i}] = False)")
                 raise ValueError(f"query_start_loc: request {i} has {q_len} token(s) but batch row "
                                  f"{i} holds no request (add(row) first)")
             if q_len > length:
@@ -753,6 +792,8 @@ class SparseOffloadManager:
             limit = torch.minimum(limit, meta.stable_lens)
         buf.invalidate(limit)
         self._rewritten_from[layer].fill_(_NO_LIMIT)
+        if not tracing() and meta.generation:     # no guard on the int under tracing
+            self._retrieved_in[layer] = meta.generation
         return buf.plan(topk_pos, meta.seq_lens, check=False)
 
     def _gather(self, layer: int, plan: Plan, meta: StepMeta, news) -> torch.Tensor:
@@ -799,6 +840,10 @@ class SparseOffloadManager:
             # graph at every step
             return
         require_int("meta.generation", meta.generation, low=0)
+        if meta.manager != self._serial:
+            raise ValueError("meta: made by another SparseOffloadManager's begin_step (its batch "
+                             "rows map to that manager's state rows); call this manager's "
+                             "begin_step for its own passes")
         if meta.generation and meta.generation != self._generation:
             raise ValueError("meta: superseded; begin_step or a lifecycle call (add, free, "
                              "move_row, swap_rows) ran since this StepMeta was made. The manager "
@@ -889,6 +934,16 @@ class SparseOffloadManager:
                 i = int(below.nonzero()[0, 0])
                 raise ValueError(f"slot_mapping[{i}] = {int(rows[i])}: only -1 may be negative "
                                  f"(it means padding)")
+        if not tracing() and self._pass is not None and self._pass[0] == self._generation:
+            # (after a lifecycle call the pass is over: an admitted request's prefill writes only
+            # its own, freshly reset row)
+            self._written_in[layer] = self._pass[0]
+            if not self.write_through and self._retrieved_in[layer] == self._pass[0]:
+                # The layer's retrieve of this pass ran before this write: its gather may have
+                # fetched this pass's positions with their old host bytes. They go before the
+                # layer's next plan (U2); write before retrieve, or use write_through, to keep
+                # them.
+                self._record_drops(self._pass[1], [layer])
         valid = (rows >= 0) & (rows < pool_rows)
         # Skipped entries repeat the first valid entry, index and bytes alike, so the scatter
         # writes identical bytes twice rather than anything outside the valid rows; with no

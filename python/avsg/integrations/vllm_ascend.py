@@ -383,6 +383,10 @@ def _define_backend():
                 self.tp_group.broadcast(torch.empty([], dtype=torch.int8, device=dev), src=0)
             vam.offload.sparse_copy(self.h2d_src_npu, self.h2d_dst_npu, self.h2d_len_npu,
                                     self.h2d_count_npu, dev)
+            if plan.source is not None:
+                # the copy is ours, not avsg.gather: tell the buffer, or its next call drops
+                # the plan's misses as never copied (a plan made under capture is untracked)
+                plan.source.mark_copied(plan)
 
     return AVSGSparseKVOffloadManager
 

@@ -550,7 +550,8 @@ class AVSGPolicy(Policy):
     def reset(self):
         self.buf = self._cls(rows=self.rows, capacity=self.capacity, topk=self.k,
                              queries_per_step=self.queries, lifetime=self.lifetime, device="cpu",
-                             policy=self.policy, max_context=self.max_pos)   # a bound, no storage
+                             policy=self.policy, max_context=self.max_pos,   # a bound, no storage
+                             track_copies=False)   # a replay holds no KV: misses count as fetched
         self.last_plan = None
 
     def step(self, s, inp):

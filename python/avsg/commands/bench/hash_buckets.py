@@ -43,7 +43,7 @@ def replay(sel, positions, capacity: int, buckets: int, device: str, progress) -
     layers, steps, k = sel.shape
     # the index under test does not depend on the policy: the paper's lifetime policy
     buf = SparseKVBuffer(rows=layers, capacity=capacity, topk=k, hash_buckets=buckets,
-                         check=False, policy="lifetime", device=device)
+                         check=False, policy="lifetime", device=device, track_copies=False)
     stash_after = []
     stashed = 0
     started = time.perf_counter()

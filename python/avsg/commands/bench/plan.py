@@ -116,7 +116,8 @@ def trace_stream(sel: np.ndarray, K: int, warmup: int, steps: int):
 
 def run_point(S: int, K: int, fill, measured, seq_for, max_context: int, hw) -> Dict:
     rows = fill[0].shape[0] if fill else measured[0].shape[0]
-    bufs = {m: SparseKVBuffer(rows=rows, capacity=S, topk=K, check=False, max_context=max_context)
+    bufs = {m: SparseKVBuffer(rows=rows, capacity=S, topk=K, check=False, max_context=max_context,
+                          track_copies=False)   # plans only: no KV to copy
             for m in MATCHERS}
     with backend.emulation("fast"):
         for i, topk in enumerate(fill):
@@ -157,7 +158,7 @@ def npu_plan_times(S: int, K: int, fill, measured, seq_for, max_context: int) ->
     times: Dict[str, List[float]] = {}
     for m in MATCHERS:
         buf = SparseKVBuffer(rows=rows, capacity=S, topk=K, check=False, max_context=max_context,
-                             device="npu")
+                             device="npu", track_copies=False)
         for i, topk in enumerate(fill):
             buf.plan(topk.npu(), seq_for("fill", i).npu(), matcher=m)
         times[m] = []
@@ -201,7 +202,7 @@ def policy_launches(sel: np.ndarray, positions, warmup: int, steps: int, T: int,
     read = read or backend.last_launch_counters
     rows, _, k = sel.shape
     buf = SparseKVBuffer(rows=rows, capacity=POLICY_CAPACITY, topk=k, queries_per_step=T,
-                         check=False, policy=name)
+                         check=False, policy=name, track_copies=False)
 
     def step_args(s):
         topk = np.ascontiguousarray(sel[:, s:s + T])
