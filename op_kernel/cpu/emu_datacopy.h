@@ -313,7 +313,9 @@ __aicore__ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor
     if (p.blockCount == 0 || p.blockLen == 0) return;
     const uint64_t row = ((p.blockLen + 31ull) / 32) * 32;
     const uint64_t pitch = row + p.srcStride * 32ull;
-    const uint64_t sext = (p.blockCount - 1ull) * pitch + p.blockLen;
+    // the SDK's own extent check counts the last block padded to 32 B as well
+    // (impl/basic_api/utils/kernel_check_data_copy_overflow.h, UB->GM): so must the UB source
+    const uint64_t sext = (p.blockCount - 1ull) * pitch + row;
     const uint64_t dext = (p.blockCount - 1ull) * (p.blockLen + static_cast<uint64_t>(p.dstStride)) + p.blockLen;
     emu_detail::check_ub(api, "src", src, (sext + sizeof(T) - 1) / sizeof(T));
     emu_detail::check_gm(api, "dst", dst, 0);

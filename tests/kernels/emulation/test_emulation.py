@@ -116,6 +116,7 @@ RUNTIME = {
     "datacopypad_undefined_padding_poisoned": None,
     "bad_datacopypad_blockcount": ["DataCopyPad(GM->UB): blockCount 4096 > 4095"],
     "bad_datacopypad_blocklen": ["DataCopyPad(UB->GM): blockLen 2097152 B > 2097151"],
+    "bad_datacopypad_ub_last_block_unpadded": ["DataCopyPad(UB->GM): src needs 64 elements"],
     "bad_datacopypad_pad_over_32B": ["leftPadding/rightPadding", "exceed 32 B"],
     "bad_datacopypad_int64_padvalue": ["64-bit paddingValue must be 0"],
     "bad_datacopypad_blocklen_not_multiple": ["blockLen 6 B is not a multiple of sizeof(T)=4"],

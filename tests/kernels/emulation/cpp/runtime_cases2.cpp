@@ -84,6 +84,19 @@ CASE(bad_datacopypad_blocklen) {
         DataCopyPad(go, b.Get<int8_t>(), DataCopyExtParams(1, 2097152, 0, 0, 0));
     });
 }
+CASE(bad_datacopypad_ub_last_block_unpadded) {
+    // UB->GM reads every block padded to 32 B on the UB side, the last one included (the SDK's
+    // extent check): 2 blocks of 12 B need 64 B of UB, not 32 + 12
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 64);
+        std::vector<int8_t> out(64);
+        GlobalTensor<int8_t> go;
+        go.SetGlobalBuffer(out.data(), 64);
+        DataCopyPad(go, b.Get<int8_t>(48), DataCopyExtParams(2, 12, 0, 0, 0));
+    });
+}
 CASE(bad_datacopypad_pad_over_32B) {
     std::vector<int32_t> in(8, 7);
     run1([&] {
