@@ -1,11 +1,18 @@
 """The vllm-ascend backend's options and import hygiene (no vllm needed)."""
+import json
 import subprocess
 import sys
 
 import pytest
 
 from avsg import reference
-from avsg.integrations.vllm_ascend import avsg_options
+from avsg.integrations.vllm_ascend import avsg_options, resolve_options
+
+
+@pytest.fixture(autouse=True)
+def _no_avsg_settings(monkeypatch):
+    for name in ("AVSG_CONFIG", "AVSG_POLICY", "AVSG_LIFETIME"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_defaults_env_and_additional_config(monkeypatch):
@@ -51,3 +58,58 @@ def test_importing_the_backend_and_plugin_imports_no_vllm():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env_off, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_settings_file_env_and_additional_config_in_that_order(monkeypatch, tmp_path):
+    """AVSG's own settings (no key inside vllm-ascend's config): the AVSG_CONFIG file, then
+    AVSG_POLICY / AVSG_LIFETIME, then additional_config["avsg"] where vllm-ascend accepts it;
+    each option says where it came from."""
+    path = tmp_path / "avsg.json"
+    path.write_text(json.dumps({"policy": "lifetime", "lifetime": 12}))
+    monkeypatch.setenv("AVSG_CONFIG", str(path))
+    options, sources = resolve_options(None)
+    assert options == {"policy": "lifetime", "lifetime": 12}
+    assert sources == {"policy": f"AVSG_CONFIG={path}: policy",
+                       "lifetime": f"AVSG_CONFIG={path}: lifetime"}
+    monkeypatch.setenv("AVSG_LIFETIME", "40")
+    assert resolve_options({})[0]["lifetime"] == 40
+    assert resolve_options({})[1]["lifetime"] == "AVSG_LIFETIME"
+    options, sources = resolve_options({"avsg": {"lifetime": 7}})
+    assert options["lifetime"] == 7 and sources["lifetime"] == "additional_config.avsg.lifetime"
+    assert sources["policy"] == f"AVSG_CONFIG={path}: policy"
+    # a lifetime set anywhere is refused under another policy, naming both settings
+    monkeypatch.setenv("AVSG_POLICY", "reuse")
+    with pytest.raises(ValueError, match=r"AVSG_LIFETIME: read only by the lifetime policy; "
+                                         r"the policy is 'reuse' \(from AVSG_POLICY\)"):
+        resolve_options({})
+    monkeypatch.delenv("AVSG_LIFETIME")
+    with pytest.raises(ValueError, match=r"AVSG_CONFIG=.*: lifetime: read only by the lifetime"):
+        resolve_options({})
+
+
+@pytest.mark.parametrize("content, words", [
+    (None, "cannot read it"),
+    ("{policy: lru}", "not JSON"),
+    ("[1]", "expected a JSON object, got list"),
+    ('{"polcy": "lru"}', "unknown keys ['polcy']"),
+    ('{"policy": "fifo"}', ": policy: expected one of"),
+    ('{"lifetime": 300}', ": lifetime: expected an int in [1, 255]"),
+])
+def test_bad_settings_file_is_a_one_line_error_naming_it(content, words, monkeypatch, tmp_path):
+    path = tmp_path / "avsg.json"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setenv("AVSG_CONFIG", str(path))
+    with pytest.raises(ValueError) as err:
+        avsg_options({})
+    text = str(err.value)
+    assert "\n" not in text and f"AVSG_CONFIG={path}" in text and words in text
+
+
+@pytest.mark.parametrize("value, words", [("x", "AVSG_LIFETIME: expected an int"),
+                                          ("0", "AVSG_LIFETIME: expected an int in [1, 255]")])
+def test_bad_lifetime_env(value, words, monkeypatch):
+    monkeypatch.setenv("AVSG_LIFETIME", value)
+    with pytest.raises(ValueError) as err:
+        avsg_options({})
+    assert words in str(err.value)

@@ -3,11 +3,21 @@
 What stays vllm-ascend's
 ------------------------
 ``AVSGSparseKVOffloadManager`` subclasses vllm-ascend's ``SparseKVOffloadManager`` (created lazily
-by ``backend_class()``, so ``import avsg`` never imports vllm). It keeps the MemFabric pool set-up
-(``__init__``), ``register_kv_caches`` (host pool on TP rank 0, global virtual addresses broadcast
-to every rank, the per-layer top-k buffers), ``offload_new_kv`` (new KV D2H through
-``offload.sparse_copy``) and every attribute its D2H connector reads. Only the C++ host LRU is
-not built, and ``onload_topk_kv`` (the per-layer residency step) is replaced.
+by ``backend_class()``, so ``import avsg`` never imports vllm). It keeps the host pool set-up
+(``__init__``), ``register_kv_caches`` (called with whatever arguments vllm-ascend passes: host
+pool, published addresses, the per-layer top-k buffers; AVSG reads its views only after it ran),
+``offload_new_kv`` (not overridden: its signature varies between branches) and every attribute
+its connectors read. Only the C++ host LRU is not built, and ``onload_topk_kv`` (the per-layer
+residency step, the same signature in every version seen) is replaced. A fused decode path
+(``use_fused_overlap``, ``fused_op_type``) never calls ``onload_topk_kv``: switching AVSG on with
+one of them set is a one-line ``FusedPathConflict``.
+
+Settings
+--------
+AVSG's own (``resolve_options``): ``AVSG_CONFIG`` (a JSON file), ``AVSG_POLICY``,
+``AVSG_LIFETIME``, then ``additional_config["avsg"]`` where vllm-ascend lets that key through
+(``AVSGConfigRefused`` where its ``AscendConfig`` forbids it). None is read from inside
+vllm-ascend's config objects.
 
 Layout
 ------
@@ -36,15 +46,19 @@ Phases
    ``update_sparse_kv_offload_metadata``): request ids -> state rows. A request keeps its state
    row while it stays in the batch, wherever condense or swap moves it; a request absent from the
    batch frees its row (phase 0 has normally done so already), and a row is reset before a request
-   without one gets it, so no hit outlives its request's KV. The batch-index -> state-row table
+   without one gets it, so no hit outlives its request's KV. Where the runner owns per-request
+   buffer rows (metadata ``req_topk_buffer_slots`` / ``_generations`` / ``_active``, read by the
+   metadata builder hook: ``adopt_runner_rows``), a request whose (slot, generation) changed, or
+   whose slot is not active, gets a reset row too. The batch-index -> state-row table
    and each request's scheduled token count go to the device in place (fixed addresses: graph
    replays read the current values).
 2. per layer, on the device (``onload_topk_kv``): tokens -> (state row, query index ``j``) from the
    token-to-request map (target or drafter's); tokens past their request's scheduled count
    (graph padding, whose ``token_to_req`` is 0) are dropped. Positions ``>= stable_prefix_len``
    are invalidated (rejected drafts are rewritten), ``plan`` runs on ``[R, T, K]``, and the misses
-   become ``offload.sparse_copy`` descriptors (host address from the published global virtual
-   address of the layer's host pool + the host block table; device address in the layer's buffer),
+   become ``offload.sparse_copy`` descriptors (host address from this rank's host view of the
+   layer's pool where it holds one, else the address rank 0 published, + the host block table;
+   device address in the layer's buffer),
    compacted on the device: one K and one V descriptor per miss. ``skip_topk`` layers (IndexCache)
    reuse the group's plan and copy the same misses into their own buffer.
 
@@ -55,14 +69,20 @@ zero-length descriptor.
 from __future__ import annotations
 
 import json
+import logging
 import os
-from typing import Dict, List, Optional, Sequence
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 ENV_SWITCH = "AVSG_VLLM_ASCEND"
+ENV_CONFIG = "AVSG_CONFIG"          # path of a JSON file: {"policy": ..., "lifetime": ...}
 ENV_POLICY = "AVSG_POLICY"
-CONFIG_KEY = "avsg"                 # additional_config["avsg"]: residency options
+ENV_LIFETIME = "AVSG_LIFETIME"
+CONFIG_KEY = "avsg"                 # additional_config["avsg"]: accepted where vllm-ascend lets it
+OPTION_KEYS = ("policy", "lifetime")
+DOCS = "docs/vllm-ascend.md"
 
 _BACKEND = None
 
@@ -75,68 +95,252 @@ def backend_class():
     return _BACKEND
 
 
-def avsg_options(additional_config=None) -> Dict[str, object]:
-    """Residency options: ``additional_config["avsg"]`` (a dict, or its JSON), then
-    ``AVSG_POLICY``; defaults: the buffer's (``reference.DEFAULT_POLICY``, ``DEFAULT_LIFETIME``)."""
+# ---------------------------------------------------------------------------------- settings
+def avsg_options(additional_config=None, environ=None) -> Dict[str, object]:
+    """AVSG's residency options (``resolve_options`` without the sources)."""
+    return resolve_options(additional_config, environ)[0]
+
+
+def resolve_options(additional_config=None, environ=None
+                    ) -> Tuple[Dict[str, object], Dict[str, str]]:
+    """``(options, sources)``: the residency options and, per option, the setting it came from.
+
+    Read from AVSG's own settings, none of them inside vllm-ascend's config objects. Later
+    settings override earlier ones:
+
+    1. defaults (``reference.DEFAULT_POLICY``, ``reference.DEFAULT_LIFETIME``);
+    2. the JSON file named by ``AVSG_CONFIG`` (an object with ``policy`` and/or ``lifetime``);
+    3. ``AVSG_POLICY``, ``AVSG_LIFETIME``;
+    4. ``additional_config["avsg"]`` (a dict or its JSON), the older way, where vllm-ascend
+       accepts the key (``AVSGConfigRefused`` says where it does not).
+
+    Every bad value is a one-line ``ValueError`` naming the setting it came from."""
     from .. import reference
-    opts: Dict[str, object] = {"policy": os.environ.get(ENV_POLICY, reference.DEFAULT_POLICY),
+    env = os.environ if environ is None else environ
+    opts: Dict[str, object] = {"policy": reference.DEFAULT_POLICY,
                                "lifetime": reference.DEFAULT_LIFETIME}
-    raw = (additional_config or {}).get(CONFIG_KEY) if isinstance(additional_config, dict) \
-        else None
+    where = {"policy": "default", "lifetime": "default"}
+    path = str(env.get(ENV_CONFIG, "") or "").strip()
+    if path:
+        for key, value in _read_config_file(path).items():
+            opts[key] = value
+            where[key] = f"{ENV_CONFIG}={path}: {key}"
+    policy = str(env.get(ENV_POLICY, "") or "").strip()
+    if policy:
+        opts["policy"], where["policy"] = policy, ENV_POLICY
+    lifetime = str(env.get(ENV_LIFETIME, "") or "").strip()
+    if lifetime:
+        try:
+            opts["lifetime"] = int(lifetime)
+        except ValueError:
+            raise ValueError(f"{ENV_LIFETIME}: expected an int in [1, {reference.MAX_LIFETIME}], "
+                             f"got {lifetime!r}") from None
+        where["lifetime"] = ENV_LIFETIME
+    raw = additional_config.get(CONFIG_KEY) if isinstance(additional_config, dict) else None
     if isinstance(raw, str):
-        raw = json.loads(raw)
-    if raw:
-        if not isinstance(raw, dict):
-            raise ValueError(f"additional_config.{CONFIG_KEY}: expected a dict, got "
-                             f"{type(raw).__name__}")
-        unknown = set(raw) - {"policy", "lifetime"}
-        if unknown:
-            raise ValueError(f"additional_config.{CONFIG_KEY}: unknown keys {sorted(unknown)}; "
-                             f"expected 'policy', 'lifetime'")
-        opts.update(raw)
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"additional_config.{CONFIG_KEY}: not JSON ({exc.msg})") from None
+    if raw is not None:
+        _check_keys(raw, f"additional_config.{CONFIG_KEY}")
+        for key, value in raw.items():
+            opts[key] = value
+            where[key] = f"additional_config.{CONFIG_KEY}.{key}"
     if opts["policy"] not in reference.POLICY_IDS:
-        raise ValueError(f"additional_config.{CONFIG_KEY}.policy / {ENV_POLICY}: expected one of "
-                         f"{tuple(reference.POLICY_IDS)}, got {opts['policy']!r}")
-    lifetime = opts["lifetime"]
-    if raw and "lifetime" in raw and opts["policy"] != "lifetime":
-        # (the default policy reads the lifetime: another one came from the config or the env)
-        source = f"additional_config.{CONFIG_KEY}.policy" if "policy" in raw else ENV_POLICY
-        raise ValueError(f"additional_config.{CONFIG_KEY}.lifetime: read only by the lifetime "
-                         f"policy; the policy is {opts['policy']!r} (from {source})")
-    if isinstance(lifetime, bool) or not isinstance(lifetime, int) or \
-            not 1 <= lifetime <= reference.MAX_LIFETIME:
-        raise ValueError(f"additional_config.{CONFIG_KEY}.lifetime: expected an int in "
-                         f"[1, {reference.MAX_LIFETIME}], got {lifetime!r}")
-    return opts
+        raise ValueError(f"{where['policy']}: expected one of {tuple(reference.POLICY_IDS)}, "
+                         f"got {opts['policy']!r}")
+    if where["lifetime"] != "default" and opts["policy"] != "lifetime":
+        raise ValueError(f"{where['lifetime']}: read only by the lifetime policy; the policy is "
+                         f"{opts['policy']!r} (from {where['policy']})")
+    value = opts["lifetime"]
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            not 1 <= value <= reference.MAX_LIFETIME:
+        raise ValueError(f"{where['lifetime']}: expected an int in "
+                         f"[1, {reference.MAX_LIFETIME}], got {value!r}")
+    return opts, where
+
+
+def _check_keys(raw, name: str) -> None:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{name}: expected a dict, got {type(raw).__name__}")
+    unknown = set(raw) - set(OPTION_KEYS)
+    if unknown:
+        raise ValueError(f"{name}: unknown keys {sorted(unknown)}; expected "
+                         f"{', '.join(repr(k) for k in OPTION_KEYS)}")
+
+
+def _read_config_file(path: str) -> Dict[str, object]:
+    name = f"{ENV_CONFIG}={path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{name}: expected a JSON object, got {type(raw).__name__}")
+    _check_keys(raw, name)
+    return raw
+
+
+class AVSGConfigRefused(ValueError):
+    """vllm-ascend refused ``additional_config["avsg"]`` (its config forbids unknown keys)."""
+
+
+def config_refusal(exc: BaseException, additional_config) -> Optional[AVSGConfigRefused]:
+    """The one-line error to raise instead of ``exc`` when ``exc`` is vllm-ascend refusing the
+    ``avsg`` key of ``additional_config`` (``AscendConfig`` with ``extra="forbid"``, #13838);
+    ``None`` for any other error."""
+    if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
+        return None
+    refused = False
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            for err in errors():
+                loc = tuple(err.get("loc") or ())
+                if loc and loc[-1] == CONFIG_KEY and err.get("type") in (
+                        "extra_forbidden", "unexpected_keyword_argument"):
+                    refused = True
+        except Exception:       # not pydantic's errors(): judge by the text
+            pass
+    if not refused:
+        text = str(exc)
+        refused = (repr(CONFIG_KEY) in text or f"\n{CONFIG_KEY}\n" in text
+                   or text.startswith(f"{CONFIG_KEY}\n")) and any(
+            word in text for word in ("not permitted", "extra", "unexpected keyword"))
+    if not refused:
+        return None
+    return AVSGConfigRefused(
+        f"{ENV_SWITCH}=1: this vllm-ascend refuses additional_config.{CONFIG_KEY} (its "
+        f"AscendConfig forbids unknown keys, vllm-ascend #13838); remove the key and give AVSG's "
+        f"settings {additional_config[CONFIG_KEY]!r} through {ENV_CONFIG}=<file.json> or "
+        f"{ENV_POLICY} / {ENV_LIFETIME} ({DOCS})")
+
+
+# ---------------------------------------------------------------------------------- fused paths
+class FusedPathConflict(ValueError):
+    """A vllm-ascend setting routes decode around ``onload_topk_kv``, the step AVSG replaces."""
+
+
+_FUSED_FLAGS = (
+    # (setting, how it is off, what it does): every one of them skips onload_topk_kv
+    ("use_fused_overlap", "false",
+     "decode runs npu_fused_sparse_attention_overlap (vllm-ascend #14957)"),
+    ("fused_op_type", '"none"',
+     "decode runs the fused lightning-indexer-manage and copy + SFA ops (vllm-ascend #16640)"),
+    ("use_fused_copy_sfa", "false", "the fused copy + SFA path (vllm-ascend #16640)"),
+)
+
+
+def _flag_on(name: str, value) -> bool:
+    if value is None:
+        return False
+    if name == "fused_op_type":
+        return str(value).strip().lower() not in ("", "none")
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def fused_path_conflict(*configs) -> Optional[FusedPathConflict]:
+    """The one-line error for switching AVSG on while vllm-ascend's sparse KV offload is set to a
+    fused decode path (which never calls ``onload_topk_kv``, so AVSG would silently do
+    nothing); ``None`` when no such setting is on. Reads the settings as attributes of each of
+    ``configs`` (the ``SparseKVOffloadConfig``, the manager): a key vllm-ascend does not declare
+    (the pin ignores unknown ones) routes nothing."""
+    for name, off, what in _FUSED_FLAGS:
+        for config in configs:
+            value = getattr(config, name, None)
+            if _flag_on(name, value):
+                shown = json.dumps(value) if isinstance(value, (bool, str)) else repr(value)
+                return FusedPathConflict(
+                    f"{ENV_SWITCH}=1 with sparse_kv_offload_config.{name}={shown}: {what}, "
+                    f"which never calls SparseKVOffloadManager.onload_topk_kv, the step AVSG "
+                    f"replaces; set {name} to {off} to use AVSG, or unset {ENV_SWITCH} to use "
+                    f"the fused path ({DOCS})")
+    return None
+
+
+def _logger():
+    """vLLM's logger when vLLM is loaded (its handlers and format), else this module's."""
+    vllm_logger = sys.modules.get("vllm.logger")
+    if vllm_logger is not None and hasattr(vllm_logger, "logger"):
+        return vllm_logger.logger
+    return logging.getLogger("avsg.vllm_ascend")
 
 
 def _define_backend():
-    from vllm.logger import logger
     from vllm_ascend.distributed.kv_transfer.sparse_kv_offload import \
         sparse_kv_offload_manager as vam
-
-    from ..buffer import SparseKVBuffer
-
     base = getattr(vam, "_ORIGINAL_SPARSE_KV_OFFLOAD_MANAGER", vam.SparseKVOffloadManager)
+    return define_backend(base)
+
+
+def _bound_arguments(function, args, kwargs) -> Dict[str, object]:
+    """``args``/``kwargs`` by parameter name of ``function`` (empty if they do not bind)."""
+    import inspect
+    try:
+        return dict(inspect.signature(function).bind(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return {}
+
+
+def define_backend(base):
+    """``AVSGSparseKVOffloadManager``: a subclass of ``base`` (vllm-ascend's
+    ``SparseKVOffloadManager``, or a stand-in with its documented interface). Its copies go
+    through ``offload.sparse_copy`` of the module that defines ``base``, looked up per call."""
+    from ..buffer import SparseKVBuffer
+    logger = _logger()
+    base_module = base.__module__
 
     class AVSGSparseKVOffloadManager(base):
-        def __init__(self, vllm_config, kv_cache_config, sparse_kv_offload_config):
-            super().__init__(vllm_config, kv_cache_config, sparse_kv_offload_config)
-            self.avsg_options = avsg_options(getattr(vllm_config, "additional_config", None))
+        # __init__, register_kv_caches: whatever signature ``base`` has passes through;
+        # offload_new_kv is not overridden at all (its signature varies between branches)
+        def __init__(self, *args, **kwargs):
+            named = _bound_arguments(base.__init__, (self,) + args, kwargs)
+            vllm_config = named.get("vllm_config")
+            offload_config = named.get("sparse_kv_offload_config")
+            # refused before the base builds its host pool
+            conflict = fused_path_conflict(offload_config)
+            if conflict is not None:
+                raise conflict
+            options, sources = resolve_options(getattr(vllm_config, "additional_config", None))
+            super().__init__(*args, **kwargs)
+            vllm_config = vllm_config if vllm_config is not None else \
+                getattr(self, "vllm_config", None)
+            # (a base that takes its config some other way, or sets the flags on itself)
+            conflict = fused_path_conflict(getattr(self, "sparse_kv_offload_config", None), self)
+            if conflict is not None:
+                raise conflict
+            self.avsg_options = options
+            self.avsg_option_sources = sources
             self.decode_width = 1
-            if vllm_config.speculative_config is not None:
-                self.decode_width += vllm_config.speculative_config.num_speculative_tokens
-            logger.info("AVSG sparse KV offload backend active (policy=%s): residency planned "
-                        "on the device, one buffer row per request",
-                        self.avsg_options["policy"])
+            spec = getattr(vllm_config, "speculative_config", None)
+            if spec is not None:
+                self.decode_width += spec.num_speculative_tokens
+            logger.info("AVSG sparse KV offload backend active: residency planned on the device, "
+                        "one buffer row per request; %s",
+                        ", ".join(f"{k}={options[k]} ({sources[k]})" for k in OPTION_KEYS))
 
         def _build_cpp(self):
             """The host LRU is replaced; nothing to build."""
             self.sparse_kv_offload_cpp = None
 
         # ------------------------------------------------------------------ registration
-        def register_kv_caches(self, kv_caches):
-            super().register_kv_caches(kv_caches)
+        def register_kv_caches(self, *args, **kwargs):
+            result = super().register_kv_caches(*args, **kwargs)
+            self._avsg_register()
+            return result
+
+        def _avsg_register(self):
+            """Everything AVSG reads from the registration, read after it ran: the top-k
+            buffers, the host pool's views (this rank's own, where it holds them) or its
+            published addresses, the block geometry."""
             R, T, K = self.max_num_reqs, self.decode_width, self.topk
             rows_per_req = self.max_num_topk_rows // R
             capacity = rows_per_req * self.topk_buffer_size
@@ -158,11 +362,16 @@ def _define_backend():
                                policy=policy,
                                max_context=self.max_model_len if policy == "reuse" else None)
                 for _ in range(self.num_layers)]
-            # the top-k buffers' memory read as one row per request (same bytes)
-            self.avsg_kv_k = [b.reshape(-1)[:R * C * b.shape[-1]].view(R, C, 1, b.shape[-1])
-                              for b in self.topk_buffers_k]
-            self.avsg_kv_v = [b.reshape(-1)[:R * C * b.shape[-1]].view(R, C, 1, b.shape[-1])
-                              for b in self.topk_buffers_v]
+            # the top-k buffers' memory read as one row per request (same bytes; a buffer
+            # grown by tail blocks keeps them past the rows)
+            self.avsg_kv_k = [_request_rows(b, R, C, "topk_buffers_k") for b in
+                              self.topk_buffers_k]
+            self.avsg_kv_v = [_request_rows(b, R, C, "topk_buffers_v") for b in
+                              self.topk_buffers_v]
+            self.avsg_row_bytes = (self.avsg_kv_k[0].shape[-1] * self.avsg_kv_k[0].element_size(),
+                                   self.avsg_kv_v[0].shape[-1] * self.avsg_kv_v[0].element_size())
+            self.avsg_host_k_bases, self.avsg_host_v_bases, self.avsg_host_source = \
+                self._avsg_host_bases()
             bs = self.block_size
             self.avsg_pages_per_row = C // bs
             self.resident_block_table_npu = torch.zeros(
@@ -171,7 +380,11 @@ def _define_backend():
                                                     dtype=torch.int32, device=device)
             # per step (host truth, device copies the layers read)
             self._row_of_req: Dict[str, int] = {}
+            self._ident_of_req: Dict[str, Tuple[int, int]] = {}
+            self._untouched = set()        # requests whose row was reset since the last plan
             self._free_rows: List[int] = list(range(R))
+            self._batch_req_ids: List[Optional[str]] = []
+            self._batch_counts: List[int] = []
             self.avsg_state_row_of_batch = torch.full((R,), -1, dtype=torch.int64, device=device)
             self.avsg_batch_of_state_row = torch.zeros(R, dtype=torch.int64, device=device)
             self.avsg_scheduled_tokens = torch.zeros(R, dtype=torch.int64, device=device)
@@ -187,20 +400,72 @@ def _define_backend():
             self.avsg_h2d_rows = torch.zeros((), dtype=torch.int64, device=device)
             self.avsg_host_blocks = self.kv_cache_config.num_blocks
             logger.info("AVSG sparse KV offload: %d layers, %d request rows x %d slots (T=%d, "
-                        "topk=%d), policy=%s", self.num_layers, R, C, T, K, policy)
+                        "topk=%d), policy=%s, host pool through %s", self.num_layers, R, C, T, K,
+                        policy, self.avsg_host_source)
+
+        def _avsg_host_bases(self):
+            """Per layer, the host pool's K and V base addresses as this rank may use them: its
+            own views where it holds them (rank 0 of the MemFabric pool; every rank of a
+            per-rank-mapped pool such as Mooncake's), else the addresses rank 0 published
+            (``gvas_k_bases``/``gvas_v_bases``). Checked against ``cpu_block_lens`` (the bytes
+            of one host block) where it is published."""
+            L, bs = self.num_layers, self.block_size
+            tk, tv = self.avsg_row_bytes
+            local_k = list(getattr(self, "k_caches_cpu", None) or [])
+            local_v = list(getattr(self, "v_caches_cpu", None) or [])
+            published_k = list(getattr(self, "gvas_k_bases", None) or [])
+            published_v = list(getattr(self, "gvas_v_bases", None) or [])
+            k_bases, v_bases, sources = [], [], set()
+            for layer in range(L):
+                k = local_k[layer] if layer < len(local_k) else None
+                v = local_v[layer] if layer < len(local_v) else None
+                if k is not None and v is not None:
+                    k_bases.append(int(k.data_ptr()))
+                    v_bases.append(int(v.data_ptr()))
+                    sources.add("this rank's host views")
+                elif layer < len(published_k) and layer < len(published_v):
+                    k_bases.append(int(published_k[layer]))
+                    v_bases.append(int(published_v[layer]))
+                    sources.add("published addresses")
+                else:
+                    raise ValueError(
+                        f"AVSG sparse KV offload: layer {layer} has neither a host view "
+                        f"(k_caches_cpu/v_caches_cpu) nor a published address "
+                        f"(gvas_k_bases/gvas_v_bases) after register_kv_caches")
+            block_lens = list(getattr(self, "cpu_block_lens", None) or [])
+            for layer, lens in enumerate(block_lens[:L]):
+                if tuple(int(x) for x in lens) != (bs * tk, bs * tv):
+                    raise ValueError(
+                        f"AVSG sparse KV offload: layer {layer}'s host block is {tuple(lens)} "
+                        f"bytes (cpu_block_lens), not block_size * row bytes = ({bs * tk}, "
+                        f"{bs * tv}): a host layout AVSG does not know")
+            return k_bases, v_bases, " and ".join(sorted(sources))
+
+        def _offload_api(self):
+            """``offload`` (MemFabric's) as the manager module holds it now."""
+            return sys.modules[base_module].offload
 
         # ------------------------------------------------------------------ per step (host)
-        def begin_step(self, req_ids: Sequence[Optional[str]], scheduled_tokens) -> None:
+        def begin_step(self, req_ids: Sequence[Optional[str]], scheduled_tokens,
+                       identities: Optional[Sequence] = None) -> None:
             """Map this step's batch (``req_ids[i]`` in batch row ``i``, ``scheduled_tokens[i]``
             tokens) to state rows; free the rows of requests no longer in the batch and reset a
             row before a request without one gets it (``apply_scheduler_output`` has freed the
-            rows of resumed and restarted requests, so they get a reset one here)."""
+            rows of resumed and restarted requests, so they get a reset one here).
+
+            ``identities[i]``, where the model runner provides them: ``(slot, generation,
+            active)`` of batch row ``i``'s runner-owned top-k buffer row, or ``None``. A request
+            whose ``(slot, generation)`` differs from the one its row was last used under, or
+            whose slot is not active, gets a reset row: the runner's identity decides when a
+            row's contents end; the request-id table is the fallback where it gives none."""
             R = self.max_num_reqs
             if len(req_ids) > R:
                 raise ValueError(f"req_ids: expected at most max_num_seqs = {R} requests, got "
                                  f"{len(req_ids)}")
             present = {r for r in req_ids if isinstance(r, str)}
             self.release_rows([r for r in self._row_of_req if r not in present])
+            if identities is not None:
+                self.release_rows(self._stale_identities(req_ids, identities))
             fresh: List[int] = []
             state_of_batch = [-1] * R
             batch_of_state = [0] * R
@@ -213,15 +478,61 @@ def _define_backend():
                     row = self._free_rows.pop(0)
                     self._row_of_req[req] = row
                     fresh.append(row)
+                if identities is not None and i < len(identities) and identities[i] is not None:
+                    self._ident_of_req[req] = tuple(identities[i][:2])
                 state_of_batch[i] = row
                 batch_of_state[row] = i
                 counts[i] = int(scheduled_tokens[i])
             if fresh:
                 for buf in self.avsg_buffers:
                     buf.reset(fresh)
+                self._untouched.update(self._batch_req(fresh))
+            self._batch_req_ids = list(req_ids)
+            self._batch_counts = counts[:len(req_ids)]
             self.avsg_state_row_of_batch.copy_(torch.tensor(state_of_batch, dtype=torch.int64))
             self.avsg_batch_of_state_row.copy_(torch.tensor(batch_of_state, dtype=torch.int64))
             self.avsg_scheduled_tokens.copy_(torch.tensor(counts, dtype=torch.int64))
+
+        def adopt_runner_rows(self, slots, generations, active=None) -> bool:
+            """The model runner's per-request buffer rows of this step (metadata
+            ``req_topk_buffer_slots`` / ``req_topk_buffer_generations`` /
+            ``req_topk_buffer_active``, batch order, as in the last ``begin_step``). Rows whose
+            identity changed are reset (``begin_step``'s ``identities``); True if any was."""
+            if not hasattr(self, "_row_of_req") or not self._batch_req_ids:
+                return False
+            slots, generations = _host_ints(slots), _host_ints(generations)
+            flags = _host_ints(active) if active is not None else None
+            identities = []
+            for i in range(len(self._batch_req_ids)):
+                slot = slots[i] if i < len(slots) else -1
+                gen = generations[i] if i < len(generations) else -1
+                on = bool(flags[i]) if flags is not None and i < len(flags) else True
+                identities.append((slot, gen, on) if slot >= 0 and gen >= 0 else None)
+            changed = self._stale_identities(self._batch_req_ids, identities)
+            if changed or any(isinstance(req, str) and ident is not None
+                              and self._ident_of_req.get(req) != ident[:2]
+                              for req, ident in zip(self._batch_req_ids, identities)):
+                self.begin_step(self._batch_req_ids, self._batch_counts, identities)
+            return bool(changed)
+
+        def _stale_identities(self, req_ids, identities) -> List[str]:
+            """The requests of the batch whose row must be reset by their runner identity: a
+            ``(slot, generation)`` other than the one the row was used under, or a slot not
+            active. A row reset since the last plan (nothing read into it yet) only records
+            the identity."""
+            stale = []
+            for i, req in enumerate(req_ids):
+                ident = identities[i] if i < len(identities) else None
+                if not isinstance(req, str) or ident is None or req not in self._row_of_req \
+                        or req in self._untouched:
+                    continue
+                if self._ident_of_req.get(req) != tuple(ident[:2]) or not ident[2]:
+                    stale.append(req)
+            return stale
+
+        def _batch_req(self, rows) -> List[str]:
+            wanted = set(rows)
+            return [req for req, row in self._row_of_req.items() if row in wanted]
 
         def apply_scheduler_output(self, scheduler_output) -> None:
             """Free the state rows of the requests this scheduler step does not continue with
@@ -250,6 +561,8 @@ def _define_backend():
             reset before ``begin_step`` gives it to any request, this one included."""
             for req in req_ids:
                 row = self._row_of_req.pop(req, None)
+                self._ident_of_req.pop(req, None)
+                self._untouched.discard(req)
                 if row is not None:
                     self._free_rows.append(row)
 
@@ -294,6 +607,7 @@ def _define_backend():
                         token_to_req, current_slots_out):
             R, T, K = self.max_num_reqs, self.decode_width, self.topk
             dev = self.avsg_device
+            self._untouched.clear()
             t = torch.arange(N, dtype=torch.int64, device=dev)
             if token_to_req is None:
                 req = t.clone()
@@ -336,7 +650,8 @@ def _define_backend():
 
         def _copy_misses(self, layer_id):
             """The group plan's misses into this layer's buffer, from the shared host pool,
-            by address (works on every TP rank: the bases are rank 0's published addresses)."""
+            by address (on every TP rank: this rank's own host views where it holds them,
+            else the addresses rank 0 published)."""
             plan = self._group_plan
             R, C, bs = self.max_num_reqs, self.avsg_capacity, self.block_size
             M = self.avsg_max_misses
@@ -360,11 +675,11 @@ def _define_backend():
             start = live_counts.cumsum(0) - live_counts
             rank = live.cumsum(1) - 1
             dest = torch.where(live, start[:, None] + rank, torch.full_like(idx, M))
-            tk, tv = self.token_size_bytes_k, self.token_size_bytes_v
-            src_k = self.gvas_k_bases[layer_id] + host_row * tk
-            src_v = self.gvas_v_bases[layer_id] + host_row * tv
-            dst_k = self.addr_k_bases[layer_id] + dev_row * tk
-            dst_v = self.addr_v_bases[layer_id] + dev_row * tv
+            tk, tv = self.avsg_row_bytes
+            src_k = self.avsg_host_k_bases[layer_id] + host_row * tk
+            src_v = self.avsg_host_v_bases[layer_id] + host_row * tv
+            dst_k = self.avsg_kv_k[layer_id].data_ptr() + dev_row * tk
+            dst_v = self.avsg_kv_v[layer_id].data_ptr() + dev_row * tv
             d = dest.reshape(-1)
             self.h2d_len_npu.zero_()
             for half, (src, dst, size) in enumerate(((src_k, dst_k, tk), (src_v, dst_v, tv))):
@@ -381,8 +696,8 @@ def _define_backend():
             if self.tp_size > 1:
                 # TP0's D2H of this step's KV must land before any rank reads the pool
                 self.tp_group.broadcast(torch.empty([], dtype=torch.int8, device=dev), src=0)
-            vam.offload.sparse_copy(self.h2d_src_npu, self.h2d_dst_npu, self.h2d_len_npu,
-                                    self.h2d_count_npu, dev)
+            self._offload_api().sparse_copy(self.h2d_src_npu, self.h2d_dst_npu,
+                                            self.h2d_len_npu, self.h2d_count_npu, dev)
             if plan.source is not None:
                 # the copy is ours, not avsg.gather: tell the buffer, or its next call drops
                 # the plan's misses as never copied (a plan made under capture is untracked)
@@ -398,3 +713,30 @@ def _valid_first(slots: torch.Tensor) -> torch.Tensor:
     n_valid = valid.sum(1, keepdim=True)
     dest = torch.where(valid, valid.cumsum(1) - 1, n_valid + (~valid).cumsum(1) - 1)
     return torch.full_like(slots, -1).scatter_(1, dest, slots)
+
+
+def _request_rows(buffer: torch.Tensor, rows: int, capacity: int, name: str) -> torch.Tensor:
+    """``buffer`` (``[P, S, 1, width]``, possibly with tail blocks past ``S``) read as ``rows``
+    request rows of ``capacity`` slots: the same bytes from its start."""
+    width = buffer.shape[-1]
+    need = rows * capacity * width
+    if not buffer.is_contiguous() or buffer.numel() < need:
+        raise ValueError(f"AVSG sparse KV offload: {name} of shape {tuple(buffer.shape)} "
+                         f"(contiguous={buffer.is_contiguous()}) cannot hold {rows} request rows "
+                         f"of {capacity} slots")
+    return buffer.reshape(-1)[:need].view(rows, capacity, 1, width)
+
+
+def _host_ints(values) -> List[int]:
+    """A tensor, a CpuGpuBuffer (its host side), a numpy array or a sequence, as host ints."""
+    if values is None:
+        return []
+    if isinstance(values, torch.Tensor):
+        return [int(v) for v in values.reshape(-1).tolist()]
+    host = getattr(values, "cpu", None)
+    if isinstance(host, torch.Tensor):
+        return [int(v) for v in host.reshape(-1).tolist()]
+    tolist = getattr(values, "tolist", None)
+    if callable(tolist):
+        values = tolist()
+    return [int(v) for v in values]
