@@ -1,7 +1,8 @@
 """The public API: ``SparseKVBuffer`` (plan / invalidate / reset / stats), ``Plan`` and ``gather``.
 
 Everything here validates and then calls ``torch.ops.avsg.*``; the algorithm itself is specified in
-``reference.py``. Errors are raised before any op runs, so a rejected call never changes state.
+``reference.py``. Errors are raised before any op runs, so a rejected call changes no state but
+one: a refused ``gather`` drops what its plan reserved ("Plans not copied" below).
 
 Two kinds of checks:
 * structural (dtype, shape, device, contiguity, capacity): always, ``TypeError``/``ValueError``
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -62,31 +64,35 @@ from .validation import (require_bool, require_device, require_fits, require_int
 TensorList = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 DEFAULT_NUM_CORES = 40          # AIV cores of Ascend 910B3/B4; 910B1/B2 and A3 dies have 48
-_num_cores: Optional[int] = None        # None: not set yet, AVSG_NUM_CORES decides on first use
+
+
+def _cores_from_environment():
+    """``(cores, error)`` from ``AVSG_NUM_CORES``: parsed at import, but a bad value is raised
+    only by the call that needs it (``get_num_cores``), not by every ``import avsg``."""
+    text = os.environ.get("AVSG_NUM_CORES", "").strip()
+    if not text:
+        return DEFAULT_NUM_CORES, None
+    if not (text.isascii() and text.isdecimal()) or int(text) < 1:
+        return DEFAULT_NUM_CORES, (f"AVSG_NUM_CORES={text!r}: expected a whole number of cores "
+                                   f">= 1 (unset it for the default, {DEFAULT_NUM_CORES})")
+    return int(text), None
+
+
+_num_cores, _num_cores_error = _cores_from_environment()
 
 
 def set_num_cores(cores: int) -> None:
     """Default number of cores ``gather`` splits its work over (else ``AVSG_NUM_CORES``, else
     40)."""
-    global _num_cores
+    global _num_cores, _num_cores_error
     require_int("cores", cores, low=1)
-    _num_cores = cores
+    _num_cores, _num_cores_error = cores, None
 
 
 def get_num_cores() -> int:
-    """The default core count. ``AVSG_NUM_CORES`` is read here, on first use, not at import: a
-    bad value then fails the call that needs it with a ``ValueError`` naming the variable,
-    instead of every ``import avsg`` (``--help`` included)."""
-    global _num_cores
-    if _num_cores is None:
-        text = os.environ.get("AVSG_NUM_CORES", "").strip()
-        if not text:
-            _num_cores = DEFAULT_NUM_CORES
-        elif not text.isdigit() or int(text) < 1:
-            raise ValueError(f"AVSG_NUM_CORES={text!r}: expected a whole number of cores >= 1 "
-                             f"(unset it for the default, {DEFAULT_NUM_CORES})")
-        else:
-            _num_cores = int(text)
+    """The default core count; a bad ``AVSG_NUM_CORES`` raises ``ValueError`` naming it here."""
+    if _num_cores_error is not None:
+        raise ValueError(_num_cores_error)
     return _num_cores
 
 
@@ -266,8 +272,9 @@ class SparseKVBuffer:
         self._busy = threading.Lock()
         self._generation = 0       # bumped by every op that changes residency (Plan.generation)
         # the latest plan (or resize) whose reserved entries no copy has filled yet:
-        # (generation, slots [R, N], positions [R, N] or None); see _drop_uncopied
-        self._uncopied: Optional[Tuple[int, torch.Tensor, Optional[torch.Tensor]]] = None
+        # (generation, slots [R, N], positions [R, N], the plan's miss lists); see _drop_uncopied
+        self._uncopied: Optional[Tuple[int, torch.Tensor, torch.Tensor, Tuple]] = None
+        self._dropped_in_a_row = 0       # plans dropped uncopied with no gather tried between
         self.state = torch.empty(rows, self.layout.width, dtype=torch.int32, device=self.device)
         self.stats_counts = torch.zeros(rows, len(reference.STAT_NAMES), dtype=torch.int64,
                                         device=self.device)
@@ -303,7 +310,8 @@ class SparseKVBuffer:
             (slots, miss_pos, miss_slots, miss_counts), source, generation = self._apply(
                 op, topk_pos, seq_lens, self.state, self.stats_counts, self.capacity,
                 self.hash_buckets, self.lifetime, self._policy_id, self._state_context)
-            self._expect_copies(generation, miss_slots, miss_pos)
+            self._expect_copies(generation, miss_slots, miss_pos,
+                                (miss_pos, miss_slots, miss_counts))
         finally:
             self._release(held)
         return Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity, source, generation)
@@ -335,7 +343,14 @@ class SparseKVBuffer:
         except (ValueError, TypeError):
             raise
         except BaseException:
-            self._advance()          # it may have written part of the state
+            # It may have written part of the state, reservations included, that no copy will
+            # fill: forget every row (torch, not the op that just failed) rather than keep them.
+            self._uncopied = None
+            if not tracing():
+                reference.reset(self.state, self.layout,
+                                torch.ones(self.rows, dtype=torch.bool, device=self.device),
+                                self.lifetime, self.policy)
+            self._advance()
             raise
         return (out, *self._advance())
 
@@ -346,23 +361,37 @@ class SparseKVBuffer:
     # copy has filled and drops its entries (by slot, on the device, no host sync) before its
     # next state change, or at once when a gather of it is refused.
 
-    def _expect_copies(self, generation: int, slots: torch.Tensor,
-                       positions: Optional[torch.Tensor]) -> None:
-        """The op that made ``generation`` reserved ``slots`` [R, N] for ``positions`` (None:
-        whatever the slots hold) and no byte of them is copied yet."""
+    def _expect_copies(self, generation: int, slots: torch.Tensor, positions: torch.Tensor,
+                       lists: Tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """The op that made ``generation`` reserved ``slots`` [R, N] for ``positions`` and no
+        byte of them is copied yet; ``lists``: the plan's own ``miss_pos``, ``miss_slots`` and
+        ``miss_counts``, the only lists whose copy counts as this plan's."""
         if self.track_copies and generation:       # 0: made under tracing, not tracked
-            self._uncopied = (generation, slots, positions)
+            self._uncopied = (generation, slots, positions, lists)
 
     def _drop_uncopied(self) -> None:
-        if self._uncopied is None or tracing():
+        if tracing() or self._uncopied is None:    # no guard on the record under tracing
             return
-        _, slots, positions = self._uncopied
-        self._uncopied = None
+        _, slots, positions, _ = self._uncopied
         reference.drop_entries(self.state, self.layout, slots, positions)
+        self._uncopied = None                      # only once the drop has run
+        self._dropped_in_a_row += 1
+        if self._dropped_in_a_row == 3:
+            warnings.warn("SparseKVBuffer: 3 plans in a row were never copied (no gather or "
+                          "mark_copied of them), so the buffer dropped their misses and hits "
+                          "nothing: a caller that copies with raw torch.ops.avsg.gather or "
+                          "under torch.compile calls buf.mark_copied(plan); one without KV "
+                          "builds the buffer with track_copies=False", stacklevel=4)
 
     def _copied(self, plan: Plan) -> None:
-        """A copy of ``plan``'s misses succeeded: its entries stay resident."""
-        if self._uncopied is not None and self._uncopied[0] == plan.generation:
+        """A copy of ``plan``'s misses succeeded: its entries stay resident. Only a copy of the
+        plan's own miss lists counts (a plan with replaced lists copied part of them, as the
+        serving manager's write-through gather does: its caller says ``mark_copied``)."""
+        self._dropped_in_a_row = 0
+        record = self._uncopied
+        if record is not None and record[0] == plan.generation and \
+                all(a is b for a, b in zip(record[3], (plan.miss_pos, plan.miss_slots,
+                                                       plan.miss_counts))):
             self._uncopied = None
 
     def _drop_refused(self, plan: Plan) -> str:
@@ -370,8 +399,10 @@ class SparseKVBuffer:
         later plan fetches it again). Its own record when it is the plan not yet copied, else
         its fields (a plan copied once into other tensors, or superseded); dropping an entry
         that was copied only costs a fetch. Returns what the error message adds."""
+        self._dropped_in_a_row = 0
         if self._uncopied is not None and self._uncopied[0] == plan.generation:
             self._drop_uncopied()
+            self._dropped_in_a_row = 0
         else:
             slots, positions = plan.miss_slots, None if plan.moves else plan.miss_pos
             shaped = all(isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 2
@@ -403,7 +434,27 @@ class SparseKVBuffer:
                 raise ValueError(f"plan: superseded; the buffer ran "
                                  f"{self._generation - plan.generation} call(s) since it made "
                                  f"this plan and dropped its misses if nothing had copied them")
-            self._copied(plan)
+            self._dropped_in_a_row = 0
+            self._uncopied = None
+        finally:
+            self._release(held)
+
+    def discard(self, plan: Plan) -> None:
+        """Say that a copy of ``plan``'s misses by the caller's own means failed, or was not
+        made for every tensor it should fill: the buffer drops what the plan reserved (whether
+        or not ``mark_copied`` said otherwise), so a later plan fetches those positions again.
+        Takes a plan of this buffer, current or superseded (``ValueError`` naming ``plan``
+        otherwise)."""
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan: expected avsg.Plan, got {type(plan).__name__}")
+        if tracing():
+            return
+        held = self._hold("discard")
+        try:
+            if plan.source is not self:
+                raise ValueError("plan: made by another buffer (or by hand); discard takes a plan "
+                                 "of this buffer")
+            self._drop_refused(plan)
         finally:
             self._release(held)
 
@@ -473,7 +524,7 @@ class SparseKVBuffer:
             # are never applied
             moved = torch.where(dst >= 0, reference.view_state(self.state, self.layout).slot_pos
                                 .gather(1, dst.clamp(min=0).long()), torch.full_like(dst, -1))
-            self._expect_copies(generation, dst, moved)
+            self._expect_copies(generation, dst, moved, (src, dst, counts))
         finally:
             self._release(held)
         return Plan(dst.view(self.rows, 1, -1), src, dst, counts, self.capacity, source,
@@ -673,7 +724,10 @@ def _copy(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[to
         raise ValueError("block_size: only meaningful with a block_table (paged pool)")
     for i, (s, d) in enumerate(zip(srcs, dsts)):
         require_tensor(f"{dn}[{i}]", d, contiguous=False)   # slots may be padded (kv_slots)
-        require_tensor(f"{sn}[{i}]", s, dtype=d.dtype, contiguous=False)   # rows may be padded
+        require_tensor(f"{sn}[{i}]", s, contiguous=False)   # rows may be padded
+        if s.dtype != d.dtype:
+            raise TypeError(f"{sn}[{i}]/{dn}[{i}]: the pool and the buffer need one dtype, got "
+                            f"{s.dtype} and {d.dtype}")
         if s.device != device and s.device.type != "cpu":
             raise ValueError(f"{sn}[{i}]: expected a host (CPU) pool or a tensor on {device} (the "
                              f"plan's device), got one on {s.device}")

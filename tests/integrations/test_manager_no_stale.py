@@ -207,11 +207,10 @@ def test_random_pass_lengths_never_read_stale_kv(policy, write_through, passes):
 @pytest.mark.parametrize("seed", range(3))
 def test_layers_that_skip_a_retrieve_or_write_after_it_never_read_stale_kv(policy, write_through,
                                                                            seed):
-    """Issue 40, U2 and U3: in random MTP passes with rejected drafts, some layers call no
-    retrieve in a pass whose KV they write (U3: the drops of that pass must wait for their next
-    retrieve), and some write the pass's KV after their retrieve (U2: the gather fetched the
-    old bytes of the pass's positions, which must not be hits later). Every checked read is the
-    host's current bytes."""
+    """Issue 40, U3 (and U2 with write-through): in random MTP passes with rejected drafts, some
+    layers call no retrieve in a pass whose KV they write (the drops of that pass must wait for
+    their next retrieve), and with write-through some write the pass's KV after their retrieve.
+    Every checked read is the host's current bytes."""
     rng = random.Random(seed)
     d = Driver(policy, write_through, rows=2, layers=3, seed=seed)
     d.run_pass([12, 20], lambda r, p, layer: [])             # prefill
@@ -220,11 +219,36 @@ def test_layers_that_skip_a_retrieve_or_write_after_it_never_read_stale_kv(polic
         q_lens = [min(rng.randint(1, T), MAX_LEN - c) for c in d.computed]
         first_new = list(d.computed)
         layers = list(range(3))
+        # writing after the retrieve is refused without write-through (test below)
+        late = rng.sample(layers, rng.randint(0, 2)) if write_through else ()
         d.run_pass(q_lens, _selector(random.Random(rng.randrange(2 ** 16)), first_new),
-                   skip_layers=rng.sample(layers, rng.randint(0, 1)),
-                   retrieve_first=rng.sample(layers, rng.randint(0, 2)))
+                   skip_layers=rng.sample(layers, rng.randint(0, 1)), retrieve_first=late)
         for r, q in enumerate(q_lens):
             d.computed[r] += rng.randint(1, q)               # the rest are rejected drafts
         if max(d.computed) >= MAX_LEN - T:
             break
     assert d.planned_reads > 100
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_write_kv_after_its_layers_retrieve_is_refused_without_write_through(policy):
+    """Issue 40, U2: the gather read the pass's positions from the host before the write, so
+    attention would read their old bytes: refused, naming the order to use, nothing written;
+    another layer not yet retrieved still takes its write; the next pass starts afresh."""
+    d = Driver(policy, write_through=False, rows=1)
+    d.run_pass([12], lambda r, p, layer: [])
+    d.computed = [12]
+    meta = d.mgr.begin_step(torch.tensor([0, 1], dtype=torch.int32),
+                            torch.tensor([13], dtype=torch.int32), d.block_table, 1)
+    rows = d.host_rows(0, [12])
+    new = [torch.randn(1, 1, c.width) for c in d.mgr.kv_format.components]
+    d.mgr.write_kv(0, rows, new)
+    d.mgr.retrieve(0, torch.tensor([[[12, 3, -1, -1]]], dtype=torch.int32), meta)
+    host_before = [p.clone() for p in d.host[0]]
+    with pytest.raises(ValueError, match=r"^write_kv: layer 0 was already retrieved in this pass"):
+        d.mgr.write_kv(0, rows, new)
+    assert all(torch.equal(a, b) for a, b in zip(d.host[0], host_before))
+    d.mgr.write_kv(1, rows, new)                     # layer 1: not retrieved yet
+    d.mgr.begin_step(torch.tensor([0, 1], dtype=torch.int32),
+                     torch.tensor([14], dtype=torch.int32), d.block_table, 1)
+    d.mgr.write_kv(0, d.host_rows(0, [13]), new)    # a new pass: in order again

@@ -276,3 +276,74 @@ def test_drop_entries_frees_exactly_the_named_entries_still_held(policy):
                 if not (r == 0 and j == 0) and not (r == 1 and j == 1)}
         assert set(buf.resident(r)) == set(before[r]) - gone
     buf.check_state()
+
+
+def test_a_copy_of_replaced_miss_lists_does_not_count_as_the_plans():
+    """A gather of ``plan._replace(miss_counts=fewer)`` copied part of the misses: the plan stays
+    uncopied (its next call drops it) until mark_copied says the rest was copied."""
+    buf = make_buffer("lifetime")
+    host = torch.randn(R, MAX_LEN, D)
+    kv = kv_zeros(R, S, D)
+    topk, seq = selection(random.Random(12))
+    plan = buf.plan(topk, seq)
+    avsg.gather(plan._replace(miss_counts=plan.miss_counts - 1), host, kv)
+    again = buf.plan(topk, seq)
+    assert torch.equal(again.miss_counts, plan.miss_counts), "a partial copy counted as whole"
+    avsg.gather(again._replace(miss_counts=again.miss_counts.clone()), host, kv)
+    buf.mark_copied(again)
+    assert int(buf.plan(topk, seq).miss_counts.sum()) == 0
+
+
+def test_plans_never_copied_warn_once():
+    buf = make_buffer("lru")
+    topk, seq = selection(random.Random(13))
+    with pytest.warns(UserWarning, match="3 plans in a row were never copied"):
+        for _ in range(6):
+            buf.plan(topk, seq)
+
+
+def test_an_op_that_fails_after_writing_forgets_every_row():
+    """An op that fails past its argument checks may have reserved slots no copy will fill:
+    the buffer resets every row rather than keep them."""
+    buf = make_buffer("lifetime", track_copies=False)
+    topk, seq = selection(random.Random(14))
+    buf.plan(topk, seq)
+    assert buf.resident(0)
+
+    def fails_midway(*args):
+        raise RuntimeError("device error")
+
+    with pytest.raises(RuntimeError, match="device error"):
+        buf._apply(fails_midway)
+    assert not buf.resident(0) and not buf.resident(1)
+    buf.check_state()
+
+
+def test_num_cores_from_the_environment_is_checked_where_used(monkeypatch):
+    from avsg import buffer
+    for text in ("abc", "0", "\u00b2", "-3"):
+        monkeypatch.setenv("AVSG_NUM_CORES", text)
+        cores, error = buffer._cores_from_environment()
+        assert cores == buffer.DEFAULT_NUM_CORES and error.startswith(f"AVSG_NUM_CORES={text!r}")
+    monkeypatch.setenv("AVSG_NUM_CORES", " 12 ")
+    assert buffer._cores_from_environment() == (12, None)
+    monkeypatch.setattr(buffer, "_num_cores_error", "AVSG_NUM_CORES='abc': expected")
+    with pytest.raises(ValueError, match="AVSG_NUM_CORES='abc'"):
+        avsg.get_num_cores()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_discard_drops_a_plan_the_callers_copy_failed(policy):
+    """A caller with its own copy kernel marks a plan copied per tensor it fills; when a later
+    copy of the same plan (another layer's buffer, say) fails, discard drops it again."""
+    buf = make_buffer(policy)
+    topk, seq = selection(random.Random(15))
+    plan = buf.plan(topk, seq)
+    buf.mark_copied(plan)                     # the first tensor's copy
+    buf.discard(plan)                         # the second one failed
+    again = buf.plan(topk, seq)
+    assert torch.equal(again.miss_counts, plan.miss_counts)
+    buf.discard(plan)                         # superseded: still drops by (slot, position)
+    with pytest.raises(ValueError, match="another buffer"):
+        make_buffer(policy).discard(again)
+    buf.check_state()

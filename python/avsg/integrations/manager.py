@@ -84,16 +84,18 @@ request that bypasses the buffer (``q_len > T``: it may still hold copies of pos
 rewrites, e.g. rejected drafts of its previous pass), for every layer, also when the engine calls
 no ``retrieve`` for the bypassing pass and also with ``auto_invalidate`` off; with
 ``auto_invalidate``, a layer that ``write_kv`` wrote in a pass but that did not ``retrieve`` in it
-records the pass's positions when the next ``begin_step`` comes; ``write_kv`` after its layer's
-``retrieve`` in the same pass (write-through off) records them at once (that gather may have
-fetched their old bytes); ``add`` clears a row's record (its state is reset).
+records the pass's positions when the pass ends (the next ``begin_step`` or ``add``); ``add``
+clears a row's record (its state is reset). ``write_kv`` after its layer's ``retrieve`` in the
+same pass is refused when write-through is off: that gather read the pass's positions from the
+host before the write.
 ``resident(layer, row)`` shows what a plan can still hit.
 
 Ordering. Every step's host writes (step 2) must be visible to the host reads of a later gather:
 on an NPU both are on the compute stream, so stream order suffices; a copy engine on another
 stream needs an event. Within one pass, ``write_kv`` for a layer comes before ``retrieve`` for that
-layer when write-through is off (the gather may fetch this pass's positions from the host); with
-write-through those rows are never read from the host, so the host write may overlap the gather.
+layer when write-through is off (the gather may fetch this pass's positions from the host; a
+``write_kv`` after it is refused, outside tracing); with write-through those rows are never read
+from the host, so the host write may overlap the gather.
 
 Fixed shapes, no host sync: ``begin_step``, ``retrieve``, their ``_rtk`` forms and ``invalidate``
 only launch fixed-shape tensor ops (with ``check=False``, the NPU default; ``check=True`` reads
@@ -271,13 +273,14 @@ class SparseOffloadManager:
         # bumped by every begin_step and every lifecycle call (StepMeta.generation)
         self._generation = 0
         self._serial = next(_SERIALS)
-        # the pass begin_step mapped last: its generation and its stable_lens (positions at or
-        # past them are rewritten by the pass), and per layer the generation of the pass whose
-        # retrieve it ran last (write_kv after the layer's retrieve records a drop: U2; a layer
-        # written but not retrieved in a pass records one when the pass ends: U3)
+        # the pass begin_step mapped last, until the next begin_step or add: its generation and
+        # its stable_lens (positions at or past them are rewritten by the pass); per layer, the
+        # generation of the last pass that retrieved it (write_kv after that, write-through
+        # off, is refused) and that wrote it (written, not retrieved: its drops are recorded
+        # when the pass ends)
         self._pass: Optional[Tuple[int, torch.Tensor]] = None
         self._retrieved_in = [0] * num_layers
-        self._written_in = [0] * num_layers          # the same for write_kv (U3)
+        self._written_in = [0] * num_layers
         # the StepMeta whose host blocks begin_step checked against the pool (its generation and
         # its block_table, seq_lens and buffered tensors; None: none), so that retrieve checks
         # them only where begin_step could not: a meta with other tensors, or another
@@ -375,6 +378,10 @@ class SparseOffloadManager:
         self._row("row", row)
         if self._occupied_host[row]:
             raise ValueError(f"row: batch row {row} already holds a request; free it first")
+        # an admission ends the pass: what it left to drop is recorded now, and a later write_kv
+        # (the new request's prefill) writes only this, freshly reset, row
+        self._close_pass()
+        self._pass = None
         mask = torch.zeros(self.max_rows, dtype=torch.bool, device=self.device)
         mask[self._state_row_host[row]] = True
         for buf in self.buffers:
@@ -607,12 +614,14 @@ class SparseOffloadManager:
     def _close_pass(self) -> None:
         """The last pass is over (a new one begins). A layer it wrote (``write_kv``) but did not
         retrieve never dropped the positions the pass rewrote (``auto_invalidate`` drops them at
-        the retrieve): they wait for that layer's next plan (U3)."""
+        the retrieve): they wait for that layer's next plan."""
         if self._pass is None or not self.auto_invalidate:
             return
         done = self._pass[0]
+        # a layer never retrieved outside tracing is retrieved by a compiled graph, which keeps
+        # no record: it is left out rather than made to drop every pass
         layers = [layer for layer in range(self.num_layers)
-                  if self._written_in[layer] == done and self._retrieved_in[layer] != done]
+                  if self._written_in[layer] == done and self._retrieved_in[layer] not in (0, done)]
         if layers:
             self._record_drops(self._pass[1], layers)
 
@@ -812,6 +821,9 @@ class SparseOffloadManager:
                                block_size=self.block_size, check=False)
             if news is not None:
                 self._write_through(layer, plan, fresh, meta, news)
+            # the gather took part of the miss list (write-through took the rest): the plan's
+            # misses are all copied only now
+            self.buffers[layer].mark_copied(plan)
         self.h2d_rows += host_counts.sum()
         self.write_through_rows += fresh.sum()
         return host_counts
@@ -868,6 +880,8 @@ class SparseOffloadManager:
         """Each fresh miss's slot gets its token's row of ``new_kv``; every other entry writes
         the spare row (fixed shape, no branch)."""
         R, S, N = self.max_rows, self.capacity, meta.num_tokens
+        if N == 0:
+            return                  # a pass with no tokens has nothing fresh (and no rows)
         state_row = torch.arange(R, device=self.device)[:, None]
         target = torch.where(fresh, state_row * S + plan.miss_slots.clamp(0, S - 1).long(),
                              torch.full_like(plan.miss_pos, R * S, dtype=torch.int64))
@@ -934,16 +948,17 @@ class SparseOffloadManager:
                 i = int(below.nonzero()[0, 0])
                 raise ValueError(f"slot_mapping[{i}] = {int(rows[i])}: only -1 may be negative "
                                  f"(it means padding)")
-        if not tracing() and self._pass is not None and self._pass[0] == self._generation:
-            # (after a lifecycle call the pass is over: an admitted request's prefill writes only
-            # its own, freshly reset row)
-            self._written_in[layer] = self._pass[0]
+        if not tracing() and self._pass is not None:     # (add ends a pass: _pass is None)
             if not self.write_through and self._retrieved_in[layer] == self._pass[0]:
-                # The layer's retrieve of this pass ran before this write: its gather may have
-                # fetched this pass's positions with their old host bytes. They go before the
-                # layer's next plan (U2); write before retrieve, or use write_through, to keep
-                # them.
-                self._record_drops(self._pass[1], [layer])
+                # the layer's retrieve of this pass has run: its gather read this pass's
+                # positions from the host before this write, and attention would read their
+                # old bytes (now and, while resident, later)
+                raise ValueError(
+                    f"write_kv: layer {layer} was already retrieved in this pass, and with "
+                    f"write_through off its gather read this pass's positions from the host "
+                    f"before this write (attention would read their old bytes): write a layer's "
+                    f"KV before its retrieve, or build the manager with write_through=True")
+            self._written_in[layer] = self._pass[0]
         valid = (rows >= 0) & (rows < pool_rows)
         # Skipped entries repeat the first valid entry, index and bytes alike, so the scatter
         # writes identical bytes twice rather than anything outside the valid rows; with no
