@@ -10,7 +10,8 @@ What runs where (docs/design.md §5):
   counters below, one thread per block) and ``"fast"`` (all of that compiled out, blocks run one
   after another on the calling thread; bit-identical outputs, for runs and benchmarks). Select
   with ``set_emulation("fast")``, ``with emulation("fast"): ...`` or ``AVSG_EMULATION=fast`` in the
-  environment at import; ``backend_info()["emulation"]`` says which is active.
+  environment at import; ``backend_info()["emulation"]`` says which is active (an
+  ``AVSG_EMULATION`` it could not apply leaves strict selected: ``emulation_env_error()``).
 * ``npu``: the same kernel sources built by CANN (``scripts/build_npu.sh``) into ``_npu_ops.so``,
   registered for PrivateUse1. ``load_npu_backend()`` loads it (done at import when the file exists).
 
@@ -160,6 +161,7 @@ def backend_info() -> Dict[str, object]:
     return {
         "cpu": dict(_ops.CPU_BACKEND),
         "emulation": get_emulation() if _has_op("emulation") else None,
+        "emulation_env_error": _emulation_env_error,
         "fast_emulation_arch": fast_emulation_arch() if _has_op("fast_emulation_arch") else None,
         "emulated_cores": emulated_cores() if _has_op("emulated_cores") else None,
         "npu_library": lib,
@@ -229,13 +231,35 @@ def emulation(build: str) -> Iterator[str]:
         set_emulation(previous)
 
 
+_emulation_env_error: Optional[str] = None
+
+
+def emulation_env_error() -> Optional[str]:
+    """Why ``AVSG_EMULATION`` was not applied at import (a value naming neither build, or a fast
+    build this CPU cannot run), or None. The strict build then stays selected; the ``avsg``
+    commands refuse to run with this message."""
+    return _emulation_env_error
+
+
 def _apply_emulation_env() -> None:
-    value = os.environ.get(EMULATION_ENV)
-    if value is None or not _has_op("set_emulation"):
+    """``AVSG_EMULATION`` selects the build at import, in any case (``FAST`` is ``fast``); empty
+    is unset. A value it cannot apply does not fail ``import avsg``: raised here, it would kill
+    every ``avsg`` command with a traceback, ``--help`` included, before the CLI could say which
+    variable is wrong. The strict build, which checks everything, stays selected (a mistake there
+    costs speed, never a check), and :func:`emulation_env_error` says why."""
+    global _emulation_env_error
+    value = os.environ.get(EMULATION_ENV, "")
+    if not value.strip() or not _has_op("set_emulation"):
         return
-    if value not in EMULATION_BUILDS:
-        raise ValueError(f"{EMULATION_ENV}: expected one of {EMULATION_BUILDS}, got {value!r}")
-    set_emulation(value)
+    build = value.strip().lower()
+    if build not in EMULATION_BUILDS:
+        _emulation_env_error = (f"expected {' or '.join(EMULATION_BUILDS)} (unset it for the "
+                                f"default, strict)")
+        return
+    try:
+        set_emulation(build)
+    except ValueError as e:         # the fast build needs an instruction set this CPU lacks
+        _emulation_env_error = " ".join(str(e).split())
 
 
 # ------------------------------------------------------------------- emulated core count

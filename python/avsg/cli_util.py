@@ -14,17 +14,25 @@
   allocated (:func:`check_memory`); traces are read by :mod:`avsg.traces.lookup`, whose
   ``TraceInputError`` is such a ``ValueError``.
 * Long runs show a progress bar on stderr when it is a terminal (``--quiet`` silences it).
+* The ``AVSG_*`` environment variables are checked before any command runs
+  (:func:`check_environment`), so a bad value is the same one line, naming the variable.
+* Commands that compute with torch on the CPU run it on the cores other processes leave idle
+  (:func:`torch_threads`; ``AVSG_THREADS`` overrides).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import math
 import os
 import re
+import stat
 import sys
+import time
 import zlib
 import zipfile
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 
 class UsageError(Exception):
@@ -60,6 +68,11 @@ def mark_leaves(parser: argparse.ArgumentParser) -> None:
             mark_leaves(child)
 
 
+#: errnos of a write that fails after its file was opened (a flush or close has no file name)
+_WRITE_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EFBIG", "EIO",
+                                                             "EROFS") if hasattr(errno, name))
+
+
 def error_message(error: BaseException, options: Iterable[str] = ()) -> str:
     """One line for ``error``: the library's argument name mapped to the command's option."""
     if isinstance(error, UsageError):
@@ -68,6 +81,14 @@ def error_message(error: BaseException, options: Iterable[str] = ()) -> str:
         text = f"not enough memory for what was asked ({error or 'allocation failed'})"
     elif isinstance(error, OSError) and error.filename is not None:
         text = f"{error.filename}: {error.strerror or error}"
+    elif isinstance(error, OSError) and error.errno in _WRITE_ERRNOS and _OUTPUTS:
+        # a write that failed after its open (a full disk while flushing): the file is not in
+        # the error, but it is one of the outputs the command checked before its work
+        text = (f"writing {' / '.join(f'{o} {p}' for p, o in _OUTPUTS.items())} failed: "
+                f"{error.strerror or error}")
+    elif isinstance(error, UnicodeDecodeError):
+        text = (f"a binary file where text was expected (byte {error.start} is not "
+                f"{error.encoding})")
     elif isinstance(error, (zipfile.BadZipFile, zlib.error, EOFError)):
         text = f"a corrupted or truncated file ({type(error).__name__}: {error})"
     else:
@@ -201,6 +222,35 @@ def reject_together(args, first: str, second: str, why: str = "") -> None:
 
 # ------------------------------------------------------------------------ files and memory
 
+def read_input(option: str, path, load):
+    """``load(path)`` for ``option``'s file; a file that is not text (a binary given as a JSON
+    profile or config) is one line naming both, not a bare ``'utf-8' codec can't decode``."""
+    try:
+        return load(path)
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{option}: {path} is not a text file (byte {e.start} is not "
+                         f"{e.encoding}); expected JSON") from None
+
+
+#: the outputs the running command checked (path -> option), for a write that fails later
+_OUTPUTS: Dict[str, str] = {}
+
+
+def forget_outputs() -> None:
+    """A new command line starts with no outputs (``avsg.commands.main`` calls it)."""
+    _OUTPUTS.clear()
+
+
+def _kind(path: str) -> str:
+    """What a path that is not a regular file is, in words."""
+    mode = os.stat(path).st_mode
+    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def output_path(option: str, path, suffix: str = "") -> Optional[str]:
     """The path a command will write for ``option`` (``suffix`` appended when the writer
     appends it, as numpy and matplotlib do), checked before any work: not a directory, its
@@ -211,13 +261,19 @@ def output_path(option: str, path, suffix: str = "") -> Optional[str]:
     if suffix and not path.endswith(suffix):
         if os.path.isdir(path):
             raise UsageError(f"{option}: {path} is a directory, expected a {suffix} file name")
+        if os.path.exists(path) and not os.path.isfile(path):
+            # `trace synth /dev/full` would otherwise create a regular file /dev/full.npz
+            raise UsageError(f"{option}: {path} is {_kind(path)}; expected a {suffix} file name "
+                             f"(the file would be {path}{suffix}, beside it)")
         path += suffix
     check_writable(option, path)
     return path
 
 
 def check_writable(option: str, path) -> None:
-    """Refuse, before any long work, an output file that cannot be written (one-line error)."""
+    """Refuse, before any long work, an output file that cannot be written (one-line error).
+    An existing file gets an empty write: a device that refuses every write (/dev/full) fails
+    it, a regular file is left as it was."""
     if not path:
         return
     path = os.fspath(path)
@@ -226,15 +282,44 @@ def check_writable(option: str, path) -> None:
     _make_parent(option, os.path.dirname(os.path.abspath(path)))
     existed = os.path.exists(path)
     try:        # the real test (root passes every os.access check, /proc refuses anyway)
-        with open(path, "ab"):
-            pass
-    except OSError as e:
-        raise UsageError(f"{option}: cannot write {path}: {e.strerror}") from None
-    if not existed:
+        # O_NONBLOCK: a pipe nobody reads fails here instead of blocking the command
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
         try:
-            os.remove(path)
-        except OSError:
-            pass
+            os.write(fd, b"")
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if not existed:
+            _remove_quietly(path)
+        reason = "nothing reads that pipe" if e.errno == errno.ENXIO else e.strerror
+        raise UsageError(f"{option}: cannot write {path}: {reason}") from None
+    if not existed:
+        _remove_quietly(path)
+    _OUTPUTS[path] = option
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def writing(option: str, path) -> Iterator[None]:
+    """Run a write of ``option``'s file ``path``; its failure (a disk that filled during the
+    work) is one line naming both."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"{option}: cannot write {path}: {e.strerror or e}") from None
+
+
+def write_text(option: str, path, text: str) -> None:
+    """Write ``text`` to ``option``'s file ``path``, a failure named by :func:`writing`."""
+    with writing(option, path):
+        with open(path, "w") as f:
+            f.write(text)
 
 
 def _make_parent(option: str, directory: str) -> None:
@@ -261,6 +346,7 @@ def check_dir_writable(option: str, path) -> str:
     _make_parent(option, os.path.abspath(path))
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"{option}: cannot write into {path}")
+    _OUTPUTS[os.path.join(path, "")] = option
     return path
 
 
@@ -359,3 +445,127 @@ def empty_argument(args: argparse.Namespace, names: dict) -> Optional[str]:
         if value == "" or (isinstance(value, list) and "" in value):
             return names.get(dest, dest)
     return None
+
+
+# ------------------------------------------------------------------------ environment
+
+THREADS_ENV = "AVSG_THREADS"
+MAX_THREADS = 1024
+
+
+def _env_problems() -> Iterator[Tuple[str, str, str]]:
+    """(variable, value, what was expected) for every AVSG_* variable set to a value that the
+    code reading it would refuse later (after a command printed its header), fail on at import,
+    or silently take for something else (the C++ reads ``AVSG_GATHER_PAGE_READS=no`` as on)."""
+    from . import backend
+    env = os.environ
+    error = backend.emulation_env_error()
+    if error is not None:
+        yield backend.EMULATION_ENV, env.get(backend.EMULATION_ENV, ""), error
+    text = env.get("AVSG_NUM_CORES", "").strip()
+    if text:        # read as avsg.buffer reads it (there, only the first gather would fail)
+        from .buffer import DEFAULT_NUM_CORES
+        # the CPU emulation has a fixed core count: a gather over more cores fails at its first
+        # launch, after the command printed its header (an NPU has its own count)
+        emulated = (backend.emulated_cores() if hasattr(backend, "emulated_cores")
+                    and not backend.backend_info()["npu_loaded"] else None)
+        if not (text.isascii() and text.isdecimal()) or int(text) < 1:
+            yield ("AVSG_NUM_CORES", text, f"expected a whole number of cores >= 1 (unset it "
+                   f"for the default, {DEFAULT_NUM_CORES})")
+        elif emulated and int(text) > emulated:
+            yield ("AVSG_NUM_CORES", text, f"expected at most {emulated}, the AIV cores of the CPU "
+                   f"emulation (unset it for the default, {DEFAULT_NUM_CORES})")
+    for name, meaning in (("AVSG_NPU_SPLIT", "1: plan may split its lookup over idle cores"),
+                          ("AVSG_GATHER_PAGE_READS", "1: gather may read whole host pages"),
+                          ("AVSG_EMU_GRANULE_CHECK", "0: the strict emulation skips its 32 B "
+                           "granule check")):
+        text = env.get(name, "")
+        if text and text not in ("0", "1"):
+            yield name, text, f"expected 0 or 1 ({meaning})"
+    text = env.get("AVSG_NPU_SPLIT_TIMEOUT", "")
+    if text and not (text.isdigit() and int(text) <= 65535):
+        yield ("AVSG_NPU_SPLIT_TIMEOUT", text, "expected whole seconds in 0..65535 (0: no limit)")
+    text = env.get(THREADS_ENV, "").strip()
+    if text and text != "auto" and not (text.isdigit() and 1 <= int(text) <= MAX_THREADS):
+        yield (THREADS_ENV, text, f"expected 'auto' or a thread count in 1..{MAX_THREADS} (torch's "
+               f"CPU threads for the commands that compute)")
+
+
+def check_environment() -> None:
+    """Refuse, before any command runs, an ``AVSG_*`` variable with a value its reader refuses:
+    one line naming it instead of a traceback at import or an error after the first results."""
+    for name, value, expected in _env_problems():
+        raise UsageError(f"{name}={value!r} in the environment: {expected}")
+
+
+# ------------------------------------------------------------------------ CPU threads
+
+def _cpu_times(cpus: Iterable[int]) -> Optional[Tuple[float, float]]:
+    """(idle, total) jiffies of ``cpus`` summed, from /proc/stat; None where it is unreadable."""
+    want = {f"cpu{c}" for c in cpus}
+    idle = total = 0.0
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                fields = line.split()
+                if fields and fields[0] in want:
+                    values = [float(v) for v in fields[1:]]
+                    idle += values[3] + (values[4] if len(values) > 4 else 0.0)  # idle, iowait
+                    total += sum(values[:8])     # guest time is already counted in user
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle, total) if total else None
+
+
+def idle_cores(seconds: float = 0.25) -> Optional[float]:
+    """How many of the cores this process may run on other processes left idle over the last
+    ``seconds`` (this one sleeps meanwhile); None where /proc/stat cannot tell."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = list(range(os.cpu_count() or 1))
+    before = _cpu_times(cpus)
+    if before is None:
+        return None
+    time.sleep(seconds)
+    after = _cpu_times(cpus)
+    if after is None or after[1] <= before[1]:
+        return None
+    return len(cpus) * (after[0] - before[0]) / (after[1] - before[1])
+
+
+def choose_torch_threads(default: int) -> Tuple[int, str]:
+    """torch's CPU threads for a command that computes, and why, in words.
+
+    ``AVSG_THREADS=N`` sets N; unset (or ``auto``), the cores other processes left idle, at
+    least 1 and at most torch's own default. Why not torch's default (every core): its threads
+    meet at a barrier after each parallel op and spin while they wait; on cores other processes
+    keep busy, a waiting thread burns the time slice its peer needs, and `avsg run` took 554 s
+    of CPU where it takes 59 s on an idle machine. One thread per idle core keeps the speed-up
+    of an idle machine and costs nothing on a busy one. Chosen once per command, so that every
+    mode of a run computes with the same threads."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if text and text != "auto":
+        return int(text), f"{THREADS_ENV}={text}"
+    idle = idle_cores()
+    if idle is None:
+        return default, f"torch's default; {THREADS_ENV}=N sets it"
+    threads = max(1, min(default, int(idle + 0.5)))
+    if threads == default:
+        return threads, f"{THREADS_ENV}=N sets it"
+    return threads, (f"{idle:.1f} of {default} cores idle at the start; {THREADS_ENV}=N "
+                     f"sets it")
+
+
+@contextlib.contextmanager
+def torch_threads() -> Iterator[Tuple[int, str]]:
+    """The block computes with :func:`choose_torch_threads`'s count; torch's previous count is
+    restored after it (callers in the same process, such as tests, keep theirs)."""
+    import torch
+    previous = torch.get_num_threads()
+    threads, why = choose_torch_threads(previous)
+    torch.set_num_threads(threads)
+    try:
+        yield threads, why
+    finally:
+        torch.set_num_threads(previous)

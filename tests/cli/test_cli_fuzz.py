@@ -253,20 +253,30 @@ OUTPUTS = [  # (argv before the output, option, a file (True) or a directory (Fa
 
 
 def test_unwritable_outputs_are_one_line_before_any_work(files):
+    """A directory, a path under a regular file or under /proc, and /dev/full (opens, refuses
+    every write: found by an empty write up front, not after the results; and never the
+    regular file /dev/full.npz or /dev/full.png a writer appending its suffix would create)."""
     under_file = str(files["regular"] / "x.json")
     under_proc = "/proc/avsg-fuzz/x.json"
+    full_device = ["/dev/full"] if os.path.exists("/dev/full") else []
     cases = 0
     for argv, option, is_file in OUTPUTS:
         argv = [str(files["good"]) if a == "GOOD" else a for a in argv]
-        bad = [under_file, under_proc] + ([str(files["root"])] if is_file else [str(files["good"])])
+        bad = [under_file, under_proc] + ([str(files["root"])] + full_device if is_file
+                                          else [str(files["good"])])
         for path in bad:
             full = argv + ([option, path] if option else [path])
             status, out, err = run(full)
             lines = err.strip().splitlines()
             assert status == 2 and len(lines) == 1 and (option or "out") in lines[0], (full, err)
+            parents = [path] + [os.path.dirname(path), os.path.dirname(os.path.dirname(path))]
+            assert any(p in lines[0] for p in parents), (full, "names no file", lines[0])
             assert out == "", (full, "printed results before refusing the output", out)
             cases += 1
-    assert cases == 3 * len(OUTPUTS)
+    assert cases == (3 + len(full_device)) * len(OUTPUTS) - len(full_device) * sum(
+        not is_file for _, _, is_file in OUTPUTS)
+    for suffix in (".npz", ".png"):
+        assert not os.path.exists("/dev/full" + suffix)
 
 
 # ------------------------------------------------------------------------------ targeted cases
@@ -715,3 +725,260 @@ def test_run_with_one_mode_compares_nothing():
                             "avsg", "--quiet"])
     assert status == 0, err[-2000:]
     assert "outputs identical" not in out and "outputs not compared: one mode ran" in out
+
+
+# ------------------------------------------------------------------------------ issue 45
+
+def _cli_process(argv, env_extra, cwd, code=None):
+    """``python -m avsg.cli ARGV`` (or ``python -c CODE``) with ``env_extra`` set."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), **env_extra)
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "avsg.cli", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+
+
+@pytest.mark.parametrize("value", ["bogus", "", "FAST", " strict "])
+def test_avsg_emulation_never_breaks_import_or_help(value, tmp_path):
+    """AVSG_EMULATION is read when avsg is imported, before the CLI runs: a bad value used to
+    raise there, an 11-line traceback for every command, --help included. Now --help works, a
+    command refuses in one line naming the variable, any case of a build name is taken."""
+    help_ = _cli_process(["--help"], {"AVSG_EMULATION": value}, tmp_path)
+    assert help_.returncode == 0 and help_.stderr == "" and "usage: avsg" in help_.stdout, \
+        help_.stderr
+    probe = _cli_process(None, {"AVSG_EMULATION": value}, tmp_path, code=(
+        "import avsg; print(avsg.backend.get_emulation(), avsg.backend.emulation_env_error())"))
+    assert probe.returncode == 0, probe.stderr
+    demo = _cli_process(["demo", "--steps", "1", "--layers", "1"], {"AVSG_EMULATION": value},
+                        tmp_path)
+    lines = demo.stderr.strip().splitlines()
+    if value == "bogus":
+        assert probe.stdout.split()[0] == "strict"       # the checking build stays selected
+        assert demo.returncode == 2 and len(lines) == 1 and demo.stdout == "", demo.stderr
+        assert lines[0].startswith("avsg demo: error: AVSG_EMULATION='bogus'"), lines
+        assert "strict or fast" in lines[0]
+    else:
+        expected = value.strip().lower() or "strict"
+        assert probe.stdout.split() == [expected, "None"], probe.stdout
+        assert demo.returncode == 0 and "Traceback" not in demo.stderr, demo.stderr
+
+
+@pytest.mark.parametrize("name, value, needle", [
+    ("AVSG_NUM_CORES", "0", "whole number of cores >= 1"),
+    ("AVSG_NUM_CORES", "abc", "whole number of cores >= 1"),
+    ("AVSG_NUM_CORES", "100", "at most 40"),
+    ("AVSG_NPU_SPLIT", "yes", "expected 0 or 1"),
+    ("AVSG_NPU_SPLIT_TIMEOUT", "99999", "0..65535"),
+    ("AVSG_GATHER_PAGE_READS", "no", "expected 0 or 1"),      # the C++ would read "no" as on
+    ("AVSG_EMU_GRANULE_CHECK", "off", "expected 0 or 1"),
+    ("AVSG_THREADS", "0", "1..1024"),
+    ("AVSG_THREADS", "two", "1..1024"),
+])
+def test_environment_is_checked_before_the_first_line(monkeypatch, name, value, needle):
+    """A bad AVSG_* value is one line naming the variable, before the command prints anything
+    (AVSG_NUM_CORES=0 used to print demo's header, then blame num_cores)."""
+    monkeypatch.setenv(name, value)
+    for argv in (["demo", "--steps", "1", "--layers", "1"], ["run", "--config", "tiny"]):
+        status, out, err = run(argv)
+        lines = err.strip().splitlines()
+        assert status == 2 and len(lines) == 1 and out == "", (argv, status, out, err)
+        assert f"{name}={value!r} in the environment" in lines[0] and needle in lines[0], lines
+
+
+def test_layer_select_is_bounded_before_it_is_expanded(files):
+    """`--layer-select 0-100000000` used to expand the range first: 40 s, 13.9 GB and a 989 MB
+    error line. 0-10**15 could not be expanded at all: it must be refused from its ends."""
+    good = str(files["good"])
+    huge = "0-" + str(10 ** 15)
+    for argv in (["trace", "info", good], ["trace", "replay", good, "--no-plot"],
+                 ["trace", "mtp", good, "--capacity", "64"]):
+        line = assert_one_line_error(argv + ["--layer-select", huge], "--layer-select")
+        assert "not in 0..1" in line and len(line) < 200, line
+    line = assert_one_line_error(["trace", "info", good, "--layer-select",
+                                  ",".join(["0"] * 20000)], "listed more than once")
+    assert len(line) < 200, line
+    line = assert_one_line_error(["trace", "info", good, "--layer-select",
+                                  ",".join(["x"] * 20000)], "expected indices")
+    assert len(line) < 200, line
+    from avsg.commands.trace.common import parse_index_list
+    from avsg.cli_util import UsageError
+    with pytest.raises(UsageError, match="index 5 is not in 0..3"):
+        parse_index_list("0,5", 4)
+    assert parse_index_list("3,0-2", 4) == [3, 0, 1, 2]
+
+
+def test_bench_decode_refuses_a_one_layer_trace_before_its_results(tmp_path):
+    """It printed 7 lines of results, then blamed --layers, an option it does not have."""
+    one = tmp_path / "one.npz"
+    save_trace(one, synth.generate(steps=120, layers=1, k=2048, max_len=8192, seed=0))
+    status, out, err = run(["bench", "decode", "--trace", str(one), "--out", str(tmp_path)])
+    lines = err.strip().splitlines()
+    assert status == 2 and out == "" and len(lines) == 1, (out, err)
+    assert "--trace:" in lines[0] and "1 layer" in lines[0] and "--layers" not in lines[0], lines
+    # the bound is the counted plan's: the command's constant follows the library's default
+    import inspect
+    from avsg.commands.bench import decode
+    from avsg.costmodel.plan_cost import counted_plan
+    assert decode.PLAN_ROWS == inspect.signature(counted_plan).parameters["rows"].default
+
+
+def test_binary_files_name_their_option_and_file(files, tmp_path):
+    """A binary file as --hw, --config or a checkpoint's config.json gave a bare "'utf-8' codec
+    can't decode ...": now the option and the file are named."""
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_bytes(binary.read_bytes())
+    out = str(tmp_path / "out")
+    b = str(binary)
+    for argv, option in [
+        (["bench", "decode", "--hw", b, "--out", out], "--hw"),
+        (["bench", "decode", "--config", b, "--out", out], "--config"),
+        (["bench", "plan", "--quick", "--no-trace", "--hw", b, "--out", out], "--hw"),
+        (["serve-sim", "--hw", b, "--out", out], "--hw"),
+        (["serve-sim", "--config", b, "--out", out], "--config"),
+        (["trace", "replay", str(files["good"]), "--policy", "avsg", "--capacity", "32",
+          "--cost-every", "1", "--hw", b, "--no-plot", "--out", out], "--hw"),
+        (["run", "--config", b], "--config"),
+        (["run", "--checkpoint", str(ckpt)], "--checkpoint"),
+        (["generate", "--checkpoint", str(ckpt), "--input-ids", "[[1]]"], "--checkpoint"),
+    ]:
+        line = assert_one_line_error(argv, option + ":")
+        assert "codec" not in line and "not a text file" in line, (argv, line)
+        assert "binary.json" in line or "config.json" in line, (argv, line)
+
+
+def test_a_write_failing_after_the_work_names_its_option(files, tmp_path, monkeypatch):
+    """A disk that fills while the results are written: the error names the option and file
+    (it was a bare '[Errno 28] No space left on device')."""
+    import errno
+    from avsg.traces import report
+
+    def full(path, payload):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(report, "write_json", full)
+    path = tmp_path / "r.json"
+    assert_one_line_error(["trace", "mtp", str(files["good"]), "--capacity", "64", "--json",
+                           str(path)], f"--json: cannot write {path}: No space left on device")
+    # the backstop for a write no command wrapped: the outputs it checked are named
+    from avsg import cli_util
+    cli_util.forget_outputs()
+    cli_util.check_writable("--json", str(path))
+    message = cli_util.error_message(OSError(errno.ENOSPC, "No space left on device"))
+    assert message == f"writing --json {path} failed: No space left on device", message
+    cli_util.forget_outputs()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_synth_shows_progress_on_a_terminal(tmp_path):
+    """A 105 s synth showed nothing; now a progress bar on stderr when it is a terminal."""
+    pytest.importorskip("tqdm")
+    argv = ["trace", "synth", str(tmp_path / "p.npz"), "--steps", "200", "--k", "16",
+            "--max-len", "400", "--layers", "2"]
+    err = _Terminal()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert cli.main(argv) == 0
+    assert "drawing" in err.getvalue(), err.getvalue()
+    err = _Terminal()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert cli.main(argv + ["--quiet"]) == 0
+    assert err.getvalue() == ""
+    # the draw reports every step of every layer, warm-up included
+    counted = []
+    synth.generate(steps=130, layers=3, k=8, max_len=300, window=5, progress=counted.append)
+    assert sum(counted) == 3 * (130 + 5 + 1)
+
+
+def test_synth_refuses_a_file_name_for_a_grid_and_a_device(tmp_path):
+    """`synth s.npz --gamma 0.5 0.7` created a directory named s.npz; `synth /dev/full` wrote a
+    regular file /dev/full.npz."""
+    target = tmp_path / "s.npz"
+    assert_one_line_error(["trace", "synth", str(target), "--gamma", "0.5", "0.7", "--steps",
+                           "4", "--k", "8", "--max-len", "64"], "give a directory")
+    assert not target.exists()
+    if os.path.exists("/dev/full"):
+        assert_one_line_error(["trace", "synth", "/dev/full", "--steps", "4", "--k", "8",
+                               "--max-len", "64"], "/dev/full is a character device")
+        assert not os.path.exists("/dev/full.npz")
+
+
+def test_absurd_values_are_refused(files, tmp_path):
+    """serve-sim --requests 1000000 started hours of work without a word; a fractional core
+    count in --hw, the same --trace twice and --acceptance with no drafts were taken."""
+    good = str(files["good"])
+    out = str(tmp_path / "out")
+    line = assert_one_line_error(["serve-sim", "--requests", "1000000", "--out", out],
+                                 "--requests: 1,000,000 requests")
+    assert "add --long" in line and " h " in line, line
+    # --long takes it past the bound (the run then stops at the missing trace, before the work)
+    assert_one_line_error(["serve-sim", "--requests", "1000000", "--long", "--trace",
+                           str(tmp_path / "missing.npz"), "--out", out], "--trace")
+    # the default run stays within the bound
+    from avsg.commands import serve_sim
+    assert 300 * 384 <= serve_sim.LONG_RUN_TOKENS
+    relative = os.path.relpath(good)
+    assert_one_line_error(["serve-sim", "--trace", good, "--trace", good, "--out", out],
+                          "given twice")
+    assert_one_line_error(["serve-sim", "--trace", good, "--trace", relative, "--out", out],
+                          "given twice")
+    frac = _profile(tmp_path, "frac", "aiv_cores", {"value": 39.5, "source": "a test"})
+    for argv in (["serve-sim", "--hw", frac, "--out", out],
+                 ["bench", "decode", "--hw", frac, "--out", out],
+                 ["bench", "plan", "--quick", "--no-trace", "--hw", frac, "--out", out]):
+        assert_one_line_error(argv, "'aiv_cores': expected a whole number")
+    for acceptance in ("greedy", "sim:0.5"):
+        assert_one_line_error(["run", "--acceptance", acceptance, "--mtp", "0"],
+                              "--acceptance: decides which MTP drafts are accepted; --mtp 0")
+
+
+# ------------------------------------------------------------------------------ CPU threads
+
+def test_threads_follow_the_idle_cores(monkeypatch):
+    """torch's threads spin at every barrier: on cores other processes keep busy they burn the
+    time their peers need (a loaded `avsg run` took 554 s of CPU for 59 s of work). A command
+    that computes takes one thread per idle core; AVSG_THREADS sets the count."""
+    import torch
+    from avsg import cli_util
+    monkeypatch.delenv("AVSG_THREADS", raising=False)
+    monkeypatch.setattr(cli_util, "idle_cores", lambda seconds=0.25: 0.1)
+    assert cli_util.choose_torch_threads(2)[0] == 1
+    monkeypatch.setattr(cli_util, "idle_cores", lambda seconds=0.25: 1.9)
+    assert cli_util.choose_torch_threads(2)[0] == 2
+    assert cli_util.choose_torch_threads(1)[0] == 1              # never past torch's own count
+    monkeypatch.setattr(cli_util, "idle_cores", lambda seconds=0.25: None)
+    assert cli_util.choose_torch_threads(4)[0] == 4              # unknown: torch's default
+    monkeypatch.setenv("AVSG_THREADS", "3")
+    assert cli_util.choose_torch_threads(2) == (3, "AVSG_THREADS=3")
+    before = torch.get_num_threads()
+    with cli_util.torch_threads() as (threads, _):
+        assert threads == 3 and torch.get_num_threads() == 3
+    assert torch.get_num_threads() == before
+    idle = cli_util.idle_cores(0.05)
+    assert idle is None or 0 <= idle <= len(os.sched_getaffinity(0)) + 1e-9
+
+
+def test_run_computes_on_the_idle_cores_only(monkeypatch):
+    """On a busy machine (no core idle) the run uses one torch thread and says so; its results
+    do not depend on it."""
+    import torch
+    from avsg import cli_util
+    monkeypatch.delenv("AVSG_THREADS", raising=False)
+    monkeypatch.setattr(cli_util, "idle_cores", lambda seconds=0.25: 0.0)
+    seen = []
+    from avsg.commands import run as run_command
+    real = run_command.run_mode
+
+    def spy(*a, **kw):
+        seen.append(torch.get_num_threads())
+        return real(*a, **kw)
+    monkeypatch.setattr(run_command, "run_mode", spy)
+    before = torch.get_num_threads()
+    status, out, err = run(["run", "--config", "tiny", "--select", "indexer", "--context", "64",
+                            "--batch", "1", "--requests", "1", "--new-tokens", "2", "--quiet"])
+    assert status == 0, err[-2000:]
+    assert seen == [1, 1, 1], seen
+    assert "torch on 1 thread: 0.0 of" in out, out
+    assert torch.get_num_threads() == before

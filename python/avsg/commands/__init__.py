@@ -11,9 +11,9 @@ from that table, and :func:`main` runs one command line.
     avsg trace ...  the trace lab: replay policies, synthesize, inspect, MTP replay
     avsg serve-sim  serving under a buffer memory budget: schedulers compared (a model)
 
-A mistake in the arguments, a corrupted or unreadable input file, an output that cannot be written
-or a size this machine cannot allocate prints one line on stderr and exits with status 2
-(:mod:`avsg.cli_util`); ``--debug`` shows the traceback instead.
+A mistake in the arguments or in an ``AVSG_*`` environment variable, a corrupted or unreadable
+input file, an output that cannot be written or a size this machine cannot allocate prints one line
+on stderr and exits with status 2 (:mod:`avsg.cli_util`); ``--debug`` shows the traceback instead.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import re
 import sys
 from typing import Dict, List, Optional, Tuple, Union
 
-from ..cli_util import (INPUT_ERRORS, OneLineParser, UsageError, empty_argument, mark_leaves,
-                        report_error)
+from ..cli_util import (INPUT_ERRORS, OneLineParser, UsageError, check_environment,
+                        empty_argument, forget_outputs, mark_leaves, report_error)
 
 Leaf = Tuple[str, str]                              # (module under avsg.commands, one-line help)
 Group = Tuple[str, str, Dict[str, Leaf]]            # (group help, description, its commands)
@@ -122,7 +122,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     options = vars(args).pop("_options", ())   # the command's options, for report_error
     names = vars(args).pop("_names", {})
+    forget_outputs()
     try:
+        # before the command's first line: an AVSG_* variable the library would refuse later
+        # (or did not apply at import) is the same one-line usage error as a bad option
+        check_environment()
         empty = empty_argument(args, names)
         if empty is not None:
             raise UsageError(f"{empty}: expected a value, got an empty string")

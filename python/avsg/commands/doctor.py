@@ -35,7 +35,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from ..cli_util import float_in, output_path, reject_together
+from ..cli_util import float_in, output_path, reject_together, writing
 
 CANN_VERSION_FILES = ("ascend_toolkit_install.info", "ascend_cann_install.info", "version.info",
                       "runtime/version.info")
@@ -473,6 +473,6 @@ def main(args: argparse.Namespace) -> int:
     line = verdict(checks)
     print(line)
     if json_path:
-        with open(json_path, "w") as f:
+        with writing("--json", json_path), open(json_path, "w") as f:
             json.dump(dict(checks=[dataclasses.asdict(c) for c in checks], verdict=line), f, indent=1)
     return 1 if any(c.status == "fail" for c in checks) else 0

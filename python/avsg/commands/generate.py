@@ -16,7 +16,7 @@ from typing import List
 
 import torch
 
-from ..cli_util import UsageError, int_in, output_path
+from ..cli_util import UsageError, int_in, output_path, torch_threads, writing
 from ..runtime import store as _stores  # noqa: F401  (registers the stores)
 from ..runtime.base import STORES, StoreSpec
 from ..runtime.engine import Engine, positions_needed
@@ -48,6 +48,9 @@ def parse_input_ids(text: str) -> List[List[int]]:
                 text = f.read()
         except OSError as e:
             raise UsageError(f"--input-ids: cannot read {text[1:]}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--input-ids: {text[1:]} is not a text file (byte {e.start} is not "
+                             f"{e.encoding})") from None
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
@@ -111,13 +114,14 @@ def main(args: argparse.Namespace) -> int:
     if args.capacity is not None and args.capacity < (1 + args.mtp) * config.index_topk:
         raise UsageError(f"--capacity: expected >= (1 + mtp) x top-k = "
                          f"{(1 + args.mtp) * config.index_topk}, got {args.capacity}")
-    model = build_model(config, args.checkpoint, seed=0, device=torch.device("cpu"))
-    outputs = generate(model, prompts, args.max_new_tokens, args.mode, args.mtp,
-                       args.kv_format, args.capacity)
+    with torch_threads():       # the cores other processes leave idle (cli_util.torch_threads)
+        model = build_model(config, args.checkpoint, seed=0, device=torch.device("cpu"))
+        outputs = generate(model, prompts, args.max_new_tokens, args.mode, args.mtp,
+                           args.kv_format, args.capacity)
     for i, out in enumerate(outputs):
         print(f"request {i}: {out}")
     if json_path:
-        with open(json_path, "w") as f:
+        with writing("--json", json_path), open(json_path, "w") as f:
             json.dump({"outputs": outputs}, f)
         print(f"outputs written: {json_path}")
     return 0

@@ -18,6 +18,7 @@ goes, not what an NPU takes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from ..cli_util import (UsageError, check_memory_total, comma_list, int_in, keep_freed_memory,
-                        output_path, progress_bar)
+                        output_path, progress_bar, read_input, torch_threads, writing)
 from .. import model_config, reference
 from ..runtime import store as _stores  # noqa: F401  (registers the stores)
 from ..runtime.base import STORES, StoreSpec
@@ -133,7 +134,7 @@ def load_config(spec: str):
         if not os.path.exists(spec):
             raise UsageError(f"--config: {spec!r} is neither a preset "
                              f"({', '.join(model_config.PRESETS)}) nor a config.json file")
-        return model_config.from_hf_config(spec)
+        return read_input("--config", spec, model_config.from_hf_config)
     except ValueError as e:
         raise UsageError(f"--config: {e}") from None
 
@@ -149,7 +150,7 @@ def checkpoint_config(directory: str, has_config_option: bool = True):
                 "a checkpoint directory holds the model's config.json beside its weights")
         raise UsageError(f"--checkpoint: {directory} has no config.json ({hint})")
     try:
-        return model_config.from_hf_config(path)
+        return read_input("--checkpoint", path, model_config.from_hf_config)
     except ValueError as e:                       # a broken config.json (JSON errors included)
         raise UsageError(f"--checkpoint: {path}: {e}") from None
 
@@ -330,6 +331,11 @@ def format_table(results: List[Dict[str, object]]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as stack:       # torch's threads restored when the run ends
+        return _main(args, stack)
+
+
+def _main(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     _positive("--batch", args.batch)
     if args.context is not None:
         _positive("--context", args.context)
@@ -371,6 +377,10 @@ def main(args: argparse.Namespace) -> int:
     if args.capacity < (1 + args.mtp) * topk and "avsg" in modes:
         raise UsageError(f"--capacity: expected >= (1 + mtp) x top-k = {(1 + args.mtp) * topk}, "
                          f"got {args.capacity}")
+    if args.acceptance is not None and args.mtp == 0:
+        # with no drafts nothing is accepted or verified: the option would do nothing
+        raise UsageError(f"--acceptance: decides which MTP drafts are accepted; --mtp 0 makes "
+                         f"none (drop --acceptance {args.acceptance} or give --mtp 1..3)")
     if args.acceptance is None:
         args.acceptance = DEFAULT_ACCEPTANCE if args.mtp else "greedy"
     try:
@@ -381,8 +391,6 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--acceptance: expected sim:MEAN with MEAN in 0..{max(args.mtp, 1)} "
                          f"(accepted drafts per step of --mtp {args.mtp}), got "
                          f"{args.acceptance}") from None
-    if args.acceptance != "greedy" and args.mtp == 0:
-        raise UsageError("--acceptance: simulated acceptance needs --mtp >= 1")
     if args.select == "indexer" and args.context > config.max_position_embeddings:
         raise UsageError(f"--context: {args.context} exceeds the model's "
                          f"max_position_embeddings = {config.max_position_embeddings}")
@@ -412,6 +420,8 @@ def main(args: argparse.Namespace) -> int:
     workload = build_workload(args.batch, requests, args.new_tokens, args.mtp, config.vocab_size,
                               args.seed, args.context, positions)
     _check_memory(config, workload, args)
+    # chosen once, after the arguments were accepted: every mode computes with the same threads
+    threads, threads_why = stack.enter_context(torch_threads())
     model = build_model(config, args.checkpoint, args.seed, device)
     kv_format = get_format(args.kv_format, config.kv_lora_rank, config.qk_rope_head_dim)
     accept_text = ("greedy verification" if args.acceptance == "greedy"
@@ -424,8 +434,9 @@ def main(args: argparse.Namespace) -> int:
           f"{trace_line}, KV {args.kv_format} ({kv_format.row_bytes} B/token/layer), "
           f"avsg buffer {args.capacity} slots, {args.policy} policy"
           + (f" (lifetime {args.lifetime})" if args.policy == "lifetime" else ""))
-    print(f"  times: this machine's CPU ({os.cpu_count()} cores, kernels via the "
-          f"{args.emulation} CPU build), not an NPU")
+    print(f"  times: this machine's CPU ({os.cpu_count()} cores; torch on {threads} "
+          f"thread{'s' if threads > 1 else ''}: {threads_why}; kernels via the {args.emulation} "
+          f"CPU build), not an NPU")
     context_fill = ContextFill(model, kv_format, document_seed=args.seed)
     longest = max(r.context_len for r in workload.requests)
     started = time.perf_counter()
@@ -468,7 +479,8 @@ def main(args: argparse.Namespace) -> int:
         recorded = recorder.trace(max(r.context_len for r in workload.requests) + 4 * args.new_tokens,
                                   model=f"avsg runtime {args.config}", rule=f"selections of row 0, "
                                   f"query token 0, verify passes; source: {trace_line}")
-        trace_format.save_trace(record_path, recorded)
+        with writing("--record-trace", record_path):
+            trace_format.save_trace(record_path, recorded)
         print(f"  trace written: {record_path} ({recorded.steps} steps)")
     if args.json:
         payload = {
@@ -483,7 +495,7 @@ def main(args: argparse.Namespace) -> int:
             "outputs_identical": identical,
             "npu_projection_estimate": projection,
         }
-        with open(json_path, "w") as f:
+        with writing("--json", json_path), open(json_path, "w") as f:
             json.dump(payload, f, indent=2, default=str)
         print(f"  results written: {json_path}")
     return 0 if identical else 1

@@ -19,12 +19,19 @@ from typing import List
 import numpy as np
 
 from ..cli_util import (UsageError, check_memory, check_writable, comma_list, float_in, int_in,
-                        progress_bar, reject_together)
+                        progress_bar, read_input, reject_together, write_text, writing)
 from ..traces.lookup import read_trace
 
 DEFAULT_OUT = os.path.join("avsg-results", "serve-sim")
 SYNTHETIC_TOPK, SYNTHETIC_CONTEXT = 2048, 32768
 MAX_REQUESTS = 1_000_000      # the simulation keeps every request's record
+# The simulation's time grows with the output tokens it decodes per scheduler (requests x mean
+# output length): about 45 us a token and scheduler on this project's 2-core x86 (300 requests x
+# 384 tokens x 4 schedulers: 20 s). Past LONG_RUN_TOKENS (about 3 minutes a scheduler there) a
+# run is refused with its estimate unless --long says it is meant: --requests 1000000 would
+# otherwise start a run of many hours without a word.
+LONG_RUN_TOKENS = 4_000_000
+SECONDS_PER_TOKEN = 45e-6
 MAX_BUFFER_GB = 1024.0        # device memory of a card is tens of GB
 MAX_BATCH = 4096
 DEFAULT_LAYERS_PER_TRACE = 8   # locality rows per trace
@@ -52,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_TRACE_STEPS}, or all of a shorter trace; caps output lengths)")
     parser.add_argument("--requests", type=int_in(1, MAX_REQUESTS), default=300,
                         help=f"requests simulated, 1..{MAX_REQUESTS:,} (default 300)")
+    parser.add_argument("--long", action="store_true",
+                        help=f"run a simulation past {LONG_RUN_TOKENS:,} output tokens per "
+                             f"scheduler (--requests x --output-mean; tens of minutes to hours); "
+                             f"without it such a run is refused with an estimate of its time")
     parser.add_argument("--rate", type=float_in(0, 1e6, low_open=True), default=4.0,
                         help="Poisson arrival rate, requests per second, in (0, 1e6] (default 4: "
                              "saturating)")
@@ -105,10 +116,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _check_args(args) -> None:
-    """What argparse's ranges cannot see: options that contradict each other."""
+def _check_args(args, variants: int) -> None:
+    """What argparse's ranges cannot see: options that contradict each other, a trace given
+    twice, a run far longer than intended."""
     reject_together(args, "--synthetic", "--trace", "--synthetic generates the requests' "
                     "locality, --trace reads it from files; give one")
+    seen = {}
+    for path in args.trace or ():
+        key = os.path.realpath(path)
+        if key in seen:     # its rows would count twice as if they were another trace's
+            same = "" if seen[key] == path else f" (as {seen[key]})"
+            raise UsageError(f"--trace: {path} given twice{same}; each trace is given once")
+        seen[key] = path
+    tokens = args.requests * args.output_mean
+    if tokens > LONG_RUN_TOKENS and not args.long:
+        hours = tokens * variants * SECONDS_PER_TOKEN / 3600
+        took = f"{hours:,.1f} h" if hours >= 1 else f"{60 * hours:.0f} min"
+        raise UsageError(f"--requests: {args.requests:,} requests x --output-mean "
+                         f"{args.output_mean:,} = {tokens:,} output tokens per scheduler, past "
+                         f"{LONG_RUN_TOKENS:,}: about {took} for {variants} scheduler"
+                         f"{'s' if variants > 1 else ''} on a 2-core x86; add --long to run it")
 
 
 def _counted_plan_us(trace, hw) -> float:
@@ -168,20 +195,19 @@ def _load_traces(args) -> List[tuple]:
 
 def main(args: argparse.Namespace) -> int:
     from .bench import common
-    from ..costmodel import hardware
     from ..model_config import from_hf_config
     from ..budget import sim, workload
-    _check_args(args)
-    check_writable("--tables", args.tables)
-    out_dir = common.out_dir(args, "serve-sim")
     variants = comma_list("--variants", args.variants)
     bad = [v for v in variants if v not in sim.VARIANTS]
     if bad:
         raise UsageError(f"--variants: expected a subset of {', '.join(sim.VARIANTS)}, got "
                          f"{args.variants!r}")
+    _check_args(args, len(variants))
+    check_writable("--tables", args.tables)
+    out_dir = common.out_dir(args, "serve-sim")
+    hw = common.read_profile(args.hw)
     try:
-        hw = hardware.load_profile(args.hw)
-        config = from_hf_config(args.config)
+        config = read_input("--config", args.config, from_hf_config)
     except ValueError as e:
         raise UsageError(str(e)) from None
     longest = args.prompt_mean + args.output_mean
@@ -275,7 +301,7 @@ def main(args: argparse.Namespace) -> int:
     print("\n  Left out: prefill, MTP, the residency policy's difference from LRU, launch/host overheads, a "
           "link shared between cards; nothing here ran on an NPU.")
     path = os.path.join(out_dir, "serve_sim.json")
-    with open(path, "w") as f:
+    with writing("--out", path), open(path, "w") as f:
         json.dump({"estimate": True, "hardware": hw.sources(), "config": dataclasses.asdict(cfg),
                    "workload": {"requests": args.requests, "rate": args.rate,
                                 "prompt_mean": args.prompt_mean, "output_mean": args.output_mean,
@@ -283,10 +309,11 @@ def main(args: argparse.Namespace) -> int:
                    "variants": results,
                    "microbatch": mb_results}, f)
     if args.tables:
-        with open(args.tables, "w") as f:
-            name = "serve-sim" + (f"-slo{args.tpot_slo_ms:g}ms" if args.tpot_slo_ms else "")
-            f.write(f"`{' '.join(['avsg'] + sys.argv[1:])}`\n\n{_markdown(results, mb_results, name)}")
-    plots = _plot(results, mb_results, out_dir)
+        name = "serve-sim" + (f"-slo{args.tpot_slo_ms:g}ms" if args.tpot_slo_ms else "")
+        write_text("--tables", args.tables, f"`{' '.join(['avsg'] + sys.argv[1:])}`\n\n"
+                   f"{_markdown(results, mb_results, name)}")
+    with writing("--out", out_dir):
+        plots = _plot(results, mb_results, out_dir)
     print(f"  results written: {path}" + (f"; plots: {', '.join(plots)}" if plots else
                                            "; plots skipped: matplotlib is not installed"))
     return 0

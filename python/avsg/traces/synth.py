@@ -27,6 +27,7 @@ Layers are independent draws with the same parameters (one child seed per layer)
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -37,8 +38,10 @@ __all__ = ["generate", "measure_gamma", "measure_recall"]
 
 def generate(steps: int = 1024, layers: int = 1, k: int = 2048, max_len: int = 16384,
              gamma: float = 0.7, mu_hist: float = 0.7, sigma: float = 0.01, window: int = 8,
-             seed: int = 0) -> Trace:
-    """Generate a synthetic trace ``sel [layers, steps, k]`` (see module docstring)."""
+             seed: int = 0, progress: Optional[Callable[[int], None]] = None) -> Trace:
+    """Generate a synthetic trace ``sel [layers, steps, k]`` (see module docstring).
+    ``progress(n)``, when given, is called as the draw advances, ``steps + window + 1`` in all
+    per layer (a command's progress bar)."""
     if not (0.0 <= gamma <= 1.0):
         raise ValueError(f"gamma: expected a value in [0, 1], got {gamma}")
     if not (0.0 <= mu_hist <= 1.0):
@@ -80,6 +83,10 @@ def generate(steps: int = 1024, layers: int = 1, k: int = 2048, max_len: int = 1
             if g >= warm:
                 sel[l, g - warm] = cur
                 recall[l, g - warm] = r
+            if progress is not None and g % 64 == 0:
+                progress(64)
+        if progress is not None:
+            progress(G - (G - 1) // 64 * 64)       # the rest of this layer's G steps
         if G == 1:  # steps == 1 and no warm-up would be impossible (window >= 1), kept for clarity
             sel[l, 0] = prev
     positions = (n0 + warm + np.arange(steps) - 1).astype(np.int32)

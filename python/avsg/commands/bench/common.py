@@ -17,7 +17,8 @@ from typing import Dict, List, Optional
 import torch
 
 from ... import backend
-from ...cli_util import UsageError, check_dir_writable, check_writable, comma_list, progress_bar
+from ...cli_util import (UsageError, check_dir_writable, check_writable, comma_list, progress_bar,
+                         read_input, writing)
 from ...costmodel import hardware
 
 RESULTS_ROOT = "avsg-results"
@@ -78,13 +79,33 @@ def out_dir(args: argparse.Namespace, command: str) -> str:
     return check_dir_writable("--out", args.out or default_out(command))
 
 
-def load_hw(args: argparse.Namespace) -> hardware.Profile:
+#: profile entries that count things (cores, reads in flight, threads, copies): the model takes
+#: ceilings and products of them as whole numbers, so 39.5 cores is a mistake, not a value
+COUNT_KEYS = ("aiv_cores", "dma_in_flight_per_core", "host_lru_threads",
+              "activation_hidden_copies")
+
+
+def read_profile(path: str) -> hardware.Profile:
+    """``--hw``'s profile (:func:`hardware.load_profile`): a binary file and a fractional count
+    are one-line errors naming the option, the file and the entry."""
     try:
-        hw = hardware.load_profile(args.hw)
-        for key in hardware.REQUIRED_KEYS:
-            hw[key]
+        hw = read_input("--hw", path, hardware.load_profile)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    for key in COUNT_KEYS:
+        entry = hw.entries.get(key)
+        value = entry.get("value") if isinstance(entry, dict) else None
+        if isinstance(value, float) and not value.is_integer():
+            raise UsageError(f"--hw: {path}: entry {key!r}: expected a whole number (a count), "
+                             f"got {value!r}")
+    return hw
+
+
+def load_hw(args: argparse.Namespace) -> hardware.Profile:
+    hw = read_profile(args.hw)
+    try:
+        for key in hardware.REQUIRED_KEYS:
+            hw[key]
     except KeyError as e:
         raise UsageError(f"--hw: {e.args[0]}") from None
     return hw
@@ -177,10 +198,12 @@ def trace_path(option_value: Optional[str]) -> str:
     return find_trace(option_value)
 
 
-def write_json(path: str, payload: dict) -> str:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=1, default=float)
+def write_json(path: str, payload: dict, option: str = "--out") -> str:
+    """``payload`` as JSON at ``path`` (``option``'s file: a failed write names it)."""
+    with writing(option, path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(payload, f, indent=1, default=float)
     return path
 
 
@@ -202,7 +225,8 @@ def save_plot(path: str, draw) -> str:
         import matplotlib  # noqa: F401
     except ImportError:
         return PLOTS_SKIPPED
-    draw(path)
+    with writing("--out", path):
+        draw(path)
     return path
 
 

@@ -18,14 +18,16 @@ import os
 import time
 from typing import Dict, List
 
-from ...cli_util import UsageError, float_in, int_in, size_list
+from ...cli_util import UsageError, float_in, int_in, read_input, size_list, writing
 from ...costmodel import hardware
 from ...costmodel.plan_cost import counted_plan_steps, measure_costs, plan_counters
 from ...costmodel.projection import (MAX_BATCH, MODES, PEERS, PROFILES, SENSITIVE, V32_CONFIG,
                                      best_peer, kv_format, max_batch, profile_variant, project)
 from ...costmodel.traffic import Traffic, load_trace_cut, measure_traffic
+from ...traces.lookup import read_trace
 
 DEFAULT_TRACE_STEPS = 256   # trace steps replayed unless --trace-steps says otherwise
+PLAN_ROWS = 2               # trace layers plan_cost.counted_plan replays (its rows default)
 
 # ---------------------------------------------------------------- the command
 
@@ -78,9 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_inputs(args):
     from ...model_config import from_hf_config
+    from .common import read_profile
+    hw = read_profile(args.hw)
     try:
-        hw = hardware.load_profile(args.hw)
-        config = from_hf_config(args.config)
+        config = read_input("--config", args.config, from_hf_config)
         for key in ("fp8_compute", "hbm_bytes", "weight_bytes_per_param", "host_cpu_time_factor",
                     "host_lru_threads", "host_callback_latency_s", "copy_launch_latency_s",
                     "activation_reserve_bytes", "activation_hidden_copies", *SENSITIVE):
@@ -115,6 +118,13 @@ def main(args: argparse.Namespace) -> int:
                          min_steps=counted_plan_steps(1 + max(mtps), mtp=True),
                          default_steps=DEFAULT_TRACE_STEPS)
     args.trace_steps = cut.steps      # the default takes what a shorter trace has
+    # plan's counted cost (plan_cost.plan_counters) replays the trace file's first PLAN_ROWS
+    # layers, whatever --trace-layers says: refuse a thinner trace before the first result
+    layers = cut.layers if not args.trace_layers else read_trace("--trace", trace).layers
+    if layers < PLAN_ROWS:
+        raise UsageError(f"--trace: {trace} has {layers} layer{'s' if layers != 1 else ''}; the "
+                         f"counted plan cost replays its first {PLAN_ROWS} (give a trace of "
+                         f">= {PLAN_ROWS} layers)")
     if cut.k != config.index_topk:
         raise UsageError(f"--trace: it selects top-{cut.k}, the model's index_topk is "
                          f"{config.index_topk}")
@@ -203,7 +213,7 @@ def main(args: argparse.Namespace) -> int:
     _print_at_memory(at_memory)
     json_path = args.json or os.path.join(out, "decode.json")
     os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
-    with open(json_path, "w") as f:
+    with writing("--json" if args.json else "--out", json_path), open(json_path, "w") as f:
         json.dump({"hardware": hw.sources(), "hardware_name": hw.name, "estimate": True,
                    "kv_format": dataclasses.asdict(fmt), "cards": args.cards,
                    "overlap_avsg": args.overlap, "sensitive_constants": list(SENSITIVE),

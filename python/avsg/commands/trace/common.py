@@ -27,19 +27,32 @@ def parse_index_list(text: str, n: int) -> List[int]:
         if not re.fullmatch(r"\d+(-\d+)?", part):
             where = f" in {text!r}" if part != text.strip() else ""
             raise UsageError(f"--layer-select: expected indices and ranges like 0-3,7, got "
-                             f"{part!r}{where}")
+                             f"{_short(part)!r}{_short(where)}")
         a, _, b = part.partition("-")
         first, last = int(a), int(b or a)
         if last < first:
             raise UsageError(f"--layer-select: range {part!r} runs backwards (write {last}-{first})")
+        # bounds before expanding: 0-100000000 would build a list of 10**8 ints (and print it)
+        if last >= n:
+            raise UsageError(f"--layer-select: {'range' if b else 'index'} "
+                             f"{_short(part)} is not in 0..{n - 1} (the trace has {n} layers)")
         out.extend(range(first, last + 1))
-    bad = [i for i in out if not 0 <= i < n]
-    if bad:
-        raise UsageError(f"--layer-select: indices {bad} not in [0, {n}) (the trace has {n} layers)")
-    repeated = sorted({i for i in out if out.count(i) > 1})
+        if len(out) > n:        # each layer at most once, so more than n indices repeat one
+            break
+    seen, repeated = set(), []
+    for i in out:
+        if i in seen and i not in repeated:
+            repeated.append(i)
+        seen.add(i)
     if repeated:
-        raise UsageError(f"--layer-select: layers {repeated} listed more than once")
+        raise UsageError(f"--layer-select: layers {sorted(repeated)[:10]}"
+                         f"{' ...' if len(repeated) > 10 else ''} listed more than once")
     return out
+
+
+def _short(text: str, keep: int = 40) -> str:
+    """``text`` cut for an error line (an option value may be megabytes long)."""
+    return text if len(text) <= keep else text[:keep] + "..."
 
 
 def load(args):

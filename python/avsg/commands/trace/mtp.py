@@ -11,7 +11,7 @@ from typing import List, Optional
 import numpy as np
 
 from ...cli_util import (UsageError, check_dir_writable, check_memory, check_writable, float_in,
-                         int_in, output_path)
+                         int_in, output_path, writing)
 from . import common
 
 
@@ -73,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
                          f"only warms the buffers; pass more steps or --count-first-step)")
     print(format_mtp(res))
     if json_path:
-        report.write_json(json_path, res)
+        with writing("--json", json_path):
+            report.write_json(json_path, res)
         print(f"wrote {json_path}")
     return 0

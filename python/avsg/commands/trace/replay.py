@@ -13,7 +13,7 @@ from typing import List, Optional
 import numpy as np
 
 from ...cli_util import (UsageError, check_dir_writable, check_memory, check_writable, float_in,
-                         int_in, output_path, reject_together)
+                         int_in, output_path, reject_together, write_text, writing)
 from . import common
 
 # a strict (counted) plan step costs about 25 fast ones on CPU: one in 32 keeps a costed replay
@@ -136,11 +136,13 @@ def main(args: argparse.Namespace) -> int:
     built = report.build_report(results, info, settings)
     for d, r in zip(built["results"], results):
         d["step_cost"] = costs.get((r.policy, r.capacity))
-    report.write_json(json_path, built)
+    with writing("--json" if args.json else "--out", json_path):
+        report.write_json(json_path, built)
     print(f"\nwrote {json_path}")
     if png:
         try:
-            report.plot_hit_rates(results, png, title=f"{stem}: hit rate vs capacity")
+            with writing("--plot" if args.plot else "--out", png):
+                report.plot_hit_rates(results, png, title=f"{stem}: hit rate vs capacity")
             print(f"wrote {png}")
         except RuntimeError as e:
             print(f"note: plot skipped: {e}")
@@ -149,8 +151,7 @@ def main(args: argparse.Namespace) -> int:
         print(report.markdown_table(results))
     if args.tables:
         table = report.gap_table(results, f"hit-rate-{stem}")
-        with open(args.tables, "w") as f:
-            f.write(f"`{' '.join(['avsg'] + sys.argv[1:])}`\n\n{table}")
+        write_text("--tables", args.tables, f"`{' '.join(['avsg'] + sys.argv[1:])}`\n\n{table}")
         print(f"\nwrote {args.tables}")
     print(f"total elapsed {time.perf_counter() - t_all:.1f}s")
     return 0

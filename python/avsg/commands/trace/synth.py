@@ -12,7 +12,7 @@ from typing import List, Optional
 import numpy as np
 
 from ...cli_util import (UsageError, check_dir_writable, check_memory, check_writable, float_in,
-                         int_in, output_path)
+                         int_in, output_path, progress_bar, writing)
 from . import common
 
 
@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int_in(1, 1 << 20), default=8,
                    help="history window in steps for the recall, 1..1048576 (default 8)")
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="random seed, >= 0 (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,28 +60,49 @@ def main(args: argparse.Namespace) -> int:
                  f"{len(grid)} x {args.layers:,} layers x {args.steps:,} steps x top-{args.k:,}")
     many = len(grid) > 1
     if many:
+        if args.out.endswith(".npz") and not os.path.isdir(args.out):
+            # a grid is one file per point in a directory: `synth s.npz --gamma 0.5 0.7` would
+            # create a directory named s.npz
+            grid_options = " ".join(f"{o} {' '.join(f'{v:g}' for v in vs)}" for o, vs in
+                                    (("--gamma", args.gamma), ("--mu-hist", args.mu_hist))
+                                    if len(vs) > 1)
+            raise UsageError(f"out: {args.out} names a .npz file, but {grid_options} make a grid "
+                             f"of {len(grid)} traces, written as files into a directory: give a "
+                             f"directory (or one value each for one file)")
         check_dir_writable("out", args.out)
         paths = [os.path.join(args.out, f"synth_g{g}_m{m}.npz") for g, m in grid]
     else:
         paths = [args.out]
     paths = [output_path("out", p, ".npz") for p in paths]
     drawn = []
+    show = not args.quiet and sys.stderr.isatty()
+    # one unit per drawn step (warm-up included) of every layer and point, then one per point
+    # written and measured: a large trace takes minutes, and the bar says how far it is
+    per_point = args.layers * (args.steps + args.window + 1)
+    bar = progress_bar(len(grid) * per_point, "drawing", "step", show)
     for g, m in grid:
         t0 = time.perf_counter()
         try:
             tr = generate(steps=args.steps, layers=args.layers, k=args.k, max_len=args.max_len,
-                          gamma=g, mu_hist=m, sigma=args.sigma, window=args.window, seed=args.seed)
+                          gamma=g, mu_hist=m, sigma=args.sigma, window=args.window, seed=args.seed,
+                          progress=bar.update)
         except ValueError as e:   # the context is too short for this point's fresh selections
+            bar.close()
             raise UsageError(f"--max-len: {str(e).replace('max_len', '--max-len')} (nothing "
                              f"written)") from None
         drawn.append((tr, time.perf_counter() - t0))
+    bar.close()
+    bar = progress_bar(len(grid), "writing and measuring", "trace", show)
     for (g, m), path, (tr, seconds) in zip(grid, paths, drawn):
-        save_trace(path, tr)
+        with writing("out", path):
+            save_trace(path, tr)
         mg = measure_gamma(tr.sel).mean()
         rc = measure_recall(tr.sel, args.window)
+        bar.update(1)
         recall = (f"measured recall mean {np.nanmean(rc):.4f}, std {np.nanstd(rc):.4f}"
                   if np.isfinite(rc).any() else f"recall not measured: fewer than --window + 2 = "
                   f"{args.window + 2} steps")
         print(f"wrote {path}: gamma={g} (measured {mg:.4f}), mu_hist={m} ({recall}), "
               f"{tr.summary()} [{seconds:.1f}s]")
+    bar.close()
     return 0
