@@ -696,11 +696,19 @@ def define_backend(base):
             if self.tp_size > 1:
                 # TP0's D2H of this step's KV must land before any rank reads the pool
                 self.tp_group.broadcast(torch.empty([], dtype=torch.int8, device=dev), src=0)
-            self._offload_api().sparse_copy(self.h2d_src_npu, self.h2d_dst_npu,
-                                            self.h2d_len_npu, self.h2d_count_npu, dev)
+            # The copy is ours, not avsg.gather, so the buffer hears from us: copied (else its
+            # next call drops the plan's misses as never copied), or, when this layer's copy
+            # fails, discarded, even if an earlier layer of the group copied the same plan:
+            # this layer's buffer would otherwise hold reserved slots no copy filled. (A plan
+            # made under torch.compile tracing carries no source: untracked.)
+            try:
+                self._offload_api().sparse_copy(self.h2d_src_npu, self.h2d_dst_npu,
+                                                self.h2d_len_npu, self.h2d_count_npu, dev)
+            except BaseException:
+                if plan.source is not None:
+                    plan.source.discard(plan)
+                raise
             if plan.source is not None:
-                # the copy is ours, not avsg.gather: tell the buffer, or its next call drops
-                # the plan's misses as never copied (a plan made under capture is untracked)
                 plan.source.mark_copied(plan)
 
     return AVSGSparseKVOffloadManager

@@ -395,10 +395,9 @@ def run_broken(variant, monkeypatch, steps=SHORT_STEPS):
 def skip_layer_copy_failure(policy):
     """One request, two forwards. In the first, the H2D copy into the ``skip_topk`` layer's
     buffer fails after the group's first layer copied the same plan and marked it copied; the
-    engine drops that forward and runs the next, where layer 0's state counts those positions as
-    resident and layer 1, reusing layer 0's plan, reads slots no copy filled. (The plugin calls
-    ``mark_copied`` after the group's first copy; docs/api.md, "Plans not copied", leaves a plan
-    copied into some KV tensors and not others uncovered.) Raises StaleRead in layer 1."""
+    engine drops that forward and runs the next. Unless the plugin discards the plan when a
+    layer's copy fails, layer 0's state counts those positions as resident and layer 1, reusing
+    layer 0's plan, reads slots no copy filled: StaleRead in layer 1."""
     engine = SoakEngine(policy, seed=0, fault_rate=0.0)
     with installed(engine):
         engine.admit()
