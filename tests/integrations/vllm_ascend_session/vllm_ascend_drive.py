@@ -723,7 +723,8 @@ def test_runner_soak(policy):
     soak.check_coverage(soak.run_soak(policy))
 
 
-@pytest.mark.parametrize("variant", ["reset", "scheduler_hook", "invalidate", "uncopied"])
+@pytest.mark.parametrize("variant", ["reset", "scheduler_hook", "invalidate", "uncopied",
+                                     "discard"])
 def test_runner_soak_catches_a_broken_variant(variant, monkeypatch):
     """Each deliberately broken variant (vllm_ascend_runner_soak.BROKEN) fails the short soak
     with a stale read: the soak can fail."""

@@ -73,10 +73,9 @@ class SoakEngine(runner_drive.RunnerEngine):
     def __init__(self, policy, seed, finish_rate=0.03, abort_waiting_rate=0.1,
                  preempt_rate=0.12, hold_rate=0.1, resume_rate=0.8, arrival_rate=0.5,
                  id_reuse=0.4, defer_rate=0.04, swap_rate=0.3, pad_rate=0.3,
-                 fault_rate=0.03, check_rows=True, fault_skip_layers=False):
+                 fault_rate=0.03, check_rows=True):
         super().__init__(policy, seed)
         self.check_rows = check_rows
-        self.fault_skip_layers = fault_skip_layers
         self.fail_next_copy_of = None    # a layer name: its next H2D copy fails (one fault)
         self.policy = policy
         self.finish_rate, self.abort_waiting_rate = finish_rate, abort_waiting_rate
@@ -260,18 +259,15 @@ class SoakEngine(runner_drive.RunnerEngine):
     # ---- injected faults
     def _faulty_sparse_copy(self, stock):
         """``offload.sparse_copy`` failing now and then for a layer's H2D (not the D2H of new
-        KV): before any byte moves, or after the bytes landed. Only layers that plan, unless
-        ``fault_skip_layers``: a ``skip_topk`` layer copies a plan its group's first layer
-        already marked copied, so its buffer is not told when that copy fails
-        (test_skip_layer_copy_failure_is_not_dropped in vllm_ascend_drive.py)."""
+        KV): before any byte moves, or after the bytes landed; in any layer, a ``skip_topk``
+        one included (it copies a plan its group's first layer already marked copied:
+        test_skip_layer_copy_failure_is_dropped in vllm_ascend_drive.py)."""
         def sparse_copy(src, dst, lengths, size, device):
             name = self.layer[1] if self.layer else None
             if src is self.manager.h2d_src_npu and name == self.fail_next_copy_of:
                 self.fail_next_copy_of = None
                 raise InjectedFault(f"injected: the H2D copy of {name} failed")
-            if src is self.manager.h2d_src_npu \
-                    and (self.fault_skip_layers or name not in drive.SKIP) \
-                    and self.rng.random() < self.fault_rate:
+            if src is self.manager.h2d_src_npu and self.rng.random() < self.fault_rate:
                 if self.rng.random() < 0.5:
                     stock(src, dst, lengths, size, device)
                 raise InjectedFault(f"injected: the H2D copy of {name} failed, step {self.steps}")
@@ -378,8 +374,17 @@ def break_uncopied(monkeypatch):
     monkeypatch.setattr(SparseKVBuffer, "_drop_uncopied", lambda self: None)
 
 
+def break_discard(monkeypatch):
+    """A failed copy is not discarded (``SparseKVBuffer.discard`` a no-op): when the copy into
+    a ``skip_topk`` layer fails after its group's first layer copied the plan and marked it
+    copied, that layer's reserved slots stay resident unfilled."""
+    from avsg.buffer import SparseKVBuffer
+    monkeypatch.setattr(SparseKVBuffer, "discard", lambda self, plan: None)
+
+
 BROKEN = {f.__name__[len("break_"):]: f for f in (break_reset, break_scheduler_hook,
-                                                  break_invalidate, break_uncopied)}
+                                                  break_invalidate, break_uncopied,
+                                                  break_discard)}
 
 
 def run_broken(variant, monkeypatch, steps=SHORT_STEPS):
