@@ -223,13 +223,21 @@ def reject_together(args, first: str, second: str, why: str = "") -> None:
 # ------------------------------------------------------------------------ files and memory
 
 def read_input(option: str, path, load):
-    """``load(path)`` for ``option``'s file; a file that is not text (a binary given as a JSON
-    profile or config) is one line naming both, not a bare ``'utf-8' codec can't decode``."""
+    """``load(path)`` for ``option``'s file; its errors are one line naming both: a file that
+    is not text (a binary given as a JSON profile or config: not a bare ``'utf-8' codec can't
+    decode``), and the loader's ``ValueError`` (``config: unknown key ...`` becomes
+    ``--config: PATH: unknown key ...``)."""
     try:
         return load(path)
     except UnicodeDecodeError as e:
         raise UsageError(f"{option}: {path} is not a text file (byte {e.start} is not "
                          f"{e.encoding}); expected JSON") from None
+    except ValueError as e:
+        text = " ".join(str(e).split())
+        match = re.match(r"(--)?[a-z_][a-z0-9_-]*: ", text)     # the loader's own argument name
+        rest = text[match.end():] if match else text
+        where = "" if os.fspath(path) in rest else f"{path}: "
+        raise UsageError(f"{option}: {where}{rest}") from None
 
 
 #: the outputs the running command checked (path -> option), for a write that fails later

@@ -845,6 +845,13 @@ def test_binary_files_name_their_option_and_file(files, tmp_path):
         line = assert_one_line_error(argv, option + ":")
         assert "codec" not in line and "not a text file" in line, (argv, line)
         assert "binary.json" in line or "config.json" in line, (argv, line)
+    # a config the loader refuses: the command's option and the file, not the loader's "config:"
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"model_type": "deepseek_v32", "bogus": 1}))
+    for argv in (["bench", "decode", "--config", str(wrong), "--out", out],
+                 ["serve-sim", "--config", str(wrong), "--out", out],
+                 ["run", "--config", str(wrong)]):
+        assert_one_line_error(argv, f"error: --config: {wrong}: unknown key 'bogus'")
 
 
 def test_a_write_failing_after_the_work_names_its_option(files, tmp_path, monkeypatch):
