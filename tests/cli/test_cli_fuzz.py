@@ -987,5 +987,7 @@ def test_run_computes_on_the_idle_cores_only(monkeypatch):
                             "--batch", "1", "--requests", "1", "--new-tokens", "2", "--quiet"])
     assert status == 0, err[-2000:]
     assert seen == [1, 1, 1], seen
-    assert "torch on 1 thread: 0.0 of" in out, out
+    assert "torch on 1 thread: " in out, out
+    if before > 1:      # it says why it took fewer than torch's own count
+        assert f"torch on 1 thread: 0.0 of {before} cores idle" in out, out
     assert torch.get_num_threads() == before
