@@ -294,9 +294,11 @@ def test_env_var_selects_the_build_at_import():
     done = _import_with_env("fast")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "fast"
+    # a value it cannot apply leaves the strict build and never breaks the import (the CLI
+    # refuses it before any command, naming the variable: tests/cli)
     bad = _import_with_env("quick")
-    assert bad.returncode != 0
-    assert "ValueError: AVSG_EMULATION: expected one of ('strict', 'fast'), got 'quick'" in bad.stderr
+    assert bad.returncode == 0, bad.stderr
+    assert bad.stdout.strip() == "strict"
 
 
 def test_counters_raise_after_a_fast_launch_and_return_after_a_strict_one():
