@@ -991,3 +991,12 @@ def test_run_computes_on_the_idle_cores_only(monkeypatch):
     if before > 1:      # it says why it took fewer than torch's own count
         assert f"torch on 1 thread: 0.0 of {before} cores idle" in out, out
     assert torch.get_num_threads() == before
+
+
+def test_version_prints_the_package_version(capsys):
+    import avsg
+    from avsg import cli
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"avsg {avsg.__version__}"

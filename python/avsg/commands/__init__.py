@@ -87,6 +87,8 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="avsg", description="AVSG: miss-only KV-cache offload for "
                            "DeepSeek Sparse Attention (" + ", ".join(COMMANDS) + ")")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for every error")
+    from .. import __version__
+    parser.add_argument("--version", action="version", version=f"avsg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, entry in COMMANDS.items():
         if len(entry) == 2:
