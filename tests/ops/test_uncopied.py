@@ -194,42 +194,61 @@ def test_alternating_callers_never_read_stale_bytes(policy):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_two_threads_refused_gathers_never_leave_stale_bytes(policy):
-    """Real threads, calls never overlapping (an event hands the buffer over): thread A's gathers
-    of superseded plans are refused, thread B's steps always read exact bytes."""
+    """Real threads, calls never overlapping: the main thread hands each call to its thread and
+    waits for it to finish. Per round thread A plans, thread B plans and gathers, then A gathers
+    its superseded plan (refused). B's steps always read exact bytes."""
     buf = make_buffer(policy)
     host = torch.randn(R, MAX_LEN, D)
     kv = kv_zeros(R, S, D)
-    turn = {"a": threading.Event(), "b": threading.Event()}
     errors, stale = [], []
 
-    def run(me, other, seed):
-        rng = random.Random(seed)
-        for i in range(60):
-            turn[me].wait(30)
-            turn[me].clear()
-            topk, seq = selection(rng, 0, 40)
-            try:
-                plan = buf.plan(topk, seq)
-                if me == "a":            # A hands over between its plan and its gather
-                    turn[other].set()
-                    turn[me].wait(30)
-                    turn[me].clear()
-                avsg.gather(plan, host, kv)
-                try:
-                    assert_reads_host(plan, topk, host, kv, f"{me} step {i}")
-                except AssertionError as e:
-                    stale.append(str(e))
-            except ValueError as e:
-                errors.append((me, str(e)))
-            turn[other].set()
+    class Worker(threading.Thread):
+        def __init__(self, name, seed):
+            super().__init__(name=name, daemon=True)      # never holds up the interpreter
+            self.rng, self.plan, self.topk = random.Random(seed), None, None
+            self.go, self.done, self.action = threading.Event(), threading.Event(), None
 
-    a = threading.Thread(target=run, args=("a", "b", 7))
-    b = threading.Thread(target=run, args=("b", "a", 8))
+        def call(self, action):
+            self.action = action
+            self.done.clear()
+            self.go.set()
+            assert self.done.wait(60), f"{self.name}: {action} did not finish"
+
+        def run(self):
+            while self.go.wait(120):
+                self.go.clear()
+                if self.action == "stop":
+                    self.done.set()
+                    return
+                try:
+                    if self.action in ("plan", "step"):
+                        self.topk, seq = selection(self.rng, 0, 40)
+                        self.plan = buf.plan(self.topk, seq)
+                    if self.action in ("gather", "step"):
+                        avsg.gather(self.plan, host, kv)
+                        try:
+                            assert_reads_host(self.plan, self.topk, host, kv, self.name)
+                        except AssertionError as e:
+                            stale.append(str(e))
+                except ValueError as e:
+                    errors.append((self.name, str(e)))
+                finally:
+                    self.done.set()
+
+    a, b = Worker("a", 7), Worker("b", 8)
     a.start(), b.start()
-    turn["a"].set()
-    a.join(60), b.join(60)
+    try:
+        for _ in range(40):
+            a.call("plan")
+            b.call("step")
+            a.call("gather")
+    finally:
+        for worker in (a, b):
+            if worker.is_alive():
+                worker.call("stop")
     assert not stale, stale[:3]
-    assert errors and all(me == "a" and "superseded" in e for me, e in errors)
+    assert len(errors) == 40 and all(name == "a" and "superseded" in e and "dropped" in e
+                                     for name, e in errors)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
