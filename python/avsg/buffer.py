@@ -52,14 +52,14 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import _ops  # noqa: F401  (registers the ops)
 from . import reference
-from .validation import (require_bool, require_device, require_fits, require_int, require_real,
-                         require_tensor, tracing)
+from .validation import (check_selections, require_bool, require_device, require_fits,
+                         require_int, require_real, require_tensor, tracing)
 
 TensorList = Union[torch.Tensor, Sequence[torch.Tensor]]
 
@@ -161,24 +161,16 @@ def _check_positions(topk_pos: torch.Tensor, seq_lens: torch.Tensor) -> None:
         r = int(bad_len.nonzero()[0, 0])
         raise ValueError(f"seq_lens[{r}] = {int(seq_lens[r])}: expected "
                          f"0 <= seq_len <= 2**24")
-    below = topk_pos < -1
-    if bool(below.any()):
-        r, t, k = (int(i) for i in below.nonzero()[0])
-        raise ValueError(f"topk_pos[row={r}, query={t}, index={k}] = {int(topk_pos[r, t, k])}: "
-                         f"only -1 may be negative (it means 'no selection')")
-    beyond = topk_pos >= seq_lens[:, None, None]
-    if bool(beyond.any()):
-        r, t, k = (int(i) for i in beyond.nonzero()[0])
-        raise ValueError(f"topk_pos[row={r}, query={t}, index={k}] = {int(topk_pos[r, t, k])} is "
-                         f"out of range: expected < seq_lens[{r}] = {int(seq_lens[r])}")
-    ordered, order = topk_pos.sort(dim=2, stable=True)
-    repeat = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)
-    if bool(repeat.any()):
-        r, t, i = (int(x) for x in repeat.nonzero()[0])
-        k0, k1 = int(order[r, t, i]), int(order[r, t, i + 1])
-        raise ValueError(f"topk_pos[row={r}, query={t}]: position {int(ordered[r, t, i])} is "
-                         f"repeated at index {k0} and index {k1}; a query token's top-k must be "
-                         f"distinct (pass check=False to let repeats share one slot)")
+    R, T, K = topk_pos.shape
+
+    def where(n, k=None):
+        r, t = divmod(n, T)
+        return f"topk_pos[row={r}, query={t}" + ("]" if k is None else f", index={k}]")
+
+    check_selections(topk_pos.reshape(R * T, K), seq_lens.repeat_interleave(T), where,
+                     limit_name=lambda n: f"seq_lens[{n // T}]",
+                     repeat_hint="; a query token's top-k must be distinct (pass check=False "
+                                 "to let repeats share one slot)")
 
 
 # ------------------------------------------------------------------------------------ the buffer
@@ -315,6 +307,54 @@ class SparseKVBuffer:
         finally:
             self._release(held)
         return Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity, source, generation)
+
+    def step(self, topk_pos: torch.Tensor, seq_lens: torch.Tensor,
+             copy: Callable[[Plan], object], drop_from: Optional[torch.Tensor] = None) -> Plan:
+        """One decode layer's whole buffer work, under one hold and one generation: drop every
+        entry whose position is ``>= drop_from[row]`` (int32 ``[R]``; rejected drafts and
+        rewritten positions; ``None``: nothing), plan ``topk_pos`` against what is left, and
+        ``copy(plan)``: the caller's copy of the plan's misses into their slots (``copy_misses``
+        for the package's own gather, or the caller's own kernel). Only when ``copy`` returns
+        are the misses resident; if it raises, the plan's reservations are dropped before the
+        error leaves (a later plan fetches them again). No value checks (the serving path's
+        callers check before, or not at all on an NPU); the shapes are checked.
+
+        Returns the plan (already copied: ``gather`` of it is refused as superseded only if
+        the buffer ran another call since)."""
+        shape = (self.rows, self.queries_per_step, self.topk)
+        require_tensor("topk_pos", topk_pos, torch.int32, shape, self.device)
+        require_tensor("seq_lens", seq_lens, torch.int32, (self.rows,), self.device)
+        if drop_from is not None:
+            require_tensor("drop_from", drop_from, torch.int32, (self.rows,), self.device)
+        if not callable(copy):
+            raise TypeError(f"copy: expected a callable plan -> None, got {type(copy).__name__}")
+        held = self._hold("step")
+        try:
+            def drop_and_plan():
+                if drop_from is not None:
+                    torch.ops.avsg.invalidate(self.state, drop_from, self.capacity,
+                                              self.hash_buckets, self._state_context)
+                return torch.ops.avsg.plan(topk_pos, seq_lens, self.state, self.stats_counts,
+                                           self.capacity, self.hash_buckets, self.lifetime,
+                                           self._policy_id, self._state_context)
+            (slots, miss_pos, miss_slots, miss_counts), source, generation = \
+                self._apply(drop_and_plan)
+            self._expect_copies(generation, miss_slots, miss_pos,
+                                (miss_pos, miss_slots, miss_counts))
+            plan = Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity, source,
+                        generation)
+            try:
+                copy(plan)
+            except BaseException as error:
+                if not tracing():
+                    error.add_note(f"SparseKVBuffer.step: {self._drop_refused(plan)}")
+                raise
+            self._dropped_in_a_row = 0
+            if not tracing():
+                self._uncopied = None
+        finally:
+            self._release(held)
+        return plan
 
     def _hold(self, what: str) -> bool:
         """Take the buffer for one op. Another thread inside an op of this buffer is a bug in
@@ -644,6 +684,18 @@ def gather(plan: Plan, src: TensorList, dst: TensorList,
         raise ValueError("plan: the moves of SparseKVBuffer.resize; copy them with "
                          "avsg.apply_moves(moves, buffers), not gather")
     return _gather(plan, src, dst, block_table, block_size, partition, num_cores, check)
+
+
+def copy_misses(plan: Plan, src: TensorList, dst: TensorList,
+                block_table: Optional[torch.Tensor] = None, block_size: Optional[int] = None,
+                num_cores: Optional[int] = None, check: bool = False) -> torch.Tensor:
+    """``gather``'s copy (balanced over cores) without its bookkeeping: for a ``copy`` given to
+    ``SparseKVBuffer.step``, which holds the buffer and settles the plan itself. Elsewhere use
+    ``gather``. Arguments and result as ``gather``'s."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan: expected avsg.Plan, got {type(plan).__name__}")
+    return _copy(plan, src, dst, block_table, block_size, "miss", num_cores, check,
+                 ("plan", "src", "dst"))
 
 
 def _gather(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[torch.Tensor],

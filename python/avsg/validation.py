@@ -114,3 +114,30 @@ def require_real(name: str, t: torch.Tensor) -> None:
     """A meta tensor has no data: an op would run its shape function only and return garbage."""
     if t.device.type == "meta":
         raise ValueError(f"{name}: expected a tensor with data, got one on the meta device")
+
+
+def check_selections(sel: torch.Tensor, limits: torch.Tensor, where, considered=None,
+                     limit_name=None, repeat_hint: str = "") -> None:
+    """A top-k ``sel`` ``[N, K]`` (positions, ``-1`` = none) per query token: no value below ``-1``,
+    every value ``< limits[n]`` (``[N]``), no position twice in one token's list. Raises
+    ``ValueError`` at the first bad entry, named by ``where(n, k)`` (``where(n)``: the token);
+    ``limit_name(n)`` names the bound in the message; ``considered`` bool ``[N]``: tokens to
+    check (default all). Syncs: for checks outside the step's fast path."""
+    considered = torch.ones_like(sel[:, 0], dtype=torch.bool) if considered is None else considered
+    checked = considered[:, None].expand_as(sel)
+    below = checked & (sel < -1)
+    if bool(below.any()):
+        n, k = (int(i) for i in below.nonzero()[0])
+        raise ValueError(f"{where(n, k)} = {int(sel[n, k])}: only -1 may be negative (it "
+                         f"means 'no selection')")
+    beyond = checked & (sel >= limits[:, None])
+    if bool(beyond.any()):
+        n, k = (int(i) for i in beyond.nonzero()[0])
+        raise ValueError(f"{where(n, k)} = {int(sel[n, k])} is out of range: expected < "
+                         f"{limit_name(n) if limit_name else 'the limit'} = {int(limits[n])}")
+    ordered, order = sel.sort(dim=1, stable=True)
+    repeat = checked[:, 1:] & (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+    if bool(repeat.any()):
+        n, i = (int(x) for x in repeat.nonzero()[0])
+        raise ValueError(f"{where(n)}: position {int(ordered[n, i])} is repeated at index "
+                         f"{int(order[n, i])} and index {int(order[n, i + 1])}{repeat_hint}")

@@ -58,7 +58,7 @@ import torch
 
 from avsg import buffer as avsg_buffer
 from avsg import reference
-from avsg.integrations import SparseOffloadManager
+from avsg.cache import SparseOffloadManager
 
 
 class StaleRead(AssertionError):

@@ -3,8 +3,8 @@ lower floor, so no import runs back up and no two units import each other.
 
 Floors, bottom up (a unit is a top-level module or subpackage of ``avsg``):
 
-    reference -> _ops -> backend -> validation -> buffer -> kvformat, model_config -> traces
-    -> integrations -> costmodel -> runtime -> budget -> cli_util -> commands -> cli
+    reference -> _ops -> backend -> validation -> buffer -> kvformat, model_config -> cache
+    -> traces -> integrations -> costmodel -> runtime -> budget -> cli_util -> commands -> cli
 
 Imports inside functions count too: a lazy import that runs back up is still a loop.
 """
@@ -22,6 +22,7 @@ FLOORS = [
     {"validation"},
     {"buffer"},
     {"kvformat", "model_config"},
+    {"cache"},
     {"traces"},
     {"integrations"},
     {"costmodel"},

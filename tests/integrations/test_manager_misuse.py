@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import avsg
-from avsg.integrations.manager import SparseOffloadManager
+from avsg.cache import SparseOffloadManager
 
 I32 = torch.int32
 
@@ -202,7 +202,7 @@ def test_another_managers_step_meta_is_refused():
     assert _unchanged(b, snap)
     rtk = a.begin_step_rtk(torch.tensor([8, 8], dtype=I32), 1, args[2])
     with pytest.raises(ValueError, match="meta: made by another SparseOffloadManager"):
-        b.retrieve_rtk(0, topk.view(2, 1, 4), rtk)
+        b.step(0, topk.view(2, 1, 4), rtk)
     assert _unchanged(b, snap)
     b.retrieve(0, topk, meta_b)              # its own meta: fine
 

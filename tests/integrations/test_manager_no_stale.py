@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from avsg.integrations import SparseOffloadManager
+from avsg.cache import SparseOffloadManager
 
 POLICIES = ("reuse", "lifetime", "lru")
 T, K, S, BS = 3, 4, 16, 8             # S >= T*K; the resident block size divides S

@@ -1,4 +1,4 @@
-"""The manager's ``[R, T, K]`` entries (``begin_step_rtk`` / ``retrieve_rtk``) against its TND
+"""The manager's ``[R, T, K]`` entries (``begin_step_rtk`` and the core's ``step``, by state row) against its TND
 entries (``begin_step`` / ``retrieve``), and its recorded invalidation.
 
 Two managers are driven through the same passes, one per entry pair, with rows swapped between
@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from avsg.integrations import SparseOffloadManager
+from avsg.cache import SparseOffloadManager
 
 POLICIES = ("reuse", "lifetime", "lru")
 R, T, K, S, BS = 3, 3, 4, 16, 8
@@ -104,7 +104,11 @@ class Twins:
             self.rtk.write_kv(layer, slot_rtk, new)
             self.tnd.write_kv(layer, slot_tnd, new_tnd)
             if retrieve and queries <= T:
-                out = self.rtk.retrieve_rtk(layer, topk, meta_rtk, new_kv=new)
+                # the core's step takes and returns state-row order
+                order = torch.tensor([self.rtk.state_row(b) for b in range(R)])
+                by_state = torch.full_like(topk, -1)
+                by_state[order] = topk
+                out = self.rtk.step(layer, by_state, meta_rtk, new_kv=new)
                 ref = self.tnd.retrieve(layer, topk_tnd, meta_tnd, new_kv=new_tnd)
                 self.compare(layer, topk, out, ref, packed, active)
 
@@ -115,10 +119,10 @@ class Twins:
         copied_tnd = torch.where(ref.host_copied, ref.plan.miss_pos, -1)
         for b in range(R):
             state_row = self.rtk.state_row(b)
-            assert torch.equal(out.host_pos[b], copied_tnd[state_row])
-            assert int(out.host_counts[b]) == int(ref.host_copied[state_row].sum())
+            assert torch.equal(out.host_pos[state_row], copied_tnd[state_row])
+            assert int(out.host_counts[state_row]) == int(ref.host_copied[state_row].sum())
             for j in range(topk.shape[1]):
-                slots = out.slots[b, j]
+                slots = out.slots[state_row, j]
                 assert torch.equal(slots >= 0, topk[b, j] >= 0)
                 if not active[b]:
                     continue
@@ -179,10 +183,16 @@ def test_invalidate_is_recorded_and_applied_by_the_next_plan_once():
         valid = torch.tensor([twins.computed[r] for r in twins.req_of_row], dtype=I32)
         for twin in (mgr, twins.tnd):       # no auto_invalidate: the engine drops its drafts
             twin.invalidate(valid)
-    launches = []
+    launches = []       # (layer, its drop limit) per buffer call that may drop
     for layer, buf in enumerate(mgr.buffers):
-        original = buf.invalidate
-        buf.invalidate = lambda v, _o=original, _l=layer: (launches.append(_l), _o(v))[1]
+        for name in ("invalidate", "step"):
+            original = getattr(buf, name)
+
+            def counted(*args, _o=original, _l=layer, **kwargs):
+                limit = kwargs.get("drop_from")
+                launches.append(_l if limit is None else (_l, int(limit[mgr.state_row(0)])))
+                return _o(*args, **kwargs)
+            setattr(buf, name, counted)
     held = {layer: mgr.buffers[layer].resident(mgr.state_row(0)) for layer in range(LAYERS)}
     limit = min(held[0]) + 1
     valid = torch.full((R,), MAX_LEN, dtype=I32)
@@ -197,12 +207,13 @@ def test_invalidate_is_recorded_and_applied_by_the_next_plan_once():
     # the next pass rewrites limit + 1 (what both layers dropped), reads the rest from the host
     twins.computed[twins.req_of_row[0]] = limit + 1
     twins.run_pass(1, [True, False, False])
-    assert launches == [0, 1]               # one launch per layer, in its retrieve
+    # one buffer call per layer (its step), each dropping what was recorded for it
+    assert launches == [(0, limit), (1, limit + 1)]
     for layer in range(LAYERS):
         assert all(p <= limit + 1 for p in mgr.buffers[layer].resident(mgr.state_row(0)))
 
 
-def test_retrieve_rtk_bad_input_names_the_argument_and_touches_nothing():
+def test_step_bad_input_names_the_argument_and_touches_nothing():
     mgr, _ = _manager("reuse", True, True)
     seq = torch.full((R,), 8, dtype=I32)
     table = torch.zeros(R, MAX_LEN // HOST_BS, dtype=I32)
@@ -217,12 +228,12 @@ def test_retrieve_rtk_bad_input_names_the_argument_and_touches_nothing():
                        (torch.full((R, T + 1, K), -1, dtype=I32), "topk_pos"),
                        (torch.full((R, 1, K), -1, dtype=I32), "meta")):
         with pytest.raises(ValueError, match=match):
-            mgr.retrieve_rtk(0, bad, meta)
+            mgr.step(0, bad, meta)
     new = [torch.zeros(R * 2, c.width, dtype=c.dtype) for c in mgr.kv_format.components]
-    with pytest.raises(ValueError, match=r"topk_pos\[0, 0, 0\] = 9 is beyond"):
-        mgr.retrieve_rtk(0, torch.full((R, 2, K), 9, dtype=I32), meta, new_kv=new)
+    with pytest.raises(ValueError, match=r"topk_pos\[0, 0, 0\] = 9 is out of range"):
+        mgr.step(0, torch.full((R, 2, K), 9, dtype=I32), meta, new_kv=new)
     with pytest.raises(ValueError, match="new_kv"):
-        mgr.retrieve_rtk(0, good, meta, new_kv=[torch.zeros(R * 2, WIDTH)])
+        mgr.step(0, good, meta, new_kv=[torch.zeros(R * 2, WIDTH)])
     with pytest.raises(ValueError, match="new_kv: write_through=True needs this pass's KV"):
-        mgr.retrieve_rtk(0, good, meta)
+        mgr.step(0, good, meta)
     assert all(torch.equal(buf.state, s) for buf, s in zip(mgr.buffers, state))

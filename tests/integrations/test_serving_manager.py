@@ -3,7 +3,7 @@ and torch.compile(fullgraph=True) of a layer step."""
 import pytest
 import torch
 
-from avsg.integrations import SparseOffloadManager
+from avsg.cache import SparseOffloadManager
 
 R, T, K, S, BS, LAYERS = 3, 2, 8, 32, 8, 2
 LATENT, ROPE = 16, 8
@@ -227,8 +227,8 @@ def test_topk_beyond_seq_len():
     qsl, seq, topk = decode_inputs(0)
     topk[3, 0, 5] = int(seq[1])
     meta = mgr.begin_step(qsl, seq, block_table(), 6)
-    with pytest.raises(ValueError, match=r"topk_indices\[token=3, 0, index=5\] = 22 is beyond its "
-                                         r"request's seq_len = 22"):
+    with pytest.raises(ValueError, match=r"topk_indices\[token=3, 0, index=5\] = 22 is out of range: "
+                                         r"expected < its request's seq_len = 22"):
         mgr.retrieve(0, topk, meta)
 
 

@@ -97,7 +97,11 @@ def _no_invalidate(monkeypatch):
     """(b) The manager's invalidate launch drops nothing: rejected drafts (and what bypassing
     passes rewrote) stay resident."""
     from avsg.buffer import SparseKVBuffer
+    stock = SparseKVBuffer.step
     monkeypatch.setattr(SparseKVBuffer, "invalidate", lambda self, valid_lens: None)
+    monkeypatch.setattr(SparseKVBuffer, "step",
+                        lambda self, topk_pos, seq_lens, copy, drop_from=None:
+                        stock(self, topk_pos, seq_lens, copy))
 
 
 def _uncopied_stays(monkeypatch):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import avsg
-from avsg.integrations import SparseOffloadManager
+from avsg.cache import SparseOffloadManager
 from helpers.gather_cases import kv_zeros
 
 I32, I64 = torch.int32, torch.int64
@@ -254,14 +254,14 @@ def make_manager(**kwargs):
 
 def manager_snapshot(mgr):
     tensors = [mgr.state_row_of_batch_row, mgr.occupied, mgr.resident_block_table, mgr.h2d_rows,
-               mgr.write_through_rows, mgr._rewritten_from]
+               mgr.write_through_rows, mgr.residency._drop_from]
     for buf in mgr.buffers:
         tensors += [buf.state, buf.stats_counts]
-    for layer in mgr._storage:
+    for layer in mgr.paged._storage:
         tensors += list(layer)
     for layer in mgr.host_kv:
         tensors += list(layer)
-    return ([t.clone() for t in tensors], list(mgr._state_row_host), list(mgr._occupied_host),
+    return ([t.clone() for t in tensors], list(mgr._state_row_host), sorted(mgr.rows.keys()),
             [buf._generation for buf in mgr.buffers], mgr.host_kv)
 
 

@@ -1,12 +1,14 @@
 """One decode step, one way down (issue 22): the avsg store -> manager -> buffer -> ops.
 
 * Calls, counted on an engine run (prompts and context fills, MTP-0/1/3): ``begin_step`` once per
-  forward pass, each layer of a pass planned once with one invalidate launch of its own (the
-  engine's invalidations are recorded, not launched), prefill passes plan nothing.
+  forward pass; each layer of a pass makes one call into the serving core (``manager.step``) and
+  that makes one call into the buffer (``SparseKVBuffer.step``: drop + plan + copy), and nothing
+  else reaches the buffer (no separate ``plan``, ``invalidate`` or ``gather``; the engine's
+  invalidations are recorded, not launched); prefill passes plan nothing.
 * Outputs: the tokens and logits equal the device store's bit for bit, and every row attention
   reads through the store's slots equals the host pool's row at the selected position (the KV
   bytes), on every retrieve.
-* Before and after: the store's ``[R, T, K]`` path (``begin_step_rtk`` / ``retrieve_rtk``) leaves
+* Before and after: the store's ``[R, T, K]`` path (``begin_step_rtk`` / ``step``) leaves
   exactly what the manager's TND path (``begin_step`` / ``retrieve``, the way the store drove it
   before, with an idle row holding no tokens) leaves: tokens, logits, host copies, fresh copies,
   write-through rows, hit rate, and every layer's buffer state, device KV and host pool, bytes.
@@ -18,6 +20,8 @@ import dataclasses
 
 import pytest
 import torch
+
+from avsg import buffer as avsg_buffer
 
 from avsg.runtime.base import Retrieved
 from avsg.runtime.scheduler import Request
@@ -62,20 +66,26 @@ class CallLog:
         self._wrap(store, "begin_pass", lambda *a, **k: ("begin_pass",))
         for name in ("begin_step", "begin_step_rtk", "retrieve", "invalidate"):
             self._wrap(mgr, name, lambda *a, _n=name, **k: ("manager." + _n,))
-        retrieve_rtk = mgr.retrieve_rtk
+        step = mgr.step
 
-        def traced_retrieve(*args, **kwargs):
-            self.events.append(("manager.retrieve_rtk", args[0]))
+        def traced_step(*args, **kwargs):
+            self.events.append(("manager.step", args[0]))
             self.in_retrieve = True
             try:
-                return retrieve_rtk(*args, **kwargs)
+                return step(*args, **kwargs)
             finally:
                 self.in_retrieve = False
-        mgr.retrieve_rtk = traced_retrieve
+        mgr.step = traced_step
         for layer, buf in enumerate(mgr.buffers):
-            self._wrap(buf, "plan", lambda *a, _l=layer, **k: ("plan", _l, self.in_retrieve))
-            self._wrap(buf, "invalidate",
-                       lambda *a, _l=layer, **k: ("invalidate", _l, self.in_retrieve))
+            for name in ("step", "plan", "invalidate", "reset", "resize"):
+                self._wrap(buf, name,
+                           lambda *a, _l=layer, _n=name, **k: ("buffer." + _n, _l, self.in_retrieve))
+        gather = avsg_buffer.gather
+
+        def traced_gather(*args, **kwargs):
+            self.events.append(("gather",))
+            return gather(*args, **kwargs)
+        monkeypatch.setattr(avsg_buffer, "gather", traced_gather)
 
     def _wrap(self, obj, name, event, monkeypatch=None):
         original = getattr(obj, name)
@@ -94,6 +104,8 @@ class CallLog:
         for event in self.events:
             if event[0] == "pass":
                 out.append((event[1], event[2], []))
+            elif event[0] == "buffer.reset" and not out:
+                continue                # admissions before the first pass
             else:
                 assert out, f"{event} before any forward pass"
                 out[-1][2].append(event)
@@ -118,15 +130,17 @@ def test_calls_per_pass_and_per_layer(tiny_model, monkeypatch, mtp, prompts):  #
         assert names[:2] == ["begin_pass", "manager.begin_step_rtk"], names[:2]
         assert names.count("begin_pass") == 1 and names.count("manager.begin_step_rtk") == 1
         assert "manager.begin_step" not in names and "manager.retrieve" not in names
-        # the engine's invalidations are recorded by the manager: no launch outside a retrieve
-        assert not [e for e in events if e[0] == "invalidate" and not e[2]]
-        planned = [e[1] for e in events if e[0] == "plan"]
-        launched = [e[1] for e in events if e[0] == "invalidate"]
-        retrieved = [e[1] for e in events if e[0] == "manager.retrieve_rtk"]
+        # one core call per layer, one buffer call inside it, nothing else reaches the buffer
+        # outside the lifecycle (reset: admissions)
+        assert not [e for e in events
+                    if e[0] in ("buffer.plan", "buffer.invalidate", "buffer.resize", "gather")]
+        assert not [e for e in events if e[0] == "buffer.step" and not e[2]]
+        stepped = [e[1] for e in events if e[0] == "buffer.step"]
+        retrieved = [e[1] for e in events if e[0] == "manager.step"]
         if prefill:                     # attention reads the pass's own KV: nothing planned
-            assert planned == launched == retrieved == []
-        else:                           # every layer of the pass once, one invalidate each
-            assert planned == launched == retrieved == expected_layers[kind]
+            assert stepped == retrieved == []
+        else:                           # every layer of the pass once, one buffer call each
+            assert stepped == retrieved == expected_layers[kind]
     decode = [kind for kind, prefill, _ in passes if not prefill]
     verify, mtp_passes = decode.count("main"), decode.count("mtp")
     prefills = len(passes) - len(decode)
@@ -136,8 +150,7 @@ def test_calls_per_pass_and_per_layer(tiny_model, monkeypatch, mtp, prompts):  #
     assert prefills == (len(requests) * (2 if mtp else 1) if prompts else 0)
     assert totals["pass"] == totals["begin_pass"] == totals["manager.begin_step_rtk"] \
         == len(passes)
-    assert totals["plan"] == totals["invalidate"] == totals["manager.retrieve_rtk"] \
-        == verify * L + mtp_passes
+    assert totals["buffer.step"] == totals["manager.step"] == verify * L + mtp_passes
     if mtp:     # the engine drops rejected drafts twice per step (the MTP layer, then all)
         assert totals["manager.invalidate"] >= 2 * steps
 

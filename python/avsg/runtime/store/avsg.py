@@ -1,4 +1,4 @@
-"""``avsg``: KV in the host pool, miss-only copies, through ``integrations.SparseOffloadManager``.
+"""``avsg``: KV in the host pool, miss-only copies, through the serving core (``avsg.cache``).
 
 One pass (who calls what)::
 
@@ -7,16 +7,15 @@ One pass (who calls what)::
     offload(layer, batch, parts)       per layer
       -> manager.write_kv                this pass's KV into the paged host pool
     retrieve(layer, topk_pos, batch)   per layer, after that layer's offload
-      -> manager.retrieve_rtk            one invalidate, one plan, one gather (buffer -> ops)
+      -> manager.step                    one buffer call: drop + plan + gather
     invalidate(valid_lens, layers)     between passes (the engine: rejected drafts)
-      -> manager.invalidate              recorded; each layer applies it in the one invalidate
-                                         launch of its next retrieve
+      -> manager.invalidate              recorded; each layer applies it in its next step
 
 The store is a thin adapter: the manager owns one ``SparseKVBuffer`` per layer, the device buffers
 (``[R, capacity, 1, width]`` per KV component) and the row tables, exactly as it would inside a
-serving engine. The runtime's selections are ``[R, T, K]`` per batch row, which is what
-``retrieve_rtk`` takes, and it returns the slots in the same layout and selection order: nothing
-is flattened or compacted on the way. An idle row (``batch.active`` False) has no tokens in the
+serving engine. The runtime's selections are ``[R, T, K]`` per batch row, which is what the
+manager's ``step`` takes (rows never move, so batch row = state row), and it returns the slots in
+the same layout and selection order: nothing is flattened, permuted or compacted on the way. An idle row (``batch.active`` False) has no tokens in the
 pass: nothing of it is planned, invalidated or recorded, whether or not it holds a request.
 
 Rows never move in the runtime's engine, so batch row = state row and ``Retrieved.view`` is the
@@ -39,8 +38,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ...buffer import SparseKVBuffer
-from ...integrations import SparseOffloadManager, StepMeta
-from ...integrations.manager import RESIDENT_BLOCK_SIZE
+from ...cache import RESIDENT_BLOCK_SIZE, SparseOffloadManager, StepMeta
 from ..base import Retrieved, StoreSpec, register_store
 from ..step import StepBatch
 from .host import HostPoolStore
@@ -121,8 +119,10 @@ class AVSGStore(HostPoolStore):
             raise RuntimeError("avsg store: retrieve for a batch that begin_pass did not start "
                                "(the pass calls store.begin_pass(batch) once before its layers)")
         # the manager times its "plan" and "gather" phases itself
-        out = self.manager.retrieve_rtk(layer, topk_pos, self._meta, new_kv=self._pass_kv[layer],
-                                        check=False)
+        # rows never move here (no move_row / swap_rows): batch row = state row, so the
+        # selections go to the manager's one per-layer call as they are
+        out = self.manager.step(layer, topk_pos, self._meta, new_kv=self._pass_kv[layer],
+                                check=False)
         self._count_copies(layer, out.host_pos, out.host_counts)
         view = tuple(kv.view(self.spec.rows, self.spec.capacity, kv.shape[-1])
                      for kv in self.manager.kv[layer])

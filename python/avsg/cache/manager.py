@@ -115,15 +115,17 @@ from typing import (Callable, ContextManager, Dict, List, NamedTuple, Optional, 
 
 import torch
 
-from .. import buffer as avsg_buffer
 from .. import reference
 from ..buffer import Plan, SparseKVBuffer
-from ..validation import (require_bool, require_device, require_fits, require_int, require_tensor,
-                          tracing)
 from ..kvformat import KVFormat, get_format
+from ..validation import (check_selections, require_bool, require_device, require_fits,
+                          require_int, require_tensor, tracing)
+from . import tokens as token_layout
+from .paged import PagedKV
+from .residency import NO_LIMIT, Residency
+from .rows import RowTable
 
 RESIDENT_BLOCK_SIZE = 128         # the page size sparse flash attention reads (PA_BSND)
-_NO_LIMIT = reference.MAX_POSITION    # an invalidate limit that drops nothing
 _MAX_WIDTH = 1 << 16                  # latent / RoPE widths: DeepSeek's are 512 and 64
 _MAX_TOKENS = (1 << 31) - 1           # query_start_loc is int32
 _TOKEN_BYTES = 64                     # what begin_step and retrieve allocate per token, about
@@ -237,12 +239,6 @@ class SparseOffloadManager:
         self.kv_format = kv_format if isinstance(kv_format, KVFormat) else \
             get_format(kv_format, latent_dim, rope_dim)
         self.device = require_device("device", device)
-        kv_bytes = num_layers * (max_rows * capacity + 1) * sum(
-            c.width * torch.empty((), dtype=c.dtype).element_size()
-            for c in self.kv_format.components)
-        require_fits("max_rows", kv_bytes, self.device,
-                      f"the device KV of num_layers = {num_layers} x max_rows = {max_rows} x "
-                      f"capacity = {capacity} rows of {self.kv_format.name}")
         self.num_layers, self.max_rows, self.capacity = num_layers, max_rows, capacity
         self.topk, self.queries_per_step = topk, queries_per_step
         self.resident_block_size = resident_block_size
@@ -250,26 +246,24 @@ class SparseOffloadManager:
         self.write_through, self.auto_invalidate = write_through, auto_invalidate
         self.check = (self.device.type == "cpu") if check is None else check
         self._timers = timers
-        self.buffers: List[SparseKVBuffer] = [
-            SparseKVBuffer(rows=max_rows, capacity=capacity, topk=topk,
-                           queries_per_step=queries_per_step, lifetime=lifetime,
-                           device=self.device, hash_buckets=hash_buckets, check=self.check,
-                           policy=policy, max_context=max_context)
-            for _ in range(num_layers)]
-        R, S = max_rows, capacity
-        # storage per layer and component: R*S rows, then the spare row (module docstring)
-        # (slots padded to 32 B where a row is not a multiple of it: avsg.buffer.kv_slots)
-        self._storage = [tuple(avsg_buffer.kv_slots(R * S + 1, (1, c.width), c.dtype, self.device)
-                               for c in self.kv_format.components) for _ in range(num_layers)]
-        self.kv = [tuple(s[:R * S].view(R, S, 1, s.shape[-1]) for s in layer)
-                   for layer in self._storage]
-        # the row tables: host lists are the truth, device copies are what the steps read
-        self._state_row_host = list(range(R))
-        self._occupied_host = [False] * R
+        # the three parts: which request holds which state row (keyed by batch row), every
+        # layer's buffers and drops, and the device KV with the host pool it is copied from
+        self.rows = RowTable(max_rows)
+        self.paged = PagedKV(num_layers, max_rows, capacity, self.kv_format, resident_block_size,
+                             self.device)
+        self.residency = Residency(num_layers, max_rows, capacity, topk, queries_per_step,
+                                   policy=policy, lifetime=lifetime, hash_buckets=hash_buckets,
+                                   max_context=max_context, device=self.device, check=self.check)
+        self.buffers: List[SparseKVBuffer] = self.residency.buffers
+        self.kv = self.paged.kv
+        # device copies of the row table, what the steps read (updated in place: compiled
+        # graphs keep pointing at them)
+        R = max_rows
         self.state_row_of_batch_row = torch.arange(R, dtype=torch.int64, device=self.device)
         self.occupied = torch.zeros(R, dtype=torch.bool, device=self.device)
         self.resident_block_table = torch.empty(R, self.pages_per_row, dtype=torch.int32,
                                                 device=self.device)
+        self._state_row_host = list(range(R))
         # bumped by every begin_step and every lifecycle call (StepMeta.generation)
         self._generation = 0
         self._serial = next(_SERIALS)
@@ -287,13 +281,8 @@ class SparseOffloadManager:
         # manager's, is checked
         self._blocks_checked: Optional[Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self._sync_tables()
-        # per layer and state row: the lowest position to drop before the layer's next plan
-        # (module docstring, "Stale copies"); _NO_LIMIT = nothing pending
-        self._rewritten_from = torch.full((num_layers, R), _NO_LIMIT, dtype=torch.int32,
-                                     device=self.device)
         self.h2d_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         self.write_through_rows = torch.zeros((), dtype=torch.int64, device=self.device)
-        self.host_kv: Optional[List[Tuple[torch.Tensor, ...]]] = None
         if host_kv is not None:
             self.register_host_kv(host_kv)
 
@@ -305,56 +294,24 @@ class SparseOffloadManager:
     # ------------------------------------------------------------------------- host pool
     def register_host_kv(self, host_kv: Sequence[Sequence[torch.Tensor]]) -> None:
         """Per layer, the host pool's components ``[num_blocks, block_size, (1,) width]``."""
-        if not isinstance(host_kv, (list, tuple)):
-            raise TypeError(f"host_kv: expected a list with one entry per layer, got "
-                            f"{type(host_kv).__name__}")
-        if len(host_kv) != self.num_layers:
-            raise ValueError(f"host_kv: expected {self.num_layers} layers (num_layers), got "
-                             f"{len(host_kv)}")
-        comps = self.kv_format.components
-        layers = []
-        for layer, parts in enumerate(host_kv):
-            parts = (parts,) if isinstance(parts, torch.Tensor) else tuple(parts)
-            if len(parts) != len(comps):
-                raise ValueError(f"host_kv[{layer}]: expected {len(comps)} components "
-                                 f"({', '.join(c.name for c in comps)}), got {len(parts)}")
-            for c, (comp, pool) in enumerate(zip(comps, parts)):
-                name = f"host_kv[{layer}][{c}]"
-                require_tensor(name, pool, comp.dtype)
-                if pool.dim() not in (3, 4) or pool.shape[-1] != comp.width or \
-                        (pool.dim() == 4 and pool.shape[2] != 1):
-                    raise ValueError(f"{name}: expected [num_blocks, block_size, (1,) "
-                                     f"{comp.width}], got {tuple(pool.shape)}")
-                if pool.shape[:2] != parts[0].shape[:2]:
-                    raise ValueError(f"{name}: expected the block layout of component 0, "
-                                     f"{tuple(parts[0].shape[:2])}, got {tuple(pool.shape[:2])}")
-            if parts[0].shape[:2] != (layers[0][0].shape[:2] if layers else parts[0].shape[:2]):
-                raise ValueError(f"host_kv[{layer}]: every layer needs the same blocks; got "
-                                 f"{tuple(parts[0].shape[:2])} after "
-                                 f"{tuple(layers[0][0].shape[:2])}")
-            layers.append(parts)
-        self.host_kv = layers
-        self.block_size = int(layers[0][0].shape[1])
-        self.num_host_blocks = int(layers[0][0].shape[0])
+        self.paged.register_host_kv(host_kv)
         self._blocks_checked = None          # checked against another pool, or not at all
 
-    def _host(self, layer: int) -> Tuple[torch.Tensor, ...]:
-        if self.host_kv is None:
-            raise RuntimeError("host_kv: no host pool registered (register_host_kv)")
-        return self.host_kv[layer]
+    @property
+    def host_kv(self) -> Optional[List[Tuple[torch.Tensor, ...]]]:
+        return self.paged.host_kv
 
-    def _buffer_views(self, layer: int) -> List[torch.Tensor]:
-        """The layer's device buffers shaped like its host pool's rows (with or without the
-        head dimension), as gather wants them."""
-        return [kv if pool.dim() == 4 else kv.view(self.max_rows, self.capacity, kv.shape[-1])
-                for kv, pool in zip(self.kv[layer], self._host(layer))]
+    @property
+    def block_size(self) -> int:
+        return self.paged.block_size
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.paged.num_host_blocks
 
     def resident_kv(self, layer: int) -> Tuple[torch.Tensor, ...]:
         """The layer's buffers as paged caches ``[R*S/bs, bs, 1, width]`` (PA_BSND)."""
-        self._layer(layer)
-        bs = self.resident_block_size
-        return tuple(kv.view(self.max_rows * self.pages_per_row, bs, 1, kv.shape[-1])
-                     for kv in self.kv[layer])
+        return self.paged.resident_kv(self._layer(layer))
 
     # ------------------------------------------------------------------------- lifecycle
     def _row(self, name: str, row: int) -> int:
@@ -362,41 +319,44 @@ class SparseOffloadManager:
         return row
 
     def _sync_tables(self) -> None:
-        """Host tables -> the device tensors the steps read (in place: compiled graphs keep
-        pointing at them). Every earlier StepMeta is superseded: its rows no longer match."""
+        """The row table -> the device tensors the steps read (in place: compiled graphs keep
+        pointing at them). Every earlier StepMeta is superseded: its rows no longer match.
+
+        Every batch row has a state row: its request's, or for a free batch row one of the free
+        state rows (in order; nothing is planned for it, and ``add`` resets it)."""
         self._generation += 1
+        R = self.max_rows
+        state_of = {b: self.rows.row_of(b) for b in range(R) if b in self.rows}
+        free_batch = [b for b in range(R) if b not in state_of]
+        state_of.update(zip(free_batch, sorted(self.rows.free_rows())))
+        self._state_row_host = [state_of[b] for b in range(R)]
         state_rows = torch.tensor(self._state_row_host, dtype=torch.int64)
         self.state_row_of_batch_row.copy_(state_rows)
-        self.occupied.copy_(torch.tensor(self._occupied_host, dtype=torch.bool))
-        pages = torch.arange(self.pages_per_row, dtype=torch.int64)
-        table = state_rows[:, None] * self.pages_per_row + pages[None, :]
-        self.resident_block_table.copy_(table.to(torch.int32))
+        self.occupied.copy_(torch.tensor([b in self.rows for b in range(R)], dtype=torch.bool))
+        token_layout.resident_pages(state_rows, self.pages_per_row,
+                                    out=self.resident_block_table)
 
     def add(self, row: int) -> None:
         """A new request takes batch row ``row`` (which must be free): its state row is reset on
         every layer (a cold start, also for a resumed preempted request)."""
         self._row("row", row)
-        if self._occupied_host[row]:
+        if row in self.rows:
             raise ValueError(f"row: batch row {row} already holds a request; free it first")
         # an admission ends the pass: what it left to drop is recorded now, and a later write_kv
         # (the new request's prefill) writes only this, freshly reset, row
         self._close_pass()
         self._pass = None
-        mask = torch.zeros(self.max_rows, dtype=torch.bool, device=self.device)
-        mask[self._state_row_host[row]] = True
-        for buf in self.buffers:
-            buf.reset(mask)
-        self._rewritten_from[:, self._state_row_host[row]] = _NO_LIMIT     # nothing left to drop
-        self._occupied_host[row] = True
+        state_row = self.rows.admit(row, self._state_row_host[row])
+        self.residency.reset([state_row])
         self._sync_tables()
 
     def free(self, row: int) -> None:
         """The request in ``row`` finished or was preempted. Its residency is forgotten when the
         row is next added (nothing is read from a free row meanwhile)."""
         self._row("row", row)
-        if not self._occupied_host[row]:
+        if row not in self.rows:
             raise ValueError(f"row: batch row {row} holds no request")
-        self._occupied_host[row] = False
+        self.rows.release([row])
         self._sync_tables()
 
     def move_row(self, src: int, dst: int) -> None:
@@ -404,28 +364,24 @@ class SparseOffloadManager:
         ``InputBatch.condense``). It keeps its state row, hence its hits; no data moves."""
         self._row("src", src)
         self._row("dst", dst)
-        if not self._occupied_host[src]:
+        if src not in self.rows:
             raise ValueError(f"src: batch row {src} holds no request to move")
-        if self._occupied_host[dst]:
+        if dst in self.rows:
             raise ValueError(f"dst: batch row {dst} holds a request; move into a free row or "
                              f"use swap_rows")
-        self._swap(src, dst)
+        self.rows.rekey(src, dst)
+        self._sync_tables()
 
     def swap_rows(self, a: int, b: int) -> None:
         """Reordering: batch rows ``a`` and ``b`` exchange their requests (vLLM's
         ``InputBatch.swap_states``); either may be free."""
         self._row("a", a)
         self._row("b", b)
-        self._swap(a, b)
-
-    def _swap(self, a: int, b: int) -> None:
-        s, o = self._state_row_host, self._occupied_host
-        s[a], s[b] = s[b], s[a]
-        o[a], o[b] = o[b], o[a]
+        self.rows.swap(a, b)
         self._sync_tables()
 
     def holds_request(self, row: int) -> bool:
-        return self._occupied_host[self._row("row", row)]
+        return self._row("row", row) in self.rows
 
     def state_row(self, row: int) -> int:
         """The state row behind batch row ``row`` (inspection, tests)."""
@@ -434,46 +390,26 @@ class SparseOffloadManager:
     def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
         """Positions ``>= valid_lens[b]`` (int32 ``[max_rows]``, batch order) of ``layers``
         (default: all) will be written again, e.g. rejected drafts: each of those layers drops
-        them in the invalidate launch of its next ``retrieve``, before it plans. Nothing is
-        launched here: only a plan reads a resident copy ("Stale copies"). Free rows should pass
-        ``2**24`` (or anything)."""
+        them in its next step, in the same launch as its plan. Nothing is launched here: only a
+        plan reads a resident copy ("Stale copies"). Free rows should pass ``2**24`` (or
+        anything)."""
         require_tensor("valid_lens", valid_lens, torch.int32, (self.max_rows,), self.device)
-        if layers is None:
-            layers = range(self.num_layers)
-        elif not isinstance(layers, (list, tuple, range)):
-            raise TypeError(f"layers: expected None or a list of layer indices, got "
-                            f"{type(layers).__name__}")
-        for i, layer in enumerate(layers):       # every layer checked before any is touched
-            require_int(f"layers[{i}]", layer, low=0, high=self.num_layers - 1)
+        if layers is not None:
+            if not isinstance(layers, (list, tuple, range)):
+                raise TypeError(f"layers: expected None or a list of layer indices, got "
+                                f"{type(layers).__name__}")
+            for i, layer in enumerate(layers):       # every layer checked before any is touched
+                require_int(f"layers[{i}]", layer, low=0, high=self.num_layers - 1)
+            if list(layers) == list(range(self.num_layers)):
+                layers = None
         state_order = torch.empty_like(valid_lens)
         state_order.index_copy_(0, self.state_row_of_batch_row, valid_lens)
-        if isinstance(layers, range) and layers == range(self.num_layers):
-            self._record_drops(state_order)
-        else:
-            self._record_drops(state_order, layers)
-
-    def _record_drops(self, state_order: torch.Tensor, layers: Optional[Sequence[int]] = None
-                      ) -> None:
-        """Drops accumulate: ``_rewritten_from[layer]`` becomes its minimum with ``state_order``
-        for ``layers`` (default: all)."""
-        if layers is None:
-            torch.minimum(self._rewritten_from, state_order[None, :],
-                          out=self._rewritten_from)
-            return
-        index = torch.tensor(sorted(set(layers)), dtype=torch.int64, device=self.device)
-        if index.numel():
-            pending = self._rewritten_from.index_select(0, index)
-            self._rewritten_from.index_copy_(0, index,
-                                             torch.minimum(pending, state_order[None, :]))
+        self.residency.record_drops(state_order, layers)
 
     def resident(self, layer: int, row: int) -> Dict[int, int]:
         """``{pos: slot}`` that a plan of ``layer`` can hit for batch row ``row``: the buffer's
         residency less the drops still waiting for that plan (inspection and tests; syncs)."""
-        self._layer(layer)
-        state_row = self.state_row(row)
-        limit = int(self._rewritten_from[layer, state_row])
-        return {pos: slot for pos, slot in self.buffers[layer].resident(state_row).items()
-                if pos < limit}
+        return self.residency.resident(self._layer(layer), self.state_row(row))
 
     def _phase(self, name: str) -> ContextManager:
         if self._timers is None or tracing():
@@ -519,10 +455,7 @@ class SparseOffloadManager:
             self._check_step(query_start_loc, seq_lens, block_table, num_tokens)
 
         qsl = query_start_loc.to(torch.int64)
-        token = torch.arange(num_tokens, dtype=torch.int64, device=self.device)
-        req = torch.searchsorted(qsl[1:].contiguous(), token, right=True).clamp(max=Q - 1)
-        j = token - qsl[req]
-        live = (token < qsl[Q]) & (j >= 0)
+        req, j, live = token_layout.requests_of_tokens(query_start_loc, num_tokens)
         return self._step_meta(qsl[:-1], qsl[1:] - qsl[:-1], seq_lens, block_table, req, j, live,
                                query_start_loc, checked)
 
@@ -577,22 +510,22 @@ class SparseOffloadManager:
         Q, N = q_len.shape[0], req.shape[0]
         seq = seq_lens.to(torch.int64)
         buffered = (q_len > 0) & (q_len <= T) & self.occupied[:Q]
-        planned = live & (j < T) & buffered[req]
         state_rows = self.state_row_of_batch_row[:Q]
-        plan_index = torch.where(planned, state_rows[req] * T + j, torch.full_like(j, R * T))
-        first_new = (seq - q_len).clamp(0, _NO_LIMIT)
+        tokens = token_layout.token_rows(req, j, live, torch.where(buffered, state_rows, -1),
+                                         R, T)
+        first_new = (seq - q_len).clamp(0, NO_LIMIT)
 
         def by_state_row(values: torch.Tensor, fill) -> torch.Tensor:
             out = torch.full((R, *values.shape[1:]), fill, dtype=values.dtype, device=self.device)
             return out.index_copy_(0, state_rows, values)   # state rows are distinct: exact
 
         seq_state = by_state_row(torch.where(buffered, seq, 0).to(torch.int32), 0)
-        stable = by_state_row(torch.where(buffered, first_new, _NO_LIMIT).to(torch.int32),
-                              _NO_LIMIT)
+        stable = by_state_row(torch.where(buffered, first_new, NO_LIMIT).to(torch.int32),
+                              NO_LIMIT)
         # a bypassing request rewrites its positions >= first_new with no plan of its own: every
         # layer drops them before its next plan (retrieve), whatever the engine calls meanwhile
-        self._record_drops(by_state_row(torch.where(q_len > T, first_new, _NO_LIMIT)
-                                        .to(torch.int32), _NO_LIMIT))
+        self.residency.record_drops(by_state_row(torch.where(q_len > T, first_new, NO_LIMIT)
+                                        .to(torch.int32), NO_LIMIT))
         base = by_state_row(start - first_new, 0)
         table = by_state_row(block_table, -1)
         kv_lens = torch.where(buffered, S, 0).to(torch.int32)
@@ -607,7 +540,8 @@ class SparseOffloadManager:
             # _check_step checked the blocks only against a pool already registered
             self._blocks_checked = ((generation, table, seq_state, buffered_state)
                                     if checked and self.host_kv is not None else None)
-        return StepMeta(N, Q, planned, plan_index, seq_lens.index_select(0, req), seq_state,
+        return StepMeta(N, Q, tokens.planned, tokens.plan_index, seq_lens.index_select(0, req),
+                        seq_state,
                         stable, base, table, kv_lens, query_start_loc, buffered_state, generation,
                         self._serial)
 
@@ -623,7 +557,7 @@ class SparseOffloadManager:
         layers = [layer for layer in range(self.num_layers)
                   if self._written_in[layer] == done and self._retrieved_in[layer] not in (0, done)]
         if layers:
-            self._record_drops(self._pass[1], layers)
+            self.residency.record_drops(self._pass[1], layers)
 
     def _check_step(self, qsl, seq_lens, block_table, num_tokens,
                     rows_from: str = "query_start_loc") -> None:
@@ -650,7 +584,7 @@ class SparseOffloadManager:
             buffered.append(0 < q_len <= self.queries_per_step)
             if q_len == 0:
                 continue
-            if not self._occupied_host[i]:
+            if i not in self.rows:
                 if rows_from == "active":
                     raise ValueError(f"active[{i}]: batch row {i} is active but holds no request "
                                      f"(add(row) first, or pass active[{i}] = False)")
@@ -692,51 +626,44 @@ class SparseOffloadManager:
     def retrieve(self, layer: int, topk_indices: torch.Tensor, meta: StepMeta,
                  new_kv: Optional[Sequence[torch.Tensor]] = None,
                  check: Optional[bool] = None) -> SparseAttentionInputs:
-        """One layer: invalidate + plan + gather for ``topk_indices`` int32 ``[num_tokens, 1, K]``
-        (request-relative positions, ``-1`` = none) -> sparse flash attention's inputs (TND).
-        ``new_kv``: this pass's KV per component ``[num_tokens, (1,) width]`` in the buffer dtype,
-        for write-through."""
+        """One layer of a TND pass (``begin_step``): ``topk_indices`` int32 ``[num_tokens, 1, K]``
+        (request-relative positions, ``-1`` = none) to state rows, ``step``, and the slots back
+        per token -> sparse flash attention's inputs. ``new_kv``: this pass's KV per component
+        ``[num_tokens, (1,) width]`` in the buffer dtype, for write-through."""
         self._layer(layer)
-        R, T, K = self.max_rows, self.queries_per_step, self.topk
         self._check_meta(meta)
         N = meta.num_tokens
-        require_tensor("topk_indices", topk_indices, torch.int32, (N, 1, K), self.device)
+        require_tensor("topk_indices", topk_indices, torch.int32, (N, 1, self.topk), self.device)
         require_bool("check", check, optional=True)
-        self._host(layer)                   # a pool to gather from, before anything runs
-        news = self._new_kv_rows(new_kv, N)
         if (self.check if check is None else check) and not tracing():
-            if not self._blocks_checked_for(meta):
-                self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
-                                   self._state_row_host.index)
-            self._check_topk(topk_indices, meta)
-
-        with self._phase("plan"):
-            # all T query tokens of a request share its state row; unplanned tokens land in the
-            # spare row R*T
-            by_row = torch.full((R * T + 1, K), -1, dtype=torch.int32, device=self.device)
-            by_row.index_copy_(0, meta.plan_index, topk_indices.view(N, K))
-            plan = self._plan(layer, by_row[:R * T].view(R, T, K), meta)
-        host_counts = self._gather(layer, plan, meta, news)
-        column = torch.arange(T * K, device=self.device)[None, :]
-        host_copied = column < host_counts[:, None]
-
-        slots = plan.slots.reshape(R * T, K).index_select(0, meta.plan_index.clamp(max=R * T - 1))
-        slots = torch.where(meta.planned[:, None], slots, torch.full_like(slots, -1))
+            def where(t, k=None):
+                return f"topk_indices[token={t}]" if k is None else \
+                    f"topk_indices[token={t}, 0, index={k}]"
+            check_selections(topk_indices[:, 0, :], meta.token_seq_lens, where, meta.planned,
+                             limit_name=lambda t: "its request's seq_len")
+        T = self.queries_per_step
+        tokens = token_layout.TokenRows(meta.planned, meta.plan_index, meta.plan_index // T,
+                                        meta.plan_index % T)
+        by_state = token_layout.to_rows(topk_indices, tokens, self.max_rows, self.queries_per_step)
+        out = self.step(layer, by_state, meta, new_kv, check=check, checked_topk=True)
+        column = torch.arange(self.queries_per_step * self.topk, device=self.device)[None, :]
         return SparseAttentionInputs(
-            slots=_valid_first(slots).view(N, 1, K),
+            slots=token_layout.to_tokens(out.plan.slots, tokens).view(N, 1, self.topk),
             block_table=self.resident_block_table[:meta.num_reqs], kv_lens=meta.kv_lens,
-            kv=self.resident_kv(layer), planned=meta.planned, plan=plan, host_copied=host_copied)
+            kv=self.resident_kv(layer), planned=meta.planned, plan=out.plan,
+            host_copied=column < out.host_counts[:, None])
 
-    def retrieve_rtk(self, layer: int, topk_pos: torch.Tensor, meta: StepMeta,
-                     new_kv: Optional[Sequence[torch.Tensor]] = None,
-                     check: Optional[bool] = None) -> RowSlots:
-        """One layer of a uniform pass (``begin_step_rtk``): invalidate + plan + gather for
-        ``topk_pos`` int32 ``[max_rows, q, K]`` in batch order (``q`` = the pass's ``queries``,
-        ``1..T``; request-relative positions, ``-1`` = none) -> ``RowSlots``: the slot of every
-        selection, ``[max_rows, q, K]`` in the same order, which the layer's buffer
-        ``kv[layer][c][row]`` holds after this call (a row that plans nothing gets ``-1``), and
-        the positions copied from the host. ``new_kv``: this pass's KV per component
-        ``[max_rows * q, (1,) width]`` (token ``b * q + j``), for write-through."""
+    def step(self, layer: int, topk_pos: torch.Tensor, meta: StepMeta,
+             new_kv: Optional[Sequence[torch.Tensor]] = None, check: Optional[bool] = None,
+             checked_topk: bool = False) -> RowSlots:
+        """One layer: drop, plan and copy for ``topk_pos`` int32 ``[max_rows, q, K]`` **by state
+        row** (``q`` = ``1..T``; request-relative positions, ``-1`` = none) -> ``RowSlots``: the
+        slot of every selection, ``[max_rows, q, K]`` in the same order, which the layer's buffer
+        ``kv[layer][c][state_row]`` holds after this call (a row that plans nothing gets ``-1``),
+        and the positions copied from the host. One call into the buffer
+        (``SparseKVBuffer.step``). An engine whose rows never move (the runtime) has state row =
+        batch row; others map with ``state_row`` or call ``retrieve``. ``new_kv``: this pass's KV
+        per component ``[num_tokens, (1,) width]``, for write-through."""
         self._layer(layer)
         R, T, K = self.max_rows, self.queries_per_step, self.topk
         self._check_meta(meta)
@@ -745,36 +672,65 @@ class SparseOffloadManager:
         if topk_pos.shape[0] != R or topk_pos.shape[2] != K or not 1 <= q <= T:
             raise ValueError(f"topk_pos: expected [max_rows = {R}, 1..T = {T}, topk = {K}], got "
                              f"{tuple(topk_pos.shape)} (a pass of more than T queries bypasses "
-                             f"the buffer: no retrieve)")
-        N = R * q
-        if meta.num_tokens != N or meta.query_start_loc.shape[0] != R + 1:
+                             f"the buffer: no step)")
+        if not checked_topk and (meta.num_tokens != R * q
+                                 or meta.query_start_loc.shape[0] != R + 1):
             raise ValueError(f"meta: expected the StepMeta of begin_step_rtk with queries = {q} "
-                             f"(num_tokens = {N}), got num_tokens = {meta.num_tokens}")
+                             f"(num_tokens = {R * q}), got num_tokens = {meta.num_tokens} (a "
+                             f"TND pass's layers go through retrieve)")
         require_bool("check", check, optional=True)
-        self._host(layer)                   # a pool to gather from, before anything runs
-        news = self._new_kv_rows(new_kv, N)
+        self.paged.host(layer)                   # a pool to copy from, before anything runs
+        news = self._new_kv_rows(new_kv, meta.num_tokens)
         if (self.check if check is None else check) and not tracing():
-            def where(t, k=None):
-                return f"topk_pos[{t // q}, {t % q}" + ("]" if k is None else f", {k}]")
             if not self._blocks_checked_for(meta):
                 self._check_blocks(meta.seq_lens, meta.block_table, meta.buffered,
                                    self._state_row_host.index)
-            self._check_topk(topk_pos.reshape(N, 1, K), meta, where)
+            if not checked_topk:
+                def where(n, k=None):
+                    r, t = divmod(n, q)
+                    return f"topk_pos[{r}, {t}" + ("]" if k is None else f", {k}]")
+                check_selections(topk_pos.reshape(R * q, K), meta.seq_lens.repeat_interleave(q),
+                                 where, meta.buffered.repeat_interleave(q),
+                                 limit_name=lambda n: "its request's seq_len")
+        if q < T:
+            topk_pos = torch.cat([topk_pos, topk_pos.new_full((R, T - q, K), -1)], dim=1)
+        # a row with no request planned this pass plans nothing
+        topk_pos = torch.where(meta.buffered[:, None, None], topk_pos,
+                               torch.full_like(topk_pos, -1))
+        if not tracing() and meta.generation:     # no guard on the int under tracing
+            self._retrieved_in[layer] = meta.generation
+        host_counts = []
+        # the plan phase ends where the copy starts (timed eagerly only: a compiled graph has
+        # no phases)
+        plan_phase = contextlib.ExitStack() if self._timers is not None and not tracing() \
+            else None
 
-        state_rows = self.state_row_of_batch_row
-        with self._phase("plan"):
-            by_state = torch.full((R, T, K), -1, dtype=torch.int32, device=self.device)
-            by_state[:, :q].index_copy_(0, state_rows, topk_pos)
-            by_state = torch.where(meta.buffered[:, None, None], by_state,
-                                   torch.full_like(by_state, -1))
-            plan = self._plan(layer, by_state, meta)
-        host_counts = self._gather(layer, plan, meta, news)
+        def copy(plan: Plan) -> None:
+            if plan_phase is not None:
+                plan_phase.close()
+            with self._phase("gather"):
+                fresh = None
+                if news is not None:
+                    fresh = (plan.miss_pos >= 0) & (plan.miss_pos >= meta.stable_lens[:, None])
+                host_counts.append(self.paged.copy(layer, plan, meta.block_table, fresh,
+                                                   meta.token_base, news))
+                if fresh is not None:
+                    self.write_through_rows += fresh.sum()
+
+        stable = meta.stable_lens if self.auto_invalidate else None
+        if plan_phase is None:
+            plan = self.residency.step(layer, topk_pos, meta.seq_lens, copy, stable)
+        else:
+            with plan_phase:
+                plan_phase.enter_context(self._timers("plan"))
+                plan = self.residency.step(layer, topk_pos, meta.seq_lens, copy, stable)
+        counts = host_counts[0]
+        self.h2d_rows += counts.sum()
         column = torch.arange(T * K, device=self.device)[None, :]
-        host_pos = torch.where(column < host_counts[:, None], plan.miss_pos,
+        host_pos = torch.where(column < counts[:, None], plan.miss_pos,
                                torch.full_like(plan.miss_pos, -1))
-        return RowSlots(slots=plan.slots[:, :q].index_select(0, state_rows),
-                        host_pos=host_pos.index_select(0, state_rows),
-                        host_counts=host_counts.index_select(0, state_rows), plan=plan)
+        return RowSlots(slots=plan.slots[:, :q], host_pos=host_pos, host_counts=counts,
+                        plan=plan)
 
     def _new_kv_rows(self, new_kv, N: int) -> Optional[List[torch.Tensor]]:
         """``new_kv`` as ``[N, width]`` per component when write-through uses it, else None."""
@@ -788,45 +744,8 @@ class SparseOffloadManager:
         if not isinstance(new_kv, (list, tuple)) or len(new_kv) != len(comps):
             raise ValueError(f"new_kv: expected {len(comps)} components "
                              f"({', '.join(c.name for c in comps)})")
-        return [self._token_rows(f"new_kv[{c}]", part, N, comp)
+        return [self.paged.token_rows(f"new_kv[{c}]", part, N, comp)
                 for c, (part, comp) in enumerate(zip(new_kv, comps))]
-
-    def _plan(self, layer: int, topk_pos: torch.Tensor, meta: StepMeta) -> Plan:
-        """The layer's one invalidate launch (every drop recorded for it, and this pass's own
-        positions with ``auto_invalidate``), then its plan of ``topk_pos`` ``[R, T, K]`` in
-        state-row order."""
-        buf = self.buffers[layer]
-        limit = self._rewritten_from[layer]
-        if self.auto_invalidate:
-            limit = torch.minimum(limit, meta.stable_lens)
-        buf.invalidate(limit)
-        self._rewritten_from[layer].fill_(_NO_LIMIT)
-        if not tracing() and meta.generation:     # no guard on the int under tracing
-            self._retrieved_in[layer] = meta.generation
-        return buf.plan(topk_pos, meta.seq_lens, check=False)
-
-    def _gather(self, layer: int, plan: Plan, meta: StepMeta, news) -> torch.Tensor:
-        """Copy the plan's misses into the layer's buffers (write-through ones from ``news``);
-        -> the rows copied from the host per state row, int32 ``[R]``."""
-        host = self._host(layer)
-        with self._phase("gather"):
-            # This pass's own positions are the largest a row selects and miss_pos ascends: the
-            # fresh misses are the tail of each row's miss list, so the host gather stops early.
-            fresh = torch.zeros_like(plan.miss_pos, dtype=torch.bool)
-            if news is not None:
-                fresh = (plan.miss_pos >= 0) & (plan.miss_pos >= meta.stable_lens[:, None])
-            host_counts = plan.miss_counts - fresh.sum(1, dtype=torch.int32)
-            avsg_buffer.gather(plan._replace(miss_counts=host_counts), src=list(host),
-                               dst=self._buffer_views(layer), block_table=meta.block_table,
-                               block_size=self.block_size, check=False)
-            if news is not None:
-                self._write_through(layer, plan, fresh, meta, news)
-            # the gather took part of the miss list (write-through took the rest): the plan's
-            # misses are all copied only now
-            self.buffers[layer].mark_copied(plan)
-        self.h2d_rows += host_counts.sum()
-        self.write_through_rows += fresh.sum()
-        return host_counts
 
     def _check_meta(self, meta) -> None:
         """Structure only (no data read): everything ``retrieve`` does after its checks, the
@@ -869,53 +788,6 @@ class SparseOffloadManager:
         return bool(meta.generation) and done is not None and done[0] == meta.generation and \
             done[1] is meta.block_table and done[2] is meta.seq_lens and done[3] is meta.buffered
 
-    def _token_rows(self, name: str, part: torch.Tensor, N: int, comp) -> torch.Tensor:
-        require_tensor(name, part, comp.dtype, device=self.device)
-        if part.shape[0] != N or part.numel() != N * comp.width:
-            raise ValueError(f"{name}: expected [num_tokens = {N}, (1,) {comp.width}], got "
-                             f"{tuple(part.shape)}")
-        return part.view(N, comp.width)
-
-    def _write_through(self, layer, plan: Plan, fresh, meta: StepMeta, news) -> None:
-        """Each fresh miss's slot gets its token's row of ``new_kv``; every other entry writes
-        the spare row (fixed shape, no branch)."""
-        R, S, N = self.max_rows, self.capacity, meta.num_tokens
-        if N == 0:
-            return                  # a pass with no tokens has nothing fresh (and no rows)
-        state_row = torch.arange(R, device=self.device)[:, None]
-        target = torch.where(fresh, state_row * S + plan.miss_slots.clamp(0, S - 1).long(),
-                             torch.full_like(plan.miss_pos, R * S, dtype=torch.int64))
-        token = (plan.miss_pos.long() + meta.token_base[:, None]).clamp(0, max(N - 1, 0))
-        for storage, rows in zip(self._storage[layer], news):
-            flat = storage.view(R * S + 1, storage.shape[-1])
-            flat.index_copy_(0, target.reshape(-1), rows.index_select(0, token.reshape(-1)))
-
-    def _check_topk(self, topk: torch.Tensor, meta: StepMeta, where=None) -> None:
-        """``topk`` ``[num_tokens, 1, K]``; ``where(token, index)`` names an entry in the
-        caller's layout (default: ``topk_indices[token=t, 0, index=k]``)."""
-        if where is None:
-            def where(t, k=None):
-                return f"topk_indices[token={t}]" if k is None else \
-                    f"topk_indices[token={t}, 0, index={k}]"
-        sel = topk[:, 0, :]
-        planned = meta.planned[:, None].expand_as(sel)
-        below = planned & (sel < -1)
-        if bool(below.any()):
-            t, k = (int(i) for i in below.nonzero()[0])
-            raise ValueError(f"{where(t, k)} = {int(sel[t, k])}: only -1 may be negative (it "
-                             f"means 'no selection')")
-        beyond = planned & (sel >= meta.token_seq_lens[:, None])
-        if bool(beyond.any()):
-            t, k = (int(i) for i in beyond.nonzero()[0])
-            raise ValueError(f"{where(t, k)} = {int(sel[t, k])} is beyond its request's seq_len "
-                             f"= {int(meta.token_seq_lens[t])}")
-        ordered, order = sel.sort(dim=1, stable=True)
-        repeat = planned[:, 1:] & (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
-        if bool(repeat.any()):
-            t, i = (int(x) for x in repeat.nonzero()[0])
-            raise ValueError(f"{where(t)}: position {int(ordered[t, i])} is repeated at index "
-                             f"{int(order[t, i])} and index {int(order[t, i + 1])}")
-
     # ------------------------------------------------------------------------ write path
     def write_kv(self, layer: int, slot_mapping: torch.Tensor, kv: Sequence[torch.Tensor],
                  check: Optional[bool] = None) -> None:
@@ -923,7 +795,7 @@ class SparseOffloadManager:
         row ``slot_mapping[i]`` (``block * block_size + offset``, the engine's slot mapping;
         ``-1`` = padding, skipped). Decode and prefill tokens alike."""
         self._layer(layer)
-        host = self._host(layer)
+        host = self.paged.host(layer)
         require_bool("check", check, optional=True)
         require_tensor("slot_mapping", slot_mapping, ndim=1)
         if slot_mapping.dtype not in (torch.int32, torch.int64):
@@ -933,7 +805,7 @@ class SparseOffloadManager:
         if not isinstance(kv, (list, tuple)) or len(kv) != len(host):
             raise ValueError(f"kv: expected {len(host)} components, got "
                              f"{len(kv) if isinstance(kv, (list, tuple)) else type(kv).__name__}")
-        parts = [self._token_rows(f"kv[{c}]", part, N, comp)
+        parts = [self.paged.token_rows(f"kv[{c}]", part, N, comp)
                  for c, (part, comp) in enumerate(zip(kv, self.kv_format.components))]
         pool_rows = self.num_host_blocks * self.block_size
         rows = slot_mapping.to(host[0].device, torch.int64)
@@ -959,37 +831,13 @@ class SparseOffloadManager:
                     f"before this write (attention would read their old bytes): write a layer's "
                     f"KV before its retrieve, or build the manager with write_through=True")
             self._written_in[layer] = self._pass[0]
-        valid = (rows >= 0) & (rows < pool_rows)
-        # Skipped entries repeat the first valid entry, index and bytes alike, so the scatter
-        # writes identical bytes twice rather than anything outside the valid rows; with no
-        # valid entry they rewrite host row 0 with its own content.
-        any_valid = valid.any()
-        first = valid.to(torch.int32).argmax().view(1)    # a tensor index: no host sync
-        fallback_row = torch.where(any_valid, rows.index_select(0, first), 0)
-        target = torch.where(valid, rows, fallback_row)
-        for pool, part in zip(host, parts):
-            flat = pool.view(pool_rows, pool.shape[-1])
-            values = part.to(pool.device)
-            fallback = torch.where(any_valid, values.index_select(0, first), flat[:1])
-            flat.index_copy_(0, target, torch.where(valid[:, None], values, fallback))
+        self.paged.write(layer, rows, parts)
 
     # ------------------------------------------------------------------------ statistics
     def hit_rate(self) -> float:
-        lookups = sum(b.stats()["lookups"] for b in self.buffers)
-        hits = sum(b.stats()["hits"] for b in self.buffers)
-        return hits / lookups if lookups else 0.0
+        return self.residency.hit_rate()
 
     def reset_stats(self) -> None:
-        for buf in self.buffers:
-            buf.reset_stats()
+        self.residency.reset_stats()
         self.h2d_rows.zero_()
         self.write_through_rows.zero_()
-
-
-def _valid_first(slots: torch.Tensor) -> torch.Tensor:
-    """Per row, the valid (``>= 0``) entries first in their order, then the ``-1`` entries: a
-    stable partition as one scatter (the destinations are a permutation, so it is exact)."""
-    valid = slots >= 0
-    n_valid = valid.sum(1, keepdim=True)
-    dest = torch.where(valid, valid.cumsum(1) - 1, n_valid + (~valid).cumsum(1) - 1)
-    return torch.full_like(slots, -1).scatter_(1, dest, slots)
