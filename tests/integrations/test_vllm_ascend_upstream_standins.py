@@ -857,8 +857,8 @@ def test_standin_runner_generation_is_the_row_identity(monkeypatch, tmp_path):
     engine.fill(a)                              # new KV in new blocks, same request id
     engine.give_runner_row(a)                   # the runner's new allocation
     engine.step()                               # check_reads: exact only after a reset
-    assert manager._ident_of_req[a.rid] == (a.slot, a.generation)
-    assert manager._ident_of_req[b.rid] == (b.slot, b.generation)
+    assert manager.avsg_rows.identity_of(a.rid) == (a.slot, a.generation)
+    assert manager.avsg_rows.identity_of(b.rid) == (b.slot, b.generation)
     assert engine.exact > 0 and engine.hits() > 0
     assert manager.state_row_of(a.rid) is not None and row_before is not None
 

@@ -1,16 +1,23 @@
-"""``SparseOffloadManager``: the AVSG buffers of a whole model, driven by an engine's flat batches.
+"""``SparseOffloadManager``: the AVSG buffers of a whole model, driven by an engine's batches.
+
+The serving core composed for an engine whose host pool AVSG addresses (the runtime's ``avsg``
+store, MindIE): the row table (``rows.RowTable``), every layer's buffers and drops
+(``residency.Residency``), the device KV and its paged host pool with the package's own copy
+(``paged.PagedKV``), and the TND adapter (``tokens``).
 
 One forward pass, who calls what ("One pass" below has the details)::
 
     begin_step / begin_step_rtk    once per pass, before any layer      (the pass's StepMeta)
     write_kv                       per layer                            (host pool)
-    retrieve / retrieve_rtk        per layer, once                      (one invalidate, one plan,
-                                                                         one gather)
+    step (or retrieve)             per layer, once                      (one buffer call: drop +
+                                                                         plan + copy)
     invalidate                     between passes, as the engine needs  (records; launches nothing)
 
-``begin_step`` / ``retrieve`` take an engine's flattened TND batch (vLLM's: top-k
-``[num_tokens, 1, K]``) and return sparse flash attention's inputs; the ``_rtk`` pair takes a
-uniform pass's ``[R, T, K]`` (the runtime's ``avsg`` store) and returns its slots as ``[R, T, K]``.
+``step`` is the one per-layer entry: top-k ``[R, q, K]`` by state row in, slots by state row
+out. ``retrieve`` wraps it for an engine's flattened TND batch (vLLM's and MindIE's: top-k
+``[num_tokens, 1, K]``), returning sparse flash attention's inputs. ``begin_step_rtk`` starts a
+uniform pass (the runtime: ``q`` tokens in every active row, rows that never move, so that batch
+row = state row and ``step`` takes its ``[R, T, K]`` as it is).
 
 Three index spaces are kept apart throughout (docs/design.md §2): a ``pos`` is a request-relative
 token position (what the indexer selects), a *host row* is where that position lives in the
@@ -22,8 +29,10 @@ Batch rows and state rows
 An engine keeps a persistent batch of ``max_rows`` rows; request ``i`` of a step's flattened
 batch is batch row ``i`` (vLLM's ``InputBatch`` keeps the running requests in rows ``0..n-1``).
 The manager owns ``max_rows`` *state rows*, each one request's residency: one row of every layer's
-``SparseKVBuffer`` state and the same row of every layer's device KV buffers. A permutation
-``state_row_of_batch_row`` ties the two. Compaction (``move_row``, ``swap_rows``) permutes that
+``SparseKVBuffer`` state and the same row of every layer's device KV buffers. The row table ties
+the two: keyed by batch row (``add``, ``free``) or by the engine's request keys
+(``begin_step(requests=...)``, ``release``); ``state_row_of_batch_row`` is its device copy for the
+pass. Compaction (``move_row``, ``swap_rows``) permutes that
 table and nothing else: a request keeps its state row, so it keeps every hit, and no byte of state
 or KV moves. (Moving the data instead would copy ``capacity`` x 1152 B of KV per layer per moved
 request, about 9.4 MB per layer at capacity 8192, for a change that attention never needs to see:
@@ -54,10 +63,11 @@ One pass
    pass is uniform, ``queries`` tokens in every active batch row (the runtime's ``[R, T, K]``).
 2. ``write_kv(layer, slot_mapping, kv)``: this pass's new KV goes to the host pool at the host
    rows the engine's slot mapping names (decode and prefill alike, in the engine's block layout).
-3. ``retrieve(layer, topk_indices, meta, new_kv=...)``, per layer (``retrieve_rtk`` takes the
-   top-k as ``[R, q, K]`` instead and returns the slots the same way, see 3e):
+3. ``retrieve(layer, topk_indices, meta, new_kv=...)``, per layer (``step`` takes the top-k as
+   ``[R, q, K]`` by state row instead and returns the slots the same way, see 3e); one call into
+   the buffer, ``SparseKVBuffer.step``, does a-d:
 
-   a. one ``invalidate`` launch drops what the layer must not serve any more: the drops recorded
+   a. the drop removes what the layer must not serve any more: the drops recorded
       for it since its last plan (``invalidate`` calls, bypassing passes) and, with
       ``auto_invalidate``, this pass's own positions ``>= seq_len - q_len`` (rewritten now:
       rejected MTP drafts of the previous step among them), as vllm-ascend's
@@ -70,14 +80,14 @@ One pass
       of from the host;
    e. ``retrieve`` returns the slots in TND layout ``[num_tokens, 1, K]``, valid entries first
       (order kept) and ``-1`` after, with the resident block table and the kv lengths (sparse
-      flash attention's inputs); ``retrieve_rtk`` returns them as ``[R, q, K]`` in selection
-      order, batch order, with the positions it copied from the host (what a caller that gathers
+      flash attention's inputs); ``step`` returns them as ``[R, q, K]`` in selection order, by
+      state row, with the positions it copied from the host (what a caller that gathers
       ``buffer[row, slot]`` itself reads), and compacts nothing.
 
 Stale copies. The manager never serves a position's old bytes after a pass rewrote it. A pass
 rewrites positions ``[seq_len - q_len, seq_len)`` of each of its requests. Drops wait in one table
-(``_rewritten_from``: per layer and state row, the lowest position to drop) until the layer's next
-plan, which applies them in its one invalidate launch (3a); only a plan can read a resident copy,
+(``Residency``: per layer and state row, the lowest position to drop) until the layer's next
+step, which applies them with its plan (3a); only a plan can read a resident copy,
 so a recorded drop is as good as an applied one, and no copy is ever read stale. ``invalidate``
 records (the engine's rejected drafts, for the layers it names); so does ``begin_step`` for a
 request that bypasses the buffer (``q_len > T``: it may still hold copies of positions it
@@ -97,7 +107,7 @@ layer when write-through is off (the gather may fetch this pass's positions from
 ``write_kv`` after it is refused, outside tracing); with write-through those rows are never read
 from the host, so the host write may overlap the gather.
 
-Fixed shapes, no host sync: ``begin_step``, ``retrieve``, their ``_rtk`` forms and ``invalidate``
+Fixed shapes, no host sync: ``begin_step``, ``begin_step_rtk``, ``retrieve``, ``step`` and ``invalidate``
 only launch fixed-shape tensor ops (with ``check=False``, the NPU default; ``check=True`` reads
 values and raises ``ValueError`` naming the argument), so ``torch.compile(fullgraph=True)`` and
 graph capture can take a layer step. Lifecycle calls (``add``, ``free``, ``move_row``,
@@ -170,8 +180,8 @@ class SparseAttentionInputs(NamedTuple):
 
 
 class RowSlots(NamedTuple):
-    """What ``retrieve_rtk`` returns, in batch order: what a caller with ``[R, q, K]`` selections
-    reads, nothing compacted."""
+    """What ``step`` returns, by state row: what a caller with ``[R, q, K]`` selections reads,
+    nothing compacted."""
     slots: torch.Tensor              # int32 [R, q, K]  slot of each selection (selection order)
     host_pos: torch.Tensor           # int32 [R, T*K]   positions copied from the host, -1 after
     host_counts: torch.Tensor        # int32 [R]        how many (the valid prefix of host_pos)
@@ -264,6 +274,10 @@ class SparseOffloadManager:
         self.resident_block_table = torch.empty(R, self.pages_per_row, dtype=torch.int32,
                                                 device=self.device)
         self._state_row_host = list(range(R))
+        self._occupied_host = [False] * R
+        # None until the first lifecycle call or begin_step(requests=...) says which: rows by
+        # batch row (add, free, move_row, swap_rows) or by request key
+        self._keyed: Optional[bool] = None
         # bumped by every begin_step and every lifecycle call (StepMeta.generation)
         self._generation = 0
         self._serial = next(_SERIALS)
@@ -318,27 +332,42 @@ class SparseOffloadManager:
         require_int(name, row, low=0, high=self.max_rows - 1)
         return row
 
-    def _sync_tables(self) -> None:
+    def _batch_rows(self, call: str) -> None:
+        """A lifecycle call by batch row: refused once the engine names requests by key."""
+        if self._keyed:
+            raise ValueError(f"{call}: this manager follows request keys (begin_step's "
+                             f"requests); an engine uses either batch rows or request keys")
+        self._keyed = False
+
+    def _sync_tables(self, positions: Optional[Sequence] = None) -> None:
         """The row table -> the device tensors the steps read (in place: compiled graphs keep
         pointing at them). Every earlier StepMeta is superseded: its rows no longer match.
 
-        Every batch row has a state row: its request's, or for a free batch row one of the free
-        state rows (in order; nothing is planned for it, and ``add`` resets it)."""
+        ``positions``: the key in each batch position (``begin_step(requests=...)``); default:
+        batch row ``b`` is key ``b`` (``add`` and the other lifecycle calls). Every batch row has
+        a state row: its request's, or for a free batch row one of the free state rows (in
+        order; nothing is planned for it, and ``add`` resets it)."""
         self._generation += 1
         R = self.max_rows
-        state_of = {b: self.rows.row_of(b) for b in range(R) if b in self.rows}
+        if positions is None:
+            positions = list(range(R))
+        positions = list(positions) + [None] * (R - len(positions))
+        state_of = {b: self.rows.row_of(k) for b, k in enumerate(positions)
+                    if k is not None and k in self.rows}
         free_batch = [b for b in range(R) if b not in state_of]
-        state_of.update(zip(free_batch, sorted(self.rows.free_rows())))
+        state_of.update(zip(free_batch, sorted(set(range(R)) - set(state_of.values()))))
         self._state_row_host = [state_of[b] for b in range(R)]
+        self._occupied_host = [b not in free_batch for b in range(R)]
         state_rows = torch.tensor(self._state_row_host, dtype=torch.int64)
         self.state_row_of_batch_row.copy_(state_rows)
-        self.occupied.copy_(torch.tensor([b in self.rows for b in range(R)], dtype=torch.bool))
+        self.occupied.copy_(torch.tensor(self._occupied_host, dtype=torch.bool))
         token_layout.resident_pages(state_rows, self.pages_per_row,
                                     out=self.resident_block_table)
 
     def add(self, row: int) -> None:
         """A new request takes batch row ``row`` (which must be free): its state row is reset on
         every layer (a cold start, also for a resumed preempted request)."""
+        self._batch_rows("add")
         self._row("row", row)
         if row in self.rows:
             raise ValueError(f"row: batch row {row} already holds a request; free it first")
@@ -353,6 +382,7 @@ class SparseOffloadManager:
     def free(self, row: int) -> None:
         """The request in ``row`` finished or was preempted. Its residency is forgotten when the
         row is next added (nothing is read from a free row meanwhile)."""
+        self._batch_rows("free")
         self._row("row", row)
         if row not in self.rows:
             raise ValueError(f"row: batch row {row} holds no request")
@@ -362,6 +392,7 @@ class SparseOffloadManager:
     def move_row(self, src: int, dst: int) -> None:
         """Compaction: the request in ``src`` now sits in the free row ``dst`` (vLLM's
         ``InputBatch.condense``). It keeps its state row, hence its hits; no data moves."""
+        self._batch_rows("move_row")
         self._row("src", src)
         self._row("dst", dst)
         if src not in self.rows:
@@ -375,13 +406,14 @@ class SparseOffloadManager:
     def swap_rows(self, a: int, b: int) -> None:
         """Reordering: batch rows ``a`` and ``b`` exchange their requests (vLLM's
         ``InputBatch.swap_states``); either may be free."""
+        self._batch_rows("swap_rows")
         self._row("a", a)
         self._row("b", b)
         self.rows.swap(a, b)
         self._sync_tables()
 
     def holds_request(self, row: int) -> bool:
-        return self._row("row", row) in self.rows
+        return self._occupied_host[self._row("row", row)]
 
     def state_row(self, row: int) -> int:
         """The state row behind batch row ``row`` (inspection, tests)."""
@@ -423,15 +455,25 @@ class SparseOffloadManager:
     # ------------------------------------------------------------------------------ step
     def begin_step(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                    block_table: torch.Tensor, num_tokens: int,
-                   check: Optional[bool] = None) -> StepMeta:
+                   check: Optional[bool] = None,
+                   requests: Optional[Sequence] = None) -> StepMeta:
         """Map a pass's flattened tokens onto state rows (once per pass, shared by the layers).
 
         ``query_start_loc`` int32 ``[Q + 1]`` (request ``i`` = batch row ``i`` owns tokens
         ``[qsl[i], qsl[i+1])``; tokens past ``qsl[Q]`` are padding), ``seq_lens`` int32 ``[>= Q]``
         (KV length after this pass), ``block_table`` int32 ``[>= Q, max_blocks]`` (the host
         pool's), ``num_tokens`` the padded token count of the pass.
+
+        ``requests``: for an engine that names its requests rather than keeping them in batch
+        rows (MindIE's sequence ids): the key of request ``i``, ``Q`` of them (``None``: an
+        empty position). The manager's row table then follows the keys: a key not seen before
+        gets a reset row, a key absent from the pass loses its row (its hits must not outlive
+        it), and ``release(keys)`` frees the rows of requests whose KV is gone or replaced.
+        Such an engine calls no ``add`` / ``free`` / ``move_row`` / ``swap_rows``.
         """
         R = self.max_rows
+        if requests is not None:
+            self._follow_requests(requests, query_start_loc)
         require_int("num_tokens", num_tokens, low=0, high=_MAX_TOKENS)
         require_bool("check", check, optional=True)
         require_fits("num_tokens", num_tokens * (_TOKEN_BYTES + 4 * self.topk), self.device,
@@ -458,6 +500,46 @@ class SparseOffloadManager:
         req, j, live = token_layout.requests_of_tokens(query_start_loc, num_tokens)
         return self._step_meta(qsl[:-1], qsl[1:] - qsl[:-1], seq_lens, block_table, req, j, live,
                                query_start_loc, checked)
+
+    def _follow_requests(self, requests: Sequence, query_start_loc: torch.Tensor) -> None:
+        if not isinstance(requests, (list, tuple)):
+            raise TypeError(f"requests: expected a list of request keys in batch order, got "
+                            f"{type(requests).__name__}")
+        if self._keyed is False:
+            raise ValueError("requests: this manager's rows are batch rows (add / free were "
+                             "called); an engine uses either batch rows or request keys")
+        if not isinstance(query_start_loc, torch.Tensor) or \
+                len(requests) != query_start_loc.shape[0] - 1:
+            raise ValueError(f"requests: expected one key per request of query_start_loc, got "
+                             f"{len(requests)}")
+        keys = list(requests)
+        if len({k for k in keys if k is not None}) != sum(k is not None for k in keys):
+            raise ValueError("requests: a key appears twice in one pass")
+        self._keyed = True
+        state_rows, fresh = self.rows.assign(keys)
+        if fresh:
+            # what the last pass left to drop is recorded before the rows are reset
+            self._close_pass()
+            self._pass = None
+            self.residency.reset(fresh)
+        self._sync_tables(positions=[k if r >= 0 else None for k, r in zip(keys, state_rows)])
+
+    def release(self, requests: Sequence) -> None:
+        """For an engine that names requests by key (``begin_step(requests=...)``): the KV of
+        ``requests`` is gone or replaced (finished, preempted, recomputed into new blocks).
+        Their rows are freed now and reset before any request gets them, the same key
+        included: a key that comes back reads nothing of its old residency. (A key that is
+        simply absent from a pass loses its row too; this call is what covers a key that leaves
+        and comes back between two passes, which the keys alone cannot show.)"""
+        if not isinstance(requests, (list, tuple, set)):
+            raise TypeError(f"requests: expected a list of request keys, got "
+                            f"{type(requests).__name__}")
+        if self._keyed is False:
+            raise ValueError("requests: this manager's rows are batch rows (add / free were "
+                             "called); use free(row)")
+        self._keyed = True
+        if self.rows.release(list(requests)):
+            self._sync_tables(positions=[])      # a StepMeta made before is superseded
 
     def begin_step_rtk(self, seq_lens: torch.Tensor, queries: int, block_table: torch.Tensor,
                        active: Optional[torch.Tensor] = None,
@@ -584,7 +666,7 @@ class SparseOffloadManager:
             buffered.append(0 < q_len <= self.queries_per_step)
             if q_len == 0:
                 continue
-            if i not in self.rows:
+            if not self._occupied_host[i]:
                 if rows_from == "active":
                     raise ValueError(f"active[{i}]: batch row {i} is active but holds no request "
                                      f"(add(row) first, or pass active[{i}] = False)")

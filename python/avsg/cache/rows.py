@@ -45,6 +45,14 @@ class RowTable:
     def keys(self) -> List[Hashable]:
         return list(self._row_of)
 
+    def held(self) -> Dict[Hashable, int]:
+        """``{key: state row}`` of every held row (a copy)."""
+        return dict(self._row_of)
+
+    def identity_of(self, key) -> Optional[Tuple]:
+        """The ``(slot, generation)`` ``key``'s row was last used under (``None``: none given)."""
+        return self._identity_of.get(key)
+
     def free_rows(self) -> List[int]:
         return list(self._free)
 

@@ -71,7 +71,7 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
     * ``accept_mean=None``: the plan kernel alone, every draft accepted (iterations ``queries``
       steps apart), nothing invalidated: what ``avsg bench plan`` measures.
     * ``accept_mean`` given (0 at one query token): what the serving manager launches per layer
-      and pass (:mod:`..integrations.manager`), on the copies' MTP schedule. Accepted drafts are
+      and pass (:mod:`..cache.manager`), on the copies' MTP schedule. Accepted drafts are
       drawn as the copy traffic draws them (:func:`..traces.mtp.draw_accepted`, seed 0):
       iteration ``i`` plans steps ``s .. s + queries - 1``, the verifier accepts ``a_i`` drafts,
       the buffer drops the rejected ones' positions (``valid_len = positions[s] + 1 + a_i``, as

@@ -43,7 +43,8 @@ Phases
    runs no forward, so phase 1 never sees it leave) kept its row and read its pre-preemption KV
    after resuming.
 1. per forward, on the host (``begin_step``, hooked after vllm-ascend's
-   ``update_sparse_kv_offload_metadata``): request ids -> state rows. A request keeps its state
+   ``update_sparse_kv_offload_metadata``): request ids -> state rows (the serving core's
+   ``avsg.cache.RowTable``). A request keeps its state
    row while it stays in the batch, wherever condense or swap moves it; a request absent from the
    batch frees its row (phase 0 has normally done so already), and a row is reset before a request
    without one gets it, so no hit outlives its request's KV. Where the runner owns per-request
@@ -55,8 +56,9 @@ Phases
 2. per layer, on the device (``onload_topk_kv``): tokens -> (state row, query index ``j``) from the
    token-to-request map (target or drafter's); tokens past their request's scheduled count
    (graph padding, whose ``token_to_req`` is 0) are dropped. Positions ``>= stable_prefix_len``
-   are invalidated (rejected drafts are rewritten), ``plan`` runs on ``[R, T, K]``, and the misses
-   become ``offload.sparse_copy`` descriptors (host address from this rank's host view of the
+   are dropped (rejected drafts are rewritten), the plan runs on ``[R, T, K]``, and the misses
+   become ``offload.sparse_copy`` descriptors, all in the layer's one call into the serving core
+   (``avsg.cache.Residency.step``, which drops the plan's misses if the copy raises) (host address from this rank's host view of the
    layer's pool where it holds one, else the address rank 0 published, + the host block table;
    device address in the layer's buffer),
    compacted on the device: one K and one V descriptor per miss. ``skip_topk`` layers (IndexCache)
@@ -75,6 +77,10 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from ..cache import Residency, RowTable
+from ..cache import tokens as token_layout
+from ..cache.residency import NO_LIMIT
 
 ENV_SWITCH = "AVSG_VLLM_ASCEND"
 ENV_CONFIG = "AVSG_CONFIG"          # path of a JSON file: {"policy": ..., "lifetime": ...}
@@ -294,7 +300,6 @@ def define_backend(base):
     """``AVSGSparseKVOffloadManager``: a subclass of ``base`` (vllm-ascend's
     ``SparseKVOffloadManager``, or a stand-in with its documented interface). Its copies go
     through ``offload.sparse_copy`` of the module that defines ``base``, looked up per call."""
-    from ..buffer import SparseKVBuffer
     logger = _logger()
     base_module = base.__module__
 
@@ -356,12 +361,13 @@ def define_backend(base):
             self.avsg_device = device
             opts = self.avsg_options
             policy = str(opts["policy"])
-            self.avsg_buffers: List[SparseKVBuffer] = [
-                SparseKVBuffer(rows=R, capacity=C, topk=K, queries_per_step=T,
-                               lifetime=int(opts["lifetime"]), device=device, check=False,
-                               policy=policy,
-                               max_context=self.max_model_len if policy == "reuse" else None)
-                for _ in range(self.num_layers)]
+            # the serving core: which request holds which row, and every layer's buffer
+            self.avsg_rows = RowTable(R)
+            self.avsg_residency = Residency(
+                self.num_layers, R, C, K, T, policy=policy, lifetime=int(opts["lifetime"]),
+                max_context=self.max_model_len if policy == "reuse" else None, device=device,
+                check=False)
+            self.avsg_buffers = self.avsg_residency.buffers     # (inspection, tests)
             # the top-k buffers' memory read as one row per request (same bytes; a buffer
             # grown by tail blocks keeps them past the rows)
             self.avsg_kv_k = [_request_rows(b, R, C, "topk_buffers_k") for b in
@@ -378,11 +384,7 @@ def define_backend(base):
                 self.max_num_topk_rows, C // bs, dtype=torch.int32, device=device)
             self.resident_seq_lens_npu = torch.full((self.max_num_topk_rows,), C,
                                                     dtype=torch.int32, device=device)
-            # per step (host truth, device copies the layers read)
-            self._row_of_req: Dict[str, int] = {}
-            self._ident_of_req: Dict[str, Tuple[int, int]] = {}
-            self._untouched = set()        # requests whose row was reset since the last plan
-            self._free_rows: List[int] = list(range(R))
+            # per step: the batch as begin_step saw it (host), device copies the layers read
             self._batch_req_ids: List[Optional[str]] = []
             self._batch_counts: List[int] = []
             self.avsg_state_row_of_batch = torch.full((R,), -1, dtype=torch.int64, device=device)
@@ -390,7 +392,6 @@ def define_backend(base):
             self.avsg_scheduled_tokens = torch.zeros(R, dtype=torch.int64, device=device)
             # the group plan of the last non-skip layer (IndexCache reuses it)
             self._group_plan = None
-            self._group_batch_rows = None
             M = R * T * K
             self.avsg_max_misses = M
             self.h2d_src_npu = torch.zeros(2 * M + 2, dtype=torch.int64, device=device)
@@ -462,31 +463,16 @@ def define_backend(base):
             if len(req_ids) > R:
                 raise ValueError(f"req_ids: expected at most max_num_seqs = {R} requests, got "
                                  f"{len(req_ids)}")
-            present = {r for r in req_ids if isinstance(r, str)}
-            self.release_rows([r for r in self._row_of_req if r not in present])
-            if identities is not None:
-                self.release_rows(self._stale_identities(req_ids, identities))
-            fresh: List[int] = []
-            state_of_batch = [-1] * R
+            keys = [r if isinstance(r, str) else None for r in req_ids]
+            state_of_batch, fresh = self.avsg_rows.assign(keys, identities)
+            self.avsg_residency.reset(fresh)
+            state_of_batch += [-1] * (R - len(state_of_batch))
             batch_of_state = [0] * R
             counts = [0] * R
-            for i, req in enumerate(req_ids):
-                if not isinstance(req, str):
-                    continue
-                row = self._row_of_req.get(req)
-                if row is None:
-                    row = self._free_rows.pop(0)
-                    self._row_of_req[req] = row
-                    fresh.append(row)
-                if identities is not None and i < len(identities) and identities[i] is not None:
-                    self._ident_of_req[req] = tuple(identities[i][:2])
-                state_of_batch[i] = row
-                batch_of_state[row] = i
-                counts[i] = int(scheduled_tokens[i])
-            if fresh:
-                for buf in self.avsg_buffers:
-                    buf.reset(fresh)
-                self._untouched.update(self._batch_req(fresh))
+            for i, row in enumerate(state_of_batch):
+                if row >= 0:
+                    batch_of_state[row] = i
+                    counts[i] = int(scheduled_tokens[i])
             self._batch_req_ids = list(req_ids)
             self._batch_counts = counts[:len(req_ids)]
             self.avsg_state_row_of_batch.copy_(torch.tensor(state_of_batch, dtype=torch.int64))
@@ -498,7 +484,7 @@ def define_backend(base):
             ``req_topk_buffer_slots`` / ``req_topk_buffer_generations`` /
             ``req_topk_buffer_active``, batch order, as in the last ``begin_step``). Rows whose
             identity changed are reset (``begin_step``'s ``identities``); True if any was."""
-            if not hasattr(self, "_row_of_req") or not self._batch_req_ids:
+            if not hasattr(self, "avsg_rows") or not self._batch_req_ids:
                 return False
             slots, generations = _host_ints(slots), _host_ints(generations)
             flags = _host_ints(active) if active is not None else None
@@ -508,37 +494,19 @@ def define_backend(base):
                 gen = generations[i] if i < len(generations) else -1
                 on = bool(flags[i]) if flags is not None and i < len(flags) else True
                 identities.append((slot, gen, on) if slot >= 0 and gen >= 0 else None)
-            changed = self._stale_identities(self._batch_req_ids, identities)
-            if changed or any(isinstance(req, str) and ident is not None
-                              and self._ident_of_req.get(req) != ident[:2]
-                              for req, ident in zip(self._batch_req_ids, identities)):
+            keys = [r if isinstance(r, str) else None for r in self._batch_req_ids]
+            changed = self.avsg_rows.stale(keys, identities)
+            if changed or any(key is not None and ident is not None
+                              and self.avsg_rows.identity_of(key) != tuple(ident[:2])
+                              for key, ident in zip(keys, identities)):
                 self.begin_step(self._batch_req_ids, self._batch_counts, identities)
             return bool(changed)
-
-        def _stale_identities(self, req_ids, identities) -> List[str]:
-            """The requests of the batch whose row must be reset by their runner identity: a
-            ``(slot, generation)`` other than the one the row was used under, or a slot not
-            active. A row reset since the last plan (nothing read into it yet) only records
-            the identity."""
-            stale = []
-            for i, req in enumerate(req_ids):
-                ident = identities[i] if i < len(identities) else None
-                if not isinstance(req, str) or ident is None or req not in self._row_of_req \
-                        or req in self._untouched:
-                    continue
-                if self._ident_of_req.get(req) != tuple(ident[:2]) or not ident[2]:
-                    stale.append(req)
-            return stale
-
-        def _batch_req(self, rows) -> List[str]:
-            wanted = set(rows)
-            return [req for req, row in self._row_of_req.items() if row in wanted]
 
         def apply_scheduler_output(self, scheduler_output) -> None:
             """Free the state rows of the requests this scheduler step does not continue with
             their KV intact. Called for every ``SchedulerOutput`` the model runner applies,
             including one that schedules no token (no forward, so no ``begin_step``)."""
-            if not hasattr(self, "_row_of_req"):
+            if not hasattr(self, "avsg_rows"):
                 return                  # before register_kv_caches: no rows yet
             out = scheduler_output
             # KV gone or replaced: finished, preempted, resumed from preemption (recomputed into
@@ -553,21 +521,16 @@ def define_backend(base):
             # next begin_step would free its row anyway; freeing it now covers a step with no
             # forward
             scheduled = out.num_scheduled_tokens
-            self.release_rows([req for req in self._row_of_req
+            self.release_rows([req for req in self.avsg_rows.keys()
                                if req in kv_replaced or req not in scheduled])
 
         def release_rows(self, req_ids: Sequence[str]) -> None:
             """Free the state rows of ``req_ids`` (ids without a row are skipped). A freed row is
             reset before ``begin_step`` gives it to any request, this one included."""
-            for req in req_ids:
-                row = self._row_of_req.pop(req, None)
-                self._ident_of_req.pop(req, None)
-                self._untouched.discard(req)
-                if row is not None:
-                    self._free_rows.append(row)
+            self.avsg_rows.release(req_ids)
 
         def state_row_of(self, req_id: str) -> Optional[int]:
-            return self._row_of_req.get(req_id)
+            return self.avsg_rows.row_of(req_id)
 
         # ------------------------------------------------------------------ attention views
         def resident_views(self, layer_name: str, rows: int):
@@ -596,63 +559,63 @@ def define_backend(base):
                 if layer_id == 0 or self._group_plan is None:
                     raise RuntimeError(f"skip_topk layer {layer_name}: no earlier layer planned "
                                        f"in this pass")
+                self._copy_group_plan(layer_id)
+                if current_slots_npu.data_ptr() != self.current_slots_npu.data_ptr():
+                    current_slots_npu[:N].copy_(self.current_slots_npu[:N])
             else:
-                self._plan_group(layer_id, N, block_table, topk_indices_npu,
-                                 stable_prefix_lens_npu, token_to_req_npu, current_slots_npu)
-            self._copy_misses(layer_id)
-            if skip_topk and current_slots_npu.data_ptr() != self.current_slots_npu.data_ptr():
-                current_slots_npu[:N].copy_(self.current_slots_npu[:N])
+                self._step(layer_id, N, block_table, topk_indices_npu, stable_prefix_lens_npu,
+                           token_to_req_npu, current_slots_npu)
 
-        def _plan_group(self, layer_id, N, block_table, topk_indices, stable_prefix_lens,
-                        token_to_req, current_slots_out):
-            R, T, K = self.max_num_reqs, self.decode_width, self.topk
-            dev = self.avsg_device
-            self._untouched.clear()
-            t = torch.arange(N, dtype=torch.int64, device=dev)
+        def _step(self, layer_id, N, block_table, topk_indices, stable_prefix_lens,
+                  token_to_req, current_slots_out):
+            """One layer through the serving core: this pass's tokens to state rows, one
+            ``Residency.step`` (drop the positions at or past each request's stable prefix,
+            plan, and copy the misses with vllm-ascend's descriptors), the slots back per
+            token."""
+            R, T = self.max_num_reqs, self.decode_width
+            self.avsg_rows.planned()
             if token_to_req is None:
-                req = t.clone()
+                req = torch.arange(N, dtype=torch.int64, device=self.avsg_device)
+                query = torch.zeros_like(req)
             else:
-                req = token_to_req[:N].to(torch.int64).clamp(0, R - 1)
-            # query index within the request: tokens of a request are contiguous
-            first = torch.full((R,), N, dtype=torch.int64, device=dev)
-            first.scatter_reduce_(0, req, t, reduce="amin")
-            j = t - first.index_select(0, req)
-            state_row = self.avsg_state_row_of_batch.index_select(0, req)
-            valid = ((state_row >= 0) & (j < T)
-                     & (j < self.avsg_scheduled_tokens.index_select(0, req)))
-            plan_index = torch.where(valid, state_row.clamp(min=0) * T + j,
-                                     torch.full_like(j, R * T))
-            topk = topk_indices[:N].reshape(N, K).to(torch.int32)
-            by_row = torch.full((R * T + 1, K), -1, dtype=torch.int32, device=dev)
-            by_row.index_copy_(0, plan_index, topk)
-            # per state row: the first rewritten position, and the kv length
-            stable_tok = stable_prefix_lens[:N].to(torch.int64)
-            big = torch.full((R + 1,), 1 << 24, dtype=torch.int64, device=dev)
-            srow = torch.where(valid, state_row.clamp(min=0), torch.full_like(j, R))
-            stable = big.scatter_reduce(0, srow, stable_tok, reduce="amin")[:R]
-            count = torch.zeros(R + 1, dtype=torch.int64, device=dev)
-            count.scatter_add_(0, srow, torch.ones_like(srow))
-            count = count[:R]
+                req, query = token_layout.requests_of_token_map(token_to_req, N, R)
+            # tokens past their request's scheduled count (graph padding) are not planned
+            live = query < self.avsg_scheduled_tokens.index_select(0, req)
+            tokens = token_layout.token_rows(req, query, live, self.avsg_state_row_of_batch, R, T)
+            by_state = token_layout.to_rows(topk_indices[:N], tokens, R, T)
+            # per state row: the first rewritten position, and the kv length after this pass
+            stable = token_layout.row_minimum(stable_prefix_lens[:N], tokens, R,
+                                              NO_LIMIT).clamp(max=NO_LIMIT)
+            count = token_layout.row_counts(tokens, R)
             seq_lens = torch.where(count > 0, stable + count, 0).to(torch.int32)
-            buf = self.avsg_buffers[layer_id]
-            buf.invalidate(stable.clamp(max=1 << 24).to(torch.int32))
-            plan = buf.plan(by_row[:R * T].view(R, T, K), seq_lens, check=False)
-            self._group_plan = plan
-            self._group_batch_rows = self.avsg_batch_of_state_row.clone()
-            self._group_block_table = block_table
-            # per token: its slots (valid first) and its request's pages
-            slots = plan.slots.reshape(R * T, K).index_select(0, plan_index.clamp(max=R * T - 1))
-            slots = torch.where(valid[:, None], slots, torch.full_like(slots, -1))
-            current_slots_out[:N].copy_(_valid_first(slots))
-            pages = (state_row.clamp(min=0)[:, None] * self.avsg_pages_per_row
-                     + torch.arange(self.avsg_pages_per_row, device=dev)[None, :])
-            self.resident_block_table_npu[:N].copy_(pages.to(torch.int32))
+            batch_rows = self.avsg_batch_of_state_row.clone()
+            plan = self.avsg_residency.step(
+                layer_id, by_state, seq_lens,
+                lambda p: self._copy_misses(layer_id, p, block_table, batch_rows),
+                stable.to(torch.int32))
+            self._group_plan = (plan, block_table, batch_rows)
+            current_slots_out[:N].copy_(token_layout.to_tokens(plan.slots, tokens))
+            token_layout.resident_pages(tokens.state_row, self.avsg_pages_per_row,
+                                        out=self.resident_block_table_npu[:N])
 
-        def _copy_misses(self, layer_id):
-            """The group plan's misses into this layer's buffer, from the shared host pool,
-            by address (on every TP rank: this rank's own host views where it holds them,
-            else the addresses rank 0 published)."""
-            plan = self._group_plan
+        def _copy_group_plan(self, layer_id):
+            """A ``skip_topk`` layer (IndexCache) reuses the group's plan: the same misses into
+            its own buffer. If that copy fails the group's buffer drops the plan's entries
+            (this layer would read slots no copy filled), even though the group's copy
+            succeeded. (A plan made under torch.compile tracing carries no source: untracked.)"""
+            plan, block_table, batch_rows = self._group_plan
+            try:
+                self._copy_misses(layer_id, plan, block_table, batch_rows)
+            except BaseException:
+                if plan.source is not None:
+                    plan.source.discard(plan)
+                raise
+
+        def _copy_misses(self, layer_id, plan, table, batch_rows):
+            """``plan``'s misses into this layer's buffer, from the shared host pool, by address
+            (on every TP rank: this rank's own host views where it holds them, else the
+            addresses rank 0 published); ``table`` the host block table in batch order,
+            ``batch_rows`` the batch row of each state row."""
             R, C, bs = self.max_num_reqs, self.avsg_capacity, self.block_size
             M = self.avsg_max_misses
             dev = self.avsg_device
@@ -662,8 +625,7 @@ def define_backend(base):
             live = idx < counts[:, None]
             pos = plan.miss_pos.to(torch.int64).clamp(min=0)
             slot = plan.miss_slots.to(torch.int64).clamp(0, C - 1)
-            table = self._group_block_table
-            batch_rows = self._group_batch_rows.clamp(0, table.shape[0] - 1)
+            batch_rows = batch_rows.clamp(0, table.shape[0] - 1)
             blocks_of_row = table.index_select(0, batch_rows).to(torch.int64)   # [R, blocks]
             col = (pos // bs).clamp(max=blocks_of_row.shape[1] - 1)
             block = blocks_of_row.gather(1, col)
@@ -696,31 +658,12 @@ def define_backend(base):
             if self.tp_size > 1:
                 # TP0's D2H of this step's KV must land before any rank reads the pool
                 self.tp_group.broadcast(torch.empty([], dtype=torch.int8, device=dev), src=0)
-            # The copy is ours, not avsg.gather, so the buffer hears from us: copied (else its
-            # next call drops the plan's misses as never copied), or, when this layer's copy
-            # fails, discarded, even if an earlier layer of the group copied the same plan:
-            # this layer's buffer would otherwise hold reserved slots no copy filled. (A plan
-            # made under torch.compile tracing carries no source: untracked.)
-            try:
-                self._offload_api().sparse_copy(self.h2d_src_npu, self.h2d_dst_npu,
-                                                self.h2d_len_npu, self.h2d_count_npu, dev)
-            except BaseException:
-                if plan.source is not None:
-                    plan.source.discard(plan)
-                raise
-            if plan.source is not None:
-                plan.source.mark_copied(plan)
+            # the copy settles the plan's misses: the caller (Residency.step, or
+            # _copy_group_plan for a skip_topk layer) drops them if it raises
+            self._offload_api().sparse_copy(self.h2d_src_npu, self.h2d_dst_npu,
+                                            self.h2d_len_npu, self.h2d_count_npu, dev)
 
     return AVSGSparseKVOffloadManager
-
-
-def _valid_first(slots: torch.Tensor) -> torch.Tensor:
-    """Per row, the valid (``>= 0``) entries first in their order, then ``-1``: a stable
-    partition as one scatter (the destinations are a permutation)."""
-    valid = slots >= 0
-    n_valid = valid.sum(1, keepdim=True)
-    dest = torch.where(valid, valid.cumsum(1) - 1, n_valid + (~valid).cumsum(1) - 1)
-    return torch.full_like(slots, -1).scatter_(1, dest, slots)
 
 
 def _request_rows(buffer: torch.Tensor, rows: int, capacity: int, name: str) -> torch.Tensor:

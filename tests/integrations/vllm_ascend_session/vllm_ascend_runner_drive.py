@@ -199,10 +199,10 @@ class RunnerEngine(drive.Engine):
         else:
             assert self.forwards == forwards + 1
         # whether or not a forward ran: rows only for this step's requests, none lost
-        held = dict(self.manager._row_of_req)
+        held = self.manager.avsg_rows.held()
         if set(held) != set(out.num_scheduled_tokens):
             self.row_faults.append((self.steps, sorted(held), sorted(out.num_scheduled_tokens)))
-        assert sorted(list(held.values()) + self.manager._free_rows) == list(range(R))
+        assert sorted(list(held.values()) + self.manager.avsg_rows.free_rows()) == list(range(R))
         self.steps += 1
 
     def decode(self, steps):

@@ -365,7 +365,12 @@ def break_scheduler_hook(monkeypatch):
 def break_invalidate(monkeypatch):
     """The per-layer invalidate drops nothing: rejected drafts' positions stay resident."""
     from avsg.buffer import SparseKVBuffer
+    stock = SparseKVBuffer.step
     monkeypatch.setattr(SparseKVBuffer, "invalidate", lambda self, valid_lens: None)
+    # the drop runs inside the layer's one buffer call
+    monkeypatch.setattr(SparseKVBuffer, "step",
+                        lambda self, topk_pos, seq_lens, copy, drop_from=None:
+                        stock(self, topk_pos, seq_lens, copy))
 
 
 def break_uncopied(monkeypatch):
