@@ -3,9 +3,9 @@
 ``avsg bench decode``'s ``lru-host`` peer matches on the host: per layer, the top-k of every query
 token goes D2H, a host callback runs an exact LRU per query-token row over ``topk_buffer_size``
 slots, writes two copy descriptors (latent and RoPE part) per miss, and the descriptors go back
-H2D. This module is our own C implementation of that per-row algorithm (learned from the design,
-no code taken), compiled with the system C compiler at first use, so that the model's host cost is
-a measurement on this machine (scaled to the serving host by a stated factor in the profile).
+H2D. Our own C implementation of that per-row algorithm (learned from the design, no code taken)
+is ``lab/host_lru.cpp``, built into the op library by CMake, so that the model's host cost is a
+measurement on this machine (scaled to the serving host by a stated factor in the profile).
 
 Per row and call, with ``S`` slots, ``K`` selections and a workspace ``mark``/``where`` of
 ``max_pos`` ints stamped with an epoch (so nothing is cleared between calls):
@@ -24,94 +24,28 @@ Work per row is O(S + K): the walk over all slots dominates, whatever the hit ra
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import subprocess
-import tempfile
 import time
 from typing import Dict, Optional
 
 import numpy as np
 
-_SOURCE = r"""
-#include <stdint.h>
-/* rows x K selections (int32, -1 = none). Per row: slot_pos[S] (position held, -1 empty),
-   order[S] (slots, least recently used first). Workspace: mark/where [max_pos], scratch [3 S].
-   Out: slot_of[rows x K], misses[rows], descriptors (3 int64 per descriptor, 2 per miss). */
-int64_t host_lru_rows(int32_t rows, int32_t K, int32_t S, int32_t max_pos,
-                      const int32_t *sel, const int32_t *valid_len,
-                      int32_t *slot_pos, int32_t *order, int32_t *slot_of, int32_t *misses,
-                      int32_t *mark, int32_t *where, int32_t *epoch, int32_t *scratch,
-                      int64_t *desc, int32_t block, int64_t latent_bytes, int64_t rope_bytes) {
-  int64_t total = 0;
-  for (int32_t r = 0; r < rows; ++r) {
-    const int32_t *s = sel + (int64_t)r * K;
-    int32_t *sp = slot_pos + (int64_t)r * S, *ord = order + (int64_t)r * S;
-    int32_t *out = slot_of + (int64_t)r * K;
-    int32_t *hit = scratch, *evict = scratch + S, *filled = scratch + 2 * S;
-    int32_t e = ++*epoch, nh = 0, ne = 0, nm = 0;
-    for (int32_t i = 0; i < K; ++i) {
-      out[i] = -1;
-      int32_t p = s[i];
-      if (p >= 0 && p < max_pos && mark[p] != e) { mark[p] = e; where[p] = i; }
-    }
-    for (int32_t j = 0; j < S; ++j) {
-      int32_t slot = ord[j], p = sp[slot];
-      if (p >= valid_len[r]) { sp[slot] = -1; p = -1; }
-      if (p >= 0 && mark[p] == e) { out[where[p]] = slot; hit[nh++] = slot; }
-      else evict[ne++] = slot;
-    }
-    for (int32_t i = 0; i < K && nm < ne; ++i) {
-      int32_t p = s[i];
-      if (p < 0 || p >= max_pos || out[i] >= 0 || where[p] != i) continue;
-      int32_t slot = evict[nm];
-      sp[slot] = p; out[i] = slot; filled[nm] = slot;
-      int64_t *d = desc + 6 * (total + nm);
-      int64_t page = p / block, in_page = p % block;
-      d[0] = page * block * latent_bytes + in_page * latent_bytes;
-      d[1] = ((int64_t)r * S + slot) * latent_bytes; d[2] = latent_bytes;
-      d[3] = page * block * rope_bytes + in_page * rope_bytes;
-      d[4] = ((int64_t)r * S + slot) * rope_bytes; d[5] = rope_bytes;
-      ++nm;
-    }
-    int32_t w = 0;
-    for (int32_t j = nm; j < ne; ++j) ord[w++] = evict[j];
-    for (int32_t j = 0; j < nm; ++j) ord[w++] = filled[j];
-    for (int32_t j = 0; j < nh; ++j) ord[w++] = hit[j];
-    misses[r] = nm;
-    total += nm;
-  }
-  return total;
-}
-"""
-
 _LIB = None
 
 
 def _library():
-    """The compiled implementation (cached by source hash in the temp directory)."""
+    """The implementation in the op library (lab/host_lru.cpp, built by CMake with the ops)."""
     global _LIB
-    if _LIB is not None:
-        return _LIB
-    digest = hashlib.sha1(_SOURCE.encode()).hexdigest()[:12]
-    folder = os.path.join(tempfile.gettempdir(), f"avsg-host-lru-{os.getuid()}")
-    os.makedirs(folder, exist_ok=True)
-    so = os.path.join(folder, f"host_lru_{digest}.so")
-    if not os.path.exists(so):
-        src = os.path.join(folder, f"host_lru_{digest}.c")
-        with open(src, "w") as f:
-            f.write(_SOURCE)
-        compiler = os.environ.get("CC", "cc")
+    if _LIB is None:
+        from .. import _ops
+        lib = ctypes.CDLL(_ops.LIBRARY_PATH)
         try:
-            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", so + ".tmp", src],
-                           check=True, capture_output=True, timeout=120)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise RuntimeError(f"host LRU timing needs a C compiler ({compiler}): {e}") from None
-        os.replace(so + ".tmp", so)
-    lib = ctypes.CDLL(so)
-    lib.host_lru_rows.restype = ctypes.c_int64
-    _LIB = lib
-    return lib
+            lib.host_lru_rows.restype = ctypes.c_int64
+        except AttributeError:
+            raise RuntimeError(f"host LRU timing: {_ops.LIBRARY_PATH} has no host_lru_rows; "
+                               f"rebuild the package (pip install --no-build-isolation -e .)"
+                               ) from None
+        _LIB = lib
+    return _LIB
 
 
 class HostLRU:
