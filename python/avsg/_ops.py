@@ -219,3 +219,9 @@ def npu_available() -> bool:
     except Exception:
         return False
     return hasattr(torch, "npu") and torch.npu.is_available()
+
+
+def has_op(name: str) -> bool:
+    """Whether the loaded op libraries define ``torch.ops.avsg.<name>`` (some exist only in the
+    emulation build or with the NPU backend)."""
+    return hasattr(torch.ops.avsg, name)
