@@ -595,7 +595,9 @@ def define_backend(base):
                 stable.to(torch.int32))
             self._group_plan = (plan, block_table, batch_rows)
             current_slots_out[:N].copy_(token_layout.to_tokens(plan.slots, tokens))
-            token_layout.resident_pages(tokens.state_row, self.avsg_pages_per_row,
+            # (a token that is not planned lists its request's pages too; it reads no slot)
+            token_layout.resident_pages(self.avsg_state_row_of_batch.index_select(0, req),
+                                        self.avsg_pages_per_row,
                                         out=self.resident_block_table_npu[:N])
 
         def _copy_group_plan(self, layer_id):
