@@ -22,8 +22,21 @@ A projection, not a measurement: nothing here has run on an NPU.
                     counted-work model (:func:`slotmap_counters`). On a miss with the buffer full it
                     evicts in FIFO order (oldest fill first), skipping slots this step hits: a
                     lookup-only kernel keeps no per-hit recency. Copies overlap attention.
+``fused-2048``      vllm-ascend's fused path (``npu_fused_sparse_attention_overlap``, PR #14278) as
+                    merged: one selection cache of K slots per query token holding its last top-k
+                    (:mod:`.fused`: copies from an exact replay of its kernel; matching from a
+                    counted-work model of its kernel source); its copies overlap its attention;
+                    no launch beside attention.
+``fused-4096``      the same path with ``topk_buffer_size`` slots per query token (default 4096,
+                    ``--topk-buffer-size``): an exact LRU per token (``lru-host``'s copies), the
+                    merged kernel's matching scaled to that many resident entries.
 ``avsg``            the op's default policy (``lifetime``), its counted plan cost; gather then
                     attention (``--overlap`` lets its copies overlap attention too).
+
+**Launches**: every mode pays ``launches_per_layer(mode)`` kernel launches per layer and pass
+beside attention, each at a cost per launch (``launch_s``; the profile's ``launch_graph_s`` by
+default: decode runs graph-captured). avsg's count is the serving manager's
+(:data:`..cache.manager.SERVING_LAUNCHES`, held equal to what it dispatches by a test).
 
 **Inputs**, measured in the same run: the rows each mode copies per layer and iteration, replayed
 over *every* layer of the trace (MTP-n: 1 + n query tokens, simulated acceptance, rejected drafts
@@ -50,15 +63,51 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import hardware
+from . import fused, hardware
 from .plan_cost import Costs
 from .traffic import Traffic
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 V32_CONFIG = os.path.join(_HERE, "profiles", "deepseek_v32_config.json")
 MAX_BATCH = 4096
-MODES = ("device", "offload", "lru-host", "lru-device", "slotmap-device", "avsg")
-PEERS = ("offload", "lru-host", "lru-device", "slotmap-device")
+MODES = ("device", "offload", "lru-host", "lru-device", "slotmap-device", "fused-2048",
+         "fused-4096", "avsg")
+PEERS = ("offload", "lru-host", "lru-device", "slotmap-device", "fused-2048", "fused-4096")
+LAUNCH_SENSITIVITY_US = (0.0, 2.0, 5.0, 10.0)   # the launch costs every ratio is also given at
+# Kernel launches per layer and pass beside attention, for the peers (avsg's and lru-device's
+# come from the serving manager): what each integration is described to launch.
+PEER_LAUNCHES = {
+    "device": 0,
+    "offload": 1,           # one copy of the union of the pass's selections
+    "lru-host": 1,          # the batched miss copy; its D2H, H2D and host callback are priced
+                            # by their own latencies (copy_launch_latency_s, host_callback_...)
+    "slotmap-device": 2,    # SGLang Ascend: the slot-map lookup + evict, the gather into the
+                            # per-step buffer
+    "fused-2048": 0,        # matching and copies inside the attention kernel
+    "fused-4096": 0,
+}
+
+
+def launches_per_layer(mode: str) -> int:
+    """Kernel launches ``mode`` adds per layer and pass beside attention. avsg and lru-device
+    run through the serving manager: the kernels it launches (``SERVING_LAUNCHES``)."""
+    if mode in ("avsg", "lru-device"):
+        from ..cache import manager
+        return len(manager.SERVING_LAUNCHES)
+    return PEER_LAUNCHES[mode]
+
+
+def fused_slots(mode: str, k: int, topk_buffer: int) -> int:
+    """Slots per query token: the top-k for the merged kernel, ``topk_buffer_size`` (default
+    4096, ``--topk-buffer-size``) for ``fused-4096``."""
+    return k if mode == "fused-2048" else topk_buffer
+
+
+def fused_workers(hw: hardware.Profile) -> int:
+    """Vector cores that run the fused kernel's selection update: ``RunAllCoreSelectionUpdate``
+    hands rows to ``GetBlockNum()`` workers (the cube-vector groups, half the vector cores); the
+    vector cores numbered past it return."""
+    return max(1, int(hw["aiv_cores"]) // 2)
 PROFILES = ("bundled", "pessimistic", "optimistic")
 # the constants the sensitivity profiles scale (3x pessimistic, 1/3x optimistic)
 SENSITIVE = ("scalar_ub_cycles", "scalar_gm_cycles", "vec_issue_cycles", "host_dma_latency_s",
@@ -149,7 +198,12 @@ def memory_per_card(c, hw: hardware.Profile, mode: str, batch: int, context: int
         "lru-device": L * capacity * (row + OP_STATE_BYTES_PER_SLOT),
         "slotmap-device": L * (capacity * (row + SLOTMAP_STATE_BYTES_PER_SLOT) + 4 * context),
         "avsg": L * (capacity * (row + OP_STATE_BYTES_PER_SLOT) + 4 * context),
-    }[mode]
+    } if not mode.startswith("fused") else {
+        # per query token: its slots, the status row (a position per slot + a count) and the
+        # INT16 membership map row (16,400 entries, kept at any context)
+        mode: L * T * (fused_slots(mode, K, topk_buffer) * (row + 4) + 4
+                       + 2 * fused.MEMBERSHIP_STRIDE_INT16)}
+    per_request = per_request[mode]
     tokens = batch * T
     activations = hw["activation_reserve_bytes"] + tokens * (
         4 * context                       # the indexer's fp32 scores of one layer
@@ -203,10 +257,24 @@ def _link_s(hw, rows: float, row_bytes: int, dmas_per_row: int = 1) -> float:
 
 
 def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, batch: int, T: int,
-                     K: int, mla_s: float, overlap_avsg: bool) -> Dict[str, float]:
+                     K: int, mla_s: float, overlap_avsg: bool, traffic: Optional[Traffic] = None,
+                     context: int = 0) -> Dict[str, float]:
     """One layer's matching and copy time (s) in ``mode`` for ``rows`` copied rows per request."""
     if mode == "device":
         return {"match_s": 0.0, "copy_s": 0.0}
+    if mode.startswith("fused"):
+        # per query-token row: the selection update (the matching, before the kernel's SyncAll;
+        # rows spread over the workers) and the rows MergeKv copies while attention runs: the
+        # copy overlaps attention (max, not sum); the synchronous copies are in the matching
+        summary = traffic.fused[mode]
+        work = fused.matching_us(summary, hw, context, K,
+                                 fused_slots(mode, K, traffic.topk_buffer), fmt.row_bytes,
+                                 fmt.latent_bytes)
+        per_row = sum(summary[g]["share"] * summary[g]["misses"] for g in fused.REGIMES)
+        deferred = rows * (work["deferred_rows"] / per_row if per_row else 0.0)
+        waves = math.ceil(batch * T / fused_workers(hw))
+        link = _link_s(hw, deferred * batch, fmt.row_bytes, dmas_per_row=2)
+        return {"match_s": waves * work["us_per_row"] * 1e-6, "copy_s": max(0.0, link - mla_s)}
     waves = math.ceil(batch / hw["aiv_cores"])
     link = _link_s(hw, rows * batch, fmt.row_bytes)
     if mode == "offload":
@@ -228,10 +296,14 @@ def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, ba
 
 def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], batch: int,
             context: int, cards: int, overlap_avsg: bool = False,
-            modes: Sequence[str] = MODES) -> Dict[str, Dict]:
+            modes: Sequence[str] = MODES, launch_s: Optional[float] = None) -> Dict[str, Dict]:
     """One modelled decode iteration per mode for ``batch`` requests per card: the main model's
     layers on 1 + n query tokens (per-layer traffic: the mean layer time over the trace's layers),
-    then n draft passes of the MTP layer on one token each. Infeasible modes get no times."""
+    then n draft passes of the MTP layer on one token each. Every layer of every pass pays the
+    mode's launches (``launches_per_layer``) at ``launch_s`` each (default: the profile's
+    ``launch_graph_s``). Infeasible modes get no times."""
+    if launch_s is None:
+        launch_s = hw["launch_graph_s"]
     fmt = kv_format(hw)
     T = 1 + traffic.drafts
     L, K = c.num_hidden_layers, c.index_topk
@@ -248,17 +320,23 @@ def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], b
                                        / traffic.tokens_per_iteration) if mode != "device" else 0.0}
         if costs is None and mode not in ("device", "offload"):
             continue
+        if mode.startswith("fused") and mode not in traffic.fused:
+            continue
         per_layer = []
         for rows in (traffic.rows[mode] if mode != "device" else [0.0]):
-            o = layer_overhead_s(mode, hw, fmt, costs, rows, batch, T, K, mla_s, overlap_avsg)
+            o = layer_overhead_s(mode, hw, fmt, costs, rows, batch, T, K, mla_s, overlap_avsg,
+                                 traffic, context)
             per_layer.append((o["match_s"], o["copy_s"]))
         match_s = float(np.mean([m for m, _ in per_layer]))
         copy_s = float(np.mean([cp for _, cp in per_layer]))
         # a draft pass: one token per request through the MTP layer, its share of the copies
-        draft = traffic.drafts * (draft_s + (match_s + copy_s) / T)
-        step = L * (compute_s + match_s + copy_s) + draft
+        launches = launches_per_layer(mode)
+        launch_layer_s = launches * launch_s
+        draft = traffic.drafts * (draft_s + (match_s + copy_s) / T + launch_layer_s)
+        step = L * (compute_s + match_s + copy_s + launch_layer_s) + draft
         rec.update(step_s=step, compute_s=L * compute_s, match_s=L * match_s, copy_s=L * copy_s,
-                   draft_s=draft,
+                   draft_s=draft, launches_per_layer=launches, launch_us=1e6 * launch_s,
+                   launch_s=(L + traffic.drafts) * launch_layer_s,
                    plan_us_per_layer=1e6 * match_s,
                    rows_per_layer=traffic.mean(mode) if mode != "device" else 0.0)
         if rec["feasible"]:

@@ -25,6 +25,8 @@ class Traffic:
     topk_buffer: int
     rows: Dict[str, List[float]]
     source: str
+    # the fused path's per row-step work by regime (fused.summarize), per variant
+    fused: Dict[str, Dict[str, Dict[str, float]]] = dataclasses.field(default_factory=dict)
 
     def mean(self, mode: str) -> float:
         return float(np.mean(self.rows[mode])) if self.rows.get(mode) else 0.0
@@ -79,12 +81,20 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
                     topk_buffer: int, steps: int, layers: Optional[int] = None) -> Traffic:
     """One MTP replay of the trace's first ``steps`` steps over all its layers (or ``layers``),
     every mode on the same schedule of accepted drafts; the first iteration warms the buffers and
-    is not counted."""
+    is not counted.
+
+    The fused path (:mod:`.fused`): ``fused-2048`` replays the merged kernel's selection cache,
+    one row of K slots per query token, exactly (no drop of rejected drafts' positions: the
+    kernel has none; hits on rewritten bytes are counted apart as ``stale_hits``);
+    ``fused-4096`` is the same path with ``topk_buffer`` slots per query token, an exact LRU per
+    token, whose copies are ``lru-host``'s replay (the same per-token LRU, rejected drafts
+    dropped)."""
     from ..traces import format as trace_format
     from ..traces.mtp import draw_accepted
     from .. import reference
     from ..traces.policies import OP_POLICY, StepInput, make_policy, unique_rows
     from .. import backend
+    from . import fused
     trace = trace_format.load_trace(trace_path, check_values=False)
     sel = trace.sel[:layers, :steps] if layers else trace.sel[:, :steps]
     L, N, K = sel.shape
@@ -98,7 +108,10 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
             "lru-device": make_policy("lru", L, capacity, K, Tq, max_pos=max_pos),
             "slotmap-device": _slotmap_policy_class()(L, capacity, K, Tq, max_pos),
             "lru-host": make_policy("lru", L * Tq, topk_buffer, K, 1, max_pos=max_pos)}
-    rows = {m: np.zeros(L) for m in ("offload", *pols)}
+    rows = {m: np.zeros(L) for m in ("offload", *pols, "fused-2048")}
+    selection = fused.SelectionCache(L * Tq, K)
+    last_write = np.full(max_pos, -1, np.int64)
+    fused_steps: Dict[str, list] = {"fused-2048": [], "fused-4096": []}
     accepted = draw_accepted(N, drafts, accept_mean if drafts else 0.0)
     s, i, counted, emitted = 0, 0, 0, 0
     with backend.emulation("fast"):
@@ -118,7 +131,16 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
             h1 = pols["lru-host"].step(i, StepInput(raw1, u1, c1, np.full(L * Tq, seq[0])))
             got["lru-host"] = (c1 - h1).reshape(L, Tq).sum(1).astype(float)
             pols["lru-host"].invalidate(np.full(L * Tq, valid_len, np.int64))
+            last_write[pos[s:s + Tq]] = i          # this pass writes its query tokens' KV
+            f = selection.step(raw1.reshape(L * Tq, K), last_write, i)
+            got["fused-2048"] = f.misses.reshape(L, Tq).sum(1).astype(float)
             if i > 0:
+                m1 = (c1 - h1).astype(np.int64)
+                fused_steps["fused-2048"].append(f)
+                fused_steps["fused-4096"].append(fused.RowSteps(
+                    misses=m1, merge_steps=topk_buffer + m1, scan=np.full_like(m1, topk_buffer),
+                    probe=np.ones_like(m1), same=np.zeros(m1.shape, bool),
+                    stale_hits=np.zeros_like(m1)))
                 for m in rows:
                     rows[m] += got[m]
                 counted += 1
@@ -127,6 +149,8 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
             i += 1
     if not counted:
         raise ValueError(f"trace: {N} steps give no counted iteration at MTP-{drafts}")
+    rows["fused-4096"] = rows["lru-host"]
     return Traffic(drafts, accept_mean, emitted / counted, capacity, topk_buffer,
                    {m: (v / counted).tolist() for m, v in rows.items()},
-                   f"{trace_label(trace_path)}: all {L} layers x {counted} iterations")
+                   f"{trace_label(trace_path)}: all {L} layers x {counted} iterations",
+                   {v: fused.summarize(steps) for v, steps in fused_steps.items()})

@@ -3,8 +3,9 @@ memory, sensitivity) printed for a grid of batch sizes, contexts and MTP depths.
 
 A projection, not a measurement: nothing here has run on an NPU.
 
-**Records** (``--out DIR``/decode.json, ``records``): one per mode, batch, context, MTP and profile,
-with ``feasible``, ``tpot_ms`` and ``tokens_per_s`` (None when infeasible), ``h2d_bytes_per_token``,
+**Records** (``--out DIR``/decode.json, ``records``): one per mode, batch, context, MTP, profile and
+launch cost (``launch_us``: 0, 2, 5, 10 and the profile's graph-captured and eager costs), with
+``launches_per_layer`` (kernel launches per layer and pass beside attention), ``feasible``, ``tpot_ms`` and ``tokens_per_s`` (None when infeasible), ``h2d_bytes_per_token``,
 ``plan_us_per_layer`` (the mode's matching cost per layer: plan or the slot-map lookup for the
 device modes, the D2H + host LRU + descriptor copies for ``lru-host``), ``copy_us_per_layer`` (its
 exposed copy time), the rows it copies and its memory per card (GB).
@@ -21,8 +22,9 @@ from typing import Dict, List
 from ...cli_util import UsageError, float_in, int_in, read_input, size_list, writing
 from ...costmodel import hardware
 from ...costmodel.plan_cost import counted_plan_steps, measure_costs, plan_counters
-from ...costmodel.projection import (MAX_BATCH, MODES, PEERS, PROFILES, SENSITIVE, V32_CONFIG,
-                                     best_peer, kv_format, max_batch, profile_variant, project)
+from ...costmodel.projection import (LAUNCH_SENSITIVITY_US, MAX_BATCH, MODES, PEERS, PROFILES,
+                                     SENSITIVE, V32_CONFIG, best_peer, kv_format,
+                                     launches_per_layer, max_batch, profile_variant, project)
 from ...costmodel.traffic import Traffic, load_trace_cut, measure_traffic
 from ...traces.lookup import read_trace
 
@@ -86,7 +88,8 @@ def load_inputs(args):
         config = read_input("--config", args.config, from_hf_config)
         for key in ("fp8_compute", "hbm_bytes", "weight_bytes_per_param", "host_cpu_time_factor",
                     "host_lru_threads", "host_callback_latency_s", "copy_launch_latency_s",
-                    "activation_reserve_bytes", "activation_hidden_copies", *SENSITIVE):
+                    "activation_reserve_bytes", "activation_hidden_copies", "launch_graph_s",
+                    "launch_eager_s", *SENSITIVE):
             hw[key]
     except (ValueError, KeyError) as e:
         raise UsageError(str(e).strip("'\"")) from None
@@ -148,7 +151,13 @@ def main(args: argparse.Namespace) -> int:
         tr = traffic[n]
         print(f"    MTP-{n} ({tr.tokens_per_iteration:.2f} tokens/iteration): " + ", ".join(
             f"{m} {tr.mean(m):,.0f} [{tr.spread(m)['min']:,.0f}-{tr.spread(m)['max']:,.0f}]"
-            for m in ("offload", "lru-host", "lru-device", "slotmap-device", "avsg")))
+            for m in ("offload", "lru-host", "lru-device", "slotmap-device", "fused-2048",
+                      "avsg")) + f"; fused-4096 = lru-host (the same per-token LRU)")
+    stale = {n: sum(g["share"] * g["stale_hits"] for g in traffic[n].fused["fused-2048"].values())
+             for n in mtps}
+    print("    fused-2048 hits on bytes rewritten after their copy (rejected drafts; the merged "
+          "kernel drops nothing), per query-token row and iteration: " + ", ".join(
+              f"MTP-{n} {v:.2f}" for n, v in stale.items()))
     counters = plan_counters(trace, [1 + n for n in mtps], args.capacity, args.topk_buffer_size,
                              {1 + n: traffic[n].accept_mean for n in mtps})
     # traffic keyed by T - 1 = drafts for the slot map's miss count
@@ -161,19 +170,44 @@ def main(args: argparse.Namespace) -> int:
                     f"{b.plan_us['lru-device'][1 + n]:.0f}, slotmap {b.plan_us['slotmap-device'][1 + n]:.0f}"
                     for n in mtps))
     print(f"  {b.host_source}")
+    from ...costmodel import fused as fused_model
+    fmt_rows = (fmt.row_bytes, fmt.latent_bytes)
+
+    def fused_us(n, variant, ctx):
+        slots = config.index_topk if variant == "fused-2048" else args.topk_buffer_size
+        return fused_model.matching_us(traffic[n].fused[variant], hw, ctx, config.index_topk,
+                                       slots, *fmt_rows)["us_per_row"]
+    print("  fused path's selection update per query-token row, us (counted-work model of its "
+          "kernel source, bundled profile; direct map up to 16,376 tokens, sort + merge above): "
+          + "; ".join(f"T={1 + n}: " + ", ".join(
+              f"{v} at {ctx // 1024}K {fused_us(n, v, ctx):.0f}"
+              for v in ("fused-2048", "fused-4096") for ctx in contexts) for n in mtps))
+    graph_us = round(1e6 * hw["launch_graph_s"], 6)
+    launch_costs = sorted({*LAUNCH_SENSITIVITY_US, graph_us, round(1e6 * hw["launch_eager_s"], 6)})
+    print(f"  kernel launches per layer and pass beside attention: " + ", ".join(
+        f"{m} {launches_per_layer(m)}" for m in MODES) + f"; {1e6 * hw['launch_graph_s']:g} us "
+        f"per launch graph-captured (the tables' default), {1e6 * hw['launch_eager_s']:g} us "
+        f"eager (profile)")
     records, rows = [], []
     for n in mtps:
         for context in contexts:
             for batch in batches:
-                point = {}
+                point, by_launch = {}, {}
                 for name in PROFILES:
                     hwp = profile_variant(hw, name)
-                    p = project(config, hwp, traffic[n], costs[name], batch, context, args.cards,
-                                args.overlap)
-                    point[name] = p
-                    for mode, r in p.items():
-                        records.append({"mode": mode, "batch": batch, "context": context,
-                                        "mtp": n, "profile": name, "feasible": r["feasible"],
+                    for launch_us in launch_costs:
+                        p = project(config, hwp, traffic[n], costs[name], batch, context,
+                                    args.cards, args.overlap, launch_s=launch_us * 1e-6)
+                        if launch_us == graph_us:
+                            point[name] = p
+                        if name == "bundled":
+                            by_launch[launch_us] = p
+                        for mode, r in p.items():
+                            records.append({
+                                        "mode": mode, "batch": batch, "context": context,
+                                        "mtp": n, "profile": name, "launch_us": launch_us,
+                                        "launches_per_layer": r["launches_per_layer"],
+                                        "feasible": r["feasible"],
                                         "tpot_ms": 1e3 * r["tpot_s"] if r["tpot_s"] else None,
                                         "tokens_per_s": r["tokens_per_s"],
                                         "h2d_bytes_per_token": r["h2d_bytes_per_token"],
@@ -182,7 +216,7 @@ def main(args: argparse.Namespace) -> int:
                                         "rows_per_layer": r["rows_per_layer"],
                                         "memory_gb": {k: v / 1e9 for k, v in r["memory"].items()
                                                       if k != "feasible"}})
-                rows.append(summarize(point, n, batch, context))
+                rows.append(summarize(point, n, batch, context, by_launch))
     limits = {(m, ctx, n): max_batch(config, hw, m, ctx, 1 + n, args.capacity,
                                      args.topk_buffer_size, args.cards)
               for m in MODES for ctx in contexts for n in mtps}
@@ -217,6 +251,11 @@ def main(args: argparse.Namespace) -> int:
         json.dump({"hardware": hw.sources(), "hardware_name": hw.name, "estimate": True,
                    "kv_format": dataclasses.asdict(fmt), "cards": args.cards,
                    "overlap_avsg": args.overlap, "sensitive_constants": list(SENSITIVE),
+                   "launch_us": {"graph": 1e6 * hw["launch_graph_s"],
+                                 "eager": 1e6 * hw["launch_eager_s"],
+                                 "sensitivity": list(LAUNCH_SENSITIVITY_US),
+                                 "records": launch_costs},
+                   "launches_per_layer": {m: launches_per_layer(m) for m in MODES},
                    "traffic": {n: dataclasses.asdict(t) for n, t in traffic.items()},
                    "matching_us_per_row": {name: c.plan_us for name, c in costs.items()},
                    "host_lru": counters["host"], "max_batch": [
@@ -235,9 +274,18 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def summarize(point: Dict[str, Dict[str, Dict]], mtp: int, batch: int, context: int) -> Dict:
-    """avsg against the best feasible peer under each profile."""
-    out = {"mtp": mtp, "batch": batch, "context": context}
+def summarize(point: Dict[str, Dict[str, Dict]], mtp: int, batch: int, context: int,
+              by_launch: Dict[float, Dict[str, Dict]] = None) -> Dict:
+    """avsg against the best feasible peer under each profile (at the profile's graph-captured
+    launch cost), and under the bundled profile at each launch cost of ``by_launch`` (the best
+    peer chosen again at each)."""
+    out = {"mtp": mtp, "batch": batch, "context": context, "by_launch_us": {}}
+    for launch_us, p in (by_launch or {}).items():
+        peer = best_peer(p)
+        a = p["avsg"]
+        out["by_launch_us"][launch_us] = {
+            "best_peer": peer, "tpot_ratio": a["tpot_s"] / p[peer]["tpot_s"]
+            if peer and a["feasible"] else None}
     for name, p in point.items():
         a = p["avsg"]
         peer = best_peer(p)
@@ -267,25 +315,37 @@ def _verdict(row: Dict) -> str:
     return "depends on the profile"
 
 
+def _by_launch(row: Dict) -> str:
+    """avsg/best-peer TPOT at each sensitivity launch cost (bundled profile)."""
+    got = row.get("by_launch_us", {})
+    return " / ".join(f"{got[u]['tpot_ratio']:.2f}" if got.get(u, {}).get("tpot_ratio") else "-"
+                      for u in LAUNCH_SENSITIVITY_US)
+
+
 def _cell(row: Dict) -> List[str]:
     b = row["bundled"]
     if not b["avsg_feasible"]:
-        return ["infeasible", f"{b['avsg_gb']:.0f} GB > HBM", "-", "-", "-", "-", "-"]
+        return ["infeasible", f"{b['avsg_gb']:.0f} GB > HBM", "-", "-", "-", "-", "-", "-"]
     if not b["best_peer"]:
-        return [f"{b['avsg_tpot_ms']:.1f} ms", "no peer fits", "-", "-", "-", "-", "-"]
+        return [f"{b['avsg_tpot_ms']:.1f} ms", "no peer fits", "-", "-", "-", "-", "-", "-"]
     return [f"{b['avsg_tpot_ms']:.1f} ms", f"{b['best_peer']} {b['peer_tpot_ms']:.1f} ms",
-            f"{b['tpot_ratio']:.2f}", f"{row['pessimistic'].get('tpot_ratio', float('nan')):.2f}",
+            f"{b['tpot_ratio']:.2f}", _by_launch(row),
+            f"{row['pessimistic'].get('tpot_ratio', float('nan')):.2f}",
             f"{row['optimistic'].get('tpot_ratio', float('nan')):.2f}",
             f"{b['throughput_ratio']:.2f}x", _verdict(row)]
 
 
 HEADER = ["MTP", "batch", "context", "avsg TPOT", "best peer TPOT", "avsg/peer TPOT",
+          "at " + " / ".join(f"{u:g}" for u in LAUNCH_SENSITIVITY_US) + " us per launch",
           "pessimistic", "optimistic", "throughput", "conclusion", "device TPOT"]
 
 
 def _print_summary(rows, limits, mtps, contexts, hw, config, cards) -> None:
-    print("\n  avsg vs the best feasible peer (lowest TPOT of offload, lru-host, lru-device, "
-          "slotmap-device); ratios under the bundled / pessimistic / optimistic profiles")
+    print(f"\n  avsg vs the best feasible peer (lowest TPOT of {', '.join(PEERS)}); ratios at "
+          f"{1e6 * hw['launch_graph_s']:g} us per launch under the bundled / pessimistic / "
+          f"optimistic profiles, and under the bundled one at "
+          + " / ".join(f"{u:g}" for u in LAUNCH_SENSITIVITY_US) + " us per launch (best peer "
+          "chosen again at each)")
     print("  " + " | ".join(f"{h:>14}" if i > 2 else f"{h:>7}" for i, h in enumerate(HEADER)))
     for r in rows:
         dev = r["bundled"]
@@ -298,9 +358,10 @@ def _print_summary(rows, limits, mtps, contexts, hw, config, cards) -> None:
         for n in mtps:
             print(f"    {ctx // 1024}K, MTP-{n}: " + ", ".join(f"{m} {limits[(m, ctx, n)]}"
                                                           for m in MODES))
-    print("\n  Left out of the model: kernel launch overheads of the device modes, MoE all-to-all "
-          "across cards, dequantisation, queueing on a link shared between cards, and any NPU "
-          "measurement: calibrate the profile on a card.")
+    print("\n  Left out of the model: the torch glue ops around each mode's kernels (index copies, "
+          "masks: every integration has some), MoE all-to-all across cards, dequantisation, "
+          "queueing on a link shared between cards, and any NPU measurement: calibrate the "
+          "profile on a card.")
 
 
 def _at_memory_row(e: Dict) -> List[str]:
@@ -341,9 +402,9 @@ def _tables(rows, limits, mtps, contexts, hw, cards, at_memory=()) -> List[str]:
         body.append([str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K", *_cell(r),
                      f"{dev['device_tpot_ms']:.1f} ms" if dev["device_feasible"] else "infeasible"])
     head = [row for r, row in zip(rows, body) if r["mtp"] in (0, 3) and r["batch"] in (1, 8)]
-    blocks = [common.markdown_table("decode", HEADER, body, "rrrrlrrrrlr")]
+    blocks = [common.markdown_table("decode", HEADER, body, "rrrrlrrrrrlr")]
     if head:
-        blocks.insert(0, common.markdown_table("decode-headline", HEADER, head, "rrrrlrrrrlr"))
+        blocks.insert(0, common.markdown_table("decode-headline", HEADER, head, "rrrrlrrrrrlr"))
     cap = [[f"{ctx // 1024}K", str(n), *[str(limits[(m, ctx, n)]) for m in MODES]]
            for ctx in contexts for n in mtps]
     blocks.append(common.markdown_table("decode-max-batch", ["context", "MTP", *MODES], cap))

@@ -1,0 +1,59 @@
+"""The kernels the serving path launches per layer and pass are the ones ``SERVING_LAUNCHES``
+states (the decode model prices launches from that constant): every ``torch.ops.avsg`` op a
+``retrieve`` / ``retrieve_rtk`` dispatches is counted, on MTP passes with rejected drafts,
+recorded drops and write-through, and must equal it, in order."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from avsg.costmodel import projection
+from avsg.cache import manager as serving
+
+from test_serving_manager import K, R, T, block_table, decode_inputs, make
+
+
+class AvsgOps(TorchDispatchMode):
+    """Records the name of every avsg op dispatched inside it (the torch glue is left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "avsg":
+            self.names.append(func._schema.name.split("::")[1])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("write_through", [False, True])
+def test_retrieve_launches_what_serving_launches_states(write_through):
+    mgr, _ = make(write_through=write_through)
+    for row in range(R):
+        mgr.add(row)
+    per_pass = []
+    for step in range(4):
+        qsl, seq, topk = decode_inputs(step)
+        meta = mgr.begin_step(qsl, seq, block_table(), qsl[-1].item())
+        news = None
+        if write_through:
+            news = [torch.randn(topk.shape[0], 1, c.width).to(c.dtype)
+                    for c in mgr.kv_format.components]
+        for layer in range(2):
+            with AvsgOps() as ops:
+                mgr.retrieve(layer, topk, meta, new_kv=news)
+            per_pass.append(ops.names)
+        mgr.invalidate(seq - 1)              # the engine drops a rejected draft: recorded only
+        rtk = mgr.begin_step_rtk(seq + 1, T, block_table(), torch.ones(R, dtype=torch.bool))
+        with AvsgOps() as ops:
+            mgr.retrieve_rtk(0, topk.view(R, T, K), rtk, new_kv=news and [
+                n.view(R * T, 1, -1) for n in news])
+        per_pass.append(ops.names)
+    assert per_pass and all(names == list(serving.SERVING_LAUNCHES) for names in per_pass), per_pass
+
+
+def test_the_decode_model_takes_avsg_launches_from_the_serving_constant(monkeypatch):
+    assert projection.launches_per_layer("avsg") == len(serving.SERVING_LAUNCHES)
+    monkeypatch.setattr(serving, "SERVING_LAUNCHES", ("plan", "gather"))
+    assert projection.launches_per_layer("avsg") == 2
+    assert projection.launches_per_layer("lru-device") == 2     # the same manager, lru policy
+    assert projection.launches_per_layer("fused-2048") == 0
