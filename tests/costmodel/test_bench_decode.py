@@ -15,8 +15,9 @@ from avsg.traces import synth
 from avsg.traces.format import save_trace
 
 CONFIG = from_hf_config(projection.V32_CONFIG)
-RECORD_KEYS = ("mode", "batch", "context", "mtp", "profile", "feasible", "tpot_ms",
-               "tokens_per_s", "h2d_bytes_per_token", "plan_us_per_layer")
+RECORD_KEYS = ("mode", "batch", "context", "mtp", "profile", "launch_us", "launches_per_layer",
+               "feasible", "tpot_ms", "tokens_per_s", "h2d_bytes_per_token", "plan_us_per_layer",
+               "copy_us_per_layer", "rows_per_layer", "memory_gb")
 
 
 def test_link_time_never_beats_the_link():
@@ -45,11 +46,14 @@ def test_kv_format_is_bf16_without_fp8_hardware():
 
 
 def _traffic(drafts=0):
+    from test_fused_peer import _summary
     L = 3
     return copy_traffic.Traffic(drafts, 0.0, 1.0 + drafts * 0.5, 8192, 4096,
                           {"offload": [2048.0 * (1 + drafts)] * L, "lru-host": [400.0] * L,
                            "lru-device": [150.0, 120.0, 200.0], "slotmap-device": [160.0] * L,
-                           "avsg": [140.0, 110.0, 190.0]}, "test")
+                           "fused-2048": [600.0] * L, "fused-4096": [400.0] * L,
+                           "avsg": [140.0, 110.0, 190.0]}, "test",
+                          {"fused-2048": _summary(600), "fused-4096": _summary(400)})
 
 
 def _costs(plan=100.0):
@@ -177,9 +181,33 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
     base = _run(tmp_path, trace, "base")
     records = base["records"]
     assert base["estimate"] is True and base["kv_format"]["row_bytes"] == 1152
-    keys = {(r["mode"], r["batch"], r["context"], r["mtp"], r["profile"]) for r in records}
-    assert keys == {(m, b, 32768, n, p) for m in projection.MODES for b in (1, 8) for n in (0, 1)
-                    for p in projection.PROFILES}
+    hw = hardware.load_profile()
+    launch_costs = {0.0, 2.0, 5.0, 10.0, 1e6 * hw["launch_graph_s"], 1e6 * hw["launch_eager_s"]}
+    assert base["launch_us"]["records"] == pytest.approx(sorted(launch_costs))
+    keys = [(r["mode"], r["batch"], r["context"], r["mtp"], r["profile"], r["launch_us"])
+            for r in records]
+    assert len(keys) == len(set(keys))
+    assert set(keys) == {(m, b, 32768, n, p, u) for m in projection.MODES for b in (1, 8)
+                         for n in (0, 1) for p in projection.PROFILES
+                         for u in base["launch_us"]["records"]}
+    assert {"fused-2048", "fused-4096"} <= set(projection.PEERS)
+    # TPOT moves with the launch cost by the mode's launches, and only by them
+    by_launch = {(r["mode"], r["batch"], r["mtp"], r["profile"], r["launch_us"]): r
+                 for r in records}
+    for (mode, b, n, p, u), r in by_launch.items():
+        assert r["launches_per_layer"] == projection.launches_per_layer(mode)
+        if r["feasible"] and u == 10.0:
+            zero = by_launch[(mode, b, n, p, 0.0)]
+            assert (r["tpot_ms"] > zero["tpot_ms"]) == (r["launches_per_layer"] > 0)
+    # the sensitivity beside each ratio: avsg vs the best peer at 0, 2, 5 and 10 us per launch
+    for row in base["summary"]:
+        assert set(map(float, row["by_launch_us"])) == set(launch_costs)
+        for u, got in row["by_launch_us"].items():
+            if got["tpot_ratio"] is not None:
+                peer = by_launch[(got["best_peer"], row["batch"], row["mtp"], "bundled", float(u))]
+                mine = by_launch[("avsg", row["batch"], row["mtp"], "bundled", float(u))]
+                assert got["tpot_ratio"] == pytest.approx(mine["tpot_ms"] / peer["tpot_ms"])
+    records = [r for r in records if r["launch_us"] == 1e6 * hw["launch_graph_s"]]
     for r in records:
         assert all(k in r for k in RECORD_KEYS)
         if r["feasible"]:
@@ -189,6 +217,7 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
         if r["mode"] == "device":
             assert r["h2d_bytes_per_token"] == 0 and r["plan_us_per_layer"] == 0
     by = {(r["mode"], r["batch"], r["mtp"], r["profile"]): r for r in records}
+    assert set(base["launches_per_layer"]) == set(projection.MODES)
     for n in (0, 1):
         tr = base["traffic"][str(n)]["rows"]
         assert len(tr["avsg"]) == 2                      # every layer of the trace
@@ -207,7 +236,8 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
         return backend.LaunchCounters(c.fields, c.per_block * 2, c.vector_apis)
     monkeypatch.setattr(backend, "last_launch_counters", doubled)
     patched = _run(tmp_path, trace, "patched")
-    pby = {(r["mode"], r["batch"], r["mtp"], r["profile"]): r for r in patched["records"]}
+    pby = {(r["mode"], r["batch"], r["mtp"], r["profile"]): r for r in patched["records"]
+           if r["launch_us"] == 1e6 * hw["launch_graph_s"]}
     for key, r in by.items():
         mode = key[0]
         if mode in ("avsg", "lru-device"):
@@ -216,7 +246,7 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
             assert pby[key]["plan_us_per_layer"] > r["plan_us_per_layer"]
             if r["feasible"]:
                 assert pby[key]["tpot_ms"] > r["tpot_ms"]
-        elif mode in ("device", "offload"):
+        elif mode in ("device", "offload", "fused-2048", "fused-4096"):
             assert pby[key]["tpot_ms"] == r["tpot_ms"]
         assert pby[key]["h2d_bytes_per_token"] == r["h2d_bytes_per_token"]
 
