@@ -207,6 +207,13 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
                 peer = by_launch[(got["best_peer"], row["batch"], row["mtp"], "bundled", float(u))]
                 mine = by_launch[("avsg", row["batch"], row["mtp"], "bundled", float(u))]
                 assert got["tpot_ratio"] == pytest.approx(mine["tpot_ms"] / peer["tpot_ms"])
+        for u, got in row["vs_fused_by_launch_us"].items():       # avsg vs the better fused
+            fused = [by_launch[(m, row["batch"], row["mtp"], "bundled", float(u))]
+                     for m in ("fused-2048", "fused-4096")]
+            fused = [f["tpot_ms"] for f in fused if f["feasible"]]
+            mine = by_launch[("avsg", row["batch"], row["mtp"], "bundled", float(u))]
+            if fused and mine["feasible"]:
+                assert got["tpot_ratio"] == pytest.approx(mine["tpot_ms"] / min(fused))
     records = [r for r in records if r["launch_us"] == 1e6 * hw["launch_graph_s"]]
     for r in records:
         assert all(k in r for k in RECORD_KEYS)

@@ -245,6 +245,7 @@ def main(args: argparse.Namespace) -> int:
             at_memory.append(entry)
     _print_summary(rows, limits, mtps, contexts, hw, config, args.cards)
     _print_at_memory(at_memory)
+    _print_vs_fused(rows, graph_us)
     json_path = args.json or os.path.join(out, "decode.json")
     os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
     with writing("--json" if args.json else "--out", json_path), open(json_path, "w") as f:
@@ -286,6 +287,15 @@ def summarize(point: Dict[str, Dict[str, Dict]], mtp: int, batch: int, context: 
         out["by_launch_us"][launch_us] = {
             "best_peer": peer, "tpot_ratio": a["tpot_s"] / p[peer]["tpot_s"]
             if peer and a["feasible"] else None}
+        fused = [m for m in FUSED if p[m]["feasible"] and p[m].get("tpot_s")]
+        better = min(fused, key=lambda m: p[m]["tpot_s"]) if fused else None
+        out.setdefault("vs_fused_by_launch_us", {})[launch_us] = {
+            **{f"{m}_tpot_ms": 1e3 * p[m]["tpot_s"] if p[m].get("tpot_s") else None
+               for m in FUSED},
+            "avsg_tpot_ms": 1e3 * a["tpot_s"] if a["tpot_s"] else None, "better_fused": better,
+            "tpot_ratio": a["tpot_s"] / p[better]["tpot_s"] if better and a["feasible"] else None,
+            "vs_device": a["tpot_s"] / p["device"]["tpot_s"]
+            if a["feasible"] and p["device"]["feasible"] else None}
     for name, p in point.items():
         a = p["avsg"]
         peer = best_peer(p)
@@ -394,6 +404,37 @@ def _print_at_memory(at_memory: List[Dict]) -> None:
         print("    " + " | ".join(_at_memory_row(e)))
 
 
+FUSED = ("fused-2048", "fused-4096")
+VS_FUSED_HEADER = ["MTP", "batch", "context", "avsg TPOT", "fused-2048 TPOT", "fused-4096 TPOT",
+                   "avsg / better fused", "at " + " / ".join(f"{u:g}" for u in LAUNCH_SENSITIVITY_US)
+                   + " us per launch", "avsg / device"]
+
+
+def _vs_fused_row(r: Dict, launch_us: float) -> List[str]:
+    """avsg against vllm-ascend's better fused variant (bundled profile) at ``launch_us``, with
+    the ratio at each sensitivity launch cost."""
+    v = r["vs_fused_by_launch_us"][launch_us]
+    ms = lambda x: f"{x:.1f} ms" if x else "infeasible"  # noqa: E731
+    ratio = lambda x: f"{x:.3f}" if x else "-"  # noqa: E731
+    return [str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K", ms(v["avsg_tpot_ms"]),
+            ms(v["fused-2048_tpot_ms"]), ms(v["fused-4096_tpot_ms"]), ratio(v["tpot_ratio"]),
+            " / ".join(ratio(r["vs_fused_by_launch_us"][u]["tpot_ratio"])
+                       for u in LAUNCH_SENSITIVITY_US), ratio(v["vs_device"])]
+
+
+def _vs_fused_rows(rows, launch_us: float) -> List[List[str]]:
+    return [_vs_fused_row(r, launch_us) for r in rows
+            if r["mtp"] in (0, 3) and r["batch"] in (1, 8) and r["bundled"]["avsg_feasible"]]
+
+
+def _print_vs_fused(rows, launch_us: float) -> None:
+    print(f"\n  avsg against vllm-ascend's better fused variant, bundled profile, {launch_us:g} us "
+          f"per launch (and at " + " / ".join(f"{u:g}" for u in LAUNCH_SENSITIVITY_US) + " us):")
+    print("    " + " | ".join(VS_FUSED_HEADER))
+    for cells in _vs_fused_rows(rows, launch_us):
+        print("    " + " | ".join(cells))
+
+
 def _tables(rows, limits, mtps, contexts, hw, cards, at_memory=()) -> List[str]:
     from . import common
     body = []
@@ -408,6 +449,10 @@ def _tables(rows, limits, mtps, contexts, hw, cards, at_memory=()) -> List[str]:
     cap = [[f"{ctx // 1024}K", str(n), *[str(limits[(m, ctx, n)]) for m in MODES]]
            for ctx in contexts for n in mtps]
     blocks.append(common.markdown_table("decode-max-batch", ["context", "MTP", *MODES], cap))
+    vs_fused = _vs_fused_rows(rows, round(1e6 * hw["launch_graph_s"], 6))
+    if vs_fused:
+        blocks.insert(1, common.markdown_table("decode-vs-fused", VS_FUSED_HEADER, vs_fused,
+                                               "rrrrrrrrr"))
     if at_memory:
         blocks.append(common.markdown_table("decode-at-memory", AT_MEMORY_HEADER,
                                             [_at_memory_row(e) for e in at_memory], "rrllrrrl"))
