@@ -1,6 +1,6 @@
 """The kernels the serving path launches per layer and pass are the ones ``SERVING_LAUNCHES``
 states (the decode model prices launches from that constant): every ``torch.ops.avsg`` op a
-``retrieve`` / ``retrieve_rtk`` dispatches is counted, on MTP passes with rejected drafts,
+``retrieve`` / ``step`` dispatches is counted, on MTP passes with rejected drafts,
 recorded drops and write-through, and must equal it, in order."""
 import pytest
 import torch
@@ -45,7 +45,7 @@ def test_retrieve_launches_what_serving_launches_states(write_through):
         mgr.invalidate(seq - 1)              # the engine drops a rejected draft: recorded only
         rtk = mgr.begin_step_rtk(seq + 1, T, block_table(), torch.ones(R, dtype=torch.bool))
         with AvsgOps() as ops:
-            mgr.retrieve_rtk(0, topk.view(R, T, K), rtk, new_kv=news and [
+            mgr.step(0, topk.view(R, T, K), rtk, new_kv=news and [
                 n.view(R * T, 1, -1) for n in news])
         per_pass.append(ops.names)
     assert per_pass and all(names == list(serving.SERVING_LAUNCHES) for names in per_pass), per_pass
