@@ -132,7 +132,8 @@ def _summary(misses, share=1.0, regime=None):
 
 def test_matching_cost_direct_map_below_16376_sorts_above():
     hw = hardware.load_profile()
-    us = lambda m, ctx, slots=2048: fused.matching_us(_summary(m), hw, ctx, 2048, slots)  # noqa: E731
+    def us(m, ctx, slots=2048):
+        return fused.matching_us(_summary(m), hw, ctx, 2048, slots)
     for m in (0, 30, 300):
         assert us(m, 8192)["us_per_row"] < us(m, 32768)["us_per_row"]      # no sorts
         assert us(m, 32768)["us_per_row"] == pytest.approx(us(m, 131072)["us_per_row"])

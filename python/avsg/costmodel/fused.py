@@ -30,8 +30,9 @@ gives: unique positions, all valid once the context reaches K):
   ``MergeKv`` copies while attention runs.
 
 ``fused_counters`` prices this walk as the emulation prices avsg's own kernels (the same counter
-fields, the same profile; ``Sort`` as the emulation counts avsg's Sort). ``replay`` / the
-``lru-host``-style per-token LRU give the per-row-step quantities it needs.
+fields, the same profile; ``Sort`` as the emulation counts avsg's Sort). ``SelectionCache``
+replays the cache and gives the per-row-step quantities the walk needs (``summarize`` sorts them
+by regime); for ``fused-4096`` the per-token LRU of :mod:`.traffic` gives the misses.
 """
 from __future__ import annotations
 

@@ -5,10 +5,14 @@ A projection, not a measurement: nothing here has run on an NPU.
 
 **Records** (``--out DIR``/decode.json, ``records``): one per mode, batch, context, MTP, profile and
 launch cost (``launch_us``: 0, 2, 5, 10 and the profile's graph-captured and eager costs), with
-``launches_per_layer`` (kernel launches per layer and pass beside attention), ``feasible``, ``tpot_ms`` and ``tokens_per_s`` (None when infeasible), ``h2d_bytes_per_token``,
+``launches_per_layer`` (kernel launches per layer and pass beside attention), ``feasible``,
+``tpot_ms`` and ``tokens_per_s`` (None when infeasible), ``h2d_bytes_per_token``,
 ``plan_us_per_layer`` (the mode's matching cost per layer: plan or the slot-map lookup for the
-device modes, the D2H + host LRU + descriptor copies for ``lru-host``), ``copy_us_per_layer`` (its
-exposed copy time), the rows it copies and its memory per card (GB).
+device modes, the D2H + host LRU + descriptor copies for ``lru-host``, the selection update for
+the fused modes), ``copy_us_per_layer`` (its exposed copy time), the rows it copies and its
+memory per card (GB). The fused path is two modes, ``fused-2048`` and ``fused-4096``.
+``summary`` rows also hold ``by_launch_us`` (avsg against the best peer at each launch cost) and
+``vs_fused_by_launch_us`` (avsg against the better fused variant, and against device).
 """
 from __future__ import annotations
 
@@ -406,8 +410,9 @@ def _print_at_memory(at_memory: List[Dict]) -> None:
 
 FUSED = ("fused-2048", "fused-4096")
 VS_FUSED_HEADER = ["MTP", "batch", "context", "avsg TPOT", "fused-2048 TPOT", "fused-4096 TPOT",
-                   "avsg / better fused", "at " + " / ".join(f"{u:g}" for u in LAUNCH_SENSITIVITY_US)
-                   + " us per launch", "avsg / device"]
+                   "avsg / better fused",
+                   "at " + " / ".join(f"{u:g}" for u in LAUNCH_SENSITIVITY_US) + " us per launch",
+                   "avsg / device"]
 
 
 def _vs_fused_row(r: Dict, launch_us: float) -> List[str]:
