@@ -50,7 +50,7 @@ setup(
     description="Miss-only KV-cache offload operators for DeepSeek Sparse Attention on Ascend NPUs",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    package_data={"avsg.costmodel": ["profiles/*.json"], "avsg.traces": ["data/*.npz"]},
+    package_data={"avsg.costmodel": ["profiles/*.json"], "avsg.traces": ["data/*.npz", "data/*.avtrace"]},
     ext_modules=[CMakeExtension("avsg._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",

@@ -41,6 +41,7 @@ from ..kvformat import FORMAT_NAMES, get_format
 from ..runtime.scheduler import Request
 from ..runtime.spec import parse_acceptance
 from ..runtime.step import Timers
+from ..traces.lookup import TRACE_HELP
 
 MODES = ("offload", "avsg", "device")
 DEFAULT_CONTEXT = 32768
@@ -86,8 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"with the lifetime policy, the default)")
     parser.add_argument("--select", choices=("trace", "indexer"), default="trace",
                         help="selection source: a recorded trace (default) or the model's indexer")
-    parser.add_argument("--trace", help="selection trace .npz (default: the embedded "
-                        "asyncio_32k_8x256)")
+    parser.add_argument("--trace", help=f"selection trace: {TRACE_HELP}")
     parser.add_argument("--kv-format", choices=FORMAT_NAMES, default="bf16",
                         help="KV cache format (default bf16: 1152 B per token and layer)")
     parser.add_argument("--modes", default=",".join(MODES),
