@@ -6,24 +6,26 @@ layer and per position that the layer ever selects, the steps at which that posi
 leaves the selection (its *toggles*), as small gaps:
 
 * per layer: the distinct positions ``U`` it selects (ascending, as gaps), how many toggles each
-  has, then each position's toggle rows as gaps (the first from row 0, each later one from the
-  previous toggle plus one);
-* all of them as one LEB128 varint stream, compressed with the standard library's ``lzma``.
+  has, then each position's toggle rows as gaps: the first from row 0, each later one from the
+  previous toggle plus one. Gaps out of the selection ("off", with the first toggle) and runs in
+  it ("on") have different statistics, so they go to separate streams;
+* each of the four streams (``STREAMS``) as one byte per value, 255 escaping to a wider value in
+  a stream of its own; all of it compressed with the standard library's ``lzma``.
 
 A *row* is one (step, query) pair in order, so a trace with the MTP axis ``[layers, steps, Tq, K]``
-is encoded as ``steps * Tq`` rows. Decoding rebuilds a layer's membership matrix ``[rows, |U|]`` as
-the running XOR of its toggles and reads each row's members in ascending position order. The trace
-format (:mod:`.format`) requires every row to be strictly ascending, padded at the end with ``-1``,
-so the order of positions within a row is fully determined by the set: decoding is exact, dtype,
-padding and shape included. Everything else of the trace (``positions``, ``T``, ``k``, ``model``,
-``rule``, extra keys) is stored as it is.
+is encoded as ``steps * Tq`` rows. Decoding turns each position's toggles into the row intervals it
+is selected in, lists (row, position) pairs position by position and orders them by row with a
+stable sort, so each row comes out in ascending position order. The trace format (:mod:`.format`)
+requires every row to be strictly ascending, padded at the end with ``-1``, so the order of
+positions within a row is fully determined by the set: decoding is exact, dtype, padding and shape
+included. Everything else of the trace (``positions``, ``T``, ``k``, ``model``, ``rule``, extra keys)
+is stored as it is.
 
 Container: the 8-byte magic ``AVSGTRC1``, then an xz stream of: a 4-byte little-endian header
-length, a JSON header (shape, dtypes, T, k, strings, the ``.npy`` byte sizes of the small arrays),
-those ``.npy`` images, and the varint stream.
+length, a JSON header (shape, dtypes, T, k, strings, each section's name and byte size), and the
+sections: ``.npy`` images of the small arrays, then each stream and its escapes.
 
-On the shipped ``asyncio_32k`` (24 x 1024 x 2048) this is 12.5 MB against 36.9 MB as ``.npz``; see
-docs/hit_rate.md ("The shipped traces") for sizes and decode times.
+Sizes and decode times of the shipped traces: docs/hit_rate.md, "The shipped traces".
 """
 from __future__ import annotations
 
@@ -49,17 +51,21 @@ SUFFIX = ".avtrace"
 MAX_LAYER_CELLS = 1 << 31
 
 
-def _bytes_encode(values: np.ndarray) -> "tuple[bytes, bytes]":
-    """Non-negative integers as one byte each, 255 standing for the next uint64 of the escape
-    stream: almost every gap of a real trace is below 255."""
+def _bytes_encode(values: np.ndarray) -> "tuple[bytes, bytes, str]":
+    """Non-negative integers as one byte each, 255 standing for the next value of the escape
+    stream (almost every gap of a real trace is below 255); the escapes in the narrowest of
+    uint16 / 32 / 64 that holds them, whose dtype is returned."""
     v = np.asarray(values, dtype=np.int64)
-    return (np.minimum(v, 255).astype(np.uint8).tobytes(),
-            v[v >= 255].astype("<u8").tobytes())
+    big = v[v >= 255]
+    width = next(d for d in ("<u2", "<u4", "<u8") if big.size == 0 or big.max() <= np.iinfo(d).max)
+    return np.minimum(v, 255).astype(np.uint8).tobytes(), big.astype(width).tobytes(), width
 
 
-def _bytes_decode(main: bytes, escapes: bytes) -> np.ndarray:
+def _bytes_decode(main: bytes, escapes: bytes, width: str) -> np.ndarray:
     v = np.frombuffer(main, dtype=np.uint8).astype(np.int64)
-    big = np.frombuffer(escapes, dtype="<u8")
+    if width not in ("<u2", "<u4", "<u8") or len(escapes) % np.dtype(width).itemsize:
+        raise TraceFormatError("compact trace: a corrupted escape stream")
+    big = np.frombuffer(escapes, dtype=width)
     where = np.flatnonzero(v == 255)
     if where.size != big.size or (big.size and big.max() >= 2**63):
         raise TraceFormatError("compact trace: the escape stream does not match its stream")
@@ -126,10 +132,12 @@ def _layer_decode(fields: dict, at: dict, n: int, R: int, K: int, dtype) -> np.n
         raise TraceFormatError("compact trace: a toggle outside the trace's rows")
     # a position is selected on [t0, t1), [t2, t3), ...: list those rows, position-major, and
     # order them by row with a stable sort, which keeps each row's positions ascending
-    starts = row_t[~odd]
-    ends = np.full(starts.size, R, dtype=np.int64)
-    has_end = np.flatnonzero(odd) - 1                       # the start before each end
-    ends[np.searchsorted(np.flatnonzero(~odd), has_end)] = row_t[odd]
+    start_at = np.flatnonzero(~odd)
+    starts = row_t[start_at]
+    ends = np.full(starts.size, R, dtype=np.int64)         # a last start runs to the end
+    closed = start_at + 1 < total
+    closed[closed] = odd[start_at[closed] + 1]              # the next toggle is this position's
+    ends[closed] = row_t[start_at[closed] + 1]
     lengths = ends - starts
     if lengths.size and lengths.min() <= 0:
         raise TraceFormatError("compact trace: toggles out of order")
@@ -172,11 +180,12 @@ def encode_trace(tr: Trace) -> bytes:
     for key, value in tr.extra.items():
         small[f"extra:{key}"] = np.asarray(value)
     sections = [(key, _npy_bytes(a)) for key, a in small.items()]
+    widths = {}
     for name in STREAMS:
-        main, escapes = _bytes_encode(np.concatenate([f[name] for f in per_layer]))
+        main, escapes, widths[name] = _bytes_encode(np.concatenate([f[name] for f in per_layer]))
         sections += [(name, main), (name + ":escapes", escapes)]
     header = {"shape": list(sel.shape), "dtype": sel.dtype.str, "T": int(tr.T), "k": int(tr.k),
-              "model": tr.model, "rule": tr.rule,
+              "model": tr.model, "rule": tr.rule, "escape_dtypes": widths,
               "sections": [[key, len(data)] for key, data in sections]}
     head = json.dumps(header).encode()
     payload = struct.pack("<I", len(head)) + head + b"".join(data for _, data in sections)
@@ -202,8 +211,8 @@ def decode_trace(data: bytes, check_values: bool = True) -> Trace:
             at += size
         small = {key: np.load(io.BytesIO(sections.pop(key)), allow_pickle=False)
                  for key in list(sections) if key not in STREAMS and not key.endswith(":escapes")}
-        fields = {name: _bytes_decode(sections[name], sections[name + ":escapes"])
-                  for name in STREAMS}
+        fields = {name: _bytes_decode(sections[name], sections[name + ":escapes"],
+                                      header["escape_dtypes"][name]) for name in STREAMS}
         shape = tuple(int(d) for d in header["shape"])
         dtype = np.dtype(header["dtype"])
         T, k, model, rule = int(header["T"]), int(header["k"]), header["model"], header["rule"]
