@@ -46,8 +46,8 @@ __all__ = ["MAGIC", "SUFFIX", "encode_trace", "decode_trace", "save_compact", "l
 
 MAGIC = b"AVSGTRC1"
 SUFFIX = ".avtrace"
-# a layer decodes through a [rows, distinct positions] uint8 matrix: bound it so a trace of a very
-# long context with many steps is refused when written, not when a command reads it
+# a layer is encoded through a [rows, distinct positions] int8 matrix: bound it, so that a trace of
+# a very long context with many steps is refused (keep it as .npz) instead of filling the memory
 MAX_LAYER_CELLS = 1 << 31
 
 
