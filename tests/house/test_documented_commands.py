@@ -3,7 +3,7 @@ installed package and nothing beside it (each runs in an empty temporary directo
 as ../shared/... resolves to nothing), exit status 0. The quick variants run in this process (one
 decode of each shipped trace for all of them), a command with environment settings in a fresh one.
 
-What runs by default is each command's *quick variant*, by one rule per command (``QUICK``): the
+What runs by default is each command's *quick variant*, by one rule per command (:func:`quick`): the
 trace commands replay layer 0 for 24 steps (``--layer-select 0 --steps 24``, ``--cost-every 8``),
 `trace synth` writes 24-step, 1-layer, 4K-context traces, `serve-sim` serves 4 requests on 2 rows of
 each trace for 64 steps, `avsg run` decodes 2 requests of 8 tokens; every output (``--out``,
