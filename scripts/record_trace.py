@@ -4,7 +4,7 @@
     python scripts/record_trace.py --model /path/to/local/model --text corpus.txt \
         --out my_trace.npz [--context 32768] [--steps 1024] [--k 2048]
 
-Rule (same as ``../shared/traces/asyncio_32k.npz``): the first ``context`` tokens of the text are
+Rule (the same as the shipped ``asyncio_32k`` and ``debian_reference_32k``): the first ``context`` tokens of the text are
 run through the model; the last ``steps`` positions are the decode steps (teacher forced). For each
 layer and step, every earlier position (and the query itself) is scored by the causal attention
 probability summed over the query heads, and the ``k`` highest form that step's selection

@@ -75,13 +75,11 @@ def model_hits(sel: np.ndarray, capacity: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("build", ["strict", "fast"])
-def test_kernel_matches_an_independent_model_on_the_shared_trace(build):
-    path = "../shared/traces/asyncio_32k.npz"
-    try:
-        data = np.load(path)
-    except FileNotFoundError:
-        pytest.skip(f"{path} not found")
-    sel = data["sel"][[16], :200].astype(np.int64)
+def test_kernel_matches_an_independent_model_on_the_full_trace(build):
+    from avsg.traces.format import load_trace
+    from avsg.traces.lookup import shipped_trace
+    trace = load_trace(shipped_trace("asyncio_32k"), check_values=False)
+    sel = trace.sel[[16], :200].astype(np.int64)
     S, K = 2560, sel.shape[2]
     buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy="lru", check=False,
                               track_copies=False)
@@ -89,6 +87,6 @@ def test_kernel_matches_an_independent_model_on_the_shared_trace(build):
     with emulation(build):
         for t in range(sel.shape[1]):
             plan = buf.plan(torch.from_numpy(sel[:, t]).to(I32).view(1, 1, K),
-                            torch.tensor([int(data["T"])], dtype=I32))
+                            torch.tensor([trace.T], dtype=I32))
             got.append(K - int(plan.miss_counts[0]))
     assert np.array_equal(np.array(got), model_hits(sel[0], S))

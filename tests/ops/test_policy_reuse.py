@@ -261,23 +261,21 @@ def model_hits(sel: np.ndarray, capacity: int, ghosts: int, heat_blocks: int) ->
     return hits
 
 
-def test_kernel_matches_an_independent_model_on_the_shared_trace():
-    path = "../shared/traces/asyncio_32k.npz"
-    try:
-        data = np.load(path)
-    except FileNotFoundError:
-        pytest.skip(f"{path} not found")
-    sel = data["sel"][[16], :300].astype(np.int64)       # the hardest layer, past one halving
+def test_kernel_matches_an_independent_model_on_the_full_trace():
+    from avsg.traces.format import load_trace
+    from avsg.traces.lookup import shipped_trace
+    trace = load_trace(shipped_trace("asyncio_32k"), check_values=False)
+    sel = trace.sel[[16], :300].astype(np.int64)       # the hardest layer, past one halving
     S, K = 2560, sel.shape[2]
     buf = avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, check=False,
                               policy="reuse", track_copies=False)   # no max_context needed
     got = []
     for t in range(sel.shape[1]):
         plan = buf.plan(torch.from_numpy(sel[:, t]).to(I32).view(1, 1, K),
-                        torch.tensor([int(data["T"])], dtype=I32))
+                        torch.tensor([trace.T], dtype=I32))
         got.append(K - int(plan.miss_counts[0]))
     lay = buf.layout
-    assert lay.ghosts < int(data["T"]), "the trace must make ghosts collide"
+    assert lay.ghosts < trace.T, "the trace must make ghosts collide"
     assert np.array_equal(np.array(got), model_hits(sel[0], S, lay.ghosts, lay.heat_blocks))
 
 

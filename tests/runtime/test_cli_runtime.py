@@ -69,6 +69,20 @@ def test_run_with_own_indexer_and_trace_recording(tmp_path, capsys):
     assert recorded.steps >= 1
 
 
+def test_run_with_own_indexer_needs_no_context_on_a_small_model(capsys):
+    """`avsg run --config tiny --select indexer` (docs/runtime.md): the default context is 32K, or
+    what the model's positions hold beside the outputs (tiny: 4,096); on main it was refused."""
+    status = cli.main(TINY_RUN + ["--select", "indexer", "--mtp", "0", "--modes", "avsg"])
+    out = capsys.readouterr()
+    assert status == 0, out.err
+    import re
+    low, high = (int(v.replace(",", "")) for v in
+                 re.search(r"contexts ([\d,]+)\.\.([\d,]+)", out.out).groups())
+    positions = model_config.preset("tiny").max_position_embeddings
+    outputs = 8 + 1                    # up to 1.25 x 6 new tokens, + 1 (no drafts)
+    assert positions - outputs - 1024 <= low <= high <= positions - outputs
+
+
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "avsg.cli", *args], capture_output=True,
                           text=True, timeout=300)

@@ -12,12 +12,10 @@ import numpy as np
 import pytest
 
 from avsg import cli
-from avsg.traces.lookup import EMBEDDED_TRACE, find_trace, trace_label
+from avsg.traces.lookup import EMBEDDED_TRACE, find_trace, shipped_trace, trace_label
 from avsg.traces.format import load_trace
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_TRACE = Path(os.environ.get("AVSG_SHARED_TRACE",
-                                   REPO.parent / "shared" / "traces" / "asyncio_32k.npz"))
 LAYERS = list(range(0, 24, 3))
 
 
@@ -31,9 +29,9 @@ def test_embedded_trace_is_a_small_valid_real_trace():
     assert os.path.getsize(EMBEDDED_TRACE) < 4 * 2**20
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason=f"shared trace not found at {SHARED_TRACE}")
 def test_embedded_trace_is_the_cut_it_names():
-    full = load_trace(SHARED_TRACE, check_values=False)
+    full = load_trace(shipped_trace("asyncio_32k"), check_values=False)   # the recorded one, bit
+    # for bit (tests/traces/test_compact_trace.py)
     tr = load_trace(EMBEDDED_TRACE, check_values=False)
     assert np.array_equal(tr.sel, full.sel[LAYERS, :256])
     assert np.array_equal(tr.positions, full.positions[:256]) and tr.T == full.T

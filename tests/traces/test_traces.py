@@ -12,12 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from avsg.traces.format import Trace, TraceFormatError, load_trace, save_trace, validate_trace
+from avsg.traces.lookup import shipped_trace
 from avsg.traces.policies import make_policy, policy_names
 from avsg.traces.replay import replay
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_TRACE = Path(os.environ.get("AVSG_SHARED_TRACE",
-                                   REPO.parent / "shared" / "traces" / "asyncio_32k.npz"))
 
 
 def _avsg_missing():
@@ -455,9 +454,8 @@ def test_mtp_axis_accepted(tmp_path):
     assert tr.queries == 2 and tr.has_mtp_axis
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason=f"shared trace not found at {SHARED_TRACE}")
-def test_shared_trace_loads():
-    tr = load_trace(SHARED_TRACE)
+def test_full_trace_loads():
+    tr = load_trace(shipped_trace("asyncio_32k"))
     assert tr.sel.shape == (24, 1024, 2048) and tr.sel.dtype == np.uint16
     assert tr.T == 32768 and tr.k == 2048 and tr.positions[0] == 31744
     # a quick replay on a slice keeps the ordering Belady >= LRU >= prev-step
@@ -569,11 +567,10 @@ def test_cli_reports_bad_trace(tmp_path, capsys):
     assert len(err) == 1 and "sorted" in err[0]
 
 
-# ------------------------------------------------------------------ slow: the shared trace in full
+# ------------------------------------------------------------------ slow: the full trace in full
 @pytest.mark.slow
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason=f"shared trace not found at {SHARED_TRACE}")
-def test_shared_trace_reference_figures():
-    tr = load_trace(SHARED_TRACE)
+def test_full_trace_reference_figures():
+    tr = load_trace(shipped_trace("asyncio_32k"))
     assert replay(tr, "prev-step", 8192).hit_rate == pytest.approx(0.696, abs=0.001)
     assert replay(tr, "lru", 8192).hit_rate == pytest.approx(0.943, abs=0.001)
     assert replay(tr, "belady", 8192).hit_rate == pytest.approx(0.970, abs=0.001)

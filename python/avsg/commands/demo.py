@@ -16,7 +16,8 @@ import torch
 from .. import buffer as avsg_buffer, reference
 from ..buffer import SparseKVBuffer, gather
 from ..cli_util import UsageError, check_memory_total, int_in, progress_bar, reject_together
-from ..traces.lookup import find_trace, load_selections, synthetic_selections, trace_label
+from ..traces.lookup import (TRACE_HELP, find_trace, load_selections, synthetic_selections,
+                             trace_label)
 
 ROW_BYTES = 656
 SYNTHETIC_TOPK, SYNTHETIC_CONTEXT = 2048, 16384
@@ -101,8 +102,7 @@ def _uses_kernels() -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", help="selection trace .npz (default: the embedded "
-                        "asyncio_32k_8x256)")
+    parser.add_argument("--trace", help=f"selection trace: {TRACE_HELP}")
     parser.add_argument("--synthetic", action="store_true",
                         help="use a synthetic stream (not with --trace)")
     parser.add_argument("--layers", type=int_in(1, 4096), default=4,

@@ -41,6 +41,7 @@ from ..kvformat import FORMAT_NAMES, get_format
 from ..runtime.scheduler import Request
 from ..runtime.spec import parse_acceptance
 from ..runtime.step import Timers
+from ..traces.lookup import TRACE_HELP
 
 MODES = ("offload", "avsg", "device")
 DEFAULT_CONTEXT = 32768
@@ -62,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests to serve, 1..1048576 (default 2 x batch)")
     parser.add_argument("--context", type=int_in(1, 1 << 24),
                         help="context length of a request with --select indexer, up to the model's "
-                             "positions (<= 16777216; default 32768; "
+                             "positions (<= 16777216; default 32768, or what the model's positions "
+                             "hold beside the outputs; "
                              "requests vary by up to 1024 below it); with trace selection the "
                              "contexts end at the trace's query positions")
     parser.add_argument("--new-tokens", type=int_in(1, 1 << 20), default=128,
@@ -86,8 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"with the lifetime policy, the default)")
     parser.add_argument("--select", choices=("trace", "indexer"), default="trace",
                         help="selection source: a recorded trace (default) or the model's indexer")
-    parser.add_argument("--trace", help="selection trace .npz (default: the embedded "
-                        "asyncio_32k_8x256)")
+    parser.add_argument("--trace", help=f"selection trace: {TRACE_HELP}")
     parser.add_argument("--kv-format", choices=FORMAT_NAMES, default="bf16",
                         help="KV cache format (default bf16: 1152 B per token and layer)")
     parser.add_argument("--modes", default=",".join(MODES),
@@ -342,8 +343,6 @@ def _main(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         if args.select == "trace":
             raise UsageError("--context: with --select trace the contexts end at the trace's "
                              "query positions; use --select indexer to choose a context length")
-    else:
-        args.context = DEFAULT_CONTEXT
     _positive("--new-tokens", args.new_tokens)
     _positive("--capacity", args.capacity)
     requests = _positive("--requests", args.requests) if args.requests is not None \
@@ -391,6 +390,11 @@ def _main(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         raise UsageError(f"--acceptance: expected sim:MEAN with MEAN in 0..{max(args.mtp, 1)} "
                          f"(accepted drafts per step of --mtp {args.mtp}), got "
                          f"{args.acceptance}") from None
+    if args.context is None:
+        # 32K, or as much as the model holds with the longest request's outputs and drafts (the
+        # tiny preset's 4,096 positions), so the indexer runs on any model without --context
+        outputs = positions_needed(0, int(round(1.25 * args.new_tokens)), args.mtp)
+        args.context = max(1, min(DEFAULT_CONTEXT, config.max_position_embeddings - outputs))
     if args.select == "indexer" and args.context > config.max_position_embeddings:
         raise UsageError(f"--context: {args.context} exceeds the model's "
                          f"max_position_embeddings = {config.max_position_embeddings}")

@@ -45,9 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..costmodel.projection import V32_CONFIG
     from ..budget.sim import VARIANTS, SimConfig
     d = SimConfig()
-    parser.add_argument("--trace", action="append", metavar="NPZ",
-                        help="selection trace for the requests' locality (repeatable; default: "
-                             "the embedded asyncio_32k_8x256)")
+    parser.add_argument("--trace", action="append", metavar="TRACE",
+                        help="selection trace for the requests' locality: a path, or a shipped "
+                             "trace's name (asyncio_32k, debian_reference_32k, asyncio_32k_8x256); "
+                             "repeatable (default: the embedded asyncio_32k_8x256)")
     parser.add_argument("--synthetic", action="store_true",
                         help="use generated traces instead (no trace files needed; not with "
                              "--trace)")
@@ -121,9 +122,10 @@ def _check_args(args, variants: int) -> None:
     twice, a run far longer than intended."""
     reject_together(args, "--synthetic", "--trace", "--synthetic generates the requests' "
                     "locality, --trace reads it from files; give one")
+    from ..traces.lookup import find_trace
     seen = {}
     for path in args.trace or ():
-        key = os.path.realpath(path)
+        key = os.path.realpath(find_trace(path))       # a shipped trace's name is its file
         if key in seen:     # its rows would count twice as if they were another trace's
             same = "" if seen[key] == path else f" (as {seen[key]})"
             raise UsageError(f"--trace: {path} given twice{same}; each trace is given once")

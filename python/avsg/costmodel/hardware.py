@@ -63,12 +63,16 @@ POSITIVE_KEYS = frozenset((
     "mte_bytes_per_cycle", "weight_bytes_per_param",
     "host_cpu_time_factor", "host_lru_threads"))
 FRACTION_KEYS = frozenset(("hbm_efficiency", "cube_efficiency"))
+# Entries that count things (cores, reads in flight, threads, copies): the model takes ceilings and
+# products of them as whole numbers, so 39.5 cores is a mistake, not a value.
+COUNT_KEYS = frozenset(("aiv_cores", "dma_in_flight_per_core", "host_lru_threads",
+                        "activation_hidden_copies"))
 
 
 def check_entries(entries: Dict, path: str) -> None:
     """Every entry but ``name`` / ``status`` is ``{"value": finite number, "source": text}``; the
     model's entries (the bundled profile's) are >= 0, the POSITIVE_KEYS > 0, the efficiencies
-    <= 1 and ``fp8_compute`` 0 or 1, and all of them are present. Other entries (a calibration
+    <= 1, the COUNT_KEYS whole numbers and ``fp8_compute`` 0 or 1, and all of them are present. Other entries (a calibration
     run's fitted slopes, ``calib_*``) the model does not read: a number is all they need to be.
     A ValueError names the entry."""
     def bad(key, what):
@@ -90,6 +94,8 @@ def check_entries(entries: Dict, path: str) -> None:
             raise bad(key, f"expected a value > 0 (the model divides by or scales with it), got {value!r}")
         if key in FRACTION_KEYS and value > 1:
             raise bad(key, f"expected a fraction in (0, 1], got {value!r}")
+        if key in COUNT_KEYS and isinstance(value, float) and not value.is_integer():
+            raise bad(key, f"expected a whole number (a count), got {value!r}")
         if key == "fp8_compute" and value not in (0, 1):
             raise bad(key, f"expected 0 or 1, got {value!r}")
         if not isinstance(entry.get("source"), str):

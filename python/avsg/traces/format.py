@@ -1,6 +1,7 @@
 """Selection-trace format: load, save, validate.
 
-A trace is an ``.npz`` file (docs/design.md §8) with these keys:
+A trace is an ``.npz`` file (docs/design.md §8) with these keys (:func:`load_trace` also reads the
+same arrays from the compact ``.avtrace`` encoding of :mod:`.compact`):
 
 ``sel``        integer array ``[layers, steps, K]`` -- or ``[layers, steps, Tq, K]`` with the optional
                MTP axis (``Tq`` query tokens per step).  Each row (one layer, one step, one query token)
@@ -205,8 +206,12 @@ def _check_sel_values(sel: np.ndarray, pos2: np.ndarray, T: int) -> None:
 
 
 def load_trace(path: "str | os.PathLike", check_values: bool = True) -> Trace:
-    """Load and validate a trace ``.npz`` (no pickles are ever loaded)."""
+    """Load and validate a trace: an ``.npz`` (no pickles are ever loaded) or the compact encoding
+    the package ships its full traces in (:mod:`.compact`, recognised by its magic)."""
     path = os.fspath(path)
+    from . import compact
+    if os.path.isfile(path) and compact.is_compact(path):
+        return compact.load_compact(path, check_values=check_values)
     try:
         f = np.load(path, allow_pickle=False)
     except FileNotFoundError:

@@ -1,8 +1,14 @@
 """Which trace a command replays, and loading its selections.
 
 Every command that replays a trace takes the embedded one unless told otherwise, so what a fresh
-clone prints is what the README quotes. The embedded trace is ``asyncio_32k.npz`` cut to 8 of its
+clone prints is what the README quotes. The embedded trace is ``asyncio_32k`` cut to 8 of its
 24 layers and its first 256 decode steps (``scripts/cut_trace.py``; 2.8 MiB).
+
+The package also ships the two full traces, ``asyncio_32k`` and ``debian_reference_32k`` (24 layers
+x 1,024 steps x top-2,048 each), in the compact encoding of :mod:`.compact`. Every option or
+argument that takes a trace accepts these three names as well as a path: a value that is exactly
+one of :data:`SHIPPED` is that shipped trace (write ``./NAME`` for a file of that name), anything
+else is a path.
 
 Errors here are :class:`TraceInputError` (a ``ValueError``) whose message starts with the argument
 it is about, e.g. ``--trace: no such file: x.npz``; the CLI prints that as its one-line error.
@@ -17,24 +23,48 @@ import numpy as np
 from .format import TraceFormatError, load_trace, validate_trace
 
 MAX_CONTEXT = 1 << 24          # positions the buffer addresses
-EMBEDDED_TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
-                              "asyncio_32k_8x256.npz")
-EMBEDDED_NAME = "asyncio_32k_8x256 (embedded: asyncio_32k.npz cut to 8 layers x 256 steps)"
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+# name -> (file in DATA_DIR, how commands describe it after its name)
+SHIPPED = {
+    "asyncio_32k_8x256": ("asyncio_32k_8x256.npz",
+                          "embedded: asyncio_32k.npz cut to 8 layers x 256 steps"),
+    "asyncio_32k": ("asyncio_32k.avtrace", "shipped: 24 layers x 1024 steps, Python source"),
+    "debian_reference_32k": ("debian_reference_32k.avtrace",
+                             "shipped: 24 layers x 1024 steps, English prose"),
+}
+# what every --trace option's help says it takes
+TRACE_HELP = ("a trace .npz path, or a shipped trace's name: asyncio_32k, debian_reference_32k "
+              "(full, 24 layers x 1024 steps) or asyncio_32k_8x256 (the embedded default)")
+EMBEDDED_TRACE = os.path.join(DATA_DIR, SHIPPED["asyncio_32k_8x256"][0])
+EMBEDDED_NAME = f"asyncio_32k_8x256 ({SHIPPED['asyncio_32k_8x256'][1]})"
 
 
 class TraceInputError(ValueError):
     """A trace that cannot be used as asked; the message starts with the argument's name."""
 
 
-def find_trace(path: Optional[str]) -> str:
-    """The trace given, else the embedded one."""
-    return path if path else EMBEDDED_TRACE
+def shipped_trace(name: str) -> str:
+    """The path of the shipped trace called ``name`` (a key of :data:`SHIPPED`)."""
+    return os.path.join(DATA_DIR, SHIPPED[name][0])
+
+
+def find_trace(value: Optional[str]) -> str:
+    """The trace a ``--trace`` value names: none is the embedded one, a shipped trace's name is
+    that trace's path, anything else a path as given."""
+    if not value:
+        return EMBEDDED_TRACE
+    if value in SHIPPED:
+        return shipped_trace(value)
+    return value
 
 
 def trace_label(path: str) -> str:
-    """How a command names the trace it replays: the embedded one by name, any other by path."""
-    if os.path.abspath(path) == EMBEDDED_TRACE:
-        return EMBEDDED_NAME
+    """How a command names the trace it replays: a shipped one by name, any other by path."""
+    if path in SHIPPED:
+        path = shipped_trace(path)
+    for name, (file, what) in SHIPPED.items():
+        if os.path.abspath(path) == os.path.join(DATA_DIR, file):
+            return f"{name} ({what})"
     return path
 
 
@@ -45,7 +75,9 @@ def read_trace(option: str, path: Optional[str], check_values: bool = True):
     import zipfile
     import zlib
     if not path:
-        raise TraceInputError(f"{option}: expected a trace .npz path")
+        raise TraceInputError(f"{option}: expected a trace .npz path or a shipped trace's name "
+                              f"({', '.join(SHIPPED)})")
+    path = find_trace(path)
     if not os.path.exists(path):
         raise TraceInputError(f"{option}: no such file: {path}")
     if os.path.isdir(path):
@@ -75,6 +107,7 @@ def load_selections(trace: str, layers: Optional[int], steps: int,
     positions int64 [steps], context T), their values checked; asking for more than it holds is
     an error naming ``layers_option`` / ``steps_option`` (the caller's options that asked)."""
     tr = read_trace(option, trace, check_values=False)
+    trace = trace_label(trace)
     if tr.sel.ndim != 3:
         raise TraceInputError(f"{option}: {trace} has an MTP axis; expected sel [layers, steps, k]")
     if layers is None:

@@ -79,26 +79,14 @@ def out_dir(args: argparse.Namespace, command: str) -> str:
     return check_dir_writable("--out", args.out or default_out(command))
 
 
-#: profile entries that count things (cores, reads in flight, threads, copies): the model takes
-#: ceilings and products of them as whole numbers, so 39.5 cores is a mistake, not a value
-COUNT_KEYS = ("aiv_cores", "dma_in_flight_per_core", "host_lru_threads",
-              "activation_hidden_copies")
-
-
 def read_profile(path: str) -> hardware.Profile:
-    """``--hw``'s profile (:func:`hardware.load_profile`): a binary file and a fractional count
-    are one-line errors naming the option, the file and the entry."""
+    """``--hw``'s profile (:func:`hardware.load_profile`): a binary file and any entry
+    :func:`hardware.check_entries` refuses (a fractional count among them) are one-line errors
+    naming the option, the file and the entry."""
     try:
-        hw = read_input("--hw", path, hardware.load_profile)
+        return read_input("--hw", path, hardware.load_profile)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    for key in COUNT_KEYS:
-        entry = hw.entries.get(key)
-        value = entry.get("value") if isinstance(entry, dict) else None
-        if isinstance(value, float) and not value.is_integer():
-            raise UsageError(f"--hw: {path}: entry {key!r}: expected a whole number (a count), "
-                             f"got {value!r}")
-    return hw
 
 
 def load_hw(args: argparse.Namespace) -> hardware.Profile:
@@ -191,11 +179,12 @@ def at_least(option: str, value: int, low: int = 1) -> int:
 
 
 def trace_path(option_value: Optional[str]) -> str:
-    """The trace given (must exist), else the embedded one."""
+    """The trace given (a shipped trace's name or a path that exists), else the embedded one."""
     from ...traces.lookup import find_trace
-    if option_value and not os.path.exists(option_value):
+    path = find_trace(option_value)
+    if not os.path.exists(path):
         raise UsageError(f"--trace: no such file: {option_value}")
-    return find_trace(option_value)
+    return path
 
 
 def write_json(path: str, payload: dict, option: str = "--out") -> str:

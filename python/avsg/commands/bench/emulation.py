@@ -31,6 +31,7 @@ import torch
 from ... import backend, reference
 from ...buffer import SparseKVBuffer, gather, kv_slots
 from ...cli_util import UsageError, check_memory_total, int_in
+from ...traces.lookup import TRACE_HELP
 from . import common
 
 
@@ -234,7 +235,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", default=None,
                         help="replay a selection trace instead of the drifting synthetic scores: "
                              "its first --rows layers are the rows, query token t of step s is "
-                             "trace step s + t (e.g. ../shared/traces/asyncio_32k.npz)")
+                             f"trace step s + t ({TRACE_HELP})")
     parser.add_argument("--policy", choices=sorted(reference.POLICY_IDS),
                         default=reference.DEFAULT_POLICY,
                         help=f"the op's residency policy (default {reference.DEFAULT_POLICY}); "

@@ -20,12 +20,12 @@ import torch
 from ... import backend, reference
 from ...buffer import SparseKVBuffer
 from ...cli_util import UsageError, check_memory, int_in
+from ...traces.lookup import TRACE_HELP
 from . import common
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", help="selection trace (default: the embedded "
-                        "asyncio_32k_8x256)")
+    parser.add_argument("--trace", help=f"selection trace: {TRACE_HELP}")
     parser.add_argument("--layers", type=int_in(1, 4096),
                         help="trace layers replayed, one buffer row each, 1..4096 (default: all "
                              "of the trace's)")

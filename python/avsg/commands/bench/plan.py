@@ -23,6 +23,7 @@ from ... import backend, reference
 from ...buffer import SparseKVBuffer
 from ...cli_util import UsageError, float_in, int_in, reject_together
 from ...costmodel import hardware
+from ...traces.lookup import TRACE_HELP
 from . import common
 
 MATCHERS = ("hash", "dual_pointer")
@@ -44,8 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hit-rate", type=float_in(0, 1, high_open=True), default=0.9,
                         help="pre-filled mode: share of each step's selections that hit, in "
                              "[0, 1) (default 0.9)")
-    parser.add_argument("--trace", help="selection trace (default: the embedded "
-                        "asyncio_32k_8x256)")
+    parser.add_argument("--trace", help=f"selection trace: {TRACE_HELP}")
     parser.add_argument("--warmup", type=int_in(0, 100000), default=128,
                         help="trace mode: steps before measuring, fast emulation, 0..100000 "
                              "(default 128)")

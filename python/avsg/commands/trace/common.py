@@ -14,7 +14,7 @@ import numpy as np
 
 from ...cli_util import (UsageError, check_dir_writable, check_memory_total, check_writable,
                          float_in, int_in, output_path)
-from ...traces.lookup import read_trace
+from ...traces.lookup import TRACE_HELP, read_trace
 
 DEFAULT_CAPACITIES = (4096, 8192, 16384)
 MAX_CAPACITY = 1 << 24      # positions the op addresses; a larger buffer holds nothing more
@@ -148,7 +148,7 @@ def avsg_available() -> Optional[str]:
 
 
 def add_common_trace_args(p, with_policy_opts=True):
-    p.add_argument("trace", help="trace .npz (format: docs/design.md §8)")
+    p.add_argument("trace", help=f"{TRACE_HELP} (format: docs/design.md §8)")
     # a layer *selection* (indices), unlike the layer *counts* --layers of demo and synth
     p.add_argument("--layer-select", dest="layers", metavar="INDICES",
                    help="layers to use, e.g. 0-3,7 (default: all)")
