@@ -211,11 +211,6 @@ def test_the_documents_have_commands_and_transcripts():
         "the README shows no trace-lab transcript"
 
 
-# docs/decode-model.md is rewritten on another branch at the time of writing; its two
-# ../shared mentions go there (remove this exemption when it lands)
-NOT_YET = {"docs/decode-model.md"}
-
-
 def test_no_document_refers_to_shared():
     """No command (a code block, an inline `avsg ...`) and no table header names ../shared, and no
     document names a trace file there: the package ships them. (Prose may still say that the test
@@ -223,8 +218,6 @@ def test_no_document_refers_to_shared():
     results = sorted(os.path.relpath(p, REPO)
                      for p in glob.glob(os.path.join(REPO, "docs", "results", "*.md")))
     for doc in DOCUMENTS + results:
-        if doc in NOT_YET:
-            continue
         text = open(os.path.join(REPO, doc), encoding="utf-8").read()
         assert not re.search(r"\.\./shared/traces/\S+\.npz", text), f"{doc} names a trace file in ../shared"
         for block in FENCE.findall(text):
