@@ -2,10 +2,10 @@
 """Cut a small trace out of a large one: every ``--layer-step``-th layer and the first ``--steps``
 decode steps, in the same format, with ``model``/``rule`` saying what it was cut from.
 
-The package's embedded default trace (``python/avsg/traces/data/asyncio_32k_8x256.npz``) is
+The package's embedded default trace (``python/avsg/lab/traces/data/asyncio_32k_8x256.npz``) is
 
     python scripts/cut_trace.py ../shared/traces/asyncio_32k.npz \
-        python/avsg/traces/data/asyncio_32k_8x256.npz --layer-step 3 --steps 256
+        python/avsg/lab/traces/data/asyncio_32k_8x256.npz --layer-step 3 --steps 256
 
 A full-size trace comes from ``scripts/record_trace.py`` (a local Hugging Face model and a text).
 """
@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))  # run from a source chec
 
 
 def main(argv=None) -> int:
-    from avsg.traces.format import load_trace, save_trace
+    from avsg.lab.traces.format import load_trace, save_trace
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("source", help="trace .npz to cut from")
     p.add_argument("out", help="trace .npz to write")

@@ -8,7 +8,7 @@ Rule (the same as the shipped ``asyncio_32k`` and ``debian_reference_32k``): the
 run through the model; the last ``steps`` positions are the decode steps (teacher forced). For each
 layer and step, every earlier position (and the query itself) is scored by the causal attention
 probability summed over the query heads, and the ``k`` highest form that step's selection
-(:func:`avsg.traces.record.select_topk`). The prefix is prefilled in chunks into the model's KV
+(:func:`avsg.lab.traces.record.select_topk`). The prefix is prefilled in chunks into the model's KV
 cache; the decode positions are then run in chunks of ``--query-chunk`` with
 ``output_attentions=True`` (eager attention), so memory stays at about
 ``layers x heads x query_chunk x context x 4`` bytes.
@@ -42,12 +42,12 @@ def _import_transformers():
 def record(model_dir: str, text: str, context: int, steps: int, k: int, query_chunk: int = 32,
            prefill_chunk: int = 1024, dtype: str = "float32", device: str = "cpu", log=print,
            tokenizer_dir: "str | None" = None):
-    """Returns a :class:`avsg.traces.format.Trace` recorded with the attention-probability rule."""
+    """Returns a :class:`avsg.lab.traces.format.Trace` recorded with the attention-probability rule."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers = _import_transformers()
     import torch
-    from avsg.traces.format import Trace, smallest_sel_dtype
-    from avsg.traces.record import select_topk
+    from avsg.lab.traces.format import Trace, smallest_sel_dtype
+    from avsg.lab.traces.record import select_topk
 
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir or model_dir, local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         text = f.read()
     tr = record(a.model, text, a.context, a.steps, a.k, a.query_chunk, a.prefill_chunk, a.dtype,
                 a.device, tokenizer_dir=a.tokenizer)
-    from avsg.traces.format import save_trace
+    from avsg.lab.traces.format import save_trace
     save_trace(a.out, tr)
     print(f"wrote {a.out}: {tr.summary()}")
     return 0

@@ -11,7 +11,7 @@
 * Numbers are range-checked by argparse itself (:func:`int_in`, :func:`float_in`,
   :func:`size_list`): the message names the option and the valid range, as the help text does.
 * Outputs are checked before any work (:func:`output_path`), sizes against memory before they are
-  allocated (:func:`check_memory`); traces are read by :mod:`avsg.traces.lookup`, whose
+  allocated (:func:`check_memory`); traces are read by :mod:`avsg.lab.traces.lookup`, whose
   ``TraceInputError`` is such a ``ValueError``.
 * Long runs show a progress bar on stderr when it is a terminal (``--quiet`` silences it).
 * The ``AVSG_*`` environment variables are checked before any command runs

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from avsg.budget import curves, microbatch, split
-from avsg.traces import synth
+from avsg.lab.budget import curves, microbatch, split
+from avsg.lab.traces import synth
 
 
 def _random_trace(rng, steps, k, context):
@@ -52,7 +52,7 @@ def test_elastic_lru_equals_lru_by_definition_under_resizes(seed, steps, k, cont
 
 
 def test_fixed_capacity_equals_the_trace_labs_exact_lru():
-    from avsg.traces.replay import replay
+    from avsg.lab.traces.replay import replay
     tr = synth.generate(steps=60, layers=2, k=64, max_len=1024, seed=3)
     res = replay(tr, "lru", capacity=160)
     for layer in range(tr.layers):
@@ -201,15 +201,15 @@ def test_one_batch_is_serial_and_ofms_gains_somewhere():
 
 
 def _rows(layers=3, steps=120, k=2048):
-    from avsg.budget import workload
+    from avsg.lab.budget import workload
     tr = synth.generate(steps=steps, layers=layers, k=k, max_len=16384, seed=11)
     return workload.locality_rows([("synthetic", tr)], layers, steps)
 
 
 def test_simulation_variants_at_an_equal_budget():
-    from avsg.costmodel import hardware
-    from avsg.costmodel.projection import V32_CONFIG
-    from avsg.budget import sim, workload
+    from avsg.lab.costmodel import hardware
+    from avsg.lab.costmodel.projection import V32_CONFIG
+    from avsg.lab.budget import sim, workload
     from avsg.model_config import from_hf_config
     rows = _rows()
     cost = sim.CostModel(from_hf_config(V32_CONFIG), hardware.load_profile(), 32,
@@ -229,9 +229,9 @@ def test_simulation_variants_at_an_equal_budget():
 def test_simulation_admits_only_while_the_indexer_keys_fit():
     """The indexer keys of the running requests never exceed what the card's HBM leaves them
     (HBM - weights - activations - buffers), and less HBM admits fewer requests at once."""
-    from avsg.costmodel import hardware
-    from avsg.costmodel.projection import V32_CONFIG
-    from avsg.budget import sim, workload
+    from avsg.lab.costmodel import hardware
+    from avsg.lab.costmodel.projection import V32_CONFIG
+    from avsg.lab.budget import sim, workload
     from avsg.model_config import from_hf_config
     rows = _rows()
     config = from_hf_config(V32_CONFIG)

@@ -10,9 +10,9 @@ import pytest
 
 from avsg import backend, cli
 from avsg import commands
-from avsg.costmodel import hardware
-from avsg.traces import synth
-from avsg.traces.format import save_trace
+from avsg.lab.costmodel import hardware
+from avsg.lab.traces import synth
+from avsg.lab.traces.format import save_trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -220,8 +220,8 @@ def test_emulation_tiny(capsys, tmp_path):
 def test_emulation_on_a_trace_with_mtp(capsys, tmp_path):
     """Trace mode: the rows are the trace's layers, T consecutive steps per query; the op and the
     baseline replay the same selections, so their hits agree closely."""
-    from avsg.traces import synth
-    from avsg.traces.format import save_trace
+    from avsg.lab.traces import synth
+    from avsg.lab.traces.format import save_trace
     trace = tmp_path / "t.npz"
     save_trace(trace, synth.generate(steps=6, layers=2, k=2048, max_len=9000, seed=1))
     out = tmp_path / "emu"
@@ -248,8 +248,8 @@ def test_plain_torch_baseline_is_exact_lru():
     every step, and every selection reads its host row."""
     import numpy as np
     import torch
-    from avsg.commands.bench.emulation import TorchLRU, selections
-    from avsg.traces.policies import StepInput, make_policy, unique_rows
+    from avsg.lab.commands.bench.emulation import TorchLRU, selections
+    from avsg.lab.traces.policies import StepInput, make_policy, unique_rows
     R, T, K, S, N = 2, 2, 48, 160, 600
     steps = selections(R, T, K, N, 30, seed=3)
     host = torch.randint(0, 256, (R, N, 8), dtype=torch.uint8)
@@ -272,7 +272,7 @@ def test_plain_torch_baseline_reads_every_selection_back():
     distinct positions get distinct slots, and it fetches exactly the unique valid positions
     that were not resident before the step."""
     import torch
-    from avsg.commands.bench.emulation import TorchLRU
+    from avsg.lab.commands.bench.emulation import TorchLRU
     R, T, K, N = 3, 3, 32, 200
     S = T * K
     gen = torch.Generator().manual_seed(5)

@@ -34,8 +34,8 @@ def test_demo_refuses_more_than_the_embedded_trace_holds(args, named):
 
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory):
-    from avsg.traces import synth
-    from avsg.traces.format import save_trace
+    from avsg.lab.traces import synth
+    from avsg.lab.traces.format import save_trace
     path = tmp_path_factory.mktemp("trace") / "small.npz"
     save_trace(path, synth.generate(steps=20, layers=2, k=16, max_len=200, seed=0))
     return str(path)

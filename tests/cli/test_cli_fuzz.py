@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 from avsg import cli, commands
-from avsg.traces import synth
-from avsg.traces.format import Trace, save_trace
+from avsg.lab.traces import synth
+from avsg.lab.traces.format import Trace, save_trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -494,7 +494,7 @@ def test_every_bench_takes_quiet():
 
 
 def test_serve_sim_doc_labels_are_the_printed_variants():
-    from avsg.budget import sim
+    from avsg.lab.budget import sim
     doc = open(os.path.join(REPO, "docs", "serve-sim.md")).read()
     block = re.search(r"<!-- results:serve-sim -->(.*?)<!-- /results:serve-sim -->", doc,
                       re.S).group(1)
@@ -533,7 +533,7 @@ def test_library_errors_become_the_commands_options():
 
 
 def test_debug_shows_the_traceback(files):
-    from avsg.traces.lookup import TraceInputError
+    from avsg.lab.traces.lookup import TraceInputError
     with pytest.raises(TraceInputError, match="truncated0.npz"):
         with contextlib.redirect_stdout(io.StringIO()):
             cli.main(["--debug", "trace", "info", str(files["bad"]["truncated0"])])
@@ -553,7 +553,7 @@ def test_an_unknown_option_is_reported_by_its_command(files):
 
 def _profile(tmp_path, name, key, entry):
     """The bundled hardware profile with one entry replaced (``entry`` None: removed)."""
-    from avsg.costmodel import hardware
+    from avsg.lab.costmodel import hardware
     with open(hardware.DEFAULT_PROFILE) as f:
         profile = json.load(f)
     if entry is None:
@@ -626,8 +626,8 @@ def test_second_review_cases(files, tmp_path):
     # the defaults take what a short trace has: gamma without recall, a decode replay of all of it
     status, out_text, err = run(["trace", "info", good, "--stats", "--steps", "5"])
     assert status == 0 and "recall (window 8): not measured" in out_text, err
-    from avsg.costmodel import hardware, traffic
-    from avsg.traces.lookup import TraceInputError
+    from avsg.lab.costmodel import hardware, traffic
+    from avsg.lab.traces.lookup import TraceInputError
     assert traffic.load_trace_cut(big, None, None, default_steps=256).steps == 56   # all 56
     with pytest.raises(TraceInputError, match="--trace-steps: .* has 56 steps, asked for 57"):
         traffic.load_trace_cut(big, None, 57)
@@ -695,7 +695,7 @@ def test_third_review_cases(files, tmp_path):
     line = assert_one_line_error(["trace", "replay", str(far), "--capacity", "32", "--no-plot"],
                                  f"trace: {far}")
     assert "--capacity" not in line, line
-    from avsg.costmodel.projection import V32_CONFIG
+    from avsg.lab.costmodel.projection import V32_CONFIG
     with open(V32_CONFIG) as f:
         config = json.load(f)
     small = tmp_path / "small.json"
@@ -704,7 +704,7 @@ def test_third_review_cases(files, tmp_path):
                           "--config: max_position_embeddings (100) is below index_topk")
     assert_one_line_error(["generate", "--checkpoint", str(tmp_path), "--input-ids", "[[1]]",
                            "--capacity", "64"], "--capacity: sizes the avsg buffer")
-    from avsg.commands.trace.common import parse_index_list
+    from avsg.lab.commands.trace.common import parse_index_list
     assert parse_index_list(" 0-2, 5 ", 6) == [0, 1, 2, 5]
 
 
@@ -798,7 +798,7 @@ def test_layer_select_is_bounded_before_it_is_expanded(files):
     line = assert_one_line_error(["trace", "info", good, "--layer-select",
                                   ",".join(["x"] * 20000)], "expected indices")
     assert len(line) < 200, line
-    from avsg.commands.trace.common import parse_index_list
+    from avsg.lab.commands.trace.common import parse_index_list
     from avsg.cli_util import UsageError
     with pytest.raises(UsageError, match="index 5 is not in 0..3"):
         parse_index_list("0,5", 4)
@@ -815,8 +815,8 @@ def test_bench_decode_refuses_a_one_layer_trace_before_its_results(tmp_path):
     assert "--trace:" in lines[0] and "1 layer" in lines[0] and "--layers" not in lines[0], lines
     # the bound is the counted plan's: the command's constant follows the library's default
     import inspect
-    from avsg.commands.bench import decode
-    from avsg.costmodel.plan_cost import counted_plan
+    from avsg.lab.commands.bench import decode
+    from avsg.lab.costmodel.plan_cost import counted_plan
     assert decode.PLAN_ROWS == inspect.signature(counted_plan).parameters["rows"].default
 
 
@@ -858,7 +858,7 @@ def test_a_write_failing_after_the_work_names_its_option(files, tmp_path, monkey
     """A disk that fills while the results are written: the error names the option and file
     (it was a bare '[Errno 28] No space left on device')."""
     import errno
-    from avsg.traces import report
+    from avsg.lab.traces import report
 
     def full(path, payload):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -924,7 +924,7 @@ def test_absurd_values_are_refused(files, tmp_path):
     assert_one_line_error(["serve-sim", "--requests", "1000000", "--long", "--trace",
                            str(tmp_path / "missing.npz"), "--out", out], "--trace")
     # the default run stays within the bound
-    from avsg.commands import serve_sim
+    from avsg.lab.commands import serve_sim
     assert 300 * 384 <= serve_sim.LONG_RUN_TOKENS
     relative = os.path.relpath(good)
     assert_one_line_error(["serve-sim", "--trace", good, "--trace", good, "--out", out],

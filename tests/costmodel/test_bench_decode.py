@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from avsg import cli
-from avsg.costmodel import hardware, host_lru, plan_cost, projection
-from avsg.costmodel import traffic as copy_traffic
+from avsg.lab.costmodel import hardware, host_lru, plan_cost, projection
+from avsg.lab.costmodel import traffic as copy_traffic
 from avsg.model_config import from_hf_config
-from avsg.traces import synth
-from avsg.traces.format import save_trace
+from avsg.lab.traces import synth
+from avsg.lab.traces.format import save_trace
 
 CONFIG = from_hf_config(projection.V32_CONFIG)
 RECORD_KEYS = ("mode", "batch", "context", "mtp", "profile", "launch_us", "launches_per_layer",
@@ -330,7 +330,7 @@ def test_counted_serving_matching_is_invalidate_and_plan_on_the_traffic_schedule
     accepted and only the plan runs."""
     from avsg import backend
     from avsg.buffer import SparseKVBuffer
-    from avsg.traces.mtp import draw_accepted
+    from avsg.lab.traces.mtp import draw_accepted
     trace = synth.generate(steps=120, layers=2, k=256, max_len=4000, seed=1)
     sel, positions = np.asarray(trace.sel), np.asarray(trace.positions)
     args = (sel, positions, int(trace.T), "lifetime", T, 1024)

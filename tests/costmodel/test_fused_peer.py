@@ -5,8 +5,8 @@ the path's place in the projection (no launches, copies overlapped, memory per c
 import numpy as np
 import pytest
 
-from avsg.costmodel import fused, hardware, projection
-from avsg.costmodel import traffic as copy_traffic
+from avsg.lab.costmodel import fused, hardware, projection
+from avsg.lab.costmodel import traffic as copy_traffic
 from avsg.model_config import from_hf_config
 
 CONFIG = from_hf_config(projection.V32_CONFIG)
@@ -162,7 +162,7 @@ def _traffic(drafts=0):
 
 
 def _costs():
-    from avsg.costmodel import plan_cost
+    from avsg.lab.costmodel import plan_cost
     return plan_cost.Costs({m: {T: 50.0 * T for T in range(1, 5)}
                             for m in ("avsg", "lru-device", "slotmap-device")}, 30.0, "test")
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from avsg.costmodel import hardware
+from avsg.lab.costmodel import hardware
 
 
 def _bundled():

@@ -6,7 +6,7 @@ import random
 import numpy as np
 
 from avsg import _ops
-from avsg.costmodel import host_lru
+from avsg.lab.costmodel import host_lru
 
 
 def test_runs_from_the_op_library_without_a_compiler(monkeypatch, tmp_path):

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from avsg import backend, cli
-from avsg.costmodel import hardware, plan_cost
-from avsg.traces import synth
-from avsg.traces.format import save_trace
+from avsg.lab.costmodel import hardware, plan_cost
+from avsg.lab.traces import synth
+from avsg.lab.traces.format import save_trace
 
 from helpers.plan_cases import I32, Twin, draw, split_lookup
 

@@ -4,7 +4,12 @@ lower floor, so no import runs back up and no two units import each other.
 Floors, bottom up (a unit is a top-level module or subpackage of ``avsg``):
 
     reference -> _ops -> backend -> validation -> buffer -> kvformat, model_config -> cache
-    -> traces -> integrations -> costmodel -> runtime -> budget -> cli_util -> commands -> cli
+    -> lab.traces -> integrations -> lab.costmodel -> runtime -> lab.budget -> cli_util
+    -> commands -> lab.commands -> cli
+
+The lab (``avsg.lab``: trace lab, cost model, budget simulator and their commands) lives beside
+the package: each of its subpackages is a unit of its own, on its own floor, so the operator core
+(everything up to ``cache``, and ``integrations``) cannot import it.
 
 Imports inside functions count too: a lazy import that runs back up is still a loop.
 """
@@ -23,13 +28,14 @@ FLOORS = [
     {"buffer"},
     {"kvformat", "model_config"},
     {"cache"},
-    {"traces"},
+    {"lab.traces"},
     {"integrations"},
-    {"costmodel"},
+    {"lab.costmodel"},
     {"runtime"},
-    {"budget"},
+    {"lab.budget"},
     {"cli_util"},
     {"commands"},
+    {"lab.commands"},
     {"cli"},
 ]
 FLOOR = {unit: i for i, units in enumerate(FLOORS) for unit in units}
@@ -80,11 +86,13 @@ def _imports(module: str, path: str, is_package: bool):
 
 def _unit(module: str) -> str:
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "lab":
+        return f"lab.{parts[2]}"
     return parts[1] if len(parts) > 1 else "avsg"
 
 
 def test_every_unit_has_a_floor():
-    units = {_unit(m) for m in MODULES} - {"avsg"}
+    units = {_unit(m) for m in MODULES} - {"avsg", "lab"}
     assert units <= set(FLOOR), f"units without a floor in this test: {sorted(units - set(FLOOR))}"
 
 
@@ -95,7 +103,7 @@ def test_every_import_resolves_to_a_module():
     assert not missing, "imports of avsg modules that do not exist:\n" + "\n".join(missing)
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "avsg"))
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m not in ("avsg", "avsg.lab")))
 def test_no_import_runs_back_up(module):
     path, is_package = MODULES[module]
     here = FLOOR[_unit(module)]
@@ -120,3 +128,13 @@ def test_no_two_units_import_each_other():
     loops = sorted({tuple(sorted((a, b))) for a in edges for b in edges[a]
                     if a in edges.get(b, ()) and "avsg" not in (a, b)})
     assert not loops, f"units importing each other: {loops}"
+
+
+CORE = {"reference", "_ops", "backend", "validation", "buffer", "kvformat", "model_config",
+        "cache", "integrations"}
+
+
+def test_the_operator_core_never_imports_the_lab():
+    found = [f"{MODULES[m][0]}:{line}: {target}" for m in MODULES if _unit(m) in CORE
+             for line, target in _imports(m, *MODULES[m]) if _unit(target).startswith("lab")]
+    assert not found, "the operator core imports the lab:\n" + "\n".join(found)

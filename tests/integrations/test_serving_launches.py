@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from avsg.costmodel import projection
+from avsg.lab.costmodel import projection
 from avsg.cache import manager as serving
 
 from test_serving_manager import K, R, T, block_table, decode_inputs, make

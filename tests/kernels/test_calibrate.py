@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from avsg import _ops, backend, cli
-from avsg.commands.bench import calibrate
-from avsg.costmodel import hardware
+from avsg.lab.commands.bench import calibrate
+from avsg.lab.costmodel import hardware
 
 VALUES = calibrate.microkernel_values()
 

@@ -76,8 +76,8 @@ def model_hits(sel: np.ndarray, capacity: int) -> np.ndarray:
 
 @pytest.mark.parametrize("build", ["strict", "fast"])
 def test_kernel_matches_an_independent_model_on_the_full_trace(build):
-    from avsg.traces.format import load_trace
-    from avsg.traces.lookup import shipped_trace
+    from avsg.lab.traces.format import load_trace
+    from avsg.lab.traces.lookup import shipped_trace
     trace = load_trace(shipped_trace("asyncio_32k"), check_values=False)
     sel = trace.sel[[16], :200].astype(np.int64)
     S, K = 2560, sel.shape[2]

@@ -262,8 +262,8 @@ def model_hits(sel: np.ndarray, capacity: int, ghosts: int, heat_blocks: int) ->
 
 
 def test_kernel_matches_an_independent_model_on_the_full_trace():
-    from avsg.traces.format import load_trace
-    from avsg.traces.lookup import shipped_trace
+    from avsg.lab.traces.format import load_trace
+    from avsg.lab.traces.lookup import shipped_trace
     trace = load_trace(shipped_trace("asyncio_32k"), check_values=False)
     sel = trace.sel[[16], :300].astype(np.int64)       # the hardest layer, past one halving
     S, K = 2560, sel.shape[2]

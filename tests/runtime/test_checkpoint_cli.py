@@ -63,7 +63,7 @@ def _selections(argv, path, capsys):
     """Row 0's indexer selections in a run: they depend on every weight up to the indexer."""
     assert cli.main(argv + ["--record-trace", str(path)]) == 0, capsys.readouterr().err
     capsys.readouterr()
-    from avsg.traces.format import load_trace
+    from avsg.lab.traces.format import load_trace
     return load_trace(path).sel
 
 

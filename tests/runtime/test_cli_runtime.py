@@ -11,8 +11,8 @@ import torch
 
 from avsg import cli
 from avsg import model_config
-from avsg.traces import synth
-from avsg.traces.format import save_trace
+from avsg.lab.traces import synth
+from avsg.lab.traces.format import save_trace
 
 TINY_RUN = ["run", "--config", "tiny", "--batch", "2", "--requests", "3", "--new-tokens", "6",
             "--capacity", "24", "--quiet"]
@@ -63,7 +63,7 @@ def test_run_with_own_indexer_and_trace_recording(tmp_path, capsys):
     status = cli.main(TINY_RUN + ["--select", "indexer", "--context", "200", "--mtp", "0",
                                   "--modes", "avsg,device", "--record-trace", str(trace_out)])
     assert status == 0
-    from avsg.traces.format import load_trace
+    from avsg.lab.traces.format import load_trace
     recorded = load_trace(trace_out)
     assert recorded.k == model_config.preset("tiny").index_topk
     assert recorded.steps >= 1

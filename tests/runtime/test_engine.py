@@ -14,7 +14,7 @@ from avsg.runtime.base import (ALGORITHMS, STORES, KVStore, Retrieved, SparseAlg
 from avsg.commands.generate import generate
 from avsg.runtime.scheduler import Request
 from avsg.runtime.spec import SimulatedAcceptance
-from avsg.traces import synth
+from avsg.lab.traces import synth
 
 from helpers.engine import make_engine, prompts_for, run_requests, tiny_model  # noqa: F401
 
@@ -114,7 +114,7 @@ def test_context_fill_with_trace_selection_and_simulated_acceptance(tiny_model):
 
 def test_trace_recorder_round_trip(tiny_model, tmp_path):
     """What the indexer selected, recorded as a trace and replayed, selects the same again."""
-    from avsg.traces.format import load_trace, save_trace
+    from avsg.lab.traces.format import load_trace, save_trace
     config = tiny_model.config
     prompt = prompts_for(config, 1, seed=9, low=30, high=31)
     recorder = TraceRecorder(config.num_hidden_layers, config.index_topk)

@@ -1,4 +1,4 @@
-"""The compact trace encoding (python/avsg/traces/compact.py) the full shipped traces use: any valid
+"""The compact trace encoding (python/avsg/lab/traces/compact.py) the full shipped traces use: any valid
 trace comes back exactly (values, dtype, shape, padding, every other key), bad files are one
 TraceFormatError, and the shipped traces are the shared ones bit for bit where ../shared exists."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from avsg.traces import compact
-from avsg.traces.format import Trace, TraceFormatError, load_trace, save_trace
-from avsg.traces.lookup import SHIPPED, shipped_trace
+from avsg.lab.traces import compact
+from avsg.lab.traces.format import Trace, TraceFormatError, load_trace, save_trace
+from avsg.lab.traces.lookup import SHIPPED, shipped_trace
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TRACES = Path(os.environ.get("AVSG_SHARED_DIR", REPO.parent / "shared")) / "traces"
@@ -129,7 +129,7 @@ def test_shipped_traces_are_package_data(tmp_path):
                              str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     for name in SHIPPED:
-        built = tmp_path / "avsg" / "traces" / "data" / os.path.basename(shipped_trace(name))
+        built = tmp_path / "avsg" / "lab" / "traces" / "data" / os.path.basename(shipped_trace(name))
         assert built.read_bytes() == Path(shipped_trace(name)).read_bytes()
         if (REPO / ".git").exists():
             ignored = subprocess.run(["git", "check-ignore", "-q", shipped_trace(name)], cwd=REPO)

@@ -1,4 +1,4 @@
-"""The real trace the package ships (python/avsg/traces/data/asyncio_32k_8x256.npz): a valid trace,
+"""The real trace the package ships (python/avsg/lab/traces/data/asyncio_32k_8x256.npz): a valid trace,
 exactly the cut of the shared one it says it is, installed as package data, and the default of
 every command that replays a trace (which says so in one line)."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from avsg import cli
-from avsg.traces.lookup import EMBEDDED_TRACE, find_trace, shipped_trace, trace_label
-from avsg.traces.format import load_trace
+from avsg.lab.traces.lookup import EMBEDDED_TRACE, find_trace, shipped_trace, trace_label
+from avsg.lab.traces.format import load_trace
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = list(range(0, 24, 3))
@@ -45,7 +45,7 @@ def test_embedded_trace_is_package_data(tmp_path):
                              str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr
-    built = tmp_path / "avsg" / "traces" / "data" / os.path.basename(EMBEDDED_TRACE)
+    built = tmp_path / "avsg" / "lab" / "traces" / "data" / os.path.basename(EMBEDDED_TRACE)
     assert built.read_bytes() == Path(EMBEDDED_TRACE).read_bytes()
     if (REPO / ".git").exists():
         ignored = subprocess.run(["git", "check-ignore", "-q", EMBEDDED_TRACE], cwd=REPO)
@@ -81,8 +81,8 @@ def test_bench_decode_and_serve_sim_default_to_it(capsys, tmp_path):
 
 
 def test_another_trace_is_named_by_its_path(capsys, tmp_path):
-    from avsg.traces import synth
-    from avsg.traces.format import save_trace
+    from avsg.lab.traces import synth
+    from avsg.lab.traces.format import save_trace
     path = str(tmp_path / "mine.npz")
     save_trace(path, synth.generate(steps=48, layers=2, k=2048, max_len=6000, seed=0))
     status, out, err = _run(["bench", "hash-buckets", "--trace", path, "--steps", "3",

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from avsg import cli
-from avsg.traces.lookup import (EMBEDDED_TRACE, SHIPPED, TraceInputError, find_trace, read_trace,
+from avsg.lab.traces.lookup import (EMBEDDED_TRACE, SHIPPED, TraceInputError, find_trace, read_trace,
                                 shipped_trace, trace_label)
 
 

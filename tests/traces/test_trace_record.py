@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from avsg.traces.format import load_trace
-from avsg.traces.record import select_topk
+from avsg.lab.traces.format import load_trace
+from avsg.lab.traces.record import select_topk
 
 REPO = Path(__file__).resolve().parents[2]
 

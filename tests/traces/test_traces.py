@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from avsg.traces.format import Trace, TraceFormatError, load_trace, save_trace, validate_trace
-from avsg.traces.lookup import shipped_trace
-from avsg.traces.policies import make_policy, policy_names
-from avsg.traces.replay import replay
+from avsg.lab.traces.format import Trace, TraceFormatError, load_trace, save_trace, validate_trace
+from avsg.lab.traces.lookup import shipped_trace
+from avsg.lab.traces.policies import make_policy, policy_names
+from avsg.lab.traces.replay import replay
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -174,7 +174,7 @@ def test_policies_mtp_union_and_invalidate(name):
     assert r.hits[0, 1] == 2                   # {1,2} resident, 3 new
     if name != "belady":
         p = make_policy(name, 1, 4, 2, queries=2, max_pos=8, ways=2)
-        from avsg.traces.policies import StepInput, unique_rows
+        from avsg.lab.traces.policies import StepInput, unique_rows
         raw = sel[:, 0].astype(np.int64)
         u, c = unique_rows(raw)
         p.step(0, StepInput(raw, u, c, np.array([4])))
@@ -285,7 +285,7 @@ def test_avsg_lifetime_equals_the_lab_hand_model(capacity):
     np.testing.assert_array_equal(op.hits, lab.hits)
     assert 0 < op.total_hits < op.total_selections
 
-    from avsg.traces.policies import LifetimeHand
+    from avsg.lab.traces.policies import LifetimeHand
 
     class SlotOrder(LifetimeHand):             # the paper's ties: always from slot 0
         def _choose(self, r, s, mp, pinned):
@@ -304,7 +304,7 @@ def test_avsg_lifetime_probation_equals_the_lab(lifetime):
     life for a fetched position is the lab's ``L - min(4, L // 2)``, step by step, and the data
     make the probation's length matter (a lab with half a life gets other hits)."""
     from avsg import reference
-    from avsg.traces.policies import FreqLifetime
+    from avsg.lab.traces.policies import FreqLifetime
     rng = np.random.default_rng(5)
     L, N, K, T = 2, 96, 16, 160
     pool = rng.choice(T, 96, replace=False)
@@ -330,8 +330,8 @@ def test_avsg_replay_reports_the_modelled_step_cost():
     """Sampled steps run in the strict build (same hits as the fast one); their counted plan
     launches become the plan us per row-step, the misses the link us, and the batch-64 step
     pays two waves of plans (40 cores) and 64 rows' misses on the link."""
-    from avsg.costmodel import hardware
-    from avsg.costmodel.plan_cost import replay_step_cost
+    from avsg.lab.costmodel import hardware
+    from avsg.lab.costmodel.plan_cost import replay_step_cost
     rng = np.random.default_rng(5)
     L, N, K, T, C = 2, 12, 64, 4096, 128
     sel = np.stack([np.stack([np.sort(rng.choice(T, K, replace=False)) for _ in range(N)])
@@ -358,7 +358,7 @@ def test_avsg_replay_reports_the_modelled_step_cost():
 @pytest.mark.parametrize("gamma", [0.5, 0.7, 0.9])
 @pytest.mark.parametrize("mu", [0.5, 0.9])
 def test_synth_statistics(gamma, mu):
-    from avsg.traces.synth import generate, measure_gamma, measure_recall
+    from avsg.lab.traces.synth import generate, measure_gamma, measure_recall
     tr = generate(steps=120, layers=2, k=256, max_len=4096, gamma=gamma, mu_hist=mu, seed=7)
     validate_trace(tr)
     assert tr.sel.shape == (2, 120, 256)
@@ -380,7 +380,7 @@ def test_synth_statistics(gamma, mu):
 
 
 def test_synth_is_seeded_and_paper_size():
-    from avsg.traces.synth import generate
+    from avsg.lab.traces.synth import generate
     a = generate(steps=6, layers=1, seed=1)
     b = generate(steps=6, layers=1, seed=1)
     c = generate(steps=6, layers=1, seed=2)
@@ -466,7 +466,7 @@ def test_full_trace_loads():
 
 # ------------------------------------------------------------------ MTP replay
 def test_acceptance_models():
-    from avsg.traces.mtp import acceptance_probability, draw_accepted
+    from avsg.lab.traces.mtp import acceptance_probability, draw_accepted
     p = acceptance_probability(3, 1.44)
     assert p + p ** 2 + p ** 3 == pytest.approx(1.44, abs=1e-9)
     a = draw_accepted(20000, 3, 1.44, "geometric", seed=0)
@@ -476,7 +476,7 @@ def test_acceptance_models():
 
 
 def test_mtp_replay_hand_example():
-    from avsg.traces.mtp import mtp_replay
+    from avsg.lab.traces.mtp import mtp_replay
     # drafts=1 (Tq=2), fixed acceptance mean 1 -> every iteration accepts its draft, advances 2 steps
     # steps: s0 {0,1} s1 {1,2} | s2 {2,3} s3 {3,4} | s4 {4,5} s5 {5,6}
     tr = mk([{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}], T=8)
@@ -528,8 +528,8 @@ def test_cli_replay_gap_table(tmp_path):
 
     def main(argv):
         return avsg_main(["trace", *argv])
-    from avsg.traces.format import load_trace
-    from avsg.traces.replay import replay
+    from avsg.lab.traces.format import load_trace
+    from avsg.lab.traces.replay import replay
     out = tmp_path / "g.npz"
     assert main(["synth", str(out), "--steps", "24", "--layers", "2", "--k", "64", "--max-len",
                  "1024", "--seed", "2"]) == 0
@@ -634,7 +634,7 @@ def test_freq_lifetime_matches_brute_force_and_keeps_selections(name, classes, l
     pol.reset()
     for s, sel in enumerate(sets):
         u = np.array([sel], np.int64)
-        from avsg.traces.policies import StepInput
+        from avsg.lab.traces.policies import StepInput
         pol.step(s, StepInput(u[:, None], u, np.array([k]), np.array([tr.T])))
         assert (pol.pos_slot[0, sel] >= 0).all()
         assert (pol.slot_pos[0, pol.pos_slot[0, sel]] == sel).all()

@@ -230,7 +230,7 @@ def estimate_npu_time_us(counters: Optional[LaunchCounters] = None, bound: str =
     ``bound="serial"`` (default, the *serial-pipe* estimate: a block's pipes one after another) or
     ``"overlap"`` (the *overlapped-pipe* estimate: the busiest pipe plus synchronisation). They
     bracket the model's own assumptions, not real hardware; a model, not a measurement (see the
-    module docstring). ``avsg.costmodel.hardware.launch_estimate`` computes the same from a hardware
+    module docstring). ``avsg.lab.costmodel.hardware.launch_estimate`` computes the same from a hardware
     profile JSON, and adds the host link for gather.
     """
     if bound not in ("serial", "overlap"):

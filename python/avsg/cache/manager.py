@@ -137,7 +137,7 @@ from .rows import RowTable
 
 RESIDENT_BLOCK_SIZE = 128         # the page size sparse flash attention reads (PA_BSND)
 # The avsg kernels one layer of a serving pass launches (``step`` / ``retrieve``), in order: SparseKVBuffer.step's drop and plan, then PagedKV.copy's gather.
-# The decode model prices launches from this tuple (avsg.costmodel.projection.launches_per_layer);
+# The decode model prices launches from this tuple (avsg.lab.costmodel.projection.launches_per_layer);
 # tests/integrations/test_serving_launches.py counts the avsg ops a layer step dispatches and
 # holds them equal to it: change both together.
 SERVING_LAUNCHES = ("invalidate", "plan", "gather")

@@ -37,31 +37,31 @@ COMMANDS: Dict[str, Union[Leaf, Group]] = {
     "bench": ("benchmarks and models (plan, gather, hash-buckets, emulation, decode, calibrate, all)",
               "Benchmarks: each prints a table, writes JSON and plots under --out (default "
               "avsg-results/bench-<command>/).", {
-        "plan": ("bench.plan", "hash plan vs dual-pointer on the paper's three grids (modelled "
+        "plan": ("avsg.lab.commands.bench.plan", "hash plan vs dual-pointer on the paper's three grids (modelled "
                  "time)"),
-        "gather": ("bench.gather", "gather partitions S1 / S2 / S3 on the paper's grid, link-aware "
+        "gather": ("avsg.lab.commands.bench.gather", "gather partitions S1 / S2 / S3 on the paper's grid, link-aware "
                    "(modelled)"),
-        "hash-buckets": ("bench.hash_buckets", "index overflow (stash) against hash table size, on "
+        "hash-buckets": ("avsg.lab.commands.bench.hash_buckets", "index overflow (stash) against hash table size, on "
                          "a trace"),
-        "emulation": ("bench.emulation", "CPU time per call of plan and gather, strict vs fast "
+        "emulation": ("avsg.lab.commands.bench.emulation", "CPU time per call of plan and gather, strict vs fast "
                       "emulation"),
-        "decode": ("bench.decode", "modelled DeepSeek-V3.2 decode step on a 910B per mode (an "
+        "decode": ("avsg.lab.commands.bench.decode", "modelled DeepSeek-V3.2 decode step on a 910B per mode (an "
                    "estimate)"),
-        "calibrate": ("bench.calibrate", "NPU microbenchmarks that write a hardware profile (NPU "
+        "calibrate": ("avsg.lab.commands.bench.calibrate", "NPU microbenchmarks that write a hardware profile (NPU "
                       "only)"),
-        "all": ("bench.run_all", "every benchmark in turn (--quick: reduced grids); headline "
+        "all": ("avsg.lab.commands.bench.run_all", "every benchmark in turn (--quick: reduced grids); headline "
                 "ratios last"),
     }),
     "demo": ("demo", "plan + gather over decode steps of a trace"),
     "doctor": ("doctor", "what this machine runs, checked against the reference"),
     "trace": ("selection traces: replay policies, synthesize, inspect",
               "Selection traces and buffer-policy replay.", {
-        "replay": ("trace.replay", "replay buffer policies on a trace, report hit rates"),
-        "synth": ("trace.synth", "write synthetic traces (AVSG paper settings)"),
-        "info": ("trace.info", "validate a trace and print its summary"),
-        "mtp": ("trace.mtp", "MTP replay: shared vs separate vs cold-start buffers"),
+        "replay": ("avsg.lab.commands.trace.replay", "replay buffer policies on a trace, report hit rates"),
+        "synth": ("avsg.lab.commands.trace.synth", "write synthetic traces (AVSG paper settings)"),
+        "info": ("avsg.lab.commands.trace.info", "validate a trace and print its summary"),
+        "mtp": ("avsg.lab.commands.trace.mtp", "MTP replay: shared vs separate vs cold-start buffers"),
     }),
-    "serve-sim": ("serve_sim", "serving under a buffer memory budget: fixed, Spin ratio and "
+    "serve-sim": ("avsg.lab.commands.serve_sim", "serving under a buffer memory budget: fixed, Spin ratio and "
                   "elastic schedulers (a model)"),
 }
 
@@ -73,7 +73,8 @@ def plain(text: str) -> str:
 
 def _add_leaf(sub, name: str, leaf: Leaf) -> None:
     module_name, help_text = leaf
-    module = importlib.import_module(f"{__name__}.{module_name}")
+    module = importlib.import_module(module_name if module_name.startswith("avsg.")
+                                     else f"{__name__}.{module_name}")
     parser = sub.add_parser(name, help=help_text,
                             description=plain((module.__doc__ or help_text).split("\n\n")[0]))
     module.add_arguments(parser)

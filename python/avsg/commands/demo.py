@@ -16,7 +16,7 @@ import torch
 from .. import buffer as avsg_buffer, reference
 from ..buffer import SparseKVBuffer, gather
 from ..cli_util import UsageError, check_memory_total, int_in, progress_bar, reject_together
-from ..traces.lookup import (TRACE_HELP, find_trace, load_selections, synthetic_selections,
+from ..lab.traces.lookup import (TRACE_HELP, find_trace, load_selections, synthetic_selections,
                              trace_label)
 
 ROW_BYTES = 656

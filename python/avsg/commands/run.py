@@ -41,7 +41,7 @@ from ..kvformat import FORMAT_NAMES, get_format
 from ..runtime.scheduler import Request
 from ..runtime.spec import parse_acceptance
 from ..runtime.step import Timers
-from ..traces.lookup import TRACE_HELP
+from ..lab.traces.lookup import TRACE_HELP
 
 MODES = ("offload", "avsg", "device")
 DEFAULT_CONTEXT = 32768
@@ -173,7 +173,7 @@ def build_model(config, checkpoint: Optional[str], seed: int, device: torch.devi
 
 def load_selection_trace(path: Optional[str]):
     """The trace to replay (the embedded one unless ``--trace``), and a line naming it."""
-    from ..traces.lookup import EMBEDDED_TRACE, find_trace, read_trace, trace_label
+    from ..lab.traces.lookup import EMBEDDED_TRACE, find_trace, read_trace, trace_label
     path = find_trace(path)
     # values checked: a position past T or an unsorted row would reach the kernels' checks
     trace = read_trace("--trace", path, check_values=True)
@@ -479,7 +479,7 @@ def _main(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                   f"{m} {1e3 * p['tpot_s']:.1f} ms" if p["feasible"] else f"{m} infeasible (HBM)"
                   for m, p in projection.items()))
     if args.record_trace:
-        from ..traces import format as trace_format
+        from ..lab.traces import format as trace_format
         recorded = recorder.trace(max(r.context_len for r in workload.requests) + 4 * args.new_tokens,
                                   model=f"avsg runtime {args.config}", rule=f"selections of row 0, "
                                   f"query token 0, verify passes; source: {trace_line}")
@@ -522,12 +522,12 @@ def _check_memory(config, workload: Workload, args) -> None:
 
 def project_on_npu(results: List[ModeResult], workload: Workload, args,
                    kv_layers: int) -> Optional[Dict[str, Dict[str, float]]]:
-    """The decode model of ``avsg bench decode`` (the same :func:`avsg.costmodel.projection.project`) fed with this
+    """The decode model of ``avsg bench decode`` (the same :func:`avsg.lab.costmodel.projection.project`) fed with this
     run's measured copies per iteration and layer (real DeepSeek-V3.2 dims, the bundled 910B
     profile, its default 32 cards) and plan's counted cost per row at this run's query-token
     count: an estimate, labelled so. The resident-set peers need the trace replay of
     ``avsg bench decode``; this run measures only offload and avsg."""
-    from ..costmodel import hardware, plan_cost, projection, traffic as copy_traffic
+    from ..lab.costmodel import hardware, plan_cost, projection, traffic as copy_traffic
     from ..model_config import from_hf_config
     by_mode = {r.mode: r for r in results}
     if "offload" not in by_mode or "avsg" not in by_mode:
@@ -555,7 +555,7 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
         rows={"offload": [scale * by_mode["offload"].h2d_rows / iterations],
               "avsg": [scale * by_mode["avsg"].h2d_rows / iterations]},
         source="this run")
-    from ..traces.lookup import find_trace, load_selections, synthetic_selections
+    from ..lab.traces.lookup import find_trace, load_selections, synthetic_selections
     trace = find_trace(getattr(args, "trace", None))
     steps = plan_cost.counted_plan_steps(T, mtp=True)
     sel = None

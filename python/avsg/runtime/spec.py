@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..traces.mtp import acceptance_probability
+from ..lab.traces.mtp import acceptance_probability
 
 
 def greedy_accept(drafts: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:

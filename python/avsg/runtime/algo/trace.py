@@ -1,7 +1,7 @@
 """Selections from a recorded trace, around any algorithm's Index and Attention.
 
 With random weights the model's own indexer selects without the locality of a trained model.
-``TraceSelection`` replays a real selection trace instead (format: ``avsg.traces.format``):
+``TraceSelection`` replays a real selection trace instead (format: ``avsg.lab.traces.format``):
 
 * model layer ``l`` of ``layers`` reads trace layer ``l * trace_layers // layers`` (the MTP
   layer, last, maps to the last trace layer);
@@ -23,7 +23,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from ...traces.format import Trace, smallest_sel_dtype
+from ...lab.traces.format import Trace, smallest_sel_dtype
 from ..base import Retrieved, SparseAlgorithm, register_algorithm
 from ..step import StepBatch
 

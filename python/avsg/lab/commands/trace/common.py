@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ...cli_util import (UsageError, check_dir_writable, check_memory_total, check_writable,
+from ....cli_util import (UsageError, check_dir_writable, check_memory_total, check_writable,
                          float_in, int_in, output_path)
 from ...traces.lookup import TRACE_HELP, read_trace
 

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .. import reference
+from ... import reference
 from . import hardware
 from .traffic import Traffic
 from ..traces.lookup import load_selections
@@ -22,13 +22,13 @@ PLAN_POLICY = {"avsg": reference.DEFAULT_POLICY, "lru-device": "lru"}
 
 def _read_counters():
     """The last emulated launch's counted work (the one place the model reads the kernel)."""
-    from .. import backend
+    from ... import backend
     return backend.last_launch_counters()
 
 
 def _read_phases():
     """The last emulated launch's counted work split by the kernel's phases."""
-    from .. import backend
+    from ... import backend
     return backend.last_launch_phases()
 
 
@@ -85,8 +85,8 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
     ``phases``, each plan launch's counters split by phase (``backend.LaunchPhases``, for
     :func:`phase_breakdown`; invalidate launches left out)."""
     import torch
-    from .. import backend
-    from ..buffer import SparseKVBuffer
+    from ... import backend
+    from ...buffer import SparseKVBuffer
     from ..traces.mtp import draw_accepted
     rows, steps, K = sel.shape
     serving = accept_mean is not None

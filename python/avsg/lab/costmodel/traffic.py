@@ -91,9 +91,9 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
     dropped)."""
     from ..traces import format as trace_format
     from ..traces.mtp import draw_accepted
-    from .. import reference
+    from ... import reference
     from ..traces.policies import OP_POLICY, StepInput, make_policy, unique_rows
-    from .. import backend
+    from ... import backend
     from . import fused
     trace = trace_format.load_trace(trace_path, check_values=False)
     sel = trace.sel[:layers, :steps] if layers else trace.sel[:, :steps]

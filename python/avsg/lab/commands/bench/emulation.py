@@ -28,9 +28,9 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from ... import backend, reference
-from ...buffer import SparseKVBuffer, gather, kv_slots
-from ...cli_util import UsageError, check_memory_total, int_in
+from .... import backend, reference
+from ....buffer import SparseKVBuffer, gather, kv_slots
+from ....cli_util import UsageError, check_memory_total, int_in
 from ...traces.lookup import TRACE_HELP
 from . import common
 

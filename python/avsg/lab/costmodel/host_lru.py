@@ -36,7 +36,7 @@ def _library():
     """The implementation in the op library (lab/host_lru.cpp, built by CMake with the ops)."""
     global _LIB
     if _LIB is None:
-        from .. import _ops
+        from ... import _ops
         lib = ctypes.CDLL(_ops.LIBRARY_PATH)
         try:
             lib.host_lru_rows.restype = ctypes.c_int64

@@ -10,7 +10,7 @@
 * :mod:`.lookup`   -- which trace a command replays (the embedded default, the shipped traces by
   name, a path) and loading it.
 
-The ``avsg trace {replay,synth,info,mtp}`` commands are in :mod:`avsg.commands.trace`.
+The ``avsg trace {replay,synth,info,mtp}`` commands are in :mod:`avsg.lab.commands.trace`.
 
 Nothing here needs the compiled operator except the ``avsg`` policy.
 """

@@ -1,4 +1,4 @@
-"""``avsg bench decode``: the decode model (:mod:`avsg.costmodel.projection`: modes, inputs,
+"""``avsg bench decode``: the decode model (:mod:`avsg.lab.costmodel.projection`: modes, inputs,
 memory, sensitivity) printed for a grid of batch sizes, contexts and MTP depths.
 
 A projection, not a measurement: nothing here has run on an NPU.
@@ -23,7 +23,7 @@ import os
 import time
 from typing import Dict, List
 
-from ...cli_util import UsageError, float_in, int_in, read_input, size_list, writing
+from ....cli_util import UsageError, float_in, int_in, read_input, size_list, writing
 from ...costmodel import hardware
 from ...costmodel.plan_cost import counted_plan_steps, measure_costs, plan_counters
 from ...costmodel.projection import (LAUNCH_SENSITIVITY_US, MAX_BATCH, MODES, PEERS, PROFILES,
@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_inputs(args):
-    from ...model_config import from_hf_config
+    from ....model_config import from_hf_config
     from .common import read_profile
     hw = read_profile(args.hw)
     try:

@@ -18,7 +18,7 @@ from typing import List
 
 import numpy as np
 
-from ..cli_util import (UsageError, check_memory, check_writable, comma_list, float_in, int_in,
+from ...cli_util import (UsageError, check_memory, check_writable, comma_list, float_in, int_in,
                         progress_bar, read_input, reject_together, write_text, writing)
 from ..traces.lookup import read_trace
 
@@ -144,7 +144,7 @@ def _counted_plan_us(trace, hw) -> float:
     """The default policy's matching cost per row and layer (one query token, capacity 8192: the
     serving manager's invalidate + plan, ``plan_cost.counted_plan_on``), read from the kernels'
     counted work on the first trace's first layers."""
-    from .. import reference
+    from ... import reference
     from ..costmodel import plan_cost
     steps = min(64, trace.sel.shape[1])
     if steps < 4:
@@ -197,7 +197,7 @@ def _load_traces(args) -> List[tuple]:
 
 def main(args: argparse.Namespace) -> int:
     from .bench import common
-    from ..model_config import from_hf_config
+    from ...model_config import from_hf_config
     from ..budget import sim, workload
     variants = comma_list("--variants", args.variants)
     bad = [v for v in variants if v not in sim.VARIANTS]

@@ -90,7 +90,7 @@ def generate(steps: int = 1024, layers: int = 1, k: int = 2048, max_len: int = 1
         if G == 1:  # steps == 1 and no warm-up would be impossible (window >= 1), kept for clarity
             sel[l, 0] = prev
     positions = (n0 + warm + np.arange(steps) - 1).astype(np.int32)
-    rule = (f"synthetic (avsg.traces.synth): gamma={gamma}, recall~clip(N({mu_hist},{sigma}^2)), "
+    rule = (f"synthetic (avsg.lab.traces.synth): gamma={gamma}, recall~clip(N({mu_hist},{sigma}^2)), "
             f"window={window}, context grows by 1 per step, max_len={max_len}, seed={seed}")
     extra = {"synth_gamma": np.float64(gamma), "synth_mu_hist": np.float64(mu_hist),
              "synth_sigma": np.float64(sigma), "synth_window": np.int32(window),

@@ -25,9 +25,9 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from ... import backend
-from ...buffer import kv_slots
-from ...cli_util import UsageError, float_in, int_in
+from .... import backend
+from ....buffer import kv_slots
+from ....cli_util import UsageError, float_in, int_in
 from ...costmodel import hardware
 from . import common
 

@@ -2,7 +2,7 @@
 
 Every policy keeps, for each of ``rows`` independent buffers (one per trace layer, or one per
 layer and query token for separate-buffer MTP replay), at most ``capacity`` resident token positions.
-One small interface (:class:`Policy`) is driven by :func:`avsg.traces.replay.replay`:
+One small interface (:class:`Policy`) is driven by :func:`avsg.lab.traces.replay.replay`:
 
 * ``prepare(sel_all)`` -- optional offline hook, sees the whole trace (only Belady uses it);
 * ``step(s, inp) -> hits[rows]`` -- one decode step: ``inp.uniq`` holds each row's unique selected
@@ -479,7 +479,7 @@ class LifetimeHand(FreqLifetime):
 
     def __init__(self, rows, capacity, k, queries=1, max_pos=1 << 16, lifetime=None):
         if lifetime is None:              # the op's default (reference imports torch: only then)
-            from ..reference import DEFAULT_LIFETIME as lifetime
+            from ...reference import DEFAULT_LIFETIME as lifetime
         # written from the rule, not from reference.first_life, so the test comparing the two
         # checks the op against an independent statement of it
         super().__init__(rows, capacity, k, queries, max_pos, lifetime, classes=0,
@@ -559,7 +559,7 @@ class AVSGPolicy(Policy):
         pos = torch.from_numpy(np.ascontiguousarray(inp.raw, dtype=np.int32))
         sl = torch.from_numpy(np.ascontiguousarray(inp.seq_lens, dtype=np.int32))
         if self.cost_every and s > 0 and s % self.cost_every == 0:
-            from .. import backend
+            from ... import backend
             # one emulated core per row: with idle cores (and AVSG_NPU_SPLIT=1) the plan would
             # split a row's lookup over helpers, and the per-block costs would be parts of rows
             cores = backend.emulated_cores()

@@ -19,9 +19,9 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from ... import backend, reference
-from ...buffer import SparseKVBuffer
-from ...cli_util import UsageError, float_in, int_in, reject_together
+from .... import backend, reference
+from ....buffer import SparseKVBuffer
+from ....cli_util import UsageError, float_in, int_in, reject_together
 from ...costmodel import hardware
 from ...traces.lookup import TRACE_HELP
 from . import common

@@ -17,9 +17,9 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from ... import backend, reference
-from ...buffer import SparseKVBuffer
-from ...cli_util import UsageError, check_memory, int_in
+from .... import backend, reference
+from ....buffer import SparseKVBuffer
+from ....cli_util import UsageError, check_memory, int_in
 from ...traces.lookup import TRACE_HELP
 from . import common
 

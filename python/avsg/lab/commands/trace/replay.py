@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ...cli_util import (UsageError, check_dir_writable, check_memory, check_writable, float_in,
+from ....cli_util import (UsageError, check_dir_writable, check_memory, check_writable, float_in,
                          int_in, output_path, reject_together, write_text, writing)
 from . import common
 

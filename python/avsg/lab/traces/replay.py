@@ -98,7 +98,7 @@ def replay(trace: Trace, policy: Union[str, Policy], capacity: Optional[int] = N
            progress: bool = False, **opts) -> ReplayResult:
     """Replay ``trace`` (all layers, one buffer row per layer) through ``policy``.
 
-    ``policy`` is a name from :data:`avsg.traces.policies.POLICIES` (then ``capacity`` is required and
+    ``policy`` is a name from :data:`avsg.lab.traces.policies.POLICIES` (then ``capacity`` is required and
     ``opts`` go to :func:`make_policy`) or a ready :class:`Policy` with ``rows == trace.layers``.
     """
     sel4 = trace.sel4()

@@ -92,7 +92,7 @@ def launches_per_layer(mode: str) -> int:
     """Kernel launches ``mode`` adds per layer and pass beside attention. avsg and lru-device
     run through the serving manager: the kernels it launches (``SERVING_LAUNCHES``)."""
     if mode in ("avsg", "lru-device"):
-        from ..cache import manager
+        from ...cache import manager
         return len(manager.SERVING_LAUNCHES)
     return PEER_LAUNCHES[mode]
 

@@ -38,10 +38,10 @@ from typing import Dict, List
 
 import torch
 
-from ... import _ops, backend
+from .... import _ops, backend
 from ...costmodel import hardware
 from . import common
-from ...cli_util import int_in
+from ....cli_util import int_in
 
 SIZES = [64 << i for i in range(11)]   # 64 B .. 64 KB
 READS_IN_FLIGHT = 4                    # kGatherCopyBuffers

@@ -16,8 +16,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ... import backend
-from ...cli_util import (UsageError, check_dir_writable, check_writable, comma_list, progress_bar,
+from .... import backend
+from ....cli_util import (UsageError, check_dir_writable, check_writable, comma_list, progress_bar,
                          read_input, writing)
 from ...costmodel import hardware
 
