@@ -37,7 +37,7 @@ import vllm_ascend.ascend_config as config
 import vllm_ascend.platform as platform
 stock = config.init_ascend_config
 os.environ["AVSG_VLLM_ASCEND"] = "1"
-for name in ("AVSG_CONFIG", "AVSG_POLICY", "AVSG_LIFETIME"):
+for name in ("AVSG_CONFIG", "AVSG_POLICY", "AVSG_LIFETIME", "AVSG_SPLIT_ATTENTION"):
     os.environ.pop(name, None)
 from avsg.integrations import vllm_ascend as backend
 from avsg.integrations import vllm_ascend_plugin as plugin

@@ -18,18 +18,13 @@ from avsg.kvformat import get_format
 from avsg.runtime.algo.dsa import sparse_mla_partial, split_mla_attention, sparse_mla_attention
 from avsg.runtime.base import Retrieved
 
-U_FP32 = 2.0 ** -24
-U_BF16 = 2.0 ** -8
-
-
-def gamma(n, u=U_FP32):
-    return n * u / (1 - n * u)
+from helpers.split_bound import U_BF16, U_FP32, gamma
 
 
 def split_tolerance(q_lat, q_pe, latent, k_pe, index, scale):
-    """docs/overlap.md: |split - unsplit| <= V (4 eps_s + (8K + 6 Lambda + 4 ln K + 20) u), per
-    query token and head, with V = max |v_k|, eps_s = gamma_{C+P} max_k scale sum |q||k|,
-    Lambda = 2 max |s_k| + ln K over the token's valid selections."""
+    """helpers.split_bound.fp32_bound vectorised over tokens and heads (docs/overlap.md):
+    |split - unsplit| <= V (4 eps_s + (8K + 6 Lambda + 4 ln K + 20) u), with V = max |v_k|,
+    eps_s = gamma_{C+P} max_k scale sum |q||k|, Lambda = 2 max |s_k| + ln K."""
     R, T, H, C = q_lat.shape
     K = index.shape[-1]
     row = torch.arange(R)[:, None, None]

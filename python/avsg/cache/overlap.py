@@ -63,8 +63,11 @@ class CopyStream:
 
 def lse_of(softmax_max: torch.Tensor, softmax_sum: torch.Tensor) -> torch.Tensor:
     """Log-sum-exp from sparse flash attention's ``softmax_max`` and ``softmax_sum`` (fp32):
-    ``max + log(sum)``, ``-inf`` where nothing was selected (``sum == 0``)."""
-    return softmax_max.float() + torch.log(softmax_sum.float())
+    ``max + log(sum)``, ``-inf`` where nothing was selected (``sum <= 0``, whatever ``max``
+    holds there: what the op writes for a token with no valid index is not documented)."""
+    total = softmax_sum.float()
+    return torch.where(total > 0, softmax_max.float() + torch.log(total.clamp(min=1e-38)),
+                       torch.full_like(total, float("-inf")))
 
 
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
@@ -84,9 +87,10 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
     total = weight_a + weight_b
     lse = top + torch.log(total)
     scale = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
-    out = (out_a.float() * (weight_a * scale)[..., None]
-           + out_b.float() * (weight_b * scale)[..., None])
-    return out.to(out_a.dtype), lse
+    # an empty part weighs 0 and its output (undefined for an empty selection) is not read
+    a = torch.where((weight_a > 0)[..., None], out_a.float() * (weight_a * scale)[..., None], 0.0)
+    b = torch.where((weight_b > 0)[..., None], out_b.float() * (weight_b * scale)[..., None], 0.0)
+    return (a + b).to(out_a.dtype), lse
 
 
 def _npu_attention_update():
@@ -113,7 +117,15 @@ def attention_update(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tens
                                "not available for this tensor")
         return merge_attention(out_a, lse_a, out_b, lse_b)[0]
     D = out_a.shape[-1]
-    outs = (out_a.reshape(-1, D).float(), out_b.reshape(-1, D).float())
-    lses = (lse_a.reshape(-1).float(), lse_b.reshape(-1).float())
+    # the fused op's handling of -inf (an empty part) is not documented: an empty part gets
+    # the most negative finite LSE (weight exp(-huge) = 0) and a zero output instead
+    lowest = torch.finfo(torch.float32).min
+    outs, lses = [], []
+    for out, lse in ((out_a, lse_a), (out_b, lse_b)):
+        lse = lse.reshape(-1).float()
+        empty = ~torch.isfinite(lse)
+        lses.append(torch.where(empty, lowest, lse))
+        outs.append(torch.where(empty[:, None], 0.0, out.reshape(-1, D).float()))
+    outs, lses = tuple(outs), tuple(lses)
     merged, _ = update(lses, outs, 0)
     return merged.view(out_a.shape).to(out_a.dtype)
