@@ -393,3 +393,26 @@ def test_step_with_the_split_changes_nothing_but_adds_the_split_lists():
                               active=torch.tensor([True, False, False]))
     with pytest.raises(TypeError, match="split"):
         mgr.step(0, torch.full((R, T, K), -1, dtype=torch.int32), meta, split="yes")
+
+
+def test_gather_cores_is_the_copy_launch_core_count(monkeypatch):
+    """gather_cores reaches the copy's gather (num_cores) and changes no byte; bad values are
+    named."""
+    import avsg.buffer as avsg_buffer
+    seen = []
+    real = avsg_buffer.copy_misses
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("num_cores"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(avsg_buffer, "copy_misses", spy)
+    kv = []
+    for cores in (None, 3):
+        mgr, _ = make(gather_cores=cores)
+        for r in range(R):
+            mgr.add(r)
+        run_step(mgr, 0)
+        kv.append([k.clone() for k in mgr.kv[0]])
+    assert seen == [None, 3] and all(torch.equal(a, b) for a, b in zip(*kv))
+    with pytest.raises(ValueError, match="gather_cores"):
+        make(gather_cores=0)

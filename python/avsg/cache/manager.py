@@ -224,6 +224,9 @@ class SparseOffloadManager:
         check: value checks (default: on for CPU, off elsewhere, where they would sync).
         timers: optional ``timers(phase) -> context manager`` wrapped around the ``"plan"`` and
             ``"gather"`` phases of ``begin_step`` / ``retrieve`` (not while tracing).
+        gather_cores: cores the copy's gather launch takes (``avsg.gather``'s ``num_cores``;
+            default ``avsg.get_num_cores()``): fewer leave cores to an attention kernel that
+            should run beside the copy (``step(split=True)``, docs/overlap.md).
     """
 
     def __init__(self, num_layers: int, max_rows: int, capacity: int, topk: int,
@@ -235,8 +238,11 @@ class SparseOffloadManager:
                  write_through: bool = False, auto_invalidate: bool = True,
                  check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
                  timers: Optional[Callable[[str], ContextManager]] = None,
-                 policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None):
+                 policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None,
+                 gather_cores: Optional[int] = None):
         require_int("num_layers", num_layers, low=1)
+        if gather_cores is not None:
+            require_int("gather_cores", gather_cores, low=1)
         require_int("max_rows", max_rows, low=1)
         require_int("resident_block_size", resident_block_size, low=1)
         require_int("capacity", capacity, low=1, high=reference.MAX_BUCKETS)
@@ -270,7 +276,7 @@ class SparseOffloadManager:
         # layer's buffers and drops, and the device KV with the host pool it is copied from
         self.rows = RowTable(max_rows)
         self.paged = PagedKV(num_layers, max_rows, capacity, self.kv_format, resident_block_size,
-                             self.device)
+                             self.device, gather_cores)
         self.residency = Residency(num_layers, max_rows, capacity, topk, queries_per_step,
                                    policy=policy, lifetime=lifetime, hash_buckets=hash_buckets,
                                    max_context=max_context, device=self.device, check=self.check)

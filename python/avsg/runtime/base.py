@@ -82,6 +82,7 @@ class StoreSpec:
     block_size: int = 128
     write_through: bool = False         # avsg: a pass's new KV into its reserved slots directly
     split_attention: bool = False       # avsg: attention over hits / misses, LSE-merged (overlap)
+    gather_cores: Optional[int] = None  # avsg: cores of the copy's gather (None: get_num_cores())
     timers: Timers = NULL_TIMERS
 
 

@@ -67,7 +67,7 @@ class AVSGStore(HostPoolStore):
             resident_block_size=page,
             device=spec.device,
             host_kv=[self.pool.layer(layer) for layer in range(spec.layers)],
-            write_through=spec.write_through, timers=spec.timers,
+            write_through=spec.write_through, timers=spec.timers, gather_cores=spec.gather_cores,
             # our own algorithm selects causal, distinct positions: value checks would only
             # cost host syncs
             check=False)
