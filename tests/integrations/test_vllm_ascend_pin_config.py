@@ -99,7 +99,7 @@ def test_at_the_pin_additional_config_avsg_is_accepted_and_no_fused_flag(pinned_
     result = run_config_script(pinned_tree, tmp_path)
     assert result["guarded"] and result["rebound_in_platform"] and result["restored"]
     assert result["outcome"] == "accepted", result
-    assert result["options"] == {"policy": "reuse", "lifetime": 255}
+    assert result["options"] == {"policy": "reuse", "lifetime": 255, "split_attention": False}
     assert result["sources"]["policy"] == "additional_config.avsg.policy"
     # the pin's SparseKVOffloadConfig ignores use_fused_overlap: nothing routes around AVSG
     assert result["fused_conflict"] is False
