@@ -7,8 +7,8 @@
 """
 from . import _ops, reference  # noqa: F401  (_ops registers the ops)
 from . import backend  # loads the NPU op library when it was built (scripts/build_npu.sh)
-from .buffer import Plan, SparseKVBuffer, apply_moves, gather, get_num_cores, kv_slots, set_num_cores
+from .buffer import Plan, SparseKVBuffer, apply_moves, gather, get_num_cores, kv_slots, set_num_cores, split_slots
 
-__all__ = ["Plan", "SparseKVBuffer", "apply_moves", "gather", "get_num_cores", "kv_slots", "set_num_cores", "reference",
+__all__ = ["Plan", "SparseKVBuffer", "apply_moves", "gather", "get_num_cores", "kv_slots", "set_num_cores", "split_slots", "reference",
            "backend"]
 __version__ = "0.1.0"

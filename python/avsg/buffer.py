@@ -153,6 +153,19 @@ class Plan(NamedTuple):
     moves: bool = False
 
 
+def split_slots(plan: Plan) -> reference.SplitSlots:
+    """Per query token, the slots of its hits and of its misses: ``SplitSlots(hits, misses)``,
+    each int32 ``[R, T, K]``, valid entries first (in selection order), then ``-1``. Hits were
+    resident before the plan's copy, so attention may read them while the misses are copied;
+    misses are the slots the copy fills (the ``T`` tokens of a row share them). Fixed shape, no
+    host sync; ``reference.split_slots`` specifies it, and every backend derives it from the
+    plan's outputs with these same torch ops (the plan kernels do not emit it)."""
+    if plan.moves:
+        raise ValueError("plan: a resize's moves have no hits or misses (split_slots takes what "
+                         "plan or step returned)")
+    return reference.split_slots(plan.slots, plan.miss_slots, plan.miss_counts, plan.capacity)
+
+
 # ---------------------------------------------------------------------------------- validation
 
 def _check_positions(topk_pos: torch.Tensor, seq_lens: torch.Tensor) -> None:

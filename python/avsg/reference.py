@@ -174,6 +174,18 @@ One ``plan`` step, per row (all rows independently, all in parallel):
    where the selection was ``-1`` or out of range. ``miss_pos``/``miss_slots`` hold ``M`` entries
    then ``-1``.
 
+5. **Split** (``split_slots``, derived from the outputs above, not a pass of the plan). For each
+   query token, the slots of its *hits* (positions resident before this step's copies) and of its
+   *misses* (slots this step's copy fills), each ``[R, T, K]``: valid entries first, in selection
+   order, then ``-1``. A valid selection is a miss exactly when its slot is one of its row's
+   ``miss_slots[r, :miss_counts[r]]``: the step pins every hit, so a hit's slot is never a
+   victim, and every selection of a missed position reads that position's reserved slot. The
+   ``T`` tokens of a row share their misses: a position missed for token 0 and selected again
+   by token 1 is a miss for both (token 1 must wait for its copy too). Hits and misses of a
+   token partition its valid selections (with ``check=False`` a repeated position is listed as
+   often as it was selected, as attention over ``slots`` reads it), so attention over the hits
+   and attention over the misses, merged by log-sum-exp, is attention over ``slots``.
+
 MTP: the ``T`` query tokens of a row are one set of lookups against one table, so a later token
 that selects what an earlier token missed shares the reserved slot (invariant 2) and the position
 is fetched once. ``invalidate(valid_lens)`` frees every slot whose position is ``>= valid_lens``:
@@ -1207,6 +1219,55 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     stats[:, STAT_MISSES] += missing.sum(1)
     stats[:, STAT_FETCHED] += miss_counts.to(torch.int64)
     return slots.view(R, T, K), miss_pos, miss_slots, miss_counts
+
+
+# ----------------------------------------------------------------------------- hit/miss split
+
+class SplitSlots(NamedTuple):
+    """Per query token, the slots of its hits and of its misses (``split_slots``)."""
+    hits: torch.Tensor          # int32 [R, T, K]  resident before the step's copies; -1 after
+    misses: torch.Tensor        # int32 [R, T, K]  filled by the step's copies; -1 after
+
+
+def compact_valid_first(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``values`` where ``keep``, moved to the front of the last dimension in their order, then
+    ``-1``: a prefix sum gives each kept entry its place (fixed shape, no sort, no host sync)."""
+    K = values.shape[-1]
+    kept = keep.to(torch.int64)
+    place = torch.where(keep, kept.cumsum(-1) - 1, torch.full_like(kept, K))    # K: a spare column
+    out = torch.full((*values.shape[:-1], K + 1), -1, dtype=values.dtype, device=values.device)
+    out.scatter_(-1, place, torch.where(keep, values, torch.full_like(values, -1)))
+    return out[..., :K]
+
+
+def split_slots(slots: torch.Tensor, miss_slots: torch.Tensor, miss_counts: torch.Tensor,
+                capacity: int) -> SplitSlots:
+    """The hit/miss split of a plan's outputs (module docstring, step 5): ``slots`` int32
+    ``[R, T, K]``, ``miss_slots`` int32 ``[R, T*K]``, ``miss_counts`` int32 ``[R]`` of a buffer
+    with ``capacity`` slots per row. Entries of ``miss_slots`` past ``miss_counts`` (clamped to
+    ``[0, T*K]``) or outside ``[0, capacity)`` mark nothing; a slot outside ``[0, capacity)`` in
+    ``slots`` is neither a hit nor a miss (a plan never emits one). Fixed shape, no host sync:
+    one scatter into a per-row slot mask, one gather, two prefix-sum compactions."""
+    R, T, K = slots.shape
+    N = miss_slots.shape[1]
+    S = capacity
+    dev = slots.device
+    column = torch.arange(N, device=dev)[None, :]
+    counts = miss_counts.to(torch.int64).clamp(0, N)[:, None]
+    marks = (column < counts) & (miss_slots >= 0) & (miss_slots < S)
+    # slot -> "filled by this step's copy", per row; column S absorbs the unmarked entries
+    missed = torch.zeros(R, S + 1, dtype=torch.bool, device=dev)
+    missed.scatter_(1, torch.where(marks, miss_slots.to(torch.int64), torch.full_like(column, S)),
+                    marks)
+    missed[:, S] = False
+    sel = slots.reshape(R, T * K).to(torch.int64)
+    valid = (sel >= 0) & (sel < S)
+    is_miss = missed.gather(1, torch.where(valid, sel, torch.full_like(sel, S))) & valid
+    is_miss = is_miss.view(R, T, K)
+    valid = valid.view(R, T, K)
+    slots = slots.to(torch.int32)
+    return SplitSlots(compact_valid_first(slots, valid & ~is_miss),
+                      compact_valid_first(slots, is_miss))
 
 
 # ---------------------------------------------------------------------------------------- gather

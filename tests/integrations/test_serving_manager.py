@@ -352,3 +352,67 @@ def test_compiled_retrieve_does_not_recompile_per_step():
         compiled(mgr, topk, meta)
     assert len(generations) == 4
     assert counter.frame_count == 1
+
+
+def test_step_with_the_split_changes_nothing_but_adds_the_split_lists():
+    """step(split=True): the same slots, copies, counts and buffer bytes as split=False, plus
+    the hit/miss split of the slots (avsg.split_slots of the plan, cut to the pass's q)."""
+    import avsg
+    outs = []
+    for split in (False, True):
+        mgr, _ = make()
+        for r in range(R):
+            mgr.add(r)
+        got = []
+        for step in range(4):
+            seq = torch.full((R,), 20 + step, dtype=torch.int32)
+            meta = mgr.begin_step_rtk(seq, T, block_table())
+            pos = seq[:, None, None] - 1 - torch.arange(T * K).view(1, T, K) % (K + 2 * step)
+            topk = torch.where(pos >= 0, pos, -1).to(torch.int32)
+            out = mgr.step(0, topk, meta, split=split)
+            got.append((out.slots.clone(), out.host_pos.clone(), out.host_counts.clone(),
+                        [kv.clone() for kv in mgr.kv[0]], out.split))
+            if split:                       # the lists are the plan's split
+                want = avsg.split_slots(out.plan)
+                assert torch.equal(out.split.hits, want.hits[:, :T])
+                assert torch.equal(out.split.misses, want.misses[:, :T])
+        outs.append(got)
+    for (slots, pos, counts, kv, none), (slots2, pos2, counts2, kv2, split) in zip(*outs):
+        assert none is None and torch.equal(slots, slots2) and torch.equal(pos, pos2)
+        assert torch.equal(counts, counts2) and all(torch.equal(a, b) for a, b in zip(kv, kv2))
+        hits, misses = split
+        for r in range(R):
+            for t in range(T):
+                h = [s for s in hits[r, t].tolist() if s >= 0]
+                m = [s for s in misses[r, t].tolist() if s >= 0]
+                assert sorted(h + m) == sorted(s for s in slots[r, t].tolist() if s >= 0)
+    # a bad switch is named, before anything runs
+    mgr, _ = make()
+    mgr.add(0)
+    meta = mgr.begin_step_rtk(torch.full((R,), 5, dtype=torch.int32), T, block_table(),
+                              active=torch.tensor([True, False, False]))
+    with pytest.raises(TypeError, match="split"):
+        mgr.step(0, torch.full((R, T, K), -1, dtype=torch.int32), meta, split="yes")
+
+
+def test_gather_cores_is_the_copy_launch_core_count(monkeypatch):
+    """gather_cores reaches the copy's gather (num_cores) and changes no byte; bad values are
+    named."""
+    import avsg.buffer as avsg_buffer
+    seen = []
+    real = avsg_buffer.copy_misses
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("num_cores"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(avsg_buffer, "copy_misses", spy)
+    kv = []
+    for cores in (None, 3):
+        mgr, _ = make(gather_cores=cores)
+        for r in range(R):
+            mgr.add(r)
+        run_step(mgr, 0)
+        kv.append([k.clone() for k in mgr.kv[0]])
+    assert seen == [None, 3] and all(torch.equal(a, b) for a, b in zip(*kv))
+    with pytest.raises(ValueError, match="gather_cores"):
+        make(gather_cores=0)

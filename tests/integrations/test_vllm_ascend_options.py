@@ -11,18 +11,19 @@ from avsg.integrations.vllm_ascend import avsg_options, resolve_options
 
 @pytest.fixture(autouse=True)
 def _no_avsg_settings(monkeypatch):
-    for name in ("AVSG_CONFIG", "AVSG_POLICY", "AVSG_LIFETIME"):
+    for name in ("AVSG_CONFIG", "AVSG_POLICY", "AVSG_LIFETIME", "AVSG_SPLIT_ATTENTION"):
         monkeypatch.delenv(name, raising=False)
 
 
 def test_defaults_env_and_additional_config(monkeypatch):
     monkeypatch.delenv("AVSG_POLICY", raising=False)
     assert avsg_options(None) == {"policy": reference.DEFAULT_POLICY,
-                                   "lifetime": reference.DEFAULT_LIFETIME}
+                                   "lifetime": reference.DEFAULT_LIFETIME,
+                                   "split_attention": False}
     monkeypatch.setenv("AVSG_POLICY", "lru")
     assert avsg_options({})["policy"] == "lru"
     assert avsg_options({"avsg": {"policy": "lifetime", "lifetime": 8}}) == \
-        {"policy": "lifetime", "lifetime": 8}
+        {"policy": "lifetime", "lifetime": 8, "split_attention": False}
     assert avsg_options({"avsg": '{"policy": "lifetime", "lifetime": 4}'})["lifetime"] == 4
 
 
@@ -68,9 +69,10 @@ def test_settings_file_env_and_additional_config_in_that_order(monkeypatch, tmp_
     path.write_text(json.dumps({"policy": "lifetime", "lifetime": 12}))
     monkeypatch.setenv("AVSG_CONFIG", str(path))
     options, sources = resolve_options(None)
-    assert options == {"policy": "lifetime", "lifetime": 12}
+    assert options == {"policy": "lifetime", "lifetime": 12, "split_attention": False}
     assert sources == {"policy": f"AVSG_CONFIG={path}: policy",
-                       "lifetime": f"AVSG_CONFIG={path}: lifetime"}
+                       "lifetime": f"AVSG_CONFIG={path}: lifetime",
+                       "split_attention": "default"}
     monkeypatch.setenv("AVSG_LIFETIME", "40")
     assert resolve_options({})[0]["lifetime"] == 40
     assert resolve_options({})[1]["lifetime"] == "AVSG_LIFETIME"
@@ -113,3 +115,21 @@ def test_bad_lifetime_env(value, words, monkeypatch):
     with pytest.raises(ValueError) as err:
         avsg_options({})
     assert words in str(err.value)
+
+
+def test_split_attention_from_env_file_and_additional_config(monkeypatch, tmp_path):
+    assert avsg_options(None)["split_attention"] is False
+    monkeypatch.setenv("AVSG_SPLIT_ATTENTION", "1")
+    options, sources = resolve_options(None)
+    assert options["split_attention"] is True and sources["split_attention"] == \
+        "AVSG_SPLIT_ATTENTION"
+    assert avsg_options({"avsg": {"split_attention": False}})["split_attention"] is False
+    monkeypatch.setenv("AVSG_SPLIT_ATTENTION", "maybe")
+    with pytest.raises(ValueError, match="AVSG_SPLIT_ATTENTION: expected 1 or 0"):
+        avsg_options(None)
+    monkeypatch.delenv("AVSG_SPLIT_ATTENTION")
+    path = tmp_path / "avsg.json"
+    path.write_text('{"split_attention": "yes"}')
+    monkeypatch.setenv("AVSG_CONFIG", str(path))
+    with pytest.raises(ValueError, match="split_attention: expected true or false"):
+        avsg_options(None)

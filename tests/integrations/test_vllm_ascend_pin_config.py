@@ -37,7 +37,7 @@ import vllm_ascend.ascend_config as config
 import vllm_ascend.platform as platform
 stock = config.init_ascend_config
 os.environ["AVSG_VLLM_ASCEND"] = "1"
-for name in ("AVSG_CONFIG", "AVSG_POLICY", "AVSG_LIFETIME"):
+for name in ("AVSG_CONFIG", "AVSG_POLICY", "AVSG_LIFETIME", "AVSG_SPLIT_ATTENTION"):
     os.environ.pop(name, None)
 from avsg.integrations import vllm_ascend as backend
 from avsg.integrations import vllm_ascend_plugin as plugin
@@ -99,7 +99,7 @@ def test_at_the_pin_additional_config_avsg_is_accepted_and_no_fused_flag(pinned_
     result = run_config_script(pinned_tree, tmp_path)
     assert result["guarded"] and result["rebound_in_platform"] and result["restored"]
     assert result["outcome"] == "accepted", result
-    assert result["options"] == {"policy": "reuse", "lifetime": 255}
+    assert result["options"] == {"policy": "reuse", "lifetime": 255, "split_attention": False}
     assert result["sources"]["policy"] == "additional_config.avsg.policy"
     # the pin's SparseKVOffloadConfig ignores use_fused_overlap: nothing routes around AVSG
     assert result["fused_conflict"] is False

@@ -36,6 +36,7 @@ import pytest
 import torch
 
 from avsg.integrations import vllm_ascend as backend
+from helpers import split_bound
 from avsg.integrations import vllm_ascend_plugin as plugin
 
 BS, S_BUF, TOPK, T, R = 4, 8, 4, 2, 2       # block, top-k buffer per token row, top-k, 1+MTP, seqs
@@ -421,6 +422,7 @@ class Engine:
         self.batch = []
         self.next_slot, self.next_generation = 0, 0
         self.exact = 0
+        self.split_checked = 0
         self.builder = self.modules[ATTN_MODULE].AscendSFAKVOffloadMetadataBuilder()
 
     # ---- requests
@@ -520,6 +522,8 @@ class Engine:
                                        manager.current_slots_npu, None, stable, ttr)
                 if check:
                     self.check_reads(manager, layer, name, n_tok, topk, positions)
+                if check and manager.avsg_split:
+                    self.check_split(manager, layer, name, n_tok, topk, positions)
         for r in batch:
             r.n += 1 if self.rng.random() < 0.5 else T
 
@@ -543,13 +547,75 @@ class Engine:
                 assert torch.equal(v_pages[page, s % BS, 0], pool_v[b, o, 0])
                 self.exact += 1
 
+    def check_split(self, manager, layer, name, n_tok, topk, positions):
+        """The split (option split_attention): each token's hit and miss slots partition its
+        slots, and ``split_attention`` around a CPU model of sparse flash attention (BF16
+        outputs, fp32 softmax max and sum, as the op returns them) equals attention over the
+        host pool's KV of the selected positions within docs/overlap.md's BF16 bound."""
+        k_pages, v_pages, slots, table = self.modules[ATTN_MODULE].AscendSFAKVOffloadImpl \
+            ._resident_views(manager, name, n_tok)[:4]
+        hits = manager.avsg_hit_slots_npu[:n_tok]
+        misses = manager.avsg_miss_slots_npu[:n_tok]
+        for t in range(n_tok):
+            h = [s for s in hits[t].tolist() if s >= 0]
+            m = [s for s in misses[t].tolist() if s >= 0]
+            assert sorted(h + m) == sorted(s for s in slots[t].tolist() if s >= 0)
+            assert hits[t, len(h):].eq(-1).all() and misses[t, len(m):].eq(-1).all()
+        heads = 2
+        q = torch.randn(n_tok, heads, DK + DV)
+        scale = 0.3
+
+        def scores_of(t, k_rows, v_rows):
+            return (q[t, :, :DK] @ k_rows.float().T + q[t, :, DK:] @ v_rows.float().T) * scale
+
+        def attend(indices):
+            """The CPU model of npu_sparse_flash_attention(return_softmax_lse=True)."""
+            out = torch.zeros(n_tok, heads, DK)
+            smax = torch.zeros(1, n_tok, heads)
+            ssum = torch.zeros(1, n_tok, heads)
+            for t in range(n_tok):
+                sel = [s for s in indices[t, 0].tolist() if s >= 0]
+                if not sel:
+                    continue
+                page = table[t].long()[torch.tensor(sel) // BS]
+                off = torch.tensor(sel) % BS
+                k_rows, v_rows = k_pages[page, off, 0], v_pages[page, off, 0]
+                sc = scores_of(t, k_rows, v_rows)
+                smax[0, t] = sc.amax(-1)
+                e = torch.exp(sc - smax[0, t][:, None])
+                ssum[0, t] = e.sum(-1)
+                out[t] = (e / ssum[0, t][:, None]) @ k_rows.float()
+            return out.to(torch.bfloat16), smax, ssum
+
+        merged = manager.split_attention(attend, n_tok)
+        assert merged.dtype == torch.bfloat16 and merged.shape == (n_tok, heads, DK)
+        pool_k, pool_v = self.pool.truth[layer]
+        for t in range(n_tok):
+            _, r, pos = positions[t]
+            wanted = [p for p in topk[t, 0].tolist() if 0 <= p <= pos]
+            if not wanted:
+                assert merged[t].eq(0).all()
+                continue
+            blocks = torch.tensor([r.blocks[p // BS] for p in wanted])
+            off = torch.tensor([p % BS for p in wanted])
+            k_rows, v_rows = pool_k[blocks, off, 0], pool_v[blocks, off, 0]
+            sc = scores_of(t, k_rows, v_rows)
+            full = (torch.softmax(sc, -1) @ k_rows.float()).to(torch.bfloat16)
+            V = float(k_rows.float().abs().max())
+            terms = float(((q[t, :, :DK].abs() @ k_rows.float().abs().T
+                            + q[t, :, DK:].abs() @ v_rows.float().abs().T) * scale).max())
+            tol = split_bound.bf16_bound(V, terms, float(sc.abs().max()), len(wanted), DK + DV)
+            err = float((merged[t].float() - full.float()).abs().max())
+            assert err <= tol, f"layer {name} token {t}: {err} > {tol}"
+            self.split_checked += 1
+
     def hits(self):
         return sum(buf.stats()["hits"] for m in self.managers for buf in m.avsg_buffers)
 
 
 @pytest.fixture(autouse=True)
 def _unhook(monkeypatch):
-    for name in ("AVSG_CONFIG", "AVSG_POLICY", "AVSG_LIFETIME"):
+    for name in ("AVSG_CONFIG", "AVSG_POLICY", "AVSG_LIFETIME", "AVSG_SPLIT_ATTENTION"):
         monkeypatch.delenv(name, raising=False)
     yield
     plugin.uninstall()
@@ -921,3 +987,26 @@ def test_standin_inactive_runner_row_is_reset(monkeypatch, tmp_path):
     assert manager.adopt_runner_rows([a.slot], [a.generation], [False]) is True
     # a row reset since the last plan (nothing read into it yet) only records the identity
     assert manager.adopt_runner_rows([a.slot], [a.generation], [False]) is False
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_standin_split_attention_within_the_bf16_bound(tp_size, monkeypatch, tmp_path):
+    """AVSG_SPLIT_ATTENTION=1: every step's hit and miss lists partition the slots and the
+    split attention (hits, the copy stream's wait, misses, LSE merge; on CPU the stream is a
+    no-op and the merge the reference) equals attention over the host pool's KV within the
+    stated BF16 tolerance, on every layer and rank, through drops, MTP and evictions."""
+    monkeypatch.setenv("AVSG_SPLIT_ATTENTION", "1")
+    engine = Engine(monkeypatch, tmp_path, tp_size=tp_size, seed=3)
+    assert all(m.avsg_split for m in engine.managers)
+    for _ in range(2):
+        engine.add()
+    for step in range(10):
+        engine.step()
+        if step == 5:
+            engine.batch.pop(0)
+            engine.add()
+    assert engine.split_checked > 0 and engine.hits() > 0
+    # and off by default: no split lists written
+    monkeypatch.delenv("AVSG_SPLIT_ATTENTION")
+    plain = Engine(monkeypatch, tmp_path / "plain", seed=3)
+    assert not plain.managers[0].avsg_split

@@ -47,6 +47,33 @@ def test_run_small_end_to_end(tiny_trace, tmp_path, capsys):
     assert "simulated" in result["workload"]["acceptance"]
 
 
+def test_run_with_split_attention_keeps_the_tokens_and_the_copies(tiny_trace, tmp_path,
+                                                                   capsys):
+    """--split-attention: the same copies and hit rate as the one-pass run, the same tokens in
+    every mode (logits compared within tolerance elsewhere: tests/runtime/test_split_attention.py),
+    and the run says what it compared."""
+    runs = {}
+    for extra in ([], ["--split-attention"]):
+        out = tmp_path / f"run{len(extra)}.json"
+        assert cli.main(TINY_RUN + ["--trace", tiny_trace, "--mtp", "1", "--json", str(out),
+                                    *extra]) == 0
+        runs[bool(extra)] = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert "avsg's split-attention logits are within its stated tolerance" in printed
+    plain, split = runs[False], runs[True]
+    assert split["outputs_identical"] is True and split["workload"]["split_attention"] is True
+    a, b = ({m["mode"]: m for m in r["modes"]}["avsg"] for r in (plain, split))
+    for key in ("hit_rate", "h2d_bytes_per_token", "h2d_fresh_share", "mtp_acceptance",
+                "output_tokens"):
+        assert a[key] == b[key], key
+
+
+def test_split_attention_needs_the_avsg_mode():
+    result = run_cli(*TINY_RUN, "--modes", "device", "--split-attention")
+    assert result.returncode == 2 and "--split-attention" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("policy", ["lifetime", "lru"])
 def test_run_with_every_residency_policy(tiny_trace, tmp_path, capsys, policy):
     out = tmp_path / "run.json"

@@ -64,7 +64,7 @@ def printed(result: dict) -> dict:
 
 
 def run_json(tmp_path, *extra) -> dict:
-    out = tmp_path / "run.json"
+    out = tmp_path / f"run{len(extra)}.json"
     assert cli.main(["run", "--quiet", "--json", str(out), *extra]) == 0
     result = json.loads(out.read_text())
     assert result["outputs_identical"] is True
@@ -77,6 +77,31 @@ def test_readme_figures_are_what_avsg_run_prints_narrow_body(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(dataclasses.asdict(narrow)))
     assert printed(run_json(tmp_path, "--config", str(path))) == readme_quick_start()
+
+
+def test_split_attention_keeps_the_quick_start_tokens_and_figures_narrow_body(tmp_path):
+    """The quick-start workload with ``--split-attention``: avsg's figures as the README prints
+    them (the split moves no copy) and the same greedy tokens as device-resident KV
+    (``outputs_identical`` compares tokens when avsg splits; its logits are within the stated
+    tolerance, not bit for bit)."""
+    narrow = dataclasses.replace(model_config.preset("demo"), **NARROW)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dataclasses.asdict(narrow)))
+    # offload (every selection copied) adds nothing here: the split changes only avsg's attention
+    result = run_json(tmp_path, "--config", str(path), "--split-attention", "--modes",
+                      "avsg,device")
+    assert result["workload"]["split_attention"] is True
+    pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
+    avsg = {m["mode"]: m for m in result["modes"]}["avsg"]
+    want = readme_quick_start()
+    assert {"hit_rate": pct(avsg["hit_rate"]), "h2d": f"{avsg['h2d_bytes_per_token']:,.0f}",
+            "mtp_acc": pct(avsg["mtp_acceptance"])} == want["avsg"]
+    assert f"{100 * avsg['h2d_fresh_share']:.1f}" == want["fresh"]
+
+
+@pytest.mark.slow
+def test_split_attention_keeps_the_quick_start_tokens_and_figures(tmp_path):
+    assert printed(run_json(tmp_path, "--split-attention")) == readme_quick_start()
 
 
 @pytest.mark.slow

@@ -126,11 +126,13 @@ from typing import (Callable, ContextManager, Dict, List, NamedTuple, Optional, 
 import torch
 
 from .. import reference
-from ..buffer import Plan, SparseKVBuffer
+from ..buffer import Plan, SparseKVBuffer, split_slots
+from ..reference import SplitSlots
 from ..kvformat import KVFormat, get_format
 from ..validation import (check_selections, require_bool, require_device, require_fits,
                           require_int, require_tensor, tracing)
 from . import tokens as token_layout
+from .overlap import CopyStream
 from .paged import PagedKV
 from .residency import NO_LIMIT, Residency
 from .rows import RowTable
@@ -191,6 +193,9 @@ class RowSlots(NamedTuple):
     host_pos: torch.Tensor           # int32 [R, T*K]   positions copied from the host, -1 after
     host_counts: torch.Tensor        # int32 [R]        how many (the valid prefix of host_pos)
     plan: Plan                       # the layer's plan, state-row order (accounting, tests)
+    # step(split=True): the hit/miss split of ``slots`` (``avsg.split_slots``), [R, q, K] each;
+    # the copies then ran on ``copy_stream`` (wait before reading a miss slot or host_pos)
+    split: Optional[SplitSlots] = None
 
 
 class SparseOffloadManager:
@@ -219,6 +224,9 @@ class SparseOffloadManager:
         check: value checks (default: on for CPU, off elsewhere, where they would sync).
         timers: optional ``timers(phase) -> context manager`` wrapped around the ``"plan"`` and
             ``"gather"`` phases of ``begin_step`` / ``retrieve`` (not while tracing).
+        gather_cores: cores the copy's gather launch takes (``avsg.gather``'s ``num_cores``;
+            default ``avsg.get_num_cores()``): fewer leave cores to an attention kernel that
+            should run beside the copy (``step(split=True)``, docs/overlap.md).
     """
 
     def __init__(self, num_layers: int, max_rows: int, capacity: int, topk: int,
@@ -230,8 +238,11 @@ class SparseOffloadManager:
                  write_through: bool = False, auto_invalidate: bool = True,
                  check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
                  timers: Optional[Callable[[str], ContextManager]] = None,
-                 policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None):
+                 policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None,
+                 gather_cores: Optional[int] = None):
         require_int("num_layers", num_layers, low=1)
+        if gather_cores is not None:
+            require_int("gather_cores", gather_cores, low=1)
         require_int("max_rows", max_rows, low=1)
         require_int("resident_block_size", resident_block_size, low=1)
         require_int("capacity", capacity, low=1, high=reference.MAX_BUCKETS)
@@ -265,7 +276,7 @@ class SparseOffloadManager:
         # layer's buffers and drops, and the device KV with the host pool it is copied from
         self.rows = RowTable(max_rows)
         self.paged = PagedKV(num_layers, max_rows, capacity, self.kv_format, resident_block_size,
-                             self.device)
+                             self.device, gather_cores)
         self.residency = Residency(num_layers, max_rows, capacity, topk, queries_per_step,
                                    policy=policy, lifetime=lifetime, hash_buckets=hash_buckets,
                                    max_context=max_context, device=self.device, check=self.check)
@@ -301,6 +312,8 @@ class SparseOffloadManager:
         self._blocks_checked: Optional[Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = None
         self._sync_tables()
         self.h2d_rows = torch.zeros((), dtype=torch.int64, device=self.device)
+        # where step(split=True) queues its copies (docs/overlap.md); no-ops on CPU
+        self.copy_stream = CopyStream(self.device)
         self.write_through_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         if host_kv is not None:
             self.register_host_kv(host_kv)
@@ -742,7 +755,7 @@ class SparseOffloadManager:
 
     def step(self, layer: int, topk_pos: torch.Tensor, meta: StepMeta,
              new_kv: Optional[Sequence[torch.Tensor]] = None, check: Optional[bool] = None,
-             checked_topk: bool = False) -> RowSlots:
+             checked_topk: bool = False, split: bool = False) -> RowSlots:
         """One layer: drop, plan and copy for ``topk_pos`` int32 ``[max_rows, q, K]`` **by state
         row** (``q`` = ``1..T``; request-relative positions, ``-1`` = none) -> ``RowSlots``: the
         slot of every selection, ``[max_rows, q, K]`` in the same order, which the layer's buffer
@@ -750,8 +763,14 @@ class SparseOffloadManager:
         and the positions copied from the host. One call into the buffer
         (``SparseKVBuffer.step``). An engine whose rows never move (the runtime) has state row =
         batch row; others map with ``state_row`` or call ``retrieve``. ``new_kv``: this pass's KV
-        per component ``[num_tokens, (1,) width]``, for write-through."""
+        per component ``[num_tokens, (1,) width]``, for write-through.
+
+        ``split=True``: the copy is queued on ``copy_stream`` (a side stream on an NPU, in order
+        on CPU) so that attention over the hits need not wait for it, and ``RowSlots.split``
+        says which slots are which; the caller runs ``copy_stream.wait()`` before anything
+        reads a miss slot, ``host_pos`` or ``host_counts`` (docs/overlap.md)."""
         self._layer(layer)
+        require_bool("split", split)
         R, T, K = self.max_rows, self.queries_per_step, self.topk
         self._check_meta(meta)
         require_tensor("topk_pos", topk_pos, torch.int32, ndim=3, device=self.device)
@@ -795,14 +814,23 @@ class SparseOffloadManager:
         def copy(plan: Plan) -> None:
             if plan_phase is not None:
                 plan_phase.close()
-            with self._phase("gather"):
+            # with the split the copy (and what reads its counts) goes to the copy stream
+            stream = self.copy_stream.copying(plan.miss_pos, plan.miss_slots, plan.miss_counts,
+                                              meta.block_table, meta.stable_lens,
+                                              meta.token_base) if split \
+                else contextlib.nullcontext()
+            with self._phase("gather"), stream:
                 fresh = None
                 if news is not None:
                     fresh = (plan.miss_pos >= 0) & (plan.miss_pos >= meta.stable_lens[:, None])
-                host_counts.append(self.paged.copy(layer, plan, meta.block_table, fresh,
-                                                   meta.token_base, news))
+                counts = self.paged.copy(layer, plan, meta.block_table, fresh, meta.token_base,
+                                         news)
                 if fresh is not None:
                     self.write_through_rows += fresh.sum()
+                self.h2d_rows += counts.sum()
+                column = torch.arange(T * K, device=self.device)[None, :]
+                host_counts.append((counts, torch.where(column < counts[:, None], plan.miss_pos,
+                                                        torch.full_like(plan.miss_pos, -1))))
 
         stable = meta.stable_lens if self.auto_invalidate else None
         if plan_phase is None:
@@ -811,13 +839,13 @@ class SparseOffloadManager:
             with plan_phase:
                 plan_phase.enter_context(self._timers("plan"))
                 plan = self.residency.step(layer, topk_pos, meta.seq_lens, copy, stable)
-        counts = host_counts[0]
-        self.h2d_rows += counts.sum()
-        column = torch.arange(T * K, device=self.device)[None, :]
-        host_pos = torch.where(column < counts[:, None], plan.miss_pos,
-                               torch.full_like(plan.miss_pos, -1))
+        counts, host_pos = host_counts[0]
+        parts = None
+        if split:
+            hits, misses = split_slots(plan)
+            parts = SplitSlots(hits[:, :q], misses[:, :q])
         return RowSlots(slots=plan.slots[:, :q], host_pos=host_pos, host_counts=counts,
-                        plan=plan)
+                        plan=plan, split=parts)
 
     def _new_kv_rows(self, new_kv, N: int) -> Optional[List[torch.Tensor]]:
         """``new_kv`` as ``[N, width]`` per component when write-through uses it, else None."""

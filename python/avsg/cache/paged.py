@@ -30,7 +30,8 @@ from ..validation import require_fits, require_tensor
 
 class PagedKV:
     def __init__(self, num_layers: int, rows: int, capacity: int, kv_format: KVFormat,
-                 resident_block_size: int, device: torch.device):
+                 resident_block_size: int, device: torch.device,
+                 gather_cores: Optional[int] = None):
         kv_bytes = num_layers * (rows * capacity + 1) * sum(
             c.width * torch.empty((), dtype=c.dtype).element_size() for c in kv_format.components)
         require_fits("max_rows", kv_bytes, device,
@@ -38,6 +39,9 @@ class PagedKV:
                       f"capacity = {capacity} rows of {kv_format.name}")
         self.num_layers, self.rows, self.capacity = num_layers, rows, capacity
         self.kv_format, self.device = kv_format, device
+        # cores the copy's gather launch takes (None: avsg.get_num_cores()); a copy that should
+        # overlap attention leaves the attention kernel its cores (docs/overlap.md)
+        self.gather_cores = gather_cores
         self.resident_block_size = resident_block_size
         self.pages_per_row = capacity // resident_block_size
         R, S = rows, capacity
@@ -142,7 +146,8 @@ class PagedKV:
         views = [kv if pool.dim() == 4 else kv.view(self.rows, self.capacity, kv.shape[-1])
                  for kv, pool in zip(self.kv[layer], host)]
         avsg_buffer.copy_misses(plan._replace(miss_counts=host_counts), list(host), views,
-                                block_table=block_table, block_size=self.block_size)
+                                block_table=block_table, block_size=self.block_size,
+                                num_cores=self.gather_cores)
         if fresh is not None:
             self._write_through(layer, plan, fresh, token_base, new_kv)
         return host_counts

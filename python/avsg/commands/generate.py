@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="MTP drafts per step, 0..3 (default 0)")
     parser.add_argument("--capacity", type=int_in(1, 32768), help="avsg buffer slots, (1 + mtp) "
                         "x top-k..32768 (default: max(8192, (1 + mtp) x top-k))")
+    parser.add_argument("--split-attention", action="store_true",
+                        help="avsg mode: attention over the buffer's hits and over its misses, "
+                             "merged by log-sum-exp (the schedule that lets the copy overlap the "
+                             "hits' attention; docs/overlap.md); default: one pass, bit-exact")
     parser.add_argument("--kv-format", choices=FORMAT_NAMES, default="fp32",
                         help="KV cache format (default fp32)")
     parser.add_argument("--json", metavar="OUT", help="write {'outputs': [[ids...], ...]}")
@@ -64,7 +68,7 @@ def parse_input_ids(text: str) -> List[List[int]]:
 
 def generate(model, prompts: List[List[int]], max_new_tokens: int, mode: str = "device",
              mtp: int = 0, kv_format_name: str = "fp32", capacity=None,
-             record_logits: bool = False):
+             record_logits: bool = False, split_attention: bool = False):
     """Greedy outputs (lists of token ids) for ``prompts``; with ``record_logits`` also the
     verify logits of every step, per request. Every prompt gets its own row."""
     from ..runtime.algo.dsa import DSA
@@ -76,7 +80,7 @@ def generate(model, prompts: List[List[int]], max_new_tokens: int, mode: str = "
     capacity = capacity or max(8192, (1 + mtp) * config.index_topk)
     spec = StoreSpec(layers=model.num_kv_layers, rows=rows, max_len=max_len,
                      topk=config.index_topk, queries_per_step=1 + mtp, kv_format=kv_format,
-                     device=device, capacity=capacity)
+                     device=device, capacity=capacity, split_attention=split_attention)
     store = STORES[mode](spec)
     algo = DSA(config, rows=rows, max_len=max_len, device=device, layers=model.num_kv_layers)
     engine = Engine(model, algo, store, kv_format, rows, mtp=mtp, record_logits=record_logits)
@@ -98,6 +102,9 @@ def main(args: argparse.Namespace) -> int:
     if args.capacity is not None and args.mode != "avsg":
         raise UsageError(f"--capacity: sizes the avsg buffer; --mode {args.mode} has none "
                          f"(add --mode avsg)")
+    if args.split_attention and args.mode != "avsg":
+        raise UsageError(f"--split-attention: splits the avsg buffer's hits from its misses; "
+                         f"--mode {args.mode} has none (add --mode avsg)")
     config = checkpoint_config(args.checkpoint, has_config_option=False)
     prompts = parse_input_ids(args.input_ids)
     for i, prompt in enumerate(prompts):
@@ -117,7 +124,8 @@ def main(args: argparse.Namespace) -> int:
     with torch_threads():       # the cores other processes leave idle (cli_util.torch_threads)
         model = build_model(config, args.checkpoint, seed=0, device=torch.device("cpu"))
         outputs = generate(model, prompts, args.max_new_tokens, args.mode, args.mtp,
-                           args.kv_format, args.capacity)
+                           args.kv_format, args.capacity,
+                           split_attention=args.split_attention)
     for i, out in enumerate(outputs):
         print(f"request {i}: {out}")
     if json_path:

@@ -76,9 +76,13 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import contextlib
+
 import torch
 
+from ..buffer import split_slots
 from ..cache import Residency, RowTable
+from ..cache.overlap import CopyStream, attention_update, lse_of
 from ..cache import tokens as token_layout
 from ..cache.residency import NO_LIMIT
 
@@ -86,8 +90,10 @@ ENV_SWITCH = "AVSG_VLLM_ASCEND"
 ENV_CONFIG = "AVSG_CONFIG"          # path of a JSON file: {"policy": ..., "lifetime": ...}
 ENV_POLICY = "AVSG_POLICY"
 ENV_LIFETIME = "AVSG_LIFETIME"
+ENV_SPLIT = "AVSG_SPLIT_ATTENTION"  # 1: attention over hits, then misses, LSE-merged
 CONFIG_KEY = "avsg"                 # additional_config["avsg"]: accepted where vllm-ascend lets it
-OPTION_KEYS = ("policy", "lifetime")
+OPTION_KEYS = ("policy", "lifetime", "split_attention")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 DOCS = "docs/vllm-ascend.md"
 
 _BACKEND = None
@@ -114,9 +120,10 @@ def resolve_options(additional_config=None, environ=None
     Read from AVSG's own settings, none of them inside vllm-ascend's config objects. Later
     settings override earlier ones:
 
-    1. defaults (``reference.DEFAULT_POLICY``, ``reference.DEFAULT_LIFETIME``);
-    2. the JSON file named by ``AVSG_CONFIG`` (an object with ``policy`` and/or ``lifetime``);
-    3. ``AVSG_POLICY``, ``AVSG_LIFETIME``;
+    1. defaults (``reference.DEFAULT_POLICY``, ``reference.DEFAULT_LIFETIME``, no split);
+    2. the JSON file named by ``AVSG_CONFIG`` (an object with ``policy``, ``lifetime`` and/or
+       ``split_attention``);
+    3. ``AVSG_POLICY``, ``AVSG_LIFETIME``, ``AVSG_SPLIT_ATTENTION`` (``1``/``0``);
     4. ``additional_config["avsg"]`` (a dict or its JSON), the older way, where vllm-ascend
        accepts the key (``AVSGConfigRefused`` says where it does not).
 
@@ -124,8 +131,8 @@ def resolve_options(additional_config=None, environ=None
     from .. import reference
     env = os.environ if environ is None else environ
     opts: Dict[str, object] = {"policy": reference.DEFAULT_POLICY,
-                               "lifetime": reference.DEFAULT_LIFETIME}
-    where = {"policy": "default", "lifetime": "default"}
+                               "lifetime": reference.DEFAULT_LIFETIME, "split_attention": False}
+    where = {"policy": "default", "lifetime": "default", "split_attention": "default"}
     path = str(env.get(ENV_CONFIG, "") or "").strip()
     if path:
         for key, value in _read_config_file(path).items():
@@ -142,6 +149,11 @@ def resolve_options(additional_config=None, environ=None
             raise ValueError(f"{ENV_LIFETIME}: expected an int in [1, {reference.MAX_LIFETIME}], "
                              f"got {lifetime!r}") from None
         where["lifetime"] = ENV_LIFETIME
+    split = str(env.get(ENV_SPLIT, "") or "").strip().lower()
+    if split:
+        if split not in _TRUE + _FALSE:
+            raise ValueError(f"{ENV_SPLIT}: expected 1 or 0, got {split!r}")
+        opts["split_attention"], where["split_attention"] = split in _TRUE, ENV_SPLIT
     raw = additional_config.get(CONFIG_KEY) if isinstance(additional_config, dict) else None
     if isinstance(raw, str):
         try:
@@ -164,6 +176,9 @@ def resolve_options(additional_config=None, environ=None
             not 1 <= value <= reference.MAX_LIFETIME:
         raise ValueError(f"{where['lifetime']}: expected an int in "
                          f"[1, {reference.MAX_LIFETIME}], got {value!r}")
+    if not isinstance(opts["split_attention"], bool):
+        raise ValueError(f"{where['split_attention']}: expected true or false, got "
+                         f"{opts['split_attention']!r}")
     return opts, where
 
 
@@ -399,6 +414,15 @@ def define_backend(base):
             self.h2d_len_npu = torch.zeros(2 * M + 2, dtype=torch.int32, device=device)
             self.h2d_count_npu = torch.zeros(1, dtype=torch.int32, device=device)
             self.avsg_h2d_rows = torch.zeros((), dtype=torch.int64, device=device)
+            # the hit/miss split (option split_attention): per token, the slots of its hits and
+            # of its misses (valid first, then -1; fixed addresses, as current_slots_npu), and
+            # the stream the copies go to so that attention over the hits need not wait
+            self.avsg_split = bool(opts.get("split_attention", False))
+            self.avsg_hit_slots_npu = torch.full((self.max_num_topk_rows, K), -1,
+                                                 dtype=torch.int32, device=device)
+            self.avsg_miss_slots_npu = torch.full((self.max_num_topk_rows, K), -1,
+                                                  dtype=torch.int32, device=device)
+            self.avsg_copy_stream = CopyStream(device)
             self.avsg_host_blocks = self.kv_cache_config.num_blocks
             logger.info("AVSG sparse KV offload: %d layers, %d request rows x %d slots (T=%d, "
                         "topk=%d), policy=%s, host pool through %s", self.num_layers, R, C, T, K,
@@ -589,12 +613,18 @@ def define_backend(base):
             count = token_layout.row_counts(tokens, R)
             seq_lens = torch.where(count > 0, stable + count, 0).to(torch.int32)
             batch_rows = self.avsg_batch_of_state_row.clone()
-            plan = self.avsg_residency.step(
-                layer_id, by_state, seq_lens,
-                lambda p: self._copy_misses(layer_id, p, block_table, batch_rows),
-                stable.to(torch.int32))
+
+            def copy(p):
+                with self._avsg_copying(p, block_table, batch_rows):
+                    self._copy_misses(layer_id, p, block_table, batch_rows)
+            plan = self.avsg_residency.step(layer_id, by_state, seq_lens, copy,
+                                            stable.to(torch.int32))
             self._group_plan = (plan, block_table, batch_rows)
             current_slots_out[:N].copy_(token_layout.to_tokens(plan.slots, tokens))
+            if self.avsg_split:
+                hits, misses = split_slots(plan)
+                self.avsg_hit_slots_npu[:N].copy_(token_layout.to_tokens(hits, tokens))
+                self.avsg_miss_slots_npu[:N].copy_(token_layout.to_tokens(misses, tokens))
             # (a token that is not planned lists its request's pages too; it reads no slot)
             token_layout.resident_pages(self.avsg_state_row_of_batch.index_select(0, req),
                                         self.avsg_pages_per_row,
@@ -607,11 +637,41 @@ def define_backend(base):
             succeeded. (A plan made under torch.compile tracing carries no source: untracked.)"""
             plan, block_table, batch_rows = self._group_plan
             try:
-                self._copy_misses(layer_id, plan, block_table, batch_rows)
+                with self._avsg_copying(plan, block_table, batch_rows):
+                    self._copy_misses(layer_id, plan, block_table, batch_rows)
             except BaseException:
                 if plan.source is not None:
                     plan.source.discard(plan)
                 raise
+
+        def _avsg_copying(self, plan, *tensors):
+            """Where a layer's copy runs: with the split, on the copy stream (after the plan;
+            the miss attention waits for it); else in order on the current stream."""
+            if not self.avsg_split:
+                return contextlib.nullcontext()
+            return self.avsg_copy_stream.copying(plan.miss_pos, plan.miss_slots,
+                                                 plan.miss_counts, *tensors)
+
+        def reads_current_slots(self, sparse_indices) -> bool:
+            """``sparse_indices`` is the per-token slot list this manager wrote (what
+            vllm-ascend's decode passes to sparse flash attention)."""
+            return isinstance(sparse_indices, torch.Tensor) and \
+                sparse_indices.data_ptr() == self.current_slots_npu.data_ptr()
+
+        def split_attention(self, attend, num_tokens: int):
+            """The decode layer's sparse flash attention as the split runs it: ``attend(indices)``
+            runs vllm-ascend's op over ``indices`` (``[N, 1, K]``, valid first, then -1) with
+            ``return_lse`` and returns ``(out, softmax_max, softmax_sum)``. Attention over the
+            hits (already resident: it may run while the copy stream fills the misses), the
+            wait for the copy, attention over the misses, and the merge by log-sum-exp
+            (``torch_npu.npu_attention_update`` where torch_npu has it). Returns the merged
+            output in the op's dtype. docs/overlap.md gives the tolerance against one pass."""
+            N = num_tokens
+            out_h, max_h, sum_h = attend(self.avsg_hit_slots_npu[:N].unsqueeze(1))
+            self.avsg_copy_stream.wait()
+            out_m, max_m, sum_m = attend(self.avsg_miss_slots_npu[:N].unsqueeze(1))
+            return attention_update(out_h, _token_lse(lse_of(max_h, sum_h), out_h), out_m,
+                                    _token_lse(lse_of(max_m, sum_m), out_m))
 
         def _copy_misses(self, layer_id, plan, table, batch_rows):
             """``plan``'s misses into this layer's buffer, from the shared host pool, by address
@@ -666,6 +726,12 @@ def define_backend(base):
                                             self.h2d_len_npu, self.h2d_count_npu, dev)
 
     return AVSGSparseKVOffloadManager
+
+
+def _token_lse(lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Sparse flash attention's LSE in TND layout, ``[kv_heads = 1, N, heads]``, as ``out``'s
+    ``[N, heads]`` (vllm-ascend's context-parallel decode permutes it the same way)."""
+    return lse.permute(1, 0, 2).reshape(out.shape[:-1])
 
 
 def _request_rows(buffer: torch.Tensor, rows: int, capacity: int, name: str) -> torch.Tensor:

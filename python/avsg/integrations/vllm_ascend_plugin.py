@@ -302,6 +302,37 @@ def hook_lifecycle(cls, method_name: str, get_manager) -> bool:
 
 
 # ---------------------------------------------------------------------------------- runtime
+def split_operator(stock, get_manager):
+    """``stock`` (vllm-ascend's ``DeviceOperator``) as the sparse-KV-offload attention module
+    sees it once the plugin is installed: its decode call of sparse flash attention over the
+    manager's slot lists goes through ``manager.split_attention`` when the split is on (option
+    ``split_attention``); every other call (split off, prefill, a caller asking for the LSE
+    itself, another manager's slots) is the stock op's, unchanged. The op itself is looked up
+    at call time (tests replace it on ``stock``)."""
+    class AVSGDeviceOperator(stock):
+        _avsg = True
+        _stock = stock
+
+        @classmethod
+        def execute_sparse_flash_attention_process(cls, sfa_impl, ql_nope, q_pe, kv_cache,
+                                                   topk_indices, attn_metadata,
+                                                   actual_seq_lengths_query,
+                                                   actual_seq_lengths_key, *args, **kwargs):
+            run = super().execute_sparse_flash_attention_process
+            fixed = (sfa_impl, ql_nope, q_pe, kv_cache)
+            lengths = (attn_metadata, actual_seq_lengths_query, actual_seq_lengths_key)
+            manager = get_manager()
+            if args or kwargs.get("return_lse") or not getattr(manager, "avsg_split", False) \
+                    or not manager.reads_current_slots(topk_indices):
+                return run(*fixed, topk_indices, *lengths, *args, **kwargs)
+
+            def attend(indices):
+                return run(*fixed, indices, *lengths, **dict(kwargs, return_lse=True))
+            return manager.split_attention(attend, ql_nope.shape[0])
+
+    return AVSGDeviceOperator
+
+
 def install_runtime_hooks() -> None:
     """The attention-view, per-step and lifecycle hooks (idempotent)."""
     import importlib
@@ -325,6 +356,9 @@ def install_runtime_hooks() -> None:
     builder = getattr(attn, "AscendSFAKVOffloadMetadataBuilder", None)
     if builder is not None:
         _hook_builder(builder, get_manager)
+    operator = getattr(attn, "DeviceOperator", None)
+    if operator is not None and not getattr(operator, "_avsg", False):
+        attn.DeviceOperator = split_operator(operator, get_manager)
     current = getattr(vam, _METADATA_FUNCTION)
     original = getattr(current, "_stock", current)
     update = wrap_metadata_update(original, get_manager)
@@ -382,6 +416,9 @@ def uninstall() -> None:
                 delattr(cls, method_name)
     attn = sys.modules.get(_ATTN_MODULE)
     if attn is not None:
+        operator = getattr(attn, "DeviceOperator", None)
+        if getattr(operator, "_avsg", False):
+            attn.DeviceOperator = operator._stock
         views = attn.AscendSFAKVOffloadImpl._resident_views
         if getattr(views, "_avsg", False):
             attn.AscendSFAKVOffloadImpl._resident_views = staticmethod(views._stock)

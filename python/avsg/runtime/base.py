@@ -57,6 +57,12 @@ from .step import NULL_TIMERS, StepBatch, Timers
 class Retrieved:
     view: Tuple[torch.Tensor, ...]      # component tensors [R, X, width]
     index: torch.Tensor                 # int32 [R, T, K] into X, -1 = no selection
+    # the hit/miss split of ``index`` (``avsg.split_slots``: (hits, misses), each [R, T, K],
+    # valid first then -1), or None: attention over ``index`` in one pass
+    split: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    # with a split: makes the current stream wait for the copies into the miss slots (a no-op
+    # where they ran in order, as on CPU); None: nothing to wait for
+    wait_copies: Optional[Callable[[], None]] = None
 
 
 @dataclasses.dataclass
@@ -75,6 +81,8 @@ class StoreSpec:
     lifetime: int = reference.DEFAULT_LIFETIME   # avsg: the lifetime policy's L
     block_size: int = 128
     write_through: bool = False         # avsg: a pass's new KV into its reserved slots directly
+    split_attention: bool = False       # avsg: attention over hits / misses, LSE-merged (overlap)
+    gather_cores: Optional[int] = None  # avsg: cores of the copy's gather (None: get_num_cores())
     timers: Timers = NULL_TIMERS
 
 

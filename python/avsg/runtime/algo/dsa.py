@@ -24,6 +24,10 @@ gives bit-identical outputs:
     score_k = (q_lat . latent_k + q_pe . k_pe_k) * softmax_scale       (-1 selections masked)
     out     = (softmax(score) @ latent) @ W_uv^T                       -> [R, T, H, v_head_dim]
 
+Split attention (``split_mla_attention``, when the store returns ``Retrieved.split``): the same
+computation over the hits and over the misses separately, each with its log-sum-exp, merged
+before ``W_uv`` (docs/overlap.md: the schedule, and the bound on its distance from the above).
+
 ``invalidate`` is a no-op: rejected draft positions ``>= valid_lens`` are never visible to a query
 (``causal_lens`` stops before them) until the next pass writes them again through ``index``.
 """
@@ -33,6 +37,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
+from ...cache.overlap import merge_attention
 from ..base import Retrieved, SparseAlgorithm, register_algorithm
 from ...model_config import ModelConfig
 from ...kvformat import KVFormat, get_format
@@ -124,6 +129,47 @@ def sparse_mla_attention(attn: torch.nn.Module, q_lat: torch.Tensor, q_pe: torch
     return torch.einsum("rthc,hvc->rthv", out_lat, attn.w_uv())
 
 
+def sparse_mla_partial(attn: torch.nn.Module, q_lat: torch.Tensor, q_pe: torch.Tensor,
+                       view: Tuple[torch.Tensor, ...], index: torch.Tensor, fmt: KVFormat,
+                       scratch: Optional[Dict] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Absorbed MLA over the part of the selection ``index`` names (``[R, T, K]``, -1 = none),
+    before ``W_uv``: ``(out_lat fp32 [R, T, H, kv_lora_rank], lse fp32 [R, T, H])``, ``lse`` the
+    log-sum-exp of the part's scaled scores (``-inf`` and zeros where it selects nothing). Two
+    disjoint parts merged by ``avsg.cache.overlap.merge_attention`` are attention over their
+    union (docs/overlap.md states how closely)."""
+    rows = gather_selected(view, index, scratch)
+    latent, k_pe = decode_rows(fmt, rows, scratch)
+    R, T, H, C = q_lat.shape
+    K = latent.shape[2]
+    latent = latent.reshape(R * T, K, C)
+    scores = torch.bmm(q_lat.reshape(R * T, H, C), latent.transpose(1, 2))
+    scores = scores.baddbmm_(q_pe.reshape(R * T, H, -1), k_pe.reshape(R * T, K, -1).transpose(1, 2))
+    selected = (index >= 0).reshape(R * T, 1, K)
+    scores = (scores * attn.softmax_scale).masked_fill_(~selected, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)                                  # -inf: nothing selected
+    probs = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    out_lat = torch.bmm(probs, latent).view(R, T, H, C)
+    return out_lat, lse.view(R, T, H)
+
+
+def split_mla_attention(attn: torch.nn.Module, q_lat: torch.Tensor, q_pe: torch.Tensor,
+                        retrieved: Retrieved, kv_format: Optional[KVFormat] = None,
+                        scratch: Optional[Dict] = None) -> torch.Tensor:
+    """``sparse_mla_attention`` as the hit/miss split runs it: attention over the hits (resident
+    before the step's copies, so it may run while they are in flight), then, after the copies
+    (``retrieved.wait_copies``), over the misses, merged by log-sum-exp before ``W_uv``. Equal
+    to the unsplit attention within docs/overlap.md's bound, not bit for bit."""
+    fmt = kv_format or format_of_view(retrieved.view, q_lat.shape[-1], q_pe.shape[-1])
+    hits, misses = retrieved.split
+    out_hits, lse_hits = sparse_mla_partial(attn, q_lat, q_pe, retrieved.view, hits, fmt, scratch)
+    if retrieved.wait_copies is not None:
+        retrieved.wait_copies()
+    out_misses, lse_misses = sparse_mla_partial(attn, q_lat, q_pe, retrieved.view, misses, fmt,
+                                                scratch)
+    out_lat, _ = merge_attention(out_hits, lse_hits, out_misses, lse_misses)
+    return torch.einsum("rthc,hvc->rthv", out_lat, attn.w_uv())
+
+
 def topk_lowest_position_first(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` largest of ``scores [..., X]`` (fp32, no NaN), ties to the lower
     index, best first. Score and index are packed into one int64 so no two keys are equal."""
@@ -209,7 +255,11 @@ class DSA(SparseAlgorithm):
     # --- Attention --------------------------------------------------------------------------
     def attention(self, layer: int, batch: StepBatch, attn, q_nope: torch.Tensor,
                   q_pe: torch.Tensor, retrieved: Retrieved) -> torch.Tensor:
-        """``q_nope`` is the absorbed query ``[R, T, H, kv_lora_rank]``."""
+        """``q_nope`` is the absorbed query ``[R, T, H, kv_lora_rank]``. A store that split
+        the selection into hits and misses (``retrieved.split``) gets the split attention."""
+        if retrieved.split is not None:
+            return split_mla_attention(attn, q_nope, q_pe, retrieved, self.kv_format,
+                                       self._scratch)
         return sparse_mla_attention(attn, q_nope, q_pe, retrieved, self.kv_format, self._scratch)
 
     # --- lifecycle --------------------------------------------------------------------------

@@ -25,6 +25,12 @@ Lifecycle: ``admit`` adds the row to the manager (a reset on every layer), ``rel
 rejected MTP drafts are dropped with ``invalidate``. The manager also drops every position at or
 after a pass's first one before it plans (``auto_invalidate``), in the same launch.
 
+Split attention (``StoreSpec.split_attention``, off by default): ``retrieve`` asks the manager
+for the hit/miss split (``step(split=True)``: the copy on the manager's copy stream) and returns
+it with the wait for the copies, and the algorithm's attention runs over the hits, waits, runs
+over the misses and merges (docs/overlap.md). The plan, the copies and their counts are the same
+either way.
+
 Writes: a pass's KV goes to the paged host pool through the manager's ``write_kv`` (host rows
 from the pool's block table). With ``StoreSpec.write_through`` the manager also copies a pass's
 own newly written positions into their reserved slots on the device, so they are not fetched from
@@ -33,6 +39,7 @@ the host; off by default, a fresh position's first selection is a miss copied fr
 """
 from __future__ import annotations
 
+import contextlib
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -60,7 +67,7 @@ class AVSGStore(HostPoolStore):
             resident_block_size=page,
             device=spec.device,
             host_kv=[self.pool.layer(layer) for layer in range(spec.layers)],
-            write_through=spec.write_through, timers=spec.timers,
+            write_through=spec.write_through, timers=spec.timers, gather_cores=spec.gather_cores,
             # our own algorithm selects causal, distinct positions: value checks would only
             # cost host syncs
             check=False)
@@ -121,12 +128,19 @@ class AVSGStore(HostPoolStore):
         # the manager times its "plan" and "gather" phases itself
         # rows never move here (no move_row / swap_rows): batch row = state row, so the
         # selections go to the manager's one per-layer call as they are
+        split = self.spec.split_attention
         out = self.manager.step(layer, topk_pos, self._meta, new_kv=self._pass_kv[layer],
-                                check=False)
-        self._count_copies(layer, out.host_pos, out.host_counts)
+                                check=False, split=split)
+        streams = self.manager.copy_stream
+        # with the split the copy's counts are the copy stream's: counted there, after it
+        with streams.copying() if split else contextlib.nullcontext():
+            self._count_copies(layer, out.host_pos, out.host_counts)
         view = tuple(kv.view(self.spec.rows, self.spec.capacity, kv.shape[-1])
                      for kv in self.manager.kv[layer])
-        return Retrieved(view=view, index=out.slots)
+        if not split:
+            return Retrieved(view=view, index=out.slots)
+        return Retrieved(view=view, index=out.slots, split=tuple(out.split),
+                         wait_copies=streams.wait)
 
     def invalidate(self, valid_lens: torch.Tensor, layers: Optional[Sequence[int]] = None) -> None:
         self.manager.invalidate(valid_lens, layers)
