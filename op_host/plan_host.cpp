@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -363,8 +364,10 @@ void RunOnCpu(const char* op, const avsg_cpu::KernelBuild& kernels, uint32_t blo
 
 GM_ADDR_T Addr(const at::Tensor& t) { return reinterpret_cast<GM_ADDR_T>(t.data_ptr()); }
 
+// valid_lens: the tensor the kernel reads when tiling.dropPast is set; otherwise any tensor of the
+// call (the kernel never reads it), so every parameter is a real device address.
 void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at::Tensor& topk_pos,
-                const at::Tensor& seq_lens, const at::Tensor& state, const at::Tensor& stats, const at::Tensor& slots,
+                const at::Tensor& seq_lens, const at::Tensor& valid_lens, const at::Tensor& state, const at::Tensor& stats, const at::Tensor& slots,
                 const at::Tensor& miss_pos, const at::Tensor& miss_slots, const at::Tensor& miss_counts,
                 const at::Tensor& workspace) {
     const char* op = dual ? "plan_dual_pointer" : "plan";
@@ -372,7 +375,8 @@ void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at
     GM_ADDR_T tl = reinterpret_cast<GM_ADDR_T>(const_cast<PlanTiling*>(&tiling));
     const avsg_cpu::KernelBuild& k = avsg_cpu::selected_kernels();
     RunOnCpu(op, k, blockDim, [&] {
-        (dual ? k.plan_dual_pointer : k.plan)(Addr(topk_pos), Addr(seq_lens), Addr(state), Addr(stats),
+        (dual ? k.plan_dual_pointer : k.plan)(Addr(topk_pos), Addr(seq_lens), Addr(valid_lens), Addr(state),
+                                              Addr(stats),
                                                     Addr(slots), Addr(miss_pos), Addr(miss_slots), Addr(miss_counts),
                                                     Addr(workspace), tl);
     });
@@ -391,9 +395,10 @@ void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at
         aclrtFuncHandle function = npu::PlanSplitFunction();
         at_npu::native::OpCommand::RunOpApi(op, [=]() -> int {
             npu::SplitLaunchConfig cfg(timeout);
-            npu::PlanSplitArgs args{topk_pos.data_ptr(), seq_lens.data_ptr(), state.data_ptr(), stats.data_ptr(),
-                                    slots.data_ptr(),    miss_pos.data_ptr(), miss_slots.data_ptr(),
-                                    miss_counts.data_ptr(), workspace.data_ptr(), tl.data_ptr()};
+            npu::PlanSplitArgs args{topk_pos.data_ptr(),  seq_lens.data_ptr(),   valid_lens.data_ptr(),
+                                    state.data_ptr(),     stats.data_ptr(),      slots.data_ptr(),
+                                    miss_pos.data_ptr(),  miss_slots.data_ptr(), miss_counts.data_ptr(),
+                                    workspace.data_ptr(), tl.data_ptr()};
             const aclError err = aclrtLaunchKernelWithHostArgs(function, blockDim, stream, cfg.get(), &args,
                                                                sizeof(args), nullptr, 0);
             if (err != ACL_SUCCESS)   // maybe on the task-queue thread: say what failed; RunOpApi reports the status
@@ -410,12 +415,12 @@ void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at
     at_npu::native::OpCommand::RunOpApi(op, [=]() -> int {
         if (dual)
             return npu::LaunchStatus(ACLRT_LAUNCH_KERNEL(avsg_plan_dual_pointer)(
-                blockDim, stream, topk_pos.data_ptr(), seq_lens.data_ptr(), state.data_ptr(), stats.data_ptr(),
-                slots.data_ptr(), miss_pos.data_ptr(), miss_slots.data_ptr(), miss_counts.data_ptr(),
-                workspace.data_ptr(), tl.data_ptr()));
+                blockDim, stream, topk_pos.data_ptr(), seq_lens.data_ptr(), valid_lens.data_ptr(), state.data_ptr(),
+                stats.data_ptr(), slots.data_ptr(), miss_pos.data_ptr(), miss_slots.data_ptr(),
+                miss_counts.data_ptr(), workspace.data_ptr(), tl.data_ptr()));
         return npu::LaunchStatus(ACLRT_LAUNCH_KERNEL(avsg_plan)(
-            blockDim, stream, topk_pos.data_ptr(), seq_lens.data_ptr(), state.data_ptr(), stats.data_ptr(),
-            slots.data_ptr(), miss_pos.data_ptr(), miss_slots.data_ptr(), miss_counts.data_ptr(),
+            blockDim, stream, topk_pos.data_ptr(), seq_lens.data_ptr(), valid_lens.data_ptr(), state.data_ptr(),
+            stats.data_ptr(), slots.data_ptr(), miss_pos.data_ptr(), miss_slots.data_ptr(), miss_counts.data_ptr(),
             workspace.data_ptr(), tl.data_ptr()));
     });
 #endif
@@ -463,9 +468,11 @@ at::Tensor PlanWorkspace(int64_t words, const at::TensorOptions& opts) {
 #endif
 }
 
+// valid_lens (optional, int32 [R]): the plan first drops what invalidate(valid_lens) would, in the
+// same launch (reference.plan).
 PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_lens, const at::Tensor& state,
                  const at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy,
-                 int64_t max_context) {
+                 int64_t max_context, const std::optional<at::Tensor>& valid_lens) {
     const char* op = dual ? "plan_dual_pointer" : "plan";
     TORCH_CHECK_TYPE(topk_pos.scalar_type() == at::kInt, "topk_pos: expected dtype int32, got ",
                      c10::toString(topk_pos.scalar_type()));
@@ -478,8 +485,11 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     CheckTensor(seq_lens, "seq_lens", at::kInt, {R});
     CheckStateForPolicy(state, R, capacity, buckets, policy);
     CheckTensor(stats, "stats", at::kLong, {R, 4});
+    const bool drop = valid_lens.has_value();
+    if (drop) CheckTensor(*valid_lens, "valid_lens", at::kInt, {R});
+    const at::Tensor& lens = drop ? *valid_lens : seq_lens;   // unread without dropPast
     const std::pair<const char*, const at::Tensor*> same_device[] = {
-        {"seq_lens", &seq_lens}, {"state", &state}, {"stats", &stats}};
+        {"seq_lens", &seq_lens}, {"valid_lens", &lens}, {"state", &state}, {"stats", &stats}};
     for (const auto& [name, t] : same_device)
         TORCH_CHECK_VALUE(t->device() == topk_pos.device(), "avsg.", op, ": ", name, ": expected a tensor on ",
                           topk_pos.device(), " (that of topk_pos), got one on ", t->device());
@@ -489,6 +499,7 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
                                    static_cast<uint32_t>(capacity), static_cast<uint32_t>(buckets),
                                    static_cast<uint32_t>(lifetime), static_cast<uint32_t>(policy),
                                    static_cast<uint32_t>(max_context));
+    tiling.dropPast = drop ? 1u : 0u;
     if (!dual) ApplySplit(tiling, R);
     const uint32_t blockDim = tiling.split > 1 ? static_cast<uint32_t>(R) * tiling.split : BlockDimFor(R);
     auto opts = topk_pos.options().dtype(at::kInt);
@@ -509,19 +520,22 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     const int64_t syncWords = tiling.split > 1 ? static_cast<int64_t>(blockDim) * kPlanSyncWords : 0;
     at::Tensor workspace = PlanWorkspace(slices + syncWords, opts);
     if (syncWords) workspace.narrow(0, slices, syncWords).zero_();   // soft SyncAll counters
-    LaunchPlan(dual, blockDim, tiling, topk_pos, seq_lens, state, stats, slots_rows, miss_pos_rows, miss_slots_rows,
+    LaunchPlan(dual, blockDim, tiling, topk_pos, seq_lens, lens, state, stats, slots_rows, miss_pos_rows, miss_slots_rows,
                miss_count_rows, workspace);
     return {slots, miss_pos, miss_slots, miss_counts};
 }
 
 PlanOut Plan(const at::Tensor& topk_pos, const at::Tensor& seq_lens, at::Tensor& state, at::Tensor& stats,
-             int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy, int64_t max_context) {
-    return PlanImpl(false, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy, max_context);
+             int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy, int64_t max_context,
+             const std::optional<at::Tensor>& valid_lens) {
+    return PlanImpl(false, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy, max_context,
+                    valid_lens);
 }
 PlanOut PlanDualPointer(const at::Tensor& topk_pos, const at::Tensor& seq_lens, at::Tensor& state,
                         at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy,
-                        int64_t max_context) {
-    return PlanImpl(true, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy, max_context);
+                        int64_t max_context, const std::optional<at::Tensor>& valid_lens) {
+    return PlanImpl(true, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy, max_context,
+                    valid_lens);
 }
 
 PlanTiling StateTiling(int64_t rows, int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy,

@@ -56,7 +56,7 @@
 // the lookup's validity test ignores, and nothing the lookup reads changes in between, so the
 // lookup result is the reference's.
 #pragma once
-#include "plan/plan_block_split.h"
+#include "plan/plan_block_drop.h"
 #include "plan/plan_phases.h"
 
 namespace avsg_kernel {
@@ -65,16 +65,16 @@ namespace avsg_kernel {
 // dual matcher <- classify <- heat <- victims <- insert <- output <- split); this class adds
 // only the driver: Init, Process and Row.
 template <class Matcher, class Policy>
-class PlanKernel : public PlanBlockSplit {
+class PlanKernel : public PlanBlockDrop {
 public:
     __aicore__ inline PlanKernel() {}
 
     // tiling: already in UB (RunPlan loaded it into the pipe's first buffer to pick the policy)
-    __aicore__ inline void Init(TPipe* pipe, const PlanTiling& tiling, GM_ADDR topk, GM_ADDR seq, GM_ADDR state,
-                                GM_ADDR stats, GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots,
+    __aicore__ inline void Init(TPipe* pipe, const PlanTiling& tiling, GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens,
+                                GM_ADDR state, GM_ADDR stats, GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots,
                                 GM_ADDR missCounts, GM_ADDR workspace) {
         t_ = tiling;
-        BindGm(topk, seq, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        BindGm(topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         split_ = Matcher::kDual ? 1u : t_.split;
         CarveUb(pipe);
     }
@@ -108,6 +108,7 @@ private:
             }
             return;
         }
+        if (t_.dropPast) DropPast<Policy>();   // invalidate's drop, before the row is read
         LoadStashCount();
         if (split_ == 1) FreePadding<Policy>();
         if constexpr (Policy::kReuse) {
@@ -169,24 +170,24 @@ private:
 // names picks the instantiation, once per launch. An unknown id plans as lifetime (the host
 // rejects it before a launch).
 template <class Matcher>
-__aicore__ inline void RunPlan(GM_ADDR topk, GM_ADDR seq, GM_ADDR state, GM_ADDR stats, GM_ADDR slots,
-                               GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts, GM_ADDR workspace,
-                               GM_ADDR tiling) {
+__aicore__ inline void RunPlan(GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens, GM_ADDR state, GM_ADDR stats,
+                               GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts,
+                               GM_ADDR workspace, GM_ADDR tiling) {
     TPipe pipe;
     TBuf<TPosition::VECCALC> tilingBuf;
     PlanTiling t;
     LoadTiling(&pipe, tilingBuf, t, tiling);
     if (t.policy == PolicyReuse::kId) {
         PlanKernel<Matcher, PolicyReuse> op;
-        op.Init(&pipe, t, topk, seq, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        op.Init(&pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         op.Process();
     } else if (t.policy == PolicyLru::kId) {
         PlanKernel<Matcher, PolicyLru> op;
-        op.Init(&pipe, t, topk, seq, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        op.Init(&pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         op.Process();
     } else {
         PlanKernel<Matcher, PolicyLifetime> op;
-        op.Init(&pipe, t, topk, seq, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        op.Init(&pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         op.Process();
     }
 }

@@ -32,6 +32,11 @@ protected:
         MatchBits(sp, vWant_, false, mOwn_);      // slot_pos[slot] == p
         // an invalid lane (-2) matches nothing, whatever a corrupted slot_pos holds
         CompareScalar(mKey_, vWantF_, 0.0f, CMPMODE::GE, nc);
+        if (split_ > 1 && t_.dropPast) {          // nor, in a split row, one the owner drops
+            CompareScalar(mTmp_, vWantF_, dropLimitF_, CMPMODE::LT, nc);   // (plan_block_drop.h)
+            PipeBarrier<PIPE_V>();
+            And(U16(mKey_), U16(mKey_), U16(mTmp_), nc / 16);
+        }
         Cast(wSlot_.ReinterpretCast<float>(), wSlot_, RoundMode::CAST_RINT, n);
         Duplicate(vFoundF_, -1.0f, nc);
         PipeBarrier<PIPE_V>();
