@@ -1,6 +1,6 @@
 // Kernel entries of plan and plan_dual_pointer (AIV only). The kernel is plan_kernel.h (its
 // blocks in plan/); the tiling struct is op_host/plan_tiling.h. On the host these compile
-// against the CPU emulation (op_kernel/cpu) and run through avsg_emu::launch.
+// against the CPU emulation (emulation) and run through avsg_emu::launch.
 #include "plan_kernel.h"
 
 // validLens: int32 [R] when the tiling's dropPast is set (plan(valid_lens=...)), else unread.

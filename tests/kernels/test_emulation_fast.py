@@ -324,7 +324,7 @@ FAST_SYNC_CPP = ROOT / "tests" / "kernels" / "emulation" / "cpp" / "fast_syncall
 def fast_sync_binary(tmp_path_factory):
     exe = tmp_path_factory.mktemp("fast_sync") / "fast_syncall"
     cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O1", "-pthread", "-DAVSG_EMU_FAST=1",
-           f"-I{ROOT / 'op_kernel' / 'cpu'}", str(FAST_SYNC_CPP), "-o", str(exe)]
+           f"-I{ROOT / 'emulation'}", str(FAST_SYNC_CPP), "-o", str(exe)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return exe

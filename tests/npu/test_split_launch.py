@@ -85,9 +85,11 @@ def test_the_split_args_follow_the_kernel_entry():
     order = [re.match(r"\s*(\w+)\.data_ptr\(\)", a).group(1) for a in launch.split(",")]
     assert order == ["topk_pos", "seq_lens", "valid_lens", "state", "stats", "slots", "miss_pos", "miss_slots",
                      "miss_counts", "workspace", "tl"]
-    # the stub launch passes the same tensors in the same order
-    stub = re.search(r"ACLRT_LAUNCH_KERNEL\(avsg_plan\)\(\s*blockDim, stream, (.*?)\)\);", host, re.S).group(1)
-    assert [re.match(r"\s*(\w+)\.data_ptr\(\)", a).group(1) for a in stub.split(",")] == order
+    # the stub launch (kernel_launch.h's LaunchKernel: tensors, then the tiling) passes the same
+    # tensors in the same order
+    stub = re.search(r"LaunchKernel\(op, .*?AVSG_KERNEL\(avsg_plan, plan\),\s*blockDim, tiling, (.*?)\);", host,
+                     re.S).group(1)
+    assert [a.strip() for a in stub.split(",")] + ["tl"] == order
 
 
 def test_doctor_names_the_same_variables_and_default():
