@@ -14,32 +14,33 @@
 
 namespace avsg_kernel {
 
-class PlanBlockDrop : public PlanBlockSplit {
-protected:
+class PlanBlockDrop {
+public:
+    __aicore__ inline explicit PlanBlockDrop(PlanContext& ctx) : ctx_(ctx) {}
     template <class Policy>
     __aicore__ inline void DropPast() {
-        const float limit = dropLimitF_;
-        const LocalTensor<float> top = scalarUb_.ReinterpretCast<float>();
-        const LocalTensor<int32_t> keep = vLo_, notKeep = vHi_;
-        Win& sp = win_[avsg::SEC_SP];
-        Win& sl = win_[avsg::SEC_SL];
-        Win& sc = win_[avsg::SEC_SC];
+        const float limit = ctx_.dropLimitF_;
+        const LocalTensor<float> top = ctx_.scalarUb_.ReinterpretCast<float>();
+        const LocalTensor<int32_t> keep = ctx_.vLo_, notKeep = ctx_.vHi_;
+        Win& sp = ctx_.win_[avsg::SEC_SP];
+        Win& sl = ctx_.win_[avsg::SEC_SL];
+        Win& sc = ctx_.win_[avsg::SEC_SC];
         // chunks never straddle a window: every paged window is a power of two >= 256
-        uint32_t step = t_.nc;
+        uint32_t step = ctx_.t_.nc;
         const Win* sections[] = {&sp, &sl, &sc};
         for (const Win* w : sections)
             if (w->nwin > 1 && w->wlen < step) step = w->wlen;
-        for (uint32_t off = 0; off < t_.capacity; off += step) {
-            const uint32_t n = MinU(step, t_.capPad - off), real = MinU(n, t_.capacity - off);
-            const LocalTensor<int32_t> pos = ChunkOf(sp, off);
-            if (!DropTest(pos, keep, vT1_.ReinterpretCast<float>(), top, n, real, limit)) continue;
-            const LocalTensor<int32_t> life = ChunkOf(sl, off);
+        for (uint32_t off = 0; off < ctx_.t_.capacity; off += step) {
+            const uint32_t n = MinU(step, ctx_.t_.capPad - off), real = MinU(n, ctx_.t_.capacity - off);
+            const LocalTensor<int32_t> pos = ctx_.ChunkOf(sp, off);
+            if (!DropTest(pos, keep, ctx_.vT1_.ReinterpretCast<float>(), top, n, real, limit)) continue;
+            const LocalTensor<int32_t> life = ctx_.ChunkOf(sl, off);
             LocalTensor<int32_t> count;
-            if constexpr (Policy::kReuse) count = ChunkOf(sc, off);
+            if constexpr (Policy::kReuse) count = ctx_.ChunkOf(sc, off);
             Duplicate(notKeep.ReinterpretCast<float>(), 0.0f, n);
             PipeBarrier<PIPE_V>();
             // padding lanes (past S) may be dropped too: FreePadding writes them the same values
-            DropMask(keep, notKeep, mA_, n, limit);
+            DropMask(keep, notKeep, ctx_.mA_, n, limit);
             DropClear(pos, keep, n);
             DropClear(life, keep, n);
             if constexpr (Policy::kReuse) DropClear(count, keep, n);
@@ -51,17 +52,17 @@ protected:
             if constexpr (Policy::kReuse) sc.dirty = true;
         }
         if constexpr (Policy::kReuse) {
-            Win& pc = win_[avsg::SEC_PC];
+            Win& pc = ctx_.win_[avsg::SEC_PC];
             for (uint32_t id = 0; id < pc.nwin; ++id) {
-                Ensure(pc, static_cast<int32_t>(id));
+                ctx_.Ensure(pc, static_cast<int32_t>(id));
                 const uint32_t cnt = WinCount(pc, static_cast<int32_t>(id));
-                for (uint32_t off = 0; off < cnt; off += t_.nc) {
-                    const uint32_t n = MinU(t_.nc, cnt - off);
+                for (uint32_t off = 0; off < cnt; off += ctx_.t_.nc) {
+                    const uint32_t n = MinU(ctx_.t_.nc, cnt - off);
                     const LocalTensor<int32_t> ghost = pc.buf[off];
-                    if (!GhostDropTest(ghost, vT1_, vT2_, keep, notKeep, top, id * pc.wlen + off, n, t_.ghostLog,
+                    if (!GhostDropTest(ghost, ctx_.vT1_, ctx_.vT2_, keep, notKeep, top, id * pc.wlen + off, n, ctx_.t_.ghostLog,
                                        limit))
                         continue;
-                    GhostDropApply(ghost, vT1_, keep, notKeep, mA_, n, limit);
+                    GhostDropApply(ghost, ctx_.vT1_, keep, notKeep, ctx_.mA_, n, limit);
                     PipeBarrier<PIPE_V>();
                     pc.dirty = true;
                 }
@@ -69,6 +70,9 @@ protected:
         }
         Sync<HardEvent::V_S>();   // the scalar steps that follow read the windows
     }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
 };
 
 }  // namespace avsg_kernel

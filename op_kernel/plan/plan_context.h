@@ -1,8 +1,9 @@
 // plan_context.h: what one core of a plan kernel holds while it plans rows: the tiling, the GM
 // tensors, every UB buffer (carved once from avsg::PlanUbLayout, the layout the host budgets
 // with), the aliases the blocks use, the section windows of the current row, and the row's
-// framing (header check, rejection, stats counters). The block-level pieces (plan_block_*.h)
-// derive from it one after another; PlanKernel (plan_kernel.h) is the last of them.
+// framing (header check, rejection, stats counters). The block-level pieces (plan_block_*.h) are
+// given a reference to it (and to the blocks they call); PlanKernel (plan_kernel.h) owns it and
+// them.
 // UB: allocates all of it (CarveUb); writes hitBits_, headerUb_ and scalarUb_ at a row's start.
 //
 // Names: `r` is a host row (request) of the batch, `s` a slot of the row's buffer, a position
@@ -16,7 +17,7 @@
 namespace avsg_kernel {
 
 class PlanContext {
-protected:
+public:
     // GM views of the launch's tensors; the workspace slice of this core.
     // validLens: read only when the tiling says the launch has them (dropPast).
     __aicore__ inline void BindGm(GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens, GM_ADDR state, GM_ADDR stats,
