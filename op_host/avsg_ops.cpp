@@ -12,14 +12,16 @@ TORCH_LIBRARY(avsg, m) {
     // One decode step: match topk_pos [R,T,K] against the resident entries, reserve slots for the
     // misses. Returns (slots [R,T,K], miss_pos [R,T*K], miss_slots [R,T*K], miss_counts [R]).
     // policy: 0 lifetime, 1 reuse (which needs max_context >= 1: per-position state); both are
-    // recorded in the state's header by reset and checked here.
+    // recorded in the state's header by reset and checked here. valid_lens (int32 [R], optional):
+    // first drop what invalidate(valid_lens) would, in the same launch (the serving path's one
+    // launch per layer and pass).
     m.def("plan(Tensor topk_pos, Tensor seq_lens, Tensor(a!) state, Tensor(b!) stats, "
-          "int capacity, int buckets, int lifetime, int policy=0, int max_context=0) "
-          "-> (Tensor, Tensor, Tensor, Tensor)");
+          "int capacity, int buckets, int lifetime, int policy=0, int max_context=0, "
+          "Tensor? valid_lens=None) -> (Tensor, Tensor, Tensor, Tensor)");
     // Same contract and same results; matching by sort + two-pointer merge (baseline).
     m.def("plan_dual_pointer(Tensor topk_pos, Tensor seq_lens, Tensor(a!) state, Tensor(b!) stats, "
-          "int capacity, int buckets, int lifetime, int policy=0, int max_context=0) "
-          "-> (Tensor, Tensor, Tensor, Tensor)");
+          "int capacity, int buckets, int lifetime, int policy=0, int max_context=0, "
+          "Tensor? valid_lens=None) -> (Tensor, Tensor, Tensor, Tensor)");
     // Free every slot whose position is >= valid_lens[row] (MTP rejection).
     // Reuse policy: also zeroes the counts of the freed slots and of positions >= valid_lens.
     m.def("invalidate(Tensor(a!) state, Tensor valid_lens, int capacity, int buckets, "

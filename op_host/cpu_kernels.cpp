@@ -9,9 +9,10 @@
 
 #include "kernel_operator.h"
 
-extern "C" void avsg_plan(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+extern "C" void avsg_plan(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                          GM_ADDR);
 extern "C" void avsg_plan_dual_pointer(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
-                                       GM_ADDR, GM_ADDR);
+                                       GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_invalidate(GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_reset(GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_resize(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);

@@ -19,10 +19,11 @@ struct KernelBuild {
     const char* name;  // "strict" or "fast"
     bool counts_work;  // its launches record the per-block counters (avsg.backend.last_launch_counters)
     void (*launch)(uint32_t blocks, const std::function<void()>& body);
-    void (*plan)(GmAddr topk, GmAddr seq, GmAddr state, GmAddr stats, GmAddr slots, GmAddr missPos,
-                 GmAddr missSlots, GmAddr missCounts, GmAddr workspace, GmAddr tiling);
-    void (*plan_dual_pointer)(GmAddr topk, GmAddr seq, GmAddr state, GmAddr stats, GmAddr slots, GmAddr missPos,
-                              GmAddr missSlots, GmAddr missCounts, GmAddr workspace, GmAddr tiling);
+    void (*plan)(GmAddr topk, GmAddr seq, GmAddr validLens, GmAddr state, GmAddr stats, GmAddr slots,
+                 GmAddr missPos, GmAddr missSlots, GmAddr missCounts, GmAddr workspace, GmAddr tiling);
+    void (*plan_dual_pointer)(GmAddr topk, GmAddr seq, GmAddr validLens, GmAddr state, GmAddr stats, GmAddr slots,
+                              GmAddr missPos, GmAddr missSlots, GmAddr missCounts, GmAddr workspace,
+                              GmAddr tiling);
     void (*invalidate)(GmAddr state, GmAddr validLens, GmAddr tiling);
     void (*reset)(GmAddr state, GmAddr rowMask, GmAddr tiling);
     void (*resize)(GmAddr state, GmAddr target, GmAddr srcSlots, GmAddr dstSlots, GmAddr moveCounts, GmAddr tiling);

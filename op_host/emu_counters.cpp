@@ -1,6 +1,6 @@
 // The AscendC CPU emulation's instrumentation and configuration, exposed as torch ops so Python
 // (python/avsg/backend.py) can read what the last kernel launch issued and turn it into an
-// estimated NPU time with the emulation's documented cost model (op_kernel/cpu/emu_core.h:
+// estimated NPU time with the emulation's documented cost model (emulation/emu_core.h:
 // avsg_emu::CostModel, estimate(), estimate_launch_ns()).
 //
 //   avsg::set_emulation(str build) -> ()             "strict" (default) or "fast": which build of the

@@ -302,7 +302,7 @@ inline GatherTiling make_tiling(const Args& a, size_t first, size_t count, const
 // ------------------------------------------------------------------------------- CPU backend
 #if defined(AVSG_CPU_EMULATION)
 namespace avsg {
-bool HostValueChecks();   // op_host/plan_host.cpp (tests switch them off to drive the kernel alone)
+bool HostValueChecks();   // op_host/state_host.cpp (tests switch them off to drive the kernel alone)
 }
 namespace {
 using namespace avsg;

@@ -92,6 +92,9 @@ struct PlanTiling {
     // reuse: ghost entry of position p = p & (2^ghostLog - 1), its tag p >> ghostLog; heat entry of
     // p = (p >> kReuseBlockLog) & heatMask (reference.ghost_entries / heat_entries)
     uint32_t ghostLog, heatMask;
+    // 1: the plan launch has valid lengths (plan(valid_lens=...)) and drops every slot whose
+    // position is at or past its row's before the row is read (op_kernel/plan/plan_block_drop.h)
+    uint32_t dropPast;
 };
 
 // resize (op_kernel/resize_kernel.h): the plan geometry (N = T*K, the smallest active capacity),

@@ -1,5 +1,5 @@
 // Kernel entry of the gather op. Compiled twice from this one source:
-//   CPU backend: by the host compiler against the AscendC emulation in op_kernel/cpu
+//   CPU backend: by the host compiler against the AscendC emulation in emulation
 //                (-DAVSG_CPU_EMULATION=1), launched by op_host/gather_host.cpp;
 //   NPU backend: by CANN's AscendC toolchain (op_host/npu/CMakeLists.txt, ascendc_library), which
 //                generates aclrtlaunch_avsg_gather.h for ACLRT_LAUNCH_KERNEL(avsg_gather).

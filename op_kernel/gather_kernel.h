@@ -70,7 +70,7 @@ namespace avsg {
 //   * .../DataCopyPad（UBToGM非对齐数据搬运）.md:66 and :133 (a UB block that is not 32 B aligned
 //     is read with its dummy tail up to 32 B, which is dropped in GM), :114 (srcStride in 32 B
 //     blocks, end to start).
-// The emulation (op_kernel/cpu/emu_datacopy.h) places and reads UB rows by the same rule and
+// The emulation (emulation/emu_datacopy.h) places and reads UB rows by the same rule and
 // poisons the padding, so a kernel assuming another pitch fails its gather tests; `avsg doctor`
 // gathers runs of adjacent 656 B rows on the NPU and compares them with the reference.
 constexpr uint32_t kUbRowGapBlocks = 0;

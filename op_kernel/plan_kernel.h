@@ -56,137 +56,160 @@
 // the lookup's validity test ignores, and nothing the lookup reads changes in between, so the
 // lookup result is the reference's.
 #pragma once
-#include "plan/plan_block_split.h"
+#include "plan/plan_block_drop.h"
+#include "plan/plan_block_victims_lifetime.h"
+#include "plan/plan_block_victims_lru.h"
+#include "plan/plan_block_victims_reuse.h"
 #include "plan/plan_phases.h"
 
 namespace avsg_kernel {
 
-// The blocks build on one another (plan_context.h <- probe <- merge <- stash <- hash matcher <-
-// dual matcher <- classify <- heat <- victims <- insert <- output <- split); this class adds
-// only the driver: Init, Process and Row.
+// The kernel composes the blocks: it owns one PlanContext (the core's tiling, GM views, UB and
+// windows) and one object per block (plan/plan_block_*.h), each given the context and the blocks
+// it calls, and drives them: Init, Process and Row. The matcher and the policy are types
+// (plan/plan_policy.h): Row picks the matcher's blocks with if constexpr, and the policy's victim
+// search is the specialisation VictimSearch<Policy> (plan/plan_block_victims_<policy>.h).
 template <class Matcher, class Policy>
-class PlanKernel : public PlanBlockSplit {
+class PlanKernel {
 public:
     __aicore__ inline PlanKernel() {}
 
     // tiling: already in UB (RunPlan loaded it into the pipe's first buffer to pick the policy)
-    __aicore__ inline void Init(TPipe* pipe, const PlanTiling& tiling, GM_ADDR topk, GM_ADDR seq, GM_ADDR state,
-                                GM_ADDR stats, GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots,
+    __aicore__ inline void Init(TPipe* pipe, const PlanTiling& tiling, GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens,
+                                GM_ADDR state, GM_ADDR stats, GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots,
                                 GM_ADDR missCounts, GM_ADDR workspace) {
-        t_ = tiling;
-        BindGm(topk, seq, state, stats, slots, missPos, missSlots, missCounts, workspace);
-        split_ = Matcher::kDual ? 1u : t_.split;
-        CarveUb(pipe);
+        ctx_.t_ = tiling;
+        ctx_.BindGm(topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        ctx_.split_ = Matcher::kDual ? 1u : ctx_.t_.split;
+        ctx_.CarveUb(pipe);
     }
 
     __aicore__ inline void Process() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
-        if (split_ > 1) {                         // one (row, part) per core: rows * split blocks
+        if (ctx_.split_ > 1) {                         // one (row, part) per core: rows * split blocks
             const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
-            part_ = b / t_.rows;
-            rowWs_.SetGlobalBuffer(wsBase_ + static_cast<uint64_t>(b % t_.rows) * t_.wsPerCore, t_.wsPerCore);
-            if (part_ == 0) {
-                Row(b % t_.rows);
+            ctx_.part_ = b / ctx_.t_.rows;
+            ctx_.rowWs_.SetGlobalBuffer(ctx_.wsBase_ + static_cast<uint64_t>(b % ctx_.t_.rows) * ctx_.t_.wsPerCore, ctx_.t_.wsPerCore);
+            if (ctx_.part_ == 0) {
+                Row(b % ctx_.t_.rows);
             } else {
                 AVSG_PHASE(PlanPhase::kHelper);
-                HelpRow(b % t_.rows);
+                splitLookup_.HelpRow(b % ctx_.t_.rows);
             }
             return;
         }
-        for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < t_.rows; r += blocks) Row(r);
+        for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < ctx_.t_.rows; r += blocks) Row(r);
     }
 
 private:
     // AVSG_PHASE: each step's counted work by phase in the strict emulation (plan/plan_phases.h)
     __aicore__ inline void Row(uint32_t r) {
         AVSG_PHASE(PlanPhase::kStart);
-        if (!StartRow(r)) {
-            RejectRow(r);
-            if (split_ > 1) {
+        if (!ctx_.StartRow(r)) {
+            ctx_.RejectRow(r);
+            if (ctx_.split_ > 1) {
                 AVSG_PHASE(PlanPhase::kSplitSync);
-                SyncParts();
+                splitLookup_.SyncParts();
             }
             return;
         }
-        LoadStashCount();
-        if (split_ == 1) FreePadding<Policy>();
+        if (ctx_.t_.dropPast) drop_.DropPast<Policy>();   // invalidate's drop, before the row is read
+        stash_.LoadStashCount();
+        if (ctx_.split_ == 1) ctx_.FreePadding<Policy>();
         if constexpr (Policy::kReuse) {
             AVSG_PHASE(PlanPhase::kHeat);
-            CoolHeat();
+            heat_.CoolHeat();
         }
 
         // 0. stash compaction #1, and the sorted stash (hash plan) or the matches (dual pointer)
         AVSG_PHASE(PlanPhase::kStash);
-        if (stashCount_ > 0) CompactStash();
-        stashRuns_.runs = 0;
+        if (stash_.stashCount_ > 0) stash_.CompactStash();
+        stash_.stashRuns_.runs = 0;
         if constexpr (Matcher::kDual) {
             AVSG_PHASE(PlanPhase::kLookup);
-            BuildResidentRuns();
-            DualMatchRow(r);
-        } else if (stashCount_ > 0) {
-            BuildStashRuns();
+            dualMatch_.BuildResidentRuns();
+            dualMatch_.DualMatchRow(r);
+        } else if (stash_.stashCount_ > 0) {
+            stash_.BuildStashRuns();
         }
         // 1+2. refresh and classify, chunk by chunk; the stash hits join the hits in the merge,
         // before the decay pins them
-        for (uint32_t c = 0; c < t_.numChunks; c += split_) {
+        for (uint32_t c = 0; c < ctx_.t_.numChunks; c += ctx_.split_) {
             AVSG_PHASE(PlanPhase::kLookup);
-            const uint32_t n = PrepareWant(r, c);
-            if constexpr (Matcher::kDual) DualFound(c);
-            else HashLookup();
+            const uint32_t n = probe_.PrepareWant(r, c);
+            if constexpr (Matcher::kDual) dualMatch_.DualFound(c);
+            else hashMatch_.HashLookup();
             AVSG_PHASE(PlanPhase::kClassify);
-            Classify(r, c, n);
+            classify_.Classify(r, c, n);
         }
-        HitBytesToBits();
-        if (split_ > 1) {
+        ctx_.HitBytesToBits();
+        if (ctx_.split_ > 1) {
             AVSG_PHASE(PlanPhase::kSplitSync);
-            SyncParts();
-            FoldParts();
+            splitLookup_.SyncParts();
+            splitLookup_.FoldParts();
             AVSG_PHASE(PlanPhase::kStart);   // the padding slots, freed here once helpers read them
-            FreePadding<Policy>();
+            ctx_.FreePadding<Policy>();
         }
         AVSG_PHASE(PlanPhase::kMerge);
-        const uint32_t m = MergeMisses(r);
+        const uint32_t m = classify_.MergeMisses(r);
         if constexpr (Policy::kReuse) {
             AVSG_PHASE(PlanPhase::kHeat);
-            HeatUsed(r, m);
+            heat_.HeatUsed(r, m);
         }
         AVSG_PHASE(PlanPhase::kDecay);
-        DecayAndPin<Policy>();
+        victims_.DecayAndPin<Policy>();
         // 3. allocate and install, index the new residents, stash the rest
         AVSG_PHASE(PlanPhase::kVictims);
-        AssignVictims<Policy>(r, m);
+        victimSearch_.Assign(r, m);
         AVSG_PHASE(PlanPhase::kInsert);
-        Insert(r, m);
+        insert_.Insert(r, m);
         AVSG_PHASE(PlanPhase::kStashPending);
-        StashPending(r, m);
+        stash_.StashPending(r, m);
         // 4. output, stats, state write-back
         AVSG_PHASE(PlanPhase::kStore);
-        StoreRow<Policy>(r, m);
+        output_.StoreRow<Policy>(r, m);
     }
+
+private:
+    // the row's state (one per core) and the blocks, each given what it works on
+    PlanContext ctx_;
+    PlanBlockProbe probe_{ctx_};
+    PlanBlockMerge merge_{ctx_};
+    PlanBlockStash stash_{ctx_, probe_, merge_};
+    PlanBlockHashMatch hashMatch_{ctx_, probe_};
+    PlanBlockDualMatch dualMatch_{ctx_, probe_, merge_};
+    PlanBlockClassify classify_{ctx_, merge_, stash_};
+    PlanBlockHeat heat_{ctx_, merge_};
+    PlanBlockVictims victims_{ctx_, probe_, heat_};
+    VictimSearch<Policy> victimSearch_{ctx_, probe_, heat_, victims_};
+    PlanBlockInsert insert_{ctx_, probe_};
+    PlanBlockOutput output_{ctx_, stash_, classify_, heat_};
+    PlanBlockSplit splitLookup_{ctx_, probe_, hashMatch_, classify_};
+    PlanBlockDrop drop_{ctx_};
 };
 
 // The entries' body: the tiling into the pipe's first buffer (UB offset 0), then the policy it
 // names picks the instantiation, once per launch. An unknown id plans as lifetime (the host
 // rejects it before a launch).
 template <class Matcher>
-__aicore__ inline void RunPlan(GM_ADDR topk, GM_ADDR seq, GM_ADDR state, GM_ADDR stats, GM_ADDR slots,
-                               GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts, GM_ADDR workspace,
-                               GM_ADDR tiling) {
+__aicore__ inline void RunPlan(GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens, GM_ADDR state, GM_ADDR stats,
+                               GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts,
+                               GM_ADDR workspace, GM_ADDR tiling) {
     TPipe pipe;
     TBuf<TPosition::VECCALC> tilingBuf;
     PlanTiling t;
     LoadTiling(&pipe, tilingBuf, t, tiling);
     if (t.policy == PolicyReuse::kId) {
         PlanKernel<Matcher, PolicyReuse> op;
-        op.Init(&pipe, t, topk, seq, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        op.Init(&pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         op.Process();
     } else if (t.policy == PolicyLru::kId) {
         PlanKernel<Matcher, PolicyLru> op;
-        op.Init(&pipe, t, topk, seq, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        op.Init(&pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         op.Process();
     } else {
         PlanKernel<Matcher, PolicyLifetime> op;
-        op.Init(&pipe, t, topk, seq, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        op.Init(&pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         op.Process();
     }
 }

@@ -8,7 +8,7 @@ What is checked (g++ -fsyntax-only -Wall -Wextra; zero errors anywhere, zero war
 
   kernels  every op_kernel/*.cpp (plan, invalidate, reset, resize, gather, calibrate), as the NPU
            build compiles them (op_kernel + op_host on the path, AVSG_NPU_KERNEL=1, never the emulation in
-           op_kernel/cpu), against asc-devkit's include/ and impl/ in CANN's CPU-debug
+           emulation), against asc-devkit's include/ and impl/ in CANN's CPU-debug
            configuration. Once per architecture the NPU build targets (every SOC_VERSION that
            op_host/npu accepts is dav-c220, __NPU_ARCH__ 2201: A2 and A3 alike), and for each
            with ASCENDC_DUMP=1 (ascendc_assert live, as CANN's own RUN_MODE=cpu build) and

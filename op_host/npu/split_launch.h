@@ -151,6 +151,7 @@ private:
 struct PlanSplitArgs {
     void* topk;
     void* seq;
+    void* validLens;
     void* state;
     void* stats;
     void* slots;
@@ -160,7 +161,7 @@ struct PlanSplitArgs {
     void* workspace;
     void* tiling;
 };
-static_assert(sizeof(PlanSplitArgs) == 10 * sizeof(void*), "PlanSplitArgs: packed, one pointer per parameter");
+static_assert(sizeof(PlanSplitArgs) == 11 * sizeof(void*), "PlanSplitArgs: packed, one pointer per parameter");
 
 // avsg_plan's function handle in the split binary on the current device, loaded on first use.
 // Raises (c10::Error) naming the file and the failing call when the binary cannot be loaded.

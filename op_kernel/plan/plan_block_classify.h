@@ -10,43 +10,45 @@
 
 namespace avsg_kernel {
 
-class PlanBlockClassify : public PlanBlockDualMatch {
-protected:
+class PlanBlockClassify {
+public:
+    __aicore__ inline explicit PlanBlockClassify(PlanContext& ctx, PlanBlockMerge& merge, PlanBlockStash& stash)
+        : ctx_(ctx), merge_(merge), stash_(stash) {}
     // Counts, hit bitmap and the chunk's sorted miss run (workspace run c). The match is stored
     // as the chunk's slots (final for hits and invalid lanes) with the run's lanes (the sort's
     // payload), so OutputMisses patches just the missed lanes.
     __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n) {
-        const uint32_t nc = t_.nc;
-        Cast(vFoundI_, vFoundF_, RoundMode::CAST_RINT, nc);
-        CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
-        CompareScalar(mB_, vFoundF_, 0.0f, CMPMODE::GE, nc);    // hit
-        CompareScalar(mC_, vFoundF_, 0.0f, CMPMODE::LT, nc);    // not hit
+        const uint32_t nc = ctx_.t_.nc;
+        Cast(ctx_.vFoundI_, ctx_.vFoundF_, RoundMode::CAST_RINT, nc);
+        CompareScalar(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
+        CompareScalar(ctx_.mB_, ctx_.vFoundF_, 0.0f, CMPMODE::GE, nc);    // hit
+        CompareScalar(ctx_.mC_, ctx_.vFoundF_, 0.0f, CMPMODE::LT, nc);    // not hit
         PipeBarrier<PIPE_V>();
-        And(U16(mC_), U16(mC_), U16(mA_), nc / 16);             // miss = valid & not hit
+        And(ctx_.U16(ctx_.mC_), ctx_.U16(ctx_.mC_), ctx_.U16(ctx_.mA_), nc / 16);             // miss = valid & not hit
         PipeBarrier<PIPE_V>();
         uint64_t nValid = 0, nHit = 0, nMiss = 0, nLanes = 0;
-        GatherMask(vT1_, vWant_, U32(mA_), true, nc, GatherMaskParams(1, 1, 8, 0), nValid);
-        GatherMask(vKey_, vFoundI_, U32(mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
-        GatherMask(vSlot_, vWant_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
-        GatherMask(vT2_, vLane_, U32(mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
+        GatherMask(ctx_.vT1_, ctx_.vWant_, ctx_.U32(ctx_.mA_), true, nc, GatherMaskParams(1, 1, 8, 0), nValid);
+        GatherMask(ctx_.vKey_, ctx_.vFoundI_, ctx_.U32(ctx_.mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
+        GatherMask(ctx_.vSlot_, ctx_.vWant_, ctx_.U32(ctx_.mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
+        GatherMask(ctx_.vT2_, ctx_.vLane_, ctx_.U32(ctx_.mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
         Sync<HardEvent::V_S>();
-        lookups_ += static_cast<int64_t>(nValid);
-        hits_ += static_cast<int64_t>(nHit);
-        misses_ += static_cast<int64_t>(nMiss);
+        ctx_.lookups_ += static_cast<int64_t>(nValid);
+        ctx_.hits_ += static_cast<int64_t>(nHit);
+        ctx_.misses_ += static_cast<int64_t>(nMiss);
         // reuse: heat and counts follow from the final bitmap (HeatUsed, CountHits)
-        MarkHits(vKey_, static_cast<uint32_t>(nHit));
+        ctx_.MarkHits(ctx_.vKey_, static_cast<uint32_t>(nHit));
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
         Sync<HardEvent::V_MTE3>();
-        StoreInts(slotsGm_[static_cast<uint64_t>(r) * t_.outPitch + c * nc], vFoundI_, n);
+        StoreInts(ctx_.slotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + c * nc], ctx_.vFoundI_, n);
         if (nMiss == 0) Sync<HardEvent::MTE3_V>();
         if (nMiss == 0) return;
         Sync<HardEvent::S_V>();
-        const LocalTensor<uint32_t> lanes = vT2_.ReinterpretCast<uint32_t>();
-        SortAscending(vSlot_, static_cast<uint32_t>(nMiss), &lanes);
+        const LocalTensor<uint32_t> lanes = ctx_.vT2_.ReinterpretCast<uint32_t>();
+        merge_.SortAscending(ctx_.vSlot_, static_cast<uint32_t>(nMiss), &lanes);
         Sync<HardEvent::V_MTE3>();
-        StoreInts(rowWs_[t_.wsMissOff + c * nc], sOutV_.template ReinterpretCast<int32_t>(),
+        StoreInts(ctx_.rowWs_[ctx_.t_.wsMissOff + c * nc], ctx_.sOutV_.template ReinterpretCast<int32_t>(),
                   static_cast<uint32_t>(nMiss));
-        StoreInts(rowWs_[t_.wsRunLaneOff + c * nc], sOutI_.template ReinterpretCast<int32_t>(),
+        StoreInts(ctx_.rowWs_[ctx_.t_.wsRunLaneOff + c * nc], ctx_.sOutI_.template ReinterpretCast<int32_t>(),
                   static_cast<uint32_t>(nMiss));
         Sync<HardEvent::MTE3_V>();
     }
@@ -56,27 +58,27 @@ protected:
     // probe found; each distinct one is looked up in the sorted stash on the way (both ascend): a
     // stash hit is a hit (hit bitmap, stats), its entries get -2 - slot instead of a j.
     __aicore__ inline uint32_t MergeMisses(uint32_t r) {
-        const bool stash = stashRuns_.runs > 0;
-        Configure(missRuns_, t_.numChunks, t_.wsMissOff, 0, true, 0, 0, 0, !stash);
-        if (stash) Start(stashRuns_);
-        Start(missRuns_);
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
+        const bool stash = stash_.stashRuns_.runs > 0;
+        merge_.Configure(missRuns_, ctx_.t_.numChunks, ctx_.t_.wsMissOff, 0, true, 0, 0, 0, !stash);
+        if (stash) merge_.Start(stash_.stashRuns_);
+        merge_.Start(missRuns_);
+        const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         uint32_t m = 0, staged = 0;
         int32_t last = -1, code = -1;
         while (missRuns_.has) {
             const int32_t v = missRuns_.key;
             if (v != last) {
                 last = v;
-                const int32_t slot = stash ? StashSlot(v) : -1;
+                const int32_t slot = stash ? stash_.StashSlot(v) : -1;
                 if (slot >= 0) {
                     code = -2 - slot;
-                    SetWordBit(hitBits_, static_cast<uint32_t>(slot));
+                    ctx_.SetWordBit(ctx_.hitBits_, static_cast<uint32_t>(slot));
                 } else {
                     code = static_cast<int32_t>(m + staged);
-                    vT1_.SetValue(staged++, v);
-                    if (staged == t_.nc) {
+                    ctx_.vT1_.SetValue(staged++, v);
+                    if (staged == ctx_.t_.nc) {
                         Sync<HardEvent::S_MTE3>();
-                        StoreInts(missPosGm_[rowN + m], vT1_, staged);
+                        StoreInts(ctx_.missPosGm_[rowN + m], ctx_.vT1_, staged);
                         Sync<HardEvent::MTE3_S>();
                         m += staged;
                         staged = 0;
@@ -84,15 +86,15 @@ protected:
                 }
             }
             if (code < 0) {   // a lane Classify counted as a miss
-                ++hits_;
-                --misses_;
+                ++ctx_.hits_;
+                --ctx_.misses_;
             }
-            Emit(missRuns_, code);
-            Advance(missRuns_);
+            merge_.Emit(missRuns_, code);
+            merge_.Advance(missRuns_);
         }
         if (staged) {
             Sync<HardEvent::S_MTE3>();
-            StoreInts(missPosGm_[rowN + m], vT1_, staged);
+            StoreInts(ctx_.missPosGm_[rowN + m], ctx_.vT1_, staged);
             Sync<HardEvent::MTE3_S>();
             m += staged;
         }
@@ -100,6 +102,11 @@ protected:
     }
 
     PlanMerger missRuns_;                    // the chunks' sorted miss runs
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
+    PlanBlockMerge& merge_;
+    PlanBlockStash& stash_;
 };
 
 }  // namespace avsg_kernel

@@ -8,8 +8,9 @@
 
 namespace avsg_kernel {
 
-class PlanBlockHashMatch : public PlanBlockStash {
-protected:
+class PlanBlockHashMatch {
+public:
+    __aicore__ inline explicit PlanBlockHashMatch(PlanContext& ctx, PlanBlockProbe& probe) : ctx_(ctx), probe_(probe) {}
     // Hash lookup of vWant_ (nc lanes; invalid lanes hold -2) -> vFoundF_ (slot or -1), probes
     // only: a probe matches when the slot its bucket names holds p (reference.index_lookup), so
     // the gathers touch bucket_slot and slot_pos only, which the host keeps whole in UB where
@@ -18,32 +19,41 @@ protected:
     // finds is looked up in the stash later, once per row, by the sorted merge in MergeMisses
     // (reference: the stash is consulted only then).
     __aicore__ inline void HashLookup() {
-        const uint32_t nc = t_.nc, n = Wide();
-        Win& bs = win_[avsg::SEC_BS];
-        Win& sp = win_[avsg::SEC_SP];
+        const uint32_t nc = ctx_.t_.nc, n = probe_.Wide();
+        Win& bs = ctx_.win_[avsg::SEC_BS];
+        Win& sp = ctx_.win_[avsg::SEC_SP];
         Sync<HardEvent::S_V>();                   // scalar writes of the windows / inputs
-        Hash(vWant_, nc);
-        Buckets();
-        SplitIdx(bs, wIdx_);
-        GatherVals(bs, wSlot_, 0, SlotMax());     // the slot each probe bucket names
-        Adds(wIdx_, wSlot_, 0, n);
+        probe_.Hash(ctx_.vWant_, nc);
+        probe_.Buckets();
+        probe_.SplitIdx(bs, ctx_.wIdx_);
+        probe_.GatherVals(bs, ctx_.wSlot_, 0, ctx_.SlotMax());     // the slot each probe bucket names
+        Adds(ctx_.wIdx_, ctx_.wSlot_, 0, n);
         PipeBarrier<PIPE_V>();
-        SplitIdx(sp, wIdx_);
-        MatchBits(sp, vWant_, false, mOwn_);      // slot_pos[slot] == p
+        probe_.SplitIdx(sp, ctx_.wIdx_);
+        probe_.MatchBits(sp, ctx_.vWant_, false, ctx_.mOwn_);      // slot_pos[slot] == p
         // an invalid lane (-2) matches nothing, whatever a corrupted slot_pos holds
-        CompareScalar(mKey_, vWantF_, 0.0f, CMPMODE::GE, nc);
-        Cast(wSlot_.ReinterpretCast<float>(), wSlot_, RoundMode::CAST_RINT, n);
-        Duplicate(vFoundF_, -1.0f, nc);
+        CompareScalar(ctx_.mKey_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
+        if (ctx_.split_ > 1 && ctx_.t_.dropPast) {          // nor, in a split row, one the owner drops
+            CompareScalar(ctx_.mTmp_, ctx_.vWantF_, ctx_.dropLimitF_, CMPMODE::LT, nc);   // (plan_block_drop.h)
+            PipeBarrier<PIPE_V>();
+            And(ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mTmp_), nc / 16);
+        }
+        Cast(ctx_.wSlot_.ReinterpretCast<float>(), ctx_.wSlot_, RoundMode::CAST_RINT, n);
+        Duplicate(ctx_.vFoundF_, -1.0f, nc);
         PipeBarrier<PIPE_V>();
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i)
-            And(U16(mOwn_[i * nc / 8]), U16(mOwn_[i * nc / 8]), U16(mKey_), nc / 16);
+            And(ctx_.U16(ctx_.mOwn_[i * nc / 8]), ctx_.U16(ctx_.mOwn_[i * nc / 8]), ctx_.U16(ctx_.mKey_), nc / 16);
         PipeBarrier<PIPE_V>();
-        const LocalTensor<float> slotF = wSlot_.ReinterpretCast<float>();
+        const LocalTensor<float> slotF = ctx_.wSlot_.ReinterpretCast<float>();
         for (uint32_t i = avsg::kPlanProbes; i-- > 0;) {
-            Select(vFoundF_, mOwn_[i * nc / 8], slotF[i * nc], vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
+            Select(ctx_.vFoundF_, ctx_.mOwn_[i * nc / 8], slotF[i * nc], ctx_.vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
             PipeBarrier<PIPE_V>();
         }
     }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
+    PlanBlockProbe& probe_;
 };
 
 }  // namespace avsg_kernel

@@ -10,8 +10,9 @@
 
 namespace avsg_kernel {
 
-class PlanBlockInsert : public PlanBlockVictims {
-protected:
+class PlanBlockInsert {
+public:
+    __aicore__ inline explicit PlanBlockInsert(PlanContext& ctx, PlanBlockProbe& probe) : ctx_(ctx), probe_(probe) {}
     // Insert: 4 rounds; in round i every pending miss proposes its bucket_i, and a free bucket
     // goes to the lowest proposing j.
     //  A. Freeness of all 4 buckets of every miss, with all-probe gathers (each window loaded at
@@ -22,52 +23,52 @@ protected:
     //  B. The rounds on the scalar unit, in (round, j) order: claims, winner bits per probe.
     //  C. The winners' slots are written window by window (no window ping-pong between claims).
     __aicore__ inline void Insert(uint32_t r, uint32_t m) {
-        const uint32_t nc = t_.nc;
-        for (uint32_t w = 0; w < t_.pendWords; ++w) {
+        const uint32_t nc = ctx_.t_.nc;
+        for (uint32_t w = 0; w < ctx_.t_.pendWords; ++w) {
             const uint32_t lo = w * 32;
             uint32_t word = 0;
             if (lo + 32 <= m) word = 0xFFFFFFFFu;
             else if (lo < m) word = (1u << (m - lo)) - 1u;
-            pendBits_.SetValue(w, word);
+            ctx_.pendBits_.SetValue(w, word);
         }
         if (m == 0) return;
-        Win& bs = win_[avsg::SEC_BS];
-        Win& sp = win_[avsg::SEC_SP];
+        Win& bs = ctx_.win_[avsg::SEC_BS];
+        Win& sp = ctx_.win_[avsg::SEC_SP];
         const uint32_t chunks = (m + nc - 1) / nc;
         // One miss chunk (the usual few dozen misses): probe slices only as wide as the misses,
         // rounded up so that every probe's mask slice starts 32 B aligned. Several: nc, the layout
         // of the workspace copies. Restored to nc at the end, for every other block.
-        probeStride_ = chunks == 1 ? MinU(nc, avsg::RoundUp(m, avsg::kPlanInsertStride)) : nc;
-        const uint32_t ps = probeStride_, n = ProbeLanes();
+        ctx_.probeStride_ = chunks == 1 ? MinU(nc, avsg::RoundUp(m, avsg::kPlanInsertStride)) : nc;
+        const uint32_t ps = ctx_.probeStride_, n = probe_.ProbeLanes();
         const uint32_t freeWords = n / 32;
-        const LocalTensor<int32_t> freeInts = mKey_.ReinterpretCast<int32_t>();
+        const LocalTensor<int32_t> freeInts = ctx_.mKey_.ReinterpretCast<int32_t>();
         // A. free bits (mKey_, W bits per miss chunk; kept in the workspace when there are several).
         // Last chunk first: the victims' step may have left it in vWant_ / vMS_.
         for (uint32_t c = chunks; c-- > 0;) {
-            LoadMisses(r, c * nc, m);
+            ctx_.LoadMisses(r, c * nc, m);
             Sync<HardEvent::S_V>();               // the victims' scalar writes of the windows
-            Hash(vWant_, ps);
-            Buckets();
-            Adds(wKey_, wIdx_, 0, n);             // the buckets, kept for FreeBuckets
-            SplitIdx(bs, wIdx_);
-            GatherVals(bs, wSlot_, -1, SlotMax());   // the slot each bucket names, -1: never used
-            CompareScalar(mKey_, wSlot_, -1, CMPMODE::EQ, n);   // FreeBuckets ORs it in
-            Maxs(wIdx_, wSlot_, 0, n);
+            probe_.Hash(ctx_.vWant_, ps);
+            probe_.Buckets();
+            Adds(ctx_.wKey_, ctx_.wIdx_, 0, n);             // the buckets, kept for FreeBuckets
+            probe_.SplitIdx(bs, ctx_.wIdx_);
+            probe_.GatherVals(bs, ctx_.wSlot_, -1, ctx_.SlotMax());   // the slot each bucket names, -1: never used
+            CompareScalar(ctx_.mKey_, ctx_.wSlot_, -1, CMPMODE::EQ, n);   // FreeBuckets ORs it in
+            Maxs(ctx_.wIdx_, ctx_.wSlot_, 0, n);
             PipeBarrier<PIPE_V>();
-            SplitIdx(sp, wIdx_);
-            GatherVals(sp, wSlot_, -1, static_cast<int32_t>(avsg::kMaxPosition));   // what it holds
+            probe_.SplitIdx(sp, ctx_.wIdx_);
+            probe_.GatherVals(sp, ctx_.wSlot_, -1, static_cast<int32_t>(avsg::kMaxPosition));   // what it holds
             DropIndexed(c);
             FreeBuckets();
             if (chunks > 1) {
                 Sync<HardEvent::V_MTE3>();
-                StoreInts(wsGm_[t_.wsFreeOff + c * freeWords], freeInts, freeWords);
+                StoreInts(ctx_.wsGm_[ctx_.t_.wsFreeOff + c * freeWords], freeInts, freeWords);
                 Sync<HardEvent::MTE3_V>();
             }
         }
         // B. rounds (vFirst_/vStride_/vWant_/vMS_/mKey_ still hold miss chunk 0). The free
         // bits of (round i, chunk c) are spent by that pass, so it overwrites them with its winners:
         // mKey_ (and, with several chunks, the workspace copy) ends up as per-probe winner bits.
-        Duplicate(claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), t_.buckets / 16);
+        Duplicate(ctx_.claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), ctx_.t_.buckets / 16);
         Sync<HardEvent::V_S>();
         const LocalTensor<uint32_t> bits = freeInts.ReinterpretCast<uint32_t>();
         int32_t loaded = 0;
@@ -80,29 +81,29 @@ protected:
                     loaded = static_cast<int32_t>(c);
                 }
                 Sync<HardEvent::S_V>();           // the previous pass's scalar reads of vB_
-                Probe(static_cast<int32_t>(i), ps);
+                probe_.Probe(static_cast<int32_t>(i), ps);
                 Sync<HardEvent::V_S>();
                 // 32 misses per step: candidates = pending & bucket free, lowest j first (j0 is a
                 // multiple of 32; pending bits past m are 0)
                 for (uint32_t w = 0; w < (cnt + 31) / 32; ++w) {
                     const uint32_t pw = (j0 >> 5) + w;
                     const uint32_t fw = i * ps / 32 + w;
-                    uint32_t pend = pendBits_.GetValue(pw);
+                    uint32_t pend = ctx_.pendBits_.GetValue(pw);
                     uint32_t cand = pend == 0 ? 0u : pend & bits.GetValue(fw);
                     uint32_t won = 0;
                     for (; cand != 0; cand &= cand - 1u) {
                         const uint32_t bit = LowestBit(cand);
-                        const uint32_t b = static_cast<uint32_t>(vB_.GetValue(w * 32 + bit));
-                        if (WordBit(claimBits_, b)) continue;
-                        SetWordBit(claimBits_, b);
+                        const uint32_t b = static_cast<uint32_t>(ctx_.vB_.GetValue(w * 32 + bit));
+                        if (ctx_.WordBit(ctx_.claimBits_, b)) continue;
+                        ctx_.SetWordBit(ctx_.claimBits_, b);
                         won |= 1u << bit;
                     }
                     bits.SetValue(fw, won);
-                    if (won != 0) pendBits_.SetValue(pw, pend & ~won);
+                    if (won != 0) ctx_.pendBits_.SetValue(pw, pend & ~won);
                 }
                 if (chunks > 1) {                 // winners of (i, c) back over its free bits
                     Sync<HardEvent::S_MTE3>();
-                    StoreInts(wsGm_[t_.wsFreeOff + c * freeWords + i * ps / 32], freeInts[i * ps / 32], ps / 32);
+                    StoreInts(ctx_.wsGm_[ctx_.t_.wsFreeOff + c * freeWords + i * ps / 32], freeInts[i * ps / 32], ps / 32);
                     Sync<HardEvent::MTE3_S>();
                 }
             }
@@ -117,31 +118,31 @@ protected:
                 loaded = static_cast<int32_t>(c);
             }
             Sync<HardEvent::S_V>();               // scalar reads / writes of vB_ and the bits
-            Buckets();
-            SplitIdx(bs, wIdx_);
-            WriteWinners(bs, vMS_, cnt);          // their slots to bucket_slot
+            probe_.Buckets();
+            probe_.SplitIdx(bs, ctx_.wIdx_);
+            WriteWinners(bs, ctx_.vMS_, cnt);          // their slots to bucket_slot
         }
-        probeStride_ = nc;
+        ctx_.probeStride_ = nc;
     }
     // A miss one of whose probe buckets names the slot that holds it (wSlot_: the position each
     // probe's slot holds; mKey_: the probes that name no slot) is indexed already: its pending
     // bit (chunk c) is cleared, so the rounds and the stash skip it.
     __aicore__ inline void DropIndexed(uint32_t c) {
-        const uint32_t nc = t_.nc, ps = probeStride_, n = ProbeLanes();
+        const uint32_t nc = ctx_.t_.nc, ps = ctx_.probeStride_, n = probe_.ProbeLanes();
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i)
-            Compare(mTmp_[i * ps / 8], wSlot_[i * ps], vWant_, CMPMODE::EQ, ps);
-        Not(U16(mOwn_), U16(mKey_), n / 16);
+            Compare(ctx_.mTmp_[i * ps / 8], ctx_.wSlot_[i * ps], ctx_.vWant_, CMPMODE::EQ, ps);
+        Not(ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mKey_), n / 16);
         PipeBarrier<PIPE_V>();
-        And(U16(mTmp_), U16(mTmp_), U16(mOwn_), n / 16);
+        And(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mOwn_), n / 16);
         for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) {
             PipeBarrier<PIPE_V>();
-            Or(U16(mTmp_), U16(mTmp_), U16(mTmp_[i * ps / 8]), ps / 16);
+            Or(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_[i * ps / 8]), ps / 16);
         }
         PipeBarrier<PIPE_V>();
-        Not(U16(mTmp_), U16(mTmp_), ps / 16);
+        Not(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ps / 16);
         PipeBarrier<PIPE_V>();
-        const LocalTensor<uint16_t> pend = pendBits_[c * nc / 32].ReinterpretCast<uint16_t>();
-        And(pend, pend, U16(mTmp_), ps / 16);   // pending bits past ps (past m) are 0 already
+        const LocalTensor<uint16_t> pend = ctx_.pendBits_[c * nc / 32].ReinterpretCast<uint16_t>();
+        And(pend, pend, ctx_.U16(ctx_.mTmp_), ps / 16);   // pending bits past ps (past m) are 0 already
         PipeBarrier<PIPE_V>();
     }
     // mKey_ = free (W lanes): a bucket (wKey_) that names no slot (mKey_ set on entry) is free,
@@ -150,83 +151,83 @@ protected:
     // k * stride (mod H) for a probe k of that position (reference.occupied_buckets). The hash as
     // in Hash, on all W lanes at once. Scratch: wIdx_, wWin_, wTmp_, wSlot_, mOwn_/mTmp_/mWin_.
     __aicore__ inline void FreeBuckets() {
-        const uint32_t n = ProbeLanes();
-        const LocalTensor<int32_t> hMask = wTmp_, lo = wIdx_, hi = wWin_, first = wSlot_;
-        const LocalTensor<int32_t> owner = wSlot_, diff = wWin_, stride = wIdx_, multiple = wSlot_;
-        const int32_t hm = static_cast<int32_t>(t_.buckets - 1);
-        CompareScalar(mOwn_, owner, -1, CMPMODE::EQ, n);   // a free slot indexes nothing
+        const uint32_t n = probe_.ProbeLanes();
+        const LocalTensor<int32_t> hMask = ctx_.wTmp_, lo = ctx_.wIdx_, hi = ctx_.wWin_, first = ctx_.wSlot_;
+        const LocalTensor<int32_t> owner = ctx_.wSlot_, diff = ctx_.wWin_, stride = ctx_.wIdx_, multiple = ctx_.wSlot_;
+        const int32_t hm = static_cast<int32_t>(ctx_.t_.buckets - 1);
+        CompareScalar(ctx_.mOwn_, owner, -1, CMPMODE::EQ, n);   // a free slot indexes nothing
         Maxs(lo, owner, 0, n);
         Duplicate(hMask, hm, n);
         PipeBarrier<PIPE_V>();
-        ShiftRight(hi, lo, static_cast<int32_t>(t_.logBuckets), n);
+        ShiftRight(hi, lo, static_cast<int32_t>(ctx_.t_.logBuckets), n);
         PipeBarrier<PIPE_V>();
-        AndMask(lo, lo, hMask, n);                          // lo = p mod H
-        AndMask(hi, hi, hMask, n);                          // hi = (p >> m) mod H
+        probe_.AndMask(lo, lo, hMask, n);                          // lo = p mod H
+        probe_.AndMask(hi, hi, hMask, n);                          // hi = (p >> m) mod H
         PipeBarrier<PIPE_V>();
-        Muls(first, lo, static_cast<int32_t>(t_.hashA1), n);   // the owner is in mOwn_ now
-        Muls(hMask, hi, static_cast<int32_t>(t_.hashB1), n);   // hMask rebuilt below
+        Muls(first, lo, static_cast<int32_t>(ctx_.t_.hashA1), n);   // the owner is in mOwn_ now
+        Muls(hMask, hi, static_cast<int32_t>(ctx_.t_.hashB1), n);   // hMask rebuilt below
         PipeBarrier<PIPE_V>();
         Add(first, first, hMask, n);
-        Muls(lo, lo, static_cast<int32_t>(t_.hashA2), n);
-        Muls(hi, hi, static_cast<int32_t>(t_.hashB2), n);
+        Muls(lo, lo, static_cast<int32_t>(ctx_.t_.hashA2), n);
+        Muls(hi, hi, static_cast<int32_t>(ctx_.t_.hashB2), n);
         PipeBarrier<PIPE_V>();
         Add(stride, lo, hi, n);
         Duplicate(hMask, hm, n);
         PipeBarrier<PIPE_V>();
-        AndMask(first, first, hMask, n);
-        AndMask(stride, stride, hMask, n);
+        probe_.AndMask(first, first, hMask, n);
+        probe_.AndMask(stride, stride, hMask, n);
         PipeBarrier<PIPE_V>();
-        Sub(diff, wKey_, first, n);
+        Sub(diff, ctx_.wKey_, first, n);
         ShiftRight(stride, stride, 1, n);                   // "| 1": clear bit 0, then add 1
         PipeBarrier<PIPE_V>();
-        AndMask(diff, diff, hMask, n);                      // (bucket - first) mod H
+        probe_.AndMask(diff, diff, hMask, n);                      // (bucket - first) mod H
         ShiftLeft(stride, stride, 1, n);
         PipeBarrier<PIPE_V>();
         Adds(stride, stride, 1, n);
-        CompareScalar(mTmp_, diff, 0, CMPMODE::EQ, n);      // probe 0
+        CompareScalar(ctx_.mTmp_, diff, 0, CMPMODE::EQ, n);      // probe 0
         PipeBarrier<PIPE_V>();
         Adds(multiple, stride, 0, n);
         for (uint32_t k = 1;; ++k) {                        // probe k: k * stride mod H
             PipeBarrier<PIPE_V>();
-            Compare(mWin_, diff, multiple, CMPMODE::EQ, n);
+            Compare(ctx_.mWin_, diff, multiple, CMPMODE::EQ, n);
             PipeBarrier<PIPE_V>();
-            Or(U16(mTmp_), U16(mTmp_), U16(mWin_), n / 16);
+            Or(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mWin_), n / 16);
             if (k + 1 == avsg::kPlanProbes) break;
             Add(multiple, multiple, stride, n);
             PipeBarrier<PIPE_V>();
-            AndMask(multiple, multiple, hMask, n);
+            probe_.AndMask(multiple, multiple, hMask, n);
         }
         PipeBarrier<PIPE_V>();
-        Not(U16(mTmp_), U16(mTmp_), n / 16);
-        Or(U16(mOwn_), U16(mOwn_), U16(mKey_), n / 16);
+        Not(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), n / 16);
+        Or(ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mKey_), n / 16);
         PipeBarrier<PIPE_V>();
-        Or(U16(mKey_), U16(mTmp_), U16(mOwn_), n / 16);   // free = no probe matches | no owner
+        Or(ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mOwn_), n / 16);   // free = no probe matches | no owner
         PipeBarrier<PIPE_V>();
     }
     // Misses, hash and free/winner bits of miss chunk c (insert with several miss chunks).
     __aicore__ inline void LoadInsertChunk(uint32_t r, uint32_t c, uint32_t m) {
-        const uint32_t freeWords = Wide() / 32;
-        LoadMisses(r, c * t_.nc, m);
+        const uint32_t freeWords = probe_.Wide() / 32;
+        ctx_.LoadMisses(r, c * ctx_.t_.nc, m);
         Sync<HardEvent::S_MTE2>();
         Sync<HardEvent::V_MTE2>();
         Sync<HardEvent::MTE3_MTE2>();
-        LoadInts(mKey_.ReinterpretCast<int32_t>(), wsGm_[t_.wsFreeOff + c * freeWords], freeWords, 0);
+        LoadInts(ctx_.mKey_.ReinterpretCast<int32_t>(), ctx_.wsGm_[ctx_.t_.wsFreeOff + c * freeWords], freeWords, 0);
         Sync<HardEvent::MTE2_S>();
         Sync<HardEvent::MTE2_V>();
-        Hash(vWant_, t_.nc);
+        probe_.Hash(ctx_.vWant_, ctx_.t_.nc);
     }
     // Probe i's winners among the first cnt misses (winner bits of probe i in bits) compacted
     // into wSlot_: their wIdx_ lanes at [0, got), their values at [nc, nc + got). Returns got.
     __aicore__ inline uint32_t CompactWinners(const LocalTensor<uint8_t>& bits, uint32_t i,
                                               const LocalTensor<int32_t>& values, uint32_t cnt) {
-        const uint32_t nc = t_.nc, ps = probeStride_;
-        const LocalTensor<uint32_t> pat = U32(bits[i * ps / 8]);
+        const uint32_t nc = ctx_.t_.nc, ps = ctx_.probeStride_;
+        const LocalTensor<uint32_t> pat = ctx_.U32(bits[i * ps / 8]);
         uint64_t got = 0, got2 = 0;
         Sync<HardEvent::S_V>();                   // scalar reads of the previous lists
         PipeBarrier<PIPE_V>();                    // and the previous GatherMasks' writes
-        GatherMask(wSlot_, wIdx_[i * ps], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
+        GatherMask(ctx_.wSlot_, ctx_.wIdx_[i * ps], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
         if (got == 0) return 0;
-        GatherMask(wSlot_[nc], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
+        GatherMask(ctx_.wSlot_[nc], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
         Sync<HardEvent::V_S>();
         return static_cast<uint32_t>(got);
     }
@@ -234,23 +235,23 @@ protected:
     // the probe buckets as in-window byte offsets of w, wWin_: their windows): values[j] for the
     // winner j, resident window first.
     __aicore__ inline void WriteWinners(Win& w, const LocalTensor<int32_t>& values, uint32_t cnt) {
-        const uint32_t nc = t_.nc, n = ProbeLanes();
-        const LocalTensor<int32_t> cOff = wSlot_, cVal = wSlot_[nc];   // CompactWinners' lists
-        const int32_t first = FirstWin(w);
+        const uint32_t nc = ctx_.t_.nc, n = probe_.ProbeLanes();
+        const LocalTensor<int32_t> cOff = ctx_.wSlot_, cVal = ctx_.wSlot_[nc];   // CompactWinners' lists
+        const int32_t first = probe_.FirstWin(w);
         for (uint32_t k = 0; k < w.nwin; ++k) {
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
-            LocalTensor<uint8_t> sel = mKey_;
+            LocalTensor<uint8_t> sel = ctx_.mKey_;
             if (w.nwin > 1) {
-                CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
+                CompareScalar(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
-                And(U16(mTmp_), U16(mKey_), U16(mWin_), n / 16);
+                And(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mWin_), n / 16);
                 PipeBarrier<PIPE_V>();
-                sel = mTmp_;
+                sel = ctx_.mTmp_;
             }
             for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
                 const uint32_t got = CompactWinners(sel, i, values, cnt);
                 if (got == 0) continue;
-                Ensure(w, id);
+                ctx_.Ensure(w, id);
                 for (uint32_t q = 0; q < got; ++q)
                     w.buf.SetValue(static_cast<uint32_t>(cOff.GetValue(q)) >> 2, cVal.GetValue(q));
                 w.dirty = true;
@@ -258,6 +259,10 @@ protected:
         }
         PipeBarrier<PIPE_V>();   // the GatherMasks read wIdx_, which the caller rewrites next
     }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
+    PlanBlockProbe& probe_;
 };
 
 }  // namespace avsg_kernel

@@ -28,8 +28,9 @@ struct PlanMerger {
     uint32_t best = 0;
 };
 
-class PlanBlockMerge : public PlanBlockProbe {
-protected:
+class PlanBlockMerge {
+public:
+    __aicore__ inline explicit PlanBlockMerge(PlanContext& ctx) : ctx_(ctx) {}
     // Sort `m` int32 keys (UB, in [-1, 2^24]: exact in float) ascending with a uint32 payload (or
     // lane ids when payload is null): Cast->float, negate (Sort is descending), Sort + Extract,
     // negate, Cast.
@@ -37,24 +38,24 @@ protected:
     __aicore__ inline void SortAscending(const LocalTensor<int32_t>& keys, uint32_t m,
                                          const LocalTensor<uint32_t>* payload) {
         const uint32_t n32 = (m + 31) / 32 * 32;
-        Duplicate(sConcat_, 1073741824.0f, n32);   // sentinel 2^30, sorts last once negated
+        Duplicate(ctx_.sConcat_, 1073741824.0f, n32);   // sentinel 2^30, sorts last once negated
         PipeBarrier<PIPE_V>();
-        Cast(sConcat_, keys, RoundMode::CAST_RINT, m);
+        Cast(ctx_.sConcat_, keys, RoundMode::CAST_RINT, m);
         PipeBarrier<PIPE_V>();
-        Muls(sConcat_, sConcat_, -1.0f, n32);
-        if (payload == nullptr) CreateVecIndex(sIdx_.template ReinterpretCast<int32_t>(), 0, n32);
+        Muls(ctx_.sConcat_, ctx_.sConcat_, -1.0f, n32);
+        if (payload == nullptr) CreateVecIndex(ctx_.sIdx_.template ReinterpretCast<int32_t>(), 0, n32);
         PipeBarrier<PIPE_V>();
-        LocalTensor<uint32_t> idx = payload == nullptr ? sIdx_ : *payload;
+        LocalTensor<uint32_t> idx = payload == nullptr ? ctx_.sIdx_ : *payload;
         // Sort32 on A2: scores and index 128 B aligned, pairs 256 B aligned (Init cuts them so).
-        ascendc_assert(avsg::UbAddr(sConcat_) % 128 == 0 && avsg::UbAddr(idx) % 128 == 0 &&
-                       avsg::UbAddr(sDst_) % 256 == 0);
-        Sort<float, true>(sDst_, sConcat_, idx, sTmp_, static_cast<int32_t>(n32 / 32));
+        ascendc_assert(avsg::UbAddr(ctx_.sConcat_) % 128 == 0 && avsg::UbAddr(idx) % 128 == 0 &&
+                       avsg::UbAddr(ctx_.sDst_) % 256 == 0);
+        Sort<float, true>(ctx_.sDst_, ctx_.sConcat_, idx, ctx_.sTmp_, static_cast<int32_t>(n32 / 32));
         PipeBarrier<PIPE_V>();
-        Extract(sOutV_, sOutI_, sDst_, static_cast<int32_t>(n32 / 32));
+        Extract(ctx_.sOutV_, ctx_.sOutI_, ctx_.sDst_, static_cast<int32_t>(n32 / 32));
         PipeBarrier<PIPE_V>();
-        Muls(sOutV_, sOutV_, -1.0f, n32);
+        Muls(ctx_.sOutV_, ctx_.sOutV_, -1.0f, n32);
         PipeBarrier<PIPE_V>();
-        Cast(sOutV_.template ReinterpretCast<int32_t>(), sOutV_, RoundMode::CAST_RINT, n32);
+        Cast(ctx_.sOutV_.template ReinterpretCast<int32_t>(), ctx_.sOutV_, RoundMode::CAST_RINT, n32);
         PipeBarrier<PIPE_V>();
     }
 
@@ -79,7 +80,7 @@ protected:
     }
     __aicore__ inline bool Live(const PlanMerger& g, uint32_t c) const { return c < g.runs && g.pos[c] < g.len[c]; }
     __aicore__ inline int32_t HeadKey(const PlanMerger& g, uint32_t c) {
-        return heads_.GetValue(g.keyBase + c * g.hlen + g.bpos[c]);
+        return ctx_.heads_.GetValue(g.keyBase + c * g.hlen + g.bpos[c]);
     }
     // run a (key ka) goes before run b (key kb); an exhausted run goes after every live one
     __aicore__ inline bool Before(uint32_t a, int32_t ka, bool aLive, uint32_t b, int32_t kb, bool bLive) const {
@@ -89,8 +90,8 @@ protected:
     __aicore__ inline void Refill(PlanMerger& g, uint32_t c) {
         const uint32_t n = MinU(g.hlen, g.len[c] - g.pos[c]);
         Sync<HardEvent::S_MTE2>();
-        LoadInts(heads_[g.keyBase + c * g.hlen], wsGm_[g.keyOff + c * t_.nc + g.pos[c]], n, 0);
-        if (g.pay) LoadInts(heads_[g.payBase + c * g.hlen], wsGm_[g.payOff + c * t_.nc + g.pos[c]], n, 0);
+        LoadInts(ctx_.heads_[g.keyBase + c * g.hlen], ctx_.wsGm_[g.keyOff + c * ctx_.t_.nc + g.pos[c]], n, 0);
+        if (g.pay) LoadInts(ctx_.heads_[g.payBase + c * g.hlen], ctx_.wsGm_[g.payOff + c * ctx_.t_.nc + g.pos[c]], n, 0);
         Sync<HardEvent::MTE2_S>();
         g.bpos[c] = 0;
         g.blen[c] = n;
@@ -99,7 +100,7 @@ protected:
         g.best = c;
         g.has = live;
         g.key = key;
-        if (live && g.pay) g.val = heads_.GetValue(g.payBase + c * g.hlen + g.bpos[c]);
+        if (live && g.pay) g.val = ctx_.heads_.GetValue(g.payBase + c * g.hlen + g.bpos[c]);
     }
     // Few runs: a scan of the heads reads fewer keys than a replay through the tree (about two
     // accesses per level), so up to kScanRuns runs the winner is found by a scan.
@@ -129,11 +130,11 @@ protected:
         bool curLive = Live(g, c);
         int32_t curKey = curLive ? HeadKey(g, c) : 0;
         for (uint32_t node = (c + g.leaves) >> 1; node >= 1; node >>= 1) {
-            const uint32_t other = static_cast<uint32_t>(treeUb_.GetValue(g.treeBase + node));
+            const uint32_t other = static_cast<uint32_t>(ctx_.treeUb_.GetValue(g.treeBase + node));
             const bool live = Live(g, other);
             const int32_t k = live ? HeadKey(g, other) : 0;
             if (Before(other, k, live, cur, curKey, curLive)) {
-                treeUb_.SetValue(g.treeBase + node, static_cast<int32_t>(cur));
+                ctx_.treeUb_.SetValue(g.treeBase + node, static_cast<int32_t>(cur));
                 cur = other;
                 curKey = k;
                 curLive = live;
@@ -165,14 +166,14 @@ protected:
             const bool la = Live(g, a), lb = Live(g, b);
             const bool aFirst = Before(a, la ? HeadKey(g, a) : 0, la, b, lb ? HeadKey(g, b) : 0, lb);
             win[node] = aFirst ? a : b;
-            treeUb_.SetValue(g.treeBase + node, static_cast<int32_t>(aFirst ? b : a));
+            ctx_.treeUb_.SetValue(g.treeBase + node, static_cast<int32_t>(aFirst ? b : a));
         }
         const uint32_t w = win[1];
         SetWinner(g, w, Live(g, w) ? HeadKey(g, w) : 0, Live(g, w));
     }
     // the value of the current entry (merges with `out`), written over its key
     __aicore__ inline void Emit(PlanMerger& g, int32_t v) {
-        heads_.SetValue(g.keyBase + g.best * g.hlen + g.bpos[g.best], v);
+        ctx_.heads_.SetValue(g.keyBase + g.best * g.hlen + g.bpos[g.best], v);
     }
     __aicore__ inline void Advance(PlanMerger& g) {
         const uint32_t c = g.best;
@@ -182,7 +183,7 @@ protected:
             if (g.out) {
                 Sync<HardEvent::S_MTE3>();
                 const uint32_t first = g.pos[c] - g.blen[c];   // the block's first entry in its run
-                StoreInts(wsGm_[g.outOff + c * t_.nc + first], heads_[g.keyBase + c * g.hlen], g.blen[c]);
+                StoreInts(ctx_.wsGm_[g.outOff + c * ctx_.t_.nc + first], ctx_.heads_[g.keyBase + c * g.hlen], g.blen[c]);
                 Sync<HardEvent::MTE3_MTE2>();
                 Sync<HardEvent::MTE3_S>();
             }
@@ -190,6 +191,9 @@ protected:
         }
         Replay(g, c);
     }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
 };
 
 }  // namespace avsg_kernel

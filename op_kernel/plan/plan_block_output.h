@@ -8,30 +8,32 @@
 
 namespace avsg_kernel {
 
-class PlanBlockOutput : public PlanBlockInsert {
-protected:
+class PlanBlockOutput {
+public:
+    __aicore__ inline explicit PlanBlockOutput(PlanContext& ctx, PlanBlockStash& stash, PlanBlockClassify& classify, PlanBlockHeat& heat)
+        : ctx_(ctx), stash_(stash), classify_(classify), heat_(heat) {}
     // Step 4: the slots of the lanes the match missed (reference: miss_slots[searchsorted]).
     // Classify stored every chunk's match (final for hits and invalid lanes) and its sorted miss
     // run's lanes; MergeMisses stored each run entry's index j in miss_pos (or -2 - slot for a
     // stash hit). So a missed lane's slot is miss_slots[j], with j ascending along the run: one
     // pass per chunk with misses, miss_slots streamed in nc blocks, no second lookup.
     __aicore__ inline void OutputMisses(uint32_t r, uint32_t m) {
-        const uint32_t nc = t_.nc;
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
-        const LocalTensor<int32_t> out = wKey_;   // the chunk's slots
-        const LocalTensor<int32_t> lanes = vT1_, js = vT2_, block = vMS_;
-        missChunk_ = -1;
+        const uint32_t nc = ctx_.t_.nc;
+        const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
+        const LocalTensor<int32_t> out = ctx_.wKey_;   // the chunk's slots
+        const LocalTensor<int32_t> lanes = ctx_.vT1_, js = ctx_.vT2_, block = ctx_.vMS_;
+        ctx_.missChunk_ = -1;
         Sync<HardEvent::V_S>();                   // vector reads/writes of these buffers so far
         Sync<HardEvent::V_MTE2>();
-        for (uint32_t c = 0; c < t_.numChunks; ++c) {
-            const uint32_t len = missRuns_.len[c];
+        for (uint32_t c = 0; c < ctx_.t_.numChunks; ++c) {
+            const uint32_t len = classify_.missRuns_.len[c];
             if (len == 0) continue;
-            const uint32_t n = MinU(nc, t_.N - c * nc);
+            const uint32_t n = MinU(nc, ctx_.t_.N - c * nc);
             Sync<HardEvent::S_MTE2>();
             Sync<HardEvent::MTE3_MTE2>();
-            LoadInts(out, slotsGm_[rowN + c * nc], n, 0);
-            LoadInts(lanes, wsGm_[t_.wsRunLaneOff + c * nc], len, 0);
-            LoadInts(js, wsGm_[t_.wsMissOff + c * nc], len, 0);
+            LoadInts(out, ctx_.slotsGm_[rowN + c * nc], n, 0);
+            LoadInts(lanes, ctx_.wsGm_[ctx_.t_.wsRunLaneOff + c * nc], len, 0);
+            LoadInts(js, ctx_.wsGm_[ctx_.t_.wsMissOff + c * nc], len, 0);
             Sync<HardEvent::MTE2_S>();
             int32_t cur = -1;                     // miss_slots block in `block`
             for (uint32_t e = 0; e < len; ++e) {
@@ -44,7 +46,7 @@ protected:
                 const int32_t blk = static_cast<int32_t>(j / nc);
                 if (blk != cur) {
                     Sync<HardEvent::S_MTE2>();
-                    LoadInts(block, missSlotsGm_[rowN + static_cast<uint32_t>(blk) * nc],
+                    LoadInts(block, ctx_.missSlotsGm_[rowN + static_cast<uint32_t>(blk) * nc],
                              MinU(nc, m - static_cast<uint32_t>(blk) * nc), 0);
                     Sync<HardEvent::MTE2_S>();
                     cur = blk;
@@ -52,7 +54,7 @@ protected:
                 out.SetValue(static_cast<uint32_t>(lanes.GetValue(e)), block.GetValue(j - static_cast<uint32_t>(blk) * nc));
             }
             Sync<HardEvent::S_MTE3>();
-            StoreInts(slotsGm_[rowN + c * nc], out, n);
+            StoreInts(ctx_.slotsGm_[rowN + c * nc], out, n);
             Sync<HardEvent::MTE3_S>();
         }
         Sync<HardEvent::S_V>();                   // scalar reads of lanes / js / block before vector reuse
@@ -63,31 +65,37 @@ protected:
     // written back.
     template <class Policy>
     __aicore__ inline void StoreRow(uint32_t r, uint32_t m) {
-        const uint64_t rowState = static_cast<uint64_t>(r) * t_.width;
-        const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
+        const uint64_t rowState = static_cast<uint64_t>(r) * ctx_.t_.width;
+        const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         OutputMisses(r, m);
-        FillTail(missPosGm_, rowN, m, t_.N);
-        FillTail(missSlotsGm_, rowN, m, t_.N);
+        ctx_.FillTail(ctx_.missPosGm_, rowN, m, ctx_.t_.N);
+        ctx_.FillTail(ctx_.missSlotsGm_, rowN, m, ctx_.t_.N);
         Sync<HardEvent::MTE3_MTE2>();
         Sync<HardEvent::MTE3_S>();
-        DataCopy(statsUb_, statsGm_[static_cast<uint64_t>(r) * 4], 4);
+        DataCopy(ctx_.statsUb_, ctx_.statsGm_[static_cast<uint64_t>(r) * 4], 4);
         Sync<HardEvent::MTE2_S>();
-        statsUb_.SetValue(0, statsUb_.GetValue(0) + lookups_);
-        statsUb_.SetValue(1, statsUb_.GetValue(1) + hits_);
-        statsUb_.SetValue(2, statsUb_.GetValue(2) + misses_);
-        statsUb_.SetValue(3, statsUb_.GetValue(3) + static_cast<int64_t>(m));
-        scalarUb_.SetValue(0, static_cast<int32_t>(m));
-        countUb_.SetValue(0, static_cast<int32_t>(stashCount_));
-        if constexpr (Policy::kReuse) AdvanceStep();
+        ctx_.statsUb_.SetValue(0, ctx_.statsUb_.GetValue(0) + ctx_.lookups_);
+        ctx_.statsUb_.SetValue(1, ctx_.statsUb_.GetValue(1) + ctx_.hits_);
+        ctx_.statsUb_.SetValue(2, ctx_.statsUb_.GetValue(2) + ctx_.misses_);
+        ctx_.statsUb_.SetValue(3, ctx_.statsUb_.GetValue(3) + static_cast<int64_t>(m));
+        ctx_.scalarUb_.SetValue(0, static_cast<int32_t>(m));
+        ctx_.countUb_.SetValue(0, static_cast<int32_t>(stash_.stashCount_));
+        if constexpr (Policy::kReuse) heat_.AdvanceStep();
         Sync<HardEvent::S_MTE3>();
-        DataCopy(statsGm_[static_cast<uint64_t>(r) * 4], statsUb_, 4);
-        StoreInts(missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], scalarUb_, 1);
-        DataCopy(stateGm_[rowState + t_.stashCountOff], countUb_, avsg::kStashCountPad);
-        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) Flush(win_[s]);
+        DataCopy(ctx_.statsGm_[static_cast<uint64_t>(r) * 4], ctx_.statsUb_, 4);
+        StoreInts(ctx_.missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], ctx_.scalarUb_, 1);
+        DataCopy(ctx_.stateGm_[rowState + ctx_.t_.stashCountOff], ctx_.countUb_, avsg::kStashCountPad);
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) ctx_.Flush(ctx_.win_[s]);
         Sync<HardEvent::MTE3_S>();
         Sync<HardEvent::MTE3_V>();
         Sync<HardEvent::MTE3_MTE2>();
     }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
+    PlanBlockStash& stash_;
+    PlanBlockClassify& classify_;
+    PlanBlockHeat& heat_;
 };
 
 }  // namespace avsg_kernel

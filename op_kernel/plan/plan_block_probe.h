@@ -9,8 +9,9 @@
 
 namespace avsg_kernel {
 
-class PlanBlockProbe : public PlanContext {
-protected:
+class PlanBlockProbe {
+public:
+    __aicore__ inline explicit PlanBlockProbe(PlanContext& ctx) : ctx_(ctx) {}
     // ---------------------------------------------------------------------- all-probe gathers
     // A lookup gathers for the kPlanProbes buckets of nc selections at once (W = kPlanProbes*nc
     // lanes), so a section split into windows has each window loaded at most once per chunk (and
@@ -21,19 +22,19 @@ protected:
     // Probe i of lane l sits at i * probeStride_ + l. The stride is nc, except inside the insert,
     // which narrows it to its misses rounded up to kPlanInsertStride (fewer repeats for the usual
     // few dozen misses); Wide() is the vectors' capacity, ProbeLanes() the lanes in use.
-    __aicore__ inline uint32_t Wide() const { return avsg::kPlanProbes * t_.nc; }
-    __aicore__ inline uint32_t ProbeLanes() const { return avsg::kPlanProbes * probeStride_; }
+    __aicore__ inline uint32_t Wide() const { return avsg::kPlanProbes * ctx_.t_.nc; }
+    __aicore__ inline uint32_t ProbeLanes() const { return avsg::kPlanProbes * ctx_.probeStride_; }
     __aicore__ inline int32_t FirstWin(const Win& w) const { return w.cur < 0 ? 0 : w.cur; }
     // idx (W lanes, entries of section w) -> byte offsets inside their window (in place) and
     // window ids (wWin_, multi-window sections only). Scratch: wTmp_.
     __aicore__ inline void SplitIdx(const Win& w, const LocalTensor<int32_t>& idx) {
         const uint32_t n = ProbeLanes();
         if (w.nwin > 1) {
-            ShiftRight(wWin_, idx, static_cast<int32_t>(w.wlog), n);
+            ShiftRight(ctx_.wWin_, idx, static_cast<int32_t>(w.wlog), n);
             PipeBarrier<PIPE_V>();
-            ShiftLeft(wTmp_, wWin_, static_cast<int32_t>(w.wlog), n);
+            ShiftLeft(ctx_.wTmp_, ctx_.wWin_, static_cast<int32_t>(w.wlog), n);
             PipeBarrier<PIPE_V>();
-            Sub(idx, idx, wTmp_, n);
+            Sub(idx, idx, ctx_.wTmp_, n);
             PipeBarrier<PIPE_V>();
         }
         ShiftLeft(idx, idx, 2, n);
@@ -42,39 +43,39 @@ protected:
     // dst (nc-bit slices of a W-bit mask) = wTmp_ == ref: one W-lane reference, or the nc-lane
     // selections repeated for every probe
     __aicore__ inline void CompareRef(const LocalTensor<uint8_t>& dst, const LocalTensor<int32_t>& ref, bool wideRef) {
-        const uint32_t ps = probeStride_;
+        const uint32_t ps = ctx_.probeStride_;
         if (wideRef) {
-            Compare(dst, wTmp_, ref, CMPMODE::EQ, ProbeLanes());
+            Compare(dst, ctx_.wTmp_, ref, CMPMODE::EQ, ProbeLanes());
             return;
         }
-        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) Compare(dst[i * ps / 8], wTmp_[i * ps], ref, CMPMODE::EQ, ps);
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) Compare(dst[i * ps / 8], ctx_.wTmp_[i * ps], ref, CMPMODE::EQ, ps);
     }
     // acc (W bits) = section[lane] == ref, at the offsets in wIdx_ (from SplitIdx).
     __aicore__ inline void MatchBits(Win& w, const LocalTensor<int32_t>& ref, bool wideRef,
                                      const LocalTensor<uint8_t>& acc) {
         const uint32_t n = ProbeLanes();
-        const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
+        const LocalTensor<uint32_t> off = ctx_.wIdx_.ReinterpretCast<uint32_t>();
         if (w.nwin == 1) {
-            Ensure(w, 0);
-            Gather(wTmp_, w.buf, off, 0u, n);
+            ctx_.Ensure(w, 0);
+            Gather(ctx_.wTmp_, w.buf, off, 0u, n);
             PipeBarrier<PIPE_V>();
             CompareRef(acc, ref, wideRef);
             PipeBarrier<PIPE_V>();
             return;
         }
-        Duplicate(U16(acc), static_cast<uint16_t>(0), n / 16);
+        Duplicate(ctx_.U16(acc), static_cast<uint16_t>(0), n / 16);
         const int32_t first = FirstWin(w);
         for (uint32_t k = 0; k < w.nwin; ++k) {
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
-            Ensure(w, id);
-            CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
-            Gather(wTmp_, w.buf, off, 0u, n);
+            ctx_.Ensure(w, id);
+            CompareScalar(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
+            Gather(ctx_.wTmp_, w.buf, off, 0u, n);
             PipeBarrier<PIPE_V>();
-            CompareRef(mTmp_, ref, wideRef);
+            CompareRef(ctx_.mTmp_, ref, wideRef);
             PipeBarrier<PIPE_V>();
-            And(U16(mTmp_), U16(mTmp_), U16(mWin_), n / 16);
+            And(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mWin_), n / 16);
             PipeBarrier<PIPE_V>();
-            Or(U16(acc), U16(acc), U16(mTmp_), n / 16);
+            Or(ctx_.U16(acc), ctx_.U16(acc), ctx_.U16(ctx_.mTmp_), n / 16);
             PipeBarrier<PIPE_V>();
         }
     }
@@ -84,32 +85,32 @@ protected:
     // is float-only on A2).
     __aicore__ inline void GatherVals(Win& w, const LocalTensor<int32_t>& dst, int32_t lo, int32_t hi) {
         const uint32_t n = ProbeLanes();
-        const LocalTensor<uint32_t> off = wIdx_.ReinterpretCast<uint32_t>();
+        const LocalTensor<uint32_t> off = ctx_.wIdx_.ReinterpretCast<uint32_t>();
         if (w.nwin == 1) {
-            Ensure(w, 0);
+            ctx_.Ensure(w, 0);
             Gather(dst, w.buf, off, 0u, n);
             PipeBarrier<PIPE_V>();
-            ClampInts(dst, lo, hi, n);
+            ctx_.ClampInts(dst, lo, hi, n);
             return;
         }
         const LocalTensor<float> dstF = dst.ReinterpretCast<float>();
-        const LocalTensor<float> tmpF = wTmp_.ReinterpretCast<float>();
+        const LocalTensor<float> tmpF = ctx_.wTmp_.ReinterpretCast<float>();
         const int32_t first = FirstWin(w);
         for (uint32_t k = 0; k < w.nwin; ++k) {
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
-            Ensure(w, id);
-            Gather(wTmp_, w.buf, off, 0u, n);
-            if (k > 0) CompareScalar(mWin_, wWin_, id, CMPMODE::EQ, n);
+            ctx_.Ensure(w, id);
+            Gather(ctx_.wTmp_, w.buf, off, 0u, n);
+            if (k > 0) CompareScalar(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
             PipeBarrier<PIPE_V>();
-            ClampInts(wTmp_, lo, hi, n);
+            ctx_.ClampInts(ctx_.wTmp_, lo, hi, n);
             if (k == 0) {   // every lane takes the first window's value; later windows overwrite theirs
-                Cast(dstF, wTmp_, RoundMode::CAST_RINT, n);
+                Cast(dstF, ctx_.wTmp_, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
                 continue;
             }
-            Cast(tmpF, wTmp_, RoundMode::CAST_RINT, n);
+            Cast(tmpF, ctx_.wTmp_, RoundMode::CAST_RINT, n);
             PipeBarrier<PIPE_V>();
-            Select(dstF, mWin_, tmpF, dstF, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+            Select(dstF, ctx_.mWin_, tmpF, dstF, SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
             PipeBarrier<PIPE_V>();
         }
         Cast(dst, dstF, RoundMode::CAST_RINT, n);
@@ -125,74 +126,77 @@ protected:
     // With H = 2^m: lo = p & (H-1), hi = (p >> m) & (H-1), first = (lo*A1 + hi*B1) & (H-1),
     // stride = ((lo*A2 + hi*B2) & (H-2)) + 1, which is "mod H, then | 1".
     __aicore__ inline void Hash(const LocalTensor<int32_t>& src, uint32_t n) {
-        const int32_t m = static_cast<int32_t>(t_.logBuckets);
-        const LocalTensor<int32_t> maskOdd = wSlot_[3 * t_.nc];   // idle whenever Hash runs
-        Maxs(vT1_, src, 0, n);
-        Duplicate(maskOdd, static_cast<int32_t>(t_.buckets - 2), n);
+        const int32_t m = static_cast<int32_t>(ctx_.t_.logBuckets);
+        const LocalTensor<int32_t> maskOdd = ctx_.wSlot_[3 * ctx_.t_.nc];   // idle whenever Hash runs
+        Maxs(ctx_.vT1_, src, 0, n);
+        Duplicate(maskOdd, static_cast<int32_t>(ctx_.t_.buckets - 2), n);
         PipeBarrier<PIPE_V>();
-        ShiftRight(vHi_, vT1_, m, n);
-        AndMask(vLo_, vT1_, vHMask_, n);          // lo = p mod H
+        ShiftRight(ctx_.vHi_, ctx_.vT1_, m, n);
+        AndMask(ctx_.vLo_, ctx_.vT1_, ctx_.vHMask_, n);          // lo = p mod H
         PipeBarrier<PIPE_V>();
-        AndMask(vHi_, vHi_, vHMask_, n);          // hi = (p >> m) mod H
+        AndMask(ctx_.vHi_, ctx_.vHi_, ctx_.vHMask_, n);          // hi = (p >> m) mod H
         PipeBarrier<PIPE_V>();
-        Muls(vFirst_, vLo_, static_cast<int32_t>(t_.hashA1), n);
-        Muls(vT1_, vHi_, static_cast<int32_t>(t_.hashB1), n);
-        Muls(vStride_, vLo_, static_cast<int32_t>(t_.hashA2), n);
-        Muls(vT2_, vHi_, static_cast<int32_t>(t_.hashB2), n);
+        Muls(ctx_.vFirst_, ctx_.vLo_, static_cast<int32_t>(ctx_.t_.hashA1), n);
+        Muls(ctx_.vT1_, ctx_.vHi_, static_cast<int32_t>(ctx_.t_.hashB1), n);
+        Muls(ctx_.vStride_, ctx_.vLo_, static_cast<int32_t>(ctx_.t_.hashA2), n);
+        Muls(ctx_.vT2_, ctx_.vHi_, static_cast<int32_t>(ctx_.t_.hashB2), n);
         PipeBarrier<PIPE_V>();
-        Add(vFirst_, vFirst_, vT1_, n);
-        Add(vStride_, vStride_, vT2_, n);
+        Add(ctx_.vFirst_, ctx_.vFirst_, ctx_.vT1_, n);
+        Add(ctx_.vStride_, ctx_.vStride_, ctx_.vT2_, n);
         PipeBarrier<PIPE_V>();
-        AndMask(vFirst_, vFirst_, vHMask_, n);
-        AndMask(vStride_, vStride_, maskOdd, n);
+        AndMask(ctx_.vFirst_, ctx_.vFirst_, ctx_.vHMask_, n);
+        AndMask(ctx_.vStride_, ctx_.vStride_, maskOdd, n);
         PipeBarrier<PIPE_V>();
-        Adds(vStride_, vStride_, 1, n);
+        Adds(ctx_.vStride_, ctx_.vStride_, 1, n);
         PipeBarrier<PIPE_V>();
     }
     // vB = (first + i*stride) mod H: probe i of the nc selections hashed last
     __aicore__ inline void Probe(int32_t i, uint32_t n) {
-        Muls(vB_, vStride_, i, n);
+        Muls(ctx_.vB_, ctx_.vStride_, i, n);
         PipeBarrier<PIPE_V>();
-        Add(vB_, vB_, vFirst_, n);
+        Add(ctx_.vB_, ctx_.vB_, ctx_.vFirst_, n);
         PipeBarrier<PIPE_V>();
-        AndMask(vB_, vB_, vHMask_, n);
+        AndMask(ctx_.vB_, ctx_.vB_, ctx_.vHMask_, n);
         PipeBarrier<PIPE_V>();
     }
     // wIdx[i*ps + l] = (first[l] + i*stride[l]) mod H for every probe i (first + 3*stride < 4H),
     // ps = probeStride_
     __aicore__ inline void Buckets() {
-        const uint32_t ps = probeStride_;
-        Adds(wIdx_, vFirst_, 0, ps);
-        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Muls(wIdx_[i * ps], vStride_, static_cast<int32_t>(i), ps);
+        const uint32_t ps = ctx_.probeStride_;
+        Adds(ctx_.wIdx_, ctx_.vFirst_, 0, ps);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Muls(ctx_.wIdx_[i * ps], ctx_.vStride_, static_cast<int32_t>(i), ps);
         PipeBarrier<PIPE_V>();
-        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Add(wIdx_[i * ps], wIdx_[i * ps], vFirst_, ps);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Add(ctx_.wIdx_[i * ps], ctx_.wIdx_[i * ps], ctx_.vFirst_, ps);
         PipeBarrier<PIPE_V>();
-        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) AndMask(wIdx_[i * ps], wIdx_[i * ps], vHMask_, ps);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) AndMask(ctx_.wIdx_[i * ps], ctx_.wIdx_[i * ps], ctx_.vHMask_, ps);
         PipeBarrier<PIPE_V>();
     }
     // Loads chunk c of the row's selections: vWant = p if 0 <= p < bound else -2, vWantF = float.
     __aicore__ inline uint32_t PrepareWant(uint32_t r, uint32_t c) {
-        const uint32_t nc = t_.nc;
-        const uint32_t n = MinU(nc, t_.N - c * nc);
+        const uint32_t nc = ctx_.t_.nc;
+        const uint32_t n = MinU(nc, ctx_.t_.N - c * nc);
         Sync<HardEvent::S_V>();   // AppendPending's scalar reads of vWant_ (write-after-read)
-        missChunk_ = -1;
-        Duplicate(vWant_, -1, nc);
+        ctx_.missChunk_ = -1;
+        Duplicate(ctx_.vWant_, -1, nc);
         Sync<HardEvent::V_MTE2>();
-        LoadInts(vWant_, topkGm_[static_cast<uint64_t>(r) * t_.N + c * nc], n, -1);
+        LoadInts(ctx_.vWant_, ctx_.topkGm_[static_cast<uint64_t>(r) * ctx_.t_.N + c * nc], n, -1);
         Sync<HardEvent::MTE2_V>();
-        Cast(vWantF_, vWant_, RoundMode::CAST_RINT, nc);
+        Cast(ctx_.vWantF_, ctx_.vWant_, RoundMode::CAST_RINT, nc);
         PipeBarrier<PIPE_V>();
-        CompareScalar(mA_, vWantF_, 0.0f, CMPMODE::GE, nc);
-        CompareScalar(mB_, vWantF_, boundF_, CMPMODE::LT, nc);
+        CompareScalar(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
+        CompareScalar(ctx_.mB_, ctx_.vWantF_, ctx_.boundF_, CMPMODE::LT, nc);
         PipeBarrier<PIPE_V>();
-        And(U16(mA_), U16(mA_), U16(mB_), nc / 16);
+        And(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), nc / 16);
         PipeBarrier<PIPE_V>();
-        Select(vWantF_, mA_, vWantF_, -2.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
+        Select(ctx_.vWantF_, ctx_.mA_, ctx_.vWantF_, -2.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, nc);
         PipeBarrier<PIPE_V>();
-        Cast(vWant_, vWantF_, RoundMode::CAST_RINT, nc);
+        Cast(ctx_.vWant_, ctx_.vWantF_, RoundMode::CAST_RINT, nc);
         PipeBarrier<PIPE_V>();
         return n;
     }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
 };
 
 }  // namespace avsg_kernel

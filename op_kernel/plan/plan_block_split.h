@@ -9,42 +9,44 @@
 
 namespace avsg_kernel {
 
-class PlanBlockSplit : public PlanBlockOutput {
-protected:
+class PlanBlockSplit {
+public:
+    __aicore__ inline explicit PlanBlockSplit(PlanContext& ctx, PlanBlockProbe& probe, PlanBlockHashMatch& hashMatch, PlanBlockClassify& classify)
+        : ctx_(ctx), probe_(probe), hashMatch_(hashMatch), classify_(classify) {}
     // Every core of a split launch calls this exactly once (rejected rows included): the soft
     // form (zeroed counters after the cores' slices, wIdx_ as its UB scratch) needs no mixed
     // kernel type. Its PipeBarrier<PIPE_ALL> completes the helpers' stores before the owner loads.
     __aicore__ inline void SyncParts() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
         GlobalTensor<int32_t> counters;
-        counters.SetGlobalBuffer(wsBase_ + static_cast<uint64_t>(blocks) * t_.wsPerCore, blocks * avsg::kPlanSyncWords);
-        SyncAll(counters, wIdx_, 0);
+        counters.SetGlobalBuffer(ctx_.wsBase_ + static_cast<uint64_t>(blocks) * ctx_.t_.wsPerCore, blocks * avsg::kPlanSyncWords);
+        SyncAll(counters, ctx_.wIdx_, 0);
     }
     // Lookup part of a split row (helper core): its chunks looked up and classified as the owner
     // does its own; slots to the row's output, miss runs to the owner's workspace slice; then its
     // counts, run lengths and hit bitmap to its part region there. Reads of the row's state only.
     __aicore__ inline void HelpRow(uint32_t r) {
-        if (StartRow(r)) {
-            for (uint32_t c = part_; c < t_.numChunks; c += split_) {
-                const uint32_t n = PrepareWant(r, c);
-                HashLookup();   // only the hash plan splits a row
-                Classify(r, c, n);
+        if (ctx_.StartRow(r)) {
+            for (uint32_t c = ctx_.part_; c < ctx_.t_.numChunks; c += ctx_.split_) {
+                const uint32_t n = probe_.PrepareWant(r, c);
+                hashMatch_.HashLookup();   // only the hash plan splits a row
+                classify_.Classify(r, c, n);
             }
-            HitBytesToBits();
-            const LocalTensor<int32_t> head = vFoundI_;
-            const uint32_t headLen = avsg::kPlanPartHead + t_.numChunks;
+            ctx_.HitBytesToBits();
+            const LocalTensor<int32_t> head = ctx_.vFoundI_;
+            const uint32_t headLen = avsg::kPlanPartHead + ctx_.t_.numChunks;
             Sync<HardEvent::MTE3_S>();            // Classify's store of vFoundI_ (write-after-read)
             Sync<HardEvent::V_S>();
-            head.SetValue(0, static_cast<int32_t>(lookups_));
-            head.SetValue(1, static_cast<int32_t>(hits_));
-            head.SetValue(2, static_cast<int32_t>(misses_));
+            head.SetValue(0, static_cast<int32_t>(ctx_.lookups_));
+            head.SetValue(1, static_cast<int32_t>(ctx_.hits_));
+            head.SetValue(2, static_cast<int32_t>(ctx_.misses_));
             head.SetValue(3, 0);
-            for (uint32_t c = 0; c < t_.numChunks; ++c)
-                head.SetValue(avsg::kPlanPartHead + c, static_cast<int32_t>(missRuns_.len[c]));
-            const uint32_t off = t_.wsPartOff + part_ * t_.partWords;
+            for (uint32_t c = 0; c < ctx_.t_.numChunks; ++c)
+                head.SetValue(avsg::kPlanPartHead + c, static_cast<int32_t>(classify_.missRuns_.len[c]));
+            const uint32_t off = ctx_.t_.wsPartOff + ctx_.part_ * ctx_.t_.partWords;
             Sync<HardEvent::S_MTE3>();
-            StoreInts(rowWs_[off], head, headLen);
-            StoreInts(rowWs_[off + avsg::RoundUp(headLen, 8)], hitBits_.ReinterpretCast<int32_t>(), t_.capPad / 32);
+            StoreInts(ctx_.rowWs_[off], head, headLen);
+            StoreInts(ctx_.rowWs_[off + avsg::RoundUp(headLen, 8)], ctx_.hitBits_.ReinterpretCast<int32_t>(), ctx_.t_.capPad / 32);
             Sync<HardEvent::MTE3_S>();
             Sync<HardEvent::MTE3_V>();
         }
@@ -52,29 +54,35 @@ protected:
     }
     // Owner, after the SyncAll: the helpers' counts and run lengths, their hit bits or-ed in.
     __aicore__ inline void FoldParts() {
-        const LocalTensor<int32_t> head = vFoundI_, bits = wIdx_;
-        const uint32_t headLen = avsg::kPlanPartHead + t_.numChunks;
-        for (uint32_t p = 1; p < split_; ++p) {
-            const uint32_t off = t_.wsPartOff + p * t_.partWords;
+        const LocalTensor<int32_t> head = ctx_.vFoundI_, bits = ctx_.wIdx_;
+        const uint32_t headLen = avsg::kPlanPartHead + ctx_.t_.numChunks;
+        for (uint32_t p = 1; p < ctx_.split_; ++p) {
+            const uint32_t off = ctx_.t_.wsPartOff + p * ctx_.t_.partWords;
             Sync<HardEvent::S_MTE2>();
             Sync<HardEvent::V_MTE2>();
             Sync<HardEvent::MTE3_MTE2>();
-            LoadInts(head, rowWs_[off], headLen, 0);
-            LoadInts(bits, rowWs_[off + avsg::RoundUp(headLen, 8)], t_.capPad / 32, 0);
+            LoadInts(head, ctx_.rowWs_[off], headLen, 0);
+            LoadInts(bits, ctx_.rowWs_[off + avsg::RoundUp(headLen, 8)], ctx_.t_.capPad / 32, 0);
             Sync<HardEvent::MTE2_S>();
             Sync<HardEvent::MTE2_V>();
             Sync<HardEvent::S_V>();               // the owner's scalar writes of the bitmap
-            Or(hitBits_.ReinterpretCast<uint16_t>(), hitBits_.ReinterpretCast<uint16_t>(),
-               bits.ReinterpretCast<uint16_t>(), t_.capPad / 16);
-            lookups_ += head.GetValue(0);
-            hits_ += head.GetValue(1);
-            misses_ += head.GetValue(2);
-            for (uint32_t c = p; c < t_.numChunks; c += split_)
-                missRuns_.len[c] = static_cast<uint32_t>(head.GetValue(avsg::kPlanPartHead + c));
+            Or(ctx_.hitBits_.ReinterpretCast<uint16_t>(), ctx_.hitBits_.ReinterpretCast<uint16_t>(),
+               bits.ReinterpretCast<uint16_t>(), ctx_.t_.capPad / 16);
+            ctx_.lookups_ += head.GetValue(0);
+            ctx_.hits_ += head.GetValue(1);
+            ctx_.misses_ += head.GetValue(2);
+            for (uint32_t c = p; c < ctx_.t_.numChunks; c += ctx_.split_)
+                classify_.missRuns_.len[c] = static_cast<uint32_t>(head.GetValue(avsg::kPlanPartHead + c));
             PipeBarrier<PIPE_V>();
             Sync<HardEvent::V_S>();
         }
     }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
+    PlanBlockProbe& probe_;
+    PlanBlockHashMatch& hashMatch_;
+    PlanBlockClassify& classify_;
 };
 
 }  // namespace avsg_kernel

@@ -9,45 +9,47 @@
 
 namespace avsg_kernel {
 
-class PlanBlockStash : public PlanBlockMerge {
-protected:
+class PlanBlockStash {
+public:
+    __aicore__ inline explicit PlanBlockStash(PlanContext& ctx, PlanBlockProbe& probe, PlanBlockMerge& merge)
+        : ctx_(ctx), probe_(probe), merge_(merge) {}
     // Hash plan: the stash, compacted (every entry live), sorted in runs of nc entries by key with
     // payload (k << 16) | slot, into the workspace; MergeMisses merges it with the sorted misses.
     // Keys are clamped to [-1, 2^24] (exact in float; no selection reaches 2^24) and slots to
     // [0, S-1], as the lookup clamps them; k < S <= 2^15 keeps the payload positive.
     __aicore__ inline void BuildStashRuns() {
-        const uint32_t nc = t_.nc;
+        const uint32_t nc = ctx_.t_.nc;
         const uint32_t runs = (stashCount_ + nc - 1) / nc;
         Sync<HardEvent::S_V>();                   // CompactStash's scalar writes of the windows
         for (uint32_t q = 0; q < runs; ++q) {
             const uint32_t base = q * nc, n = MinU(nc, stashCount_ - base);
-            CopySection(win_[avsg::SEC_SK], base, n, vKey_);
-            CopySection(win_[avsg::SEC_SS], base, n, vSlot_);
-            Adds(vT1_, vLane_, static_cast<int32_t>(base), n);   // stash index k
+            ctx_.CopySection(ctx_.win_[avsg::SEC_SK], base, n, ctx_.vKey_);
+            ctx_.CopySection(ctx_.win_[avsg::SEC_SS], base, n, ctx_.vSlot_);
+            Adds(ctx_.vT1_, ctx_.vLane_, static_cast<int32_t>(base), n);   // stash index k
             PipeBarrier<PIPE_V>();
-            ClampInts(vKey_, -1, static_cast<int32_t>(avsg::kMaxPosition), n);
-            ClampInts(vSlot_, 0, SlotMax(), n);
-            ShiftLeft(vT1_, vT1_, 16, n);
+            ctx_.ClampInts(ctx_.vKey_, -1, static_cast<int32_t>(avsg::kMaxPosition), n);
+            ctx_.ClampInts(ctx_.vSlot_, 0, ctx_.SlotMax(), n);
+            ShiftLeft(ctx_.vT1_, ctx_.vT1_, 16, n);
             PipeBarrier<PIPE_V>();
-            Add(vSlot_, vSlot_, vT1_, n);
+            Add(ctx_.vSlot_, ctx_.vSlot_, ctx_.vT1_, n);
             PipeBarrier<PIPE_V>();
-            LocalTensor<uint32_t> pay = vSlot_.ReinterpretCast<uint32_t>();
-            SortAscending(vKey_, n, &pay);
+            LocalTensor<uint32_t> pay = ctx_.vSlot_.ReinterpretCast<uint32_t>();
+            merge_.SortAscending(ctx_.vKey_, n, &pay);
             Sync<HardEvent::V_MTE3>();
-            StoreInts(wsGm_[t_.wsResKeyOff + q * nc], sOutV_.template ReinterpretCast<int32_t>(), n);
-            StoreInts(wsGm_[t_.wsResSlotOff + q * nc], sOutI_.template ReinterpretCast<int32_t>(), n);
+            StoreInts(ctx_.wsGm_[ctx_.t_.wsResKeyOff + q * nc], ctx_.sOutV_.template ReinterpretCast<int32_t>(), n);
+            StoreInts(ctx_.wsGm_[ctx_.t_.wsResSlotOff + q * nc], ctx_.sOutI_.template ReinterpretCast<int32_t>(), n);
             Sync<HardEvent::MTE3_V>();
             stashRuns_.len[q] = n;
         }
-        Configure(stashRuns_, runs, t_.wsResKeyOff, t_.wsResSlotOff, false, 1, 2, 1);
+        merge_.Configure(stashRuns_, runs, ctx_.t_.wsResKeyOff, ctx_.t_.wsResSlotOff, false, 1, 2, 1);
     }
     // Stash lookup of v (ascending over calls): the slot of the first stash entry (lowest k, the
     // payload's high half) whose key is v, or -1.
     __aicore__ inline int32_t StashSlot(int32_t v) {
         PlanMerger& g = stashRuns_;
-        while (g.has && g.key < v) Advance(g);
+        while (g.has && g.key < v) merge_.Advance(g);
         int32_t first = -1;
-        for (; g.has && g.key == v; Advance(g))
+        for (; g.has && g.key == v; merge_.Advance(g))
             if (first < 0 || g.val < first) first = g.val;
         return first < 0 ? -1 : (first & 0xFFFF);
     }
@@ -57,51 +59,51 @@ protected:
     // entry would alternate between the window being read (k) and the one written (c < k) at
     // every entry once one entry was dropped, a window reload each time with small stash windows.
     __aicore__ inline void CompactStash() {
-        const uint32_t nc = t_.nc, W = Wide();
-        Win& sk = win_[avsg::SEC_SK];
-        Win& ss = win_[avsg::SEC_SS];
-        const LocalTensor<int32_t> keys = vKey_, slots = vSlot_, liveKeys = vFoundI_, liveSlots = vFirst_;
+        const uint32_t nc = ctx_.t_.nc, W = probe_.Wide();
+        Win& sk = ctx_.win_[avsg::SEC_SK];
+        Win& ss = ctx_.win_[avsg::SEC_SS];
+        const LocalTensor<int32_t> keys = ctx_.vKey_, slots = ctx_.vSlot_, liveKeys = ctx_.vFoundI_, liveSlots = ctx_.vFirst_;
         uint32_t c = 0;
         for (uint32_t base = 0; base < stashCount_; base += nc) {
             const uint32_t n = MinU(nc, stashCount_ - base);
             Sync<HardEvent::S_V>();               // scalar writes of the windows / reads of the lists
             PipeBarrier<PIPE_V>();
-            CopySection(sk, base, n, keys);
-            CopySection(ss, base, n, slots);
-            Duplicate(wIdx_, 0, W);
+            ctx_.CopySection(sk, base, n, keys);
+            ctx_.CopySection(ss, base, n, slots);
+            Duplicate(ctx_.wIdx_, 0, W);
             PipeBarrier<PIPE_V>();
-            Adds(wIdx_, slots, 0, n);
+            Adds(ctx_.wIdx_, slots, 0, n);
             PipeBarrier<PIPE_V>();
-            ClampInts(wIdx_, 0, SlotMax(), n);
-            SplitIdx(win_[avsg::SEC_SP], wIdx_);
-            MatchBits(win_[avsg::SEC_SP], keys, false, mOwn_);   // first nc bits: live
+            ctx_.ClampInts(ctx_.wIdx_, 0, ctx_.SlotMax(), n);
+            probe_.SplitIdx(ctx_.win_[avsg::SEC_SP], ctx_.wIdx_);
+            probe_.MatchBits(ctx_.win_[avsg::SEC_SP], keys, false, ctx_.mOwn_);   // first nc bits: live
             uint64_t cnt = 0, cnt2 = 0;
-            GatherMask(liveKeys, keys, U32(mOwn_), true, n, GatherMaskParams(1, 1, 8, 0), cnt);
-            GatherMask(liveSlots, slots, U32(mOwn_), true, n, GatherMaskParams(1, 1, 8, 0), cnt2);
+            GatherMask(liveKeys, keys, ctx_.U32(ctx_.mOwn_), true, n, GatherMaskParams(1, 1, 8, 0), cnt);
+            GatherMask(liveSlots, slots, ctx_.U32(ctx_.mOwn_), true, n, GatherMaskParams(1, 1, 8, 0), cnt2);
             Sync<HardEvent::V_S>();
             if (c == base && static_cast<uint32_t>(cnt) == n) {   // nothing dropped so far
                 c += n;
                 continue;
             }
             for (uint32_t q = 0; q < static_cast<uint32_t>(cnt); ++q, ++c) {
-                Put(sk, c, liveKeys.GetValue(q));
-                Put(ss, c, liveSlots.GetValue(q));
+                ctx_.Put(sk, c, liveKeys.GetValue(q));
+                ctx_.Put(ss, c, liveSlots.GetValue(q));
             }
         }
         for (uint32_t k = c; k < stashCount_; ++k) {
-            Put(sk, k, -1);
-            Put(ss, k, 0);
+            ctx_.Put(sk, k, -1);
+            ctx_.Put(ss, k, 0);
         }
         stashCount_ = c;
     }
     __aicore__ inline void AppendPending(uint32_t r, uint32_t m) {
-        for (uint32_t j0 = 0; j0 < m; j0 += t_.nc) {
-            const uint32_t n = LoadMisses(r, j0, m);
+        for (uint32_t j0 = 0; j0 < m; j0 += ctx_.t_.nc) {
+            const uint32_t n = ctx_.LoadMisses(r, j0, m);
             for (uint32_t q = 0; q < n; ++q) {
-                if (!WordBit(pendBits_, j0 + q)) continue;
-                if (stashCount_ >= t_.capacity) return;   // full: only a corrupted state gets here
-                Put(win_[avsg::SEC_SK], stashCount_, vWant_.GetValue(q));
-                Put(win_[avsg::SEC_SS], stashCount_, vMS_.GetValue(q));
+                if (!ctx_.WordBit(ctx_.pendBits_, j0 + q)) continue;
+                if (stashCount_ >= ctx_.t_.capacity) return;   // full: only a corrupted state gets here
+                ctx_.Put(ctx_.win_[avsg::SEC_SK], stashCount_, ctx_.vWant_.GetValue(q));
+                ctx_.Put(ctx_.win_[avsg::SEC_SS], stashCount_, ctx_.vMS_.GetValue(q));
                 ++stashCount_;
             }
         }
@@ -109,7 +111,7 @@ protected:
     // After the insert: misses no probe bucket took go to the stash, stale entries out first.
     __aicore__ inline void StashPending(uint32_t r, uint32_t m) {
         bool pending = false;
-        for (uint32_t w = 0; w < t_.pendWords && !pending; ++w) pending = pendBits_.GetValue(w) != 0;
+        for (uint32_t w = 0; w < ctx_.t_.pendWords && !pending; ++w) pending = ctx_.pendBits_.GetValue(w) != 0;
         if (stashCount_ > 0 || pending) {
             CompactStash();
             AppendPending(r, m);
@@ -117,12 +119,17 @@ protected:
     }
     // stash_count from the header, clamped to [0, S] whatever the state holds.
     __aicore__ inline void LoadStashCount() {
-        const int32_t count = countUb_.GetValue(0);
-        stashCount_ = count < 0 ? 0u : MinU(static_cast<uint32_t>(count), t_.capacity);
+        const int32_t count = ctx_.countUb_.GetValue(0);
+        stashCount_ = count < 0 ? 0u : MinU(static_cast<uint32_t>(count), ctx_.t_.capacity);
     }
 
     PlanMerger stashRuns_;                   // the sorted stash (hash plan), runs 0 when empty
     uint32_t stashCount_ = 0;
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
+    PlanBlockProbe& probe_;
+    PlanBlockMerge& merge_;
 };
 
 }  // namespace avsg_kernel

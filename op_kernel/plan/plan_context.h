@@ -1,28 +1,32 @@
 // plan_context.h: what one core of a plan kernel holds while it plans rows: the tiling, the GM
 // tensors, every UB buffer (carved once from avsg::PlanUbLayout, the layout the host budgets
 // with), the aliases the blocks use, the section windows of the current row, and the row's
-// framing (header check, rejection, stats counters). The block-level pieces (plan_block_*.h)
-// derive from it one after another; PlanKernel (plan_kernel.h) is the last of them.
+// framing (header check, rejection, stats counters). The block-level pieces (plan_block_*.h) are
+// given a reference to it (and to the blocks they call); PlanKernel (plan_kernel.h) owns it and
+// them.
 // UB: allocates all of it (CarveUb); writes hitBits_, headerUb_ and scalarUb_ at a row's start.
 //
 // Names: `r` is a host row (request) of the batch, `s` a slot of the row's buffer, a position
 // (request-relative) is `pos` or `p`; vectors are vX_ (nc lanes), wX_ (kPlanProbes * nc lanes),
 // masks mX_, bitmaps xBits_.
 #pragma once
-#include "../kernel_tools.h"
+#include "../drop_block.h"
 #include "plan_policy.h"
 #include "plan_ub_layout.h"
 
 namespace avsg_kernel {
 
 class PlanContext {
-protected:
+public:
     // GM views of the launch's tensors; the workspace slice of this core.
-    __aicore__ inline void BindGm(GM_ADDR topk, GM_ADDR seq, GM_ADDR state, GM_ADDR stats, GM_ADDR slots,
-                                  GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts, GM_ADDR workspace) {
+    // validLens: read only when the tiling says the launch has them (dropPast).
+    __aicore__ inline void BindGm(GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens, GM_ADDR state, GM_ADDR stats,
+                                  GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts,
+                                  GM_ADDR workspace) {
         const uint64_t R = t_.rows, N = t_.N;
         topkGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(topk), R * N);
         seqGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(seq), R);
+        if (t_.dropPast) lensGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(validLens), R);
         stateGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(state), R * t_.width);
         statsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(stats), R * 4);
         // the outputs at their padded pitches (op_host/plan_tiling.h): a row's granules are its own
@@ -227,7 +231,8 @@ protected:
         Sync<HardEvent::MTE3_MTE2>();
     }
     // Row start, owner and helpers alike: windows bound, seq_len and header loaded, hit bitmap
-    // cleared; false if the header does not match (the row is left alone). Sets the lookup bound.
+    // cleared; false if the header does not match (the row is left alone). Sets the lookup bound
+    // (and, with valid lengths, the drop's limit).
     __aicore__ inline bool StartRow(uint32_t r) {
         BindRow(r);
         missChunk_ = -1;
@@ -245,6 +250,12 @@ protected:
         if (t_.maxContext && seq > static_cast<int32_t>(t_.maxContext)) seq = static_cast<int32_t>(t_.maxContext);
         boundF_ = static_cast<float>(seq);
         lookups_ = hits_ = misses_ = 0;
+        if (t_.dropPast) {                        // the row's valid length, once seq_len is read
+            Sync<HardEvent::S_MTE2>();
+            LoadInts(scalarUb_, lensGm_[r], 1, 0);
+            Sync<HardEvent::MTE2_S>();
+            dropLimitF_ = DropLimit(scalarUb_.GetValue(0));
+        }
         return true;
     }
     // Hits are marked in a byte map by the scalar unit (MarkHits: one store per hit, two hit
@@ -289,7 +300,7 @@ protected:
     }
 
     PlanTiling t_;
-    GlobalTensor<int32_t> topkGm_, seqGm_, stateGm_, slotsGm_, missPosGm_, missSlotsGm_, missCountsGm_, wsGm_;
+    GlobalTensor<int32_t> topkGm_, seqGm_, lensGm_, stateGm_, slotsGm_, missPosGm_, missSlotsGm_, missCountsGm_, wsGm_;
     GlobalTensor<int64_t> statsGm_;
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
@@ -312,6 +323,7 @@ protected:
     LocalTensor<int64_t> statsUb_;
     LocalTensor<int32_t> scalarUb_, headerUb_, countUb_;
     float boundF_ = 0.0f;
+    float dropLimitF_ = 0.0f;                // clamp(valid_len, -1, 2^24) when the tiling has dropPast
     __gm__ int32_t* wsBase_ = nullptr;
     GlobalTensor<int32_t> rowWs_;                 // the row's workspace: the owner core's slice
     uint32_t split_ = 1, part_ = 0;           // lookup parts of a row (1: not split), this core's part

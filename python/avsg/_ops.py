@@ -73,7 +73,7 @@ def _padded_counts(like, R: int):
 
 
 def _plan_fake(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy=0,
-               max_context=0):
+               max_context=0, valid_lens=None):
     R, T, K = topk_pos.shape
     return (_padded_rows(topk_pos, R, T * K).view(R, T, K), _padded_rows(topk_pos, R, T * K),
             _padded_rows(topk_pos, R, T * K), _padded_counts(topk_pos, R))
@@ -110,8 +110,15 @@ TENSOR_ARGS = {
 }
 
 
+# Optional tensor arguments after the ints: (position in the schema, name).
+TRAILING_TENSOR_ARGS = {"plan": (9, "valid_lens"), "plan_dual_pointer": (9, "valid_lens")}
+
+
 def _named_tensors(op: str, args, kwargs=None):
     pairs = list(zip(TENSOR_ARGS[op], args)) + list((kwargs or {}).items())
+    if op in TRAILING_TENSOR_ARGS and len(args) > TRAILING_TENSOR_ARGS[op][0]:
+        index, name = TRAILING_TENSOR_ARGS[op]
+        pairs.append((name, args[index]))
     for name, value in pairs:
         if isinstance(value, (list, tuple)):
             for i, t in enumerate(value):
@@ -164,10 +171,10 @@ torch.library.register_fake("avsg::calibrate")(_device_checked("calibrate", _cal
 
 def _plan_ref(matcher):
     def impl(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy=0,
-             max_context=0):
+             max_context=0, valid_lens=None):
         return reference.plan(state, stats, topk_pos, seq_lens,
                               _layout(capacity, buckets, max_context, policy), lifetime, matcher=matcher,
-                              policy=reference.POLICY_NAMES[policy])
+                              policy=reference.POLICY_NAMES[policy], valid_lens=valid_lens)
     return impl
 
 

@@ -293,13 +293,17 @@ class SparseKVBuffer:
 
     # -------------------------------------------------------------------------------- ops
     def plan(self, topk_pos: torch.Tensor, seq_lens: torch.Tensor, check: Optional[bool] = None,
-             matcher: str = "hash") -> Plan:
+             matcher: str = "hash", valid_lens: Optional[torch.Tensor] = None) -> Plan:
         """Match ``topk_pos`` int32 ``[R, T, K]`` (-1 = none) against the buffer; ``seq_lens``
         int32 ``[R]`` (at most ``max_context``, when given, if checked). ``matcher="dual_pointer"`` runs the sort + merge baseline instead of the
-        hash index (same results)."""
+        hash index (same results). ``valid_lens`` int32 ``[R]`` (optional): first drop every
+        entry whose position is ``>= valid_lens[row]``, as ``invalidate(valid_lens)`` would, in
+        the same launch (equal to ``invalidate`` then ``plan``)."""
         shape = (self.rows, self.queries_per_step, self.topk)
         require_tensor("topk_pos", topk_pos, torch.int32, shape, self.device)
         require_tensor("seq_lens", seq_lens, torch.int32, (self.rows,), self.device)
+        if valid_lens is not None:
+            require_tensor("valid_lens", valid_lens, torch.int32, (self.rows,), self.device)
         require_bool("check", check, optional=True)
         if matcher not in ("hash", "dual_pointer"):
             raise ValueError(f"matcher: expected 'hash' or 'dual_pointer', got {matcher!r}")
@@ -314,7 +318,7 @@ class SparseKVBuffer:
                                      f"max_context = {self._state_context}")
             (slots, miss_pos, miss_slots, miss_counts), source, generation = self._apply(
                 op, topk_pos, seq_lens, self.state, self.stats_counts, self.capacity,
-                self.hash_buckets, self.lifetime, self._policy_id, self._state_context)
+                self.hash_buckets, self.lifetime, self._policy_id, self._state_context, valid_lens)
             self._expect_copies(generation, miss_slots, miss_pos,
                                 (miss_pos, miss_slots, miss_counts))
         finally:
@@ -325,7 +329,8 @@ class SparseKVBuffer:
              copy: Callable[[Plan], object], drop_from: Optional[torch.Tensor] = None) -> Plan:
         """One decode layer's whole buffer work, under one hold and one generation: drop every
         entry whose position is ``>= drop_from[row]`` (int32 ``[R]``; rejected drafts and
-        rewritten positions; ``None``: nothing), plan ``topk_pos`` against what is left, and
+        rewritten positions; ``None``: nothing), plan ``topk_pos`` against what is left (drop
+        and plan are one launch: the plan's ``valid_lens``), and
         ``copy(plan)``: the caller's copy of the plan's misses into their slots (``copy_misses``
         for the package's own gather, or the caller's own kernel). Only when ``copy`` returns
         are the misses resident; if it raises, the plan's reservations are dropped before the
@@ -343,15 +348,10 @@ class SparseKVBuffer:
             raise TypeError(f"copy: expected a callable plan -> None, got {type(copy).__name__}")
         held = self._hold("step")
         try:
-            def drop_and_plan():
-                if drop_from is not None:
-                    torch.ops.avsg.invalidate(self.state, drop_from, self.capacity,
-                                              self.hash_buckets, self._state_context)
-                return torch.ops.avsg.plan(topk_pos, seq_lens, self.state, self.stats_counts,
-                                           self.capacity, self.hash_buckets, self.lifetime,
-                                           self._policy_id, self._state_context)
-            (slots, miss_pos, miss_slots, miss_counts), source, generation = \
-                self._apply(drop_and_plan)
+            (slots, miss_pos, miss_slots, miss_counts), source, generation = self._apply(
+                torch.ops.avsg.plan, topk_pos, seq_lens, self.state, self.stats_counts,
+                self.capacity, self.hash_buckets, self.lifetime, self._policy_id,
+                self._state_context, drop_from)
             self._expect_copies(generation, miss_slots, miss_pos,
                                 (miss_pos, miss_slots, miss_counts))
             plan = Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity, source,

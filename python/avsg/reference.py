@@ -190,6 +190,8 @@ MTP: the ``T`` query tokens of a row are one set of lookups against one table, s
 that selects what an earlier token missed shares the reserved slot (invariant 2) and the position
 is fetched once. ``invalidate(valid_lens)`` frees every slot whose position is ``>= valid_lens``:
 speculative positions can never produce a false hit, because residency is ``slot_pos`` itself.
+``plan(..., valid_lens=...)`` runs that drop at the start of the step, in the same launch (the
+serving path's one launch per layer and pass): equal to ``invalidate`` then ``plan``.
 
 Residency policies
 ------------------
@@ -563,7 +565,12 @@ def invalidate(state: torch.Tensor, layout: Layout, valid_lens: torch.Tensor) ->
     selected are kept (they are real positions, selected by a real indexer query), and so is
     the heat (it halves every step; a block's heat is shared with valid positions)."""
     check_header(state, layout)
-    v = view_state(state, layout)
+    _drop_past(view_state(state, layout), layout, valid_lens)
+
+
+def _drop_past(v: StateView, layout: Layout, valid_lens: torch.Tensor) -> None:
+    """invalidate's drop, on a state whose header was checked (``plan(valid_lens=...)`` runs it
+    first, after its own, stricter check)."""
     limit = valid_lens.to(torch.int64).clamp(-1, MAX_POSITION).to(torch.int32)
     drop = v.slot_pos >= limit[:, None]
     v.slot_pos.masked_fill_(drop, -1)
@@ -1089,12 +1096,18 @@ def _reuse_install(v: StateView, layout: Layout, miss_pos: torch.Tensor,
 
 def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
          seq_lens: torch.Tensor, layout: Layout, lifetime: int, matcher: str = "hash",
-         policy: str = "lifetime"):
+         policy: str = "lifetime", valid_lens: Optional[torch.Tensor] = None):
     """One step for every row. Returns ``(slots, miss_pos, miss_slots, miss_counts)``.
 
     ``matcher="hash"`` is the AVSG index; ``"dual_pointer"`` is the sort + merge baseline.
     Both give the same outputs and leave the same state: only the matching differs.
     ``policy`` picks the victims (module docstring, "Residency policies").
+
+    ``valid_lens`` (int32 ``[R]``, optional): the step first drops every slot whose position is
+    ``>= valid_lens[row]``, exactly as ``invalidate(state, layout, valid_lens)`` would, so one
+    launch does what invalidate-then-plan did. The result is theirs, state and outputs, whenever
+    this plan accepts the state; when it does not (a header that fails plan's stricter check),
+    it raises before it writes anything, where invalidate alone would have dropped.
     """
     R, T, K = topk_pos.shape
     N = T * K
@@ -1104,6 +1117,8 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     lru = policy == "lru"
     check_header(state, layout, lifetime, policy, min_active=N)
     v = view_state(state, layout)
+    if valid_lens is not None:
+        _drop_past(v, layout, valid_lens)
     # victims only below the active capacity (resize): slots at or past it stay as they are
     beyond = torch.arange(S, device=dev)[None, :] >= state[:, HEADER_ACTIVE].long()[:, None]
     # whatever the state holds: counts into range, padding slots free (module docstring)

@@ -15,8 +15,10 @@ from avsg import backend
 from . import REPO
 
 STUBS = os.path.join(REPO, "tests", "npu", "npu_stubs")
-NPU_HOST_FILES = ["op_host/plan_host.cpp", "op_host/gather_host.cpp", "op_host/calibrate_host.cpp",
-                  "op_host/npu/host_pool.cpp", "op_host/npu/host_register.cpp", "op_host/npu/split_launch.cpp"]
+NPU_HOST_FILES = ["op_host/plan_host.cpp", "op_host/invalidate_host.cpp", "op_host/reset_host.cpp",
+                  "op_host/resize_host.cpp", "op_host/state_host.cpp", "op_host/gather_host.cpp",
+                  "op_host/calibrate_host.cpp", "op_host/npu/host_pool.cpp", "op_host/npu/host_register.cpp",
+                  "op_host/npu/split_launch.cpp"]
 
 
 def compile_npu_unit(path, *flags):

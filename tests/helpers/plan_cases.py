@@ -59,13 +59,15 @@ class Twin:
         self.state = self.ref_state.clone().to(device)
         self.stats = self.ref_stats.clone().to(device)
 
-    def plan(self, topk, seq):
+    def plan(self, topk, seq, valid_lens=None):
+        """``valid_lens``: the plan drops what invalidate(valid_lens) would first, in its launch."""
         op = torch.ops.avsg.plan if self.matcher == "hash" else torch.ops.avsg.plan_dual_pointer
+        lens = None if valid_lens is None else valid_lens.to(self.device)
         got = op(topk.to(self.device), seq.to(self.device), self.state, self.stats, self.S, self.H,
-                 self.L, self.policy_id, self.C)
+                 self.L, self.policy_id, self.C, lens)
         got = tuple(t.cpu() for t in got)
         want = reference.plan(self.ref_state, self.ref_stats, topk, seq, self.layout, self.L,
-                              matcher=self.matcher, policy=self.policy)
+                              matcher=self.matcher, policy=self.policy, valid_lens=valid_lens)
         for name, a, b in zip(OUT_NAMES, got, want):
             assert a.dtype == b.dtype and torch.equal(a, b), f"{name} differs from the reference"
         self.check()
@@ -117,18 +119,37 @@ geometry = st.tuples(
 )
 
 
-session = st.lists(st.sampled_from(["plan"] * 6 + ["invalidate", "reset"]), min_size=1,
-                   max_size=10)
+session = st.lists(st.sampled_from(["plan"] * 5 + ["plan_drop", "invalidate", "reset"]),
+                   min_size=1, max_size=10)
+
+
+def valid_lens_near(gen, seq, T, state=None, layout=None):
+    """Valid lengths for a drop: around the lengths (rejected drafts, rewritten positions), and
+    with ``state`` sometimes exactly a position a row holds (the limit drops it), or far out of
+    range either way (clamped: everything or nothing dropped)."""
+    R = seq.shape[0]
+    lens = seq - torch.randint(-2, T + 3, (R,), generator=gen, dtype=I32)
+    pick = torch.rand(R, generator=gen)
+    if state is not None:
+        held = reference.view_state(state, layout).slot_pos[:, :layout.capacity]
+        for r in range(R):
+            live = held[r][held[r] >= 0]
+            if pick[r] < 0.3 and live.numel():
+                lens[r] = live[int(torch.randint(0, live.numel(), (1,), generator=gen))]
+    extreme = torch.tensor([-(1 << 31), -7, -1, 0, reference.MAX_POSITION, (1 << 31) - 1], dtype=I32)
+    wild = extreme[torch.randint(0, extreme.numel(), (R,), generator=gen)]
+    return torch.where(pick > 0.9, wild, lens)
 
 
 def run_session(twin, ops, seed, R, T, K, S):
-    """Drive a twin through a drawn sequence of plan / invalidate / reset calls."""
+    """Drive a twin through a drawn sequence of plan / plan with a drop / invalidate / reset."""
     gen = torch.Generator().manual_seed(seed)
     seq = torch.randint(1, 4 * S + 8, (R,), generator=gen, dtype=I32)
     for op in ops:
-        if op == "plan":
+        if op in ("plan", "plan_drop"):
+            lens = valid_lens_near(gen, seq, T, twin.ref_state, twin.layout) if op == "plan_drop" else None
             seq = seq + torch.randint(0, T + 1, (R,), generator=gen, dtype=I32)
-            twin.plan(draw(gen, R, T, K, seq, hot=2 * T * K), seq)
+            twin.plan(draw(gen, R, T, K, seq, hot=2 * T * K), seq, lens)
         elif op == "invalidate":
             twin.invalidate(seq - torch.randint(-2, T + 3, (R,), generator=gen, dtype=I32))
         else:

@@ -54,8 +54,9 @@ class StrictFastPair:
         assert torch.equal(self.stats["strict"], self.stats["fast"]), "stats differ"
         return results
 
-    def plan(self, topk, seq):
-        out = self._each(lambda st_, stats: self.op(topk, seq, st_, stats, self.S, self.H, self.L))
+    def plan(self, topk, seq, valid_lens=None):
+        out = self._each(lambda st_, stats: self.op(topk, seq, st_, stats, self.S, self.H, self.L,
+                                                    valid_lens=valid_lens))
         for name, a, b in zip(("slots", "miss_pos", "miss_slots", "miss_counts"), out["strict"], out["fast"]):
             assert torch.equal(a, b), f"{name} differs between the strict and the fast build"
         return out["strict"]
@@ -71,9 +72,10 @@ def run_session(pair, ops, seed, R, T, K, S):
     gen = torch.Generator().manual_seed(seed)
     seq = torch.randint(1, 4 * S + 8, (R,), generator=gen, dtype=I32)
     for op in ops:
-        if op == "plan":
+        if op in ("plan", "plan_drop"):            # plan_drop: the drop folded into the plan
+            lens = seq - torch.randint(-2, T + 3, (R,), generator=gen, dtype=I32) if op == "plan_drop" else None
             seq = seq + torch.randint(0, T + 1, (R,), generator=gen, dtype=I32)
-            pair.plan(draw(gen, R, T, K, seq, hot=2 * T * K), seq)   # -1 padding, repeats, junk
+            pair.plan(draw(gen, R, T, K, seq, hot=2 * T * K), seq, lens)   # -1 padding, repeats, junk
         elif op == "invalidate":
             pair.invalidate(seq - torch.randint(-2, T + 3, (R,), generator=gen, dtype=I32))
         else:
@@ -89,7 +91,8 @@ geometry = st.tuples(
     st.sampled_from([1.0, 1.3, 2.0, 4.0]),               # S / (T*K)
     st.integers(1, 20),                                  # L
 )
-session = st.lists(st.sampled_from(["plan"] * 5 + ["invalidate", "reset"]), min_size=2, max_size=8)
+session = st.lists(st.sampled_from(["plan"] * 4 + ["plan_drop", "invalidate", "reset"]), min_size=2,
+                   max_size=8)
 
 
 @settings(max_examples=80, deadline=None,
@@ -321,7 +324,7 @@ FAST_SYNC_CPP = ROOT / "tests" / "kernels" / "emulation" / "cpp" / "fast_syncall
 def fast_sync_binary(tmp_path_factory):
     exe = tmp_path_factory.mktemp("fast_sync") / "fast_syncall"
     cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O1", "-pthread", "-DAVSG_EMU_FAST=1",
-           f"-I{ROOT / 'op_kernel' / 'cpu'}", str(FAST_SYNC_CPP), "-o", str(exe)]
+           f"-I{ROOT / 'emulation'}", str(FAST_SYNC_CPP), "-o", str(exe)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return exe

@@ -65,7 +65,7 @@ def test_launch_config_is_batch_mode_and_the_timeout(tmp_path):
     assert out["cfg_timeout"] == "45 id=7"
     assert "cfg_other" not in out
     assert out["cfg_attrs_inside"] == "1"
-    assert out["args_bytes"] == str(10 * 8)
+    assert out["args_bytes"] == str(11 * 8)
     # the binary is loaded as the ascendc_library stub loads an AIV-only kernel's ELF:
     # ACL_RT_BINARY_LOAD_OPT_MAGIC (2) = ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE
     assert out["load_options"] == "1 type=2 magic=0x41415246"
@@ -83,11 +83,13 @@ def test_the_split_args_follow_the_kernel_entry():
     host = open(os.path.join(ROOT, "op_host", "plan_host.cpp")).read()
     launch = re.search(r"npu::PlanSplitArgs args\{(.*?)\};", host, re.S).group(1)
     order = [re.match(r"\s*(\w+)\.data_ptr\(\)", a).group(1) for a in launch.split(",")]
-    assert order == ["topk_pos", "seq_lens", "state", "stats", "slots", "miss_pos", "miss_slots", "miss_counts",
-                     "workspace", "tl"]
-    # the stub launch passes the same tensors in the same order
-    stub = re.search(r"ACLRT_LAUNCH_KERNEL\(avsg_plan\)\(\s*blockDim, stream, (.*?)\)\);", host, re.S).group(1)
-    assert [re.match(r"\s*(\w+)\.data_ptr\(\)", a).group(1) for a in stub.split(",")] == order
+    assert order == ["topk_pos", "seq_lens", "valid_lens", "state", "stats", "slots", "miss_pos", "miss_slots",
+                     "miss_counts", "workspace", "tl"]
+    # the stub launch (kernel_launch.h's LaunchKernel: tensors, then the tiling) passes the same
+    # tensors in the same order
+    stub = re.search(r"LaunchKernel\(op, .*?AVSG_KERNEL\(avsg_plan, plan\),\s*blockDim, tiling, (.*?)\);", host,
+                     re.S).group(1)
+    assert [a.strip() for a in stub.split(",")] + ["tl"] == order
 
 
 def test_doctor_names_the_same_variables_and_default():

@@ -4,7 +4,9 @@
   forward pass; each layer of a pass makes one call into the serving core (``manager.step``) and
   that makes one call into the buffer (``SparseKVBuffer.step``: drop + plan + copy), and nothing
   else reaches the buffer (no separate ``plan``, ``invalidate`` or ``gather``; the engine's
-  invalidations are recorded, not launched); prefill passes plan nothing.
+  invalidations are recorded, not launched); prefill passes plan nothing. The op launches are
+  counted where they are dispatched (``torch.ops.avsg.*``): per layer and pass one plan, which
+  carries the drop (``valid_lens``), and no invalidate (issue 43).
 * Outputs: the tokens and logits equal the device store's bit for bit, and every row attention
   reads through the store's slots equals the host pool's row at the selected position (the KV
   bytes), on every retrieve.
@@ -20,6 +22,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from avsg import buffer as avsg_buffer
 
@@ -49,6 +52,23 @@ def _engine(model, store_cls, mtp, prompts, write_through=False):
         store = store_cls(dataclasses.replace(store.spec, write_through=write_through))
         engine.store = store
     return engine, store
+
+
+class OpLaunches(TorchDispatchMode):
+    """Every ``torch.ops.avsg`` launch, where it is dispatched, into ``log``: ``("launch", op,
+    whether a plan got valid_lens)``."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "avsg":
+            name = func._schema.name.split("::")[1]
+            lens = kwargs.get("valid_lens", args[9] if len(args) > 9 else None)
+            self.log.append(("launch", name, name.startswith("plan") and lens is not None))
+        return func(*args, **kwargs)
 
 
 class CallLog:
@@ -104,7 +124,7 @@ class CallLog:
         for event in self.events:
             if event[0] == "pass":
                 out.append((event[1], event[2], []))
-            elif event[0] == "buffer.reset" and not out:
+            elif (event[0] == "buffer.reset" or event[:2] == ("launch", "reset")) and not out:
                 continue                # admissions before the first pass
             else:
                 assert out, f"{event} before any forward pass"
@@ -120,8 +140,10 @@ def test_calls_per_pass_and_per_layer(tiny_model, monkeypatch, mtp, prompts):  #
     engine, store = _engine(tiny_model, AVSGStore, mtp, prompts)
     log = CallLog(tiny_model, store, monkeypatch)
     requests = _requests(config, prompts)
-    steps = len(engine.run(requests))
+    with OpLaunches(log.events):
+        steps = len(engine.run(requests))
     totals = collections.Counter(e[0] for e in log.events)
+    launches = collections.Counter(e[1] for e in log.events if e[0] == "launch")
     passes = log.passes()
     expected_layers = {"main": list(range(L)), "mtp": [mtp_layer]}
     for kind, prefill, events in passes:
@@ -137,10 +159,14 @@ def test_calls_per_pass_and_per_layer(tiny_model, monkeypatch, mtp, prompts):  #
         assert not [e for e in events if e[0] == "buffer.step" and not e[2]]
         stepped = [e[1] for e in events if e[0] == "buffer.step"]
         retrieved = [e[1] for e in events if e[0] == "manager.step"]
+        # the pass's launches but the copies and the resets of admissions (between passes): one
+        # plan per layer, the drop inside it
+        ops = [e[1:] for e in events if e[0] == "launch" and e[1] not in ("gather", "reset")]
         if prefill:                     # attention reads the pass's own KV: nothing planned
-            assert stepped == retrieved == []
+            assert stepped == retrieved == ops == []
         else:                           # every layer of the pass once, one buffer call each
             assert stepped == retrieved == expected_layers[kind]
+            assert ops == [("plan", True)] * len(stepped), ops
     decode = [kind for kind, prefill, _ in passes if not prefill]
     verify, mtp_passes = decode.count("main"), decode.count("mtp")
     prefills = len(passes) - len(decode)
@@ -150,7 +176,8 @@ def test_calls_per_pass_and_per_layer(tiny_model, monkeypatch, mtp, prompts):  #
     assert prefills == (len(requests) * (2 if mtp else 1) if prompts else 0)
     assert totals["pass"] == totals["begin_pass"] == totals["manager.begin_step_rtk"] \
         == len(passes)
-    assert totals["buffer.step"] == totals["manager.step"] == verify * L + mtp_passes
+    assert totals["buffer.step"] == totals["manager.step"] == launches["plan"] == verify * L + mtp_passes
+    assert launches["invalidate"] == 0 and set(launches) <= {"plan", "gather", "reset"}
     if mtp:     # the engine drops rejected drafts twice per step (the MTP layer, then all)
         assert totals["manager.invalidate"] >= 2 * steps
 

@@ -29,7 +29,7 @@ repeats, MTE2/MTE3 copies and bytes, synchronisations)::
     avsg.gather(plan, host_kv, buffer_kv)
     c = avsg.backend.last_launch_counters()       # the most recent launch of ANY kernel
     c.total()["mte2_bytes"], c.blocks
-    avsg.backend.estimate_npu_time_us(c)          # cost model of op_kernel/cpu/emu_core.h
+    avsg.backend.estimate_npu_time_us(c)          # cost model of emulation/emu_core.h
 
 ``estimate_npu_time_us`` applies the emulation's first-order cost model (``avsg_emu::estimate``:
 constants in ``cost_model()``, each an assumption documented in ``emu_core.h``): a block's time is

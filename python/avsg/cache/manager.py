@@ -138,11 +138,13 @@ from .residency import NO_LIMIT, Residency
 from .rows import RowTable
 
 RESIDENT_BLOCK_SIZE = 128         # the page size sparse flash attention reads (PA_BSND)
-# The avsg kernels one layer of a serving pass launches (``step`` / ``retrieve``), in order: SparseKVBuffer.step's drop and plan, then PagedKV.copy's gather.
+# The avsg kernels one layer of a serving pass launches (``step`` / ``retrieve``), in order:
+# SparseKVBuffer.step's plan, which carries the drop (its valid_lens), then PagedKV.copy's
+# gather.
 # The decode model prices launches from this tuple (avsg.lab.costmodel.projection.launches_per_layer);
 # tests/integrations/test_serving_launches.py counts the avsg ops a layer step dispatches and
 # holds them equal to it: change both together.
-SERVING_LAUNCHES = ("invalidate", "plan", "gather")
+SERVING_LAUNCHES = ("plan", "gather")
 _MAX_WIDTH = 1 << 16                  # latent / RoPE widths: DeepSeek's are 512 and 64
 _MAX_TOKENS = (1 << 31) - 1           # query_start_loc is int32
 _TOKEN_BYTES = 64                     # what begin_step and retrieve allocate per token, about

@@ -1,4 +1,4 @@
-"""Tests of the strict AscendC CPU emulation (op_kernel/cpu/).
+"""Tests of the strict AscendC CPU emulation (emulation/).
 
 Two C++ sources in tests/kernels/emulation/cpp/ are built once per session (in parallel):
   * runtime_cases.cpp + runtime_cases2.cpp + runtime_cases_hazard.cpp -> one binary; each test runs one named case. "bad_*" cases violate a
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-EMU_DIR = ROOT / "op_kernel" / "cpu"
+EMU_DIR = ROOT / "emulation"
 CPP_DIR = Path(__file__).resolve().parent / "cpp"
 CXX = os.environ.get("CXX", "g++")
 BASE_FLAGS = ["-std=c++17", "-pthread", f"-I{EMU_DIR}", f"-I{CPP_DIR}"]
@@ -175,7 +175,7 @@ RUNTIME = {
     "counters_recorded_on_failure_ok": None,
 }
 
-# Pipe-hazard scoreboard (card §3, §6, §9; op_kernel/cpu/emu_hazard.h): each hazard class has a
+# Pipe-hazard scoreboard (card §3, §6, §9; emulation/emu_hazard.h): each hazard class has a
 # violating mini-kernel and a synchronised control. The message names both APIs and pipes, the
 # UB/GM range and the missing sync.
 _GAP = " or PIPE_ALL barrier in between"

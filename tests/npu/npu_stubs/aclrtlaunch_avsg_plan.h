@@ -3,4 +3,4 @@
 #ifndef ACLRT_LAUNCH_KERNEL
 #define ACLRT_LAUNCH_KERNEL(k) aclrtlaunch_##k
 #endif
-uint32_t aclrtlaunch_avsg_plan(uint32_t, aclrtStream, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*);
+uint32_t aclrtlaunch_avsg_plan(uint32_t, aclrtStream, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*);

@@ -132,7 +132,7 @@ def cube_time_s(profile: Profile, flops: float, bits: int = 8) -> float:
 #
 # The emulation counts, per block and per pipe, the work a launch issued
 # (avsg.backend.last_launch_counters). These turn it into two estimates with the profile's
-# constants (the defaults equal op_kernel/cpu/emu_core.h's CostModel):
+# constants (the defaults equal emulation/emu_core.h's CostModel):
 #   serial-pipe     every pipe of a block runs one after the other (scalar + vector + MTE2 + MTE3
 #                   + sync), the launch takes its slowest block;
 #   overlapped-pipe a block's pipes overlap perfectly (the busiest pipe + sync), slowest block.

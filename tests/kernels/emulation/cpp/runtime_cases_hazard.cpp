@@ -1,4 +1,4 @@
-// Run-time cases for the pipe-hazard scoreboard (op_kernel/cpu/emu_hazard.h, card §3, §6, §9).
+// Run-time cases for the pipe-hazard scoreboard (emulation/emu_hazard.h, card §3, §6, §9).
 // Each hazard class has a violating mini-kernel ("hazard_*_bad", must end with the EmuError the
 // driver expects) and a correctly synchronised control ("hazard_*_ok", must print OK). All cases
 // run strict (CASE = scoreboard on).

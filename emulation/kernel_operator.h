@@ -1,7 +1,7 @@
 // kernel_operator.h — CPU stand-in for CANN's AscendC header (AVSG strict emulation).
 //
 // Kernel sources `#include "kernel_operator.h"`; on the host they are compiled with
-// `-std=c++17 -pthread -I op_kernel/cpu` and get this file, on the NPU the real header.
+// `-std=c++17 -pthread -I emulation` and get this file, on the NPU the real header.
 // Only A2 (910B, dav-c220) AIV APIs are declared (docs/npu.md: each with its public source).
 //
 // Layout:

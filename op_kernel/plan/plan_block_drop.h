@@ -1,0 +1,78 @@
+// plan_block_drop.h: the drop folded into the plan (plan(valid_lens=...), reference.plan): at the
+// start of a row the owner frees every slot whose position is at or past the row's valid length
+// (and, reuse, zeroes those slots' counts and the ghosts of those positions), as invalidate does,
+// but on the section windows the plan holds anyway (whole in UB at S 8192: no extra GM traffic),
+// before anything of the row is read. The vector steps are invalidate's (../drop_block.h).
+// A split row's helpers read slot_pos from GM while the owner drops (its dirty windows may be
+// flushed meanwhile): their lookup ignores every selection at or past the limit (HashLookup),
+// which is exactly what the drop does to hits, so what they read (before or after) cannot matter.
+// UB: vLo_ / vHi_ / vT1_ / vT2_ (idle at a row's start), mA_, scalarUb_; the windows of slot_pos,
+// slot_life and (reuse) slot_count and ghost.
+#pragma once
+#include "../drop_block.h"
+#include "plan_block_split.h"
+
+namespace avsg_kernel {
+
+class PlanBlockDrop {
+public:
+    __aicore__ inline explicit PlanBlockDrop(PlanContext& ctx) : ctx_(ctx) {}
+    template <class Policy>
+    __aicore__ inline void DropPast() {
+        const float limit = ctx_.dropLimitF_;
+        const LocalTensor<float> top = ctx_.scalarUb_.ReinterpretCast<float>();
+        const LocalTensor<int32_t> keep = ctx_.vLo_, notKeep = ctx_.vHi_;
+        Win& sp = ctx_.win_[avsg::SEC_SP];
+        Win& sl = ctx_.win_[avsg::SEC_SL];
+        Win& sc = ctx_.win_[avsg::SEC_SC];
+        // chunks never straddle a window: every paged window is a power of two >= 256
+        uint32_t step = ctx_.t_.nc;
+        const Win* sections[] = {&sp, &sl, &sc};
+        for (const Win* w : sections)
+            if (w->nwin > 1 && w->wlen < step) step = w->wlen;
+        for (uint32_t off = 0; off < ctx_.t_.capacity; off += step) {
+            const uint32_t n = MinU(step, ctx_.t_.capPad - off), real = MinU(n, ctx_.t_.capacity - off);
+            const LocalTensor<int32_t> pos = ctx_.ChunkOf(sp, off);
+            if (!DropTest(pos, keep, ctx_.vT1_.ReinterpretCast<float>(), top, n, real, limit)) continue;
+            const LocalTensor<int32_t> life = ctx_.ChunkOf(sl, off);
+            LocalTensor<int32_t> count;
+            if constexpr (Policy::kReuse) count = ctx_.ChunkOf(sc, off);
+            Duplicate(notKeep.ReinterpretCast<float>(), 0.0f, n);
+            PipeBarrier<PIPE_V>();
+            // padding lanes (past S) may be dropped too: FreePadding writes them the same values
+            DropMask(keep, notKeep, ctx_.mA_, n, limit);
+            DropClear(pos, keep, n);
+            DropClear(life, keep, n);
+            if constexpr (Policy::kReuse) DropClear(count, keep, n);
+            PipeBarrier<PIPE_V>();
+            DropFill(pos, notKeep, n);
+            DropFill(life, notKeep, n);
+            PipeBarrier<PIPE_V>();
+            sp.dirty = sl.dirty = true;
+            if constexpr (Policy::kReuse) sc.dirty = true;
+        }
+        if constexpr (Policy::kReuse) {
+            Win& pc = ctx_.win_[avsg::SEC_PC];
+            for (uint32_t id = 0; id < pc.nwin; ++id) {
+                ctx_.Ensure(pc, static_cast<int32_t>(id));
+                const uint32_t cnt = WinCount(pc, static_cast<int32_t>(id));
+                for (uint32_t off = 0; off < cnt; off += ctx_.t_.nc) {
+                    const uint32_t n = MinU(ctx_.t_.nc, cnt - off);
+                    const LocalTensor<int32_t> ghost = pc.buf[off];
+                    if (!GhostDropTest(ghost, ctx_.vT1_, ctx_.vT2_, keep, notKeep, top, id * pc.wlen + off, n, ctx_.t_.ghostLog,
+                                       limit))
+                        continue;
+                    GhostDropApply(ghost, ctx_.vT1_, keep, notKeep, ctx_.mA_, n, limit);
+                    PipeBarrier<PIPE_V>();
+                    pc.dirty = true;
+                }
+            }
+        }
+        Sync<HardEvent::V_S>();   // the scalar steps that follow read the windows
+    }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
+};
+
+}  // namespace avsg_kernel

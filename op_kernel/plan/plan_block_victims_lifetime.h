@@ -1,0 +1,182 @@
+// plan_block_victims_lifetime.h: the lifetime policy's victim search (step 3), specialised on
+// its policy type: the lowest (life, slot - hand mod S): a level scan from the lowest life up, ties from the hand. The decay pass before it and what the searches share are
+// plan_block_victims.h; the kernel composes VictimSearch<Policy> (plan_kernel.h).
+#pragma once
+#include "plan_block_victims.h"
+
+namespace avsg_kernel {
+
+template <>
+class VictimSearch<PolicyLifetime> {
+public:
+    // every search gets the same pieces (the kernel builds whichever its policy names)
+    __aicore__ inline explicit VictimSearch(PlanContext& ctx, PlanBlockProbe& probe, PlanBlockHeat& heat,
+                                            PlanBlockVictims& victims)
+        : ctx_(ctx), probe_(probe), heat_(heat), victims_(victims) {}
+    // the m victims to miss_slots, each miss installed in its victim as they are found
+    __aicore__ inline void Assign(uint32_t r, uint32_t m) { Allocate(r, m); }
+
+    // Victims in (life, turn) order among life < L, turn = (slot - hand) mod S: per level the
+    // slots [hand, A) then [0, hand), one Compares EQ + GatherMask per chunk (the chunks that
+    // cross an end of the range also mask the slot ids to it: int32 Compares is EQ-only on A2,
+    // so through float), stopping at M -> miss_slots[0:M]. Each chunk's victims are installed
+    // while their slot_life window is resident (miss j takes the j-th victim: slot_pos = its
+    // position, slot_life = L+1, fresh), instead of in a second walk over the windows; a slot
+    // installed at level lv holds L+1, which no later level (< L) matches, so the victims are those of the
+    // decayed state. The hand then moves past the last victim. Where DecayAndPin's half copy of
+    // the lives fits, the compares read it instead (no window moves per level; the installs
+    // write it too, and move the slot_pos / slot_life windows only to where victims are).
+    __aicore__ inline void Allocate(uint32_t r, uint32_t m) {
+        const uint32_t nc = ctx_.t_.nc;
+        const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
+        Win& sl = ctx_.win_[avsg::SEC_SL];
+        constexpr uint32_t kHandWord = avsg::kHeaderHand - avsg::kHeaderStashCount;
+        const int32_t handWord = ctx_.countUb_.GetValue(kHandWord);
+        const uint32_t hand = handWord >= 0 && static_cast<uint32_t>(handWord) < ctx_.activeCap_
+                                  ? static_cast<uint32_t>(handWord) : 0u;
+        uint32_t have = 0, lastSlot = 0;
+        const bool compact = victims_.HalfCopyFits();
+        // The scan starts at the lowest life a candidate (a slot below the active capacity)
+        // holds, -1 if one is free: every level below it is empty, and at L = 255 there can be
+        // hundreds (a hit holds L, above every level). One reduction instead of their passes:
+        // over the half copy where it fits, else of DecayAndPin's lane-wise minimum. After the
+        // free slots (level -1) it jumps again, to the lowest life held (below).
+        const int32_t low = compact ? HalfCopyLowestLife() : victims_.lowestLife_;
+        const int32_t lv0 = low < static_cast<int32_t>(ctx_.t_.lifetime) ? (low < -1 ? -1 : low) : 0;
+        for (int32_t lv = lv0; lv < static_cast<int32_t>(ctx_.t_.lifetime) && have < m; ++lv) {
+            for (uint32_t part = 0; part < 2 && have < m; ++part) {
+                const uint32_t lo = part == 0 ? hand : 0u, hi = part == 0 ? ctx_.activeCap_ : hand;
+                // chunks of nc slots, or of a whole window where windows are shorter
+                const uint32_t grid = compact ? nc : MinU(nc, sl.wlen);
+                for (uint32_t base = lo - lo % grid, n = 0; base < hi && have < m; base += n) {
+                    Sync<HardEvent::S_V>();       // the previous chunk's scalar vT2_ reads, copy writes
+                    if (compact) {
+                        n = MinU(nc, ctx_.t_.capPad - base);
+                        CompareScalar(ctx_.mA_, ctx_.sHalf_[base], static_cast<half>(static_cast<float>(lv)), CMPMODE::EQ,
+                                      avsg::RoundUp(n, PlanBlockVictims::kHalfCopyLanes));
+                    } else {
+                        const int32_t id = static_cast<int32_t>(base >> sl.wlog);
+                        ctx_.Ensure(sl, id);
+                        const uint32_t off = base - static_cast<uint32_t>(id) * sl.wlen;
+                        n = MinU(nc, WinCount(sl, id) - off);
+                        CompareScalar(ctx_.mA_, sl.buf[off], lv, CMPMODE::EQ, n);
+                    }
+                    Adds(ctx_.vT1_, ctx_.vLane_, static_cast<int32_t>(base), n);   // slot ids
+                    PipeBarrier<PIPE_V>();
+                    if (base < lo || base + n > hi) KeepSlotsIn(lo, hi, n);
+                    uint64_t got = 0;
+                    GatherMask(ctx_.vT2_, ctx_.vT1_, ctx_.U32(ctx_.mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
+                    Sync<HardEvent::V_S>();
+                    const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
+                    if (take) {
+                        Sync<HardEvent::V_MTE3>();
+                        StoreInts(ctx_.missSlotsGm_[rowN + have], ctx_.vT2_, take);
+                        Sync<HardEvent::MTE3_V>();
+                        for (uint32_t q = 0; q < take; ++q) {
+                            const uint32_t j = have + q;
+                            ctx_.LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
+                            const uint32_t s = static_cast<uint32_t>(ctx_.vT2_.GetValue(q));
+                            ctx_.Put(ctx_.win_[avsg::SEC_SP], s, ctx_.vWant_.GetValue(j % nc));
+                            // fresh: above every level
+                            if (compact) ctx_.sHalf_.SetValue(s, static_cast<half>(static_cast<float>(ctx_.t_.lifetime + 1)));
+                            else ctx_.Put(sl, s, static_cast<int32_t>(ctx_.t_.lifetime) + 1);
+                            lastSlot = s;
+                        }
+                        have += take;
+                    }
+                }
+            }
+            // Level -1 took every free slot (each now holds L+1), fewer than the misses (after an
+            // invalidate, say): the next level with candidates is the lowest life now held, which
+            // may lie hundreds of empty levels up. One more reduction instead of their passes.
+            if (lv == -1 && have < m) {
+                const int32_t held = compact ? HalfCopyLowestLife() : WindowLowestLife();
+                lv = (held < 0 ? 0 : held) - 1;
+            }
+        }
+        if (have) ctx_.countUb_.SetValue(kHandWord, static_cast<int32_t>(lastSlot + 1 < ctx_.activeCap_ ? lastSlot + 1 : 0u));
+        ctx_.missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
+        if (compact) WriteBackLives();
+    }
+    // The lowest life a candidate (a slot below the active capacity) holds, -1 if one is free:
+    // over the half copy, which DecayAndPin's casts and Allocate's installs wrote.
+    __aicore__ inline int32_t HalfCopyLowestLife() {
+        const LocalTensor<half> lowest = ctx_.wIdx_.ReinterpretCast<half>();
+        Sync<HardEvent::S_V>();                   // the installs' scalar writes of the half copy
+        PipeBarrier<PIPE_V>();                    // DecayAndPin's casts into it
+        ReduceMin(lowest, ctx_.sHalf_, ctx_.wSlot_.ReinterpretCast<half>(), static_cast<int32_t>(ctx_.activeCap_));
+        Sync<HardEvent::V_S>();
+        return static_cast<int32_t>(static_cast<float>(lowest.GetValue(0)));
+    }
+    // The same from the slot_life windows, where the half copy does not fit: one vector pass
+    // (lane-wise Min, then one ReduceMin), from the resident window on.
+    __aicore__ inline int32_t WindowLowestLife() {
+        Win& sl = ctx_.win_[avsg::SEC_SL];
+        const LocalTensor<float> lowest = ctx_.wTmp_.ReinterpretCast<float>(), lifeF = ctx_.wWin_.ReinterpretCast<float>();
+        const uint32_t chunk = probe_.Wide();
+        Sync<HardEvent::S_V>();                   // the installs' scalar writes of the windows
+        Duplicate(lowest, static_cast<float>(ctx_.t_.lifetime), chunk);
+        const uint32_t first = sl.cur < 0 ? 0u : static_cast<uint32_t>(sl.cur);
+        for (uint32_t k = 0; k < sl.nwin; ++k) {
+            const int32_t id = static_cast<int32_t>((first + k) % sl.nwin);
+            const uint32_t base = static_cast<uint32_t>(id) * sl.wlen;
+            if (base >= ctx_.activeCap_) continue;
+            ctx_.Ensure(sl, id);
+            const uint32_t live = MinU(WinCount(sl, id), ctx_.activeCap_ - base);
+            for (uint32_t off = 0; off < live; off += chunk) {
+                const uint32_t n = MinU(chunk, live - off);
+                PipeBarrier<PIPE_V>();            // the previous chunk's Min reads lifeF
+                Cast(lifeF, sl.buf[off], RoundMode::CAST_RINT, n);   // lives in [-1, L+1]: exact
+                PipeBarrier<PIPE_V>();
+                Min(lowest, lowest, lifeF, n);
+            }
+        }
+        PipeBarrier<PIPE_V>();
+        ReduceMin(ctx_.wIdx_.ReinterpretCast<float>(), lowest, ctx_.wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(chunk));
+        Sync<HardEvent::V_S>();
+        return static_cast<int32_t>(ctx_.wIdx_.ReinterpretCast<float>().GetValue(0));
+    }
+    // slot_life = the half copy (lives in [-1, L+1]: exact in half), window by window. Every
+    // entry of each window is overwritten, so no window is loaded: the step moves slot_life in
+    // once (DecayAndPin) and out once, wherever its victims lie.
+    __aicore__ inline void WriteBackLives() {
+        Win& sl = ctx_.win_[avsg::SEC_SL];
+        const LocalTensor<float> lifeF = ctx_.wWin_.ReinterpretCast<float>();
+        const uint32_t chunk = probe_.Wide();
+        Sync<HardEvent::S_V>();                   // the installs' scalar writes of the half copy
+        PipeBarrier<PIPE_V>();                    // and the level scan's vector readers of wWin_
+        for (uint32_t id = 0; id < sl.nwin; ++id) {
+            ctx_.Claim(sl, static_cast<int32_t>(id));
+            const uint32_t base = id * sl.wlen, cnt = WinCount(sl, static_cast<int32_t>(id));
+            for (uint32_t off = 0; off < cnt; off += chunk) {
+                const uint32_t n = MinU(chunk, cnt - off);
+                Cast(lifeF, ctx_.sHalf_[base + off], RoundMode::CAST_NONE, n);
+                PipeBarrier<PIPE_V>();
+                Cast(sl.buf[off], lifeF, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+            }
+            sl.dirty = true;
+        }
+    }
+    // mA_ &= lo <= slot id (vT1_) < hi on n lanes; ids are < 2^24, exact in float
+    __aicore__ inline void KeepSlotsIn(uint32_t lo, uint32_t hi, uint32_t n) {
+        Cast(ctx_.vTmpF_, ctx_.vT1_, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(ctx_.mB_, ctx_.vTmpF_, static_cast<float>(lo), CMPMODE::GE, n);
+        PipeBarrier<PIPE_V>();
+        And(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), n / 16);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(ctx_.mB_, ctx_.vTmpF_, static_cast<float>(hi), CMPMODE::LT, n);
+        PipeBarrier<PIPE_V>();
+        And(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), n / 16);
+        PipeBarrier<PIPE_V>();
+    }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
+    PlanBlockProbe& probe_;
+    PlanBlockHeat& heat_;
+    PlanBlockVictims& victims_;
+};
+
+}  // namespace avsg_kernel
