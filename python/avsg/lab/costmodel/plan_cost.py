@@ -34,7 +34,7 @@ def _read_phases():
 
 COUNTED_WARMUP, COUNTED_LAUNCHES = 48, 3     # plan launches before and under the counters
 # MTP matching is sampled over more iterations: how many drafts were accepted (and so what the
-# invalidate drops and the plan misses) varies from one iteration to the next
+# plan drops and misses) varies from one iteration to the next
 COUNTED_MTP_LAUNCHES = 12
 
 
@@ -76,14 +76,14 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
       iteration ``i`` plans steps ``s .. s + queries - 1``, the verifier accepts ``a_i`` drafts,
       the buffer drops the rejected ones' positions (``valid_len = positions[s] + 1 + a_i``, as
       :func:`.traffic.measure_traffic` does) and the next iteration starts at ``s + 1 + a_i``.
-      The manager launches that ``invalidate`` in every pass, rejected drafts or not (knowing
-      would take a host sync), so every iteration's counters are its plan launch followed by an
-      invalidate launch (:meth:`..backend.LaunchCounters.then`): both sit on the layer's
-      critical path.
+      The manager drops in every pass, rejected drafts or not (knowing would take a host sync):
+      each layer's one plan launch carries the drop (``valid_lens``: the pass's first position,
+      everything at or past it is rewritten, the rejected drafts of the last pass among them),
+      so every iteration's counters are that one launch's.
 
     ``measured`` defaults to COUNTED_LAUNCHES, or COUNTED_MTP_LAUNCHES on an MTP schedule. With
     ``phases``, each plan launch's counters split by phase (``backend.LaunchPhases``, for
-    :func:`phase_breakdown`; invalidate launches left out)."""
+    :func:`phase_breakdown`)."""
     import torch
     from ... import backend
     from ...buffer import SparseKVBuffer
@@ -108,13 +108,13 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
         nonlocal step, iteration
         topk = torch.from_numpy(np.ascontiguousarray(sel[:, step:step + queries])).to(torch.int32)
         seq = torch.full((rows,), int(positions[step + queries - 1]) + 1, dtype=torch.int32)
-        buf.plan(topk, seq)
+        # serving: every pass drops from its first position on, whatever was rejected (the
+        # manager cannot know without a sync), in the plan's own launch
+        drop = (torch.full((rows,), int(positions[step]), dtype=torch.int32) if serving
+                else None)
+        buf.plan(topk, seq, valid_lens=drop)
         work = (_read_phases() if phases else _read_counters()) if counted else None
         a = int(accepted[iteration])
-        if serving:     # every pass, whatever was rejected: the manager cannot know without a sync
-            buf.invalidate(torch.full((rows,), int(positions[step]) + 1 + a, dtype=torch.int32))
-            if counted and not phases:
-                work = work.then(_read_counters())
         step += 1 + a
         iteration += 1
         return work
@@ -268,7 +268,7 @@ def plan_counters(trace_path: str, Ts: Sequence[int], capacity: int,
                   topk_buffer: int = 4096,
                   accept_means: Optional[Dict[int, float]] = None) -> Dict:
     """The op's counted matching per policy and T, as the serving manager launches it (an
-    invalidate and a plan per layer and pass, on the MTP schedule of ``accept_means``: T -> mean
+    plan carrying the drop per layer and pass, on the MTP schedule of ``accept_means``: T -> mean
     accepted drafts, needed for every T > 1; see :func:`counted_plan_on`), and the host LRU's
     time per row, timed here."""
     from . import host_lru

@@ -41,8 +41,8 @@ default: decode runs graph-captured). avsg's count is the serving manager's
 **Inputs**, measured in the same run: the rows each mode copies per layer and iteration, replayed
 over *every* layer of the trace (MTP-n: 1 + n query tokens, simulated acceptance, rejected drafts
 invalidated), with the per-layer spread; the plan cost per policy and query-token count, read from
-the CPU emulation's counted work of the real kernels on the same MTP schedule (the plan, plus the
-invalidate of an iteration that rejected a draft: :func:`counted_plan`), and the slot map's from
+the CPU emulation's counted work of the real kernels on the same MTP schedule (the plan, whose one
+launch also drops what the last pass rejected: :func:`counted_plan`), and the slot map's from
 its counted-work model (rejected positions included), both turned into time by the profile (serial-pipe estimate); the host LRU's
 time per row, measured here. The KV format follows the profile: BF16 rows (1152 B) unless the
 profile's hardware has FP8 (656 B).
