@@ -142,7 +142,7 @@ def _check_args(args, variants: int) -> None:
 
 def _counted_plan_us(trace, hw) -> float:
     """The default policy's matching cost per row and layer (one query token, capacity 8192: the
-    serving manager's invalidate + plan, ``plan_cost.counted_plan_on``), read from the kernels'
+    serving manager's plan carrying the drop, ``plan_cost.counted_plan_on``), read from the kernels'
     counted work on the first trace's first layers."""
     from ... import reference
     from ..costmodel import plan_cost
