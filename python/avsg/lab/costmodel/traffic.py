@@ -36,18 +36,6 @@ class Traffic:
         return {"min": float(r.min()), "p50": float(np.median(r)), "max": float(r.max())}
 
 
-def _slotmap_policy_class():
-    from ..traces.policies import LRU
-
-    class SlotMapFIFO(LRU):
-        """The slot map's eviction: oldest fill first (no recency update on a hit)."""
-        name = "slotmap-fifo"
-
-        def _on_hits(self, s, inp, hit, slot_of):
-            pass
-    return SlotMapFIFO
-
-
 def load_trace_cut(trace_path: str, layers: Optional[int], steps: Optional[int], min_steps: int = 0,
                    default_steps: int = 256):
     """The first ``layers`` x ``steps`` of a trace, their values checked (one-line errors).
@@ -92,7 +80,7 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
     from ..traces import format as trace_format
     from ..traces.mtp import draw_accepted
     from ... import reference
-    from ..traces.policies import OP_POLICY, StepInput, make_policy, unique_rows
+    from ..traces.policies import OP_POLICY, SlotMapFIFO, StepInput, make_policy, unique_rows
     from ... import backend
     from . import fused
     trace = trace_format.load_trace(trace_path, check_values=False)
@@ -106,7 +94,7 @@ def measure_traffic(trace_path: str, drafts: int, accept_mean: float, capacity: 
     pols = {"avsg": make_policy(OP_POLICY[reference.DEFAULT_POLICY], L, capacity, K, Tq,
                                 max_pos=max_pos),
             "lru-device": make_policy("lru", L, capacity, K, Tq, max_pos=max_pos),
-            "slotmap-device": _slotmap_policy_class()(L, capacity, K, Tq, max_pos),
+            "slotmap-device": SlotMapFIFO(L, capacity, K, Tq, max_pos),
             "lru-host": make_policy("lru", L * Tq, topk_buffer, K, 1, max_pos=max_pos)}
     rows = {m: np.zeros(L) for m in ("offload", *pols, "fused-2048")}
     selection = fused.SelectionCache(L * Tq, K)

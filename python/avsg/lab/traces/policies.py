@@ -247,6 +247,15 @@ class LRU(_SlotPolicy):
         self.key[r, slots] = s * self.max_pos + mp
 
 
+class SlotMapFIFO(LRU):
+    """SGLang's Ascend position -> slot map: oldest fill first (no recency update on a hit). The
+    decode model's ``slotmap-device`` peer (``costmodel.traffic``)."""
+    name = "slotmap-fifo"
+
+    def _on_hits(self, s, inp, hit, slot_of):
+        pass
+
+
 class BucketedLRU(_SlotPolicy):
     name = "bucketed-lru"
 
