@@ -577,3 +577,22 @@ def torch_threads() -> Iterator[Tuple[int, str]]:
         yield threads, why
     finally:
         torch.set_num_threads(previous)
+
+
+_COMMAND_RUNNER = None
+
+
+def register_command_runner(runner) -> None:
+    """The CLI's entry point (``avsg.commands.main``, which registers itself): ``runner(argv) ->
+    exit status``."""
+    global _COMMAND_RUNNER
+    _COMMAND_RUNNER = runner
+
+
+def run_command(argv) -> int:
+    """Run one ``avsg`` command line as the CLI would (``avsg bench all`` runs each benchmark
+    so)."""
+    if _COMMAND_RUNNER is None:
+        raise RuntimeError("run_command: the avsg command table is not loaded (import "
+                           "avsg.commands)")
+    return _COMMAND_RUNNER(argv)

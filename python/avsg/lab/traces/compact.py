@@ -39,7 +39,7 @@ from typing import List
 
 import numpy as np
 
-from .format import Trace, TraceFormatError, validate_trace
+from .trace import Trace, TraceFormatError, validate_trace
 
 __all__ = ["MAGIC", "SUFFIX", "encode_trace", "decode_trace", "save_compact", "load_compact",
            "is_compact"]

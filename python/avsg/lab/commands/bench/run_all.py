@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from ....cli_util import UsageError, comma_list
+from ....cli_util import UsageError, comma_list, run_command
 from . import common
 
 QUICK = {
@@ -38,7 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ....commands import main as run_command     # the package table: each bench as its command line runs
     only = comma_list("--only", args.only)
     bad = [b for b in only if b not in QUICK]
     if bad:
