@@ -42,6 +42,15 @@ TORCH_LIBRARY(avsg, m) {
     m.def("gather(Tensor miss_pos, Tensor miss_slots, Tensor miss_counts, Tensor[] src, "
           "Tensor(a!)[] dst, Tensor? block_table, int block_size, str partition, int num_cores) "
           "-> Tensor");
+    // plan (hash matcher, valid_lens as plan's), then gather of its misses (partition "miss",
+    // "request" or "topk"), as ONE launch: the plan's work, a cross-core synchronisation, the
+    // gather's copy (reference.plan_gather). Returns plan's four outputs and gather's int32
+    // [num_cores]. For callers whose copy is the package's own gather; integrations that copy
+    // with their own descriptors call plan.
+    m.def("plan_gather(Tensor topk_pos, Tensor seq_lens, Tensor(a!) state, Tensor(b!) stats, "
+          "int capacity, int buckets, int lifetime, int policy, int max_context, Tensor? valid_lens, "
+          "Tensor[] src, Tensor(c!)[] dst, Tensor? block_table, int block_size, str partition, "
+          "int num_cores) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
     // Calibration microkernel (op_kernel/calibrate_kernel.h), one block: `iters` repeats of one of
     // the plan kernel's operations, mode one of "scalar", "gather", "sort", "gathermask", over
     // values int32 [L] (L a power of two in [2048, 8192]). Returns int32 [kCalibOutLen]: an 8-word

@@ -18,6 +18,8 @@ extern "C" void avsg_reset(GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_resize(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_gather(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_calibrate(GM_ADDR, GM_ADDR, GM_ADDR);
+extern "C" void avsg_plan_gather(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                                 GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 
 namespace avsg_cpu {
 
@@ -38,6 +40,7 @@ const KernelBuild& fast_kernels()
         &avsg_resize,
         &avsg_gather,
         &avsg_calibrate,
+        &avsg_plan_gather,
     };
     return build;
 }

@@ -3,8 +3,8 @@
 // op_kernel/*.cpp and op_host/cpu_kernels.cpp are compiled twice into the CPU op library
 // (CMakeLists.txt): against the strict emulation, and against the fast one (AVSG_EMU_FAST=1, with
 // the kernels' extern "C" entries and namespaces renamed so that the two copies do not clash).
-// Each copy describes itself with one KernelBuild; the op implementations (plan_host.cpp,
-// gather_host.cpp) fetch the selected build once per call and launch its kernels with its
+// Each copy describes itself with one KernelBuild; the op implementations (the *_host.cpp
+// files) fetch the selected build once per call and launch its kernels with its
 // launcher, so a launch never mixes the two.
 #pragma once
 #include <cstdint>
@@ -30,6 +30,9 @@ struct KernelBuild {
     void (*gather)(GmAddr missPos, GmAddr missSlots, GmAddr missCounts, GmAddr blockTable, GmAddr countOut,
                    GmAddr tiling);
     void (*calibrate)(GmAddr values, GmAddr out, GmAddr tiling);
+    void (*plan_gather)(GmAddr topk, GmAddr seq, GmAddr validLens, GmAddr state, GmAddr stats, GmAddr slots,
+                        GmAddr missPos, GmAddr missSlots, GmAddr missCounts, GmAddr workspace, GmAddr blockTable,
+                        GmAddr countOut, GmAddr sync, GmAddr tiling);
 };
 
 const KernelBuild& strict_kernels();

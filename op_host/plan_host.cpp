@@ -69,7 +69,7 @@ void LaunchPlan(bool dual, uint32_t blockDim, const PlanTiling& tiling, const at
                  miss_counts, workspace);
 }
 
-using PlanOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+}  // namespace
 
 // The plan's scratch in GM: every word the kernel reads it wrote earlier in the same launch (the
 // sync counters are zeroed by the caller). On the NPU the caching allocator recycles it. On the
@@ -87,12 +87,9 @@ at::Tensor PlanWorkspace(int64_t words, const at::TensorOptions& opts) {
 #endif
 }
 
-// valid_lens (optional, int32 [R]): the plan first drops what invalidate(valid_lens) would, in the
-// same launch (reference.plan).
-PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_lens, const at::Tensor& state,
-                 const at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy,
-                 int64_t max_context, const std::optional<at::Tensor>& valid_lens) {
-    const char* op = dual ? "plan_dual_pointer" : "plan";
+PlanTiling CheckPlan(const char* op, bool split, const at::Tensor& topk_pos, const at::Tensor& seq_lens,
+                     const at::Tensor& state, const at::Tensor& stats, int64_t capacity, int64_t buckets,
+                     int64_t lifetime, int64_t policy, int64_t max_context, const std::optional<at::Tensor>& valid_lens) {
     TORCH_CHECK_TYPE(topk_pos.scalar_type() == at::kInt, "topk_pos: expected dtype int32, got ",
                      c10::toString(topk_pos.scalar_type()));
     TORCH_CHECK_VALUE(topk_pos.dim() == 3, "topk_pos: expected shape [R, T, K], got ", topk_pos.sizes());
@@ -106,7 +103,7 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
     CheckTensor(stats, "stats", at::kLong, {R, 4});
     const bool drop = valid_lens.has_value();
     if (drop) CheckTensor(*valid_lens, "valid_lens", at::kInt, {R});
-    const at::Tensor& lens = drop ? *valid_lens : seq_lens;   // unread without dropPast
+    const at::Tensor& lens = drop ? *valid_lens : seq_lens;
     const std::pair<const char*, const at::Tensor*> same_device[] = {
         {"seq_lens", &seq_lens}, {"valid_lens", &lens}, {"state", &state}, {"stats", &stats}};
     for (const auto& [name, t] : same_device)
@@ -119,29 +116,56 @@ PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_le
                                    static_cast<uint32_t>(lifetime), static_cast<uint32_t>(policy),
                                    static_cast<uint32_t>(max_context));
     tiling.dropPast = drop ? 1u : 0u;
-    if (!dual) ApplySplit(tiling, R);
-    const uint32_t blockDim = tiling.split > 1 ? static_cast<uint32_t>(R) * tiling.split : BlockDimFor(R);
+    if (split) ApplySplit(tiling, R);
+    return tiling;
+}
+
+uint32_t PlanBlocks(const PlanTiling& tiling) {
+    return tiling.split > 1 ? tiling.rows * tiling.split : BlockDimFor(tiling.rows);
+}
+
+PlanRows AllocPlanRows(const at::Tensor& topk_pos, const PlanTiling& tiling) {
+    const int64_t R = topk_pos.size(0), T = topk_pos.size(1), K = topk_pos.size(2);
     auto opts = topk_pos.options().dtype(at::kInt);
     // Two rows may be planned by two cores, so every output row gets 32 B granules of its own:
     // rows of tiling.outPitch int32 (T*K rounded up to 8) and miss_counts at a pitch of
     // kPlanCountPitch. The caller gets views of the first T*K columns (contiguous whenever T*K is a
     // multiple of 8) and of miss_counts' first column.
     const int64_t pitch = tiling.outPitch;
-    at::Tensor slots_rows = at::empty({R, pitch}, opts);
-    at::Tensor miss_pos_rows = at::empty({R, pitch}, opts);
-    at::Tensor miss_slots_rows = at::empty({R, pitch}, opts);
-    at::Tensor miss_count_rows = at::empty({R, static_cast<int64_t>(kPlanCountPitch)}, opts);
-    at::Tensor slots = slots_rows.narrow(1, 0, T * K).view({R, T, K});
-    at::Tensor miss_pos = miss_pos_rows.narrow(1, 0, T * K);
-    at::Tensor miss_slots = miss_slots_rows.narrow(1, 0, T * K);
-    at::Tensor miss_counts = miss_count_rows.select(1, 0);
+    PlanRows out;
+    out.slots = at::empty({R, pitch}, opts);
+    out.miss_pos = at::empty({R, pitch}, opts);
+    out.miss_slots = at::empty({R, pitch}, opts);
+    out.miss_counts = at::empty({R, static_cast<int64_t>(kPlanCountPitch)}, opts);
+    return out;
+}
+
+PlanOut PlanViews(const PlanRows& rows, int64_t T, int64_t K) {
+    const int64_t R = rows.slots.size(0);
+    return {rows.slots.narrow(1, 0, T * K).view({R, T, K}), rows.miss_pos.narrow(1, 0, T * K),
+            rows.miss_slots.narrow(1, 0, T * K), rows.miss_counts.select(1, 0)};
+}
+
+namespace {
+
+// valid_lens (optional, int32 [R]): the plan first drops what invalidate(valid_lens) would, in the
+// same launch (reference.plan).
+PlanOut PlanImpl(bool dual, const at::Tensor& topk_pos, const at::Tensor& seq_lens, const at::Tensor& state,
+                 const at::Tensor& stats, int64_t capacity, int64_t buckets, int64_t lifetime, int64_t policy,
+                 int64_t max_context, const std::optional<at::Tensor>& valid_lens) {
+    const char* op = dual ? "plan_dual_pointer" : "plan";
+    const PlanTiling tiling = CheckPlan(op, !dual, topk_pos, seq_lens, state, stats, capacity, buckets, lifetime,
+                                        policy, max_context, valid_lens);
+    const at::Tensor& lens = valid_lens.has_value() ? *valid_lens : seq_lens;   // unread without dropPast
+    const uint32_t blockDim = PlanBlocks(tiling);
+    const PlanRows rows = AllocPlanRows(topk_pos, tiling);
     const int64_t slices = static_cast<int64_t>(blockDim) * tiling.wsPerCore;
     const int64_t syncWords = tiling.split > 1 ? static_cast<int64_t>(blockDim) * kPlanSyncWords : 0;
-    at::Tensor workspace = PlanWorkspace(slices + syncWords, opts);
+    at::Tensor workspace = PlanWorkspace(slices + syncWords, topk_pos.options().dtype(at::kInt));
     if (syncWords) workspace.narrow(0, slices, syncWords).zero_();   // soft SyncAll counters
-    LaunchPlan(dual, blockDim, tiling, topk_pos, seq_lens, lens, state, stats, slots_rows, miss_pos_rows, miss_slots_rows,
-               miss_count_rows, workspace);
-    return {slots, miss_pos, miss_slots, miss_counts};
+    LaunchPlan(dual, blockDim, tiling, topk_pos, seq_lens, lens, state, stats, rows.slots, rows.miss_pos,
+               rows.miss_slots, rows.miss_counts, workspace);
+    return PlanViews(rows, topk_pos.size(1), topk_pos.size(2));
 }
 
 PlanOut Plan(const at::Tensor& topk_pos, const at::Tensor& seq_lens, at::Tensor& state, at::Tensor& stats,

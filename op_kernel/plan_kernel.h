@@ -89,6 +89,10 @@ public:
         if (ctx_.split_ > 1) {                         // one (row, part) per core: rows * split blocks
             const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
             ctx_.part_ = b / ctx_.t_.rows;
+            if (ctx_.part_ >= ctx_.split_) {           // a block of a composed launch past the plan's
+                splitLookup_.SyncParts();              // (plan_gather): only its one SyncAll
+                return;
+            }
             ctx_.rowWs_.SetGlobalBuffer(ctx_.wsBase_ + static_cast<uint64_t>(b % ctx_.t_.rows) * ctx_.t_.wsPerCore, ctx_.t_.wsPerCore);
             if (ctx_.part_ == 0) {
                 Row(b % ctx_.t_.rows);
@@ -188,30 +192,40 @@ private:
     PlanBlockDrop drop_{ctx_};
 };
 
-// The entries' body: the tiling into the pipe's first buffer (UB offset 0), then the policy it
-// names picks the instantiation, once per launch. An unknown id plans as lifetime (the host
-// rejects it before a launch).
+// The entries' body on the caller's pipe: the tiling into the pipe's first buffer (UB offset
+// 0), then the policy it names picks the instantiation, once per launch. An unknown id plans as
+// lifetime (the host rejects it before a launch). A kernel that composes the plan with more work
+// (op_kernel/plan_gather.cpp) calls this and then resets the pipe for its next block.
+template <class Matcher>
+__aicore__ inline void PlanOnPipe(TPipe* pipe, GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens, GM_ADDR state,
+                                  GM_ADDR stats, GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots,
+                                  GM_ADDR missCounts, GM_ADDR workspace, GM_ADDR tiling) {
+    TBuf<TPosition::VECCALC> tilingBuf;
+    PlanTiling t;
+    LoadTiling(pipe, tilingBuf, t, tiling);
+    if (t.policy == PolicyReuse::kId) {
+        PlanKernel<Matcher, PolicyReuse> op;
+        op.Init(pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        op.Process();
+    } else if (t.policy == PolicyLru::kId) {
+        PlanKernel<Matcher, PolicyLru> op;
+        op.Init(pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        op.Process();
+    } else {
+        PlanKernel<Matcher, PolicyLifetime> op;
+        op.Init(pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
+        op.Process();
+    }
+}
+
+// The plan entries' body: a pipe of its own.
 template <class Matcher>
 __aicore__ inline void RunPlan(GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens, GM_ADDR state, GM_ADDR stats,
                                GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts,
                                GM_ADDR workspace, GM_ADDR tiling) {
     TPipe pipe;
-    TBuf<TPosition::VECCALC> tilingBuf;
-    PlanTiling t;
-    LoadTiling(&pipe, tilingBuf, t, tiling);
-    if (t.policy == PolicyReuse::kId) {
-        PlanKernel<Matcher, PolicyReuse> op;
-        op.Init(&pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
-        op.Process();
-    } else if (t.policy == PolicyLru::kId) {
-        PlanKernel<Matcher, PolicyLru> op;
-        op.Init(&pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
-        op.Process();
-    } else {
-        PlanKernel<Matcher, PolicyLifetime> op;
-        op.Init(&pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
-        op.Process();
-    }
+    PlanOnPipe<Matcher>(&pipe, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace,
+                        tiling);
 }
 
 }  // namespace avsg_kernel

@@ -31,51 +31,65 @@ struct LoadedBinary {
 };
 
 std::mutex g_mutex;
-std::map<int32_t, LoadedBinary>& Loaded()
+// by (device, binary file name)
+std::map<std::pair<int32_t, std::string>, LoadedBinary>& Loaded()
 {
     // Never destroyed: the handles belong to the runtime, released explicitly before teardown.
-    static auto* loaded = new std::map<int32_t, LoadedBinary>();
+    static auto* loaded = new std::map<std::pair<int32_t, std::string>, LoadedBinary>();
     return *loaded;
+}
+
+// `entry`'s function handle in `binary` (next to _npu_ops.so) on the current device, loaded on
+// first use; `op` and `off` name the op and how to do without it in the errors.
+aclrtFuncHandle SyncFunction(const char* binary, const char* entry, const char* op, const char* off)
+{
+    int32_t device = 0;
+    const aclError devErr = c10_npu::GetDevice(&device);   // also makes sure the device context exists
+    TORCH_CHECK(devErr == ACL_SUCCESS, "avsg.", op, ": c10_npu::GetDevice failed with aclError ", devErr);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const auto key = std::make_pair(device, std::string(binary));
+    auto found = Loaded().find(key);
+    if (found != Loaded().end()) return found->second.function;
+    const std::string path = SyncBinaryPath(binary);
+    LoadedBinary loaded;
+    SplitBinaryLoadOptions options;
+    const aclError loadErr = aclrtBinaryLoadFromFile(path.c_str(), options.get(), &loaded.binary);
+    TORCH_CHECK(loadErr == ACL_SUCCESS && loaded.binary != nullptr, "avsg.", op, ": the kernel binary ", path,
+                " did not load on device ", device, " (aclrtBinaryLoadFromFile returned aclError ", loadErr, ")",
+                off);
+    const aclError getErr = aclrtBinaryGetFunction(loaded.binary, entry, &loaded.function);
+    if (getErr != ACL_SUCCESS || loaded.function == nullptr) {
+        (void)aclrtBinaryUnLoad(loaded.binary);
+        TORCH_CHECK(false, "avsg.", op, ": ", path, " has no kernel entry ", entry,
+                    " (aclrtBinaryGetFunction returned aclError ", getErr, ")", off);
+    }
+    Loaded().emplace(key, loaded);
+    return loaded.function;
 }
 
 }  // namespace
 
-std::string PlanSplitBinaryPath()
+std::string SyncBinaryPath(const char* binary)
 {
     Dl_info info{};
     TORCH_CHECK(dladdr(reinterpret_cast<const void*>(&avsg_npu_split_launch_tag), &info) != 0 &&
                     info.dli_fname != nullptr,
-                "avsg.plan: cannot find the file of the NPU op library (dladdr) to locate ", kPlanSplitBinary);
+                "avsg: cannot find the file of the NPU op library (dladdr) to locate ", binary);
     std::string dir(info.dli_fname);
     const auto slash = dir.rfind('/');
     dir = slash == std::string::npos ? "." : dir.substr(0, slash);
-    return dir + "/" + kPlanSplitBinary;
+    return dir + "/" + binary;
 }
 
 aclrtFuncHandle PlanSplitFunction()
 {
-    int32_t device = 0;
-    const aclError devErr = c10_npu::GetDevice(&device);   // also makes sure the device context exists
-    TORCH_CHECK(devErr == ACL_SUCCESS, "avsg.plan: c10_npu::GetDevice failed with aclError ", devErr);
-    std::lock_guard<std::mutex> lock(g_mutex);
-    auto found = Loaded().find(device);
-    if (found != Loaded().end()) return found->second.function;
-    const std::string path = PlanSplitBinaryPath();
-    const char* off = "; AVSG_NPU_SPLIT=0 runs plan without the split lookup";
-    LoadedBinary loaded;
-    SplitBinaryLoadOptions options;
-    const aclError loadErr = aclrtBinaryLoadFromFile(path.c_str(), options.get(), &loaded.binary);
-    TORCH_CHECK(loadErr == ACL_SUCCESS && loaded.binary != nullptr, "avsg.plan: the split plan's kernel binary ",
-                path, " did not load on device ", device, " (aclrtBinaryLoadFromFile returned aclError ", loadErr,
-                ")", off);
-    const aclError getErr = aclrtBinaryGetFunction(loaded.binary, kPlanSplitEntry, &loaded.function);
-    if (getErr != ACL_SUCCESS || loaded.function == nullptr) {
-        (void)aclrtBinaryUnLoad(loaded.binary);
-        TORCH_CHECK(false, "avsg.plan: ", path, " has no kernel entry ", kPlanSplitEntry,
-                    " (aclrtBinaryGetFunction returned aclError ", getErr, ")", off);
-    }
-    Loaded().emplace(device, loaded);
-    return loaded.function;
+    return SyncFunction(kPlanSplitBinary, kPlanSplitEntry, "plan",
+                        "; AVSG_NPU_SPLIT=0 runs plan without the split lookup");
+}
+
+aclrtFuncHandle PlanGatherFunction()
+{
+    return SyncFunction(kPlanGatherBinary, kPlanGatherEntry, "plan_gather", "; plan then gather launch them apart");
 }
 
 void ReleaseSplitBinaries() noexcept

@@ -43,6 +43,10 @@ constexpr const char* kSplitTimeoutEnv = "AVSG_NPU_SPLIT_TIMEOUT";   // seconds,
 constexpr uint16_t kDefaultSplitTimeoutSeconds = 30;
 constexpr const char* kPlanSplitBinary = "avsg_plan_split.o";       // next to _npu_ops.so
 constexpr const char* kPlanSplitEntry = "avsg_plan";
+// plan_gather (op_kernel/plan_gather.cpp) waits across cores on every launch (one SyncAll between
+// the plan and the copy): the same config launch, from a kernel binary of its own.
+constexpr const char* kPlanGatherBinary = "avsg_plan_gather_sync.o";   // next to _npu_ops.so
+constexpr const char* kPlanGatherEntry = "avsg_plan_gather";
 
 // Whether plan may split its lookup, from AVSG_NPU_SPLIT (text may be null: unset, off). Returns
 // an error message naming the variable for any value but "0" and "1"; `on` is set only on success.
@@ -163,12 +167,34 @@ struct PlanSplitArgs {
 };
 static_assert(sizeof(PlanSplitArgs) == 11 * sizeof(void*), "PlanSplitArgs: packed, one pointer per parameter");
 
+// avsg_plan_gather's parameters in entry order (op_kernel/plan_gather.cpp), as PlanSplitArgs.
+struct PlanGatherArgs {
+    void* topk;
+    void* seq;
+    void* validLens;
+    void* state;
+    void* stats;
+    void* slots;
+    void* missPos;
+    void* missSlots;
+    void* missCounts;
+    void* workspace;
+    void* blockTable;
+    void* countOut;
+    void* sync;
+    void* tiling;
+};
+static_assert(sizeof(PlanGatherArgs) == 14 * sizeof(void*), "PlanGatherArgs: packed, one pointer per parameter");
+
 // avsg_plan's function handle in the split binary on the current device, loaded on first use.
 // Raises (c10::Error) naming the file and the failing call when the binary cannot be loaded.
 aclrtFuncHandle PlanSplitFunction();
-// The split binary's path: kPlanSplitBinary in the directory of _npu_ops.so.
-std::string PlanSplitBinaryPath();
-// Unloads the split binary from every device (before NPU teardown at exit); never raises.
+// avsg_plan_gather's, in kPlanGatherBinary, likewise.
+aclrtFuncHandle PlanGatherFunction();
+// A config-launched binary's path: `binary` in the directory of _npu_ops.so.
+std::string SyncBinaryPath(const char* binary);
+inline std::string PlanSplitBinaryPath() { return SyncBinaryPath(kPlanSplitBinary); }
+// Unloads the config-launched binaries from every device (before NPU teardown at exit); never raises.
 void ReleaseSplitBinaries() noexcept;
 
 }  // namespace npu

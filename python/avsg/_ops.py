@@ -84,6 +84,13 @@ def _gather_fake(miss_pos, miss_slots, miss_counts, src, dst, block_table, block
     return miss_pos.new_empty((num_cores,), dtype=torch.int32)
 
 
+def _plan_gather_fake(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy,
+                      max_context, valid_lens, src, dst, block_table, block_size, partition,
+                      num_cores):
+    return (*_plan_fake(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime),
+            topk_pos.new_empty((num_cores,), dtype=torch.int32))
+
+
 def _calibrate_fake(values, mode, iters):
     return values.new_empty((CALIB_OUT_LEN,), dtype=torch.int32)
 
@@ -106,19 +113,22 @@ TENSOR_ARGS = {
     "reset": ("state", "row_mask"),
     "resize": ("state", "rows", "capacities"),
     "gather": ("miss_pos", "miss_slots", "miss_counts", "src", "dst", "block_table"),
+    "plan_gather": ("topk_pos", "seq_lens", "state", "stats"),
     "calibrate": ("values",),
 }
 
 
-# Optional tensor arguments after the ints: (position in the schema, name).
-TRAILING_TENSOR_ARGS = {"plan": (9, "valid_lens"), "plan_dual_pointer": (9, "valid_lens")}
+# Tensor arguments after the ints: ((position in the schema, name), ...).
+TRAILING_TENSOR_ARGS = {"plan": ((9, "valid_lens"),), "plan_dual_pointer": ((9, "valid_lens"),),
+                        "plan_gather": ((9, "valid_lens"), (10, "src"), (11, "dst"),
+                                        (12, "block_table"))}
 
 
 def _named_tensors(op: str, args, kwargs=None):
     pairs = list(zip(TENSOR_ARGS[op], args)) + list((kwargs or {}).items())
-    if op in TRAILING_TENSOR_ARGS and len(args) > TRAILING_TENSOR_ARGS[op][0]:
-        index, name = TRAILING_TENSOR_ARGS[op]
-        pairs.append((name, args[index]))
+    for index, name in TRAILING_TENSOR_ARGS.get(op, ()):
+        if len(args) > index:
+            pairs.append((name, args[index]))
     for name, value in pairs:
         if isinstance(value, (list, tuple)):
             for i, t in enumerate(value):
@@ -164,6 +174,8 @@ torch.library.register_fake("avsg::invalidate")(_device_checked("invalidate", _n
 torch.library.register_fake("avsg::reset")(_device_checked("reset", _none_fake))
 torch.library.register_fake("avsg::resize")(_device_checked("resize", _resize_fake))
 torch.library.register_fake("avsg::gather")(_device_checked("gather", _gather_fake))
+torch.library.register_fake("avsg::plan_gather")(_device_checked("plan_gather",
+                                                                 _plan_gather_fake))
 torch.library.register_fake("avsg::calibrate")(_device_checked("calibrate", _calibrate_fake))
 
 
@@ -199,6 +211,16 @@ def _gather_ref(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_
                             block_size if block_table is not None else None, partition, num_cores)
 
 
+def _plan_gather_ref(topk_pos, seq_lens, state, stats, capacity, buckets, lifetime, policy,
+                     max_context, valid_lens, src, dst, block_table, block_size, partition,
+                     num_cores):
+    return reference.plan_gather(state, stats, topk_pos, seq_lens,
+                                 _layout(capacity, buckets, max_context, policy), lifetime, src,
+                                 dst, block_table, block_size if block_table is not None else None,
+                                 partition, num_cores, policy=reference.POLICY_NAMES[policy],
+                                 valid_lens=valid_lens)
+
+
 _REFERENCE_IMPLS = {
     "plan": _plan_ref("hash"),
     "plan_dual_pointer": _plan_ref("dual_pointer"),
@@ -206,6 +228,7 @@ _REFERENCE_IMPLS = {
     "reset": _reset_ref,
     "resize": _resize_ref,
     "gather": _gather_ref,
+    "plan_gather": _plan_gather_ref,
 }
 
 #: Which implementation serves each op on CPU: "kernel" (compiled) or "reference" (Python).

@@ -166,6 +166,22 @@ def split_slots(plan: Plan) -> reference.SplitSlots:
     return reference.split_slots(plan.slots, plan.miss_slots, plan.miss_counts, plan.capacity)
 
 
+class MissCopy(NamedTuple):
+    """The package's own copy of a plan's misses, as ``copy_misses(plan, src, dst, block_table,
+    block_size, num_cores)`` makes it (balanced over cores), described instead of called: given
+    to ``SparseKVBuffer.step`` as ``copy``, the plan and this copy run as ONE launch
+    (``torch.ops.avsg.plan_gather``: the plan's work, a synchronisation of all cores, the
+    gather's copy), with the results of the plan and then ``copy_misses``
+    (``reference.plan_gather``). A caller that copies with its own descriptors passes a callable
+    instead (two launches: the plan, then its copy)."""
+
+    src: TensorList
+    dst: TensorList
+    block_table: Optional[torch.Tensor] = None
+    block_size: Optional[int] = None
+    num_cores: Optional[int] = None
+
+
 # ---------------------------------------------------------------------------------- validation
 
 def _check_positions(topk_pos: torch.Tensor, seq_lens: torch.Tensor) -> None:
@@ -330,12 +346,15 @@ class SparseKVBuffer:
         """One decode layer's whole buffer work, under one hold and one generation: drop every
         entry whose position is ``>= drop_from[row]`` (int32 ``[R]``; rejected drafts and
         rewritten positions; ``None``: nothing), plan ``topk_pos`` against what is left (drop
-        and plan are one launch: the plan's ``valid_lens``), and
-        ``copy(plan)``: the caller's copy of the plan's misses into their slots (``copy_misses``
-        for the package's own gather, or the caller's own kernel). Only when ``copy`` returns
-        are the misses resident; if it raises, the plan's reservations are dropped before the
-        error leaves (a later plan fetches them again). No value checks (the serving path's
-        callers check before, or not at all on an NPU); the shapes are checked.
+        and plan are one launch: the plan's ``valid_lens``), and copy the plan's misses into
+        their slots. ``copy`` is either a ``MissCopy`` (the package's own gather: plan and copy
+        are then one launch too, ``plan_gather``, and the buffer's whole step is one launch) or a
+        callable ``copy(plan)``: the caller's own copy (``copy_misses``, or its own kernel,
+        launched after the plan). Only when the copy succeeds are the misses resident; if it
+        raises, the plan's reservations are dropped before the error leaves (a later plan
+        fetches them again); a ``MissCopy`` refused by a check changes nothing. No value checks
+        (the serving path's callers check before, or not at all on an NPU; a miss whose host
+        row lies outside the pool is not copied); the shapes are checked.
 
         Returns the plan (already copied: ``gather`` of it is refused as superseded only if
         the buffer ran another call since)."""
@@ -344,8 +363,11 @@ class SparseKVBuffer:
         require_tensor("seq_lens", seq_lens, torch.int32, (self.rows,), self.device)
         if drop_from is not None:
             require_tensor("drop_from", drop_from, torch.int32, (self.rows,), self.device)
+        if isinstance(copy, MissCopy):
+            return self._step_fused(topk_pos, seq_lens, copy, drop_from)
         if not callable(copy):
-            raise TypeError(f"copy: expected a callable plan -> None, got {type(copy).__name__}")
+            raise TypeError(f"copy: expected an avsg.MissCopy or a callable plan -> None, got "
+                            f"{type(copy).__name__}")
         held = self._hold("step")
         try:
             (slots, miss_pos, miss_slots, miss_counts), source, generation = self._apply(
@@ -368,6 +390,26 @@ class SparseKVBuffer:
         finally:
             self._release(held)
         return plan
+
+    def _step_fused(self, topk_pos: torch.Tensor, seq_lens: torch.Tensor, copy: MissCopy,
+                    drop_from: Optional[torch.Tensor]) -> Plan:
+        """``step`` with the package's own copy: one ``plan_gather`` launch. Every check runs
+        before it (here and in the op), so a refused call changes nothing; a launch that fails
+        after it started resets every row (``_apply``)."""
+        srcs, dsts, cores, paged = _check_copy_args(
+            self.device, self.rows, self.capacity, copy.src, copy.dst, copy.block_table,
+            copy.block_size, "miss", copy.num_cores, ("copy", "copy.src", "copy.dst"))
+        held = self._hold("step")
+        try:
+            (slots, miss_pos, miss_slots, miss_counts, _), source, generation = self._apply(
+                torch.ops.avsg.plan_gather, topk_pos, seq_lens, self.state, self.stats_counts,
+                self.capacity, self.hash_buckets, self.lifetime, self._policy_id,
+                self._state_context, drop_from, srcs, dsts, copy.block_table,
+                copy.block_size if paged else 0, "miss", cores)
+            self._dropped_in_a_row = 0      # copied in the same launch: nothing is left uncopied
+        finally:
+            self._release(held)
+        return Plan(slots, miss_pos, miss_slots, miss_counts, self.capacity, source, generation)
 
     def _hold(self, what: str) -> bool:
         """Take the buffer for one op. Another thread inside an op of this buffer is a bug in
@@ -760,7 +802,7 @@ def _copy(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[to
           block_size: Optional[int], partition: str, num_cores: Optional[int],
           check: Optional[bool], names: Tuple[str, str, str]) -> torch.Tensor:
     """``_gather``'s checks and its one launch."""
-    pn, sn, dn = names
+    pn = names[0]
     device = plan.miss_pos.device
     for field in ("slots", "miss_pos", "miss_slots", "miss_counts"):
         t = getattr(plan, field)
@@ -768,53 +810,10 @@ def _copy(plan: Plan, src: TensorList, dst: TensorList, block_table: Optional[to
         if t.device != device:
             raise ValueError(f"{pn}.{field}: expected a tensor on {device} (that of "
                              f"{pn}.miss_pos), got one on {t.device}")
-    srcs, dsts = _as_list(sn, src), _as_list(dn, dst)
-    if len(srcs) != len(dsts):
-        raise ValueError(f"{sn}/{dn}: expected the same number of tensors, got {len(srcs)} and "
-                         f"{len(dsts)}")
-    if partition not in reference.ALL_PARTITIONS:
-        raise ValueError(f"partition: expected one of {reference.ALL_PARTITIONS}, got {partition!r}")
     require_bool("check", check, optional=True)
-    cores = get_num_cores() if num_cores is None else num_cores
-    require_int("num_cores", cores, low=1)
-    R = plan.miss_pos.shape[0]
-    paged = block_table is not None
-    if paged:
-        require_tensor("block_table", block_table, torch.int32, ndim=2, device=device)
-        if block_table.shape[0] != R:
-            raise ValueError(f"block_table: expected {R} rows (one per request), got "
-                             f"{block_table.shape[0]}")
-        require_int("block_size", block_size, low=1)
-    elif block_size is not None:
-        raise ValueError("block_size: only meaningful with a block_table (paged pool)")
-    for i, (s, d) in enumerate(zip(srcs, dsts)):
-        require_tensor(f"{dn}[{i}]", d, contiguous=False)   # slots may be padded (kv_slots)
-        require_tensor(f"{sn}[{i}]", s, contiguous=False)   # rows may be padded
-        if s.dtype != d.dtype:
-            raise TypeError(f"{sn}[{i}]/{dn}[{i}]: the pool and the buffer need one dtype, got "
-                            f"{s.dtype} and {d.dtype}")
-        if s.device != device and s.device.type != "cpu":
-            raise ValueError(f"{sn}[{i}]: expected a host (CPU) pool or a tensor on {device} (the "
-                             f"plan's device), got one on {s.device}")
-        if d.dim() < 2 or d.shape[0] != R or d.shape[1] != plan.capacity:
-            raise ValueError(f"{dn}[{i}]: expected shape [{R}, {plan.capacity}, ...], got "
-                             f"{tuple(d.shape)}")
-        if d.device != plan.miss_pos.device:
-            raise ValueError(f"{dn}[{i}]: expected a tensor on {plan.miss_pos.device} (the "
-                             f"plan's device), got one on {d.device}")
-        if s.dim() != d.dim() or s.shape[2:] != d.shape[2:]:
-            raise ValueError(f"{sn}[{i}]: expected shape [*, *, {', '.join(map(str, d.shape[2:]))}]"
-                             f" matching {dn}[{i}]'s row shape, got {tuple(s.shape)}")
-        if paged and s.shape[1] != block_size:
-            raise ValueError(f"{sn}[{i}]: a paged pool is [num_blocks, block_size={block_size}, "
-                             f"...], got {tuple(s.shape)}")
-        if not paged and s.shape[0] != R:
-            raise ValueError(f"{sn}[{i}]: a contiguous pool is [{R}, max_len, ...], got "
-                             f"{tuple(s.shape)}")
-    if paged and any(s.shape[0] != srcs[0].shape[0] for s in srcs):
-        raise ValueError(f"{sn}: paged pools sharing one block_table need the same num_blocks")
-    if not paged and any(s.shape[1] != srcs[0].shape[1] for s in srcs):
-        raise ValueError(f"{sn}: contiguous pools sharing one plan need the same max_len")
+    srcs, dsts, cores, paged = _check_copy_args(device, plan.miss_pos.shape[0], plan.capacity, src,
+                                                dst, block_table, block_size, partition,
+                                                num_cores, names)
     if ((dsts[0].device.type == "cpu") if check is None else check) and not tracing():
         _check_host_rows(plan, srcs[0], block_table, block_size)
     miss_pos, miss_slots = plan.miss_pos, plan.miss_slots
@@ -863,3 +862,58 @@ def _check_host_rows(plan: Plan, src: torch.Tensor, block_table, block_size) -> 
         r, j = (int(i) for i in bad.nonzero()[0])
         raise ValueError(f"block_table[{r}, {int(block_index[r, j])}] = {int(block[r, j])}: "
                          f"expected a block id in [0, {src.shape[0]})")
+
+
+def _check_copy_args(device: torch.device, R: int, capacity: int, src: TensorList, dst: TensorList,
+                     block_table: Optional[torch.Tensor], block_size: Optional[int],
+                     partition: str, num_cores: Optional[int], names: Tuple[str, str, str]):
+    """The structural checks of a copy of a plan of ``R`` rows of ``capacity`` slots on
+    ``device`` (no value read): ``(srcs, dsts, cores, paged)``. ``gather``'s and ``step``'s
+    (``MissCopy``) alike."""
+    _, sn, dn = names
+    srcs, dsts = _as_list(sn, src), _as_list(dn, dst)
+    if len(srcs) != len(dsts):
+        raise ValueError(f"{sn}/{dn}: expected the same number of tensors, got {len(srcs)} and "
+                         f"{len(dsts)}")
+    if partition not in reference.ALL_PARTITIONS:
+        raise ValueError(f"partition: expected one of {reference.ALL_PARTITIONS}, got {partition!r}")
+    cores = get_num_cores() if num_cores is None else num_cores
+    require_int("num_cores", cores, low=1)
+    paged = block_table is not None
+    if paged:
+        require_tensor("block_table", block_table, torch.int32, ndim=2, device=device)
+        if block_table.shape[0] != R:
+            raise ValueError(f"block_table: expected {R} rows (one per request), got "
+                             f"{block_table.shape[0]}")
+        require_int("block_size", block_size, low=1)
+    elif block_size is not None:
+        raise ValueError("block_size: only meaningful with a block_table (paged pool)")
+    for i, (s, d) in enumerate(zip(srcs, dsts)):
+        require_tensor(f"{dn}[{i}]", d, contiguous=False)   # slots may be padded (kv_slots)
+        require_tensor(f"{sn}[{i}]", s, contiguous=False)   # rows may be padded
+        if s.dtype != d.dtype:
+            raise TypeError(f"{sn}[{i}]/{dn}[{i}]: the pool and the buffer need one dtype, got "
+                            f"{s.dtype} and {d.dtype}")
+        if s.device != device and s.device.type != "cpu":
+            raise ValueError(f"{sn}[{i}]: expected a host (CPU) pool or a tensor on {device} (the "
+                             f"plan's device), got one on {s.device}")
+        if d.dim() < 2 or d.shape[0] != R or d.shape[1] != capacity:
+            raise ValueError(f"{dn}[{i}]: expected shape [{R}, {capacity}, ...], got "
+                             f"{tuple(d.shape)}")
+        if d.device != device:
+            raise ValueError(f"{dn}[{i}]: expected a tensor on {device} (the "
+                             f"plan's device), got one on {d.device}")
+        if s.dim() != d.dim() or s.shape[2:] != d.shape[2:]:
+            raise ValueError(f"{sn}[{i}]: expected shape [*, *, {', '.join(map(str, d.shape[2:]))}]"
+                             f" matching {dn}[{i}]'s row shape, got {tuple(s.shape)}")
+        if paged and s.shape[1] != block_size:
+            raise ValueError(f"{sn}[{i}]: a paged pool is [num_blocks, block_size={block_size}, "
+                             f"...], got {tuple(s.shape)}")
+        if not paged and s.shape[0] != R:
+            raise ValueError(f"{sn}[{i}]: a contiguous pool is [{R}, max_len, ...], got "
+                             f"{tuple(s.shape)}")
+    if paged and any(s.shape[0] != srcs[0].shape[0] for s in srcs):
+        raise ValueError(f"{sn}: paged pools sharing one block_table need the same num_blocks")
+    if not paged and any(s.shape[1] != srcs[0].shape[1] for s in srcs):
+        raise ValueError(f"{sn}: contiguous pools sharing one plan need the same max_len")
+    return srcs, dsts, cores, paged

@@ -1404,3 +1404,27 @@ def gather(miss_pos: torch.Tensor, miss_slots: torch.Tensor, miss_counts: torch.
         d[rr, miss_slots[rr, jj].long()] = host[flat_rows[rr, jj]].to(d.device)
     counts = torch.bincount(core[core >= 0], minlength=cores)
     return counts.to(torch.int32)
+
+
+def plan_gather(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
+                seq_lens: torch.Tensor, layout: Layout, lifetime: int, src: Sequence[torch.Tensor],
+                dst: Sequence[torch.Tensor], block_table: Optional[torch.Tensor],
+                block_size: Optional[int], partition: str, cores: int,
+                policy: str = "lifetime", valid_lens: Optional[torch.Tensor] = None):
+    """``plan`` (hash matcher, ``valid_lens`` as there) then ``gather`` of its outputs, as one
+    launch: the op ``plan_gather``, for callers whose copy is the package's own gather.
+    Returns ``(slots, miss_pos, miss_slots, miss_counts, copied)``, the plan's outputs and the
+    gather's per-core counts, every one equal to what the two ops return when called in turn.
+
+    Nothing else is copied and nothing else is read: a row the plan rejects (``miss_counts[r] =
+    -1``, where the kernels cannot raise) copies nothing, and only the ``miss_counts[r]`` misses
+    of a row, each into the slot the plan reserved for it this step. A call refused by a check
+    (the plan's or the gather's; ``partition="selection"`` is refused, its layout is rewritten
+    from a plan's outputs) raises before the state, the statistics or any ``dst`` change."""
+    if partition not in PARTITIONS:
+        raise ValueError(f"partition: expected one of {PARTITIONS} (the selection layout is "
+                         f"rewritten from a plan's outputs: plan, then gather), got {partition!r}")
+    out = plan(state, stats, topk_pos, seq_lens, layout, lifetime, policy=policy,
+               valid_lens=valid_lens)
+    copied = gather(out[1], out[2], out[3], src, dst, block_table, block_size, partition, cores)
+    return (*out, copied)

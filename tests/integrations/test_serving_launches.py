@@ -1,7 +1,9 @@
-"""The kernels the serving path launches per layer and pass are the ones ``SERVING_LAUNCHES``
-states (the decode model prices launches from that constant): every ``torch.ops.avsg`` op a
-``retrieve`` / ``step`` dispatches is counted, on MTP passes with rejected drafts,
-recorded drops and write-through, and must equal it, in order."""
+"""The kernels the serving path launches per layer and pass are the ones ``serving_launches``
+states (the decode model prices launches from ``SERVING_LAUNCHES``, the runtime's default): every
+``torch.ops.avsg`` op a ``retrieve`` / ``step`` dispatches is counted, on MTP passes with rejected
+drafts, recorded drops and write-through, and must equal it, in order. By default that is one
+launch per layer and pass (plan, drop and copy: ``plan_gather``); write-through, the split copy
+and ``fuse_copy=False`` keep the plan and the gather apart."""
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -25,9 +27,9 @@ class AvsgOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("write_through", [False, True])
-def test_retrieve_launches_what_serving_launches_states(write_through):
-    mgr, _ = make(write_through=write_through)
+@pytest.mark.parametrize("write_through, fuse_copy", [(False, None), (True, None), (False, False)])
+def test_retrieve_launches_what_serving_launches_states(write_through, fuse_copy):
+    mgr, _ = make(write_through=write_through, fuse_copy=fuse_copy)
     for row in range(R):
         mgr.add(row)
     per_pass = []
@@ -48,11 +50,26 @@ def test_retrieve_launches_what_serving_launches_states(write_through):
             mgr.step(0, topk.view(R, T, K), rtk, new_kv=news and [
                 n.view(R * T, 1, -1) for n in news])
         per_pass.append(ops.names)
-    assert per_pass and all(names == list(serving.SERVING_LAUNCHES) for names in per_pass), per_pass
+    want = serving.serving_launches(write_through, fused=mgr.fuse_copy)
+    assert len(per_pass) == 12 and all(names == list(want) for names in per_pass), per_pass
+    if not write_through and fuse_copy is None:
+        assert want == serving.SERVING_LAUNCHES == ("plan_gather",)    # one launch on CPU
+
+
+def test_the_split_copy_keeps_the_gather_apart():
+    mgr, _ = make()
+    for row in range(R):
+        mgr.add(row)
+    qsl, seq, topk = decode_inputs(0)
+    rtk = mgr.begin_step_rtk(seq + 1, T, block_table(), torch.ones(R, dtype=torch.bool))
+    with AvsgOps() as ops:
+        mgr.step(0, topk.view(R, T, K), rtk, split=True)
+        mgr.copy_stream.wait()
+    assert ops.names == list(serving.serving_launches(split=True)) == ["plan", "gather"]
 
 
 def test_the_decode_model_takes_avsg_launches_from_the_serving_constant(monkeypatch):
-    assert projection.launches_per_layer("avsg") == len(serving.SERVING_LAUNCHES)
+    assert projection.launches_per_layer("avsg") == len(serving.SERVING_LAUNCHES) == 1
     monkeypatch.setattr(serving, "SERVING_LAUNCHES", ("plan", "gather"))
     assert projection.launches_per_layer("avsg") == 2
     assert projection.launches_per_layer("lru-device") == 2     # the same manager, lru policy

@@ -135,3 +135,62 @@ def test_bad_arguments_name_themselves_and_touch_nothing():
         with pytest.raises(error, match=name):
             buf.step(**args)
         assert torch.equal(buf.state, state) and buf._generation == generation, name
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seed", range(2))
+def test_step_with_the_packages_own_copy_is_one_launch_of_the_same_result(policy, seed):
+    """``copy=avsg.MissCopy(...)``: the plan and the copy in one ``plan_gather`` launch, with the
+    state, statistics, plans and KV bytes of ``step`` with ``copy_misses`` as its copy."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "avsg":
+                self.names.append(func._schema.name.split("::")[1])
+            return func(*args, **(kwargs or {}))
+
+    rng = random.Random(50 + seed)
+    fused, apart = make_buffer(policy), make_buffer(policy)
+    host = torch.randn(R, MAX_LEN, D)
+    kv_fused, kv_apart = kv_zeros(R, S, D), kv_zeros(R, S, D)
+    length = 12
+    for step in range(20):
+        length = min(MAX_LEN, length + rng.randint(0, 2))
+        topk, seq, drop = random_step(rng, length)
+        with Ops() as ops:
+            plan = fused.step(topk, seq, avsg.MissCopy(host, kv_fused, num_cores=1 + step % 4),
+                              drop_from=drop)
+        assert ops.names == ["plan_gather"]
+        ops.names.clear()
+        ref = apart.step(topk, seq, lambda p: copy_misses(p, host, kv_apart, num_cores=2),
+                         drop_from=drop)
+        for field in ("slots", "miss_pos", "miss_slots", "miss_counts"):
+            assert torch.equal(getattr(plan, field), getattr(ref, field)), (step, field)
+        assert torch.equal(fused.state, apart.state), step
+        assert torch.equal(fused.stats_counts, apart.stats_counts), step
+        assert torch.equal(kv_fused, kv_apart), step
+        assert_reads_host(plan, topk, host, kv_fused)
+    assert fused._uncopied is None          # copied in its own launch: nothing left to drop
+    fused.check_state()
+
+
+def test_a_bad_miss_copy_names_itself_and_touches_nothing():
+    buf = make_buffer("lifetime")
+    host = torch.randn(R, MAX_LEN, D)
+    kv = kv_zeros(R, S, D)
+    topk, seq, drop = random_step(random.Random(3), 20)
+    buf.step(topk, seq, avsg.MissCopy(host, kv))
+    state, generation, before = buf.state.clone(), buf._generation, kv.clone()
+    cases = ((avsg.MissCopy(host, kv_zeros(R, S + 1, D)), ValueError, r"copy\.dst\[0\]"),
+             (avsg.MissCopy(host.double(), kv), TypeError, r"copy\.src\[0\]"),
+             (avsg.MissCopy([host, host], kv), ValueError, "copy.src/copy.dst"),
+             (avsg.MissCopy(host, kv, num_cores=0), ValueError, "num_cores"),
+             (avsg.MissCopy(host, kv, block_size=4), ValueError, "block_size"))
+    for copy, error, name in cases:
+        with pytest.raises(error, match=name):
+            buf.step(topk, seq, copy, drop_from=drop)
+        assert torch.equal(buf.state, state) and buf._generation == generation, name
+        assert torch.equal(kv, before), name

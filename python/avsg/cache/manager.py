@@ -120,6 +120,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from typing import (Callable, ContextManager, Dict, List, NamedTuple, Optional, Sequence,
                     Tuple, Union)
 
@@ -138,17 +139,41 @@ from .residency import NO_LIMIT, Residency
 from .rows import RowTable
 
 RESIDENT_BLOCK_SIZE = 128         # the page size sparse flash attention reads (PA_BSND)
-# The avsg kernels one layer of a serving pass launches (``step`` / ``retrieve``), in order:
-# SparseKVBuffer.step's plan, which carries the drop (its valid_lens), then PagedKV.copy's
-# gather.
-# The decode model prices launches from this tuple (avsg.lab.costmodel.projection.launches_per_layer);
-# tests/integrations/test_serving_launches.py counts the avsg ops a layer step dispatches and
-# holds them equal to it: change both together.
-SERVING_LAUNCHES = ("plan", "gather")
+# The avsg kernels one layer of a serving pass launches (``step`` / ``retrieve``), in order. By
+# default the copy is the package's own gather of every miss, so SparseKVBuffer.step runs the
+# drop (the plan's valid_lens), the plan and the copy as one launch (plan_gather, PagedKV.miss_copy).
+# With write-through (the host copy stops short of a pass's own positions) or the split (the copy
+# on its own stream, beside attention over the hits) the plan and PagedKV.copy's gather are two.
+# The decode model prices launches from SERVING_LAUNCHES, the runtime's default
+# (avsg.lab.costmodel.projection.launches_per_layer); tests/integrations/test_serving_launches.py
+# counts the avsg ops a layer step dispatches and holds them equal to serving_launches(): change
+# both together.
+SERVING_LAUNCHES = ("plan_gather",)
+SERVING_LAUNCHES_APART = ("plan", "gather")
+
+
+def serving_launches(write_through: bool = False, split: bool = False,
+                     fused: bool = True) -> Tuple[str, ...]:
+    """The avsg kernels one layer's step launches: ``SERVING_LAUNCHES`` when the plan and the
+    copy are one launch (``fused``: the manager's ``fuse_copy``), else the two apart."""
+    return SERVING_LAUNCHES if fused and not write_through and not split \
+        else SERVING_LAUNCHES_APART
 _MAX_WIDTH = 1 << 16                  # latent / RoPE widths: DeepSeek's are 512 and 64
 _MAX_TOKENS = (1 << 31) - 1           # query_start_loc is int32
 _TOKEN_BYTES = 64                     # what begin_step and retrieve allocate per token, about
 _SERIALS = itertools.count(1)         # one per manager: StepMeta.manager names the one that made it
+
+
+def default_fuse_copy(device: torch.device) -> bool:
+    """Whether the serving core fuses plan and copy by default on ``device``: always on CPU. On an
+    NPU the fused launch waits across cores, like the split plan: only where the library launches
+    such a kernel with the batch schedule mode and ``AVSG_NPU_SPLIT=1`` says that wait was
+    verified on this device (``avsg doctor``; docs/npu.md)."""
+    if device.type == "cpu":
+        return True
+    from .. import backend
+    return backend.backend_info().get("npu_split_launch") == "batch" and \
+        os.environ.get("AVSG_NPU_SPLIT") == "1"
 
 
 class StepMeta(NamedTuple):
@@ -229,6 +254,10 @@ class SparseOffloadManager:
         gather_cores: cores the copy's gather launch takes (``avsg.gather``'s ``num_cores``;
             default ``avsg.get_num_cores()``): fewer leave cores to an attention kernel that
             should run beside the copy (``step(split=True)``, docs/overlap.md).
+        fuse_copy: run a layer's plan and its copy as one launch (``plan_gather``) wherever the
+            copy is the package's own gather of every miss (not with write-through, nor
+            ``step(split=True)``). Default: on CPU; on an NPU only where the plan's split may run
+            (``default_fuse_copy``), since the fused launch waits across cores as it does.
     """
 
     def __init__(self, num_layers: int, max_rows: int, capacity: int, topk: int,
@@ -241,8 +270,9 @@ class SparseOffloadManager:
                  check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
                  timers: Optional[Callable[[str], ContextManager]] = None,
                  policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None,
-                 gather_cores: Optional[int] = None):
+                 gather_cores: Optional[int] = None, fuse_copy: Optional[bool] = None):
         require_int("num_layers", num_layers, low=1)
+        require_bool("fuse_copy", fuse_copy, optional=True)
         if gather_cores is not None:
             require_int("gather_cores", gather_cores, low=1)
         require_int("max_rows", max_rows, low=1)
@@ -273,6 +303,7 @@ class SparseOffloadManager:
         self.pages_per_row = capacity // resident_block_size
         self.write_through, self.auto_invalidate = write_through, auto_invalidate
         self.check = (self.device.type == "cpu") if check is None else check
+        self.fuse_copy = default_fuse_copy(self.device) if fuse_copy is None else fuse_copy
         self._timers = timers
         # the three parts: which request holds which state row (keyed by batch row), every
         # layer's buffers and drops, and the device KV with the host pool it is copied from
@@ -813,6 +844,12 @@ class SparseOffloadManager:
         plan_phase = contextlib.ExitStack() if self._timers is not None and not tracing() \
             else None
 
+        def settle(plan: Plan, counts: torch.Tensor) -> None:
+            self.h2d_rows += counts.sum()
+            column = torch.arange(T * K, device=self.device)[None, :]
+            host_counts.append((counts, torch.where(column < counts[:, None], plan.miss_pos,
+                                                    torch.full_like(plan.miss_pos, -1))))
+
         def copy(plan: Plan) -> None:
             if plan_phase is not None:
                 plan_phase.close()
@@ -829,11 +866,12 @@ class SparseOffloadManager:
                                          news)
                 if fresh is not None:
                     self.write_through_rows += fresh.sum()
-                self.h2d_rows += counts.sum()
-                column = torch.arange(T * K, device=self.device)[None, :]
-                host_counts.append((counts, torch.where(column < counts[:, None], plan.miss_pos,
-                                                        torch.full_like(plan.miss_pos, -1))))
+                settle(plan, counts)
 
+        # the package's own copy of every miss: plan and copy in one launch (timed as the plan)
+        fused = serving_launches(news is not None, split, self.fuse_copy) == SERVING_LAUNCHES
+        if fused:
+            copy = self.paged.miss_copy(layer, meta.block_table)
         stable = meta.stable_lens if self.auto_invalidate else None
         if plan_phase is None:
             plan = self.residency.step(layer, topk_pos, meta.seq_lens, copy, stable)
@@ -841,6 +879,8 @@ class SparseOffloadManager:
             with plan_phase:
                 plan_phase.enter_context(self._timers("plan"))
                 plan = self.residency.step(layer, topk_pos, meta.seq_lens, copy, stable)
+        if fused:
+            settle(plan, plan.miss_counts)
         counts, host_pos = host_counts[0]
         parts = None
         if split:

@@ -1,5 +1,6 @@
 """``PagedKV``: the device KV buffers behind the state rows, the engine's paged host pool, and
-the package's own copy between them (``gather``, with write-through of a pass's new KV).
+the package's own copy between them (``gather``, with write-through of a pass's new KV; without
+it, ``miss_copy``: the plan and the copy as one launch, ``plan_gather``).
 
 For engines whose host pool AVSG addresses itself (the runtime, MindIE). The vllm-ascend plugin
 keeps vllm-ascend's buffers and copies with its descriptors instead.
@@ -23,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from .. import buffer as avsg_buffer
-from ..buffer import Plan
+from ..buffer import MissCopy, Plan
 from ..kvformat import KVFormat
 from ..validation import require_fits, require_tensor
 
@@ -136,21 +137,29 @@ class PagedKV:
         ``new_kv`` (per component ``[N, width]``, token ``pos + token_base[row]``) instead.
         Returns the rows copied from the host per state row, int32 ``[R]``. For
         ``SparseKVBuffer.step``: no bookkeeping of the plan here."""
-        host = self.host(layer)
         host_counts = plan.miss_counts
         if fresh is not None:
             # this pass's own positions are the largest a row selects and miss_pos ascends:
             # the fresh misses are the tail of each row's miss list, so the host gather stops
             # early
             host_counts = plan.miss_counts - fresh.sum(1, dtype=torch.int32)
-        views = [kv if pool.dim() == 4 else kv.view(self.rows, self.capacity, kv.shape[-1])
-                 for kv, pool in zip(self.kv[layer], host)]
-        avsg_buffer.copy_misses(plan._replace(miss_counts=host_counts), list(host), views,
+        own = self.miss_copy(layer, block_table)
+        avsg_buffer.copy_misses(plan._replace(miss_counts=host_counts), own.src, own.dst,
                                 block_table=block_table, block_size=self.block_size,
                                 num_cores=self.gather_cores)
         if fresh is not None:
             self._write_through(layer, plan, fresh, token_base, new_kv)
         return host_counts
+
+    def miss_copy(self, layer: int, block_table: torch.Tensor) -> MissCopy:
+        """The copy of ``copy`` (no write-through) as a ``MissCopy``: given to
+        ``SparseKVBuffer.step``, the layer's plan and this copy are one launch (``plan_gather``);
+        every miss of a plan is copied from the host pool through ``block_table``, so a plan's
+        rows copied from the host are its ``miss_counts``."""
+        host = self.host(layer)
+        views = [kv if pool.dim() == 4 else kv.view(self.rows, self.capacity, kv.shape[-1])
+                 for kv, pool in zip(self.kv[layer], host)]
+        return MissCopy(list(host), views, block_table, self.block_size, self.gather_cores)
 
     def _write_through(self, layer: int, plan: Plan, fresh: torch.Tensor,
                        token_base: torch.Tensor, new_kv: Sequence[torch.Tensor]) -> None:
