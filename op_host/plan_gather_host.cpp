@@ -70,8 +70,9 @@ void LaunchPlanGather(uint32_t blockDim, const PlanGatherTiling& tiling, const a
 #else
     (void)blockDim; (void)tiling; (void)topk_pos; (void)seq_lens; (void)valid_lens; (void)state; (void)stats;
     (void)rows; (void)workspace; (void)block_table; (void)count_out; (void)sync;
-    TORCH_CHECK(false, "avsg.plan_gather: this NPU library has no launch with the batch schedule mode (",
-                AVSG_NPU_SPLIT_LAUNCH, "), which a kernel that waits across cores needs: use plan, then gather");
+    TORCH_CHECK(false, "avsg.plan_gather: this NPU library was built without the launch with the batch schedule "
+                "mode (avsg.backend.backend_info()['npu_split_launch'] says why), which a kernel that waits across "
+                "cores needs: use plan, then gather");
 #endif
 }
 

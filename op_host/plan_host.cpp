@@ -125,7 +125,7 @@ uint32_t PlanBlocks(const PlanTiling& tiling) {
 }
 
 PlanRows AllocPlanRows(const at::Tensor& topk_pos, const PlanTiling& tiling) {
-    const int64_t R = topk_pos.size(0), T = topk_pos.size(1), K = topk_pos.size(2);
+    const int64_t R = topk_pos.size(0);
     auto opts = topk_pos.options().dtype(at::kInt);
     // Two rows may be planned by two cores, so every output row gets 32 B granules of its own:
     // rows of tiling.outPitch int32 (T*K rounded up to 8) and miss_counts at a pitch of

@@ -33,7 +33,10 @@ extern "C" __global__ __aicore__ void avsg_plan_gather(GM_ADDR topk, GM_ADDR seq
     AscendC::TPipe pipe;
     avsg_kernel::PlanOnPipe<avsg_kernel::MatchHash>(&pipe, topk, seq, validLens, state, stats, slots, missPos,
                                                     missSlots, missCounts, workspace, tiling);
-    // every pipe idle before the plan's buffers are given up
+    // Every pipe idle before the plan's buffers are given up. TPipe::Reset returns the pipe to its
+    // initial state, buffers and event ids free (A2 supported: asc-devkit 82b89a15f,
+    // docs/zh/api/SIMD-API/基础API/资源管理/TPipe/Reset.md; include/basic_api/kernel_tpipe.h:278,
+    // impl/basic_api/kernel_tpipe_impl.h:606 first waits for the buffers' pending free events).
     AscendC::PipeBarrier<PIPE_ALL>();
     pipe.Reset();
     {

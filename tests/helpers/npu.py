@@ -17,6 +17,7 @@ from . import REPO
 STUBS = os.path.join(REPO, "tests", "npu", "npu_stubs")
 NPU_HOST_FILES = ["op_host/plan_host.cpp", "op_host/invalidate_host.cpp", "op_host/reset_host.cpp",
                   "op_host/resize_host.cpp", "op_host/state_host.cpp", "op_host/gather_host.cpp",
+                  "op_host/plan_gather_host.cpp",
                   "op_host/calibrate_host.cpp", "op_host/npu/host_pool.cpp", "op_host/npu/host_register.cpp",
                   "op_host/npu/split_launch.cpp"]
 

@@ -395,24 +395,29 @@ def test_step_with_the_split_changes_nothing_but_adds_the_split_lists():
         mgr.step(0, torch.full((R, T, K), -1, dtype=torch.int32), meta, split="yes")
 
 
-def test_gather_cores_is_the_copy_launch_core_count(monkeypatch):
-    """gather_cores reaches the copy's gather (num_cores) and changes no byte; bad values are
-    named."""
-    import avsg.buffer as avsg_buffer
-    seen = []
-    real = avsg_buffer.copy_misses
+@pytest.mark.parametrize("fuse_copy", [None, False])
+def test_gather_cores_is_the_copy_launch_core_count(fuse_copy):
+    """gather_cores reaches the copy's launch (num_cores of plan_gather, or of the gather when
+    the plan and the copy are apart) and changes no byte; bad values are named."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    import avsg
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("num_cores"))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(avsg_buffer, "copy_misses", spy)
+    class Cores(TorchDispatchMode):
+        seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "avsg" and func._schema.name.split("::")[1] in ("gather", "plan_gather"):
+                self.seen.append(args[-1])
+            return func(*args, **(kwargs or {}))
+
     kv = []
     for cores in (None, 3):
-        mgr, _ = make(gather_cores=cores)
+        mgr, _ = make(gather_cores=cores, fuse_copy=fuse_copy)
         for r in range(R):
             mgr.add(r)
-        run_step(mgr, 0)
+        with Cores():
+            run_step(mgr, 0)
         kv.append([k.clone() for k in mgr.kv[0]])
-    assert seen == [None, 3] and all(torch.equal(a, b) for a, b in zip(*kv))
+    assert Cores.seen == [avsg.get_num_cores(), 3] and all(torch.equal(a, b) for a, b in zip(*kv))
     with pytest.raises(ValueError, match="gather_cores"):
         make(gather_cores=0)

@@ -1,0 +1,7 @@
+#pragma once
+#include "acl/acl.h"
+#ifndef ACLRT_LAUNCH_KERNEL
+#define ACLRT_LAUNCH_KERNEL(k) aclrtlaunch_##k
+#endif
+uint32_t aclrtlaunch_avsg_plan_gather(uint32_t, aclrtStream, void*, void*, void*, void*, void*, void*, void*, void*,
+                                      void*, void*, void*, void*, void*, void*);
