@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from avsg import buffer as avsg_buffer
-
+from avsg.cache import manager as serving
 from avsg.runtime.base import Retrieved
 from avsg.runtime.scheduler import Request
 from avsg.runtime.spec import SimulatedAcceptance
@@ -159,14 +159,15 @@ def test_calls_per_pass_and_per_layer(tiny_model, monkeypatch, mtp, prompts):  #
         assert not [e for e in events if e[0] == "buffer.step" and not e[2]]
         stepped = [e[1] for e in events if e[0] == "buffer.step"]
         retrieved = [e[1] for e in events if e[0] == "manager.step"]
-        # the pass's launches but the copies and the resets of admissions (between passes): one
-        # plan per layer, the drop inside it
-        ops = [e[1:] for e in events if e[0] == "launch" and e[1] not in ("gather", "reset")]
+        # the pass's launches but the resets of admissions (between passes): one launch per
+        # layer (SERVING_LAUNCHES: plan_gather, the drop and the copy inside it)
+        ops = [e[1:] for e in events if e[0] == "launch" and e[1] != "reset"]
         if prefill:                     # attention reads the pass's own KV: nothing planned
             assert stepped == retrieved == ops == []
         else:                           # every layer of the pass once, one buffer call each
             assert stepped == retrieved == expected_layers[kind]
-            assert ops == [("plan", True)] * len(stepped), ops
+            assert serving.SERVING_LAUNCHES == ("plan_gather",)
+            assert ops == [("plan_gather", True)] * len(stepped), ops
     decode = [kind for kind, prefill, _ in passes if not prefill]
     verify, mtp_passes = decode.count("main"), decode.count("mtp")
     prefills = len(passes) - len(decode)
@@ -176,8 +177,8 @@ def test_calls_per_pass_and_per_layer(tiny_model, monkeypatch, mtp, prompts):  #
     assert prefills == (len(requests) * (2 if mtp else 1) if prompts else 0)
     assert totals["pass"] == totals["begin_pass"] == totals["manager.begin_step_rtk"] \
         == len(passes)
-    assert totals["buffer.step"] == totals["manager.step"] == launches["plan"] == verify * L + mtp_passes
-    assert launches["invalidate"] == 0 and set(launches) <= {"plan", "gather", "reset"}
+    assert totals["buffer.step"] == totals["manager.step"] == launches["plan_gather"] == verify * L + mtp_passes
+    assert set(launches) <= {"plan_gather", "reset"}
     if mtp:     # the engine drops rejected drafts twice per step (the MTP layer, then all)
         assert totals["manager.invalidate"] >= 2 * steps
 
