@@ -252,9 +252,11 @@ public:
                 const uint32_t got = CompactWinners(sel, i, values, cnt);
                 if (got == 0) continue;
                 ctx_.Ensure(w, id);
-                for (uint32_t q = 0; q < got; ++q)
-                    w.buf.SetValue(static_cast<uint32_t>(cOff.GetValue(q)) >> 2, cVal.GetValue(q));
-                w.dirty = true;
+                for (uint32_t q = 0; q < got; ++q) {
+                    const uint32_t idx = static_cast<uint32_t>(cOff.GetValue(q)) >> 2;
+                    w.buf.SetValue(idx, cVal.GetValue(q));
+                    WinMark(w, idx);
+                }
             }
         }
         PipeBarrier<PIPE_V>();   // the GatherMasks read wIdx_, which the caller rewrites next

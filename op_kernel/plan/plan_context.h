@@ -71,6 +71,7 @@ public:
             win_[s].len = t_.secLen[s];
             win_[s].wlog = t_.winLog[s];
             win_[s].wlen = t_.winLen[s];
+            WinSetBlockLen(win_[s]);
             win_[s].nwin = 0;
             if (ub.window[s] == 0) continue;   // a policy section the lifetime policy lacks
             pipe->InitBuffer(winBuf_[s], ub.window[s]);
