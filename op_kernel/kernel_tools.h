@@ -75,6 +75,7 @@ __aicore__ inline void StoreInts(const GlobalTensor<int32_t>& dst, const LocalTe
 // whole window. A block is a multiple of 8 int32 (32 B) and sections start on 32 B in GM, so a
 // block copy writes only this row's granules.
 constexpr uint32_t kWinBlocks = 128, kWinBlockWords = kWinBlocks / 32;
+constexpr uint32_t kWinMergeGap = 256;   // entries (1 KB): clean blocks copied along inside a run
 struct Win {
     LocalTensor<int32_t> buf;
     GlobalTensor<int32_t> gm;
@@ -124,8 +125,19 @@ __aicore__ inline void WinFlush(Win& w) {
                 ++b;
                 continue;
             }
-            uint32_t e = b + 1;
-            while (e < nb && WinBlockDirty(w, e)) ++e;
+            // a run ends at a clean stretch longer than kWinMergeGap entries: copying a shorter one
+            // along costs less than starting another copy
+            uint32_t e = b + 1, clean = 0;
+            for (; e < nb; ++e) {
+                if (WinBlockDirty(w, e)) {
+                    clean = 0;
+                } else if ((clean + 1) * w.blen > kWinMergeGap) {
+                    break;
+                } else {
+                    ++clean;
+                }
+            }
+            e -= clean;                           // the run ends at its last dirty block
             const uint32_t lo = b * w.blen, hi = MinU(e * w.blen, cnt);
             DataCopy(gm[lo], w.buf[lo], hi - lo);
             b = e;
@@ -146,14 +158,6 @@ __aicore__ inline void WinEnsure(Win& w, int32_t id) {
     DataCopy(w.buf, w.gm[static_cast<uint32_t>(id) * w.wlen], WinCount(w, id));
     if (kVector) Sync<HardEvent::MTE2_V>();
     Sync<HardEvent::MTE2_S>();
-    w.cur = id;
-}
-// Makes window id current without loading it, for a caller that overwrites all WinCount(w, id)
-// of its entries (a whole-section write-back): the GM copy is not read, only replaced.
-template <bool kVector>
-__aicore__ inline void WinClaim(Win& w, int32_t id) {
-    if (w.cur == id) return;
-    WinFlush<kVector>(w);
     w.cur = id;
 }
 template <bool kVector>

@@ -27,9 +27,14 @@ public:
         probe_.Buckets();
         probe_.SplitIdx(bs, ctx_.wIdx_);
         probe_.GatherVals(bs, ctx_.wSlot_, 0, ctx_.SlotMax());     // the slot each probe bucket names
-        Adds(ctx_.wIdx_, ctx_.wSlot_, 0, n);
-        PipeBarrier<PIPE_V>();
-        probe_.SplitIdx(sp, ctx_.wIdx_);
+        if (sp.nwin == 1) {                       // SplitIdx of one window: the byte offsets
+            ShiftLeft(ctx_.wIdx_, ctx_.wSlot_, 2, n);
+            PipeBarrier<PIPE_V>();
+        } else {
+            Adds(ctx_.wIdx_, ctx_.wSlot_, 0, n);
+            PipeBarrier<PIPE_V>();
+            probe_.SplitIdx(sp, ctx_.wIdx_);
+        }
         probe_.MatchBits(sp, ctx_.vWant_, false, ctx_.mOwn_);      // slot_pos[slot] == p
         // an invalid lane (-2) matches nothing, whatever a corrupted slot_pos holds
         CompareScalar(ctx_.mKey_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);

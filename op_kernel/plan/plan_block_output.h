@@ -68,8 +68,8 @@ public:
         const uint64_t rowState = static_cast<uint64_t>(r) * ctx_.t_.width;
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         OutputMisses(r, m);
-        ctx_.FillTail(ctx_.missPosGm_, rowN, m, ctx_.t_.N);
-        ctx_.FillTail(ctx_.missSlotsGm_, rowN, m, ctx_.t_.N);
+        const GlobalTensor<int32_t> tails[] = {ctx_.missPosGm_, ctx_.missSlotsGm_};
+        ctx_.FillTails(tails, 2, rowN, m, ctx_.t_.N);
         Sync<HardEvent::MTE3_MTE2>();
         Sync<HardEvent::MTE3_S>();
         DataCopy(ctx_.statsUb_, ctx_.statsGm_[static_cast<uint64_t>(r) * 4], 4);

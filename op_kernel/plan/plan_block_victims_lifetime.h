@@ -96,7 +96,7 @@ public:
         }
         if (have) ctx_.countUb_.SetValue(kHandWord, static_cast<int32_t>(lastSlot + 1 < ctx_.activeCap_ ? lastSlot + 1 : 0u));
         ctx_.missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
-        if (compact) WriteBackLives();
+        if (compact) victims_.WriteBackHalfCopy();
     }
     // The lowest life a candidate (a slot below the active capacity) holds, -1 if one is free:
     // over the half copy, which DecayAndPin's casts and Allocate's installs wrote.
@@ -135,28 +135,6 @@ public:
         ReduceMin(ctx_.wIdx_.ReinterpretCast<float>(), lowest, ctx_.wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(chunk));
         Sync<HardEvent::V_S>();
         return static_cast<int32_t>(ctx_.wIdx_.ReinterpretCast<float>().GetValue(0));
-    }
-    // slot_life = the half copy (lives in [-1, L+1]: exact in half), window by window. Every
-    // entry of each window is overwritten, so no window is loaded: the step moves slot_life in
-    // once (DecayAndPin) and out once, wherever its victims lie.
-    __aicore__ inline void WriteBackLives() {
-        Win& sl = ctx_.win_[avsg::SEC_SL];
-        const LocalTensor<float> lifeF = ctx_.wWin_.ReinterpretCast<float>();
-        const uint32_t chunk = probe_.Wide();
-        Sync<HardEvent::S_V>();                   // the installs' scalar writes of the half copy
-        PipeBarrier<PIPE_V>();                    // and the level scan's vector readers of wWin_
-        for (uint32_t id = 0; id < sl.nwin; ++id) {
-            ctx_.Claim(sl, static_cast<int32_t>(id));
-            const uint32_t base = id * sl.wlen, cnt = WinCount(sl, static_cast<int32_t>(id));
-            for (uint32_t off = 0; off < cnt; off += chunk) {
-                const uint32_t n = MinU(chunk, cnt - off);
-                Cast(lifeF, ctx_.sHalf_[base + off], RoundMode::CAST_NONE, n);
-                PipeBarrier<PIPE_V>();
-                Cast(sl.buf[off], lifeF, RoundMode::CAST_RINT, n);
-                PipeBarrier<PIPE_V>();
-            }
-            sl.dirty = true;
-        }
     }
     // mA_ &= lo <= slot id (vT1_) < hi on n lanes; ids are < 2^24, exact in float
     __aicore__ inline void KeepSlotsIn(uint32_t lo, uint32_t hi, uint32_t n) {
