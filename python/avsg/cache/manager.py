@@ -136,6 +136,7 @@ from .overlap import CopyStream
 from .paged import PagedKV
 from .residency import NO_LIMIT, Residency
 from .rows import RowTable
+from .split_rule import SplitPolicy
 
 RESIDENT_BLOCK_SIZE = 128         # the page size sparse flash attention reads (PA_BSND)
 # The avsg kernels one layer of a serving pass launches (``step`` / ``retrieve``), in order:
@@ -229,6 +230,9 @@ class SparseOffloadManager:
         gather_cores: cores the copy's gather launch takes (``avsg.gather``'s ``num_cores``;
             default ``avsg.get_num_cores()``): fewer leave cores to an attention kernel that
             should run beside the copy (``step(split=True)``, docs/overlap.md).
+        split_policy: the split rule's inputs (``avsg.cache.split_rule.SplitPolicy``: its
+            profile, the launch cost, whether the overlap is established on this card, the
+            expected misses) for ``step(split="auto")``; None: "auto" is refused.
     """
 
     def __init__(self, num_layers: int, max_rows: int, capacity: int, topk: int,
@@ -241,8 +245,12 @@ class SparseOffloadManager:
                  check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
                  timers: Optional[Callable[[str], ContextManager]] = None,
                  policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None,
-                 gather_cores: Optional[int] = None):
+                 gather_cores: Optional[int] = None,
+                 split_policy: Optional[SplitPolicy] = None):
         require_int("num_layers", num_layers, low=1)
+        if split_policy is not None and not isinstance(split_policy, SplitPolicy):
+            raise TypeError(f"split_policy: expected None or a SplitPolicy, got "
+                            f"{type(split_policy).__name__}")
         if gather_cores is not None:
             require_int("gather_cores", gather_cores, low=1)
         require_int("max_rows", max_rows, low=1)
@@ -316,6 +324,7 @@ class SparseOffloadManager:
         self.h2d_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         # where step(split=True) queues its copies (docs/overlap.md); no-ops on CPU
         self.copy_stream = CopyStream(self.device)
+        self.split_policy = split_policy
         self.write_through_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         if host_kv is not None:
             self.register_host_kv(host_kv)
@@ -757,7 +766,7 @@ class SparseOffloadManager:
 
     def step(self, layer: int, topk_pos: torch.Tensor, meta: StepMeta,
              new_kv: Optional[Sequence[torch.Tensor]] = None, check: Optional[bool] = None,
-             checked_topk: bool = False, split: bool = False) -> RowSlots:
+             checked_topk: bool = False, split: Union[bool, str] = False) -> RowSlots:
         """One layer: drop, plan and copy for ``topk_pos`` int32 ``[max_rows, q, K]`` **by state
         row** (``q`` = ``1..T``; request-relative positions, ``-1`` = none) -> ``RowSlots``: the
         slot of every selection, ``[max_rows, q, K]`` in the same order, which the layer's buffer
@@ -770,9 +779,17 @@ class SparseOffloadManager:
         ``split=True``: the copy is queued on ``copy_stream`` (a side stream on an NPU, in order
         on CPU) so that attention over the hits need not wait for it, and ``RowSlots.split``
         says which slots are which; the caller runs ``copy_stream.wait()`` before anything
-        reads a miss slot, ``host_pos`` or ``host_counts`` (docs/overlap.md)."""
+        reads a miss slot, ``host_pos`` or ``host_counts`` (docs/overlap.md). ``split="auto"``:
+        split exactly where the split rule (``avsg.cache.split_rule.choose_split``, the one the
+        decode model prices with) chooses it for this step's requests and query tokens, with
+        the manager's ``split_policy`` (decided on the host: no device read; without an
+        established overlap it never splits); ``RowSlots.split`` says which was done."""
         self._layer(layer)
-        require_bool("split", split)
+        if split != "auto":
+            require_bool("split", split)
+        elif self.split_policy is None:
+            raise ValueError("split: 'auto' needs the manager's split_policy (the split rule's "
+                             "profile, launch cost and overlap); pass True or False otherwise")
         R, T, K = self.max_rows, self.queries_per_step, self.topk
         self._check_meta(meta)
         require_tensor("topk_pos", topk_pos, torch.int32, ndim=3, device=self.device)
@@ -800,6 +817,10 @@ class SparseOffloadManager:
                 check_selections(topk_pos.reshape(R * q, K), meta.seq_lens.repeat_interleave(q),
                                  where, meta.buffered.repeat_interleave(q),
                                  limit_name=lambda n: "its request's seq_len")
+        if split == "auto":
+            # the requests this step plans, from the host's row table (no device read)
+            rows = min(meta.num_reqs, sum(self._occupied_host))
+            split = self.split_policy.choose(rows, q, K)
         if q < T:
             topk_pos = torch.cat([topk_pos, topk_pos.new_full((R, T - q, K), -1)], dim=1)
         # a row with no request planned this pass plans nothing

@@ -268,10 +268,17 @@ def _compute_layer_s(c, hw, fmt: KVFormat, batch: int, tokens: int, context: int
     index_s = max(hardware.hbm_time_s(hw, batch * context * fmt.index_row_bytes),
                   hardware.cube_time_s(hw, 2 * tokens * context * c.index_n_heads
                                        * c.index_head_dim, bits))
-    mla_s = max(hardware.hbm_time_s(hw, tokens * K * fmt.row_bytes),
-                hardware.cube_time_s(hw, 2 * tokens * K * c.num_attention_heads
-                                     * (2 * c.kv_lora_rank + c.qk_rope_head_dim), 16))
+    mla_s = mla_time_s(c, hw, fmt, tokens)
     return hardware.hbm_time_s(hw, weights) + index_s + mla_s, mla_s
+
+
+def mla_time_s(c, hw, fmt: KVFormat, tokens: int) -> float:
+    """Sparse MLA of one layer over K rows per query token: HBM- or cube-bound (linear in the
+    selections, so the split's rule reads its per-selection rate from it)."""
+    K = c.index_topk
+    return max(hardware.hbm_time_s(hw, tokens * K * fmt.row_bytes),
+               hardware.cube_time_s(hw, 2 * tokens * K * c.num_attention_heads
+                                    * (2 * c.kv_lora_rank + c.qk_rope_head_dim), 16))
 
 
 def _link_s(hw, rows: float, row_bytes: int, dmas_per_row: int = 1) -> float:
@@ -370,6 +377,29 @@ def split_profile(c, hw: hardware.Profile, fmt: KVFormat, mla_s: float, tokens: 
         attention_fixed_s=hw["attention_fixed_s"],
         attention_s_per_selection=mla_s / (tokens * c.index_topk),
         merge_s_per_token=hardware.hbm_time_s(hw, merge_bytes))
+
+
+def serving_split_policy(c, device, hw: Optional[hardware.Profile] = None,
+                         gather_cores: Optional[int] = None, launch_s: Optional[float] = None,
+                         attention_cores: Optional[int] = None):
+    """The split rule's inputs for a serving core on ``device`` (``SparseOffloadManager(
+    split_policy=...)``, ``step(split="auto")``): the profile the decode model prices with
+    (default: the bundled one), ``c``'s attention dimensions, the gather on ``gather_cores``
+    (None: every AIV core, the manager's default, which leaves none to attention: o = 0), the
+    graph-captured launch cost, and the overlap established only on a device with streams
+    whose profile says a measurement showed it (``split_overlap_measured``; 0 in the bundled
+    profile). Expected misses: none given (the caller may set them); without an established
+    overlap the rule never splits, whatever they are."""
+    import torch
+    from ...cache import split_rule
+    hw = hw or hardware.load_profile()
+    fmt = kv_format(hw)
+    P = int(hw["aiv_cores"])
+    profile = split_profile(c, hw, fmt, mla_time_s(c, hw, fmt, 1), 1, True, attention_cores,
+                            P if gather_cores is None else min(int(gather_cores), P))
+    established = torch.device(device).type == "npu" and bool(hw["split_overlap_measured"])
+    return split_rule.SplitPolicy(profile, hw["launch_graph_s"] if launch_s is None else launch_s,
+                                  established)
 
 
 def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], batch: int,
