@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 import torch
 
+from avsg.cache.split_rule import SPLIT_LAUNCHES
 from avsg.integrations import vllm_ascend as backend
 from helpers import split_bound
 from avsg.integrations import vllm_ascend_plugin as plugin
@@ -587,7 +588,25 @@ class Engine:
                 out[t] = (e / ssum[0, t][:, None]) @ k_rows.float()
             return out.to(torch.bfloat16), smax, ssum
 
-        merged = manager.split_attention(attend, n_tok)
+        # what the split launches beside the unsplit path's one attention call is what the
+        # decode model prices (split_rule.SPLIT_LAUNCHES): count the op calls and the merges
+        launched = []
+
+        def counted(indices):
+            launched.append("attention")
+            return attend(indices)
+        scope = manager.split_attention.__func__.__globals__
+        merge = scope["attention_update"]
+
+        def counted_merge(*args, **kwargs):
+            launched.append("attention_update")
+            return merge(*args, **kwargs)
+        scope["attention_update"] = counted_merge
+        try:
+            merged = manager.split_attention(counted, n_tok)
+        finally:
+            scope["attention_update"] = merge
+        assert launched[1:] == list(SPLIT_LAUNCHES) and launched[0] == "attention", launched
         assert merged.dtype == torch.bfloat16 and merged.shape == (n_tok, heads, DK)
         pool_k, pool_v = self.pool.truth[layer]
         for t in range(n_tok):

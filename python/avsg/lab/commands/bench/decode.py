@@ -122,6 +122,7 @@ def main(args: argparse.Namespace) -> int:
     batches = size_list("--batch", args.batch, 1, MAX_BATCH)
     mtps = sorted(set(size_list("--mtp", args.mtp, 0, 3)))
     hw, config = load_inputs(args)
+    split_cores = split_core_args(args, hw)
     if config.max_position_embeddings < config.index_topk:
         raise UsageError(f"--config: max_position_embeddings ({config.max_position_embeddings:,}) "
                          f"is below index_topk ({config.index_topk:,}): the model selects every "
@@ -202,7 +203,6 @@ def main(args: argparse.Namespace) -> int:
           + "; ".join(f"T={1 + n}: " + ", ".join(
               f"{v} at {ctx // 1024}K {fused_us(n, v, ctx):.0f}"
               for v in ("fused-2048", "fused-4096") for ctx in contexts) for n in mtps))
-    split_cores = split_core_args(args, hw)
     print_split_setup(config, hw, fmt, split_cores)
     graph_us = round(1e6 * hw["launch_graph_s"], 6)
     launch_costs = sorted({*LAUNCH_SENSITIVITY_US, graph_us, round(1e6 * hw["launch_eager_s"], 6)})
