@@ -81,12 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap", action="store_true",
                         help="let avsg's copies overlap attention too (the device peers' do)")
     parser.add_argument("--attention-cores", type=int_in(1, 4096), default=None,
-                        help="AIV cores sparse attention holds, 1..the profile's aiv_cores "
-                             "(default: the profile's attention_aiv_cores, an assumption): the "
+                        help="AIV cores sparse attention holds, 1..4096 and at most the "
+                             "profile's aiv_cores (default: the profile's attention_aiv_cores, an assumption): the "
                              "split's overlap needs these + --gather-cores <= aiv_cores")
     parser.add_argument("--gather-cores", type=int_in(1, 4096), default=None,
-                        help="AIV cores the split's gather takes, 1..the profile's aiv_cores "
-                             "(default: the cores attention leaves)")
+                        help="AIV cores the split's gather takes, 1..4096 and at most the "
+                             "profile's aiv_cores (default: the cores attention leaves)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="directory for decode.json and the TPOT plot (default "
                              "avsg-results/bench-decode/)")
