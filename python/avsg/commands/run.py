@@ -472,8 +472,10 @@ def _main(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         results.append(run_mode(mode, model, config, workload, args, kv_format, device, trace,
                                 context_fill, recorder if i == 0 else None, show))
     # the split's avsg logits differ from the others' in their last bits (docs/overlap.md):
-    # then only the tokens are compared
-    split = args.split_attention and "avsg" in modes
+    # then only the tokens are compared ("auto" splits only where the overlap is established:
+    # never on CPU, where it is the one-pass path bit for bit)
+    split = "avsg" in modes and (args.split_attention is True or (
+        args.split_attention == "auto" and auto_split_policy(config, device).overlap_established))
     identical = all(r.outputs == results[0].outputs and
                     (split or r.logit_digest == results[0].logit_digest) for r in results)
     summaries = [r.summary() for r in results]
