@@ -785,7 +785,8 @@ class SparseOffloadManager:
         the manager's ``split_policy`` (decided on the host: no device read; without an
         established overlap it never splits); ``RowSlots.split`` says which was done."""
         self._layer(layer)
-        if split != "auto":
+        auto = isinstance(split, str) and split == "auto"
+        if not auto:
             require_bool("split", split)
         elif self.split_policy is None:
             raise ValueError("split: 'auto' needs the manager's split_policy (the split rule's "
@@ -817,7 +818,7 @@ class SparseOffloadManager:
                 check_selections(topk_pos.reshape(R * q, K), meta.seq_lens.repeat_interleave(q),
                                  where, meta.buffered.repeat_interleave(q),
                                  limit_name=lambda n: "its request's seq_len")
-        if split == "auto":
+        if auto:
             # the requests this step plans, from the host's row table (no device read)
             rows = min(meta.num_reqs, sum(self._occupied_host))
             split = self.split_policy.choose(rows, q, K)

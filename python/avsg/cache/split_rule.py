@@ -145,8 +145,9 @@ class SplitPolicy:
     profile, the launch cost, whether the overlap is established on this card (never assumed:
     default False, so "auto" does not split until a measurement says the copy and the hits'
     attention really run side by side), and the expected misses per request and layer step
-    (``None``: the manager measures them, one read per pass, only where the overlap is
-    established)."""
+    (``None``: none, so the rule does not split until the caller gives them, e.g. from the
+    decode model's replay or its own count of copied rows; the manager reads nothing from the
+    device to decide)."""
     profile: SplitProfile
     launch_s: float
     overlap_established: bool = False
