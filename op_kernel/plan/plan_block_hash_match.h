@@ -51,7 +51,8 @@ public:
         PipeBarrier<PIPE_V>();
         const LocalTensor<float> slotF = ctx_.wSlot_.ReinterpretCast<float>();
         for (uint32_t i = avsg::kPlanProbes; i-- > 0;) {
-            Select(ctx_.vFoundF_, ctx_.mOwn_[i * nc / 8], slotF[i * nc], ctx_.vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
+            Select(ctx_.vFoundF_, ctx_.mOwn_[i * nc / 8], slotF[i * nc], ctx_.vFoundF_,
+                   SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
             PipeBarrier<PIPE_V>();
         }
     }

@@ -205,7 +205,8 @@ public:
     // Entries [from, to) of row rowN of each of the n outputs g[0..n) = -1. The -1s fill the
     // aligned region (sort region and wide vectors, contiguous and idle at a row's start and end)
     // once, so a tail goes out in copies of up to fillLanes_ entries, not nc.
-    __aicore__ inline void FillTails(const GlobalTensor<int32_t>* g, uint32_t n, uint64_t rowN, uint32_t from, uint32_t to) {
+    __aicore__ inline void FillTails(const GlobalTensor<int32_t>* g, uint32_t n, uint64_t rowN, uint32_t from,
+                                     uint32_t to) {
         if (from >= to) return;
         const uint32_t lanes = MinU(fillLanes_, to - from);
         Duplicate(fillUb_, -1, lanes);
@@ -300,12 +301,13 @@ public:
     // real slots. Nothing before DecayAndPin reads them in the hash plan (every slot read from
     // the index or the stash is clamped to [0, S-1]), so a split row resets them after its
     // lookup: no GM write of the owner overlaps the helpers' reads of slot_pos.
-    template <class Policy>
-    __aicore__ inline void FreePadding() {
+    // (and the sections only its policy keeps, through upkeep.FreePaddingSlot)
+    template <class Upkeep>
+    __aicore__ inline void FreePadding(Upkeep& upkeep) {
         for (uint32_t s = t_.capacity; s < t_.capPad; ++s) {
             if (Get(win_[avsg::SEC_SP], s) != -1) Put(win_[avsg::SEC_SP], s, -1);
             if (Get(win_[avsg::SEC_SL], s) != -1) Put(win_[avsg::SEC_SL], s, -1);
-            if (Policy::kReuse && Get(win_[avsg::SEC_SC], s) != 0) Put(win_[avsg::SEC_SC], s, 0);
+            upkeep.FreePaddingSlot(s);
         }
     }
 
