@@ -18,6 +18,7 @@ extern "C" void avsg_reset(GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_resize(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_gather(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_calibrate(GM_ADDR, GM_ADDR, GM_ADDR);
+extern "C" void avsg_split_slots(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 
 namespace avsg_cpu {
 
@@ -38,6 +39,7 @@ const KernelBuild& fast_kernels()
         &avsg_resize,
         &avsg_gather,
         &avsg_calibrate,
+        &avsg_split_slots,
     };
     return build;
 }

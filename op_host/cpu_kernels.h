@@ -30,6 +30,7 @@ struct KernelBuild {
     void (*gather)(GmAddr missPos, GmAddr missSlots, GmAddr missCounts, GmAddr blockTable, GmAddr countOut,
                    GmAddr tiling);
     void (*calibrate)(GmAddr values, GmAddr out, GmAddr tiling);
+    void (*split_slots)(GmAddr slots, GmAddr missSlots, GmAddr missCounts, GmAddr hits, GmAddr misses, GmAddr tiling);
 };
 
 const KernelBuild& strict_kernels();

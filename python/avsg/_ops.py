@@ -19,7 +19,8 @@ import torch
 from . import reference
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "resize", "gather", "calibrate")
+OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "resize", "gather", "calibrate",
+            "split_slots")
 
 # op_host/calibrate_tiling.h: the calibration microkernel's lanes (the plan's kPlanProbes *
 # kPlanChunk and kPlanChunk) and its output length. tests/kernels/test_calibrate.py checks them against
@@ -88,6 +89,11 @@ def _calibrate_fake(values, mode, iters):
     return values.new_empty((CALIB_OUT_LEN,), dtype=torch.int32)
 
 
+def _split_slots_fake(slots, miss_slots, miss_counts, capacity):
+    R, T, K = slots.shape
+    return (_padded_rows(slots, R, T * K).view(R, T, K), _padded_rows(slots, R, T * K).view(R, T, K))
+
+
 def _none_fake(*args):
     return None
 
@@ -107,6 +113,7 @@ TENSOR_ARGS = {
     "resize": ("state", "rows", "capacities"),
     "gather": ("miss_pos", "miss_slots", "miss_counts", "src", "dst", "block_table"),
     "calibrate": ("values",),
+    "split_slots": ("slots", "miss_slots", "miss_counts"),
 }
 
 
@@ -165,6 +172,7 @@ torch.library.register_fake("avsg::reset")(_device_checked("reset", _none_fake))
 torch.library.register_fake("avsg::resize")(_device_checked("resize", _resize_fake))
 torch.library.register_fake("avsg::gather")(_device_checked("gather", _gather_fake))
 torch.library.register_fake("avsg::calibrate")(_device_checked("calibrate", _calibrate_fake))
+torch.library.register_fake("avsg::split_slots")(_device_checked("split_slots", _split_slots_fake))
 
 
 # ---------------------------------------------------- reference CPU implementation (fallback)
@@ -199,6 +207,10 @@ def _gather_ref(miss_pos, miss_slots, miss_counts, src, dst, block_table, block_
                             block_size if block_table is not None else None, partition, num_cores)
 
 
+def _split_slots_ref(slots, miss_slots, miss_counts, capacity):
+    return tuple(reference.split_slots(slots, miss_slots, miss_counts, capacity))
+
+
 _REFERENCE_IMPLS = {
     "plan": _plan_ref("hash"),
     "plan_dual_pointer": _plan_ref("dual_pointer"),
@@ -206,6 +218,7 @@ _REFERENCE_IMPLS = {
     "reset": _reset_ref,
     "resize": _resize_ref,
     "gather": _gather_ref,
+    "split_slots": _split_slots_ref,
 }
 
 #: Which implementation serves each op on CPU: "kernel" (compiled) or "reference" (Python).

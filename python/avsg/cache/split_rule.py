@@ -34,10 +34,12 @@ import math
 from typing import Dict, Optional
 
 # The kernel launches the split adds per layer and pass beside the unsplit path (plan, gather
-# and one attention): the second sparse attention call (over the misses) and the LSE merge
-# (``npu_attention_update``). The plugin's ``split_attention`` makes exactly these calls
-# (tests/cache/test_split_rule.py counts them); the decode model prices them from here.
-SPLIT_LAUNCHES = ("attention", "attention_update")
+# and one attention): the hit/miss lists (one launch of the split_slots kernel, a kernel of its
+# own: the plan kernel does not emit them), the second sparse attention call (over the misses)
+# and the LSE merge (``npu_attention_update``). The serving step launches the first, the
+# plugin's ``split_attention`` the other two (tests/integrations/test_vllm_ascend_upstream_standins.py
+# counts them); the decode model prices them from here.
+SPLIT_LAUNCHES = ("split_slots", "attention", "attention_update")
 
 
 def _positive(name: str, value, whole: bool = False, allow_zero: bool = False) -> None:

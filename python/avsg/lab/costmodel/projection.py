@@ -47,10 +47,10 @@ A projection, not a measurement: nothing here has run on an NPU.
 beside attention, each at a cost per launch (``launch_s``; the profile's ``launch_graph_s`` by
 default: decode runs graph-captured). avsg's count is the serving manager's
 (:data:`..cache.manager.SERVING_LAUNCHES`, held equal to what it dispatches by a test); the
-split adds :data:`..cache.split_rule.SPLIT_LAUNCHES` (the second attention call and the merge,
-held equal to what the plugin's split calls by a test) on every layer where it is chosen. The
-torch glue around the kernels is left out for every mode, the split's hit/miss derivation
-included (:func:`split_glue_ops` counts it; ``avsg bench decode`` prints what it would cost).
+split adds :data:`..cache.split_rule.SPLIT_LAUNCHES` (the split_slots kernel that emits the
+hit/miss lists, the second attention call and the merge, held equal to what the serving step and
+the plugin's split launch by a test) on every layer where it is chosen. The torch glue around the
+kernels is left out for every mode.
 
 **Inputs**, measured in the same run: the rows each mode copies per layer and iteration, replayed
 over *every* layer of the trace (MTP-n: 1 + n query tokens, simulated acceptance, rejected drafts
@@ -325,31 +325,6 @@ def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, ba
     overlaps = mode in ("lru-device", "slotmap-device") or overlap_avsg
     exposed = max(0.0, link - mla_s) if overlaps else link
     return {"match_s": match, "copy_s": exposed}
-
-
-def split_glue_ops() -> int:
-    """Torch ops (not views) the serving core dispatches per layer and pass to derive the
-    hit/miss lists (``split_slots``, what ``step(split=True)`` adds beside the plan and the
-    gather), counted by running it on a small plan's outputs: on an NPU each is a kernel of its
-    own unless a graph compiler fuses them. Like every mode's torch glue, the model does not
-    price them; ``avsg bench decode`` prints what they would cost at one launch each."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from ... import reference
-
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view and func.__name__.split(".")[0] != "lift_fresh":
-                Count.ops += 1
-            return func(*args, **(kwargs or {}))
-    R, T, K, S = 2, 2, 4, 16
-    slots = torch.arange(R * T * K, dtype=torch.int32).remainder(S).view(R, T, K)
-    miss_slots = torch.arange(R * T * K, dtype=torch.int32).remainder(S).view(R, T * K)
-    with Count():
-        reference.split_slots(slots, miss_slots, torch.tensor([3, 1], dtype=torch.int32), S)
-    return Count.ops
 
 
 def split_profile(c, hw: hardware.Profile, fmt: KVFormat, mla_s: float, tokens: int,

@@ -36,7 +36,6 @@ from ...costmodel import hardware
 from ...costmodel.plan_cost import counted_plan_steps, measure_costs, plan_counters
 from ...costmodel.projection import (LAUNCH_SENSITIVITY_US, MAX_BATCH, MODES, PEERS, PROFILES,
                                      SENSITIVE, SPLIT_MODES, V32_CONFIG, best_peer, kv_format,
-                                     split_glue_ops,
                                      launches_per_layer, max_batch, profile_variant, project)
 from ...costmodel.traffic import Traffic, load_trace_cut, measure_traffic
 from ...traces.lookup import read_trace
@@ -301,7 +300,6 @@ def main(args: argparse.Namespace) -> int:
                    "launches_per_layer": {m: launches_per_layer(m) for m in MODES},
                    "split": {"launches_where_split": {m: launches_per_layer(m, True)
                                                       for m in SPLIT_MODES},
-                             "glue_ops_per_layer_not_priced": split_glue_ops(),
                              **split_cores},
                    "traffic": {n: dataclasses.asdict(t) for n, t in traffic.items()},
                    "matching_us_per_row": {name: c.plan_us for name, c in costs.items()},
@@ -334,11 +332,10 @@ def split_core_args(args, hw) -> Dict[str, int]:
 
 
 def print_split_setup(config, hw, fmt, split_cores: Dict) -> None:
-    """How the split modes are priced: the cores, the overlap, the fixed costs, the glue."""
-    from ...costmodel.projection import split_glue_ops, split_profile
+    """How the split modes are priced: the cores, the overlap, the fixed costs, the launches."""
+    from ...costmodel.projection import split_profile
     from ....cache import split_rule
     one = split_profile(config, hw, fmt, 1.0, 1, True, **split_cores)
-    glue = split_glue_ops()
     o = int(one.cores_allow_overlap())
     print(f"  hit/miss split (avsg-split; docs/overlap.md sections 4-5): attention holds "
           f"{one.attention_cores} of {one.aiv_cores} AIV cores (ASSUMED: "
@@ -348,9 +345,6 @@ def print_split_setup(config, hw, fmt, split_cores: Dict) -> None:
           f"chosen: +{len(split_rule.SPLIT_LAUNCHES)} launches "
           f"({', '.join(split_rule.SPLIT_LAUNCHES)}), t_a0 {1e6 * hw['attention_fixed_s']:g} us, "
           f"the merge; the rule (split_rule.choose_split) chooses it per layer and pass")
-    print(f"    not priced (torch glue, as for every mode): the hit/miss derivation, {glue} torch "
-          f"ops per layer and pass ({glue * 1e6 * hw['launch_graph_s']:g} us per layer if each "
-          f"were a launch at {1e6 * hw['launch_graph_s']:g} us)")
 
 
 def _split_record(split: Dict) -> Dict:
