@@ -56,4 +56,9 @@ TORCH_LIBRARY(avsg, m) {
     // values int32 [L] (L a power of two in [2048, 8192]). Returns int32 [kCalibOutLen]: an 8-word
     // header and the mode's checksum (op_host/calibrate_tiling.h). For `avsg bench calibrate`.
     m.def("calibrate(Tensor values, str mode, int iters) -> Tensor");
+    // The hit/miss split of a plan's outputs (reference.split_slots): slots [R,T,K], miss_slots
+    // [R,T*K], miss_counts [R] of a buffer of `capacity` slots per row. Returns (hits, misses),
+    // int32 [R,T,K] each: per query token, the slots of its hits (resident before the step's
+    // copy) and of its misses, valid entries first in selection order, then -1. One launch.
+    m.def("split_slots(Tensor slots, Tensor miss_slots, Tensor miss_counts, int capacity) -> (Tensor, Tensor)");
 }

@@ -20,6 +20,7 @@ extern "C" void avsg_gather(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR
 extern "C" void avsg_calibrate(GM_ADDR, GM_ADDR, GM_ADDR);
 extern "C" void avsg_plan_gather(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
                                  GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
+extern "C" void avsg_split_slots(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR);
 
 namespace avsg_cpu {
 
@@ -41,6 +42,7 @@ const KernelBuild& fast_kernels()
         &avsg_gather,
         &avsg_calibrate,
         &avsg_plan_gather,
+        &avsg_split_slots,
     };
     return build;
 }

@@ -33,6 +33,7 @@ struct KernelBuild {
     void (*plan_gather)(GmAddr topk, GmAddr seq, GmAddr validLens, GmAddr state, GmAddr stats, GmAddr slots,
                         GmAddr missPos, GmAddr missSlots, GmAddr missCounts, GmAddr workspace, GmAddr blockTable,
                         GmAddr countOut, GmAddr sync, GmAddr tiling);
+    void (*split_slots)(GmAddr slots, GmAddr missSlots, GmAddr missCounts, GmAddr hits, GmAddr misses, GmAddr tiling);
 };
 
 const KernelBuild& strict_kernels();

@@ -69,12 +69,21 @@ __aicore__ inline void StoreInts(const GlobalTensor<int32_t>& dst, const LocalTe
 // One UB window over a state section of the current row (software-managed, write-back): window
 // `cur` of `nwin` holds section entries [cur * wlen, cur * wlen + wlen), wlen = 2^wlog or the
 // whole section.
+// Write-back: `dirty` marks the whole window (a vector write); a scalar write (WinPut, WinMark)
+// marks only its block of the window, one of kWinBlocks, so that the few entries a step changes
+// (a dozen bucket_slot / slot_pos entries per step) go back as a few short copies instead of the
+// whole window. A block is a multiple of 8 int32 (32 B) and sections start on 32 B in GM, so a
+// block copy writes only this row's granules.
+constexpr uint32_t kWinBlocks = 128, kWinBlockWords = kWinBlocks / 32;
+constexpr uint32_t kWinMergeGap = 256;   // entries (1 KB): clean blocks copied along inside a run
 struct Win {
     LocalTensor<int32_t> buf;
     GlobalTensor<int32_t> gm;
     uint32_t len = 0, wlog = 0, wlen = 0, nwin = 1;
+    uint32_t blen = 8;                    // entries per dirty block: ceil(wlen / kWinBlocks), 32 B multiple
     int32_t cur = -1;
     bool dirty = false;
+    uint32_t blocks[kWinBlockWords] = {};   // dirty blocks of the current window (when !dirty)
 };
 
 // Window moves. kVector: the window buffers are also vector operands (plan), so a move waits
@@ -82,16 +91,63 @@ struct Win {
 __aicore__ inline uint32_t WinCount(const Win& w, int32_t id) {
     return MinU(w.wlen, w.len - static_cast<uint32_t>(id) * w.wlen);
 }
+// The dirty block length of a window of wlen entries: ceil(wlen / kWinBlocks) rounded up to 8.
+__aicore__ inline void WinSetBlockLen(Win& w) {
+    const uint32_t b = (w.wlen + kWinBlocks - 1) / kWinBlocks;
+    w.blen = b < 8 ? 8u : (b + 7) / 8 * 8;
+}
+__aicore__ inline bool WinBlocksAny(const Win& w) {
+    uint32_t any = 0;
+    for (uint32_t k = 0; k < kWinBlockWords; ++k) any |= w.blocks[k];
+    return any != 0;
+}
+__aicore__ inline bool WinBlockDirty(const Win& w, uint32_t b) { return ((w.blocks[b >> 5] >> (b & 31)) & 1u) != 0; }
+// Marks entry idx of the current window as written by the scalar unit (WinPut does it).
+__aicore__ inline void WinMark(Win& w, uint32_t idx) {
+    const uint32_t b = idx / w.blen;
+    w.blocks[b >> 5] |= 1u << (b & 31);
+}
+// Writes the current window back: whole if a vector wrote it, else each run of dirty blocks as one
+// copy.
 template <bool kVector>
 __aicore__ inline void WinFlush(Win& w) {
-    if (!w.dirty) return;
+    if (!w.dirty && !WinBlocksAny(w)) return;
     if (kVector) Sync<HardEvent::V_MTE3>();
     Sync<HardEvent::S_MTE3>();
-    DataCopy(w.gm[static_cast<uint32_t>(w.cur) * w.wlen], w.buf, WinCount(w, w.cur));
+    const uint32_t cnt = WinCount(w, w.cur);
+    const GlobalTensor<int32_t> gm = w.gm[static_cast<uint32_t>(w.cur) * w.wlen];
+    if (w.dirty) {
+        DataCopy(gm, w.buf, cnt);
+    } else {
+        const uint32_t nb = (cnt + w.blen - 1) / w.blen;
+        for (uint32_t b = 0; b < nb;) {
+            if (!WinBlockDirty(w, b)) {
+                ++b;
+                continue;
+            }
+            // a run ends at a clean stretch longer than kWinMergeGap entries: copying a shorter one
+            // along costs less than starting another copy
+            uint32_t e = b + 1, clean = 0;
+            for (; e < nb; ++e) {
+                if (WinBlockDirty(w, e)) {
+                    clean = 0;
+                } else if ((clean + 1) * w.blen > kWinMergeGap) {
+                    break;
+                } else {
+                    ++clean;
+                }
+            }
+            e -= clean;                           // the run ends at its last dirty block
+            const uint32_t lo = b * w.blen, hi = MinU(e * w.blen, cnt);
+            DataCopy(gm[lo], w.buf[lo], hi - lo);
+            b = e;
+        }
+    }
     Sync<HardEvent::MTE3_MTE2>();
     if (kVector) Sync<HardEvent::MTE3_V>();
     Sync<HardEvent::MTE3_S>();
     w.dirty = false;
+    for (uint32_t k = 0; k < kWinBlockWords; ++k) w.blocks[k] = 0;
 }
 template <bool kVector>
 __aicore__ inline void WinEnsure(Win& w, int32_t id) {
@@ -102,14 +158,6 @@ __aicore__ inline void WinEnsure(Win& w, int32_t id) {
     DataCopy(w.buf, w.gm[static_cast<uint32_t>(id) * w.wlen], WinCount(w, id));
     if (kVector) Sync<HardEvent::MTE2_V>();
     Sync<HardEvent::MTE2_S>();
-    w.cur = id;
-}
-// Makes window id current without loading it, for a caller that overwrites all WinCount(w, id)
-// of its entries (a whole-section write-back): the GM copy is not read, only replaced.
-template <bool kVector>
-__aicore__ inline void WinClaim(Win& w, int32_t id) {
-    if (w.cur == id) return;
-    WinFlush<kVector>(w);
     w.cur = id;
 }
 template <bool kVector>
@@ -123,7 +171,7 @@ __aicore__ inline void WinPut(Win& w, uint32_t idx, int32_t v) {
     const int32_t id = static_cast<int32_t>(idx >> w.wlog);
     WinEnsure<kVector>(w, id);
     w.buf.SetValue(idx - static_cast<uint32_t>(id) * w.wlen, v);
-    w.dirty = true;
+    WinMark(w, idx - static_cast<uint32_t>(id) * w.wlen);
 }
 // Points every section's window at row r of the state, nothing resident.
 __aicore__ inline void BindWindows(Win* win, const GlobalTensor<int32_t>& stateGm, const PlanTiling& t, uint32_t r) {
@@ -132,6 +180,7 @@ __aicore__ inline void BindWindows(Win* win, const GlobalTensor<int32_t>& stateG
         win[s].gm = stateGm[base + t.secOff[s]];
         win[s].cur = -1;
         win[s].dirty = false;
+        for (uint32_t k = 0; k < kWinBlockWords; ++k) win[s].blocks[k] = 0;
     }
 }
 

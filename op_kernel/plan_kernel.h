@@ -1,6 +1,10 @@
 // plan_kernel.h: AscendC (Atlas A2 AIV) kernels of plan and plan_dual_pointer: PlanKernel, the
 // per-row driver over the block-level pieces in plan/ (one header each, named after its step),
 // and RunPlan, the entries' dispatch to the compile-time matcher and policy (plan/plan_policy.h).
+// A policy's pieces are blocks specialised on its type, one file per policy: its decay
+// (plan/plan_block_decay_<policy>.h), its victim search (plan/plan_block_victims_<policy>.h) and
+// its per-step upkeep (plan/plan_block_upkeep.h: none for lifetime and lru;
+// plan/plan_block_upkeep_reuse.h: the heat, the slot counts and the ghosts).
 // Specification: python/avsg/reference.py (state layout, hash, lookup, stash, lifetime, victims,
 // insert rounds, outputs, stats). Tiling: op_host/plan_tiling.h.
 //
@@ -34,10 +38,10 @@
 //      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge (loser
 //      tree) with dedup -> miss_pos (and each run entry's index in it). The stash, sorted once per
 //      row (Sort in nc-entry runs), is merged along: a miss found there is a hit after all.
-//      Reuse: block heat from the hit bitmap (used slots' positions, per nc-slot chunk, sorted)
-//      and the sorted misses: run lengths of equal block ids by vector compare + GatherMask, one
-//      scalar update per heated block. Then one pass over slot_life: decay (Mins/Adds/Max) +
-//      hits to L (Not + Select).
+//      Reuse (PolicyUpkeep<PolicyReuse>): block heat from the hit bitmap (used slots' positions,
+//      per nc-slot chunk, sorted) and the sorted misses: run lengths of equal block ids by vector
+//      compare + GatherMask, one scalar update per heated block. Then one pass over slot_life
+//      (PlanBlockDecay<Policy>): decay (Mins/Adds/Max) + hits to L (Not + Select).
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
 //      insert: freeness of all 4 buckets of every miss (all-probe gathers of the position each
@@ -56,7 +60,11 @@
 // the lookup's validity test ignores, and nothing the lookup reads changes in between, so the
 // lookup result is the reference's.
 #pragma once
+#include "plan/plan_block_decay_lifetime.h"
+#include "plan/plan_block_decay_lru.h"
+#include "plan/plan_block_decay_reuse.h"
 #include "plan/plan_block_drop.h"
+#include "plan/plan_block_upkeep_reuse.h"
 #include "plan/plan_block_victims_lifetime.h"
 #include "plan/plan_block_victims_lru.h"
 #include "plan/plan_block_victims_reuse.h"
@@ -67,8 +75,9 @@ namespace avsg_kernel {
 // The kernel composes the blocks: it owns one PlanContext (the core's tiling, GM views, UB and
 // windows) and one object per block (plan/plan_block_*.h), each given the context and the blocks
 // it calls, and drives them: Init, Process and Row. The matcher and the policy are types
-// (plan/plan_policy.h): Row picks the matcher's blocks with if constexpr, and the policy's victim
-// search is the specialisation VictimSearch<Policy> (plan/plan_block_victims_<policy>.h).
+// (plan/plan_policy.h): Row picks the matcher's blocks with if constexpr (which blocks run is the
+// kernel's choice), and the policy's pieces are the specialisations PlanBlockDecay<Policy>,
+// VictimSearch<Policy> and PolicyUpkeep<Policy>; Row calls every policy's hooks the same way.
 template <class Matcher, class Policy>
 class PlanKernel {
 public:
@@ -93,7 +102,8 @@ public:
                 splitLookup_.SyncParts();              // (plan_gather): only its one SyncAll
                 return;
             }
-            ctx_.rowWs_.SetGlobalBuffer(ctx_.wsBase_ + static_cast<uint64_t>(b % ctx_.t_.rows) * ctx_.t_.wsPerCore, ctx_.t_.wsPerCore);
+            const uint64_t rowWs = static_cast<uint64_t>(b % ctx_.t_.rows) * ctx_.t_.wsPerCore;
+            ctx_.rowWs_.SetGlobalBuffer(ctx_.wsBase_ + rowWs, ctx_.t_.wsPerCore);
             if (ctx_.part_ == 0) {
                 Row(b % ctx_.t_.rows);
             } else {
@@ -117,13 +127,10 @@ private:
             }
             return;
         }
-        if (ctx_.t_.dropPast) drop_.DropPast<Policy>();   // invalidate's drop, before the row is read
+        if (ctx_.t_.dropPast) drop_.DropPast();   // invalidate's drop, before the row is read
         stash_.LoadStashCount();
-        if (ctx_.split_ == 1) ctx_.FreePadding<Policy>();
-        if constexpr (Policy::kReuse) {
-            AVSG_PHASE(PlanPhase::kHeat);
-            heat_.CoolHeat();
-        }
+        if (ctx_.split_ == 1) ctx_.FreePadding(upkeep_);
+        upkeep_.StartRow();
 
         // 0. stash compaction #1, and the sorted stash (hash plan) or the matches (dual pointer)
         AVSG_PHASE(PlanPhase::kStash);
@@ -152,16 +159,13 @@ private:
             splitLookup_.SyncParts();
             splitLookup_.FoldParts();
             AVSG_PHASE(PlanPhase::kStart);   // the padding slots, freed here once helpers read them
-            ctx_.FreePadding<Policy>();
+            ctx_.FreePadding(upkeep_);
         }
         AVSG_PHASE(PlanPhase::kMerge);
         const uint32_t m = classify_.MergeMisses(r);
-        if constexpr (Policy::kReuse) {
-            AVSG_PHASE(PlanPhase::kHeat);
-            heat_.HeatUsed(r, m);
-        }
+        upkeep_.AfterMerge(r, m);
         AVSG_PHASE(PlanPhase::kDecay);
-        victims_.DecayAndPin<Policy>();
+        decay_.DecayAndPin();
         // 3. allocate and install, index the new residents, stash the rest
         AVSG_PHASE(PlanPhase::kVictims);
         victimSearch_.Assign(r, m);
@@ -171,7 +175,9 @@ private:
         stash_.StashPending(r, m);
         // 4. output, stats, state write-back
         AVSG_PHASE(PlanPhase::kStore);
-        output_.StoreRow<Policy>(r, m);
+        output_.StoreResults(r, m);
+        upkeep_.BeforeWriteBack();
+        output_.WriteBack(r);
     }
 
 private:
@@ -184,12 +190,14 @@ private:
     PlanBlockDualMatch dualMatch_{ctx_, probe_, merge_};
     PlanBlockClassify classify_{ctx_, merge_, stash_};
     PlanBlockHeat heat_{ctx_, merge_};
-    PlanBlockVictims victims_{ctx_, probe_, heat_};
+    PlanBlockVictims victims_{ctx_, probe_};
+    PlanBlockDecay<Policy> decay_{ctx_, probe_, heat_, victims_};
     VictimSearch<Policy> victimSearch_{ctx_, probe_, heat_, victims_};
     PlanBlockInsert insert_{ctx_, probe_};
-    PlanBlockOutput output_{ctx_, stash_, classify_, heat_};
+    PlanBlockOutput output_{ctx_, stash_, classify_};
     PlanBlockSplit splitLookup_{ctx_, probe_, hashMatch_, classify_};
-    PlanBlockDrop drop_{ctx_};
+    PolicyUpkeep<Policy> upkeep_{ctx_, heat_};
+    PlanBlockDrop<Policy> drop_{ctx_, upkeep_};
 };
 
 // The entries' body on the caller's pipe: the tiling into the pipe's first buffer (UB offset

@@ -56,6 +56,7 @@ public:
             if (w.len == 0) continue;     // lifetime / lru: no per-position policy state
             w.wlen = w.len < avsg::kResizeWindow ? w.len : avsg::kResizeWindow;
             w.wlog = avsg::kResizeWindowLog;
+            WinSetBlockLen(w);
             w.nwin = (w.len + avsg::kResizeWindow - 1) / avsg::kResizeWindow;
             pipe->InitBuffer(winBuf_[s], w.wlen * 4);
             w.buf = winBuf_[s].Get<int32_t>();

@@ -6,7 +6,7 @@
 
 What is checked (g++ -fsyntax-only -Wall -Wextra; zero errors anywhere, zero warnings in our files)
 
-  kernels  every op_kernel/*.cpp (plan, invalidate, reset, resize, gather, calibrate), as the NPU
+  kernels  every op_kernel/*.cpp (plan, invalidate, reset, resize, gather, calibrate, split_slots), as the NPU
            build compiles them (op_kernel + op_host on the path, AVSG_NPU_KERNEL=1, never the emulation in
            emulation), against asc-devkit's include/ and impl/ in CANN's CPU-debug
            configuration. Once per architecture the NPU build targets (every SOC_VERSION that

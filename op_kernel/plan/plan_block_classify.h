@@ -31,12 +31,17 @@ public:
         GatherMask(ctx_.vKey_, ctx_.vFoundI_, ctx_.U32(ctx_.mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
         GatherMask(ctx_.vSlot_, ctx_.vWant_, ctx_.U32(ctx_.mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
         GatherMask(ctx_.vT2_, ctx_.vLane_, ctx_.U32(ctx_.mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
+        // the hit slots as int16 (S <= 2^15), four per scalar load in MarkHits; all nc lanes, so
+        // the count is read only after the sync
+        const LocalTensor<int16_t> hit16 = ctx_.vT1_.ReinterpretCast<int16_t>();
+        PipeBarrier<PIPE_V>();
+        Cast(hit16, ctx_.vKey_, RoundMode::CAST_NONE, nc);
         Sync<HardEvent::V_S>();
         ctx_.lookups_ += static_cast<int64_t>(nValid);
         ctx_.hits_ += static_cast<int64_t>(nHit);
         ctx_.misses_ += static_cast<int64_t>(nMiss);
         // reuse: heat and counts follow from the final bitmap (HeatUsed, CountHits)
-        ctx_.MarkHits(ctx_.vKey_, static_cast<uint32_t>(nHit));
+        ctx_.MarkHits(hit16, static_cast<uint32_t>(nHit));
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
         Sync<HardEvent::V_MTE3>();
         StoreInts(ctx_.slotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + c * nc], ctx_.vFoundI_, n);

@@ -11,13 +11,16 @@
 #pragma once
 #include "../drop_block.h"
 #include "plan_block_split.h"
+#include "plan_block_upkeep.h"
 
 namespace avsg_kernel {
 
+// Policy: whose upkeep clears the sections only that policy keeps (PolicyUpkeep<Policy>)
+template <class Policy>
 class PlanBlockDrop {
 public:
-    __aicore__ inline explicit PlanBlockDrop(PlanContext& ctx) : ctx_(ctx) {}
-    template <class Policy>
+    __aicore__ inline explicit PlanBlockDrop(PlanContext& ctx, PolicyUpkeep<Policy>& upkeep)
+        : ctx_(ctx), upkeep_(upkeep) {}
     __aicore__ inline void DropPast() {
         const float limit = ctx_.dropLimitF_;
         const LocalTensor<float> top = ctx_.scalarUb_.ReinterpretCast<float>();
@@ -35,44 +38,28 @@ public:
             const LocalTensor<int32_t> pos = ctx_.ChunkOf(sp, off);
             if (!DropTest(pos, keep, ctx_.vT1_.ReinterpretCast<float>(), top, n, real, limit)) continue;
             const LocalTensor<int32_t> life = ctx_.ChunkOf(sl, off);
-            LocalTensor<int32_t> count;
-            if constexpr (Policy::kReuse) count = ctx_.ChunkOf(sc, off);
+            upkeep_.DropChunkBegin(off);
             Duplicate(notKeep.ReinterpretCast<float>(), 0.0f, n);
             PipeBarrier<PIPE_V>();
             // padding lanes (past S) may be dropped too: FreePadding writes them the same values
             DropMask(keep, notKeep, ctx_.mA_, n, limit);
             DropClear(pos, keep, n);
             DropClear(life, keep, n);
-            if constexpr (Policy::kReuse) DropClear(count, keep, n);
+            upkeep_.DropChunkClear(keep, n);
             PipeBarrier<PIPE_V>();
             DropFill(pos, notKeep, n);
             DropFill(life, notKeep, n);
             PipeBarrier<PIPE_V>();
             sp.dirty = sl.dirty = true;
-            if constexpr (Policy::kReuse) sc.dirty = true;
+            upkeep_.DropChunkEnd();
         }
-        if constexpr (Policy::kReuse) {
-            Win& pc = ctx_.win_[avsg::SEC_PC];
-            for (uint32_t id = 0; id < pc.nwin; ++id) {
-                ctx_.Ensure(pc, static_cast<int32_t>(id));
-                const uint32_t cnt = WinCount(pc, static_cast<int32_t>(id));
-                for (uint32_t off = 0; off < cnt; off += ctx_.t_.nc) {
-                    const uint32_t n = MinU(ctx_.t_.nc, cnt - off);
-                    const LocalTensor<int32_t> ghost = pc.buf[off];
-                    if (!GhostDropTest(ghost, ctx_.vT1_, ctx_.vT2_, keep, notKeep, top, id * pc.wlen + off, n, ctx_.t_.ghostLog,
-                                       limit))
-                        continue;
-                    GhostDropApply(ghost, ctx_.vT1_, keep, notKeep, ctx_.mA_, n, limit);
-                    PipeBarrier<PIPE_V>();
-                    pc.dirty = true;
-                }
-            }
-        }
+        upkeep_.DropRest(keep, notKeep, top, limit);
         Sync<HardEvent::V_S>();   // the scalar steps that follow read the windows
     }
 
     // the context and the blocks this one calls
     PlanContext& ctx_;
+    PolicyUpkeep<Policy>& upkeep_;
 };
 
 }  // namespace avsg_kernel

@@ -27,9 +27,14 @@ public:
         probe_.Buckets();
         probe_.SplitIdx(bs, ctx_.wIdx_);
         probe_.GatherVals(bs, ctx_.wSlot_, 0, ctx_.SlotMax());     // the slot each probe bucket names
-        Adds(ctx_.wIdx_, ctx_.wSlot_, 0, n);
-        PipeBarrier<PIPE_V>();
-        probe_.SplitIdx(sp, ctx_.wIdx_);
+        if (sp.nwin == 1) {                       // SplitIdx of one window: the byte offsets
+            ShiftLeft(ctx_.wIdx_, ctx_.wSlot_, 2, n);
+            PipeBarrier<PIPE_V>();
+        } else {
+            Adds(ctx_.wIdx_, ctx_.wSlot_, 0, n);
+            PipeBarrier<PIPE_V>();
+            probe_.SplitIdx(sp, ctx_.wIdx_);
+        }
         probe_.MatchBits(sp, ctx_.vWant_, false, ctx_.mOwn_);      // slot_pos[slot] == p
         // an invalid lane (-2) matches nothing, whatever a corrupted slot_pos holds
         CompareScalar(ctx_.mKey_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
@@ -46,7 +51,8 @@ public:
         PipeBarrier<PIPE_V>();
         const LocalTensor<float> slotF = ctx_.wSlot_.ReinterpretCast<float>();
         for (uint32_t i = avsg::kPlanProbes; i-- > 0;) {
-            Select(ctx_.vFoundF_, ctx_.mOwn_[i * nc / 8], slotF[i * nc], ctx_.vFoundF_, SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
+            Select(ctx_.vFoundF_, ctx_.mOwn_[i * nc / 8], slotF[i * nc], ctx_.vFoundF_,
+                   SELMODE::VSEL_TENSOR_TENSOR_MODE, nc);
             PipeBarrier<PIPE_V>();
         }
     }

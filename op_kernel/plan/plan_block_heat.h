@@ -26,7 +26,8 @@ public:
     __aicore__ inline void AddHeat(uint32_t n) {
         if (n == 0) return;
         const uint32_t n64 = (n + 63) / 64 * 64;
-        const LocalTensor<int32_t> next = ctx_.wSlot_, endKey = ctx_.wSlot_[ctx_.t_.nc], endLane = ctx_.wSlot_[2 * ctx_.t_.nc];
+        const LocalTensor<int32_t> next = ctx_.wSlot_;
+        const LocalTensor<int32_t> endKey = ctx_.wSlot_[ctx_.t_.nc], endLane = ctx_.wSlot_[2 * ctx_.t_.nc];
         const LocalTensor<int32_t> off = ctx_.wWin_;
         Muls(off, ctx_.vLane_, 4, n64);
         PipeBarrier<PIPE_V>();
@@ -175,7 +176,8 @@ public:
     __aicore__ inline void CountHits(uint32_t base, uint32_t n) {
         static_assert(avsg::kReuseGainReturn - avsg::kReuseGainStreak == 1, "gain = streak + [age > 1]");
         const LocalTensor<int32_t> count = ctx_.ChunkOf(ctx_.win_[avsg::SEC_SC], base);
-        const LocalTensor<int32_t> aged = ctx_.vT2_, keep = ctx_.vT2_, notKeep = ctx_.vKey_, bumped = ctx_.vT1_, gain = ctx_.vKey_;
+        const LocalTensor<int32_t> aged = ctx_.vT2_, keep = ctx_.vT2_;   // keep overwrites aged once read
+        const LocalTensor<int32_t> notKeep = ctx_.vKey_, bumped = ctx_.vT1_, gain = ctx_.vKey_;
         Sync<HardEvent::S_V>();
         Duplicate(ctx_.vTmpF_, 0.0f, n);
         Adds(gain, aged, -1, n);                  // ages are in [-1, 1023]: no overflow

@@ -103,7 +103,8 @@ public:
                 }
                 if (chunks > 1) {                 // winners of (i, c) back over its free bits
                     Sync<HardEvent::S_MTE3>();
-                    StoreInts(ctx_.wsGm_[ctx_.t_.wsFreeOff + c * freeWords + i * ps / 32], freeInts[i * ps / 32], ps / 32);
+                    StoreInts(ctx_.wsGm_[ctx_.t_.wsFreeOff + c * freeWords + i * ps / 32], freeInts[i * ps / 32],
+                              ps / 32);
                     Sync<HardEvent::MTE3_S>();
                 }
             }
@@ -201,7 +202,8 @@ public:
         Not(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), n / 16);
         Or(ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mKey_), n / 16);
         PipeBarrier<PIPE_V>();
-        Or(ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mOwn_), n / 16);   // free = no probe matches | no owner
+        // free = no probe matches | no owner
+        Or(ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mOwn_), n / 16);
         PipeBarrier<PIPE_V>();
     }
     // Misses, hash and free/winner bits of miss chunk c (insert with several miss chunks).
@@ -252,9 +254,11 @@ public:
                 const uint32_t got = CompactWinners(sel, i, values, cnt);
                 if (got == 0) continue;
                 ctx_.Ensure(w, id);
-                for (uint32_t q = 0; q < got; ++q)
-                    w.buf.SetValue(static_cast<uint32_t>(cOff.GetValue(q)) >> 2, cVal.GetValue(q));
-                w.dirty = true;
+                for (uint32_t q = 0; q < got; ++q) {
+                    const uint32_t idx = static_cast<uint32_t>(cOff.GetValue(q)) >> 2;
+                    w.buf.SetValue(idx, cVal.GetValue(q));
+                    WinMark(w, idx);
+                }
             }
         }
         PipeBarrier<PIPE_V>();   // the GatherMasks read wIdx_, which the caller rewrites next

@@ -91,7 +91,8 @@ public:
         const uint32_t n = MinU(g.hlen, g.len[c] - g.pos[c]);
         Sync<HardEvent::S_MTE2>();
         LoadInts(ctx_.heads_[g.keyBase + c * g.hlen], ctx_.wsGm_[g.keyOff + c * ctx_.t_.nc + g.pos[c]], n, 0);
-        if (g.pay) LoadInts(ctx_.heads_[g.payBase + c * g.hlen], ctx_.wsGm_[g.payOff + c * ctx_.t_.nc + g.pos[c]], n, 0);
+        if (g.pay)
+            LoadInts(ctx_.heads_[g.payBase + c * g.hlen], ctx_.wsGm_[g.payOff + c * ctx_.t_.nc + g.pos[c]], n, 0);
         Sync<HardEvent::MTE2_S>();
         g.bpos[c] = 0;
         g.blen[c] = n;
@@ -183,7 +184,8 @@ public:
             if (g.out) {
                 Sync<HardEvent::S_MTE3>();
                 const uint32_t first = g.pos[c] - g.blen[c];   // the block's first entry in its run
-                StoreInts(ctx_.wsGm_[g.outOff + c * ctx_.t_.nc + first], ctx_.heads_[g.keyBase + c * g.hlen], g.blen[c]);
+                StoreInts(ctx_.wsGm_[g.outOff + c * ctx_.t_.nc + first], ctx_.heads_[g.keyBase + c * g.hlen],
+                          g.blen[c]);
                 Sync<HardEvent::MTE3_MTE2>();
                 Sync<HardEvent::MTE3_S>();
             }

@@ -10,8 +10,9 @@ namespace avsg_kernel {
 
 class PlanBlockOutput {
 public:
-    __aicore__ inline explicit PlanBlockOutput(PlanContext& ctx, PlanBlockStash& stash, PlanBlockClassify& classify, PlanBlockHeat& heat)
-        : ctx_(ctx), stash_(stash), classify_(classify), heat_(heat) {}
+    __aicore__ inline explicit PlanBlockOutput(PlanContext& ctx, PlanBlockStash& stash,
+                                               PlanBlockClassify& classify)
+        : ctx_(ctx), stash_(stash), classify_(classify) {}
     // Step 4: the slots of the lanes the match missed (reference: miss_slots[searchsorted]).
     // Classify stored every chunk's match (final for hits and invalid lanes) and its sorted miss
     // run's lanes; MergeMisses stored each run entry's index j in miss_pos (or -2 - slot for a
@@ -51,7 +52,8 @@ public:
                     Sync<HardEvent::MTE2_S>();
                     cur = blk;
                 }
-                out.SetValue(static_cast<uint32_t>(lanes.GetValue(e)), block.GetValue(j - static_cast<uint32_t>(blk) * nc));
+                const uint32_t inBlock = j - static_cast<uint32_t>(blk) * nc;
+                out.SetValue(static_cast<uint32_t>(lanes.GetValue(e)), block.GetValue(inBlock));
             }
             Sync<HardEvent::S_MTE3>();
             StoreInts(ctx_.slotsGm_[rowN + c * nc], out, n);
@@ -60,16 +62,14 @@ public:
         Sync<HardEvent::S_V>();                   // scalar reads of lanes / js / block before vector reuse
         Sync<HardEvent::MTE3_V>();
     }
-    // Step 4 and the row's end: every selection's slot, the unused tails of miss_pos / miss_slots,
-    // the stats row, miss_counts, the stash count (and the reuse step word), every dirty window
-    // written back.
-    template <class Policy>
-    __aicore__ inline void StoreRow(uint32_t r, uint32_t m) {
-        const uint64_t rowState = static_cast<uint64_t>(r) * ctx_.t_.width;
+    // Step 4: every selection's slot, the unused tails of miss_pos / miss_slots, the stats, miss
+    // count and stash count staged in UB; the policy's upkeep may stage more (reuse: the step
+    // word in countUb_) before WriteBack.
+    __aicore__ inline void StoreResults(uint32_t r, uint32_t m) {
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         OutputMisses(r, m);
-        ctx_.FillTail(ctx_.missPosGm_, rowN, m, ctx_.t_.N);
-        ctx_.FillTail(ctx_.missSlotsGm_, rowN, m, ctx_.t_.N);
+        const GlobalTensor<int32_t> tails[] = {ctx_.missPosGm_, ctx_.missSlotsGm_};
+        ctx_.FillTails(tails, 2, rowN, m, ctx_.t_.N);
         Sync<HardEvent::MTE3_MTE2>();
         Sync<HardEvent::MTE3_S>();
         DataCopy(ctx_.statsUb_, ctx_.statsGm_[static_cast<uint64_t>(r) * 4], 4);
@@ -80,7 +80,11 @@ public:
         ctx_.statsUb_.SetValue(3, ctx_.statsUb_.GetValue(3) + static_cast<int64_t>(m));
         ctx_.scalarUb_.SetValue(0, static_cast<int32_t>(m));
         ctx_.countUb_.SetValue(0, static_cast<int32_t>(stash_.stashCount_));
-        if constexpr (Policy::kReuse) heat_.AdvanceStep();
+    }
+    // The row's end: the staged stats, miss count and stash count, and every dirty window written
+    // back.
+    __aicore__ inline void WriteBack(uint32_t r) {
+        const uint64_t rowState = static_cast<uint64_t>(r) * ctx_.t_.width;
         Sync<HardEvent::S_MTE3>();
         DataCopy(ctx_.statsGm_[static_cast<uint64_t>(r) * 4], ctx_.statsUb_, 4);
         StoreInts(ctx_.missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], ctx_.scalarUb_, 1);
@@ -95,7 +99,6 @@ public:
     PlanContext& ctx_;
     PlanBlockStash& stash_;
     PlanBlockClassify& classify_;
-    PlanBlockHeat& heat_;
 };
 
 }  // namespace avsg_kernel

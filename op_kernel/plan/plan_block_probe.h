@@ -48,7 +48,8 @@ public:
             Compare(dst, ctx_.wTmp_, ref, CMPMODE::EQ, ProbeLanes());
             return;
         }
-        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) Compare(dst[i * ps / 8], ctx_.wTmp_[i * ps], ref, CMPMODE::EQ, ps);
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i)
+            Compare(dst[i * ps / 8], ctx_.wTmp_[i * ps], ref, CMPMODE::EQ, ps);
     }
     // acc (W bits) = section[lane] == ref, at the offsets in wIdx_ (from SplitIdx).
     __aicore__ inline void MatchBits(Win& w, const LocalTensor<int32_t>& ref, bool wideRef,
@@ -164,11 +165,13 @@ public:
     __aicore__ inline void Buckets() {
         const uint32_t ps = ctx_.probeStride_;
         Adds(ctx_.wIdx_, ctx_.vFirst_, 0, ps);
-        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Muls(ctx_.wIdx_[i * ps], ctx_.vStride_, static_cast<int32_t>(i), ps);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i)
+            Muls(ctx_.wIdx_[i * ps], ctx_.vStride_, static_cast<int32_t>(i), ps);
         PipeBarrier<PIPE_V>();
         for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) Add(ctx_.wIdx_[i * ps], ctx_.wIdx_[i * ps], ctx_.vFirst_, ps);
         PipeBarrier<PIPE_V>();
-        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) AndMask(ctx_.wIdx_[i * ps], ctx_.wIdx_[i * ps], ctx_.vHMask_, ps);
+        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i)
+            AndMask(ctx_.wIdx_[i * ps], ctx_.wIdx_[i * ps], ctx_.vHMask_, ps);
         PipeBarrier<PIPE_V>();
     }
     // Loads chunk c of the row's selections: vWant = p if 0 <= p < bound else -2, vWantF = float.

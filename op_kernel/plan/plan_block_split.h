@@ -11,7 +11,8 @@ namespace avsg_kernel {
 
 class PlanBlockSplit {
 public:
-    __aicore__ inline explicit PlanBlockSplit(PlanContext& ctx, PlanBlockProbe& probe, PlanBlockHashMatch& hashMatch, PlanBlockClassify& classify)
+    __aicore__ inline explicit PlanBlockSplit(PlanContext& ctx, PlanBlockProbe& probe, PlanBlockHashMatch& hashMatch,
+                                              PlanBlockClassify& classify)
         : ctx_(ctx), probe_(probe), hashMatch_(hashMatch), classify_(classify) {}
     // Every core of a split launch calls this exactly once (rejected rows included): the soft
     // form (zeroed counters after the cores' slices, wIdx_ as its UB scratch) needs no mixed
@@ -19,7 +20,8 @@ public:
     __aicore__ inline void SyncParts() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
         GlobalTensor<int32_t> counters;
-        counters.SetGlobalBuffer(ctx_.wsBase_ + static_cast<uint64_t>(blocks) * ctx_.t_.wsPerCore, blocks * avsg::kPlanSyncWords);
+        counters.SetGlobalBuffer(ctx_.wsBase_ + static_cast<uint64_t>(blocks) * ctx_.t_.wsPerCore,
+                                 blocks * avsg::kPlanSyncWords);
         SyncAll(counters, ctx_.wIdx_, 0);
     }
     // Lookup part of a split row (helper core): its chunks looked up and classified as the owner
@@ -46,7 +48,8 @@ public:
             const uint32_t off = ctx_.t_.wsPartOff + ctx_.part_ * ctx_.t_.partWords;
             Sync<HardEvent::S_MTE3>();
             StoreInts(ctx_.rowWs_[off], head, headLen);
-            StoreInts(ctx_.rowWs_[off + avsg::RoundUp(headLen, 8)], ctx_.hitBits_.ReinterpretCast<int32_t>(), ctx_.t_.capPad / 32);
+            StoreInts(ctx_.rowWs_[off + avsg::RoundUp(headLen, 8)], ctx_.hitBits_.ReinterpretCast<int32_t>(),
+                      ctx_.t_.capPad / 32);
             Sync<HardEvent::MTE3_S>();
             Sync<HardEvent::MTE3_V>();
         }

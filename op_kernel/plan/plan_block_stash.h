@@ -62,7 +62,8 @@ public:
         const uint32_t nc = ctx_.t_.nc, W = probe_.Wide();
         Win& sk = ctx_.win_[avsg::SEC_SK];
         Win& ss = ctx_.win_[avsg::SEC_SS];
-        const LocalTensor<int32_t> keys = ctx_.vKey_, slots = ctx_.vSlot_, liveKeys = ctx_.vFoundI_, liveSlots = ctx_.vFirst_;
+        const LocalTensor<int32_t> keys = ctx_.vKey_, slots = ctx_.vSlot_;
+        const LocalTensor<int32_t> liveKeys = ctx_.vFoundI_, liveSlots = ctx_.vFirst_;
         uint32_t c = 0;
         for (uint32_t base = 0; base < stashCount_; base += nc) {
             const uint32_t n = MinU(nc, stashCount_ - base);

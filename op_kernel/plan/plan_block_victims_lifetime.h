@@ -1,6 +1,7 @@
 // plan_block_victims_lifetime.h: the lifetime policy's victim search (step 3), specialised on
-// its policy type: the lowest (life, slot - hand mod S): a level scan from the lowest life up, ties from the hand. The decay pass before it and what the searches share are
-// plan_block_victims.h; the kernel composes VictimSearch<Policy> (plan_kernel.h).
+// its policy type: the lowest (life, slot - hand mod S): a level scan from the lowest life up,
+// ties from the hand. The decay pass before it is plan_block_decay_lifetime.h, what the searches
+// share plan_block_victims.h; the kernel composes VictimSearch<Policy> (plan_kernel.h).
 #pragma once
 #include "plan_block_victims.h"
 
@@ -52,8 +53,8 @@ public:
                     Sync<HardEvent::S_V>();       // the previous chunk's scalar vT2_ reads, copy writes
                     if (compact) {
                         n = MinU(nc, ctx_.t_.capPad - base);
-                        CompareScalar(ctx_.mA_, ctx_.sHalf_[base], static_cast<half>(static_cast<float>(lv)), CMPMODE::EQ,
-                                      avsg::RoundUp(n, PlanBlockVictims::kHalfCopyLanes));
+                        CompareScalar(ctx_.mA_, ctx_.sHalf_[base], static_cast<half>(static_cast<float>(lv)),
+                                      CMPMODE::EQ, avsg::RoundUp(n, PlanBlockVictims::kHalfCopyLanes));
                     } else {
                         const int32_t id = static_cast<int32_t>(base >> sl.wlog);
                         ctx_.Ensure(sl, id);
@@ -78,8 +79,10 @@ public:
                             const uint32_t s = static_cast<uint32_t>(ctx_.vT2_.GetValue(q));
                             ctx_.Put(ctx_.win_[avsg::SEC_SP], s, ctx_.vWant_.GetValue(j % nc));
                             // fresh: above every level
-                            if (compact) ctx_.sHalf_.SetValue(s, static_cast<half>(static_cast<float>(ctx_.t_.lifetime + 1)));
-                            else ctx_.Put(sl, s, static_cast<int32_t>(ctx_.t_.lifetime) + 1);
+                            if (compact)
+                                ctx_.sHalf_.SetValue(s, static_cast<half>(static_cast<float>(ctx_.t_.lifetime + 1)));
+                            else
+                                ctx_.Put(sl, s, static_cast<int32_t>(ctx_.t_.lifetime) + 1);
                             lastSlot = s;
                         }
                         have += take;
@@ -94,9 +97,12 @@ public:
                 lv = (held < 0 ? 0 : held) - 1;
             }
         }
-        if (have) ctx_.countUb_.SetValue(kHandWord, static_cast<int32_t>(lastSlot + 1 < ctx_.activeCap_ ? lastSlot + 1 : 0u));
+        if (have) {
+            const uint32_t hand = lastSlot + 1 < ctx_.activeCap_ ? lastSlot + 1 : 0u;
+            ctx_.countUb_.SetValue(kHandWord, static_cast<int32_t>(hand));
+        }
         ctx_.missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
-        if (compact) WriteBackLives();
+        if (compact) victims_.WriteBackHalfCopy();
     }
     // The lowest life a candidate (a slot below the active capacity) holds, -1 if one is free:
     // over the half copy, which DecayAndPin's casts and Allocate's installs wrote.
@@ -112,7 +118,8 @@ public:
     // (lane-wise Min, then one ReduceMin), from the resident window on.
     __aicore__ inline int32_t WindowLowestLife() {
         Win& sl = ctx_.win_[avsg::SEC_SL];
-        const LocalTensor<float> lowest = ctx_.wTmp_.ReinterpretCast<float>(), lifeF = ctx_.wWin_.ReinterpretCast<float>();
+        const LocalTensor<float> lowest = ctx_.wTmp_.ReinterpretCast<float>();
+        const LocalTensor<float> lifeF = ctx_.wWin_.ReinterpretCast<float>();
         const uint32_t chunk = probe_.Wide();
         Sync<HardEvent::S_V>();                   // the installs' scalar writes of the windows
         Duplicate(lowest, static_cast<float>(ctx_.t_.lifetime), chunk);
@@ -132,31 +139,10 @@ public:
             }
         }
         PipeBarrier<PIPE_V>();
-        ReduceMin(ctx_.wIdx_.ReinterpretCast<float>(), lowest, ctx_.wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(chunk));
+        ReduceMin(ctx_.wIdx_.ReinterpretCast<float>(), lowest, ctx_.wSlot_.ReinterpretCast<float>(),
+                  static_cast<int32_t>(chunk));
         Sync<HardEvent::V_S>();
         return static_cast<int32_t>(ctx_.wIdx_.ReinterpretCast<float>().GetValue(0));
-    }
-    // slot_life = the half copy (lives in [-1, L+1]: exact in half), window by window. Every
-    // entry of each window is overwritten, so no window is loaded: the step moves slot_life in
-    // once (DecayAndPin) and out once, wherever its victims lie.
-    __aicore__ inline void WriteBackLives() {
-        Win& sl = ctx_.win_[avsg::SEC_SL];
-        const LocalTensor<float> lifeF = ctx_.wWin_.ReinterpretCast<float>();
-        const uint32_t chunk = probe_.Wide();
-        Sync<HardEvent::S_V>();                   // the installs' scalar writes of the half copy
-        PipeBarrier<PIPE_V>();                    // and the level scan's vector readers of wWin_
-        for (uint32_t id = 0; id < sl.nwin; ++id) {
-            ctx_.Claim(sl, static_cast<int32_t>(id));
-            const uint32_t base = id * sl.wlen, cnt = WinCount(sl, static_cast<int32_t>(id));
-            for (uint32_t off = 0; off < cnt; off += chunk) {
-                const uint32_t n = MinU(chunk, cnt - off);
-                Cast(lifeF, ctx_.sHalf_[base + off], RoundMode::CAST_NONE, n);
-                PipeBarrier<PIPE_V>();
-                Cast(sl.buf[off], lifeF, RoundMode::CAST_RINT, n);
-                PipeBarrier<PIPE_V>();
-            }
-            sl.dirty = true;
-        }
     }
     // mA_ &= lo <= slot id (vT1_) < hi on n lanes; ids are < 2^24, exact in float
     __aicore__ inline void KeepSlotsIn(uint32_t lo, uint32_t hi, uint32_t n) {

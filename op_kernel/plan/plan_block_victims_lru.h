@@ -1,6 +1,7 @@
 // plan_block_victims_lru.h: the lru policy's victim search (step 3), specialised on
-// its policy type: the oldest (age, then slot order): a threshold search on the ages. The decay pass before it and what the searches share are
-// plan_block_victims.h; the kernel composes VictimSearch<Policy> (plan_kernel.h).
+// its policy type: the oldest (age, then slot order): a threshold search on the ages. The ageing
+// pass before it is plan_block_decay_lru.h, what the searches share plan_block_victims.h; the
+// kernel composes VictimSearch<Policy> (plan_kernel.h).
 #pragma once
 #include "plan_block_victims.h"
 
@@ -21,7 +22,8 @@ public:
     // (x, -slot) among the slots below the active capacity. theta = the largest x with
     // count(x >= theta) >= m; victims: every x > theta and the first m - count(x > theta) slots
     // at theta. The search counts on DecayAndPin's half copy of the ages (no window moves) or,
-    // where it does not fit, on the slot_life windows (no score pass, no workspace); its first pass counts the top ages below the largest one
+    // where it does not fit, on the slot_life windows (no score pass, no workspace); its first
+    // pass counts the top ages below the largest one
     // (DecayAndPin's maxAge_), where the victims of a full buffer lie, later passes spread their
     // thresholds. Which thresholds are counted changes only how many passes the search takes.
     // 16-bit sink i of CountAgesAtLeast's GatherMasks (2048 lanes each, two per wide vector, all
@@ -57,7 +59,8 @@ public:
             const LocalTensor<uint16_t> ages = ctx_.sHalf_.ReinterpretCast<uint16_t>();
             Sync<HardEvent::S_V>();               // scalar reads of the sinks (DecayAndPin's maximum)
             for (uint32_t off = 0; off < ctx_.activeCap_; off += chunk) {
-                const uint32_t live = MinU(chunk, ctx_.activeCap_ - off), n = avsg::RoundUp(live, PlanBlockVictims::kHalfCopyLanes);
+                const uint32_t live = MinU(chunk, ctx_.activeCap_ - off);
+                const uint32_t n = avsg::RoundUp(live, PlanBlockVictims::kHalfCopyLanes);
                 const uint32_t id = off / sl.wlen;
                 PipeBarrier<PIPE_V>();            // the copy's Casts; the previous chunk's GatherMasks
                 for (uint32_t i = 0; i < k; ++i)
@@ -91,8 +94,8 @@ public:
                 PipeBarrier<PIPE_V>();
                 for (uint32_t i = 0; i < k; ++i) {
                     uint64_t got = 0;
-                    GatherMask(CountSink(i), src, ctx_.U16(masks[i * maskBytes]), true, live, GatherMaskParams(1, 1, 8, 0),
-                               got);
+                    GatherMask(CountSink(i), src, ctx_.U16(masks[i * maskBytes]), true, live,
+                               GatherMaskParams(1, 1, 8, 0), got);
                     cnt[i] += static_cast<uint32_t>(got);
                     if (got) PlanBlockVictims::WinSetAdd(seen[i], static_cast<uint32_t>(id));
                 }
@@ -110,7 +113,8 @@ public:
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         Win& sl = ctx_.win_[avsg::SEC_SL];
         const bool freeLevel = theta == PlanBlockVictims::kLruFreeKey;   // only free slots are taken
-        const float older = static_cast<float>(freeLevel ? PlanBlockVictims::kLruFreeKey : theta);   // age > older: taken
+        // age > older: taken
+        const float older = static_cast<float>(freeLevel ? PlanBlockVictims::kLruFreeKey : theta);
         const float tie = freeLevel ? -1.0f : static_cast<float>(theta);
         const LocalTensor<float> af = ctx_.wWin_.ReinterpretCast<float>();
         const LocalTensor<int32_t> lane = ctx_.wKey_, ids = ctx_.wSlot_, tieIds = ctx_.wTmp_, out = ctx_.wIdx_;
@@ -123,8 +127,9 @@ public:
             const uint32_t start = id * sl.wlen, cntW = WinCount(sl, static_cast<int32_t>(id));
             if (start >= ctx_.activeCap_) break;
             const bool hasFree = PlanBlockVictims::WinSetHas(victims_.lruFreeWins_, id);
-            if (!hasFree && (freeLevel || (!PlanBlockVictims::WinSetHas(olderWins, id) && (ties == 0 || !PlanBlockVictims::WinSetHas(tieWins, id)))))
-                continue;
+            const bool hasOlder = PlanBlockVictims::WinSetHas(olderWins, id);
+            const bool hasTie = ties != 0 && PlanBlockVictims::WinSetHas(tieWins, id);
+            if (!hasFree && (freeLevel || (!hasOlder && !hasTie))) continue;
             ctx_.Ensure(sl, static_cast<int32_t>(id));
             for (uint32_t off = 0; off < cntW && start + off < ctx_.activeCap_ && have < m; off += W) {
                 const uint32_t base = start + off, n = MinU(W, cntW - off), live = MinU(n, ctx_.activeCap_ - base);
@@ -182,7 +187,8 @@ public:
         if (m == 0) return;
         int32_t theta = PlanBlockVictims::kLruFreeKey;              // enough free slots: the first m of them
         uint32_t above = 0;                       // count(x > theta)
-        uint32_t loWins[PlanBlockVictims::kLruWinWords], hiWins[PlanBlockVictims::kLruWinWords];   // windows with an age >= lo / >= hi
+        // windows with an age >= lo / >= hi
+        uint32_t loWins[PlanBlockVictims::kLruWinWords], hiWins[PlanBlockVictims::kLruWinWords];
         PlanBlockVictims::WinSetClear(loWins, true);
         PlanBlockVictims::WinSetClear(hiWins, false);
         if (victims_.freeSlots_ < m) {

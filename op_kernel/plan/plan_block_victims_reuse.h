@@ -1,6 +1,8 @@
 // plan_block_victims_reuse.h: the reuse policy's victim search (step 3), specialised on
-// its policy type: the lowest (score, slot): scores to the workspace, an 8-ary threshold search, ties in slot order; then the ghosts. The decay pass before it and what the searches share are
-// plan_block_victims.h; the kernel composes VictimSearch<Policy> (plan_kernel.h).
+// its policy type: the lowest (score, slot): scores to the workspace, an 8-ary threshold search,
+// ties in slot order; then the ghosts. The ageing pass before it is plan_block_decay_reuse.h, what
+// the searches share plan_block_victims.h; the kernel composes VictimSearch<Policy>
+// (plan_kernel.h).
 #pragma once
 #include "plan_block_victims.h"
 
@@ -75,7 +77,8 @@ public:
         PipeBarrier<PIPE_V>();
         Select(fa, ctx_.mA_, fa, static_cast<float>(avsg::kScoreFree), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
         Sync<HardEvent::V_MTE3>();
-        StoreInts(ctx_.wsGm_[ctx_.t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(), MinU(n, ctx_.t_.capacity - base));
+        StoreInts(ctx_.wsGm_[ctx_.t_.wsScoreOff + base], fa.ReinterpretCast<int32_t>(),
+                  MinU(n, ctx_.t_.capacity - base));
         Sync<HardEvent::MTE3_V>();
     }
     // scores of slots [base, base+n) back into V(1) (float), padding slots and slots past the
@@ -107,8 +110,8 @@ public:
             for (uint32_t i = 0; i < k; ++i) {
                 CompareScalar(ctx_.mA_, sc, static_cast<float>(theta[i]), CMPMODE::LE, n);
                 PipeBarrier<PIPE_V>();
-                GatherMask(ctx_.V(5), sc.ReinterpretCast<int32_t>(), ctx_.U32(ctx_.mA_), true, n, GatherMaskParams(1, 1, 8, 0),
-                           got[i]);
+                GatherMask(ctx_.V(5), sc.ReinterpretCast<int32_t>(), ctx_.U32(ctx_.mA_), true, n,
+                           GatherMaskParams(1, 1, 8, 0), got[i]);
                 PipeBarrier<PIPE_V>();
             }
             Sync<HardEvent::V_S>();
@@ -199,7 +202,11 @@ public:
             for (uint32_t q = 0; q < n; ++q) {
                 const uint32_t s = static_cast<uint32_t>(ctx_.vMS_.GetValue(q));
                 const int32_t old = ctx_.Get(sp, s);
-                if (old >= 0) ctx_.Put(pc, heat_.GhostEntry(old), heat_.GhostTag(old) << avsg::kGhostCountBits | heat_.ClampCount(ctx_.Get(sc, s)));
+                if (old >= 0) {   // the evicted position's ghost: its tag and its count
+                    const int32_t evicted =
+                        heat_.GhostTag(old) << avsg::kGhostCountBits | heat_.ClampCount(ctx_.Get(sc, s));
+                    ctx_.Put(pc, heat_.GhostEntry(old), evicted);
+                }
             }
         }
         for (uint32_t j0 = 0; j0 < m; j0 += ctx_.t_.nc) {
@@ -208,8 +215,8 @@ public:
                 const uint32_t s = static_cast<uint32_t>(ctx_.vMS_.GetValue(q));
                 const int32_t pos = ctx_.vWant_.GetValue(q);
                 const int32_t ghost = ctx_.Get(pc, heat_.GhostEntry(pos));
-                const int32_t c = ((ghost >> avsg::kGhostCountBits) == heat_.GhostTag(pos) ? ghost & avsg::kGhostCountMask : 0) +
-                                  avsg::kReuseGainReturn;
+                const bool known = (ghost >> avsg::kGhostCountBits) == heat_.GhostTag(pos);
+                const int32_t c = (known ? ghost & avsg::kGhostCountMask : 0) + avsg::kReuseGainReturn;
                 ctx_.Put(sc, s, c < avsg::kReuseCountMax ? c : avsg::kReuseCountMax);   // a miss is a return
                 ctx_.Put(sp, s, pos);
                 ctx_.Put(ctx_.win_[avsg::SEC_SL], s, 0);

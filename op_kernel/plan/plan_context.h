@@ -71,6 +71,7 @@ public:
             win_[s].len = t_.secLen[s];
             win_[s].wlog = t_.winLog[s];
             win_[s].wlen = t_.winLen[s];
+            WinSetBlockLen(win_[s]);
             win_[s].nwin = 0;
             if (ub.window[s] == 0) continue;   // a policy section the lifetime policy lacks
             pipe->InitBuffer(winBuf_[s], ub.window[s]);
@@ -87,6 +88,9 @@ public:
         LocalTensor<float> sb = alignedBuf_.GetWithOffset<float>(avsg::kPlanSortVectors * nc, alignPad);
         wIdx_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + ub.wIdxOff);
         wWin_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + ub.wWinOff);
+        wPair_ = alignedBuf_.GetWithOffset<int32_t>(2 * wide, alignPad + ub.wIdxOff);   // wIdx_, wWin_
+        fillLanes_ = (ub.sortBytes + avsg::kPlanWideVectors * ub.wideBytes) / 4;
+        fillUb_ = alignedBuf_.GetWithOffset<int32_t>(fillLanes_, alignPad);
         wSlot_ = alignedBuf_.GetWithOffset<int32_t>(wide, alignPad + ub.wSlotOff);
         wTmp_ = sb.template ReinterpretCast<int32_t>();   // the sort region holds two wide vectors
         wKey_ = wTmp_[wide];                              // while no sort runs
@@ -151,7 +155,6 @@ public:
     // Windows of the current row; their buffers are vector operands too (kVector).
     __aicore__ inline void Flush(Win& w) { WinFlush<true>(w); }
     __aicore__ inline void Ensure(Win& w, int32_t id) { WinEnsure<true>(w, id); }
-    __aicore__ inline void Claim(Win& w, int32_t id) { WinClaim<true>(w, id); }
     __aicore__ inline int32_t Get(Win& w, uint32_t idx) { return WinGet<true>(w, idx); }
     __aicore__ inline void Put(Win& w, uint32_t idx, int32_t v) { WinPut<true>(w, idx, v); }
     __aicore__ inline void BindRow(uint32_t r) { BindWindows(win_, stateGm_, t_, r); }
@@ -199,11 +202,17 @@ public:
         Sync<HardEvent::MTE2_S>();
         return n;
     }
-    __aicore__ inline void FillTail(const GlobalTensor<int32_t>& g, uint64_t rowN, uint32_t from, uint32_t to) {
+    // Entries [from, to) of row rowN of each of the n outputs g[0..n) = -1. The -1s fill the
+    // aligned region (sort region and wide vectors, contiguous and idle at a row's start and end)
+    // once, so a tail goes out in copies of up to fillLanes_ entries, not nc.
+    __aicore__ inline void FillTails(const GlobalTensor<int32_t>* g, uint32_t n, uint64_t rowN, uint32_t from,
+                                     uint32_t to) {
         if (from >= to) return;
-        Duplicate(vT1_, -1, t_.nc);
+        const uint32_t lanes = MinU(fillLanes_, to - from);
+        Duplicate(fillUb_, -1, lanes);
         Sync<HardEvent::V_MTE3>();
-        for (uint32_t j = from; j < to; j += t_.nc) StoreInts(g[rowN + j], vT1_, MinU(t_.nc, to - j));
+        for (uint32_t k = 0; k < n; ++k)
+            for (uint32_t j = from; j < to; j += lanes) StoreInts(g[k][rowN + j], fillUb_, MinU(lanes, to - j));
         Sync<HardEvent::MTE3_V>();
     }
 
@@ -220,9 +229,8 @@ public:
     __aicore__ inline void RejectRow(uint32_t r) {
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         Sync<HardEvent::S_V>();
-        FillTail(slotsGm_, rowN, 0, t_.N);
-        FillTail(missPosGm_, rowN, 0, t_.N);
-        FillTail(missSlotsGm_, rowN, 0, t_.N);
+        const GlobalTensor<int32_t> outs[] = {slotsGm_, missPosGm_, missSlotsGm_};
+        FillTails(outs, 3, rowN, 0, t_.N);
         scalarUb_.SetValue(0, -1);
         Sync<HardEvent::S_MTE3>();
         StoreInts(missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], scalarUb_, 1);
@@ -258,18 +266,21 @@ public:
         }
         return true;
     }
-    // Hits are marked in a byte map by the scalar unit (MarkHits: one store per hit, two hit
-    // slots per load; A2 has no vector scatter) and turned into the hit bitmap here, 512 slots
-    // per Cast u8->half + compare, once the row's (or the part's) chunks are classified.
-    __aicore__ inline void MarkHits(const LocalTensor<int32_t>& hitSlots, uint32_t count) {
-        const LocalTensor<uint64_t> pairs = hitSlots.ReinterpretCast<uint64_t>();
+    // Hits are marked in a byte map by the scalar unit (MarkHits: one store per hit, four hit
+    // slots per load, as int16: S <= 2^15; A2 has no vector scatter) and turned into the hit
+    // bitmap here, 512 slots per Cast u8->half + compare, once the row's (or the part's) chunks
+    // are classified.
+    __aicore__ inline void MarkHits(const LocalTensor<int16_t>& hitSlots, uint32_t count) {
+        const LocalTensor<uint64_t> quads = hitSlots.ReinterpretCast<uint64_t>();
         uint32_t q = 0;
-        for (; q + 1 < count; q += 2) {
-            const uint64_t two = pairs.GetValue(q / 2);   // slots in [0, S-1]: clamped by the lookup
-            hitBytes_.SetValue(static_cast<uint32_t>(two), 1);
-            hitBytes_.SetValue(static_cast<uint32_t>(two >> 32), 1);
+        for (; q + 3 < count; q += 4) {
+            const uint64_t four = quads.GetValue(q / 4);   // slots in [0, S-1]: clamped by the lookup
+            hitBytes_.SetValue(static_cast<uint32_t>(four & 0xFFFFu), 1);
+            hitBytes_.SetValue(static_cast<uint32_t>((four >> 16) & 0xFFFFu), 1);
+            hitBytes_.SetValue(static_cast<uint32_t>((four >> 32) & 0xFFFFu), 1);
+            hitBytes_.SetValue(static_cast<uint32_t>(four >> 48), 1);
         }
-        if (q < count) hitBytes_.SetValue(static_cast<uint32_t>(hitSlots.GetValue(q)), 1);
+        for (; q < count; ++q) hitBytes_.SetValue(static_cast<uint32_t>(hitSlots.GetValue(q)), 1);
     }
     __aicore__ inline void HitBytesToBits() {
         const uint32_t total = avsg::HitByteMapBytes(t_);
@@ -290,12 +301,13 @@ public:
     // real slots. Nothing before DecayAndPin reads them in the hash plan (every slot read from
     // the index or the stash is clamped to [0, S-1]), so a split row resets them after its
     // lookup: no GM write of the owner overlaps the helpers' reads of slot_pos.
-    template <class Policy>
-    __aicore__ inline void FreePadding() {
+    // (and the sections only its policy keeps, through upkeep.FreePaddingSlot)
+    template <class Upkeep>
+    __aicore__ inline void FreePadding(Upkeep& upkeep) {
         for (uint32_t s = t_.capacity; s < t_.capPad; ++s) {
             if (Get(win_[avsg::SEC_SP], s) != -1) Put(win_[avsg::SEC_SP], s, -1);
             if (Get(win_[avsg::SEC_SL], s) != -1) Put(win_[avsg::SEC_SL], s, -1);
-            if (Policy::kReuse && Get(win_[avsg::SEC_SC], s) != 0) Put(win_[avsg::SEC_SC], s, 0);
+            upkeep.FreePaddingSlot(s);
         }
     }
 
@@ -313,6 +325,9 @@ public:
     LocalTensor<int32_t> wIdx_, wWin_, wSlot_, wTmp_, wKey_;                   // kPlanProbes*nc lanes
     LocalTensor<half> sHalf_;                      // the sort region, 2 * kPlanSortVectors * nc lanes
     LocalTensor<int32_t> vLo_, vHi_, vT1_, vT2_, vB_, vKey_, vSlot_;  // aliases
+    LocalTensor<int32_t> fillUb_;                  // the whole aligned region (FillTails)
+    LocalTensor<int32_t> wPair_;                   // wIdx_ and wWin_ as one 2*kPlanProbes*nc-lane vector
+    uint32_t fillLanes_ = 0;
     LocalTensor<float> vTmpF_;
     LocalTensor<uint8_t> mKey_, mOwn_, mWin_, mTmp_, mA_, mB_, mC_;
     LocalTensor<float> sConcat_, sDst_, sTmp_, sOutV_;

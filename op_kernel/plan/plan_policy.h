@@ -8,7 +8,9 @@
 namespace avsg_kernel {
 
 // Step 1: the hash index (probes, then the stash), or the dual-pointer baseline (sorted row
-// and resident slots walked with two pointers; no index lookup, no lookup split).
+// and resident slots walked with two pointers; no index lookup, no lookup split). kDual stays a
+// flag: it chooses which blocks the kernel composes (and whether the lookup splits), which is the
+// kernel's own job (PlanKernel::Row), not a piece of a block.
 struct MatchHash {
     static constexpr bool kDual = false;
 };
@@ -16,19 +18,19 @@ struct MatchDualPointer {
     static constexpr bool kDual = true;
 };
 
-// Residency policies (reference.POLICY_IDS). kAged: slot_life holds an age and victims are
-// chosen by score (reuse, lru), not by remaining life.
+// Residency policies (reference.POLICY_IDS): only an id each. What a policy does is in the
+// blocks specialised on its type, one file per policy: PlanBlockDecay<Policy>
+// (plan_block_decay_<policy>.h), VictimSearch<Policy> (plan_block_victims_<policy>.h) and
+// PolicyUpkeep<Policy> (plan_block_upkeep.h: none, plan_block_upkeep_reuse.h). No block tests a
+// policy flag.
 struct PolicyLifetime {
     static constexpr uint32_t kId = avsg::kPolicyLifetime;
-    static constexpr bool kAged = false, kReuse = false, kLru = false;
 };
 struct PolicyReuse {
     static constexpr uint32_t kId = avsg::kPolicyReuse;
-    static constexpr bool kAged = true, kReuse = true, kLru = false;
 };
 struct PolicyLru {
     static constexpr uint32_t kId = avsg::kPolicyLru;
-    static constexpr bool kAged = true, kReuse = false, kLru = true;
 };
 
 }  // namespace avsg_kernel

@@ -19,7 +19,8 @@ import torch
 from . import reference
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "resize", "gather", "calibrate")
+OP_NAMES = ("plan", "plan_dual_pointer", "invalidate", "reset", "resize", "gather", "calibrate",
+            "split_slots")
 
 # op_host/calibrate_tiling.h: the calibration microkernel's lanes (the plan's kPlanProbes *
 # kPlanChunk and kPlanChunk) and its output length. tests/kernels/test_calibrate.py checks them against
@@ -95,6 +96,11 @@ def _calibrate_fake(values, mode, iters):
     return values.new_empty((CALIB_OUT_LEN,), dtype=torch.int32)
 
 
+def _split_slots_fake(slots, miss_slots, miss_counts, capacity):
+    R, T, K = slots.shape
+    return (_padded_rows(slots, R, T * K).view(R, T, K), _padded_rows(slots, R, T * K).view(R, T, K))
+
+
 def _none_fake(*args):
     return None
 
@@ -115,6 +121,7 @@ TENSOR_ARGS = {
     "gather": ("miss_pos", "miss_slots", "miss_counts", "src", "dst", "block_table"),
     "plan_gather": ("topk_pos", "seq_lens", "state", "stats"),
     "calibrate": ("values",),
+    "split_slots": ("slots", "miss_slots", "miss_counts"),
 }
 
 
@@ -177,6 +184,7 @@ torch.library.register_fake("avsg::gather")(_device_checked("gather", _gather_fa
 torch.library.register_fake("avsg::plan_gather")(_device_checked("plan_gather",
                                                                  _plan_gather_fake))
 torch.library.register_fake("avsg::calibrate")(_device_checked("calibrate", _calibrate_fake))
+torch.library.register_fake("avsg::split_slots")(_device_checked("split_slots", _split_slots_fake))
 
 
 # ---------------------------------------------------- reference CPU implementation (fallback)
@@ -219,6 +227,8 @@ def _plan_gather_ref(topk_pos, seq_lens, state, stats, capacity, buckets, lifeti
                                  dst, block_table, block_size if block_table is not None else None,
                                  partition, num_cores, policy=reference.POLICY_NAMES[policy],
                                  valid_lens=valid_lens)
+def _split_slots_ref(slots, miss_slots, miss_counts, capacity):
+    return tuple(reference.split_slots(slots, miss_slots, miss_counts, capacity))
 
 
 _REFERENCE_IMPLS = {
@@ -229,6 +239,7 @@ _REFERENCE_IMPLS = {
     "resize": _resize_ref,
     "gather": _gather_ref,
     "plan_gather": _plan_gather_ref,
+    "split_slots": _split_slots_ref,
 }
 
 #: Which implementation serves each op on CPU: "kernel" (compiled) or "reference" (Python).

@@ -158,12 +158,16 @@ def split_slots(plan: Plan) -> reference.SplitSlots:
     each int32 ``[R, T, K]``, valid entries first (in selection order), then ``-1``. Hits were
     resident before the plan's copy, so attention may read them while the misses are copied;
     misses are the slots the copy fills (the ``T`` tokens of a row share them). Fixed shape, no
-    host sync; ``reference.split_slots`` specifies it, and every backend derives it from the
-    plan's outputs with these same torch ops (the plan kernels do not emit it)."""
+    host sync; ``reference.split_slots`` specifies it. One launch of its own kernel
+    (``torch.ops.avsg.split_slots``, op_kernel/split_slots_kernel.h) derives it from the plan's
+    outputs, on the CPU emulation and the NPU alike; the plan kernel itself does not emit it. Like
+    a plan's outputs, both lists are views of rows padded to 32 B."""
     if plan.moves:
         raise ValueError("plan: a resize's moves have no hits or misses (split_slots takes what "
                          "plan or step returned)")
-    return reference.split_slots(plan.slots, plan.miss_slots, plan.miss_counts, plan.capacity)
+    hits, misses = torch.ops.avsg.split_slots(plan.slots, plan.miss_slots, plan.miss_counts,
+                                              plan.capacity)
+    return reference.SplitSlots(hits, misses)
 
 
 class MissCopy(NamedTuple):

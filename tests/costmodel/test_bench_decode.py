@@ -195,7 +195,11 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
     by_launch = {(r["mode"], r["batch"], r["mtp"], r["profile"], r["launch_us"]): r
                  for r in records}
     for (mode, b, n, p, u), r in by_launch.items():
-        assert r["launches_per_layer"] == projection.launches_per_layer(mode)
+        # the split modes add the split's launches on the layers where the rule split
+        split = r["split"]["layers_split"] if mode in projection.SPLIT_MODES else 0.0
+        assert r["launches_per_layer"] == pytest.approx(
+            (1 - split) * projection.launches_per_layer(mode)
+            + split * projection.launches_per_layer(mode, split_chosen=True))
         if r["feasible"] and u == 10.0:
             zero = by_launch[(mode, b, n, p, 0.0)]
             assert (r["tpot_ms"] > zero["tpot_ms"]) == (r["launches_per_layer"] > 0)
@@ -247,7 +251,7 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
            if r["launch_us"] == 1e6 * hw["launch_graph_s"]}
     for key, r in by.items():
         mode = key[0]
-        if mode in ("avsg", "lru-device"):
+        if mode in ("avsg", "lru-device", *projection.SPLIT_MODES):
             assert pby[key]["plan_us_per_layer"] == pytest.approx(2 * r["plan_us_per_layer"],
                                                                   rel=0.05)
             assert pby[key]["plan_us_per_layer"] > r["plan_us_per_layer"]

@@ -175,6 +175,8 @@ def test_projection_prices_launches_and_overlaps_the_fused_copies():
     paid = projection.project(CONFIG, hw, tr, costs, 1, 32768, 32, launch_s=10e-6)
     L = CONFIG.num_hidden_layers
     for mode, r in paid.items():
+        if mode in projection.SPLIT_MODES:
+            continue        # the rule weighs the launch cost: tests/costmodel/test_split_price.py
         n = projection.launches_per_layer(mode)
         assert r["launches_per_layer"] == n
         assert r["step_s"] - free[mode]["step_s"] == pytest.approx(L * n * 10e-6)

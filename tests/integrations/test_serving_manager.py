@@ -356,9 +356,21 @@ def test_compiled_retrieve_does_not_recompile_per_step():
 
 def test_step_with_the_split_changes_nothing_but_adds_the_split_lists():
     """step(split=True): the same slots, copies, counts and buffer bytes as split=False, plus
-    the hit/miss split of the slots (avsg.split_slots of the plan, cut to the pass's q)."""
+    the hit/miss split of the slots (avsg.split_slots of the plan, cut to the pass's q), which
+    costs exactly one more avsg op launch: the split_slots kernel."""
     import avsg
-    outs = []
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class AvsgLaunches(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "avsg":
+                self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+    outs, launched = [], {}
     for split in (False, True):
         mgr, _ = make()
         for r in range(R):
@@ -369,7 +381,9 @@ def test_step_with_the_split_changes_nothing_but_adds_the_split_lists():
             meta = mgr.begin_step_rtk(seq, T, block_table())
             pos = seq[:, None, None] - 1 - torch.arange(T * K).view(1, T, K) % (K + 2 * step)
             topk = torch.where(pos >= 0, pos, -1).to(torch.int32)
-            out = mgr.step(0, topk, meta, split=split)
+            with AvsgLaunches() as launches:
+                out = mgr.step(0, topk, meta, split=split)
+            launched.setdefault(split, []).append(launches.names)
             got.append((out.slots.clone(), out.host_pos.clone(), out.host_counts.clone(),
                         [kv.clone() for kv in mgr.kv[0]], out.split))
             if split:                       # the lists are the plan's split
@@ -377,6 +391,8 @@ def test_step_with_the_split_changes_nothing_but_adds_the_split_lists():
                 assert torch.equal(out.split.hits, want.hits[:, :T])
                 assert torch.equal(out.split.misses, want.misses[:, :T])
         outs.append(got)
+    for plain, split in zip(launched[False], launched[True]):
+        assert split == plain + ["split_slots"], (plain, split)
     for (slots, pos, counts, kv, none), (slots2, pos2, counts2, kv2, split) in zip(*outs):
         assert none is None and torch.equal(slots, slots2) and torch.equal(pos, pos2)
         assert torch.equal(counts, counts2) and all(torch.equal(a, b) for a, b in zip(kv, kv2))

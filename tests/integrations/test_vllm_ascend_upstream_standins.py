@@ -35,6 +35,8 @@ import numpy as np
 import pytest
 import torch
 
+from avsg.cache.split_rule import SPLIT_LAUNCHES
+from torch.utils._python_dispatch import TorchDispatchMode
 from avsg.integrations import vllm_ascend as backend
 from helpers import split_bound
 from avsg.integrations import vllm_ascend_plugin as plugin
@@ -50,6 +52,19 @@ ATTN_MODULE = plugin._ATTN_MODULE
 V1_RUNNER = plugin._RUNNER_MODULE
 V2_RUNNER = plugin._RUNNER_V2_MODULE
 V2_MODEL_STATE = "vllm_ascend.worker.v2.model_states.default"
+
+
+class AvsgLaunches(TorchDispatchMode):
+    """The avsg ops (kernel launches) dispatched inside the block, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "avsg":
+            self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
 
 
 # ----------------------------------------------------------------------------- copies by address
@@ -518,8 +533,10 @@ class Engine:
                     manager.offload_new_kv(**kwargs, src_slot_mapping=slot_mapping)
                 else:
                     manager.offload_new_kv(**kwargs)
-                manager.onload_topk_kv(name, n_tok, nreq, block_table, topk,
-                                       manager.current_slots_npu, None, stable, ttr)
+                with AvsgLaunches() as launches:
+                    manager.onload_topk_kv(name, n_tok, nreq, block_table, topk,
+                                           manager.current_slots_npu, None, stable, ttr)
+                self.split_launches = launches.names.count("split_slots")
                 if check:
                     self.check_reads(manager, layer, name, n_tok, topk, positions)
                 if check and manager.avsg_split:
@@ -587,7 +604,27 @@ class Engine:
                 out[t] = (e / ssum[0, t][:, None]) @ k_rows.float()
             return out.to(torch.bfloat16), smax, ssum
 
-        merged = manager.split_attention(attend, n_tok)
+        # what the split launches beside the unsplit path's one attention call is what the
+        # decode model prices (split_rule.SPLIT_LAUNCHES): count the op calls and the merges
+        launched = []
+
+        def counted(indices):
+            launched.append("attention")
+            return attend(indices)
+        scope = manager.split_attention.__func__.__globals__
+        merge = scope["attention_update"]
+
+        def counted_merge(*args, **kwargs):
+            launched.append("attention_update")
+            return merge(*args, **kwargs)
+        scope["attention_update"] = counted_merge
+        try:
+            merged = manager.split_attention(counted, n_tok)
+        finally:
+            scope["attention_update"] = merge
+        # the lists: the layer's step launched the split_slots kernel once (no torch derivation)
+        assert self.split_launches == 1, self.split_launches
+        assert ["split_slots"] + launched[1:] == list(SPLIT_LAUNCHES) and launched[0] == "attention", launched
         assert merged.dtype == torch.bfloat16 and merged.shape == (n_tok, heads, DK)
         pool_k, pool_v = self.pool.truth[layer]
         for t in range(n_tok):

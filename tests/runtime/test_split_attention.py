@@ -126,8 +126,9 @@ def test_bf16_outputs_within_the_bf16_bound(seed):
 
 
 def test_unsplit_is_the_default_and_bit_exact(hf_checkpoint_small):
-    """StoreSpec's default is one pass: avsg's logits equal device-resident KV's bit for bit;
-    with the split the greedy tokens are the same and the logits within the parity tolerance."""
+    """StoreSpec's default is one pass: avsg's logits equal device-resident KV's bit for bit, and
+    so do "auto"'s on CPU; with the split the greedy tokens are the same and the logits within
+    the parity tolerance."""
     from avsg import backend
     from avsg.commands.generate import generate
     from avsg.runtime.base import StoreSpec
@@ -141,10 +142,14 @@ def test_unsplit_is_the_default_and_bit_exact(hf_checkpoint_small):
         split_out, split_logits = generate(model, prompts, 24, mode="avsg",
                                            kv_format_name="fp32", capacity=16,
                                            record_logits=True, split_attention=True)
-    assert out == dev_out == split_out == hf_tokens.tolist()
+        # "auto" on CPU: no overlap to establish, so the rule never splits: the one-pass path
+        auto_out, auto_logits = generate(model, prompts, 24, mode="avsg", kv_format_name="fp32",
+                                         capacity=16, record_logits=True,
+                                         split_attention="auto")
+    assert out == dev_out == split_out == auto_out == hf_tokens.tolist()
     for i in range(len(prompts)):
-        for a, b, c in zip(dev_logits[i], logits[i], split_logits[i]):
-            assert torch.equal(a, b)
+        for a, b, c, d in zip(dev_logits[i], logits[i], split_logits[i], auto_logits[i]):
+            assert torch.equal(a, b) and torch.equal(a, d)
             torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-5)
     ours = torch.stack([torch.cat(split_logits[i]) for i in range(len(prompts))])
     torch.testing.assert_close(ours, hf_logits[:, 1:], rtol=1e-4, atol=1e-4)

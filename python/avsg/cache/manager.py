@@ -137,6 +137,7 @@ from .overlap import CopyStream
 from .paged import PagedKV
 from .residency import NO_LIMIT, Residency
 from .rows import RowTable
+from .split_rule import SPLIT_LAUNCHES, SplitPolicy
 
 RESIDENT_BLOCK_SIZE = 128         # the page size sparse flash attention reads (PA_BSND)
 # The avsg kernels one layer of a serving pass launches (``step`` / ``retrieve``), in order. By
@@ -158,6 +159,14 @@ def serving_launches(write_through: bool = False, split: bool = False,
     copy are one launch (``fused``: the manager's ``fuse_copy``), else the two apart."""
     return SERVING_LAUNCHES if fused and not write_through and not split \
         else SERVING_LAUNCHES_APART
+
+
+def split_added_launches(fused: bool = True) -> int:
+    """The launches a layer's step adds when it splits: the split's own (``SPLIT_LAUNCHES``),
+    plus the copy's own launch where the unsplit step fuses it into the plan's (the split's copy
+    runs on its own stream). The decode model and ``step(split="auto")`` price the split with it."""
+    return (len(serving_launches(split=True)) - len(serving_launches(fused=fused))
+            + len(SPLIT_LAUNCHES))
 _MAX_WIDTH = 1 << 16                  # latent / RoPE widths: DeepSeek's are 512 and 64
 _MAX_TOKENS = (1 << 31) - 1           # query_start_loc is int32
 _TOKEN_BYTES = 64                     # what begin_step and retrieve allocate per token, about
@@ -258,6 +267,9 @@ class SparseOffloadManager:
             copy is the package's own gather of every miss (not with write-through, nor
             ``step(split=True)``). Default: on CPU; on an NPU only where the plan's split may run
             (``default_fuse_copy``), since the fused launch waits across cores as it does.
+        split_policy: the split rule's inputs (``avsg.cache.split_rule.SplitPolicy``: its
+            profile, the launch cost, whether the overlap is established on this card, the
+            expected misses) for ``step(split="auto")``; None: "auto" is refused.
     """
 
     def __init__(self, num_layers: int, max_rows: int, capacity: int, topk: int,
@@ -270,9 +282,13 @@ class SparseOffloadManager:
                  check: Optional[bool] = None, latent_dim: int = 512, rope_dim: int = 64,
                  timers: Optional[Callable[[str], ContextManager]] = None,
                  policy: str = reference.DEFAULT_POLICY, max_context: Optional[int] = None,
-                 gather_cores: Optional[int] = None, fuse_copy: Optional[bool] = None):
+                 gather_cores: Optional[int] = None, fuse_copy: Optional[bool] = None,
+                 split_policy: Optional[SplitPolicy] = None):
         require_int("num_layers", num_layers, low=1)
         require_bool("fuse_copy", fuse_copy, optional=True)
+        if split_policy is not None and not isinstance(split_policy, SplitPolicy):
+            raise TypeError(f"split_policy: expected None or a SplitPolicy, got "
+                            f"{type(split_policy).__name__}")
         if gather_cores is not None:
             require_int("gather_cores", gather_cores, low=1)
         require_int("max_rows", max_rows, low=1)
@@ -347,6 +363,7 @@ class SparseOffloadManager:
         self.h2d_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         # where step(split=True) queues its copies (docs/overlap.md); no-ops on CPU
         self.copy_stream = CopyStream(self.device)
+        self.split_policy = split_policy
         self.write_through_rows = torch.zeros((), dtype=torch.int64, device=self.device)
         if host_kv is not None:
             self.register_host_kv(host_kv)
@@ -788,7 +805,7 @@ class SparseOffloadManager:
 
     def step(self, layer: int, topk_pos: torch.Tensor, meta: StepMeta,
              new_kv: Optional[Sequence[torch.Tensor]] = None, check: Optional[bool] = None,
-             checked_topk: bool = False, split: bool = False) -> RowSlots:
+             checked_topk: bool = False, split: Union[bool, str] = False) -> RowSlots:
         """One layer: drop, plan and copy for ``topk_pos`` int32 ``[max_rows, q, K]`` **by state
         row** (``q`` = ``1..T``; request-relative positions, ``-1`` = none) -> ``RowSlots``: the
         slot of every selection, ``[max_rows, q, K]`` in the same order, which the layer's buffer
@@ -801,9 +818,18 @@ class SparseOffloadManager:
         ``split=True``: the copy is queued on ``copy_stream`` (a side stream on an NPU, in order
         on CPU) so that attention over the hits need not wait for it, and ``RowSlots.split``
         says which slots are which; the caller runs ``copy_stream.wait()`` before anything
-        reads a miss slot, ``host_pos`` or ``host_counts`` (docs/overlap.md)."""
+        reads a miss slot, ``host_pos`` or ``host_counts`` (docs/overlap.md). ``split="auto"``:
+        split exactly where the split rule (``avsg.cache.split_rule.choose_split``, the one the
+        decode model prices with) chooses it for this step's requests and query tokens, with
+        the manager's ``split_policy`` (decided on the host: no device read; without an
+        established overlap it never splits); ``RowSlots.split`` says which was done."""
         self._layer(layer)
-        require_bool("split", split)
+        auto = isinstance(split, str) and split == "auto"
+        if not auto:
+            require_bool("split", split)
+        elif self.split_policy is None:
+            raise ValueError("split: 'auto' needs the manager's split_policy (the split rule's "
+                             "profile, launch cost and overlap); pass True or False otherwise")
         R, T, K = self.max_rows, self.queries_per_step, self.topk
         self._check_meta(meta)
         require_tensor("topk_pos", topk_pos, torch.int32, ndim=3, device=self.device)
@@ -831,6 +857,11 @@ class SparseOffloadManager:
                 check_selections(topk_pos.reshape(R * q, K), meta.seq_lens.repeat_interleave(q),
                                  where, meta.buffered.repeat_interleave(q),
                                  limit_name=lambda n: "its request's seq_len")
+        if auto:
+            # the requests this step plans, from the host's row table (no device read)
+            rows = min(meta.num_reqs, sum(self._occupied_host))
+            split = self.split_policy.choose(
+                rows, q, K, launches=split_added_launches(self.fuse_copy and not self.write_through))
         if q < T:
             topk_pos = torch.cat([topk_pos, topk_pos.new_full((R, T - q, K), -1)], dim=1)
         # a row with no request planned this pass plans nothing

@@ -18,7 +18,7 @@ import torch
 
 from ..cli_util import UsageError, int_in, output_path, torch_threads, writing
 from ..runtime import store as _stores  # noqa: F401  (registers the stores)
-from ..runtime.base import STORES, StoreSpec
+from ..runtime.base import SPLIT_ATTENTION_CHOICES, STORES, StoreSpec, auto_split_policy
 from ..runtime.engine import Engine, positions_needed
 from ..kvformat import FORMAT_NAMES, get_format
 from ..runtime.scheduler import Request
@@ -36,10 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="MTP drafts per step, 0..3 (default 0)")
     parser.add_argument("--capacity", type=int_in(1, 32768), help="avsg buffer slots, (1 + mtp) "
                         "x top-k..32768 (default: max(8192, (1 + mtp) x top-k))")
-    parser.add_argument("--split-attention", action="store_true",
+    parser.add_argument("--split-attention", nargs="?", const="on", default="off",
+                        choices=tuple(SPLIT_ATTENTION_CHOICES),
                         help="avsg mode: attention over the buffer's hits and over its misses, "
                              "merged by log-sum-exp (the schedule that lets the copy overlap the "
-                             "hits' attention; docs/overlap.md); default: one pass, bit-exact")
+                             "hits' attention; docs/overlap.md); auto: where the split rule "
+                             "chooses it (the decode model's rule; on CPU, or without a measured "
+                             "overlap, it never splits); default off: one pass, bit-exact")
     parser.add_argument("--kv-format", choices=FORMAT_NAMES, default="fp32",
                         help="KV cache format (default fp32)")
     parser.add_argument("--json", metavar="OUT", help="write {'outputs': [[ids...], ...]}")
@@ -68,7 +71,7 @@ def parse_input_ids(text: str) -> List[List[int]]:
 
 def generate(model, prompts: List[List[int]], max_new_tokens: int, mode: str = "device",
              mtp: int = 0, kv_format_name: str = "fp32", capacity=None,
-             record_logits: bool = False, split_attention: bool = False):
+             record_logits: bool = False, split_attention=False):
     """Greedy outputs (lists of token ids) for ``prompts``; with ``record_logits`` also the
     verify logits of every step, per request. Every prompt gets its own row."""
     from ..runtime.algo.dsa import DSA
@@ -80,7 +83,9 @@ def generate(model, prompts: List[List[int]], max_new_tokens: int, mode: str = "
     capacity = capacity or max(8192, (1 + mtp) * config.index_topk)
     spec = StoreSpec(layers=model.num_kv_layers, rows=rows, max_len=max_len,
                      topk=config.index_topk, queries_per_step=1 + mtp, kv_format=kv_format,
-                     device=device, capacity=capacity, split_attention=split_attention)
+                     device=device, capacity=capacity, split_attention=split_attention,
+                     split_policy=auto_split_policy(config, device)
+                     if split_attention == "auto" else None)
     store = STORES[mode](spec)
     algo = DSA(config, rows=rows, max_len=max_len, device=device, layers=model.num_kv_layers)
     engine = Engine(model, algo, store, kv_format, rows, mtp=mtp, record_logits=record_logits)
@@ -95,6 +100,7 @@ def generate(model, prompts: List[List[int]], max_new_tokens: int, mode: str = "
 
 
 def main(args: argparse.Namespace) -> int:
+    args.split_attention = SPLIT_ATTENTION_CHOICES.get(args.split_attention, args.split_attention)
     from .run import build_model, checkpoint_config
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens: expected >= 1, got {args.max_new_tokens}")

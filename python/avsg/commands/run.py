@@ -34,7 +34,7 @@ from ..cli_util import (UsageError, check_memory_total, comma_list, int_in, keep
                         output_path, progress_bar, read_input, torch_threads, writing)
 from .. import model_config, reference
 from ..runtime import store as _stores  # noqa: F401  (registers the stores)
-from ..runtime.base import STORES, StoreSpec
+from ..runtime.base import SPLIT_ATTENTION_CHOICES, STORES, StoreSpec, auto_split_policy
 from ..runtime.context import ContextFill
 from ..runtime.engine import Engine, StepRecord, positions_needed
 from ..kvformat import FORMAT_NAMES, get_format
@@ -86,11 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lifetime", type=int_in(1, 255), default=None,
                         help=f"the lifetime policy's L, 1..255 (default {reference.DEFAULT_LIFETIME}; only "
                              f"with the lifetime policy, the default)")
-    parser.add_argument("--split-attention", action="store_true",
+    parser.add_argument("--split-attention", nargs="?", const="on", default="off",
+                        choices=tuple(SPLIT_ATTENTION_CHOICES),
                         help="avsg mode: attention over the buffer's hits and over its misses, "
                              "merged by log-sum-exp (the schedule that lets the copy overlap the "
-                             "hits' attention; docs/overlap.md); default: one pass, bit-exact "
-                             "with the other modes")
+                             "hits' attention; docs/overlap.md); auto: where the split rule "
+                             "chooses it (the decode model's rule; on CPU, or without a measured "
+                             "overlap, it never splits); default off: one pass, bit-exact with "
+                             "the other modes")
     parser.add_argument("--select", choices=("trace", "indexer"), default="trace",
                         help="selection source: a recorded trace (default) or the model's indexer")
     parser.add_argument("--trace", help=f"selection trace: {TRACE_HELP}")
@@ -276,13 +279,16 @@ def run_mode(mode: str, model, config, workload: Workload, args, kv_format, devi
     from ..runtime.algo.trace import TraceSelection
     timers = Timers()
     mtp = args.mtp
+    split_attention = getattr(args, "split_attention", False) if mode == "avsg" else False
     max_len = max(positions_needed(r.context_len, r.max_new_tokens, mtp)
                   for r in workload.requests)
     spec = StoreSpec(layers=model.num_kv_layers, rows=workload.rows, max_len=max_len,
                      topk=config.index_topk, queries_per_step=1 + mtp, kv_format=kv_format,
                      device=device, capacity=args.capacity, policy=args.policy,
                      lifetime=args.lifetime, timers=timers,
-                     split_attention=getattr(args, "split_attention", False))
+                     split_attention=split_attention,
+                     split_policy=auto_split_policy(config, device)
+                     if split_attention == "auto" else None)
     store = STORES[mode](spec)
     algo = DSA(config, rows=workload.rows, max_len=max_len, device=device,
                layers=model.num_kv_layers, timers=timers)
@@ -338,6 +344,7 @@ def format_table(results: List[Dict[str, object]]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    args.split_attention = SPLIT_ATTENTION_CHOICES.get(args.split_attention, args.split_attention)
     with contextlib.ExitStack() as stack:       # torch's threads restored when the run ends
         return _main(args, stack)
 
@@ -465,8 +472,10 @@ def _main(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         results.append(run_mode(mode, model, config, workload, args, kv_format, device, trace,
                                 context_fill, recorder if i == 0 else None, show))
     # the split's avsg logits differ from the others' in their last bits (docs/overlap.md):
-    # then only the tokens are compared
-    split = args.split_attention and "avsg" in modes
+    # then only the tokens are compared ("auto" splits only where the overlap is established:
+    # never on CPU, where it is the one-pass path bit for bit)
+    split = "avsg" in modes and (args.split_attention is True or (
+        args.split_attention == "auto" and auto_split_policy(config, device).overlap_established))
     identical = all(r.outputs == results[0].outputs and
                     (split or r.logit_digest == results[0].logit_digest) for r in results)
     summaries = [r.summary() for r in results]

@@ -44,11 +44,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple, Type
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple, Type, Union
 
 import torch
 
 from .. import reference
+from ..cache.split_rule import SplitPolicy
 from ..kvformat import KVFormat
 from .step import NULL_TIMERS, StepBatch, Timers
 
@@ -63,6 +64,19 @@ class Retrieved:
     # with a split: makes the current stream wait for the copies into the miss slots (a no-op
     # where they ran in order, as on CPU); None: nothing to wait for
     wait_copies: Optional[Callable[[], None]] = None
+
+
+def auto_split_policy(config, device, gather_cores: Optional[int] = None) -> SplitPolicy:
+    """The split rule's inputs for ``split_attention="auto"`` on ``device`` (the decode model's
+    bundled profile with ``config``'s attention dimensions:
+    ``avsg.lab.costmodel.projection.serving_split_policy``). On CPU, or without a measured
+    overlap, the rule never splits: "auto" is then the one-pass path, bit for bit."""
+    from ..lab.costmodel.projection import serving_split_policy
+    return serving_split_policy(config, device, gather_cores=gather_cores)
+
+
+# --split-attention's values (``avsg run``, ``avsg generate``): the flag alone is "on"
+SPLIT_ATTENTION_CHOICES = {"on": True, "off": False, "auto": "auto"}
 
 
 @dataclasses.dataclass
@@ -81,7 +95,10 @@ class StoreSpec:
     lifetime: int = reference.DEFAULT_LIFETIME   # avsg: the lifetime policy's L
     block_size: int = 128
     write_through: bool = False         # avsg: a pass's new KV into its reserved slots directly
-    split_attention: bool = False       # avsg: attention over hits / misses, LSE-merged (overlap)
+    # avsg: attention over hits / misses, LSE-merged (overlap); "auto": where the split rule
+    # (avsg.cache.split_rule) chooses it, with split_policy's inputs
+    split_attention: Union[bool, str] = False
+    split_policy: Optional[SplitPolicy] = None
     gather_cores: Optional[int] = None  # avsg: cores of the copy's gather (None: get_num_cores())
     timers: Timers = NULL_TIMERS
 

@@ -61,18 +61,19 @@ POSITIVE_KEYS = frozenset((
     "hbm_bytes_per_s", "hbm_efficiency", "cube_flops_bf16", "cube_flops_int8", "cube_efficiency",
     "link_bytes_per_s", "dma_in_flight_per_core", "aiv_cores", "hbm_bytes", "clock_ghz",
     "mte_bytes_per_cycle", "weight_bytes_per_param",
-    "host_cpu_time_factor", "host_lru_threads"))
+    "host_cpu_time_factor", "host_lru_threads", "attention_aiv_cores"))
 FRACTION_KEYS = frozenset(("hbm_efficiency", "cube_efficiency"))
 # Entries that count things (cores, reads in flight, threads, copies): the model takes ceilings and
 # products of them as whole numbers, so 39.5 cores is a mistake, not a value.
 COUNT_KEYS = frozenset(("aiv_cores", "dma_in_flight_per_core", "host_lru_threads",
-                        "activation_hidden_copies"))
+                        "activation_hidden_copies", "attention_aiv_cores"))
+BINARY_KEYS = frozenset(("fp8_compute", "split_overlap_measured"))
 
 
 def check_entries(entries: Dict, path: str) -> None:
     """Every entry but ``name`` / ``status`` is ``{"value": finite number, "source": text}``; the
     model's entries (the bundled profile's) are >= 0, the POSITIVE_KEYS > 0, the efficiencies
-    <= 1, the COUNT_KEYS whole numbers and ``fp8_compute`` 0 or 1, and all of them are present. Other entries (a calibration
+    <= 1, the COUNT_KEYS whole numbers and the BINARY_KEYS 0 or 1, and all of them are present. Other entries (a calibration
     run's fitted slopes, ``calib_*``) the model does not read: a number is all they need to be.
     A ValueError names the entry."""
     def bad(key, what):
@@ -96,7 +97,7 @@ def check_entries(entries: Dict, path: str) -> None:
             raise bad(key, f"expected a fraction in (0, 1], got {value!r}")
         if key in COUNT_KEYS and isinstance(value, float) and not value.is_integer():
             raise bad(key, f"expected a whole number (a count), got {value!r}")
-        if key == "fp8_compute" and value not in (0, 1):
+        if key in BINARY_KEYS and value not in (0, 1):
             raise bad(key, f"expected 0 or 1, got {value!r}")
         if not isinstance(entry.get("source"), str):
             raise bad(key, "expected a \"source\" text (where the value comes from)")

@@ -32,11 +32,27 @@ A projection, not a measurement: nothing here has run on an NPU.
                     merged kernel's matching scaled to that many resident entries.
 ``avsg``            the op's default policy (``lifetime``), its counted plan cost; gather then
                     attention (``--overlap`` lets its copies overlap attention too).
+``avsg-split``      avsg with the hit/miss split where the rule chooses it
+                    (:mod:`avsg.cache.split_rule`, docs/overlap.md sections 4-5), per layer and
+                    pass: attention over the hits while the gather copies the misses on ``C``
+                    cores, then attention over the misses and the LSE merge; priced with the
+                    overlap ``o = 1`` where the cores allow it (the profile's assumed
+                    ``attention_aiv_cores`` ``A`` + ``C`` <= ``aiv_cores``; ``C`` defaults to the
+                    cores left, ``aiv_cores - A``).
+``avsg-split-o0``   the same rule without the overlap (``o = 0``, the gather on every core): the
+                    rule then never splits, so its TPOT is avsg's; ``forced_tpot_s`` is the
+                    split's price if it were switched on anyway.
 
 **Launches**: every mode pays ``launches_per_layer(mode)`` kernel launches per layer and pass
 beside attention, each at a cost per launch (``launch_s``; the profile's ``launch_graph_s`` by
 default: decode runs graph-captured). avsg's count is the serving manager's
-(:data:`..cache.manager.SERVING_LAUNCHES`, held equal to what it dispatches by a test).
+(:data:`..cache.manager.SERVING_LAUNCHES`, held equal to what it dispatches by a test); the
+split adds :func:`..cache.manager.split_added_launches` on every layer where it is chosen: the
+gather's own launch (the split's copy leaves the fused ``plan_gather`` for its own stream) and
+:data:`..cache.split_rule.SPLIT_LAUNCHES` (the split_slots kernel that emits the hit/miss lists,
+the second attention call and the merge), each held equal to what the serving step and the
+plugin's split launch by a test. The torch glue around the
+kernels is left out for every mode.
 
 **Inputs**, measured in the same run: the rows each mode copies per layer and iteration, replayed
 over *every* layer of the trace (MTP-n: 1 + n query tokens, simulated acceptance, rejected drafts
@@ -71,7 +87,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 V32_CONFIG = os.path.join(_HERE, "profiles", "deepseek_v32_config.json")
 MAX_BATCH = 4096
 MODES = ("device", "offload", "lru-host", "lru-device", "slotmap-device", "fused-2048",
-         "fused-4096", "avsg")
+         "fused-4096", "avsg", "avsg-split", "avsg-split-o0")
+# avsg with the hit/miss split: priced with the overlap where the cores allow it (o = 1), and
+# without it (o = 0); both copy what avsg copies and hold what it holds
+SPLIT_MODES = {"avsg-split": True, "avsg-split-o0": False}
 PEERS = ("offload", "lru-host", "lru-device", "slotmap-device", "fused-2048", "fused-4096")
 LAUNCH_SENSITIVITY_US = (0.0, 2.0, 5.0, 10.0)   # the launch costs every ratio is also given at
 # Kernel launches per layer and pass beside attention, for the peers (avsg's and lru-device's
@@ -88,9 +107,14 @@ PEER_LAUNCHES = {
 }
 
 
-def launches_per_layer(mode: str) -> int:
+def launches_per_layer(mode: str, split_chosen: bool = False) -> int:
     """Kernel launches ``mode`` adds per layer and pass beside attention. avsg and lru-device
-    run through the serving manager: the kernels it launches (``SERVING_LAUNCHES``)."""
+    run through the serving manager: the kernels it launches (``SERVING_LAUNCHES``); the split
+    modes add ``split_added_launches()`` where the rule chooses the split (``split_chosen``)."""
+    if mode in SPLIT_MODES:
+        from ...cache import manager
+        return launches_per_layer("avsg") + (manager.split_added_launches() if split_chosen
+                                             else 0)
     if mode in ("avsg", "lru-device"):
         from ...cache import manager
         return len(manager.SERVING_LAUNCHES)
@@ -190,6 +214,10 @@ def memory_per_card(c, hw: hardware.Profile, mode: str, batch: int, context: int
     L = c.num_hidden_layers + c.num_nextn_predict_layers
     K = c.index_topk
     row = fmt.row_bytes
+    # the split holds what avsg holds, plus one layer's hit and miss lists (int32 [T, K] each,
+    # per request) among the activations
+    split_lists = 2 * T * K * 4 if mode in SPLIT_MODES else 0
+    mode = "avsg" if mode in SPLIT_MODES else mode
     per_request = {
         "device": L * context * row,
         # one layer's copy target at a time, double-buffered
@@ -205,7 +233,7 @@ def memory_per_card(c, hw: hardware.Profile, mode: str, batch: int, context: int
                        + 2 * fused.MEMBERSHIP_STRIDE_INT16)}
     per_request = per_request[mode]
     tokens = batch * T
-    activations = hw["activation_reserve_bytes"] + tokens * (
+    activations = hw["activation_reserve_bytes"] + batch * split_lists + tokens * (
         4 * context                       # the indexer's fp32 scores of one layer
         + 2 * c.hidden_size * hw["activation_hidden_copies"])
     out = {"weights": weights_per_card(c, cards, hw["weight_bytes_per_param"]),
@@ -242,10 +270,17 @@ def _compute_layer_s(c, hw, fmt: KVFormat, batch: int, tokens: int, context: int
     index_s = max(hardware.hbm_time_s(hw, batch * context * fmt.index_row_bytes),
                   hardware.cube_time_s(hw, 2 * tokens * context * c.index_n_heads
                                        * c.index_head_dim, bits))
-    mla_s = max(hardware.hbm_time_s(hw, tokens * K * fmt.row_bytes),
-                hardware.cube_time_s(hw, 2 * tokens * K * c.num_attention_heads
-                                     * (2 * c.kv_lora_rank + c.qk_rope_head_dim), 16))
+    mla_s = mla_time_s(c, hw, fmt, tokens)
     return hardware.hbm_time_s(hw, weights) + index_s + mla_s, mla_s
+
+
+def mla_time_s(c, hw, fmt: KVFormat, tokens: int) -> float:
+    """Sparse MLA of one layer over K rows per query token: HBM- or cube-bound (linear in the
+    selections, so the split's rule reads its per-selection rate from it)."""
+    K = c.index_topk
+    return max(hardware.hbm_time_s(hw, tokens * K * fmt.row_bytes),
+               hardware.cube_time_s(hw, 2 * tokens * K * c.num_attention_heads
+                                    * (2 * c.kv_lora_rank + c.qk_rope_head_dim), 16))
 
 
 def _link_s(hw, rows: float, row_bytes: int, dmas_per_row: int = 1) -> float:
@@ -294,14 +329,70 @@ def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, ba
     return {"match_s": match, "copy_s": exposed}
 
 
+def split_profile(c, hw: hardware.Profile, fmt: KVFormat, mla_s: float, tokens: int,
+                  overlap: bool, attention_cores: Optional[int] = None,
+                  gather_cores: Optional[int] = None):
+    """The split's price inputs (:class:`avsg.cache.split_rule.SplitProfile`) from the hardware
+    profile and this model's attention time ``mla_s`` for ``tokens`` query tokens (linear in
+    the selections: ``a = mla_s / (tokens·K)``). ``attention_cores`` ``A``: the profile's
+    assumed ``attention_aiv_cores`` unless given; the gather takes ``gather_cores`` ``C``, by
+    default the cores the attention leaves (``aiv_cores - A``, at least 1) when ``overlap``, else
+    every core (without the overlap fewer cores only slow the copy). The merge
+    (``npu_attention_update``, fp32 in and out) reads two partial outputs and their LSE and
+    writes one, per query token and head: its bytes over HBM."""
+    from ...cache import split_rule
+    P = int(hw["aiv_cores"])
+    A = int(hw["attention_aiv_cores"] if attention_cores is None else attention_cores)
+    if gather_cores is None:
+        gather_cores = max(1, P - A) if overlap else P
+    heads = c.num_attention_heads
+    merge_bytes = heads * (3 * c.kv_lora_rank * 4 + 2 * 4)
+    return split_rule.SplitProfile(
+        aiv_cores=P, attention_cores=A, gather_cores=int(gather_cores),
+        link_bytes_per_s=hw["link_bytes_per_s"], row_bytes=fmt.row_bytes,
+        row_latency_s=hw["host_dma_latency_s"] / hw["dma_in_flight_per_core"],
+        attention_fixed_s=hw["attention_fixed_s"],
+        attention_s_per_selection=mla_s / (tokens * c.index_topk),
+        merge_s_per_token=hardware.hbm_time_s(hw, merge_bytes))
+
+
+def serving_split_policy(c, device, hw: Optional[hardware.Profile] = None,
+                         gather_cores: Optional[int] = None, launch_s: Optional[float] = None,
+                         attention_cores: Optional[int] = None):
+    """The split rule's inputs for a serving core on ``device`` (``SparseOffloadManager(
+    split_policy=...)``, ``step(split="auto")``): the profile the decode model prices with
+    (default: the bundled one), ``c``'s attention dimensions, the gather on ``gather_cores``
+    (None: every AIV core, the manager's default, which leaves none to attention: o = 0), the
+    graph-captured launch cost, and the overlap established only on a device with streams
+    whose profile says a measurement showed it (``split_overlap_measured``; 0 in the bundled
+    profile). Expected misses: none given (the caller may set them); without an established
+    overlap the rule never splits, whatever they are."""
+    import torch
+    from ...cache import split_rule
+    hw = hw or hardware.load_profile()
+    fmt = kv_format(hw)
+    P = int(hw["aiv_cores"])
+    profile = split_profile(c, hw, fmt, mla_time_s(c, hw, fmt, 1), 1, True, attention_cores,
+                            P if gather_cores is None else min(int(gather_cores), P))
+    established = torch.device(device).type == "npu" and bool(hw["split_overlap_measured"])
+    return split_rule.SplitPolicy(profile, hw["launch_graph_s"] if launch_s is None else launch_s,
+                                  established)
+
+
 def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], batch: int,
             context: int, cards: int, overlap_avsg: bool = False,
-            modes: Sequence[str] = MODES, launch_s: Optional[float] = None) -> Dict[str, Dict]:
+            modes: Sequence[str] = MODES, launch_s: Optional[float] = None,
+            attention_cores: Optional[int] = None,
+            gather_cores: Optional[int] = None) -> Dict[str, Dict]:
     """One modelled decode iteration per mode for ``batch`` requests per card: the main model's
     layers on 1 + n query tokens (per-layer traffic: the mean layer time over the trace's layers),
     then n draft passes of the MTP layer on one token each. Every layer of every pass pays the
     mode's launches (``launches_per_layer``) at ``launch_s`` each (default: the profile's
-    ``launch_graph_s``). Infeasible modes get no times."""
+    ``launch_graph_s``). Infeasible modes get no times, but ``modelled_tpot_s``, what the
+    iteration would take if it fitted (device-resident KV's is the floor every ratio is read
+    against, wherever it fits). The split modes (``SPLIT_MODES``) take ``attention_cores`` and
+    ``gather_cores`` (:func:`split_profile`) and decide per layer and pass with the serving
+    core's rule (``split_rule.price``)."""
     if launch_s is None:
         launch_s = hw["launch_graph_s"]
     fmt = kv_format(hw)
@@ -311,6 +402,12 @@ def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], b
     draft_s, _ = _compute_layer_s(c, hw, fmt, batch, batch, context, cards)   # drafts overlap no copies
     out = {}
     for mode in modes:
+        if mode in SPLIT_MODES:
+            if "avsg" in traffic.rows:
+                out[mode] = _project_split(c, hw, fmt, traffic, costs, batch, context, cards, mode,
+                                           launch_s, compute_s, mla_s, draft_s, attention_cores,
+                                           gather_cores)
+            continue
         if mode not in traffic.rows and mode not in ("device",):
             continue
         mem = memory_per_card(c, hw, mode, batch, context, T, traffic.capacity,
@@ -339,13 +436,93 @@ def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], b
                    launch_s=(L + traffic.drafts) * launch_layer_s,
                    plan_us_per_layer=1e6 * match_s,
                    rows_per_layer=traffic.mean(mode) if mode != "device" else 0.0)
-        if rec["feasible"]:
-            rec["tpot_s"] = step / traffic.tokens_per_iteration
-            rec["tokens_per_s"] = batch * traffic.tokens_per_iteration / step
-        else:
-            rec["tpot_s"] = rec["tokens_per_s"] = None
+        _times(rec, step, batch, traffic)
         out[mode] = rec
     return out
+
+
+def _times(rec: Dict, step: float, batch: int, traffic: Traffic) -> None:
+    """TPOT and throughput where the mode fits one card (else None); the modelled TPOT always."""
+    rec["modelled_tpot_s"] = step / traffic.tokens_per_iteration
+    if rec["feasible"]:
+        rec["tpot_s"] = rec["modelled_tpot_s"]
+        rec["tokens_per_s"] = batch * traffic.tokens_per_iteration / step
+    else:
+        rec["tpot_s"] = rec["tokens_per_s"] = None
+
+
+def _project_split(c, hw, fmt: KVFormat, traffic: Traffic, costs: Optional[Costs], batch: int,
+                   context: int, cards: int, mode: str, launch_s: float, compute_s: float,
+                   mla_s: float, draft_s: float, attention_cores: Optional[int],
+                   gather_cores: Optional[int]) -> Dict:
+    """avsg with the split where ``split_rule.price`` chooses it, per trace layer, for the main
+    pass (``batch`` requests x T tokens, the layer's misses) and each draft pass (one token per
+    request, its share of the misses, as avsg's draft pass is priced). A chosen split replaces
+    avsg's exposed copy by the split's copy, attentions and merge (``split_s - unsplit_s``
+    beside avsg's copy) and adds its launches."""
+    from ...cache import split_rule
+    overlap = SPLIT_MODES[mode]
+    T = 1 + traffic.drafts
+    L, K = c.num_hidden_layers, c.index_topk
+    mem = memory_per_card(c, hw, mode, batch, context, T, traffic.capacity, traffic.topk_buffer,
+                          cards)
+    rec = {"feasible": bool(mem["feasible"]), "memory": mem,
+           "h2d_bytes_per_token": (L * traffic.mean("avsg") * fmt.row_bytes
+                                   / traffic.tokens_per_iteration)}
+    if costs is None:
+        return rec
+    profile = split_profile(c, hw, fmt, mla_s, batch * T, overlap, attention_cores, gather_cores)
+    from ...cache import manager
+    base = launches_per_layer("avsg")
+    added = manager.split_added_launches()      # the split's launches beside avsg's fused step
+    per_layer = []
+    for rows in traffic.rows["avsg"]:
+        o = layer_overhead_s("avsg", hw, fmt, costs, rows, batch, T, K, mla_s, False, traffic,
+                             context)
+        passes = []
+        # the main pass, then one draft pass (its share of the copies; avsg's convention)
+        for tokens_per_row, misses, unsplit_copy in ((T, rows * batch, o["copy_s"]),
+                                                     (1, rows * batch / T, o["copy_s"] / T)):
+            forced = split_rule.price(profile, batch, tokens_per_row, K, misses, launch_s, overlap,
+                                      added)
+            extra = forced.split_s - forced.unsplit_s - added * launch_s
+            passes.append({"copy": unsplit_copy + (extra if forced.chosen else 0.0),
+                           "forced_copy": unsplit_copy + extra,
+                           "launches": base + forced.launches,
+                           "forced_launches": base + added,
+                           "chosen": forced.chosen, "gain": forced.gain_s,
+                           "overlap": forced.overlap})
+        per_layer.append((o["match_s"], passes))
+    mean = lambda f: float(np.mean([f(m, p) for m, p in per_layer]))  # noqa: E731
+    match_s = mean(lambda m, p: m)
+    steps = {}
+    for key, copy, launches in (("chosen", "copy", "launches"),
+                                ("forced", "forced_copy", "forced_launches")):
+        main_copy = mean(lambda m, p: p[0][copy])
+        draft_copy = mean(lambda m, p: p[1][copy])
+        main_launches = mean(lambda m, p: p[0][launches])
+        draft_launches = mean(lambda m, p: p[1][launches])
+        draft = traffic.drafts * (draft_s + match_s / T + draft_copy + draft_launches * launch_s)
+        step = L * (compute_s + match_s + main_copy + main_launches * launch_s) + draft
+        steps[key] = (step, main_copy, draft, main_launches, draft_launches)
+    step, main_copy, draft, main_launches, draft_launches = steps["chosen"]
+    rec.update(step_s=step, compute_s=L * compute_s, match_s=L * match_s, copy_s=L * main_copy,
+               draft_s=draft, launches_per_layer=main_launches,
+               draft_launches_per_layer=draft_launches, launch_us=1e6 * launch_s,
+               launch_s=(L * main_launches + traffic.drafts * draft_launches) * launch_s,
+               plan_us_per_layer=1e6 * match_s, rows_per_layer=traffic.mean("avsg"),
+               split={"overlap": per_layer[0][1][0]["overlap"] if per_layer else 0,
+                      "attention_cores": profile.attention_cores,
+                      "attention_cores_assumed": True,
+                      "gather_cores": profile.gather_cores, "aiv_cores": profile.aiv_cores,
+                      "layers_split": mean(lambda m, p: float(p[0]["chosen"])),
+                      "draft_layers_split": mean(lambda m, p: float(p[1]["chosen"])),
+                      "gain_us_per_layer": 1e6 * mean(lambda m, p: p[0]["gain"]),
+                      "forced_step_s": steps["forced"][0],
+                      "forced_tpot_s": steps["forced"][0] / traffic.tokens_per_iteration,
+                      "forced_launches_per_layer": steps["forced"][3]})
+    _times(rec, step, batch, traffic)
+    return rec
 
 
 def profile_variant(hw: hardware.Profile, name: str) -> hardware.Profile:

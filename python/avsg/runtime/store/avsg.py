@@ -25,7 +25,8 @@ Lifecycle: ``admit`` adds the row to the manager (a reset on every layer), ``rel
 rejected MTP drafts are dropped with ``invalidate``. The manager also drops every position at or
 after a pass's first one before it plans (``auto_invalidate``), in the same launch.
 
-Split attention (``StoreSpec.split_attention``, off by default): ``retrieve`` asks the manager
+Split attention (``StoreSpec.split_attention``, off by default; ``"auto"``: where the manager's
+split rule chooses it, ``StoreSpec.split_policy``): ``retrieve`` asks the manager
 for the hit/miss split (``step(split=True)``: the copy on the manager's copy stream) and returns
 it with the wait for the copies, and the algorithm's attention runs over the hits, waits, runs
 over the misses and merges (docs/overlap.md). The plan, the copies and their counts are the same
@@ -68,6 +69,7 @@ class AVSGStore(HostPoolStore):
             device=spec.device,
             host_kv=[self.pool.layer(layer) for layer in range(spec.layers)],
             write_through=spec.write_through, timers=spec.timers, gather_cores=spec.gather_cores,
+            split_policy=spec.split_policy,
             # our own algorithm selects causal, distinct positions: value checks would only
             # cost host syncs
             check=False)
@@ -128,9 +130,9 @@ class AVSGStore(HostPoolStore):
         # the manager times its "plan" and "gather" phases itself
         # rows never move here (no move_row / swap_rows): batch row = state row, so the
         # selections go to the manager's one per-layer call as they are
-        split = self.spec.split_attention
         out = self.manager.step(layer, topk_pos, self._meta, new_kv=self._pass_kv[layer],
-                                check=False, split=split)
+                                check=False, split=self.spec.split_attention)
+        split = out.split is not None            # "auto": what the manager's rule chose
         streams = self.manager.copy_stream
         # with the split the copy's counts are the copy stream's: counted there, after it
         with streams.copying() if split else contextlib.nullcontext():

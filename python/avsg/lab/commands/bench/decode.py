@@ -5,14 +5,22 @@ A projection, not a measurement: nothing here has run on an NPU.
 
 **Records** (``--out DIR``/decode.json, ``records``): one per mode, batch, context, MTP, profile and
 launch cost (``launch_us``: 0, 2, 5, 10 and the profile's graph-captured and eager costs), with
-``launches_per_layer`` (kernel launches per layer and pass beside attention), ``feasible``,
-``tpot_ms`` and ``tokens_per_s`` (None when infeasible), ``h2d_bytes_per_token``,
+``launches_per_layer`` (kernel launches per layer and pass beside attention, in the main pass;
+``draft_launches_per_layer`` in a draft pass: the split modes' counts are means over the layers,
+as the rule chooses per layer), ``feasible``, ``tpot_ms`` and ``tokens_per_s`` (None when
+infeasible), ``modelled_tpot_ms`` (always: device-resident KV's is the floor every ratio is read
+against, also where it does not fit one card), ``h2d_bytes_per_token``,
 ``plan_us_per_layer`` (the mode's matching cost per layer: plan or the slot-map lookup for the
 device modes, the D2H + host LRU + descriptor copies for ``lru-host``, the selection update for
 the fused modes), ``copy_us_per_layer`` (its exposed copy time), the rows it copies and its
-memory per card (GB). The fused path is two modes, ``fused-2048`` and ``fused-4096``.
-``summary`` rows also hold ``by_launch_us`` (avsg against the best peer at each launch cost) and
-``vs_fused_by_launch_us`` (avsg against the better fused variant, and against device).
+memory per card (GB). The fused path is two modes, ``fused-2048`` and ``fused-4096``; avsg with
+the hit/miss split is two, ``avsg-split`` (overlap where the cores allow it, o = 1) and
+``avsg-split-o0`` (no overlap), whose records add ``split``: the cores (``attention_cores``
+assumed), ``overlap``, the share of layers the rule split, the gain per layer and
+``forced_tpot_ms`` (the split switched on in every layer). ``summary`` rows also hold
+``by_launch_us`` (avsg against the best peer at each launch cost) and ``vs_fused_by_launch_us``
+(avsg and the split modes against the better fused variant, and against device's modelled TPOT);
+``at_memory`` every mode at its largest batch per card, with device-resident KV at avsg's batch.
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ from ....cli_util import UsageError, float_in, int_in, read_input, size_list, wr
 from ...costmodel import hardware
 from ...costmodel.plan_cost import counted_plan_steps, measure_costs, plan_counters
 from ...costmodel.projection import (LAUNCH_SENSITIVITY_US, MAX_BATCH, MODES, PEERS, PROFILES,
-                                     SENSITIVE, V32_CONFIG, best_peer, kv_format,
+                                     SENSITIVE, SPLIT_MODES, V32_CONFIG, best_peer, kv_format,
                                      launches_per_layer, max_batch, profile_variant, project)
 from ...costmodel.traffic import Traffic, load_trace_cut, measure_traffic
 from ...traces.lookup import read_trace
@@ -71,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "spread over the cards (default 32)")
     parser.add_argument("--overlap", action="store_true",
                         help="let avsg's copies overlap attention too (the device peers' do)")
+    parser.add_argument("--attention-cores", type=int_in(1, 4096), default=None,
+                        help="AIV cores sparse attention holds, 1..4096 and at most the "
+                             "profile's aiv_cores (default: the profile's attention_aiv_cores, an assumption): the "
+                             "split's overlap needs these + --gather-cores <= aiv_cores")
+    parser.add_argument("--gather-cores", type=int_in(1, 4096), default=None,
+                        help="AIV cores the split's gather takes, 1..4096 and at most the "
+                             "profile's aiv_cores (default: the cores attention leaves)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="directory for decode.json and the TPOT plot (default "
                              "avsg-results/bench-decode/)")
@@ -106,6 +121,7 @@ def main(args: argparse.Namespace) -> int:
     batches = size_list("--batch", args.batch, 1, MAX_BATCH)
     mtps = sorted(set(size_list("--mtp", args.mtp, 0, 3)))
     hw, config = load_inputs(args)
+    split_cores = split_core_args(args, hw)
     if config.max_position_embeddings < config.index_topk:
         raise UsageError(f"--config: max_position_embeddings ({config.max_position_embeddings:,}) "
                          f"is below index_topk ({config.index_topk:,}): the model selects every "
@@ -186,10 +202,13 @@ def main(args: argparse.Namespace) -> int:
           + "; ".join(f"T={1 + n}: " + ", ".join(
               f"{v} at {ctx // 1024}K {fused_us(n, v, ctx):.0f}"
               for v in ("fused-2048", "fused-4096") for ctx in contexts) for n in mtps))
+    print_split_setup(config, hw, fmt, split_cores)
     graph_us = round(1e6 * hw["launch_graph_s"], 6)
     launch_costs = sorted({*LAUNCH_SENSITIVITY_US, graph_us, round(1e6 * hw["launch_eager_s"], 6)})
     print(f"  kernel launches per layer and pass beside attention: " + ", ".join(
-        f"{m} {launches_per_layer(m)}" for m in MODES) + f"; {1e6 * hw['launch_graph_s']:g} us "
+        f"{m} {launches_per_layer(m)}" + (f" (+{launches_per_layer(m, True) - launches_per_layer(m)}"
+                                          f" where split)" if m in SPLIT_MODES else "")
+        for m in MODES) + f"; {1e6 * hw['launch_graph_s']:g} us "
         f"per launch graph-captured (the tables' default), {1e6 * hw['launch_eager_s']:g} us "
         f"eager (profile)")
     records, rows = [], []
@@ -201,7 +220,8 @@ def main(args: argparse.Namespace) -> int:
                     hwp = profile_variant(hw, name)
                     for launch_us in launch_costs:
                         p = project(config, hwp, traffic[n], costs[name], batch, context,
-                                    args.cards, args.overlap, launch_s=launch_us * 1e-6)
+                                    args.cards, args.overlap, launch_s=launch_us * 1e-6,
+                                    **split_cores)
                         if launch_us == graph_us:
                             point[name] = p
                         if name == "bundled":
@@ -211,8 +231,13 @@ def main(args: argparse.Namespace) -> int:
                                         "mode": mode, "batch": batch, "context": context,
                                         "mtp": n, "profile": name, "launch_us": launch_us,
                                         "launches_per_layer": r["launches_per_layer"],
+                                        "draft_launches_per_layer": r.get(
+                                            "draft_launches_per_layer", r["launches_per_layer"]),
                                         "feasible": r["feasible"],
                                         "tpot_ms": 1e3 * r["tpot_s"] if r["tpot_s"] else None,
+                                        "modelled_tpot_ms": 1e3 * r["modelled_tpot_s"],
+                                        **({"split": _split_record(r["split"])}
+                                           if "split" in r else {}),
                                         "tokens_per_s": r["tokens_per_s"],
                                         "h2d_bytes_per_token": r["h2d_bytes_per_token"],
                                         "plan_us_per_layer": r["plan_us_per_layer"],
@@ -237,15 +262,27 @@ def main(args: argparse.Namespace) -> int:
                         per_mode[m] = {"batch": 0, "tokens_per_s": None}
                         continue
                     r = project(config, hwp, traffic[n], costs[name], b, context, args.cards,
-                                args.overlap, modes=(m,))[m]
+                                args.overlap, modes=(m,), **split_cores)[m]
                     per_mode[m] = {"batch": b, "tokens_per_s": r["tokens_per_s"],
                                    "tpot_ms": 1e3 * r["tpot_s"]}
                 peers = [m for m in PEERS if per_mode[m]["tokens_per_s"]]
                 best = max(peers, key=lambda m: per_mode[m]["tokens_per_s"]) if peers else None
+                ratio = {m: per_mode[m]["tokens_per_s"] / per_mode[best]["tokens_per_s"]
+                         if best and per_mode[m]["tokens_per_s"] else None
+                         for m in ("avsg", *SPLIT_MODES)}
+                # device-resident KV at avsg's batch, modelled whether or not it fits: the floor
+                floor = None
+                if per_mode["avsg"]["batch"]:
+                    d = project(config, hwp, traffic[n], costs[name], per_mode["avsg"]["batch"],
+                                context, args.cards, args.overlap, modes=("device",))["device"]
+                    floor = {"batch": per_mode["avsg"]["batch"], "feasible": d["feasible"],
+                             "modelled_tpot_ms": 1e3 * d["modelled_tpot_s"],
+                             "modelled_tokens_per_s": per_mode["avsg"]["batch"]
+                             * traffic[n].tokens_per_iteration / d["step_s"]}
                 entry[name] = {"modes": per_mode, "best_peer": best,
-                               "throughput_ratio": (per_mode["avsg"]["tokens_per_s"]
-                                                    / per_mode[best]["tokens_per_s"])
-                               if best and per_mode["avsg"]["tokens_per_s"] else None}
+                               "throughput_ratio": ratio["avsg"],
+                               "split_throughput_ratio": ratio["avsg-split"],
+                               "device_at_avsg_batch": floor}
             at_memory.append(entry)
     _print_summary(rows, limits, mtps, contexts, hw, config, args.cards)
     _print_at_memory(at_memory)
@@ -261,6 +298,9 @@ def main(args: argparse.Namespace) -> int:
                                  "sensitivity": list(LAUNCH_SENSITIVITY_US),
                                  "records": launch_costs},
                    "launches_per_layer": {m: launches_per_layer(m) for m in MODES},
+                   "split": {"launches_where_split": {m: launches_per_layer(m, True)
+                                                      for m in SPLIT_MODES},
+                             **split_cores},
                    "traffic": {n: dataclasses.asdict(t) for n, t in traffic.items()},
                    "matching_us_per_row": {name: c.plan_us for name, c in costs.items()},
                    "host_lru": counters["host"], "max_batch": [
@@ -279,6 +319,42 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def split_core_args(args, hw) -> Dict[str, int]:
+    """--attention-cores / --gather-cores as project() takes them, checked against the
+    profile's AIV cores (one-line errors)."""
+    P = int(hw["aiv_cores"])
+    for name in ("attention_cores", "gather_cores"):
+        value = getattr(args, name)
+        if value is not None and value > P:
+            raise UsageError(f"--{name.replace('_', '-')}: expected 1..{P} (the profile's "
+                             f"aiv_cores), got {value}")
+    return {"attention_cores": args.attention_cores, "gather_cores": args.gather_cores}
+
+
+def print_split_setup(config, hw, fmt, split_cores: Dict) -> None:
+    """How the split modes are priced: the cores, the overlap, the fixed costs, the launches."""
+    from ...costmodel.projection import split_profile
+    from ....cache import manager, split_rule
+    one = split_profile(config, hw, fmt, 1.0, 1, True, **split_cores)
+    o = int(one.cores_allow_overlap())
+    print(f"  hit/miss split (avsg-split; docs/overlap.md sections 4-5): attention holds "
+          f"{one.attention_cores} of {one.aiv_cores} AIV cores (ASSUMED: "
+          f"{'--attention-cores' if split_cores['attention_cores'] else 'profile attention_aiv_cores'}), "
+          f"the gather {one.gather_cores}: o = {o} ({'the cores allow the overlap' if o else 'no overlap: the cores do not allow it'}); "
+          f"avsg-split-o0: o = 0, the gather on all {one.aiv_cores}. Per layer and pass where "
+          f"chosen: +{manager.split_added_launches()} launches "
+          f"(the gather apart from plan_gather, {', '.join(split_rule.SPLIT_LAUNCHES)}), t_a0 {1e6 * hw['attention_fixed_s']:g} us, "
+          f"the merge; the rule (split_rule.choose_split) chooses it per layer and pass")
+
+
+def _split_record(split: Dict) -> Dict:
+    """The split's fields of a record: the cores (the attention's an assumption), the overlap,
+    where the rule split, and the price of the split switched on everywhere."""
+    out = {k: v for k, v in split.items() if k not in ("forced_step_s", "forced_tpot_s")}
+    out["forced_tpot_ms"] = 1e3 * split["forced_tpot_s"]
+    return out
+
+
 def summarize(point: Dict[str, Dict[str, Dict]], mtp: int, batch: int, context: int,
               by_launch: Dict[float, Dict[str, Dict]] = None) -> Dict:
     """avsg against the best feasible peer under each profile (at the profile's graph-captured
@@ -293,19 +369,34 @@ def summarize(point: Dict[str, Dict[str, Dict]], mtp: int, batch: int, context: 
             if peer and a["feasible"] else None}
         fused = [m for m in FUSED if p[m]["feasible"] and p[m].get("tpot_s")]
         better = min(fused, key=lambda m: p[m]["tpot_s"]) if fused else None
-        out.setdefault("vs_fused_by_launch_us", {})[launch_us] = {
-            **{f"{m}_tpot_ms": 1e3 * p[m]["tpot_s"] if p[m].get("tpot_s") else None
-               for m in FUSED},
-            "avsg_tpot_ms": 1e3 * a["tpot_s"] if a["tpot_s"] else None, "better_fused": better,
-            "tpot_ratio": a["tpot_s"] / p[better]["tpot_s"] if better and a["feasible"] else None,
-            "vs_device": a["tpot_s"] / p["device"]["tpot_s"]
-            if a["feasible"] and p["device"]["feasible"] else None}
+        dev = p["device"]["modelled_tpot_s"]       # the floor, modelled where it does not fit
+        vs = {**{f"{m}_tpot_ms": 1e3 * p[m]["tpot_s"] if p[m].get("tpot_s") else None
+                 for m in FUSED},
+              "better_fused": better, "device_tpot_ms": 1e3 * dev,
+              "device_feasible": p["device"]["feasible"]}
+        for mode in ("avsg", *SPLIT_MODES):
+            if mode not in p:
+                continue
+            r = p[mode]
+            key = "" if mode == "avsg" else f"{mode}_"
+            vs.update({f"{mode}_tpot_ms": 1e3 * r["tpot_s"] if r["tpot_s"] else None,
+                       f"{key}tpot_ratio": r["tpot_s"] / p[better]["tpot_s"]
+                       if better and r["feasible"] else None,
+                       f"{key}vs_device": r["tpot_s"] / dev if r["feasible"] else None})
+            if "split" in r:
+                forced = r["split"]["forced_tpot_s"]
+                vs.update({f"{key}forced_tpot_ratio": forced / p[better]["tpot_s"]
+                           if better and r["feasible"] else None,
+                           f"{key}overlap": r["split"]["overlap"],
+                           f"{key}layers_split": r["split"]["layers_split"]})
+        out.setdefault("vs_fused_by_launch_us", {})[launch_us] = vs
     for name, p in point.items():
         a = p["avsg"]
         peer = best_peer(p)
         d = {"avsg_feasible": a["feasible"], "avsg_tpot_ms": 1e3 * a["tpot_s"] if a["tpot_s"] else None,
              "best_peer": peer, "device_feasible": p["device"]["feasible"],
-             "device_tpot_ms": 1e3 * p["device"]["tpot_s"] if p["device"]["tpot_s"] else None,
+             # modelled even where device-resident KV does not fit one card: the floor
+             "device_tpot_ms": 1e3 * p["device"]["modelled_tpot_s"],
              "avsg_gb": a["memory"]["total"] / 1e9}
         if peer:
             d["peer_tpot_ms"] = 1e3 * p[peer]["tpot_s"]
@@ -349,6 +440,12 @@ def _cell(row: Dict) -> List[str]:
             f"{b['throughput_ratio']:.2f}x", _verdict(row)]
 
 
+def _device_cell(dev: Dict) -> str:
+    """Device-resident KV's modelled TPOT, marked where it does not fit one card."""
+    return f"{dev['device_tpot_ms']:.1f} ms" + ("" if dev["device_feasible"] else
+                                                " (infeasible)")
+
+
 HEADER = ["MTP", "batch", "context", "avsg TPOT", "best peer TPOT", "avsg/peer TPOT",
           "at " + " / ".join(f"{u:g}" for u in LAUNCH_SENSITIVITY_US) + " us per launch",
           "pessimistic", "optimistic", "throughput", "conclusion", "device TPOT"]
@@ -364,7 +461,7 @@ def _print_summary(rows, limits, mtps, contexts, hw, config, cards) -> None:
     for r in rows:
         dev = r["bundled"]
         cells = [str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K", *_cell(r),
-                 f"{dev['device_tpot_ms']:.1f} ms" if dev["device_feasible"] else "infeasible"]
+                 _device_cell(dev)]
         print("  " + " | ".join(f"{c:>14}" if i > 2 else f"{c:>7}" for i, c in enumerate(cells)))
     print("\n  most requests per card that fit in HBM (weights + KV buffers + indexer keys + "
           "activations):")
@@ -381,6 +478,7 @@ def _print_summary(rows, limits, mtps, contexts, hw, config, cards) -> None:
 def _at_memory_row(e: Dict) -> List[str]:
     b = e["bundled"]
     a = b["modes"]["avsg"]
+    sp = b["modes"]["avsg-split"]
     peer = b["best_peer"]
     ratios = [e[p]["throughput_ratio"] for p in PROFILES]
     if any(r is None for r in ratios):
@@ -392,39 +490,71 @@ def _at_memory_row(e: Dict) -> List[str]:
     else:
         verdict = "depends on the profile"
     fmt = lambda r: f"{r:.2f}x" if r is not None else "-"  # noqa: E731
-    return [str(e["mtp"]), f"{e['context'] // 1024}K",
-            f"{a['batch']}: {a['tokens_per_s']:,.0f} tok/s" if a["tokens_per_s"] else "none fits",
-            f"{peer} {b['modes'][peer]['batch']}: {b['modes'][peer]['tokens_per_s']:,.0f} tok/s"
-            if peer else "none fits", *[fmt(r) for r in ratios], verdict]
+    at = lambda m: f"{m['batch']}: {m['tokens_per_s']:,.0f} tok/s" if m["tokens_per_s"] \
+        else "none fits"  # noqa: E731
+    floor = b["device_at_avsg_batch"]
+    return [str(e["mtp"]), f"{e['context'] // 1024}K", at(a), at(sp),
+            f"{peer} {at(b['modes'][peer])}" if peer else "none fits",
+            *[fmt(r) for r in ratios], fmt(b["split_throughput_ratio"]), verdict,
+            f"{floor['modelled_tokens_per_s']:,.0f} tok/s"
+            + ("" if floor["feasible"] else " (infeasible)") if floor else "-"]
 
 
-AT_MEMORY_HEADER = ["MTP", "context", "avsg at its largest batch", "best peer at its largest batch",
-                    "throughput avsg/peer", "pessimistic", "optimistic", "conclusion"]
+AT_MEMORY_HEADER = ["MTP", "context", "avsg at its largest batch",
+                    "avsg-split (o=1) at its largest batch", "best peer at its largest batch",
+                    "throughput avsg/peer", "pessimistic", "optimistic", "avsg-split/peer",
+                    "conclusion (avsg)", "device at avsg's batch"]
+
+
+def _at_memory_modes_row(e: Dict) -> List[str]:
+    """Every mode at its largest batch per card (bundled profile): batch, tokens per second."""
+    modes = e["bundled"]["modes"]
+    return [str(e["mtp"]), f"{e['context'] // 1024}K", *[
+        f"{modes[m]['batch']}: {modes[m]['tokens_per_s']:,.0f}" if modes[m]["tokens_per_s"]
+        else "none fits" for m in MODES]]
 
 
 def _print_at_memory(at_memory: List[Dict]) -> None:
-    print("\n  throughput per card with each mode at the largest batch its memory allows:")
+    print("\n  throughput per card with each mode at the largest batch its memory allows "
+          "(bundled profile; device-resident KV also at avsg's batch, modelled where it does not "
+          "fit: the floor):")
+    print("    " + " | ".join(AT_MEMORY_HEADER))
     for e in at_memory:
         print("    " + " | ".join(_at_memory_row(e)))
+    print("    every mode, batch: tokens/s: " + ", ".join(MODES))
+    for e in at_memory:
+        print("    " + " | ".join(_at_memory_modes_row(e)))
 
 
 FUSED = ("fused-2048", "fused-4096")
 VS_FUSED_HEADER = ["MTP", "batch", "context", "avsg TPOT", "fused-2048 TPOT", "fused-4096 TPOT",
                    "avsg / better fused",
                    "at " + " / ".join(f"{u:g}" for u in LAUNCH_SENSITIVITY_US) + " us per launch",
-                   "avsg / device"]
+                   "avsg-split TPOT (o=1)", "avsg-split / better fused: o=1 / o=0 (split forced)",
+                   "layers split (o=1)", "device TPOT", "avsg / device", "avsg-split / device"]
 
 
 def _vs_fused_row(r: Dict, launch_us: float) -> List[str]:
-    """avsg against vllm-ascend's better fused variant (bundled profile) at ``launch_us``, with
-    the ratio at each sensitivity launch cost."""
+    """avsg, and avsg with the split, against vllm-ascend's better fused variant (bundled
+    profile) at ``launch_us``, with avsg's ratio at each sensitivity launch cost; the split at
+    o = 1 (where the cores allow it; the rule chooses per layer) and o = 0 (the rule never
+    splits there, so this gives the split switched on anyway); against device-resident KV's
+    modelled TPOT, marked where it does not fit one card."""
     v = r["vs_fused_by_launch_us"][launch_us]
     ms = lambda x: f"{x:.1f} ms" if x else "infeasible"  # noqa: E731
     ratio = lambda x: f"{x:.3f}" if x else "-"  # noqa: E731
+    split_ratio = ratio(v.get("avsg-split_tpot_ratio")) + " / " + ratio(
+        v.get("avsg-split-o0_forced_tpot_ratio"))
+    layers = v.get("avsg-split_layers_split")
     return [str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K", ms(v["avsg_tpot_ms"]),
             ms(v["fused-2048_tpot_ms"]), ms(v["fused-4096_tpot_ms"]), ratio(v["tpot_ratio"]),
             " / ".join(ratio(r["vs_fused_by_launch_us"][u]["tpot_ratio"])
-                       for u in LAUNCH_SENSITIVITY_US), ratio(v["vs_device"])]
+                       for u in LAUNCH_SENSITIVITY_US),
+            ms(v.get("avsg-split_tpot_ms")), split_ratio,
+            f"{100 * layers:.0f}%" if layers is not None else "-",
+            _device_cell({"device_tpot_ms": v["device_tpot_ms"],
+                          "device_feasible": v["device_feasible"]}),
+            ratio(v["vs_device"]), ratio(v.get("avsg-split_vs_device"))]
 
 
 def _vs_fused_rows(rows, launch_us: float) -> List[List[str]]:
@@ -446,7 +576,7 @@ def _tables(rows, limits, mtps, contexts, hw, cards, at_memory=()) -> List[str]:
     for r in rows:
         dev = r["bundled"]
         body.append([str(r["mtp"]), str(r["batch"]), f"{r['context'] // 1024}K", *_cell(r),
-                     f"{dev['device_tpot_ms']:.1f} ms" if dev["device_feasible"] else "infeasible"])
+                     _device_cell(dev)])
     head = [row for r, row in zip(rows, body) if r["mtp"] in (0, 3) and r["batch"] in (1, 8)]
     blocks = [common.markdown_table("decode", HEADER, body, "rrrrlrrrrrlr")]
     if head:
@@ -457,10 +587,14 @@ def _tables(rows, limits, mtps, contexts, hw, cards, at_memory=()) -> List[str]:
     vs_fused = _vs_fused_rows(rows, round(1e6 * hw["launch_graph_s"], 6))
     if vs_fused:
         blocks.insert(1, common.markdown_table("decode-vs-fused", VS_FUSED_HEADER, vs_fused,
-                                               "rrrrrrrrr"))
+                                               "rrrrrrrrrrrrrr"))
     if at_memory:
         blocks.append(common.markdown_table("decode-at-memory", AT_MEMORY_HEADER,
-                                            [_at_memory_row(e) for e in at_memory], "rrllrrrl"))
+                                            [_at_memory_row(e) for e in at_memory],
+                                            "rrlllrrrrll"))
+        blocks.append(common.markdown_table(
+            "decode-at-memory-modes", ["MTP", "context", *[f"{m} (batch: tok/s)" for m in MODES]],
+            [_at_memory_modes_row(e) for e in at_memory], "rr" + "r" * len(MODES)))
     return blocks
 
 

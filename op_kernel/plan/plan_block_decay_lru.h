@@ -1,0 +1,170 @@
+// plan_block_decay_lru.h: the lru policy's ageing, PlanBlockDecay<PolicyLru> (step 3's first
+// pass; the declaration and what the policies share are plan_block_victims.h). Every age is
+// clamped to [-1, 1023] and grows by one step (free slots, -1, stay free); hit slots -> 0. Where
+// the half copy fits (DecayInHalf) the ages go there for the threshold search
+// (plan_block_victims_lru.h); otherwise one vector pass per window. Either way it leaves what the
+// search starts from: the oldest age and the free candidates (their count and their windows).
+// UB: the slot_life windows, hitBits_, wWin_/wIdx_/wSlot_/wTmp_ and the masks as scratch; the
+// sort region (the half copy) and wPair_ where it fits.
+#pragma once
+#include "plan_block_victims.h"
+
+namespace avsg_kernel {
+
+template <>
+class PlanBlockDecay<PolicyLru> {
+public:
+    // every decay gets the same pieces (the kernel builds whichever its policy names)
+    __aicore__ inline explicit PlanBlockDecay(PlanContext& ctx, PlanBlockProbe& probe, PlanBlockHeat&,
+                                              PlanBlockVictims& victims)
+        : ctx_(ctx), probe_(probe), victims_(victims) {}
+    __aicore__ inline void DecayAndPin() {
+        if (victims_.HalfCopyFits()) {
+            DecayInHalf();
+            return;
+        }
+        // chunks of a whole window, up to the wide vectors' lanes (fewer instructions and
+        // barriers per slot)
+        const uint32_t chunk = probe_.Wide();
+        const LocalTensor<int32_t> t1 = ctx_.wWin_, t2 = ctx_.wIdx_;
+        const LocalTensor<int32_t> sink = ctx_.wSlot_;
+        const LocalTensor<float> lifeF = ctx_.wWin_.ReinterpretCast<float>();
+        Win& sl = ctx_.win_[avsg::SEC_SL];
+        // the ages' lane-wise max, reduced below
+        const LocalTensor<float> ageMax = ctx_.wTmp_.ReinterpretCast<float>();
+        victims_.freeSlots_ = 0;
+        PlanBlockVictims::WinSetClear(victims_.lruFreeWins_, false);
+        Sync<HardEvent::S_V>();
+        Duplicate(ageMax, -1.0f, probe_.Wide());
+        // first window first: the count passes (CountAgesAtLeast) start from the resident window
+        // and end in window 0, where SelectLru starts
+        for (uint32_t id = 0; id < sl.nwin; ++id) {
+            ctx_.Ensure(sl, static_cast<int32_t>(id));
+            const uint32_t cnt = WinCount(sl, static_cast<int32_t>(id));
+            for (uint32_t off = 0; off < cnt; off += chunk) {
+                const uint32_t n = MinU(chunk, cnt - off);
+                LocalTensor<int32_t> life = sl.buf[off];
+                // age: clamp to [-1, 1023], then min(age+1, 1023) + min(age, 0): one step
+                // older, free slots (-1) stay free
+                Maxs(t1, life, -1, n);
+                PipeBarrier<PIPE_V>();
+                Mins(t1, t1, avsg::kReuseAgeMax, n);
+                PipeBarrier<PIPE_V>();
+                Adds(t2, t1, 1, n);
+                PipeBarrier<PIPE_V>();
+                Mins(t1, t1, 0, n);
+                PipeBarrier<PIPE_V>();
+                Mins(t2, t2, avsg::kReuseAgeMax, n);
+                PipeBarrier<PIPE_V>();
+                Add(t2, t2, t1, n);
+                PipeBarrier<PIPE_V>();
+                const uint32_t base = id * sl.wlen + off;
+                uint64_t nFree = 0;
+                Cast(lifeF, t2, RoundMode::CAST_RINT, n);
+                Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[base / 16], n / 16);
+                PipeBarrier<PIPE_V>();
+                Select(lifeF, ctx_.mA_, lifeF, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // hits: age 0
+                PipeBarrier<PIPE_V>();
+                // the victim search's bounds: the oldest age, and the free slots among the
+                // candidates (below the active capacity), counted after the pins (a hit is
+                // never free, whatever its slot held)
+                Max(ageMax, ageMax, lifeF, n);
+                CompareScalar(ctx_.mB_, lifeF, -1.0f, CMPMODE::EQ, n);
+                PipeBarrier<PIPE_V>();
+                const uint32_t live = base < ctx_.activeCap_ ? MinU(n, ctx_.activeCap_ - base) : 0u;
+                if (live) GatherMask(sink, t2, ctx_.U32(ctx_.mB_), true, live, GatherMaskParams(1, 1, 8, 0), nFree);
+                if (nFree) PlanBlockVictims::WinSetAdd(victims_.lruFreeWins_, id);
+                victims_.freeSlots_ += static_cast<uint32_t>(nFree);
+                Cast(life, lifeF, RoundMode::CAST_RINT, n);
+                PipeBarrier<PIPE_V>();
+            }
+            sl.dirty = true;
+        }
+        // ages are in [-1, 1023] here: exact in float
+        const LocalTensor<float> top = ctx_.wIdx_.ReinterpretCast<float>();
+        ReduceMax(top, ageMax, ctx_.wSlot_.ReinterpretCast<float>(), static_cast<int32_t>(probe_.Wide()));
+        Sync<HardEvent::V_S>();
+        victims_.maxAge_ = static_cast<int32_t>(ctx_.wIdx_.ReinterpretCast<float>().GetValue(0));
+    }
+    // Where the half copy fits: slot_life moves in as whole stretches of 2 * Wide() slots
+    // (wPair_), not window by window, is clamped there (in float: exact at the bounds, monotone
+    // elsewhere, so the same as clamping the int32), and the ageing and the pins run at most a
+    // window (and Wide() lanes, the masks' width) at a time, whose free candidates it records,
+    // straight into the half copy. The new ages go back from the stretch at once (the search's
+    // scratch covers the sort region once it has counted), and the search loads the windows that
+    // hold its victims; the window is left empty here.
+    __aicore__ inline void DecayInHalf() {
+        Win& sl = ctx_.win_[avsg::SEC_SL];
+        const uint32_t lanes = 2 * probe_.Wide();
+        const uint32_t sub = MinU(probe_.Wide(), sl.wlen);
+        const LocalTensor<int32_t> stage = ctx_.wPair_, sink = ctx_.wSlot_;
+        const LocalTensor<float> x = stage.ReinterpretCast<float>(), tmp = ctx_.wSlot_.ReinterpretCast<float>();
+        victims_.freeSlots_ = 0;
+        PlanBlockVictims::WinSetClear(victims_.lruFreeWins_, false);
+        ctx_.Flush(sl);                           // a drop or a freed padding slot, written back
+        sl.cur = -1;
+        const uint32_t padded = avsg::RoundUp(ctx_.t_.capPad, PlanBlockVictims::kHalfCopyLanes);
+        Sync<HardEvent::S_V>();
+        // the copy's tail past the padded slots: free (counted nowhere: past the active capacity)
+        if (padded > ctx_.t_.capPad)
+            Duplicate(ctx_.sHalf_[ctx_.t_.capPad], static_cast<half>(-1.0f), padded - ctx_.t_.capPad);
+        for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
+            const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
+            Sync<HardEvent::V_MTE2>();            // the previous stretch's (or step's) vector reads
+            Sync<HardEvent::S_MTE2>();            // scalar reads / writes of the wide vectors
+            if (base) Sync<HardEvent::MTE3_MTE2>();   // the previous stretch's store
+            DataCopy(stage, sl.gm[base], n);
+            Sync<HardEvent::MTE2_V>();
+            Cast(x, stage, RoundMode::CAST_RINT, n);
+            PipeBarrier<PIPE_V>();
+            Maxs(x, x, -1.0f, n);
+            PipeBarrier<PIPE_V>();
+            Mins(x, x, static_cast<float>(avsg::kReuseAgeMax), n);
+            PipeBarrier<PIPE_V>();
+            for (uint32_t off = 0; off < n; off += sub) {
+                const uint32_t k = MinU(sub, n - off), at = base + off;
+                const LocalTensor<float> life = x[off];
+                Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[at / 16], k / 16);
+                // one step older: min(age + 1, 1023) + min(age, 0), free slots (-1) stay free
+                Adds(tmp, life, 1.0f, k);
+                Mins(life, life, 0.0f, k);
+                PipeBarrier<PIPE_V>();
+                Mins(tmp, tmp, static_cast<float>(avsg::kReuseAgeMax), k);
+                PipeBarrier<PIPE_V>();
+                Add(life, life, tmp, k);
+                PipeBarrier<PIPE_V>();
+                Select(life, ctx_.mA_, life, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, k);   // hits: age 0
+                PipeBarrier<PIPE_V>();
+                // the free candidates (below the active capacity), counted after the pins
+                CompareScalar(ctx_.mB_, life, -1.0f, CMPMODE::EQ, k);
+                Cast(ctx_.sHalf_[at], life, RoundMode::CAST_NONE, k);   // [-1, 1023]: exact
+                PipeBarrier<PIPE_V>();
+                const uint32_t live = at < ctx_.activeCap_ ? MinU(k, ctx_.activeCap_ - at) : 0u;
+                uint64_t nFree = 0;
+                if (live)
+                    GatherMask(sink, stage[off], ctx_.U32(ctx_.mB_), true, live, GatherMaskParams(1, 1, 8, 0), nFree);
+                if (nFree) PlanBlockVictims::WinSetAdd(victims_.lruFreeWins_, at / sl.wlen);
+                victims_.freeSlots_ += static_cast<uint32_t>(nFree);
+                PipeBarrier<PIPE_V>();            // the next part's temporaries and masks
+            }
+            Cast(stage, x, RoundMode::CAST_RINT, n);   // ages in [-1, 1023]: exact
+            Sync<HardEvent::V_MTE3>();
+            DataCopy(sl.gm[base], stage, n);
+        }
+        Sync<HardEvent::MTE3_V>();                // the stores read the stage (wIdx_ below)
+        Sync<HardEvent::MTE3_S>();
+        Sync<HardEvent::MTE3_MTE2>();
+        ReduceMax(ctx_.wIdx_.ReinterpretCast<half>(), ctx_.sHalf_, ctx_.wSlot_.ReinterpretCast<half>(),
+                  static_cast<int32_t>(ctx_.t_.capPad));
+        Sync<HardEvent::V_S>();
+        victims_.maxAge_ = static_cast<int32_t>(static_cast<float>(ctx_.wIdx_.ReinterpretCast<half>().GetValue(0)));
+        Sync<HardEvent::V_S>();
+    }
+
+    // the context and the blocks this one calls
+    PlanContext& ctx_;
+    PlanBlockProbe& probe_;
+    PlanBlockVictims& victims_;
+};
+
+}  // namespace avsg_kernel
