@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from avsg.lab.costmodel import projection
-from avsg.cache import manager as serving
+from avsg.cache import manager as serving, split_rule
 
 from test_serving_manager import K, R, T, block_table, decode_inputs, make
 
@@ -65,7 +65,14 @@ def test_the_split_copy_keeps_the_gather_apart():
     with AvsgOps() as ops:
         mgr.step(0, topk.view(R, T, K), rtk, split=True)
         mgr.copy_stream.wait()
-    assert ops.names == list(serving.serving_launches(split=True)) == ["plan", "gather"]
+    # the copy leaves the fused launch for its own stream, and the step emits the hit/miss lists
+    assert ops.names == list(serving.serving_launches(split=True)) + ["split_slots"] \
+        == ["plan", "gather", "split_slots"]
+    # what the decode model and step(split="auto") price: these, beside the unsplit step's one
+    # launch, plus the attention call and the merge the caller adds (SPLIT_LAUNCHES' other two)
+    callers = [n for n in split_rule.SPLIT_LAUNCHES if n != "split_slots"]
+    assert len(ops.names) + len(callers) - len(serving.SERVING_LAUNCHES) \
+        == serving.split_added_launches()
 
 
 def test_the_decode_model_takes_avsg_launches_from_the_serving_constant(monkeypatch):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from avsg.cache import SparseOffloadManager
+from avsg.cache.manager import serving_launches
 
 R, T, K, S, BS, LAYERS = 3, 2, 8, 32, 8, 2
 LATENT, ROPE = 16, 8
@@ -357,7 +358,7 @@ def test_compiled_retrieve_does_not_recompile_per_step():
 def test_step_with_the_split_changes_nothing_but_adds_the_split_lists():
     """step(split=True): the same slots, copies, counts and buffer bytes as split=False, plus
     the hit/miss split of the slots (avsg.split_slots of the plan, cut to the pass's q), which
-    costs exactly one more avsg op launch: the split_slots kernel."""
+    costs the split_slots kernel's launch, and the copy's own launch apart from the plan's."""
     import avsg
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -391,8 +392,11 @@ def test_step_with_the_split_changes_nothing_but_adds_the_split_lists():
                 assert torch.equal(out.split.hits, want.hits[:, :T])
                 assert torch.equal(out.split.misses, want.misses[:, :T])
         outs.append(got)
+    # the split step's avsg launches: the plan and its copy apart (the copy on its own stream)
+    # and the split_slots kernel; the unsplit step's are the serving path's (one fused launch)
     for plain, split in zip(launched[False], launched[True]):
-        assert split == plain + ["split_slots"], (plain, split)
+        assert plain == list(serving_launches(fused=mgr.fuse_copy)), plain
+        assert split == list(serving_launches(split=True)) + ["split_slots"], (plain, split)
     for (slots, pos, counts, kv, none), (slots2, pos2, counts2, kv2, split) in zip(*outs):
         assert none is None and torch.equal(slots, slots2) and torch.equal(pos, pos2)
         assert torch.equal(counts, counts2) and all(torch.equal(a, b) for a, b in zip(kv, kv2))
