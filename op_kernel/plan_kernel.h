@@ -145,13 +145,25 @@ private:
         }
         // 1+2. refresh and classify, chunk by chunk; the stash hits join the hits in the merge,
         // before the decay pins them
-        for (uint32_t c = 0; c < ctx_.t_.numChunks; c += ctx_.split_) {
-            AVSG_PHASE(PlanPhase::kLookup);
-            const uint32_t n = probe_.PrepareWant(r, c);
-            if constexpr (Matcher::kDual) dualMatch_.DualFound(c);
-            else hashMatch_.HashLookup();
-            AVSG_PHASE(PlanPhase::kClassify);
-            classify_.Classify(r, c, n);
+        if constexpr (Matcher::kDual) {
+            for (uint32_t c = 0; c < ctx_.t_.numChunks; ++c) {
+                AVSG_PHASE(PlanPhase::kLookup);
+                const uint32_t n = probe_.PrepareWant(r, c);
+                dualMatch_.DualFound(c);
+                AVSG_PHASE(PlanPhase::kClassify);
+                classify_.Classify(r, c, n);
+            }
+        } else {
+            for (uint32_t c = 0; c < ctx_.t_.numChunks;) {   // a group of chunks, then each classified
+                AVSG_PHASE(PlanPhase::kLookup);
+                const uint32_t g = hashMatch_.LookupGroup(r, c, ctx_.split_);
+                for (uint32_t k = 0; k < g; ++k, c += ctx_.split_) {
+                    AVSG_PHASE(PlanPhase::kLookup);
+                    const uint32_t n = hashMatch_.TakeChunk(c, k);
+                    AVSG_PHASE(PlanPhase::kClassify);
+                    classify_.Classify(r, c, n);
+                }
+            }
         }
         ctx_.HitBytesToBits();
         if (ctx_.split_ > 1) {

@@ -123,33 +123,50 @@ public:
                                    const LocalTensor<int32_t>& mask, uint32_t n) {
         And(dst.ReinterpretCast<uint16_t>(), x.ReinterpretCast<uint16_t>(), mask.ReinterpretCast<uint16_t>(), 2 * n);
     }
+    // The hash's operands: scratch t1, lo, hi (and t2, maskOdd with the stride), the x mod H mask
+    // vector (hmask, n lanes) and the outputs; without the stride, first may be lo.
+    struct HashVecs {
+        LocalTensor<int32_t> t1, lo, hi, t2, hmask, maskOdd, first, stride;
+    };
     // first bucket and odd stride of max(src, 0) (reference.probe_buckets); all products < 2^30.
     // With H = 2^m: lo = p & (H-1), hi = (p >> m) & (H-1), first = (lo*A1 + hi*B1) & (H-1),
-    // stride = ((lo*A2 + hi*B2) & (H-2)) + 1, which is "mod H, then | 1".
-    __aicore__ inline void Hash(const LocalTensor<int32_t>& src, uint32_t n) {
+    // stride = ((lo*A2 + hi*B2) & (H-2)) + 1, which is "mod H, then | 1". kStride = false: first only
+    // (the wide lookup's probe 0).
+    template <bool kStride>
+    __aicore__ inline void HashInto(const HashVecs& v, const LocalTensor<int32_t>& src, uint32_t n) {
         const int32_t m = static_cast<int32_t>(ctx_.t_.logBuckets);
-        const LocalTensor<int32_t> maskOdd = ctx_.wSlot_[3 * ctx_.t_.nc];   // idle whenever Hash runs
-        Maxs(ctx_.vT1_, src, 0, n);
-        Duplicate(maskOdd, static_cast<int32_t>(ctx_.t_.buckets - 2), n);
+        Maxs(v.t1, src, 0, n);
+        if constexpr (kStride) Duplicate(v.maskOdd, static_cast<int32_t>(ctx_.t_.buckets - 2), n);
         PipeBarrier<PIPE_V>();
-        ShiftRight(ctx_.vHi_, ctx_.vT1_, m, n);
-        AndMask(ctx_.vLo_, ctx_.vT1_, ctx_.vHMask_, n);          // lo = p mod H
+        ShiftRight(v.hi, v.t1, m, n);
+        AndMask(v.lo, v.t1, v.hmask, n);                  // lo = p mod H
         PipeBarrier<PIPE_V>();
-        AndMask(ctx_.vHi_, ctx_.vHi_, ctx_.vHMask_, n);          // hi = (p >> m) mod H
+        AndMask(v.hi, v.hi, v.hmask, n);                  // hi = (p >> m) mod H
         PipeBarrier<PIPE_V>();
-        Muls(ctx_.vFirst_, ctx_.vLo_, static_cast<int32_t>(ctx_.t_.hashA1), n);
-        Muls(ctx_.vT1_, ctx_.vHi_, static_cast<int32_t>(ctx_.t_.hashB1), n);
-        Muls(ctx_.vStride_, ctx_.vLo_, static_cast<int32_t>(ctx_.t_.hashA2), n);
-        Muls(ctx_.vT2_, ctx_.vHi_, static_cast<int32_t>(ctx_.t_.hashB2), n);
+        Muls(v.first, v.lo, static_cast<int32_t>(ctx_.t_.hashA1), n);
+        Muls(v.t1, v.hi, static_cast<int32_t>(ctx_.t_.hashB1), n);
+        if constexpr (kStride) {
+            Muls(v.stride, v.lo, static_cast<int32_t>(ctx_.t_.hashA2), n);
+            Muls(v.t2, v.hi, static_cast<int32_t>(ctx_.t_.hashB2), n);
+        }
         PipeBarrier<PIPE_V>();
-        Add(ctx_.vFirst_, ctx_.vFirst_, ctx_.vT1_, n);
-        Add(ctx_.vStride_, ctx_.vStride_, ctx_.vT2_, n);
+        Add(v.first, v.first, v.t1, n);
+        if constexpr (kStride) Add(v.stride, v.stride, v.t2, n);
         PipeBarrier<PIPE_V>();
-        AndMask(ctx_.vFirst_, ctx_.vFirst_, ctx_.vHMask_, n);
-        AndMask(ctx_.vStride_, ctx_.vStride_, maskOdd, n);
+        AndMask(v.first, v.first, v.hmask, n);
+        if constexpr (kStride) AndMask(v.stride, v.stride, v.maskOdd, n);
         PipeBarrier<PIPE_V>();
-        Adds(ctx_.vStride_, ctx_.vStride_, 1, n);
-        PipeBarrier<PIPE_V>();
+        if constexpr (kStride) {
+            Adds(v.stride, v.stride, 1, n);
+            PipeBarrier<PIPE_V>();
+        }
+    }
+    // vFirst_ / vStride_ of src (n <= nc lanes); scratch: the nc-lane aliases in wWin_, and
+    // wSlot_[3nc] (idle whenever Hash runs)
+    __aicore__ inline void Hash(const LocalTensor<int32_t>& src, uint32_t n) {
+        HashInto<true>({ctx_.vT1_, ctx_.vLo_, ctx_.vHi_, ctx_.vT2_, ctx_.vHMask_, ctx_.wSlot_[3 * ctx_.t_.nc],
+                        ctx_.vFirst_, ctx_.vStride_},
+                       src, n);
     }
     // vB = (first + i*stride) mod H: probe i of the nc selections hashed last
     __aicore__ inline void Probe(int32_t i, uint32_t n) {

@@ -29,10 +29,9 @@ public:
     // counts, run lengths and hit bitmap to its part region there. Reads of the row's state only.
     __aicore__ inline void HelpRow(uint32_t r) {
         if (ctx_.StartRow(r)) {
-            for (uint32_t c = ctx_.part_; c < ctx_.t_.numChunks; c += ctx_.split_) {
-                const uint32_t n = probe_.PrepareWant(r, c);
-                hashMatch_.HashLookup();   // only the hash plan splits a row
-                classify_.Classify(r, c, n);
+            for (uint32_t c = ctx_.part_; c < ctx_.t_.numChunks;) {   // only the hash plan splits a row
+                const uint32_t g = hashMatch_.LookupGroup(r, c, ctx_.split_);
+                for (uint32_t k = 0; k < g; ++k, c += ctx_.split_) classify_.Classify(r, c, hashMatch_.TakeChunk(c, k));
             }
             ctx_.HitBytesToBits();
             const LocalTensor<int32_t> head = ctx_.vFoundI_;

@@ -50,7 +50,7 @@ COMPILE_FAIL = {
     "gathermask_int32_u16_pattern": "GatherMask: A2 pairs are",
     "gathermask_int16_u32_pattern": "GatherMask: A2 pairs are",
     "gather_int64": "Gather: T must be",
-    "cast_int16_float": "Cast: dtype pair not in the emulated A2 list",
+    "cast_int16_int32": "Cast: dtype pair not in the emulated A2 list",
     "duplicate_int64": "Duplicate: T must be",
     "createvecindex_uint32": "CreateVecIndex: T must be",
     "pipebarrier_s": "PipeBarrier: pipe must be",
