@@ -9,15 +9,17 @@
 // insert rounds, outputs, stats). Tiling: op_host/plan_tiling.h.
 //
 // Work split: with rows * 2 > cores (or the dual pointer), core c handles rows c, c+numBlocks,
-// ... : a row's state, outputs, stats and the core's workspace are written by that core only (no
+// ...: a row's state, outputs, stats and the core's workspace are written by that core only (no
 // GM atomics, no shared 64 B lines written by two cores except through exact-byte DataCopyPad
-// stores). With fewer rows the hash plan splits each row's lookup (step 1 and the per-chunk part
-// of step 2, 35-45% of a row's modelled time at K 2048) over split = min(cores / rows, chunks)
+// stores).
+// With fewer rows the hash plan splits each row's lookup (step 1 and the per-chunk part of step 2,
+// a third to a half of a row's modelled time at K 2048) over split = min(cores / rows, chunks)
 // cores: core b works on row b % rows as part b / rows; part 0 owns the row and does everything
-// else. Helpers check the row's header themselves (a rejected row is skipped by every part),
-// look up chunks part, part + split, ..., store the chunks' slots to the row's output and their
-// sorted miss runs to the owner's workspace slice (DMA only: scalar GM goes through the
-// non-coherent DCache), then their counts, run lengths and hit bitmap to their part region there.
+// else. Helpers check the row's header themselves (a rejected row is skipped by every part), look
+// up chunks part, part + split, ... (in groups, as the owner does), store the chunks' slots to the
+// row's output and their sorted miss runs to the owner's workspace slice (DMA only: scalar GM goes
+// through the non-coherent DCache), then their counts, run lengths and hit bitmap to their part
+// region there.
 // One soft SyncAll (counters after the slices, zeroed by the host per launch; no mixed kernel
 // type needed), called exactly once by every core, separates the parts from the owner's fold
 // (counts summed, bitmaps or-ed) and step 2's merge. During the lookup the owner writes no GM
@@ -28,12 +30,18 @@
 // Per row (hash matcher; the dual pointer differs in step 1's match: the row's selections and
 // resident slots sorted and walked once with two pointers, no hash and no stash lookup):
 //   0. stash compaction #1 (scalar; before the lookup, see below)
-//   1. refresh: per chunk of NC selections: validity (Cast->float, Compares GE/LT, And on u16,
-//      Select, Cast back), hash (shifts, u16 And against H-1, Muls/Add), then the 4 probes of
-//      the chunk at once (4*NC lanes, HashLookup): Gather bucket_slot, Gather slot_pos[slot] ->
-//      match bits, window by window (each window of a split section loaded at most once per
-//      chunk, the resident one first; at S 8192 both sections are whole in UB). Hit slots ->
-//      hit bitmap; the chunk's result is stored as its slots.
+//   1. refresh, by group of up to 4 chunks of NC selections (PlanBlockHashMatch::LookupGroup),
+//      each chunk classified (2.) once its group is looked up. With bucket_slot and slot_pos
+//      whole in UB (every S <= 8192), on the 4*NC-lane vectors: the group's selections loaded,
+//      validity (Cast->float, Compares GE/LT, And on u16, Select, Cast back), probe 0 of all of
+//      them (first bucket: shifts, u16 And against H-1, Muls/Add; Gather bucket_slot, clamp,
+//      Gather slot_pos[slot], Compare), then only the valid lanes probe 0 missed (a few %:
+//      misses and selections indexed at a later probe) compacted (GatherMask) and looked up at
+//      probes 1..3 at once, 256 lanes at a time, their finds written back to their lanes
+//      (scalar). Otherwise one chunk at a time, its 4 probes at once (4*NC lanes, HashLookup),
+//      window by window (each window of a split section loaded at most once per chunk, the
+//      resident one first). Either way the first matching probe wins. Hit slots -> hit bitmap;
+//      the chunk's result is stored as its slots.
 //   2. classify: GatherMask compaction of the chunk's misses, Cast->float, Sort + Extract
 //      (ascending by negating; lanes as payload), run to GM workspace; scalar k-way merge (loser
 //      tree) with dedup -> miss_pos (and each run entry's index in it). The stash, sorted once per

@@ -124,15 +124,13 @@ public:
         Select(slotF, ctx_.mOwn_, slotF, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // the group's matches so far
         Not(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mOwn_), n / 16);
         PipeBarrier<PIPE_V>();
-        Cast(x, slotF, RoundMode::CAST_RINT, n);
+        Cast(GroupFound(), slotF, RoundMode::CAST_RINT, n);
         And(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mKey_), n / 16);   // late: valid, not found
         PipeBarrier<PIPE_V>();
         // the late lanes' selections (y) and group lanes (x), in lane order
         uint64_t late = 0, lanes = 0;
-        Cast(GroupFound(), x, RoundMode::CAST_NONE, n);
         GatherMask(y, want, ctx_.U32(ctx_.mTmp_), true, n, GatherMaskParams(1, 1, 8, 0), late);
-        PipeBarrier<PIPE_V>();
-        GatherMask(x, z, ctx_.U32(ctx_.mTmp_), true, n, GatherMaskParams(1, 1, 8, 0), lanes);   // after the Cast reads x
+        GatherMask(x, z, ctx_.U32(ctx_.mTmp_), true, n, GatherMaskParams(1, 1, 8, 0), lanes);
         PipeBarrier<PIPE_V>();
         for (uint32_t j0 = 0; j0 < static_cast<uint32_t>(late); j0 += kLate)
             LateLookup(j0, MinU(kLate, static_cast<uint32_t>(late) - j0));

@@ -98,7 +98,9 @@ public:
         sHalf_ = sb.template ReinterpretCast<half>();     // the whole sort region as half lanes
         sHalf_.SetSize(2 * avsg::kPlanSortVectors * nc);
         // short-lived nc-element scratch, aliased into wide vectors that are idle whenever these
-        // are used (hash temporaries before the wide gathers; the rest outside the lookups)
+        // are used (hash temporaries before the wide gathers; the rest outside the lookups).
+        // A wide lookup group (plan_block_hash_match.h) lives in wIdx_ and the lower half of
+        // wWin_ until its last chunk is classified: Classify's scratch stays out of them.
         vLo_ = wWin_; vHi_ = wWin_[nc]; vT1_ = wWin_[2 * nc]; vT2_ = wWin_[3 * nc];
         vB_ = wIdx_; vTmpF_ = wIdx_[nc].template ReinterpretCast<float>();
         vKey_ = wSlot_; vSlot_ = wSlot_[nc];

@@ -293,6 +293,16 @@ CASE_UNSYNCED(cast_ok) {
         l.SetValue(0, 16777217);
         Cast(f, l, RoundMode::CAST_CEIL, 8);
         CHECK(f.GetValue(0) == 16777218.0f);
+        auto h = b.GetWithOffset<int16_t>(16, 1024);   // float <-> int16 (vconv_f322s16r, vconv_s162f32)
+        for (int k = 0; k < 8; ++k) f.SetValue(k, vals[k]);
+        Cast(h, f, RoundMode::CAST_RINT, 8);
+        CHECK_EQ(h.GetValue(0), 2);
+        CHECK_EQ(h.GetValue(3), 32767);   // saturates
+        CHECK_EQ(h.GetValue(4), -32768);
+        CHECK_EQ(h.GetValue(6), -1);
+        Cast(f, h, RoundMode::CAST_NONE, 8);
+        CHECK(f.GetValue(4) == -32768.0f);
+        CHECK(f.GetValue(7) == 7.0f);
     });
 }
 CASE(bad_cast_mode) {
