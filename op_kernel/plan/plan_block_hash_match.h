@@ -42,7 +42,7 @@ public:
     __aicore__ inline uint32_t TakeChunk(uint32_t c, uint32_t k) {
         const uint32_t nc = ctx_.t_.nc;
         if (WideGroups()) {
-            Sync<HardEvent::S_V>();   // the previous chunk's scalar work (write-after-read)
+            if (k > 0) Sync<HardEvent::S_V>();   // the previous chunk's Classify: its scalar reads
             Adds(ctx_.vWant_, GroupWant()[k * nc], 0, nc);
             Cast(ctx_.vWantF_, GroupWant()[k * nc], RoundMode::CAST_RINT, nc);
             Cast(ctx_.vFoundF_, GroupFound()[k * nc], RoundMode::CAST_NONE, nc);
