@@ -57,7 +57,7 @@ public:
     __aicore__ inline LocalTensor<int32_t> GroupWant() { return ctx_.wIdx_; }
     __aicore__ inline LocalTensor<int16_t> GroupFound() { return ctx_.wWin_.ReinterpretCast<int16_t>(); }
 
-    // Wide lookup of g chunks (W = kPlanProbes*nc lanes; lanes of absent chunks are invalid).
+    // Wide lookup of g <= kPlanProbes chunks (g*nc lanes; the tail of a short last chunk is invalid).
     // Probe 0 of every selection at once: hash (first bucket only), Gather bucket_slot, clamp to
     // [0, S-1], Gather slot_pos, compare. The valid lanes it does not find (a few %: misses and
     // selections indexed at a later probe) are compacted (GatherMask) and looked up at probes
@@ -66,7 +66,7 @@ public:
     // the owner drops (plan_block_drop.h).
     // Scratch: wSlot_, wTmp_ / wKey_ (the sort region), the upper half of wWin_, mKey_/mOwn_/mTmp_.
     __aicore__ inline void WideLookup(uint32_t r, uint32_t c0, uint32_t step, uint32_t g) {
-        const uint32_t nc = ctx_.t_.nc, n = probe_.Wide();
+        const uint32_t nc = ctx_.t_.nc, n = g * nc;   // a short group (a row's last, a split part) works its lanes only
         Win& bs = ctx_.win_[avsg::SEC_BS];
         Win& sp = ctx_.win_[avsg::SEC_SP];
         const LocalTensor<int32_t> want = GroupWant(), b = ctx_.wWin_, x = ctx_.wSlot_, y = ctx_.wTmp_;
@@ -119,7 +119,7 @@ public:
         Compare(ctx_.mOwn_, z, want, CMPMODE::EQ, n);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mKey_), n / 16);   // found at probe 0
-        for (uint32_t k = 0; k < avsg::kPlanProbes; ++k) Adds(z[k * nc], ctx_.vLane_, static_cast<int32_t>(k * nc), nc);
+        for (uint32_t k = 0; k < g; ++k) Adds(z[k * nc], ctx_.vLane_, static_cast<int32_t>(k * nc), nc);
         PipeBarrier<PIPE_V>();
         Select(slotF, ctx_.mOwn_, slotF, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // the group's matches so far
         Not(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mOwn_), n / 16);
