@@ -268,8 +268,8 @@ public:
     }
     // Hits are marked in a byte map by the scalar unit (MarkHits: one store per hit, four hit
     // slots per load, as int16: S <= 2^15; A2 has no vector scatter) and turned into the hit
-    // bitmap here, 512 slots per Cast u8->half + compare, once the row's (or the part's) chunks
-    // are classified.
+    // bitmap here by Cast u8->half + compare (HitBytesToBits), once the row's (or the part's)
+    // chunks are classified.
     __aicore__ inline void MarkHits(const LocalTensor<int16_t>& hitSlots, uint32_t count) {
         const LocalTensor<uint64_t> quads = hitSlots.ReinterpretCast<uint64_t>();
         uint32_t q = 0;
@@ -330,11 +330,15 @@ public:
     }
     __aicore__ inline void HitBytesToBits() {
         const uint32_t total = avsg::HitByteMapBytes(t_);
-        const LocalTensor<half> tmp = vT1_.ReinterpretCast<half>();
+        // The wide pair (wIdx_ and wWin_, idle once the chunks are classified) holds 8,192 half
+        // lanes at nc 512: up to S 8192 the whole map is one Cast and one compare (each
+        // instruction and barrier costs as much as 10-20 repeats).
+        const uint32_t piece = 4 * avsg::kPlanProbes * t_.nc;   // half lanes in wPair_
+        const LocalTensor<half> tmp = wPair_.ReinterpretCast<half>();
         const LocalTensor<uint8_t> bits = hitBits_.ReinterpretCast<uint8_t>();
-        Sync<HardEvent::S_V>();   // MarkHits' stores
-        for (uint32_t base = 0; base < total; base += t_.nc) {
-            const uint32_t n = MinU(t_.nc, total - base);   // a multiple of 128
+        Sync<HardEvent::S_V>();   // MarkHits' stores (and its reads of the compacted hits in wIdx_)
+        for (uint32_t base = 0; base < total; base += piece) {
+            const uint32_t n = MinU(piece, total - base);   // a multiple of 128
             Cast(tmp, hitBytes_[base], RoundMode::CAST_NONE, n);
             PipeBarrier<PIPE_V>();
             CompareScalar(bits[base / 8], tmp, static_cast<half>(0.0f), CMPMODE::GT, n);
