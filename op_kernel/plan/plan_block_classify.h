@@ -42,7 +42,7 @@ public:
         ctx_.misses_ += static_cast<int64_t>(nMiss);
         // reuse: heat and counts follow from the final bitmap (HeatUsed, CountHits)
         if (c * nc >= ctx_.t_.topk && nHit > 0) {   // a later query token: mark only the new slots
-            const LocalTensor<int16_t> fresh = ctx_.wIdx_.ReinterpretCast<int16_t>()[4 * nc];
+            const LocalTensor<int16_t> fresh = ctx_.wKey_.ReinterpretCast<int16_t>()[4 * nc];
             ctx_.MarkHits(fresh, ctx_.UnmarkedHits(ctx_.vKey_, hit16, static_cast<uint32_t>(nHit), fresh));
         } else {
             ctx_.MarkHits(hit16, static_cast<uint32_t>(nHit));

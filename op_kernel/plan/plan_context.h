@@ -291,14 +291,15 @@ public:
     // denormal to trust a compare with) so that a half compare with 0 tells the new hits. Skipping
     // a store of 1 to a byte that holds 1 leaves the map as it was: the row's bitmap is the same.
     // hitSlots: the chunk's hit slots in [0, S-1] (int32, count lanes), hit16 the same as int16;
-    // the new ones go to out (int16). UB: vLo_/vHi_ and the first half of wIdx_ (idle here),
-    // mKey_. Returns how many.
+    // the new ones go to out (int16). UB: the sort region (wTmp_, wKey_: idle until Classify's
+    // sort; the wide lookup keeps a group in wIdx_ and wWin_ across Classify), mKey_. Returns how
+    // many.
     __aicore__ inline uint32_t UnmarkedHits(const LocalTensor<int32_t>& hitSlots, const LocalTensor<int16_t>& hit16,
                                             uint32_t count, const LocalTensor<int16_t>& out) {
         const uint32_t nc = t_.nc;
         const uint32_t lanes = avsg::RoundUp(count, 128u);      // whole 256 B repeats of half (Compare)
-        const LocalTensor<int32_t> wordOff = vLo_, parity = vHi_;
-        const LocalTensor<int16_t> w16 = wIdx_.ReinterpretCast<int16_t>();
+        const LocalTensor<int32_t> wordOff = wTmp_, parity = wTmp_[nc];
+        const LocalTensor<int16_t> w16 = wKey_.ReinterpretCast<int16_t>();
         const LocalTensor<int16_t> word = w16, keep = w16[nc], scale = w16[2 * nc], parity16 = w16[3 * nc];
         ShiftRight(wordOff, hitSlots, 1, count);
         PipeBarrier<PIPE_V>();
