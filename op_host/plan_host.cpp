@@ -116,6 +116,7 @@ PlanTiling CheckPlan(const char* op, bool split, const at::Tensor& topk_pos, con
                                    static_cast<uint32_t>(lifetime), static_cast<uint32_t>(policy),
                                    static_cast<uint32_t>(max_context));
     tiling.dropPast = drop ? 1u : 0u;
+    tiling.topk = static_cast<uint32_t>(K);
     if (split) ApplySplit(tiling, R);
     return tiling;
 }

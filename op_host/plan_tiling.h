@@ -95,6 +95,10 @@ struct PlanTiling {
     // 1: the plan launch has valid lengths (plan(valid_lens=...)) and drops every slot whose
     // position is at or past its row's before the row is read (op_kernel/plan/plan_block_drop.h)
     uint32_t dropPast;
+    // K, the selections of one query token (N = T*K; MakeTiling's default N: one token). A chunk
+    // that starts at or past it belongs to a later query token, whose hits are mostly slots an
+    // earlier token already hit: Classify marks only the new ones (PlanContext::UnmarkedHits).
+    uint32_t topk;
 };
 
 // resize (op_kernel/resize_kernel.h): the plan geometry (N = T*K, the smallest active capacity),

@@ -61,6 +61,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     std::memset(&t, 0, sizeof(t));
     t.rows = rows;
     t.N = selections;
+    t.topk = selections;
     t.outPitch = RoundUp(selections, 8);
     t.capacity = capacity;
     t.capPad = RoundUp(capacity, 64);

@@ -41,7 +41,12 @@ public:
         ctx_.hits_ += static_cast<int64_t>(nHit);
         ctx_.misses_ += static_cast<int64_t>(nMiss);
         // reuse: heat and counts follow from the final bitmap (HeatUsed, CountHits)
-        ctx_.MarkHits(hit16, static_cast<uint32_t>(nHit));
+        if (c * nc >= ctx_.t_.topk && nHit > 0) {   // a later query token: mark only the new slots
+            const LocalTensor<int16_t> fresh = ctx_.wKey_.ReinterpretCast<int16_t>()[4 * nc];
+            ctx_.MarkHits(fresh, ctx_.UnmarkedHits(ctx_.vKey_, hit16, static_cast<uint32_t>(nHit), fresh));
+        } else {
+            ctx_.MarkHits(hit16, static_cast<uint32_t>(nHit));
+        }
         missRuns_.len[c] = static_cast<uint32_t>(nMiss);
         Sync<HardEvent::V_MTE3>();
         StoreInts(ctx_.slotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + c * nc], ctx_.vFoundI_, n);

@@ -270,8 +270,8 @@ public:
     }
     // Hits are marked in a byte map by the scalar unit (MarkHits: one store per hit, four hit
     // slots per load, as int16: S <= 2^15; A2 has no vector scatter) and turned into the hit
-    // bitmap here, 512 slots per Cast u8->half + compare, once the row's (or the part's) chunks
-    // are classified.
+    // bitmap here by Cast u8->half + compare (HitBytesToBits), once the row's (or the part's)
+    // chunks are classified.
     __aicore__ inline void MarkHits(const LocalTensor<int16_t>& hitSlots, uint32_t count) {
         const LocalTensor<uint64_t> quads = hitSlots.ReinterpretCast<uint64_t>();
         uint32_t q = 0;
@@ -284,13 +284,64 @@ public:
         }
         for (; q < count; ++q) hitBytes_.SetValue(static_cast<uint32_t>(hitSlots.GetValue(q)), 1);
     }
+    // The hits of a chunk of a later query token whose slot an earlier chunk of the row already
+    // marked (76% at T = 4 on the shipped code trace) are dropped before MarkHits, which stores
+    // one scalar per hit: the marks are gathered and the new hits compacted on the vector unit.
+    // A2's Gather reads 16 or 32-bit elements at byte offsets aligned to them, so slot s reads
+    // the 16-bit word at s & ~1 and keeps the byte of its parity: And with 1 << 8 * (s & 1), then
+    // a multiply that moves the kept bit to 0x4000 (2.0 as half; no cast from int16 on A2, and no
+    // denormal to trust a compare with) so that a half compare with 0 tells the new hits. Skipping
+    // a store of 1 to a byte that holds 1 leaves the map as it was: the row's bitmap is the same.
+    // hitSlots: the chunk's hit slots in [0, S-1] (int32, count lanes), hit16 the same as int16;
+    // the new ones go to out (int16). UB: the sort region (wTmp_, wKey_: idle until Classify's
+    // sort; the wide lookup keeps a group in wIdx_ and wWin_ across Classify), mKey_. Returns how
+    // many.
+    __aicore__ inline uint32_t UnmarkedHits(const LocalTensor<int32_t>& hitSlots, const LocalTensor<int16_t>& hit16,
+                                            uint32_t count, const LocalTensor<int16_t>& out) {
+        const uint32_t nc = t_.nc;
+        const uint32_t lanes = avsg::RoundUp(count, 128u);      // whole 256 B repeats of half (Compare)
+        const LocalTensor<int32_t> wordOff = wTmp_, parity = wTmp_[nc];
+        const LocalTensor<int16_t> w16 = wKey_.ReinterpretCast<int16_t>();
+        const LocalTensor<int16_t> word = w16, keep = w16[nc], scale = w16[2 * nc], parity16 = w16[3 * nc];
+        ShiftRight(wordOff, hitSlots, 1, count);
+        PipeBarrier<PIPE_V>();
+        ShiftLeft(wordOff, wordOff, 1, count);            // s & ~1: the word's byte offset
+        PipeBarrier<PIPE_V>();
+        Sub(parity, hitSlots, wordOff, count);
+        Gather(word, hitBytes_.ReinterpretCast<int16_t>(), wordOff.ReinterpretCast<uint32_t>(), 0u, count);
+        PipeBarrier<PIPE_V>();
+        Cast(parity16, parity, RoundMode::CAST_NONE, count);
+        PipeBarrier<PIPE_V>();
+        Muls(keep, parity16, static_cast<int16_t>(255), count);
+        Muls(scale, parity16, static_cast<int16_t>(-16320), count);
+        PipeBarrier<PIPE_V>();
+        Adds(keep, keep, static_cast<int16_t>(1), count);         // 1 (s even) or 256 (s odd)
+        Adds(scale, scale, static_cast<int16_t>(16384), count);   // 16384 or 64: kept bit -> 0x4000
+        PipeBarrier<PIPE_V>();
+        And(word.ReinterpretCast<uint16_t>(), word.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(),
+            count);
+        PipeBarrier<PIPE_V>();
+        Mul(word, word, scale, count);
+        PipeBarrier<PIPE_V>();
+        // lanes past count compare whatever they hold: the counter-mode compaction reads count bits
+        CompareScalar(mKey_, word.ReinterpretCast<half>(), static_cast<half>(0.0f), CMPMODE::EQ, lanes);
+        PipeBarrier<PIPE_V>();
+        uint64_t fresh = 0;
+        GatherMask(out, hit16, U16(mKey_), true, count, GatherMaskParams(1, 1, 8, 0), fresh);
+        Sync<HardEvent::V_S>();
+        return static_cast<uint32_t>(fresh);
+    }
     __aicore__ inline void HitBytesToBits() {
         const uint32_t total = avsg::HitByteMapBytes(t_);
-        const LocalTensor<half> tmp = vT1_.ReinterpretCast<half>();
+        // The wide pair (wIdx_ and wWin_, idle once the chunks are classified) holds 8,192 half
+        // lanes at nc 512: up to S 8192 the whole map is one Cast and one compare (each
+        // instruction and barrier costs as much as 10-20 repeats).
+        const uint32_t piece = 4 * avsg::kPlanProbes * t_.nc;   // half lanes in wPair_
+        const LocalTensor<half> tmp = wPair_.ReinterpretCast<half>();
         const LocalTensor<uint8_t> bits = hitBits_.ReinterpretCast<uint8_t>();
-        Sync<HardEvent::S_V>();   // MarkHits' stores
-        for (uint32_t base = 0; base < total; base += t_.nc) {
-            const uint32_t n = MinU(t_.nc, total - base);   // a multiple of 128
+        Sync<HardEvent::S_V>();   // MarkHits' stores (and its reads of the compacted hits in wIdx_)
+        for (uint32_t base = 0; base < total; base += piece) {
+            const uint32_t n = MinU(piece, total - base);   // a multiple of 128
             Cast(tmp, hitBytes_[base], RoundMode::CAST_NONE, n);
             PipeBarrier<PIPE_V>();
             CompareScalar(bits[base / 8], tmp, static_cast<half>(0.0f), CMPMODE::GT, n);
