@@ -909,11 +909,12 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
                       (std::is_same<U, int32_t>::value && std::is_same<T, int16_t>::value) ||
                       (std::is_same<U, int16_t>::value && std::is_same<T, float>::value) ||
                       (std::is_same<U, float>::value && std::is_same<T, int16_t>::value) ||
+                      (std::is_same<U, int16_t>::value && std::is_same<T, half>::value) ||
                       (std::is_same<U, half>::value && std::is_same<T, float>::value) ||
                       (std::is_same<U, float>::value && std::is_same<T, half>::value) ||
                       (std::is_same<U, uint8_t>::value && std::is_same<T, half>::value),
                   "Cast: dtype pair not in the emulated A2 list (int32<->float, int32<->int64, int64<->float, "
-                  "int32->int16, int16<->float, half<->float, uint8->half; card §5)");
+                  "int32->int16, int16<->float, int16->half, half<->float, uint8->half; card §5)");
     const char* api = "Cast";
     emu_detail::check_cast_mode<T, U>(roundMode);
     emu_detail::check_ub(api, "dst", dst, count);

@@ -64,7 +64,8 @@ public:
     // 1..kPlanProbes-1 by LateLookup, so the first matching probe wins (reference.index_lookup)
     // whatever the state holds. An invalid lane (-2) matches nothing, nor, in a split row, one
     // the owner drops (plan_block_drop.h).
-    // Scratch: wSlot_, wTmp_ / wKey_ (the sort region), the upper half of wWin_, mKey_/mOwn_/mTmp_.
+    // Scratch: wSlot_, wTmp_ / wKey_ (the sort region), all of wWin_ until the group's matches are
+    // written (its lower half holds them from then on), mKey_/mOwn_/mTmp_.
     __aicore__ inline void WideLookup(uint32_t r, uint32_t c0, uint32_t step, uint32_t g) {
         const uint32_t nc = ctx_.t_.nc, n = g * nc;   // a short group (a row's last, a split part) works its lanes only
         Win& bs = ctx_.win_[avsg::SEC_BS];

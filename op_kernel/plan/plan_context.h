@@ -288,10 +288,10 @@ public:
     // marked (76% at T = 4 on the shipped code trace) are dropped before MarkHits, which stores
     // one scalar per hit: the marks are gathered and the new hits compacted on the vector unit.
     // A2's Gather reads 16 or 32-bit elements at byte offsets aligned to them, so slot s reads
-    // the 16-bit word at s & ~1 and keeps the byte of its parity: And with 1 << 8 * (s & 1), then
-    // a multiply that moves the kept bit to 0x4000 (2.0 as half; no cast from int16 on A2, and no
-    // denormal to trust a compare with) so that a half compare with 0 tells the new hits. Skipping
-    // a store of 1 to a byte that holds 1 leaves the map as it was: the row's bitmap is the same.
+    // the 16-bit word at s & ~1 and keeps the byte of its parity: And with 1 << 8 * (s & 1) leaves
+    // 0, 1 or 256, exact as half (vconv_s162f16), so a half compare with 0 tells the new hits.
+    // Skipping a store of 1 to a byte that holds 1 leaves the map as it was: the row's bitmap is
+    // the same.
     // hitSlots: the chunk's hit slots in [0, S-1] (int32, count lanes), hit16 the same as int16;
     // the new ones go to out (int16). UB: the sort region (wTmp_, wKey_: idle until Classify's
     // sort; the wide lookup keeps a group in wIdx_ and wWin_ across Classify), mKey_. Returns how
@@ -302,7 +302,8 @@ public:
         const uint32_t lanes = avsg::RoundUp(count, 128u);      // whole 256 B repeats of half (Compare)
         const LocalTensor<int32_t> wordOff = wTmp_, parity = wTmp_[nc];
         const LocalTensor<int16_t> w16 = wKey_.ReinterpretCast<int16_t>();
-        const LocalTensor<int16_t> word = w16, keep = w16[nc], scale = w16[2 * nc], parity16 = w16[3 * nc];
+        const LocalTensor<int16_t> word = w16, keep = w16[nc], parity16 = w16[3 * nc];
+        const LocalTensor<half> wordH = w16[2 * nc].ReinterpretCast<half>();
         ShiftRight(wordOff, hitSlots, 1, count);
         PipeBarrier<PIPE_V>();
         ShiftLeft(wordOff, wordOff, 1, count);            // s & ~1: the word's byte offset
@@ -313,18 +314,16 @@ public:
         Cast(parity16, parity, RoundMode::CAST_NONE, count);
         PipeBarrier<PIPE_V>();
         Muls(keep, parity16, static_cast<int16_t>(255), count);
-        Muls(scale, parity16, static_cast<int16_t>(-16320), count);
         PipeBarrier<PIPE_V>();
         Adds(keep, keep, static_cast<int16_t>(1), count);         // 1 (s even) or 256 (s odd)
-        Adds(scale, scale, static_cast<int16_t>(16384), count);   // 16384 or 64: kept bit -> 0x4000
         PipeBarrier<PIPE_V>();
         And(word.ReinterpretCast<uint16_t>(), word.ReinterpretCast<uint16_t>(), keep.ReinterpretCast<uint16_t>(),
             count);
         PipeBarrier<PIPE_V>();
-        Mul(word, word, scale, count);
+        Cast(wordH, word, RoundMode::CAST_NONE, count);
         PipeBarrier<PIPE_V>();
         // lanes past count compare whatever they hold: the counter-mode compaction reads count bits
-        CompareScalar(mKey_, word.ReinterpretCast<half>(), static_cast<half>(0.0f), CMPMODE::EQ, lanes);
+        CompareScalar(mKey_, wordH, static_cast<half>(0.0f), CMPMODE::EQ, lanes);
         PipeBarrier<PIPE_V>();
         uint64_t fresh = 0;
         GatherMask(out, hit16, U16(mKey_), true, count, GatherMaskParams(1, 1, 8, 0), fresh);
@@ -339,7 +338,7 @@ public:
         const uint32_t piece = 4 * avsg::kPlanProbes * t_.nc;   // half lanes in wPair_
         const LocalTensor<half> tmp = wPair_.ReinterpretCast<half>();
         const LocalTensor<uint8_t> bits = hitBits_.ReinterpretCast<uint8_t>();
-        Sync<HardEvent::S_V>();   // MarkHits' stores (and its reads of the compacted hits in wIdx_)
+        Sync<HardEvent::S_V>();   // MarkHits' stores, and its reads of hit16 in vT1_ (inside wPair_)
         for (uint32_t base = 0; base < total; base += piece) {
             const uint32_t n = MinU(piece, total - base);   // a multiple of 128
             Cast(tmp, hitBytes_[base], RoundMode::CAST_NONE, n);
