@@ -107,13 +107,12 @@ __aicore__ inline void WinMark(Win& w, uint32_t idx) {
     const uint32_t b = idx / w.blen;
     w.blocks[b >> 5] |= 1u << (b & 31);
 }
-// Writes the current window back: whole if a vector wrote it, else each run of dirty blocks as one
-// copy.
-template <bool kVector>
-__aicore__ inline void WinFlush(Win& w) {
+// Issues the current window's write-back copies, no syncs: whole if a vector wrote it, else each
+// run of dirty blocks as one copy; the window is clean after. The caller orders the writers
+// (vector, scalar) before the copies and the copies before the buffer's next writers (WinFlush
+// for one window; a row's end flushes all of them between one pair of syncs).
+__aicore__ inline void WinCopyBack(Win& w) {
     if (!w.dirty && !WinBlocksAny(w)) return;
-    if (kVector) Sync<HardEvent::V_MTE3>();
-    Sync<HardEvent::S_MTE3>();
     const uint32_t cnt = WinCount(w, w.cur);
     const GlobalTensor<int32_t> gm = w.gm[static_cast<uint32_t>(w.cur) * w.wlen];
     if (w.dirty) {
@@ -143,11 +142,19 @@ __aicore__ inline void WinFlush(Win& w) {
             b = e;
         }
     }
+    w.dirty = false;
+    for (uint32_t k = 0; k < kWinBlockWords; ++k) w.blocks[k] = 0;
+}
+// Writes the current window back (WinCopyBack) between its syncs.
+template <bool kVector>
+__aicore__ inline void WinFlush(Win& w) {
+    if (!w.dirty && !WinBlocksAny(w)) return;
+    if (kVector) Sync<HardEvent::V_MTE3>();
+    Sync<HardEvent::S_MTE3>();
+    WinCopyBack(w);
     Sync<HardEvent::MTE3_MTE2>();
     if (kVector) Sync<HardEvent::MTE3_V>();
     Sync<HardEvent::MTE3_S>();
-    w.dirty = false;
-    for (uint32_t k = 0; k < kWinBlockWords; ++k) w.blocks[k] = 0;
 }
 template <bool kVector>
 __aicore__ inline void WinEnsure(Win& w, int32_t id) {
