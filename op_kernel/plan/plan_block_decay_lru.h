@@ -4,7 +4,7 @@
 // the half copy fits (DecayInHalf) the ages go there for the threshold search
 // (plan_block_victims_lru.h); otherwise one vector pass per window. Either way it leaves what the
 // search starts from: the oldest age and the free candidates (their count and their windows).
-// UB: the slot_life windows, hitBits_, wWin_/wIdx_/wSlot_/wTmp_ and the masks as scratch; the
+// UB: the slot_life windows, hitBits_, wWin_/wIdx_/wSlot_/wTmp_/wKey_ and the masks as scratch; the
 // sort region (the half copy) and wPair_ where it fits.
 #pragma once
 #include "plan_block_victims.h"
@@ -45,7 +45,7 @@ public:
                 const uint32_t n = MinU(chunk, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
                 const uint32_t base = id * sl.wlen + off;
-                victims_.AgeAndPin(life, base, n, t1, t2, lifeF);
+                victims_.AgeAndPin(life, base, n, t1, ctx_.wKey_, t2, lifeF);
                 // the victim search's bounds: the oldest age, and the free slots among the
                 // candidates (below the active capacity), counted after the pins (a hit is
                 // never free, whatever its slot held)
@@ -86,16 +86,15 @@ public:
         victims_.HalfCopyBegin(-1.0f);
         for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
             const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
-            victims_.HalfCopyLoad(base, n, static_cast<float>(avsg::kReuseAgeMax), true);
+            // clamped to [-1, 1022]: age + 1 needs no upper clamp (as in AgeAndPin)
+            victims_.HalfCopyLoad(base, n, static_cast<float>(avsg::kReuseAgeMax - 1), true);
             for (uint32_t off = 0; off < n; off += sub) {
                 const uint32_t k = MinU(sub, n - off), at = base + off;
                 const LocalTensor<float> life = x[off];
                 Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[at / 16], k / 16);
-                // one step older: min(age + 1, 1023) + min(age, 0), free slots (-1) stay free
+                // one step older: (age + 1) + min(age, 0), free slots (-1) stay free
                 Adds(tmp, life, 1.0f, k);
                 Mins(life, life, 0.0f, k);
-                PipeBarrier<PIPE_V>();
-                Mins(tmp, tmp, static_cast<float>(avsg::kReuseAgeMax), k);
                 PipeBarrier<PIPE_V>();
                 Add(life, life, tmp, k);
                 PipeBarrier<PIPE_V>();

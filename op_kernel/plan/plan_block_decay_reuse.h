@@ -33,7 +33,7 @@ public:
                 const uint32_t n = MinU(chunk, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
                 const uint32_t base = id * sl.wlen + off;
-                victims_.AgeAndPin(life, base, n, t1, t2, lifeF);
+                victims_.AgeAndPin(life, base, n, t1, ctx_.vKey_, t2, lifeF);
                 Cast(life, lifeF, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
                 heat_.CountHits(base, n);
