@@ -2,8 +2,8 @@
 // buckets by all-probe gathers (the position each bucket's slot holds, hashed), the rounds on
 // the scalar unit (lowest j claims a free bucket), the winners written window by window; what
 // stays pending goes to the stash afterwards.
-// UB: vWant_/vMS_ (misses and their slots), vFirst_/vStride_/vB_ (hash), mKey_ (free, then
-// winner bits), claimBits_, pendBits_, the bucket_slot / slot_pos windows; GM: the workspace's
+// UB: vWant_/vMS_ (misses and their slots), vFirst_/vStride_/vB_ (hash), wKey_ (one miss
+// chunk's buckets, kept through the rounds), mKey_ (free, then winner bits), claimBits_, pendBits_, the bucket_slot / slot_pos windows; GM: the workspace's
 // free / winner bits when there are several miss chunks.
 #pragma once
 #include "plan_block_victims.h"
@@ -68,21 +68,28 @@ public:
         // B. rounds (vFirst_/vStride_/vWant_/vMS_/mKey_ still hold miss chunk 0). The free
         // bits of (round i, chunk c) are spent by that pass, so it overwrites them with its winners:
         // mKey_ (and, with several chunks, the workspace copy) ends up as per-probe winner bits.
+        // One miss chunk: its buckets, every probe's, are still in wKey_ (A kept them for
+        // FreeBuckets, which only reads them), so the rounds read them there and C copies them
+        // back: no per-probe pass (and its S_V / V_S pair) and no second Buckets.
+        const bool kept = chunks == 1;
         Duplicate(ctx_.claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), ctx_.t_.buckets / 16);
         Sync<HardEvent::V_S>();
         const LocalTensor<uint32_t> bits = freeInts.ReinterpretCast<uint32_t>();
         int32_t loaded = 0;
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            const LocalTensor<int32_t> bucket = kept ? ctx_.wKey_[i * ps] : ctx_.vB_;
             for (uint32_t c = 0; c < chunks; ++c) {
                 const uint32_t j0 = c * nc;
                 const uint32_t cnt = MinU(nc, m - j0);
-                if (loaded != static_cast<int32_t>(c)) {
-                    LoadInsertChunk(r, c, m);
-                    loaded = static_cast<int32_t>(c);
+                if (!kept) {
+                    if (loaded != static_cast<int32_t>(c)) {
+                        LoadInsertChunk(r, c, m);
+                        loaded = static_cast<int32_t>(c);
+                    }
+                    Sync<HardEvent::S_V>();       // the previous pass's scalar reads of vB_
+                    probe_.Probe(static_cast<int32_t>(i), ps);
+                    Sync<HardEvent::V_S>();
                 }
-                Sync<HardEvent::S_V>();           // the previous pass's scalar reads of vB_
-                probe_.Probe(static_cast<int32_t>(i), ps);
-                Sync<HardEvent::V_S>();
                 // 32 misses per step: candidates = pending & bucket free, lowest j first (j0 is a
                 // multiple of 32; pending bits past m are 0)
                 for (uint32_t w = 0; w < (cnt + 31) / 32; ++w) {
@@ -93,7 +100,7 @@ public:
                     uint32_t won = 0;
                     for (; cand != 0; cand &= cand - 1u) {
                         const uint32_t bit = LowestBit(cand);
-                        const uint32_t b = static_cast<uint32_t>(ctx_.vB_.GetValue(w * 32 + bit));
+                        const uint32_t b = static_cast<uint32_t>(bucket.GetValue(w * 32 + bit));
                         if (ctx_.WordBit(ctx_.claimBits_, b)) continue;
                         ctx_.SetWordBit(ctx_.claimBits_, b);
                         won |= 1u << bit;
@@ -110,7 +117,7 @@ public:
             }
         }
         // C. write the winners' slots, window by window: for each miss chunk, recompute its
-        // buckets and, per window and probe, compact the winners (offset in the window, slot) by
+        // buckets (one chunk: copy them from wKey_) and, per window and probe, compact the winners (offset in the window, slot) by
         // GatherMask.
         for (uint32_t c = 0; c < chunks; ++c) {
             const uint32_t cnt = MinU(nc, m - c * nc);
@@ -119,7 +126,12 @@ public:
                 loaded = static_cast<int32_t>(c);
             }
             Sync<HardEvent::S_V>();               // scalar reads / writes of vB_ and the bits
-            probe_.Buckets();
+            if (kept) {
+                Adds(ctx_.wIdx_, ctx_.wKey_, 0, probe_.ProbeLanes());
+                PipeBarrier<PIPE_V>();
+            } else {
+                probe_.Buckets();
+            }
             probe_.SplitIdx(bs, ctx_.wIdx_);
             WriteWinners(bs, ctx_.vMS_, cnt);          // their slots to bucket_slot
         }
