@@ -3,8 +3,9 @@
 // the scalar unit (lowest j claims a free bucket), the winners written window by window; what
 // stays pending goes to the stash afterwards.
 // UB: vWant_/vMS_ (misses and their slots), vFirst_/vStride_/vB_ (hash), wKey_ (one miss
-// chunk's buckets, kept through the rounds), mKey_ (free, then winner bits), claimBits_, pendBits_, the bucket_slot / slot_pos windows; GM: the workspace's
-// free / winner bits when there are several miss chunks.
+// chunk's buckets, kept through the rounds), mKey_ (free, then winner bits), claimBits_,
+// pendBits_, the bucket_slot / slot_pos windows, the other wide vectors as scratch; GM: the
+// workspace's free / winner bits when there are several miss chunks.
 #pragma once
 #include "plan_block_victims.h"
 
@@ -230,27 +231,31 @@ public:
         Sync<HardEvent::MTE2_V>();
         probe_.Hash(ctx_.vWant_, ctx_.t_.nc);
     }
-    // Probe i's winners among the first cnt misses (winner bits of probe i in bits) compacted
-    // into wSlot_: their wIdx_ lanes at [0, got), their values at [nc, nc + got). Returns got.
-    __aicore__ inline uint32_t CompactWinners(const LocalTensor<uint8_t>& bits, uint32_t i,
-                                              const LocalTensor<int32_t>& values, uint32_t cnt) {
-        const uint32_t nc = ctx_.t_.nc, ps = ctx_.probeStride_;
-        const LocalTensor<uint32_t> pat = ctx_.U32(bits[i * ps / 8]);
-        uint64_t got = 0, got2 = 0;
+    // Every probe's winners among the first cnt misses (winner bits of probe i in bits) compacted
+    // at once: probe i's wIdx_ lanes to wSlot_[i*ps, i*ps + got[i]), their values to wTmp_[i*ps, ...)
+    // (got[i] <= cnt <= ps, so the lists stay apart; wTmp_ is idle once SplitIdx has run). One
+    // S_V / V_S pair for all probes, not one per probe.
+    __aicore__ inline void CompactWinners(const LocalTensor<uint8_t>& bits, const LocalTensor<int32_t>& values,
+                                          uint32_t cnt, uint32_t* got) {
+        const uint32_t ps = ctx_.probeStride_;
         Sync<HardEvent::S_V>();                   // scalar reads of the previous lists
         PipeBarrier<PIPE_V>();                    // and the previous GatherMasks' writes
-        GatherMask(ctx_.wSlot_, ctx_.wIdx_[i * ps], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
-        if (got == 0) return 0;
-        GatherMask(ctx_.wSlot_[nc], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
-        Sync<HardEvent::V_S>();
-        return static_cast<uint32_t>(got);
+        bool any = false;
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            const LocalTensor<uint32_t> pat = ctx_.U32(bits[i * ps / 8]);
+            uint64_t n = 0, n2 = 0;
+            GatherMask(ctx_.wSlot_[i * ps], ctx_.wIdx_[i * ps], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), n);
+            if (n) GatherMask(ctx_.wTmp_[i * ps], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), n2);
+            got[i] = static_cast<uint32_t>(n);
+            any = any || n != 0;
+        }
+        if (any) Sync<HardEvent::V_S>();
     }
     // One bucket section's entries of this chunk's winners (mKey_: per-probe winner bits; wIdx_:
     // the probe buckets as in-window byte offsets of w, wWin_: their windows): values[j] for the
     // winner j, resident window first.
     __aicore__ inline void WriteWinners(Win& w, const LocalTensor<int32_t>& values, uint32_t cnt) {
-        const uint32_t nc = ctx_.t_.nc, n = probe_.ProbeLanes();
-        const LocalTensor<int32_t> cOff = ctx_.wSlot_, cVal = ctx_.wSlot_[nc];   // CompactWinners' lists
+        const uint32_t ps = ctx_.probeStride_, n = probe_.ProbeLanes();
         const int32_t first = probe_.FirstWin(w);
         for (uint32_t k = 0; k < w.nwin; ++k) {
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
@@ -262,13 +267,14 @@ public:
                 PipeBarrier<PIPE_V>();
                 sel = ctx_.mTmp_;
             }
+            uint32_t got[avsg::kPlanProbes];
+            CompactWinners(sel, values, cnt, got);
             for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
-                const uint32_t got = CompactWinners(sel, i, values, cnt);
-                if (got == 0) continue;
+                if (got[i] == 0) continue;
                 ctx_.Ensure(w, id);
-                for (uint32_t q = 0; q < got; ++q) {
-                    const uint32_t idx = static_cast<uint32_t>(cOff.GetValue(q)) >> 2;
-                    w.buf.SetValue(idx, cVal.GetValue(q));
+                for (uint32_t q = 0; q < got[i]; ++q) {
+                    const uint32_t idx = static_cast<uint32_t>(ctx_.wSlot_.GetValue(i * ps + q)) >> 2;
+                    w.buf.SetValue(idx, ctx_.wTmp_.GetValue(i * ps + q));
                     WinMark(w, idx);
                 }
             }
