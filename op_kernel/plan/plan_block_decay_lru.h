@@ -116,14 +116,14 @@ public:
             Sync<HardEvent::V_MTE3>();
             DataCopy(sl.gm[base], stage, n);
         }
-        Sync<HardEvent::MTE3_V>();                // the stores read the stage (wIdx_ below)
+        // the stores read the stage (wIdx_ below): one MTE3_S, as the scalar unit issues every
+        // later instruction, vector and MTE2 alike (emulation/emu_hazard.h, "Scalar issue")
         Sync<HardEvent::MTE3_S>();
-        Sync<HardEvent::MTE3_MTE2>();
         ReduceMax(ctx_.wIdx_.ReinterpretCast<half>(), ctx_.sHalf_, ctx_.wSlot_.ReinterpretCast<half>(),
                   static_cast<int32_t>(ctx_.t_.capPad));
         Sync<HardEvent::V_S>();
+        // the search's first vector writer of wIdx_ waits on S_V (CountAgesAtLeast, SelectLru)
         victims_.maxAge_ = static_cast<int32_t>(static_cast<float>(ctx_.wIdx_.ReinterpretCast<half>().GetValue(0)));
-        Sync<HardEvent::V_S>();
     }
 
     // the context and the blocks this one calls

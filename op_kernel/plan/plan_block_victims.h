@@ -41,9 +41,9 @@ public:
             Sync<HardEvent::V_MTE3>();
             DataCopy(sl.gm[base], stage, n);
         }
-        Sync<HardEvent::MTE3_V>();
+        // one MTE3_S: the scalar unit issues every later instruction, vector and MTE2 alike
+        // (emulation/emu_hazard.h, "Scalar issue")
         Sync<HardEvent::MTE3_S>();
-        Sync<HardEvent::MTE3_MTE2>();
     }
     // lru and reuse: lifeF[0:n] = the ages in life one step older, the hits (hitBits_ from slot
     // base on) at age 0; aged[0:n] = the same before the pins (int32: reuse's CountHits reads
