@@ -74,7 +74,9 @@ __aicore__ inline void StoreInts(const GlobalTensor<int32_t>& dst, const LocalTe
 // (a dozen bucket_slot / slot_pos entries per step) go back as a few short copies instead of the
 // whole window. A block is a multiple of 8 int32 (32 B) and sections start on 32 B in GM, so a
 // block copy writes only this row's granules.
-constexpr uint32_t kWinBlocks = 128, kWinBlockWords = kWinBlocks / 32;
+// 512 blocks: a bucket_slot or slot_pos window of 8192 entries goes back in 64 B blocks, so the
+// few dozen entries a step's misses write cost a few KB of MTE3, not one 512 B block each.
+constexpr uint32_t kWinBlocks = 512, kWinBlockWords = kWinBlocks / 32;
 constexpr uint32_t kWinMergeGap = 256;   // entries (1 KB): clean blocks copied along inside a run
 struct Win {
     LocalTensor<int32_t> buf;
@@ -101,53 +103,60 @@ __aicore__ inline bool WinBlocksAny(const Win& w) {
     for (uint32_t k = 0; k < kWinBlockWords; ++k) any |= w.blocks[k];
     return any != 0;
 }
-__aicore__ inline bool WinBlockDirty(const Win& w, uint32_t b) { return ((w.blocks[b >> 5] >> (b & 31)) & 1u) != 0; }
+// The first dirty block at or after b, or nb if none is below nb (whole words of clean blocks
+// skipped at once).
+__aicore__ inline uint32_t WinNextDirty(const Win& w, uint32_t b, uint32_t nb) {
+    if (b >= nb) return nb;
+    uint32_t k = b >> 5;
+    uint32_t bits = w.blocks[k] & (~0u << (b & 31));
+    while (bits == 0) {
+        if (++k * 32 >= nb) return nb;
+        bits = w.blocks[k];
+    }
+    const uint32_t d = k * 32 + LowestBit(bits);
+    return d < nb ? d : nb;
+}
 // Marks entry idx of the current window as written by the scalar unit (WinPut does it).
 __aicore__ inline void WinMark(Win& w, uint32_t idx) {
     const uint32_t b = idx / w.blen;
     w.blocks[b >> 5] |= 1u << (b & 31);
 }
-// Writes the current window back: whole if a vector wrote it, else each run of dirty blocks as one
-// copy.
-template <bool kVector>
-__aicore__ inline void WinFlush(Win& w) {
+// Issues the current window's write-back copies, no syncs: whole if a vector wrote it, else each
+// run of dirty blocks as one copy; the window is clean after. The caller orders the writers
+// (vector, scalar) before the copies and the copies before the buffer's next writers (WinFlush
+// for one window; a row's end flushes all of them between one pair of syncs).
+__aicore__ inline void WinCopyBack(Win& w) {
     if (!w.dirty && !WinBlocksAny(w)) return;
-    if (kVector) Sync<HardEvent::V_MTE3>();
-    Sync<HardEvent::S_MTE3>();
     const uint32_t cnt = WinCount(w, w.cur);
     const GlobalTensor<int32_t> gm = w.gm[static_cast<uint32_t>(w.cur) * w.wlen];
     if (w.dirty) {
         DataCopy(gm, w.buf, cnt);
     } else {
         const uint32_t nb = (cnt + w.blen - 1) / w.blen;
-        for (uint32_t b = 0; b < nb;) {
-            if (!WinBlockDirty(w, b)) {
-                ++b;
-                continue;
-            }
+        for (uint32_t b = WinNextDirty(w, 0, nb); b < nb;) {
             // a run ends at a clean stretch longer than kWinMergeGap entries: copying a shorter one
             // along costs less than starting another copy
-            uint32_t e = b + 1, clean = 0;
-            for (; e < nb; ++e) {
-                if (WinBlockDirty(w, e)) {
-                    clean = 0;
-                } else if ((clean + 1) * w.blen > kWinMergeGap) {
-                    break;
-                } else {
-                    ++clean;
-                }
-            }
-            e -= clean;                           // the run ends at its last dirty block
-            const uint32_t lo = b * w.blen, hi = MinU(e * w.blen, cnt);
+            uint32_t last = b, next = WinNextDirty(w, b + 1, nb);
+            for (; next < nb && (next - last - 1) * w.blen <= kWinMergeGap; next = WinNextDirty(w, next + 1, nb))
+                last = next;
+            const uint32_t lo = b * w.blen, hi = MinU((last + 1) * w.blen, cnt);
             DataCopy(gm[lo], w.buf[lo], hi - lo);
-            b = e;
+            b = next;
         }
     }
+    w.dirty = false;
+    for (uint32_t k = 0; k < kWinBlockWords; ++k) w.blocks[k] = 0;
+}
+// Writes the current window back (WinCopyBack) between its syncs.
+template <bool kVector>
+__aicore__ inline void WinFlush(Win& w) {
+    if (!w.dirty && !WinBlocksAny(w)) return;
+    if (kVector) Sync<HardEvent::V_MTE3>();
+    Sync<HardEvent::S_MTE3>();
+    WinCopyBack(w);
     Sync<HardEvent::MTE3_MTE2>();
     if (kVector) Sync<HardEvent::MTE3_V>();
     Sync<HardEvent::MTE3_S>();
-    w.dirty = false;
-    for (uint32_t k = 0; k < kWinBlockWords; ++k) w.blocks[k] = 0;
 }
 template <bool kVector>
 __aicore__ inline void WinEnsure(Win& w, int32_t id) {

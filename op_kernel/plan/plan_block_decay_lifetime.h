@@ -89,32 +89,16 @@ public:
     // into the half copy, and the section goes back from it once (WriteBackHalfCopy); the window
     // is left empty here.
     __aicore__ inline void DecayInHalf() {
-        Win& sl = ctx_.win_[avsg::SEC_SL];
         const uint32_t lanes = 2 * probe_.Wide();
         const uint32_t sub = probe_.Wide();
         const LocalTensor<int32_t> stage = ctx_.wPair_;
         const LocalTensor<float> x = stage.ReinterpretCast<float>(), tmp = ctx_.wSlot_.ReinterpretCast<float>();
         const float lifeL = static_cast<float>(ctx_.t_.lifetime);
-        victims_.freeSlots_ = 0;
-        ctx_.Flush(sl);                           // a drop or a freed padding slot, written back
-        sl.cur = -1;
-        const uint32_t padded = avsg::RoundUp(ctx_.t_.capPad, PlanBlockVictims::kHalfCopyLanes);
-        Sync<HardEvent::S_V>();
         // the copy's tail past the padded slots: pinned (L, no level's)
-        if (padded > ctx_.t_.capPad)
-            Duplicate(ctx_.sHalf_[ctx_.t_.capPad], static_cast<half>(lifeL), padded - ctx_.t_.capPad);
+        victims_.HalfCopyBegin(lifeL);
         for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
             const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
-            Sync<HardEvent::V_MTE2>();            // the previous stretch's (or step's) vector reads
-            Sync<HardEvent::S_MTE2>();            // scalar reads / writes of the wide vectors
-            DataCopy(stage, sl.gm[base], n);
-            Sync<HardEvent::MTE2_V>();
-            Cast(x, stage, RoundMode::CAST_RINT, n);
-            PipeBarrier<PIPE_V>();
-            Maxs(x, x, -1.0f, n);
-            PipeBarrier<PIPE_V>();
-            Mins(x, x, lifeL + 1.0f, n);
-            PipeBarrier<PIPE_V>();
+            victims_.HalfCopyLoad(base, n, lifeL + 1.0f, false);
             for (uint32_t off = 0; off < n; off += sub) {
                 const uint32_t k = MinU(sub, n - off), at = base + off;
                 const LocalTensor<float> life = x[off];

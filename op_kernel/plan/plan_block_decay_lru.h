@@ -4,7 +4,7 @@
 // the half copy fits (DecayInHalf) the ages go there for the threshold search
 // (plan_block_victims_lru.h); otherwise one vector pass per window. Either way it leaves what the
 // search starts from: the oldest age and the free candidates (their count and their windows).
-// UB: the slot_life windows, hitBits_, wWin_/wIdx_/wSlot_/wTmp_ and the masks as scratch; the
+// UB: the slot_life windows, hitBits_, wWin_/wIdx_/wSlot_/wTmp_/wKey_ and the masks as scratch; the
 // sort region (the half copy) and wPair_ where it fits.
 #pragma once
 #include "plan_block_victims.h"
@@ -44,27 +44,8 @@ public:
             for (uint32_t off = 0; off < cnt; off += chunk) {
                 const uint32_t n = MinU(chunk, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
-                // age: clamp to [-1, 1023], then min(age+1, 1023) + min(age, 0): one step
-                // older, free slots (-1) stay free
-                Maxs(t1, life, -1, n);
-                PipeBarrier<PIPE_V>();
-                Mins(t1, t1, avsg::kReuseAgeMax, n);
-                PipeBarrier<PIPE_V>();
-                Adds(t2, t1, 1, n);
-                PipeBarrier<PIPE_V>();
-                Mins(t1, t1, 0, n);
-                PipeBarrier<PIPE_V>();
-                Mins(t2, t2, avsg::kReuseAgeMax, n);
-                PipeBarrier<PIPE_V>();
-                Add(t2, t2, t1, n);
-                PipeBarrier<PIPE_V>();
                 const uint32_t base = id * sl.wlen + off;
-                uint64_t nFree = 0;
-                Cast(lifeF, t2, RoundMode::CAST_RINT, n);
-                Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[base / 16], n / 16);
-                PipeBarrier<PIPE_V>();
-                Select(lifeF, ctx_.mA_, lifeF, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // hits: age 0
-                PipeBarrier<PIPE_V>();
+                victims_.AgeAndPin(life, base, n, t1, ctx_.wKey_, t2, lifeF);
                 // the victim search's bounds: the oldest age, and the free slots among the
                 // candidates (below the active capacity), counted after the pins (a hit is
                 // never free, whatever its slot held)
@@ -72,6 +53,7 @@ public:
                 CompareScalar(ctx_.mB_, lifeF, -1.0f, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
                 const uint32_t live = base < ctx_.activeCap_ ? MinU(n, ctx_.activeCap_ - base) : 0u;
+                uint64_t nFree = 0;
                 if (live) GatherMask(sink, t2, ctx_.U32(ctx_.mB_), true, live, GatherMaskParams(1, 1, 8, 0), nFree);
                 if (nFree) PlanBlockVictims::WinSetAdd(victims_.lruFreeWins_, id);
                 victims_.freeSlots_ += static_cast<uint32_t>(nFree);
@@ -99,37 +81,20 @@ public:
         const uint32_t sub = MinU(probe_.Wide(), sl.wlen);
         const LocalTensor<int32_t> stage = ctx_.wPair_, sink = ctx_.wSlot_;
         const LocalTensor<float> x = stage.ReinterpretCast<float>(), tmp = ctx_.wSlot_.ReinterpretCast<float>();
-        victims_.freeSlots_ = 0;
         PlanBlockVictims::WinSetClear(victims_.lruFreeWins_, false);
-        ctx_.Flush(sl);                           // a drop or a freed padding slot, written back
-        sl.cur = -1;
-        const uint32_t padded = avsg::RoundUp(ctx_.t_.capPad, PlanBlockVictims::kHalfCopyLanes);
-        Sync<HardEvent::S_V>();
         // the copy's tail past the padded slots: free (counted nowhere: past the active capacity)
-        if (padded > ctx_.t_.capPad)
-            Duplicate(ctx_.sHalf_[ctx_.t_.capPad], static_cast<half>(-1.0f), padded - ctx_.t_.capPad);
+        victims_.HalfCopyBegin(-1.0f);
         for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
             const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
-            Sync<HardEvent::V_MTE2>();            // the previous stretch's (or step's) vector reads
-            Sync<HardEvent::S_MTE2>();            // scalar reads / writes of the wide vectors
-            if (base) Sync<HardEvent::MTE3_MTE2>();   // the previous stretch's store
-            DataCopy(stage, sl.gm[base], n);
-            Sync<HardEvent::MTE2_V>();
-            Cast(x, stage, RoundMode::CAST_RINT, n);
-            PipeBarrier<PIPE_V>();
-            Maxs(x, x, -1.0f, n);
-            PipeBarrier<PIPE_V>();
-            Mins(x, x, static_cast<float>(avsg::kReuseAgeMax), n);
-            PipeBarrier<PIPE_V>();
+            // clamped to [-1, 1022]: age + 1 needs no upper clamp (as in AgeAndPin)
+            victims_.HalfCopyLoad(base, n, static_cast<float>(avsg::kReuseAgeMax - 1), true);
             for (uint32_t off = 0; off < n; off += sub) {
                 const uint32_t k = MinU(sub, n - off), at = base + off;
                 const LocalTensor<float> life = x[off];
                 Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[at / 16], k / 16);
-                // one step older: min(age + 1, 1023) + min(age, 0), free slots (-1) stay free
+                // one step older: (age + 1) + min(age, 0), free slots (-1) stay free
                 Adds(tmp, life, 1.0f, k);
                 Mins(life, life, 0.0f, k);
-                PipeBarrier<PIPE_V>();
-                Mins(tmp, tmp, static_cast<float>(avsg::kReuseAgeMax), k);
                 PipeBarrier<PIPE_V>();
                 Add(life, life, tmp, k);
                 PipeBarrier<PIPE_V>();
@@ -151,14 +116,14 @@ public:
             Sync<HardEvent::V_MTE3>();
             DataCopy(sl.gm[base], stage, n);
         }
-        Sync<HardEvent::MTE3_V>();                // the stores read the stage (wIdx_ below)
+        // the stores read the stage (wIdx_ below): one MTE3_S, as the scalar unit issues every
+        // later instruction, vector and MTE2 alike (emulation/emu_hazard.h, "Scalar issue")
         Sync<HardEvent::MTE3_S>();
-        Sync<HardEvent::MTE3_MTE2>();
         ReduceMax(ctx_.wIdx_.ReinterpretCast<half>(), ctx_.sHalf_, ctx_.wSlot_.ReinterpretCast<half>(),
                   static_cast<int32_t>(ctx_.t_.capPad));
         Sync<HardEvent::V_S>();
+        // the search's first vector writer of wIdx_ waits on S_V (CountAgesAtLeast, SelectLru)
         victims_.maxAge_ = static_cast<int32_t>(static_cast<float>(ctx_.wIdx_.ReinterpretCast<half>().GetValue(0)));
-        Sync<HardEvent::V_S>();
     }
 
     // the context and the blocks this one calls

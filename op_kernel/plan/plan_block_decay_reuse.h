@@ -32,26 +32,8 @@ public:
             for (uint32_t off = 0; off < cnt; off += chunk) {
                 const uint32_t n = MinU(chunk, cnt - off);
                 LocalTensor<int32_t> life = sl.buf[off];
-                // age: clamp to [-1, 1023], then min(age+1, 1023) + min(age, 0): one step
-                // older, free slots (-1) stay free
-                Maxs(t1, life, -1, n);
-                PipeBarrier<PIPE_V>();
-                Mins(t1, t1, avsg::kReuseAgeMax, n);
-                PipeBarrier<PIPE_V>();
-                Adds(t2, t1, 1, n);
-                PipeBarrier<PIPE_V>();
-                Mins(t1, t1, 0, n);
-                PipeBarrier<PIPE_V>();
-                Mins(t2, t2, avsg::kReuseAgeMax, n);
-                PipeBarrier<PIPE_V>();
-                Add(t2, t2, t1, n);
-                PipeBarrier<PIPE_V>();
                 const uint32_t base = id * sl.wlen + off;
-                Cast(lifeF, t2, RoundMode::CAST_RINT, n);
-                Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[base / 16], n / 16);
-                PipeBarrier<PIPE_V>();
-                Select(lifeF, ctx_.mA_, lifeF, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // hits: age 0
-                PipeBarrier<PIPE_V>();
+                victims_.AgeAndPin(life, base, n, t1, ctx_.vKey_, t2, lifeF);
                 Cast(life, lifeF, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
                 heat_.CountHits(base, n);

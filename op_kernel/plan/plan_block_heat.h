@@ -161,6 +161,7 @@ public:
         int32_t step = ctx_.countUb_.GetValue(1);
         step = (step < 0 ? 0 : (step > avsg::kReuseHalveEvery - 1 ? avsg::kReuseHalveEvery - 1 : step)) + 1;
         if (step == avsg::kReuseHalveEvery) {
+            Sync<HardEvent::MTE3_V>();            // the row's output stores still read the aligned region
             HalveSection(ctx_.win_[avsg::SEC_SC], avsg::kReuseCountMax);
             HalveGhosts();
             step = 0;

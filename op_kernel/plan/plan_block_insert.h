@@ -2,9 +2,10 @@
 // buckets by all-probe gathers (the position each bucket's slot holds, hashed), the rounds on
 // the scalar unit (lowest j claims a free bucket), the winners written window by window; what
 // stays pending goes to the stash afterwards.
-// UB: vWant_/vMS_ (misses and their slots), vFirst_/vStride_/vB_ (hash), mKey_ (free, then
-// winner bits), claimBits_, pendBits_, the bucket_slot / slot_pos windows; GM: the workspace's
-// free / winner bits when there are several miss chunks.
+// UB: vWant_/vMS_ (misses and their slots), vFirst_/vStride_/vB_ (hash), wKey_ (one miss
+// chunk's buckets, kept through the rounds), mKey_ (free, then winner bits), claimBits_,
+// pendBits_, the bucket_slot / slot_pos windows, the other wide vectors as scratch; GM: the
+// workspace's free / winner bits when there are several miss chunks.
 #pragma once
 #include "plan_block_victims.h"
 
@@ -68,21 +69,28 @@ public:
         // B. rounds (vFirst_/vStride_/vWant_/vMS_/mKey_ still hold miss chunk 0). The free
         // bits of (round i, chunk c) are spent by that pass, so it overwrites them with its winners:
         // mKey_ (and, with several chunks, the workspace copy) ends up as per-probe winner bits.
+        // One miss chunk: its buckets, every probe's, are still in wKey_ (A kept them for
+        // FreeBuckets, which only reads them), so the rounds read them there and C copies them
+        // back: no per-probe pass (and its S_V / V_S pair) and no second Buckets.
+        const bool kept = chunks == 1;
         Duplicate(ctx_.claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), ctx_.t_.buckets / 16);
         Sync<HardEvent::V_S>();
         const LocalTensor<uint32_t> bits = freeInts.ReinterpretCast<uint32_t>();
         int32_t loaded = 0;
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            const LocalTensor<int32_t> bucket = kept ? ctx_.wKey_[i * ps] : ctx_.vB_;
             for (uint32_t c = 0; c < chunks; ++c) {
                 const uint32_t j0 = c * nc;
                 const uint32_t cnt = MinU(nc, m - j0);
-                if (loaded != static_cast<int32_t>(c)) {
-                    LoadInsertChunk(r, c, m);
-                    loaded = static_cast<int32_t>(c);
+                if (!kept) {
+                    if (loaded != static_cast<int32_t>(c)) {
+                        LoadInsertChunk(r, c, m);
+                        loaded = static_cast<int32_t>(c);
+                    }
+                    Sync<HardEvent::S_V>();       // the previous pass's scalar reads of vB_
+                    probe_.Probe(static_cast<int32_t>(i), ps);
+                    Sync<HardEvent::V_S>();
                 }
-                Sync<HardEvent::S_V>();           // the previous pass's scalar reads of vB_
-                probe_.Probe(static_cast<int32_t>(i), ps);
-                Sync<HardEvent::V_S>();
                 // 32 misses per step: candidates = pending & bucket free, lowest j first (j0 is a
                 // multiple of 32; pending bits past m are 0)
                 for (uint32_t w = 0; w < (cnt + 31) / 32; ++w) {
@@ -93,7 +101,7 @@ public:
                     uint32_t won = 0;
                     for (; cand != 0; cand &= cand - 1u) {
                         const uint32_t bit = LowestBit(cand);
-                        const uint32_t b = static_cast<uint32_t>(ctx_.vB_.GetValue(w * 32 + bit));
+                        const uint32_t b = static_cast<uint32_t>(bucket.GetValue(w * 32 + bit));
                         if (ctx_.WordBit(ctx_.claimBits_, b)) continue;
                         ctx_.SetWordBit(ctx_.claimBits_, b);
                         won |= 1u << bit;
@@ -110,7 +118,7 @@ public:
             }
         }
         // C. write the winners' slots, window by window: for each miss chunk, recompute its
-        // buckets and, per window and probe, compact the winners (offset in the window, slot) by
+        // buckets (one chunk: copy them from wKey_) and, per window and probe, compact the winners (offset in the window, slot) by
         // GatherMask.
         for (uint32_t c = 0; c < chunks; ++c) {
             const uint32_t cnt = MinU(nc, m - c * nc);
@@ -119,7 +127,12 @@ public:
                 loaded = static_cast<int32_t>(c);
             }
             Sync<HardEvent::S_V>();               // scalar reads / writes of vB_ and the bits
-            probe_.Buckets();
+            if (kept) {
+                Adds(ctx_.wIdx_, ctx_.wKey_, 0, probe_.ProbeLanes());
+                PipeBarrier<PIPE_V>();
+            } else {
+                probe_.Buckets();
+            }
             probe_.SplitIdx(bs, ctx_.wIdx_);
             WriteWinners(bs, ctx_.vMS_, cnt);          // their slots to bucket_slot
         }
@@ -218,27 +231,31 @@ public:
         Sync<HardEvent::MTE2_V>();
         probe_.Hash(ctx_.vWant_, ctx_.t_.nc);
     }
-    // Probe i's winners among the first cnt misses (winner bits of probe i in bits) compacted
-    // into wSlot_: their wIdx_ lanes at [0, got), their values at [nc, nc + got). Returns got.
-    __aicore__ inline uint32_t CompactWinners(const LocalTensor<uint8_t>& bits, uint32_t i,
-                                              const LocalTensor<int32_t>& values, uint32_t cnt) {
-        const uint32_t nc = ctx_.t_.nc, ps = ctx_.probeStride_;
-        const LocalTensor<uint32_t> pat = ctx_.U32(bits[i * ps / 8]);
-        uint64_t got = 0, got2 = 0;
+    // Every probe's winners among the first cnt misses (winner bits of probe i in bits) compacted
+    // at once: probe i's wIdx_ lanes to wSlot_[i*ps, i*ps + got[i]), their values to wTmp_[i*ps, ...)
+    // (got[i] <= cnt <= ps, so the lists stay apart; wTmp_ is idle once SplitIdx has run). One
+    // S_V / V_S pair for all probes, not one per probe.
+    __aicore__ inline void CompactWinners(const LocalTensor<uint8_t>& bits, const LocalTensor<int32_t>& values,
+                                          uint32_t cnt, uint32_t* got) {
+        const uint32_t ps = ctx_.probeStride_;
         Sync<HardEvent::S_V>();                   // scalar reads of the previous lists
         PipeBarrier<PIPE_V>();                    // and the previous GatherMasks' writes
-        GatherMask(ctx_.wSlot_, ctx_.wIdx_[i * ps], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got);
-        if (got == 0) return 0;
-        GatherMask(ctx_.wSlot_[nc], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), got2);
-        Sync<HardEvent::V_S>();
-        return static_cast<uint32_t>(got);
+        bool any = false;
+        for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
+            const LocalTensor<uint32_t> pat = ctx_.U32(bits[i * ps / 8]);
+            uint64_t n = 0, n2 = 0;
+            GatherMask(ctx_.wSlot_[i * ps], ctx_.wIdx_[i * ps], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), n);
+            if (n) GatherMask(ctx_.wTmp_[i * ps], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), n2);
+            got[i] = static_cast<uint32_t>(n);
+            any = any || n != 0;
+        }
+        if (any) Sync<HardEvent::V_S>();
     }
     // One bucket section's entries of this chunk's winners (mKey_: per-probe winner bits; wIdx_:
     // the probe buckets as in-window byte offsets of w, wWin_: their windows): values[j] for the
     // winner j, resident window first.
     __aicore__ inline void WriteWinners(Win& w, const LocalTensor<int32_t>& values, uint32_t cnt) {
-        const uint32_t nc = ctx_.t_.nc, n = probe_.ProbeLanes();
-        const LocalTensor<int32_t> cOff = ctx_.wSlot_, cVal = ctx_.wSlot_[nc];   // CompactWinners' lists
+        const uint32_t ps = ctx_.probeStride_, n = probe_.ProbeLanes();
         const int32_t first = probe_.FirstWin(w);
         for (uint32_t k = 0; k < w.nwin; ++k) {
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
@@ -250,13 +267,14 @@ public:
                 PipeBarrier<PIPE_V>();
                 sel = ctx_.mTmp_;
             }
+            uint32_t got[avsg::kPlanProbes];
+            CompactWinners(sel, values, cnt, got);
             for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
-                const uint32_t got = CompactWinners(sel, i, values, cnt);
-                if (got == 0) continue;
+                if (got[i] == 0) continue;
                 ctx_.Ensure(w, id);
-                for (uint32_t q = 0; q < got; ++q) {
-                    const uint32_t idx = static_cast<uint32_t>(cOff.GetValue(q)) >> 2;
-                    w.buf.SetValue(idx, cVal.GetValue(q));
+                for (uint32_t q = 0; q < got[i]; ++q) {
+                    const uint32_t idx = static_cast<uint32_t>(ctx_.wSlot_.GetValue(i * ps + q)) >> 2;
+                    w.buf.SetValue(idx, ctx_.wTmp_.GetValue(i * ps + q));
                     WinMark(w, idx);
                 }
             }

@@ -87,13 +87,13 @@ public:
         if (!aLive || !bLive) return aLive || (!bLive && a < b);
         return ka < kb || (ka == kb && a < b);
     }
+    // Run c's next head block: the copies only; the caller orders them after the block's last
+    // readers and before its scalar reads (Start: every run's between one pair of syncs).
     __aicore__ inline void Refill(PlanMerger& g, uint32_t c) {
         const uint32_t n = MinU(g.hlen, g.len[c] - g.pos[c]);
-        Sync<HardEvent::S_MTE2>();
         LoadInts(ctx_.heads_[g.keyBase + c * g.hlen], ctx_.wsGm_[g.keyOff + c * ctx_.t_.nc + g.pos[c]], n, 0);
         if (g.pay)
             LoadInts(ctx_.heads_[g.payBase + c * g.hlen], ctx_.wsGm_[g.payOff + c * ctx_.t_.nc + g.pos[c]], n, 0);
-        Sync<HardEvent::MTE2_S>();
         g.bpos[c] = 0;
         g.blen[c] = n;
     }
@@ -148,6 +148,7 @@ public:
         g.leaves = 1;
         while (g.leaves < g.runs) g.leaves <<= 1;
         Sync<HardEvent::MTE3_MTE2>();   // runs were just stored
+        Sync<HardEvent::S_MTE2>();      // scalar reads of the head space (an earlier merge)
         for (uint32_t c = 0; c < g.leaves; ++c) {
             if (c >= g.runs) g.len[c] = 0;
             g.pos[c] = 0;
@@ -155,6 +156,7 @@ public:
             g.bpos[c] = 0;
             if (g.len[c] > 0) Refill(g, c);
         }
+        Sync<HardEvent::MTE2_S>();
         if (g.leaves <= kScanRuns) {
             Scan(g);
             return;
@@ -182,14 +184,21 @@ public:
         g.bpos[c]++;
         if (g.bpos[c] == g.blen[c]) {
             if (g.out) {
-                Sync<HardEvent::S_MTE3>();
+                Sync<HardEvent::S_MTE3>();        // Emit's writes
                 const uint32_t first = g.pos[c] - g.blen[c];   // the block's first entry in its run
                 StoreInts(ctx_.wsGm_[g.outOff + c * ctx_.t_.nc + first], ctx_.heads_[g.keyBase + c * g.hlen],
                           g.blen[c]);
-                Sync<HardEvent::MTE3_MTE2>();
-                Sync<HardEvent::MTE3_S>();
             }
-            if (g.pos[c] < g.len[c]) Refill(g, c);
+            if (g.pos[c] < g.len[c]) {
+                // the refill overwrites the block: after its scalar reads, and after the store that
+                // reads it (S -> MTE3 -> MTE2 is a chain: one flag covers both)
+                if (g.out) Sync<HardEvent::MTE3_MTE2>();
+                else Sync<HardEvent::S_MTE2>();
+                Refill(g, c);
+                Sync<HardEvent::MTE2_S>();
+            } else if (g.out) {
+                Sync<HardEvent::MTE3_S>();        // the block's next scalar writer (a later merge)
+            }
         }
         Replay(g, c);
     }

@@ -17,63 +17,85 @@ public:
     // Classify stored every chunk's match (final for hits and invalid lanes) and its sorted miss
     // run's lanes; MergeMisses stored each run entry's index j in miss_pos (or -2 - slot for a
     // stash hit). So a missed lane's slot is miss_slots[j], with j ascending along the run: one
-    // pass per chunk with misses, miss_slots streamed in nc blocks, no second lookup.
+    // pass over the chunks with misses, miss_slots streamed in nc blocks, no second lookup.
+    // The chunks go in groups of kPlanProbes (a wide vector holds their slots; their run lanes and
+    // indices the other two): per group one load of the stored slots from its first chunk with
+    // misses to its last, one store back, and one set of syncs, not one per chunk. The stats ride
+    // on the first group's loads. miss_slots block: vMS_ holds one already where the insert or the
+    // stash left it (LoadMisses), the only one when m <= nc.
     __aicore__ inline void OutputMisses(uint32_t r, uint32_t m) {
-        const uint32_t nc = ctx_.t_.nc;
+        const uint32_t nc = ctx_.t_.nc, group = avsg::kPlanProbes;
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
-        const LocalTensor<int32_t> out = ctx_.wKey_;   // the chunk's slots
-        const LocalTensor<int32_t> lanes = ctx_.vT1_, js = ctx_.vT2_, block = ctx_.vMS_;
-        ctx_.missChunk_ = -1;
-        Sync<HardEvent::V_S>();                   // vector reads/writes of these buffers so far
-        Sync<HardEvent::V_MTE2>();
-        for (uint32_t c = 0; c < ctx_.t_.numChunks; ++c) {
-            const uint32_t len = classify_.missRuns_.len[c];
-            if (len == 0) continue;
-            const uint32_t n = MinU(nc, ctx_.t_.N - c * nc);
-            Sync<HardEvent::S_MTE2>();
-            Sync<HardEvent::MTE3_MTE2>();
-            LoadInts(out, ctx_.slotsGm_[rowN + c * nc], n, 0);
-            LoadInts(lanes, ctx_.wsGm_[ctx_.t_.wsRunLaneOff + c * nc], len, 0);
-            LoadInts(js, ctx_.wsGm_[ctx_.t_.wsMissOff + c * nc], len, 0);
+        const LocalTensor<int32_t> out = ctx_.wKey_, lanes = ctx_.wIdx_, js = ctx_.wWin_, block = ctx_.vMS_;
+        int32_t cur = ctx_.missChunk_;            // miss_slots block in `block`, -1: none
+        ctx_.missChunk_ = -1;                     // vMS_ may move to another block below
+        bool statsLoaded = false;
+        for (uint32_t c0 = 0; c0 < ctx_.t_.numChunks; c0 += group) {
+            uint32_t lo = c0 + group, hi = c0;    // the group's chunks with misses lie in [lo, hi)
+            for (uint32_t c = c0; c < MinU(c0 + group, ctx_.t_.numChunks); ++c) {
+                if (classify_.missRuns_.len[c] == 0) continue;
+                lo = MinU(lo, c);
+                hi = c + 1;
+            }
+            if (lo >= hi) continue;
+            const uint32_t first = lo * nc, n = MinU(hi * nc, ctx_.t_.N) - first;
+            if (!statsLoaded) Sync<HardEvent::V_MTE2>();   // vector work on these buffers so far
+            Sync<HardEvent::S_MTE2>();            // the previous group's scalar accesses
+            Sync<HardEvent::MTE3_MTE2>();         // the chunks' stores (classify; the previous group's)
+            LoadInts(out, ctx_.slotsGm_[rowN + first], n, 0);
+            for (uint32_t c = lo; c < hi; ++c) {
+                const uint32_t len = classify_.missRuns_.len[c];
+                LoadInts(lanes[(c - lo) * nc], ctx_.wsGm_[ctx_.t_.wsRunLaneOff + c * nc], len, 0);
+                LoadInts(js[(c - lo) * nc], ctx_.wsGm_[ctx_.t_.wsMissOff + c * nc], len, 0);
+            }
+            if (!statsLoaded) LoadStats(r);
+            statsLoaded = true;
             Sync<HardEvent::MTE2_S>();
-            int32_t cur = -1;                     // miss_slots block in `block`
-            for (uint32_t e = 0; e < len; ++e) {
-                const int32_t code = js.GetValue(e);
-                if (code < 0) {                   // stash hit
-                    out.SetValue(static_cast<uint32_t>(lanes.GetValue(e)), -2 - code);
-                    continue;
+            for (uint32_t c = lo; c < hi; ++c) {
+                const uint32_t at = (c - lo) * nc;   // the chunk's lanes in out / lanes / js
+                for (uint32_t e = 0; e < classify_.missRuns_.len[c]; ++e) {
+                    const int32_t code = js.GetValue(at + e);
+                    const uint32_t lane = at + static_cast<uint32_t>(lanes.GetValue(at + e));
+                    if (code < 0) {               // stash hit
+                        out.SetValue(lane, -2 - code);
+                        continue;
+                    }
+                    const uint32_t j = static_cast<uint32_t>(code);
+                    const int32_t blk = static_cast<int32_t>(j / nc);
+                    if (blk != cur) {
+                        Sync<HardEvent::S_MTE2>();
+                        LoadInts(block, ctx_.missSlotsGm_[rowN + static_cast<uint32_t>(blk) * nc],
+                                 MinU(nc, m - static_cast<uint32_t>(blk) * nc), 0);
+                        Sync<HardEvent::MTE2_S>();
+                        cur = blk;
+                    }
+                    out.SetValue(lane, block.GetValue(j - static_cast<uint32_t>(blk) * nc));
                 }
-                const uint32_t j = static_cast<uint32_t>(code);
-                const int32_t blk = static_cast<int32_t>(j / nc);
-                if (blk != cur) {
-                    Sync<HardEvent::S_MTE2>();
-                    LoadInts(block, ctx_.missSlotsGm_[rowN + static_cast<uint32_t>(blk) * nc],
-                             MinU(nc, m - static_cast<uint32_t>(blk) * nc), 0);
-                    Sync<HardEvent::MTE2_S>();
-                    cur = blk;
-                }
-                const uint32_t inBlock = j - static_cast<uint32_t>(blk) * nc;
-                out.SetValue(static_cast<uint32_t>(lanes.GetValue(e)), block.GetValue(inBlock));
             }
             Sync<HardEvent::S_MTE3>();
-            StoreInts(ctx_.slotsGm_[rowN + c * nc], out, n);
-            Sync<HardEvent::MTE3_S>();
+            StoreInts(ctx_.slotsGm_[rowN + first], out, n);
         }
-        Sync<HardEvent::S_V>();                   // scalar reads of lanes / js / block before vector reuse
-        Sync<HardEvent::MTE3_V>();
+        if (!statsLoaded) {                       // no misses: the stats alone
+            Sync<HardEvent::S_MTE2>();
+            LoadStats(r);
+            Sync<HardEvent::MTE2_S>();
+        }
     }
-    // Step 4: every selection's slot, the unused tails of miss_pos / miss_slots, the stats, miss
+    // statsUb_ = the row's stats (int64 x 4, one 32 B copy)
+    __aicore__ inline void LoadStats(uint32_t r) {
+        DataCopy(ctx_.statsUb_, ctx_.statsGm_[static_cast<uint64_t>(r) * 4], 4);
+    }
+    // Step 4: the unused tails of miss_pos / miss_slots, every selection's slot, the stats, miss
     // count and stash count staged in UB; the policy's upkeep may stage more (reuse: the step
-    // word in countUb_) before WriteBack.
+    // word in countUb_) before WriteBack. The tails' -1s fill the aligned region that holds
+    // OutputMisses' buffers, so they go first: its loads wait for their stores anyway (the
+    // chunks' slots, stored by classify).
     __aicore__ inline void StoreResults(uint32_t r, uint32_t m) {
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
-        OutputMisses(r, m);
         const GlobalTensor<int32_t> tails[] = {ctx_.missPosGm_, ctx_.missSlotsGm_};
+        Sync<HardEvent::S_V>();                   // scalar accesses of the aligned region so far
         ctx_.FillTails(tails, 2, rowN, m, ctx_.t_.N);
-        Sync<HardEvent::MTE3_MTE2>();
-        Sync<HardEvent::MTE3_S>();
-        DataCopy(ctx_.statsUb_, ctx_.statsGm_[static_cast<uint64_t>(r) * 4], 4);
-        Sync<HardEvent::MTE2_S>();
+        OutputMisses(r, m);
         ctx_.statsUb_.SetValue(0, ctx_.statsUb_.GetValue(0) + ctx_.lookups_);
         ctx_.statsUb_.SetValue(1, ctx_.statsUb_.GetValue(1) + ctx_.hits_);
         ctx_.statsUb_.SetValue(2, ctx_.statsUb_.GetValue(2) + ctx_.misses_);
@@ -82,17 +104,19 @@ public:
         ctx_.countUb_.SetValue(0, static_cast<int32_t>(stash_.stashCount_));
     }
     // The row's end: the staged stats, miss count and stash count, and every dirty window written
-    // back.
+    // back, all behind one pair of syncs. One MTE3_S after them: the scalar unit issues every
+    // later instruction, so whatever comes next on any pipe starts after the stores
+    // (emulation/emu_hazard.h, "Scalar issue"); the vector pipe may still be reading a buffer
+    // the stores read, which is a read too.
     __aicore__ inline void WriteBack(uint32_t r) {
         const uint64_t rowState = static_cast<uint64_t>(r) * ctx_.t_.width;
+        Sync<HardEvent::V_MTE3>();                // windows a vector wrote
         Sync<HardEvent::S_MTE3>();
         DataCopy(ctx_.statsGm_[static_cast<uint64_t>(r) * 4], ctx_.statsUb_, 4);
         StoreInts(ctx_.missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], ctx_.scalarUb_, 1);
         DataCopy(ctx_.stateGm_[rowState + ctx_.t_.stashCountOff], ctx_.countUb_, avsg::kStashCountPad);
-        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) ctx_.Flush(ctx_.win_[s]);
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) WinCopyBack(ctx_.win_[s]);
         Sync<HardEvent::MTE3_S>();
-        Sync<HardEvent::MTE3_V>();
-        Sync<HardEvent::MTE3_MTE2>();
     }
 
     // the context and the blocks this one calls

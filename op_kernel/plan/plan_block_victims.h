@@ -41,9 +41,70 @@ public:
             Sync<HardEvent::V_MTE3>();
             DataCopy(sl.gm[base], stage, n);
         }
-        Sync<HardEvent::MTE3_V>();
+        // one MTE3_S: the scalar unit issues every later instruction, vector and MTE2 alike
+        // (emulation/emu_hazard.h, "Scalar issue")
         Sync<HardEvent::MTE3_S>();
-        Sync<HardEvent::MTE3_MTE2>();
+    }
+    // lru and reuse: lifeF[0:n] = the ages in life one step older, the hits (hitBits_ from slot
+    // base on) at age 0; aged[0:n] = the same before the pins (int32: reuse's CountHits reads
+    // them). One step older is min(age + 1, 1023) + min(age, 0) on ages clamped to [-1, 1023]:
+    // free slots (-1) stay free. Clamped to [-1, 1022] instead, age + 1 needs no upper clamp
+    // (1023 -> 1022 + 1), and its two terms are independent (t3 apart from t1): four dependency
+    // levels before the Cast, not six. Scratch: t1 (lifeF may alias it), t3, mA_.
+    __aicore__ inline void AgeAndPin(const LocalTensor<int32_t>& life, uint32_t base, uint32_t n,
+                                     const LocalTensor<int32_t>& t1, const LocalTensor<int32_t>& t3,
+                                     const LocalTensor<int32_t>& aged, const LocalTensor<float>& lifeF) {
+        Maxs(t1, life, -1, n);
+        PipeBarrier<PIPE_V>();
+        Mins(t1, t1, avsg::kReuseAgeMax - 1, n);
+        PipeBarrier<PIPE_V>();
+        Adds(aged, t1, 1, n);
+        Mins(t3, t1, 0, n);
+        PipeBarrier<PIPE_V>();
+        Add(aged, aged, t3, n);
+        PipeBarrier<PIPE_V>();
+        Cast(lifeF, aged, RoundMode::CAST_RINT, n);
+        Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[base / 16], n / 16);
+        PipeBarrier<PIPE_V>();
+        Select(lifeF, ctx_.mA_, lifeF, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // hits: age 0
+        PipeBarrier<PIPE_V>();
+    }
+    // The half copy's pass (DecayInHalf of lifetime and lru), its start: slot_life's window
+    // written back (a drop or a freed padding slot) and left empty, as the section moves in as
+    // whole stretches; the copy's tail past the padded slots set to `tail` (no candidate).
+    __aicore__ inline void HalfCopyBegin(float tail) {
+        Win& sl = ctx_.win_[avsg::SEC_SL];
+        freeSlots_ = 0;
+        ctx_.Flush(sl);
+        sl.cur = -1;
+        const uint32_t padded = avsg::RoundUp(ctx_.t_.capPad, kHalfCopyLanes);
+        Sync<HardEvent::S_V>();
+        if (padded > ctx_.t_.capPad)
+            Duplicate(ctx_.sHalf_[ctx_.t_.capPad], static_cast<half>(tail), padded - ctx_.t_.capPad);
+    }
+    // Its stretch [base, base + n): slot_life moves into wPair_ and, as float there, is clamped to
+    // [-1, hi] (exact at the bounds, monotone elsewhere: the same as clamping the int32). stored:
+    // the previous stretch went back to GM from wPair_ (lru), after a V_MTE3, so one MTE3_MTE2
+    // orders its vector reads too (V -> MTE3 -> MTE2); the stretches touch no UB by scalar.
+    __aicore__ inline void HalfCopyLoad(uint32_t base, uint32_t n, float hi, bool stored) {
+        const LocalTensor<int32_t> stage = ctx_.wPair_;
+        const LocalTensor<float> x = stage.ReinterpretCast<float>();
+        if (base == 0) {
+            Sync<HardEvent::V_MTE2>();            // the step's vector reads of the wide vectors
+            Sync<HardEvent::S_MTE2>();            // and its scalar reads / writes
+        } else if (stored) {
+            Sync<HardEvent::MTE3_MTE2>();         // the previous stretch's store and vector reads
+        } else {
+            Sync<HardEvent::V_MTE2>();            // the previous stretch's vector reads
+        }
+        DataCopy(stage, ctx_.win_[avsg::SEC_SL].gm[base], n);
+        Sync<HardEvent::MTE2_V>();
+        Cast(x, stage, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+        Maxs(x, x, -1.0f, n);
+        PipeBarrier<PIPE_V>();
+        Mins(x, x, hi, n);
+        PipeBarrier<PIPE_V>();
     }
     static constexpr uint32_t kLruThresholds = 8;          // per pass: V(1) holds 8 wide masks
     static constexpr int32_t kLruFreeKey = avsg::kReuseAgeMax + 1;

@@ -44,13 +44,19 @@ public:
         // free slots (level -1) it jumps again, to the lowest life held (below).
         const int32_t low = compact ? HalfCopyLowestLife() : victims_.lowestLife_;
         const int32_t lv0 = low < static_cast<int32_t>(ctx_.t_.lifetime) ? (low < -1 ? -1 : low) : 0;
+        // A chunk that takes no victim touches no UB by scalar (GatherMask's count needs no
+        // sync): the next one then needs only a barrier (its Adds / compare rewrite what this
+        // one's GatherMask reads), not the S_V / V_S pair around the scalar installs.
+        bool touched = true;                      // scalar UB accesses since the last S_V
         for (int32_t lv = lv0; lv < static_cast<int32_t>(ctx_.t_.lifetime) && have < m; ++lv) {
             for (uint32_t part = 0; part < 2 && have < m; ++part) {
                 const uint32_t lo = part == 0 ? hand : 0u, hi = part == 0 ? ctx_.activeCap_ : hand;
                 // chunks of nc slots, or of a whole window where windows are shorter
                 const uint32_t grid = compact ? nc : MinU(nc, sl.wlen);
                 for (uint32_t base = lo - lo % grid, n = 0; base < hi && have < m; base += n) {
-                    Sync<HardEvent::S_V>();       // the previous chunk's scalar vT2_ reads, copy writes
+                    if (touched) Sync<HardEvent::S_V>();   // the previous chunk's vT2_ reads, copy writes
+                    else PipeBarrier<PIPE_V>();
+                    touched = false;
                     if (compact) {
                         n = MinU(nc, ctx_.t_.capPad - base);
                         CompareScalar(ctx_.mA_, ctx_.sHalf_[base], static_cast<half>(static_cast<float>(lv)),
@@ -67,9 +73,10 @@ public:
                     if (base < lo || base + n > hi) KeepSlotsIn(lo, hi, n);
                     uint64_t got = 0;
                     GatherMask(ctx_.vT2_, ctx_.vT1_, ctx_.U32(ctx_.mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
-                    Sync<HardEvent::V_S>();
                     const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
                     if (take) {
+                        touched = true;
+                        Sync<HardEvent::V_S>();
                         Sync<HardEvent::V_MTE3>();
                         StoreInts(ctx_.missSlotsGm_[rowN + have], ctx_.vT2_, take);
                         Sync<HardEvent::MTE3_V>();

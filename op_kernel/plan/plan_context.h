@@ -206,7 +206,8 @@ public:
     }
     // Entries [from, to) of row rowN of each of the n outputs g[0..n) = -1. The -1s fill the
     // aligned region (sort region and wide vectors, contiguous and idle at a row's start and end)
-    // once, so a tail goes out in copies of up to fillLanes_ entries, not nc.
+    // once, so a tail goes out in copies of up to fillLanes_ entries, not nc. The caller orders
+    // the stores (MTE3) before the region's next writer.
     __aicore__ inline void FillTails(const GlobalTensor<int32_t>* g, uint32_t n, uint64_t rowN, uint32_t from,
                                      uint32_t to) {
         if (from >= to) return;
@@ -215,7 +216,6 @@ public:
         Sync<HardEvent::V_MTE3>();
         for (uint32_t k = 0; k < n; ++k)
             for (uint32_t j = from; j < to; j += lanes) StoreInts(g[k][rowN + j], fillUb_, MinU(lanes, to - j));
-        Sync<HardEvent::MTE3_V>();
     }
 
     // ---------------------------------------------------------------------- row framing
