@@ -105,6 +105,7 @@ public:
                 Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[at / 16], k / 16);
                 // decay: max(life - 1, min(life, 0)); a fresh slot (L+1) decays to L
                 Adds(tmp, life, -1.0f, k);
+                PipeBarrier<PIPE_V>();            // Mins below writes what Adds reads (write-after-read)
                 Mins(life, life, 0.0f, k);
                 PipeBarrier<PIPE_V>();
                 Max(life, life, tmp, k);

@@ -94,6 +94,7 @@ public:
                 Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[at / 16], k / 16);
                 // one step older: (age + 1) + min(age, 0), free slots (-1) stay free
                 Adds(tmp, life, 1.0f, k);
+                PipeBarrier<PIPE_V>();            // Mins below writes what Adds reads (write-after-read)
                 Mins(life, life, 0.0f, k);
                 PipeBarrier<PIPE_V>();
                 Add(life, life, tmp, k);
