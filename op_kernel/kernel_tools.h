@@ -65,6 +65,26 @@ __aicore__ inline void StoreInts(const GlobalTensor<int32_t>& dst, const LocalTe
     DataCopyExtParams p(1, n * 4, 0, 0, 0);
     DataCopyPad(dst, src, p);
 }
+// Two runs of n int32 in one copy (two blocks: a copy's issue costs as much as ~1.8 KB of data),
+// the second `ubPitch` int32 after the first in UB and `gmPitch` after it in GM (both >= n, and
+// ubPitch a multiple of 8). On the UB side block k starts at k * (AlignUp(len + pads, 32) +
+// stride * 32) (docs/npu.md, DataCopyPad), so the UB stride counts from the first run's padded
+// end; on the GM side the stride is the bytes between the end of one block and the next.
+__aicore__ inline void LoadIntPair(const LocalTensor<int32_t>& dst, const GlobalTensor<int32_t>& src, uint32_t n,
+                                   uint32_t ubPitch, uint32_t gmPitch, int32_t pad) {
+    if (n == 0) return;
+    const uint32_t padded = (n + 7) / 8 * 8;
+    DataCopyExtParams p(2, n * 4, (gmPitch - n) * 4, (ubPitch - padded) / 8, 0);
+    DataCopyPadExtParams<int32_t> padp(true, 0, static_cast<uint8_t>(padded - n), pad);
+    DataCopyPad(dst, src, p, padp);
+}
+__aicore__ inline void StoreIntPair(const GlobalTensor<int32_t>& dst, const LocalTensor<int32_t>& src, uint32_t n,
+                                    uint32_t ubPitch, uint32_t gmPitch) {
+    if (n == 0) return;
+    const uint32_t padded = (n + 7) / 8 * 8;
+    DataCopyExtParams p(2, n * 4, (ubPitch - padded) / 8, (gmPitch - n) * 4, 0);
+    DataCopyPad(dst, src, p);
+}
 
 // One UB window over a state section of the current row (software-managed, write-back): window
 // `cur` of `nwin` holds section entries [cur * wlen, cur * wlen + wlen), wlen = 2^wlog or the

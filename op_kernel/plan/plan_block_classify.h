@@ -56,10 +56,12 @@ public:
         const LocalTensor<uint32_t> lanes = ctx_.vT2_.ReinterpretCast<uint32_t>();
         merge_.SortAscending(ctx_.vSlot_, static_cast<uint32_t>(nMiss), &lanes);
         Sync<HardEvent::V_MTE3>();
-        StoreInts(ctx_.rowWs_[ctx_.t_.wsMissOff + c * nc], ctx_.sOutV_.template ReinterpretCast<int32_t>(),
-                  static_cast<uint32_t>(nMiss));
-        StoreInts(ctx_.rowWs_[ctx_.t_.wsRunLaneOff + c * nc], ctx_.sOutI_.template ReinterpretCast<int32_t>(),
-                  static_cast<uint32_t>(nMiss));
+        // the run's keys and lanes (sOutV_, then sOutI_ nc later: the sort region's last 2 nc
+        // lanes, a view of them from sHalf_) in one copy
+        const LocalTensor<int32_t> keysLanes = ctx_.sHalf_[2 * (avsg::kPlanSortVectors - 2) * nc]
+                                                   .template ReinterpretCast<int32_t>();
+        StoreIntPair(ctx_.rowWs_[ctx_.t_.wsMissOff + c * nc], keysLanes, static_cast<uint32_t>(nMiss), nc,
+                     ctx_.t_.wsRunLaneOff - ctx_.t_.wsMissOff);
         Sync<HardEvent::MTE3_V>();
     }
     // Scalar merge of the sorted miss runs with dedup -> miss_pos[0:M]. Returns M. Every run

@@ -26,7 +26,9 @@ public:
     __aicore__ inline void OutputMisses(uint32_t r, uint32_t m) {
         const uint32_t nc = ctx_.t_.nc, group = avsg::kPlanProbes;
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
-        const LocalTensor<int32_t> out = ctx_.wKey_, lanes = ctx_.wIdx_, js = ctx_.wWin_, block = ctx_.vMS_;
+        // js and lanes: wIdx_ and wWin_, one Wide() after the other (wPair_), so a run's two
+        // loads are one copy
+        const LocalTensor<int32_t> out = ctx_.wKey_, js = ctx_.wPair_, lanes = ctx_.wWin_, block = ctx_.vMS_;
         int32_t cur = ctx_.missChunk_;            // miss_slots block in `block`, -1: none
         ctx_.missChunk_ = -1;                     // vMS_ may move to another block below
         bool statsLoaded = false;
@@ -45,8 +47,9 @@ public:
             LoadInts(out, ctx_.slotsGm_[rowN + first], n, 0);
             for (uint32_t c = lo; c < hi; ++c) {
                 const uint32_t len = classify_.missRuns_.len[c];
-                LoadInts(lanes[(c - lo) * nc], ctx_.wsGm_[ctx_.t_.wsRunLaneOff + c * nc], len, 0);
-                LoadInts(js[(c - lo) * nc], ctx_.wsGm_[ctx_.t_.wsMissOff + c * nc], len, 0);
+                // the run's indices and lanes in one copy
+                LoadIntPair(js[(c - lo) * nc], ctx_.wsGm_[ctx_.t_.wsMissOff + c * nc], len,
+                            avsg::kPlanProbes * nc, ctx_.t_.wsRunLaneOff - ctx_.t_.wsMissOff, 0);
             }
             if (!statsLoaded) LoadStats(r);
             statsLoaded = true;
