@@ -19,6 +19,7 @@ __aicore__ inline void Sync() {
 }
 
 __aicore__ inline uint32_t MinU(uint32_t a, uint32_t b) { return a < b ? a : b; }
+__aicore__ inline uint32_t MaxU(uint32_t a, uint32_t b) { return a > b ? a : b; }
 // Index of the lowest set bit of x != 0 (plain scalar arithmetic, 5 steps).
 __aicore__ inline uint32_t LowestBit(uint32_t x) {
     uint32_t n = 0;

@@ -159,7 +159,7 @@ private:
                 const uint32_t n = probe_.PrepareWant(r, c);
                 dualMatch_.DualFound(c);
                 AVSG_PHASE(PlanPhase::kClassify);
-                classify_.Classify(r, c, n);
+                classify_.Classify(r, c, n, true);
             }
         } else {
             for (uint32_t c = 0; c < ctx_.t_.numChunks;) {   // a group of chunks, then each classified
@@ -169,7 +169,7 @@ private:
                     AVSG_PHASE(PlanPhase::kLookup);
                     const uint32_t n = hashMatch_.TakeChunk(c, k);
                     AVSG_PHASE(PlanPhase::kClassify);
-                    classify_.Classify(r, c, n);
+                    classify_.Classify(r, c, n, k + 1 == g);
                 }
             }
         }

@@ -1,10 +1,11 @@
 // plan_block_classify.h: classify. Per chunk, the match is split into hits (hit bitmap, stats)
-// and misses (a sorted run in the workspace; the chunk's slots stored as they are), then the runs
-// are merged with dedup into miss_pos, looking each distinct miss up in the sorted stash on the
-// way (MergeMisses).
+// and misses (the chunk's slots stored as they are); the misses of up to kPlanProbes consecutive
+// chunks of a lookup group make one sorted run in the workspace; then the runs are merged with
+// dedup into miss_pos, looking each distinct miss up in the sorted stash on the way
+// (MergeMisses).
 // UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_, hitBytes_ (hitBits_ in MergeMisses),
-// vT1_/vT2_/vKey_/vSlot_ and the sort region. GM: slots, miss_pos, the workspace's miss runs and
-// their lanes.
+// vT1_/vT2_/vKey_/vSlot_, the upper half of wSlot_ (a run being gathered, across the chunks of a
+// group) and the sort region. GM: slots, miss_pos, the workspace's miss runs and their lanes.
 #pragma once
 #include "plan_block_dual_match.h"
 
@@ -14,10 +15,12 @@ class PlanBlockClassify {
 public:
     __aicore__ inline explicit PlanBlockClassify(PlanContext& ctx, PlanBlockMerge& merge, PlanBlockStash& stash)
         : ctx_(ctx), merge_(merge), stash_(stash) {}
-    // Counts, hit bitmap and the chunk's sorted miss run (workspace run c). The match is stored
-    // as the chunk's slots (final for hits and invalid lanes) with the run's lanes (the sort's
-    // payload), so OutputMisses patches just the missed lanes.
-    __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n) {
+    // Counts, hit bitmap and the chunk's misses, into a sorted miss run (workspace run c, or the
+    // run of an earlier chunk of the group this one joins). The match is stored as the chunk's
+    // slots (final for hits and invalid lanes) with the run's lanes (the sort's payload, counted
+    // from the run's first chunk), so OutputMisses patches just the missed lanes. groupEnds: the
+    // caller looks up no more chunks of this group (a run never spans two groups).
+    __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n, bool groupEnds) {
         const uint32_t nc = ctx_.t_.nc;
         Cast(ctx_.vFoundI_, ctx_.vFoundF_, RoundMode::CAST_RINT, nc);
         CompareScalar(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
@@ -47,22 +50,74 @@ public:
         } else {
             ctx_.MarkHits(hit16, static_cast<uint32_t>(nHit));
         }
-        missRuns_.len[c] = static_cast<uint32_t>(nMiss);
+        missRuns_.len[c] = 0;
+        runChunks_[c] = 1;
         Sync<HardEvent::V_MTE3>();
         StoreInts(ctx_.slotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + c * nc], ctx_.vFoundI_, n);
-        if (nMiss == 0) Sync<HardEvent::MTE3_V>();
-        if (nMiss == 0) return;
-        Sync<HardEvent::S_V>();
+        const uint32_t misses = static_cast<uint32_t>(nMiss);
         const LocalTensor<uint32_t> lanes = ctx_.vT2_.ReinterpretCast<uint32_t>();
-        merge_.SortAscending(ctx_.vSlot_, static_cast<uint32_t>(nMiss), &lanes);
+        if (misses > 0) {
+            Sync<HardEvent::S_V>();               // MarkHits' scalar reads before vector writes
+            if (ctx_.split_ > 1 || misses > kRunSlot) {   // a run of its own: a split row's chunks
+                CloseRun();                                // are not consecutive; too many to stage
+                StoreRun(c, 1, ctx_.vSlot_, lanes, misses, misses);
+            } else if (runFirst_ < 0 && groupEnds) {       // a run of this chunk alone: no staging
+                StoreRun(c, 1, ctx_.vSlot_, lanes, misses, misses);
+            } else {
+                if (runFirst_ >= 0 && c - static_cast<uint32_t>(runFirst_) >= avsg::kPlanProbes) CloseRun();
+                JoinRun(c, misses);
+            }
+        }
+        if (groupEnds) CloseRun();
+        Sync<HardEvent::MTE3_V>();                // the slots' store before vFoundI_ is rewritten
+    }
+
+    // ---------------------------------------------------------------------- runs of a group
+    // A sorted run costs a sort (a chain of 8 vector instructions, whatever its length) and a
+    // copy, and each run is one more way for MergeMisses and one more copy each way for
+    // OutputMisses: at T = 4 a chunk has a few misses. So the misses of up to kPlanProbes
+    // consecutive chunks are staged in the upper half of wSlot_ (idle from a group's lookup to its
+    // last chunk), chunk k of the run at lane k * kRunSlot (32 B aligned), the rest of the stage
+    // holding a key above any position, and sorted once: the run's keys ascend, then the fillers.
+    static constexpr uint32_t kRunSlot = avsg::kPlanChunk / avsg::kPlanProbes;
+    __aicore__ inline LocalTensor<int32_t> RunKeys() { return ctx_.wSlot_[2 * ctx_.t_.nc]; }
+    __aicore__ inline LocalTensor<int32_t> RunLanes() { return ctx_.wSlot_[3 * ctx_.t_.nc]; }
+    __aicore__ inline void JoinRun(uint32_t c, uint32_t misses) {
+        if (runFirst_ < 0) {
+            runFirst_ = static_cast<int32_t>(c);
+            runLen_ = 0;
+            Duplicate(RunKeys(), kRunFiller, ctx_.t_.nc);
+            PipeBarrier<PIPE_V>();
+        }
+        const uint32_t k = c - static_cast<uint32_t>(runFirst_);
+        Adds(RunKeys()[k * kRunSlot], ctx_.vSlot_, 0, misses);
+        Adds(RunLanes()[k * kRunSlot], ctx_.vT2_, static_cast<int32_t>(k * ctx_.t_.nc), misses);   // from the run's start
+        PipeBarrier<PIPE_V>();
+        runLen_ += misses;
+        runSpan_ = k + 1;
+    }
+    __aicore__ inline void CloseRun() {
+        if (runFirst_ < 0) return;
+        const LocalTensor<uint32_t> lanes = RunLanes().ReinterpretCast<uint32_t>();
+        StoreRun(static_cast<uint32_t>(runFirst_), runSpan_, RunKeys(), lanes, runSpan_ * kRunSlot, runLen_);
+        runFirst_ = -1;
+    }
+    // Sorts `sorted` staged keys with their lanes and stores the first `len` as run c, which
+    // covers chunks c .. c + chunks - 1.
+    __aicore__ inline void StoreRun(uint32_t c, uint32_t chunks, const LocalTensor<int32_t>& keys,
+                                    const LocalTensor<uint32_t>& lanes, uint32_t sorted, uint32_t len) {
+        const uint32_t nc = ctx_.t_.nc;
+        merge_.SortAscending(keys, sorted, &lanes);
         Sync<HardEvent::V_MTE3>();
         // the run's keys and lanes (sOutV_, then sOutI_ nc later: the sort region's last 2 nc
         // lanes, a view of them from sHalf_) in one copy
         const LocalTensor<int32_t> keysLanes = ctx_.sHalf_[2 * (avsg::kPlanSortVectors - 2) * nc]
                                                    .template ReinterpretCast<int32_t>();
-        StoreIntPair(ctx_.rowWs_[ctx_.t_.wsMissOff + c * nc], keysLanes, static_cast<uint32_t>(nMiss), nc,
+        StoreIntPair(ctx_.rowWs_[ctx_.t_.wsMissOff + c * nc], keysLanes, len, nc,
                      ctx_.t_.wsRunLaneOff - ctx_.t_.wsMissOff);
         Sync<HardEvent::MTE3_V>();
+        missRuns_.len[c] = len;
+        runChunks_[c] = chunks;
     }
     // Scalar merge of the sorted miss runs with dedup -> miss_pos[0:M]. Returns M. Every run
     // entry's key is replaced by its index j in miss_pos (workspace, run layout): OutputMisses
@@ -113,7 +168,11 @@ public:
         return m;
     }
 
-    PlanMerger missRuns_;                    // the chunks' sorted miss runs
+    PlanMerger missRuns_;                    // the sorted miss runs: run c at chunk c (len 0: none)
+    uint32_t runChunks_[avsg::kPlanMaxRuns];  // the chunks run c covers (c .. c + runChunks_[c] - 1)
+    int32_t runFirst_ = -1;                  // the first chunk of the run being staged, -1: none
+    uint32_t runLen_ = 0, runSpan_ = 0;      // its misses so far, its chunks so far
+    static constexpr int32_t kRunFiller = 1 << 30;   // above any position: sorts after the run
 
     // the context and the blocks this one calls
     PlanContext& ctx_;

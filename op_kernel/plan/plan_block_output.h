@@ -33,11 +33,11 @@ public:
         ctx_.missChunk_ = -1;                     // vMS_ may move to another block below
         bool statsLoaded = false;
         for (uint32_t c0 = 0; c0 < ctx_.t_.numChunks; c0 += group) {
-            uint32_t lo = c0 + group, hi = c0;    // the group's chunks with misses lie in [lo, hi)
+            uint32_t lo = c0 + group, hi = c0;    // the chunks the group's runs cover lie in [lo, hi)
             for (uint32_t c = c0; c < MinU(c0 + group, ctx_.t_.numChunks); ++c) {
                 if (classify_.missRuns_.len[c] == 0) continue;
                 lo = MinU(lo, c);
-                hi = c + 1;
+                hi = MaxU(hi, c + classify_.runChunks_[c]);   // a run stays inside its group
             }
             if (lo >= hi) continue;
             const uint32_t first = lo * nc, n = MinU(hi * nc, ctx_.t_.N) - first;

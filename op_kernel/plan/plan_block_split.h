@@ -31,7 +31,7 @@ public:
         if (ctx_.StartRow(r)) {
             for (uint32_t c = ctx_.part_; c < ctx_.t_.numChunks;) {   // only the hash plan splits a row
                 const uint32_t g = hashMatch_.LookupGroup(r, c, ctx_.split_);
-                for (uint32_t k = 0; k < g; ++k, c += ctx_.split_) classify_.Classify(r, c, hashMatch_.TakeChunk(c, k));
+                for (uint32_t k = 0; k < g; ++k, c += ctx_.split_) classify_.Classify(r, c, hashMatch_.TakeChunk(c, k), true);
             }
             ctx_.HitBytesToBits();
             const LocalTensor<int32_t> head = ctx_.vFoundI_;
@@ -73,8 +73,10 @@ public:
             ctx_.lookups_ += head.GetValue(0);
             ctx_.hits_ += head.GetValue(1);
             ctx_.misses_ += head.GetValue(2);
-            for (uint32_t c = p; c < ctx_.t_.numChunks; c += ctx_.split_)
+            for (uint32_t c = p; c < ctx_.t_.numChunks; c += ctx_.split_) {   // a part's run: one chunk
                 classify_.missRuns_.len[c] = static_cast<uint32_t>(head.GetValue(avsg::kPlanPartHead + c));
+                classify_.runChunks_[c] = 1;
+            }
             PipeBarrier<PIPE_V>();
             Sync<HardEvent::V_S>();
         }
