@@ -29,8 +29,8 @@ public:
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mC_), ctx_.U16(ctx_.mC_), ctx_.U16(ctx_.mA_), nc / 16);             // miss = valid & not hit
         PipeBarrier<PIPE_V>();
-        uint64_t nValid = 0, nHit = 0, nMiss = 0, nLanes = 0;
-        GatherMask(ctx_.vT1_, ctx_.vWant_, ctx_.U32(ctx_.mA_), true, nc, GatherMaskParams(1, 1, 8, 0), nValid);
+        // a hit is valid (no matcher finds an invalid lane), so the valid lanes are hits + misses
+        uint64_t nHit = 0, nMiss = 0, nLanes = 0;
         GatherMask(ctx_.vKey_, ctx_.vFoundI_, ctx_.U32(ctx_.mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
         GatherMask(ctx_.vSlot_, ctx_.vWant_, ctx_.U32(ctx_.mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
         GatherMask(ctx_.vT2_, ctx_.vLane_, ctx_.U32(ctx_.mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
@@ -40,7 +40,7 @@ public:
         PipeBarrier<PIPE_V>();
         Cast(hit16, ctx_.vKey_, RoundMode::CAST_NONE, nc);
         Sync<HardEvent::V_S>();
-        ctx_.lookups_ += static_cast<int64_t>(nValid);
+        ctx_.lookups_ += static_cast<int64_t>(nHit + nMiss);
         ctx_.hits_ += static_cast<int64_t>(nHit);
         ctx_.misses_ += static_cast<int64_t>(nMiss);
         // reuse: heat and counts follow from the final bitmap (HeatUsed, CountHits)

@@ -300,19 +300,19 @@ public:
                                             uint32_t count, const LocalTensor<int16_t>& out) {
         const uint32_t nc = t_.nc;
         const uint32_t lanes = avsg::RoundUp(count, 128u);      // whole 256 B repeats of half (Compare)
-        const LocalTensor<int32_t> wordOff = wTmp_, parity = wTmp_[nc];
+        const LocalTensor<int32_t> wordOff = wTmp_, evenMask = wTmp_[nc];
         const LocalTensor<int16_t> w16 = wKey_.ReinterpretCast<int16_t>();
-        const LocalTensor<int16_t> word = w16, keep = w16[nc], parity16 = w16[3 * nc];
-        const LocalTensor<half> wordH = w16[2 * nc].ReinterpretCast<half>();
-        ShiftRight(wordOff, hitSlots, 1, count);
+        const LocalTensor<int16_t> word = w16, keep = w16[nc], ones = w16[2 * nc], parity16 = w16[3 * nc];
+        const LocalTensor<half> wordH = w16[2 * nc].ReinterpretCast<half>();   // over `ones`, once read
+        Duplicate(evenMask, static_cast<int32_t>(-2), count);   // ~1 (And is 16-bit: [0xFFFE, 0xFFFF])
+        Duplicate(ones.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(1), count);
         PipeBarrier<PIPE_V>();
-        ShiftLeft(wordOff, wordOff, 1, count);            // s & ~1: the word's byte offset
+        And(wordOff.ReinterpretCast<uint16_t>(), hitSlots.ReinterpretCast<uint16_t>(),
+            evenMask.ReinterpretCast<uint16_t>(), 2 * count);   // s & ~1: the word's byte offset
+        And(parity16.ReinterpretCast<uint16_t>(), hit16.ReinterpretCast<uint16_t>(), ones.ReinterpretCast<uint16_t>(),
+            count);                                             // s & 1
         PipeBarrier<PIPE_V>();
-        Sub(parity, hitSlots, wordOff, count);
         Gather(word, hitBytes_.ReinterpretCast<int16_t>(), wordOff.ReinterpretCast<uint32_t>(), 0u, count);
-        PipeBarrier<PIPE_V>();
-        Cast(parity16, parity, RoundMode::CAST_NONE, count);
-        PipeBarrier<PIPE_V>();
         Muls(keep, parity16, static_cast<int16_t>(255), count);
         PipeBarrier<PIPE_V>();
         Adds(keep, keep, static_cast<int16_t>(1), count);         // 1 (s even) or 256 (s odd)
