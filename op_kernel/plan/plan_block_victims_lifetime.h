@@ -44,6 +44,12 @@ public:
         // free slots (level -1) it jumps again, to the lowest life held (below).
         const int32_t low = compact ? HalfCopyLowestLife() : victims_.lowestLife_;
         const int32_t lv0 = low < static_cast<int32_t>(ctx_.t_.lifetime) ? (low < -1 ? -1 : low) : 0;
+        // Chunks of Wide() slots (2,048 at nc 512; whole windows where they are shorter): each
+        // chunk is a compare, the slot ids and a compaction whatever its length, so four times
+        // fewer chunks than at nc lanes. Slot ids in wWin_ from the lane ids in wSlot_, the
+        // chunk's victims in wIdx_ (the wide vectors are idle here).
+        const LocalTensor<int32_t> ids = ctx_.wWin_, found = ctx_.wIdx_;
+        SlotLanes();
         // A chunk that takes no victim touches no UB by scalar (GatherMask's count needs no
         // sync): the next one then needs only a barrier (its Adds / compare rewrite what this
         // one's GatherMask reads), not the S_V / V_S pair around the scalar installs.
@@ -52,38 +58,38 @@ public:
             for (uint32_t part = 0; part < 2 && have < m; ++part) {
                 const uint32_t lo = part == 0 ? hand : 0u, hi = part == 0 ? ctx_.activeCap_ : hand;
                 // chunks of nc slots, or of a whole window where windows are shorter
-                const uint32_t grid = compact ? nc : MinU(nc, sl.wlen);
+                const uint32_t grid = compact ? probe_.Wide() : MinU(probe_.Wide(), sl.wlen);
                 for (uint32_t base = lo - lo % grid, n = 0; base < hi && have < m; base += n) {
-                    if (touched) Sync<HardEvent::S_V>();   // the previous chunk's vT2_ reads, copy writes
+                    if (touched) Sync<HardEvent::S_V>();   // the previous chunk's `found` reads, copy writes
                     else PipeBarrier<PIPE_V>();
                     touched = false;
                     if (compact) {
-                        n = MinU(nc, ctx_.t_.capPad - base);
+                        n = MinU(grid, ctx_.t_.capPad - base);
                         CompareScalar(ctx_.mA_, ctx_.sHalf_[base], static_cast<half>(static_cast<float>(lv)),
                                       CMPMODE::EQ, avsg::RoundUp(n, PlanBlockVictims::kHalfCopyLanes));
                     } else {
                         const int32_t id = static_cast<int32_t>(base >> sl.wlog);
                         ctx_.Ensure(sl, id);
                         const uint32_t off = base - static_cast<uint32_t>(id) * sl.wlen;
-                        n = MinU(nc, WinCount(sl, id) - off);
+                        n = MinU(grid, WinCount(sl, id) - off);
                         CompareScalar(ctx_.mA_, sl.buf[off], lv, CMPMODE::EQ, n);
                     }
-                    Adds(ctx_.vT1_, ctx_.vLane_, static_cast<int32_t>(base), n);   // slot ids
+                    Adds(ids, ctx_.wSlot_, static_cast<int32_t>(base), n);   // slot ids
                     PipeBarrier<PIPE_V>();
-                    if (base < lo || base + n > hi) KeepSlotsIn(lo, hi, n);
+                    if (base < lo || base + n > hi) KeepSlotsIn(ids, lo, hi, n);
                     uint64_t got = 0;
-                    GatherMask(ctx_.vT2_, ctx_.vT1_, ctx_.U32(ctx_.mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
+                    GatherMask(found, ids, ctx_.U32(ctx_.mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
                     const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
                     if (take) {
                         touched = true;
                         Sync<HardEvent::V_S>();
                         Sync<HardEvent::V_MTE3>();
-                        StoreInts(ctx_.missSlotsGm_[rowN + have], ctx_.vT2_, take);
+                        StoreInts(ctx_.missSlotsGm_[rowN + have], found, take);
                         Sync<HardEvent::MTE3_V>();
                         for (uint32_t q = 0; q < take; ++q) {
                             const uint32_t j = have + q;
                             ctx_.LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
-                            const uint32_t s = static_cast<uint32_t>(ctx_.vT2_.GetValue(q));
+                            const uint32_t s = static_cast<uint32_t>(found.GetValue(q));
                             ctx_.Put(ctx_.win_[avsg::SEC_SP], s, ctx_.vWant_.GetValue(j % nc));
                             // fresh: above every level
                             if (compact)
@@ -102,6 +108,8 @@ public:
             if (lv == -1 && have < m) {
                 const int32_t held = compact ? HalfCopyLowestLife() : WindowLowestLife();
                 lv = (held < 0 ? 0 : held) - 1;
+                SlotLanes();                      // the reduction's scratch took wSlot_
+                touched = true;
             }
         }
         if (have) {
@@ -151,15 +159,24 @@ public:
         Sync<HardEvent::V_S>();
         return static_cast<int32_t>(ctx_.wIdx_.ReinterpretCast<float>().GetValue(0));
     }
-    // mA_ &= lo <= slot id (vT1_) < hi on n lanes; ids are < 2^24, exact in float
-    __aicore__ inline void KeepSlotsIn(uint32_t lo, uint32_t hi, uint32_t n) {
-        Cast(ctx_.vTmpF_, ctx_.vT1_, RoundMode::CAST_RINT, n);
+    // wSlot_ = the lane ids 0 .. Wide() - 1 (the chunks' slot ids are them + the chunk's base)
+    __aicore__ inline void SlotLanes() {
+        Sync<HardEvent::S_V>();                   // scalar reads of what wSlot_ held
         PipeBarrier<PIPE_V>();
-        CompareScalar(ctx_.mB_, ctx_.vTmpF_, static_cast<float>(lo), CMPMODE::GE, n);
+        CreateVecIndex(ctx_.wSlot_, 0, probe_.Wide());
+        PipeBarrier<PIPE_V>();
+    }
+    // mA_ &= lo <= slot id (ids) < hi on n lanes; ids are < 2^24, exact in float. Scratch: the
+    // chunk's victims' vector (wIdx_), which the compaction after this overwrites.
+    __aicore__ inline void KeepSlotsIn(const LocalTensor<int32_t>& ids, uint32_t lo, uint32_t hi, uint32_t n) {
+        const LocalTensor<float> idsF = ctx_.wIdx_.ReinterpretCast<float>();
+        Cast(idsF, ids, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(ctx_.mB_, idsF, static_cast<float>(lo), CMPMODE::GE, n);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), n / 16);
         PipeBarrier<PIPE_V>();
-        CompareScalar(ctx_.mB_, ctx_.vTmpF_, static_cast<float>(hi), CMPMODE::LT, n);
+        CompareScalar(ctx_.mB_, idsF, static_cast<float>(hi), CMPMODE::LT, n);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), n / 16);
         PipeBarrier<PIPE_V>();
