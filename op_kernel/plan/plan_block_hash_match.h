@@ -107,16 +107,7 @@ public:
         PipeBarrier<PIPE_V>();
         // probe 0: b = first bucket, x = the slot it names (clamped), z = the position that slot holds
         probe_.HashInto<false>({x, b, y, {}, z, {}, b, {}}, want, n);   // hmask: z
-        ShiftLeft(y, b, 2, n);
-        PipeBarrier<PIPE_V>();
-        Gather(x, bs.buf, y.ReinterpretCast<uint32_t>(), 0u, n);
-        PipeBarrier<PIPE_V>();
-        ctx_.ClampInts(x, 0, ctx_.SlotMax(), n);
-        ShiftLeft(y, x, 2, n);
-        PipeBarrier<PIPE_V>();
-        Gather(z, sp.buf, y.ReinterpretCast<uint32_t>(), 0u, n);
-        Cast(slotF, x, RoundMode::CAST_RINT, n);
-        PipeBarrier<PIPE_V>();
+        SlotsAndOwners(b, y, x, z, slotF, n);
         Compare(ctx_.mOwn_, z, want, CMPMODE::EQ, n);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mKey_), n / 16);   // found at probe 0
@@ -137,6 +128,26 @@ public:
             LateLookup(j0, MinU(kLate, static_cast<uint32_t>(late) - j0));
     }
 
+    // The probe step both lookups share, on n lanes of whole sections: slot = bucket_slot[bucket]
+    // clamped to [0, S-1] (whatever the state holds), slotF the same as float, owner =
+    // slot_pos[slot]. off: scratch for the byte offsets (it may be `buckets` itself).
+    __aicore__ inline void SlotsAndOwners(const LocalTensor<int32_t>& buckets, const LocalTensor<int32_t>& off,
+                                          const LocalTensor<int32_t>& slot, const LocalTensor<int32_t>& owner,
+                                          const LocalTensor<float>& slotF, uint32_t n) {
+        Win& bs = ctx_.win_[avsg::SEC_BS];
+        Win& sp = ctx_.win_[avsg::SEC_SP];
+        ShiftLeft(off, buckets, 2, n);
+        PipeBarrier<PIPE_V>();
+        Gather(slot, bs.buf, off.ReinterpretCast<uint32_t>(), 0u, n);
+        PipeBarrier<PIPE_V>();
+        ctx_.ClampInts(slot, 0, ctx_.SlotMax(), n);
+        ShiftLeft(off, slot, 2, n);
+        PipeBarrier<PIPE_V>();
+        Gather(owner, sp.buf, off.ReinterpretCast<uint32_t>(), 0u, n);
+        Cast(slotF, slot, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+    }
+
     // Late lookup of the compacted lanes [j0, j0 + cnt) (cnt <= kLate; selections in wTmp_, lanes
     // in wSlot_, from WideLookup): probes 1..kPlanProbes-1 at once, in kLate-lane slices, the last
     // matching probe selected first so the first one wins. Each lane found is written to its
@@ -154,8 +165,6 @@ public:
         const LocalTensor<float> found = ctx_.wWin_[7 * kLate].ReinterpretCast<float>();
         const LocalTensor<float> slotF = slot.ReinterpretCast<float>();
         const uint32_t n = kLateProbes * kLate;
-        Win& bs = ctx_.win_[avsg::SEC_BS];
-        Win& sp = ctx_.win_[avsg::SEC_SP];
         probe_.HashInto<true>({ctx_.vWant_, ctx_.vFoundI_, ctx_.vMS_, ctx_.vWantF_.ReinterpretCast<int32_t>(),
                                ctx_.vHMask_, maskOdd, ctx_.vFirst_, ctx_.vStride_},
                               w, kLate);
@@ -166,17 +175,8 @@ public:
         PipeBarrier<PIPE_V>();
         for (uint32_t i = 0; i < kLateProbes; ++i) probe_.AndMask(bkt[i * kLate], bkt[i * kLate], ctx_.vHMask_, kLate);
         PipeBarrier<PIPE_V>();
-        ShiftLeft(bkt, bkt, 2, n);
-        PipeBarrier<PIPE_V>();
-        Gather(slot, bs.buf, bkt.ReinterpretCast<uint32_t>(), 0u, n);
-        PipeBarrier<PIPE_V>();
-        ctx_.ClampInts(slot, 0, ctx_.SlotMax(), n);
-        ShiftLeft(bkt, slot, 2, n);
-        PipeBarrier<PIPE_V>();
-        Gather(owner, sp.buf, bkt.ReinterpretCast<uint32_t>(), 0u, n);
-        Cast(slotF, slot, RoundMode::CAST_RINT, n);
         Duplicate(found, -1.0f, kLate);
-        PipeBarrier<PIPE_V>();
+        SlotsAndOwners(bkt, bkt, slot, owner, slotF, n);
         for (uint32_t i = 0; i < kLateProbes; ++i)
             Compare(ctx_.mOwn_[i * kLate / 8], owner[i * kLate], w, CMPMODE::EQ, kLate);
         PipeBarrier<PIPE_V>();
