@@ -549,6 +549,14 @@ struct BlockContext {
     void* live_pipe = nullptr;            // the one TPipe allowed (card §3)
     bool flag_set[12][8] = {};            // SetFlag state per (event, id) (card §6)
     uint32_t sync_all_calls = 0;          // soft SyncAll call count
+    // The vector mask register as the count-form compares find it: GatherMask leaves it at its
+    // element count and a Gather with a tail at the tail (dav_c220 kernel_operator_vec_gather_mask_impl.h,
+    // kernel_operator_vec_gather_intf_impl.h), and A2's count-form Compare / Compares issue under
+    // whatever mask is set (dav_c220 kernel_operator_vec_cmp_impl.h, CompareScalarCompute: no mask
+    // of its own), so a compare after them works only some lanes. ResetMask restores it. Other
+    // instructions are taken to leave it as they found it (most restore it on the NPU: the model
+    // only asks for more ResetMask calls than needed, never fewer).
+    bool vector_mask_full = true;
     // DMA atomic add (SetAtomicAdd<T>): accumulate function for UB->GM copies, or null.
     void (*atomic_add)(uint8_t* dst, const uint8_t* src, size_t bytes) = nullptr;
     std::unique_ptr<Scoreboard> hz;       // pipe-hazard scoreboard, null when checks are off

@@ -22,6 +22,12 @@ __aicore__ inline void PipeBarrier() {
     else avsg_emu::hz::barrier(pipe == PIPE_V ? avsg_emu::kHzV : pipe == PIPE_MTE2 ? avsg_emu::kHzMte2 : avsg_emu::kHzMte3);
 }
 
+// Restores the full vector mask (include/basic_api/kernel_common.h; see BlockContext::
+// vector_mask_full). A scalar write of the mask register: no pipe, no counted cost.
+__aicore__ inline void ResetMask() {
+    if constexpr (avsg_emu::kStrict) avsg_emu::ctx("ResetMask").vector_mask_full = true;
+}
+
 namespace emu_detail {
 inline void check_event_id(const char* api, HardEvent e, int32_t id) {
     if constexpr (!avsg_emu::kStrict) return;  // fast build: checks compiled out

@@ -290,6 +290,19 @@ __aicore__ inline void ShiftRight(const LocalTensor<T>& dst, const LocalTensor<T
 // int32 supports EQ only (the NPU silently computes EQ for any mode).
 // ---------------------------------------------------------------------------
 namespace emu_detail {
+// A count-form compare on A2 runs under the mask the last instruction left (BlockContext::
+// vector_mask_full): after GatherMask or a Gather with a tail, without ResetMask, some lanes
+// would keep whatever the mask bytes held.
+inline void check_full_mask(const char* api) {
+    if constexpr (!avsg_emu::kStrict) return;
+    if (!avsg_emu::ctx(api).vector_mask_full)
+        avsg_emu::fail(std::string(api) + ": issued under a partial vector mask (the last GatherMask or Gather "
+                       "with a tail set it; A2's count-form compares do not set their own: dav_c220 "
+                       "kernel_operator_vec_cmp_impl.h, CompareScalarCompute). Call ResetMask() first");
+}
+inline void partial_mask(const char* api) {
+    if constexpr (avsg_emu::kStrict) avsg_emu::ctx(api).vector_mask_full = false;
+}
 template <class T>
 bool cmp(T a, T b, CMPMODE m) {
     using C = std::conditional_t<std::is_integral<T>::value, T, float>;
@@ -388,6 +401,7 @@ __aicore__ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& 
                   "Compare: T must be half/float (or int32 with EQ only) on A2 (card §5)");
     static_assert(emu_detail::is_one_of_v<U, int8_t, uint8_t>, "Compare: mask type U must be int8/uint8 (card §5)");
     const char* api = "Compare";
+    emu_detail::check_full_mask(api);
     emu_detail::check_cmp<T>(api, cmpMode, count);
     emu_detail::check_ub(api, "src1", src1, count);
     const T* b = src1.ptr();
@@ -414,6 +428,7 @@ __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>&
                   "Compares: T must be half/float (or int32 with EQ only) on A2 (card §5)");
     static_assert(std::is_same<U, uint8_t>::value, "Compares: mask type U must be uint8 on A2 (card §5)");
     const char* api = "Compares";
+    emu_detail::check_full_mask(api);
     emu_detail::check_cmp<T>(api, cmpMode, count);
     if constexpr (std::is_same<T, half>::value) {
         const uint16_t yb = src1Scalar.bits;
@@ -624,6 +639,7 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
     if (end > nkept)  // dst beyond rsvdCnt is undefined (card §5): poison it
         avsg_emu::detail::poison(dst.bytes() + nkept * sizeof(T), (end - nkept) * sizeof(T));
     rsvdCnt = nkept;
+    partial_mask(api);   // the mask register keeps GatherMask's element count
 }
 // Built-in patterns 1..7 (card §5 table), on the element index within a repeat.
 inline bool builtin_pattern_keeps(uint8_t pattern, uint32_t j) {
@@ -723,6 +739,7 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
     const uint8_t* base = src.bytes() + static_cast<uint64_t>(srcBaseAddr);
     for (uint32_t i = 0; i < count; ++i) std::memcpy(&d[i], base + o[i], sizeof(T));
     emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * sizeof(T)));
+    if (count % E != 0) emu_detail::partial_mask(api);   // the tail's repeat leaves its mask set
 }
 
 // ---------------------------------------------------------------------------

@@ -188,8 +188,8 @@ private:
         const LocalTensor<float> f = vecB_.ReinterpretCast<float>();
         Cast(f, vecA_, RoundMode::CAST_RINT, nc);
         PipeBarrier<PIPE_V>();
-        CompareScalar(mask0_, f, 0.0f, CMPMODE::GE, nc);
-        CompareScalar(mask1_, f, 0.0f, CMPMODE::LT, nc);
+        avsg::CompareScalarAll(mask0_, f, 0.0f, CMPMODE::GE, nc);
+        avsg::CompareScalarAll(mask1_, f, 0.0f, CMPMODE::LT, nc);
         PipeBarrier<PIPE_V>();
         const LocalTensor<int32_t> dst = vecB_[nc];
         sum = 0;

@@ -52,7 +52,7 @@ __aicore__ inline bool DropTest(const LocalTensor<int32_t>& pos, const LocalTens
 __aicore__ inline void DropMask(const LocalTensor<int32_t>& keep, const LocalTensor<int32_t>& notKeep,
                                 const LocalTensor<uint8_t>& drop, uint32_t n, float limit) {
     const LocalTensor<float> keepF = keep.ReinterpretCast<float>(), zeroF = notKeep.ReinterpretCast<float>();
-    CompareScalar(drop, keepF, limit, CMPMODE::GE, n);
+    avsg::CompareScalarAll(drop, keepF, limit, CMPMODE::GE, n);
     PipeBarrier<PIPE_V>();
     Select(keepF, drop, zeroF, -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // drop ? 0 : -1
     PipeBarrier<PIPE_V>();
@@ -99,7 +99,7 @@ __aicore__ inline void GhostDropApply(const LocalTensor<int32_t>& ghost, const L
                                       const LocalTensor<int32_t>& keep, const LocalTensor<int32_t>& zero,
                                       const LocalTensor<uint8_t>& drop, uint32_t n, float limit) {
     const LocalTensor<float> keepF = keep.ReinterpretCast<float>();
-    CompareScalar(drop, tag.ReinterpretCast<float>(), limit, CMPMODE::GE, n);
+    avsg::CompareScalarAll(drop, tag.ReinterpretCast<float>(), limit, CMPMODE::GE, n);
     PipeBarrier<PIPE_V>();
     Select(keepF, drop, zero.ReinterpretCast<float>(), -1.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // drop ? 0 : -1
     PipeBarrier<PIPE_V>();

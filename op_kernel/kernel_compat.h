@@ -36,4 +36,25 @@ __aicore__ inline uint64_t UbAddr(const AscendC::LocalTensor<T>& t)
     return static_cast<uint64_t>(t.GetPhyAddr());
 #endif
 }
+
+// A2's count-form Compare / CompareScalar issue under whatever vector mask is set (dav_c220
+// kernel_operator_vec_cmp_impl.h, CompareScalarCompute passes no mask of its own), and a
+// GatherMask or a Gather with a tail leaves it partial: a compare after them would fill only
+// some lanes of its result. Every compare of ours restores the full mask first (ResetMask, a
+// scalar write of the mask register); the strict emulation fails a compare issued under a
+// partial mask.
+template <typename T, typename U>
+__aicore__ inline void CompareAll(const AscendC::LocalTensor<U>& dst, const AscendC::LocalTensor<T>& src0,
+                                  const AscendC::LocalTensor<T>& src1, AscendC::CMPMODE mode, uint32_t count)
+{
+    AscendC::ResetMask();
+    AscendC::Compare(dst, src0, src1, mode, count);
+}
+template <typename T, typename U, typename S>
+__aicore__ inline void CompareScalarAll(const AscendC::LocalTensor<U>& dst, const AscendC::LocalTensor<T>& src0,
+                                        const S scalar, AscendC::CMPMODE mode, uint32_t count)
+{
+    AscendC::ResetMask();
+    AscendC::CompareScalar(dst, src0, static_cast<T>(scalar), mode, count);
+}
 }  // namespace avsg

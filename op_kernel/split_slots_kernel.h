@@ -108,8 +108,8 @@ private:
             Cast(selF, sel, RoundMode::CAST_RINT, nr);   // rounding is monotone: the sign and "< S" survive
             Maxs(idx, sel, 0, nr);
             PipeBarrier<PIPE_V>();
-            CompareScalar(valid, selF, 0.0f, CMPMODE::GE, nr);
-            CompareScalar(below, selF, capF, CMPMODE::LT, nr);
+            avsg::CompareScalarAll(valid, selF, 0.0f, CMPMODE::GE, nr);
+            avsg::CompareScalarAll(below, selF, capF, CMPMODE::LT, nr);
             Mins(idx, idx, static_cast<int32_t>(t_.capacity), nr);   // [0, S]: S is the map's 0 sentinel
             PipeBarrier<PIPE_V>();
             Muls(idx, idx, 2, nr);   // byte offsets of half words
@@ -117,7 +117,7 @@ private:
             PipeBarrier<PIPE_V>();
             Gather(mark, map, idx.ReinterpretCast<uint32_t>(), 0u, nr);
             PipeBarrier<PIPE_V>();
-            CompareScalar(marked, mark, static_cast<half>(0.0f), CMPMODE::GT, nr);
+            avsg::CompareScalarAll(marked, mark, static_cast<half>(0.0f), CMPMODE::GT, nr);
             PipeBarrier<PIPE_V>();
             And(U16(valid), U16(below), U16(marked), nr / 16);   // valid := miss
             Not(U16(marked), U16(marked), nr / 16);

@@ -23,9 +23,9 @@ public:
     __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n, bool groupEnds) {
         const uint32_t nc = ctx_.t_.nc;
         Cast(ctx_.vFoundI_, ctx_.vFoundF_, RoundMode::CAST_RINT, nc);
-        CompareScalar(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
-        CompareScalar(ctx_.mB_, ctx_.vFoundF_, 0.0f, CMPMODE::GE, nc);    // hit
-        CompareScalar(ctx_.mC_, ctx_.vFoundF_, 0.0f, CMPMODE::LT, nc);    // not hit
+        avsg::CompareScalarAll(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
+        avsg::CompareScalarAll(ctx_.mB_, ctx_.vFoundF_, 0.0f, CMPMODE::GE, nc);    // hit
+        avsg::CompareScalarAll(ctx_.mC_, ctx_.vFoundF_, 0.0f, CMPMODE::LT, nc);    // not hit
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mC_), ctx_.U16(ctx_.mC_), ctx_.U16(ctx_.mA_), nc / 16);             // miss = valid & not hit
         PipeBarrier<PIPE_V>();

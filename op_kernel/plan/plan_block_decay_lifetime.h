@@ -61,7 +61,7 @@ public:
                 Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[base / 16], n / 16);
                 PipeBarrier<PIPE_V>();
                 // only a fresh slot decays to L: its probation (reference.first_life)
-                CompareScalar(ctx_.mC_, lifeF, lifeL, CMPMODE::NE, n);
+                avsg::CompareScalarAll(ctx_.mC_, lifeF, lifeL, CMPMODE::NE, n);
                 PipeBarrier<PIPE_V>();
                 Select(lifeF, ctx_.mC_, lifeF, static_cast<float>(avsg::FirstLife(ctx_.t_.lifetime)) - 1.0f,
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
@@ -111,7 +111,7 @@ public:
                 Max(life, life, tmp, k);
                 PipeBarrier<PIPE_V>();
                 // only a fresh slot decays to L: its probation (reference.first_life)
-                CompareScalar(ctx_.mC_, life, lifeL, CMPMODE::NE, k);
+                avsg::CompareScalarAll(ctx_.mC_, life, lifeL, CMPMODE::NE, k);
                 PipeBarrier<PIPE_V>();
                 Select(life, ctx_.mC_, life, static_cast<float>(avsg::FirstLife(ctx_.t_.lifetime)) - 1.0f,
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, k);

@@ -50,7 +50,7 @@ public:
                 // candidates (below the active capacity), counted after the pins (a hit is
                 // never free, whatever its slot held)
                 Max(ageMax, ageMax, lifeF, n);
-                CompareScalar(ctx_.mB_, lifeF, -1.0f, CMPMODE::EQ, n);
+                avsg::CompareScalarAll(ctx_.mB_, lifeF, -1.0f, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
                 const uint32_t live = base < ctx_.activeCap_ ? MinU(n, ctx_.activeCap_ - base) : 0u;
                 uint64_t nFree = 0;
@@ -102,7 +102,7 @@ public:
                 Select(life, ctx_.mA_, life, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, k);   // hits: age 0
                 PipeBarrier<PIPE_V>();
                 // the free candidates (below the active capacity), counted after the pins
-                CompareScalar(ctx_.mB_, life, -1.0f, CMPMODE::EQ, k);
+                avsg::CompareScalarAll(ctx_.mB_, life, -1.0f, CMPMODE::EQ, k);
                 Cast(ctx_.sHalf_[at], life, RoundMode::CAST_NONE, k);   // [-1, 1023]: exact
                 PipeBarrier<PIPE_V>();
                 const uint32_t live = at < ctx_.activeCap_ ? MinU(k, ctx_.activeCap_ - at) : 0u;

@@ -28,7 +28,7 @@ public:
                 Cast(ctx_.vTmpF_, sp.buf[off], RoundMode::CAST_RINT, n);
                 Adds(ctx_.vT1_, ctx_.vLane_, static_cast<int32_t>(base), n);   // slot ids
                 PipeBarrier<PIPE_V>();
-                CompareScalar(ctx_.mA_, ctx_.vTmpF_, 0.0f, CMPMODE::GE, n);
+                avsg::CompareScalarAll(ctx_.mA_, ctx_.vTmpF_, 0.0f, CMPMODE::GE, n);
                 PipeBarrier<PIPE_V>();
                 uint64_t m = 0, m2 = 0;
                 GatherMask(ctx_.vKey_, sp.buf[off], ctx_.U32(ctx_.mA_), true, n, GatherMaskParams(1, 1, 8, 0), m);
@@ -59,7 +59,7 @@ public:
         const uint32_t nc = ctx_.t_.nc;
         for (uint32_t c = 0; c < ctx_.t_.numChunks; ++c) {
             probe_.PrepareWant(r, c);
-            CompareScalar(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
+            avsg::CompareScalarAll(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
             PipeBarrier<PIPE_V>();
             uint64_t m = 0, m2 = 0;
             GatherMask(ctx_.vKey_, ctx_.vWant_, ctx_.U32(ctx_.mA_), true, nc, GatherMaskParams(1, 1, 8, 0), m);

@@ -91,8 +91,8 @@ public:
         // validity: p if 0 <= p < bound else -2; mKey_ = valid (and below the split row's drop limit)
         Cast(wantF, want, RoundMode::CAST_RINT, n);
         PipeBarrier<PIPE_V>();
-        CompareScalar(ctx_.mKey_, wantF, 0.0f, CMPMODE::GE, n);
-        CompareScalar(ctx_.mTmp_, wantF, ctx_.boundF_, CMPMODE::LT, n);
+        avsg::CompareScalarAll(ctx_.mKey_, wantF, 0.0f, CMPMODE::GE, n);
+        avsg::CompareScalarAll(ctx_.mTmp_, wantF, ctx_.boundF_, CMPMODE::LT, n);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mTmp_), n / 16);
         PipeBarrier<PIPE_V>();
@@ -100,7 +100,7 @@ public:
         PipeBarrier<PIPE_V>();
         Cast(want, wantF, RoundMode::CAST_RINT, n);
         if (ctx_.split_ > 1 && ctx_.t_.dropPast) {
-            CompareScalar(ctx_.mTmp_, wantF, ctx_.dropLimitF_, CMPMODE::LT, n);
+            avsg::CompareScalarAll(ctx_.mTmp_, wantF, ctx_.dropLimitF_, CMPMODE::LT, n);
             PipeBarrier<PIPE_V>();
             And(ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mTmp_), n / 16);
         }
@@ -108,7 +108,7 @@ public:
         // probe 0: b = first bucket, x = the slot it names (clamped), z = the position that slot holds
         probe_.HashInto<false>({x, b, y, {}, z, {}, b, {}}, want, n);   // hmask: z
         SlotsAndOwners(b, y, x, z, slotF, n);
-        Compare(ctx_.mOwn_, z, want, CMPMODE::EQ, n);
+        avsg::CompareAll(ctx_.mOwn_, z, want, CMPMODE::EQ, n);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mKey_), n / 16);   // found at probe 0
         for (uint32_t k = 0; k < g; ++k) Adds(z[k * nc], ctx_.vLane_, static_cast<int32_t>(k * nc), nc);
@@ -178,7 +178,7 @@ public:
         Duplicate(found, -1.0f, kLate);
         SlotsAndOwners(bkt, bkt, slot, owner, slotF, n);
         for (uint32_t i = 0; i < kLateProbes; ++i)
-            Compare(ctx_.mOwn_[i * kLate / 8], owner[i * kLate], w, CMPMODE::EQ, kLate);
+            avsg::CompareAll(ctx_.mOwn_[i * kLate / 8], owner[i * kLate], w, CMPMODE::EQ, kLate);
         PipeBarrier<PIPE_V>();
         for (uint32_t i = kLateProbes; i-- > 0;) {
             Select(found, ctx_.mOwn_[i * kLate / 8], slotF[i * kLate], found, SELMODE::VSEL_TENSOR_TENSOR_MODE, kLate);
@@ -188,7 +188,7 @@ public:
         // scalar load and one store each
         const LocalTensor<int32_t> foundI = bkt, packed = bkt[kLate], hits = bkt[2 * kLate];
         Cast(foundI, found, RoundMode::CAST_RINT, kLate);
-        CompareScalar(ctx_.mTmp_, found, 0.0f, CMPMODE::GE, kLate);
+        avsg::CompareScalarAll(ctx_.mTmp_, found, 0.0f, CMPMODE::GE, kLate);
         ShiftLeft(packed, lanes, 16, kLate);
         PipeBarrier<PIPE_V>();
         Add(packed, packed, foundI, kLate);
@@ -231,9 +231,9 @@ public:
         }
         probe_.MatchBits(sp, ctx_.vWant_, false, ctx_.mOwn_);      // slot_pos[slot] == p
         // an invalid lane (-2) matches nothing, whatever a corrupted slot_pos holds
-        CompareScalar(ctx_.mKey_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
+        avsg::CompareScalarAll(ctx_.mKey_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
         if (ctx_.split_ > 1 && ctx_.t_.dropPast) {          // nor, in a split row, one the owner drops
-            CompareScalar(ctx_.mTmp_, ctx_.vWantF_, ctx_.dropLimitF_, CMPMODE::LT, nc);   // (plan_block_drop.h)
+            avsg::CompareScalarAll(ctx_.mTmp_, ctx_.vWantF_, ctx_.dropLimitF_, CMPMODE::LT, nc);   // (plan_block_drop.h)
             PipeBarrier<PIPE_V>();
             And(ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mTmp_), nc / 16);
         }

@@ -35,7 +35,7 @@ public:
         PipeBarrier<PIPE_V>();
         Gather(next, ctx_.wIdx_, off.ReinterpretCast<uint32_t>(), 0u, n64);
         PipeBarrier<PIPE_V>();
-        Compare(ctx_.mA_, ctx_.wIdx_, next, CMPMODE::EQ, n64);
+        avsg::CompareAll(ctx_.mA_, ctx_.wIdx_, next, CMPMODE::EQ, n64);
         PipeBarrier<PIPE_V>();
         Not(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), n64 / 16);        // run ends
         PipeBarrier<PIPE_V>();

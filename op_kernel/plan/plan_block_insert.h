@@ -53,7 +53,7 @@ public:
             Adds(ctx_.wKey_, ctx_.wIdx_, 0, n);             // the buckets, kept for FreeBuckets
             probe_.SplitIdx(bs, ctx_.wIdx_);
             probe_.GatherVals(bs, ctx_.wSlot_, -1, ctx_.SlotMax());   // the slot each bucket names, -1: never used
-            CompareScalar(ctx_.mKey_, ctx_.wSlot_, -1, CMPMODE::EQ, n);   // FreeBuckets ORs it in
+            avsg::CompareScalarAll(ctx_.mKey_, ctx_.wSlot_, -1, CMPMODE::EQ, n);   // FreeBuckets ORs it in
             Maxs(ctx_.wIdx_, ctx_.wSlot_, 0, n);
             PipeBarrier<PIPE_V>();
             probe_.SplitIdx(sp, ctx_.wIdx_);
@@ -144,7 +144,7 @@ public:
     __aicore__ inline void DropIndexed(uint32_t c) {
         const uint32_t nc = ctx_.t_.nc, ps = ctx_.probeStride_, n = probe_.ProbeLanes();
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i)
-            Compare(ctx_.mTmp_[i * ps / 8], ctx_.wSlot_[i * ps], ctx_.vWant_, CMPMODE::EQ, ps);
+            avsg::CompareAll(ctx_.mTmp_[i * ps / 8], ctx_.wSlot_[i * ps], ctx_.vWant_, CMPMODE::EQ, ps);
         Not(ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mKey_), n / 16);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mOwn_), n / 16);
@@ -169,7 +169,7 @@ public:
         const LocalTensor<int32_t> hMask = ctx_.wTmp_, lo = ctx_.wIdx_, hi = ctx_.wWin_, first = ctx_.wSlot_;
         const LocalTensor<int32_t> owner = ctx_.wSlot_, diff = ctx_.wWin_, stride = ctx_.wIdx_, multiple = ctx_.wSlot_;
         const int32_t hm = static_cast<int32_t>(ctx_.t_.buckets - 1);
-        CompareScalar(ctx_.mOwn_, owner, -1, CMPMODE::EQ, n);   // a free slot indexes nothing
+        avsg::CompareScalarAll(ctx_.mOwn_, owner, -1, CMPMODE::EQ, n);   // a free slot indexes nothing
         Maxs(lo, owner, 0, n);
         Duplicate(hMask, hm, n);
         PipeBarrier<PIPE_V>();
@@ -198,12 +198,12 @@ public:
         ShiftLeft(stride, stride, 1, n);
         PipeBarrier<PIPE_V>();
         Adds(stride, stride, 1, n);
-        CompareScalar(ctx_.mTmp_, diff, 0, CMPMODE::EQ, n);      // probe 0
+        avsg::CompareScalarAll(ctx_.mTmp_, diff, 0, CMPMODE::EQ, n);      // probe 0
         PipeBarrier<PIPE_V>();
         Adds(multiple, stride, 0, n);
         for (uint32_t k = 1;; ++k) {                        // probe k: k * stride mod H
             PipeBarrier<PIPE_V>();
-            Compare(ctx_.mWin_, diff, multiple, CMPMODE::EQ, n);
+            avsg::CompareAll(ctx_.mWin_, diff, multiple, CMPMODE::EQ, n);
             PipeBarrier<PIPE_V>();
             Or(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mWin_), n / 16);
             if (k + 1 == avsg::kPlanProbes) break;
@@ -261,7 +261,7 @@ public:
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
             LocalTensor<uint8_t> sel = ctx_.mKey_;
             if (w.nwin > 1) {
-                CompareScalar(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
+                avsg::CompareScalarAll(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
                 And(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mWin_), n / 16);
                 PipeBarrier<PIPE_V>();

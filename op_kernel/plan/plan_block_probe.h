@@ -45,11 +45,11 @@ public:
     __aicore__ inline void CompareRef(const LocalTensor<uint8_t>& dst, const LocalTensor<int32_t>& ref, bool wideRef) {
         const uint32_t ps = ctx_.probeStride_;
         if (wideRef) {
-            Compare(dst, ctx_.wTmp_, ref, CMPMODE::EQ, ProbeLanes());
+            avsg::CompareAll(dst, ctx_.wTmp_, ref, CMPMODE::EQ, ProbeLanes());
             return;
         }
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i)
-            Compare(dst[i * ps / 8], ctx_.wTmp_[i * ps], ref, CMPMODE::EQ, ps);
+            avsg::CompareAll(dst[i * ps / 8], ctx_.wTmp_[i * ps], ref, CMPMODE::EQ, ps);
     }
     // acc (W bits) = section[lane] == ref, at the offsets in wIdx_ (from SplitIdx).
     __aicore__ inline void MatchBits(Win& w, const LocalTensor<int32_t>& ref, bool wideRef,
@@ -69,7 +69,7 @@ public:
         for (uint32_t k = 0; k < w.nwin; ++k) {
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
             ctx_.Ensure(w, id);
-            CompareScalar(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
+            avsg::CompareScalarAll(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
             Gather(ctx_.wTmp_, w.buf, off, 0u, n);
             PipeBarrier<PIPE_V>();
             CompareRef(ctx_.mTmp_, ref, wideRef);
@@ -101,7 +101,7 @@ public:
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
             ctx_.Ensure(w, id);
             Gather(ctx_.wTmp_, w.buf, off, 0u, n);
-            if (k > 0) CompareScalar(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
+            if (k > 0) avsg::CompareScalarAll(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
             PipeBarrier<PIPE_V>();
             ctx_.ClampInts(ctx_.wTmp_, lo, hi, n);
             if (k == 0) {   // every lane takes the first window's value; later windows overwrite theirs
@@ -203,8 +203,8 @@ public:
         Sync<HardEvent::MTE2_V>();
         Cast(ctx_.vWantF_, ctx_.vWant_, RoundMode::CAST_RINT, nc);
         PipeBarrier<PIPE_V>();
-        CompareScalar(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
-        CompareScalar(ctx_.mB_, ctx_.vWantF_, ctx_.boundF_, CMPMODE::LT, nc);
+        avsg::CompareScalarAll(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
+        avsg::CompareScalarAll(ctx_.mB_, ctx_.vWantF_, ctx_.boundF_, CMPMODE::LT, nc);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), nc / 16);
         PipeBarrier<PIPE_V>();

@@ -65,14 +65,14 @@ public:
                     touched = false;
                     if (compact) {
                         n = MinU(grid, ctx_.t_.capPad - base);
-                        CompareScalar(ctx_.mA_, ctx_.sHalf_[base], static_cast<half>(static_cast<float>(lv)),
+                        avsg::CompareScalarAll(ctx_.mA_, ctx_.sHalf_[base], static_cast<half>(static_cast<float>(lv)),
                                       CMPMODE::EQ, avsg::RoundUp(n, PlanBlockVictims::kHalfCopyLanes));
                     } else {
                         const int32_t id = static_cast<int32_t>(base >> sl.wlog);
                         ctx_.Ensure(sl, id);
                         const uint32_t off = base - static_cast<uint32_t>(id) * sl.wlen;
                         n = MinU(grid, WinCount(sl, id) - off);
-                        CompareScalar(ctx_.mA_, sl.buf[off], lv, CMPMODE::EQ, n);
+                        avsg::CompareScalarAll(ctx_.mA_, sl.buf[off], lv, CMPMODE::EQ, n);
                     }
                     Adds(ids, ctx_.wSlot_, static_cast<int32_t>(base), n);   // slot ids
                     PipeBarrier<PIPE_V>();
@@ -172,11 +172,11 @@ public:
         const LocalTensor<float> idsF = ctx_.wIdx_.ReinterpretCast<float>();
         Cast(idsF, ids, RoundMode::CAST_RINT, n);
         PipeBarrier<PIPE_V>();
-        CompareScalar(ctx_.mB_, idsF, static_cast<float>(lo), CMPMODE::GE, n);
+        avsg::CompareScalarAll(ctx_.mB_, idsF, static_cast<float>(lo), CMPMODE::GE, n);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), n / 16);
         PipeBarrier<PIPE_V>();
-        CompareScalar(ctx_.mB_, idsF, static_cast<float>(hi), CMPMODE::LT, n);
+        avsg::CompareScalarAll(ctx_.mB_, idsF, static_cast<float>(hi), CMPMODE::LT, n);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), n / 16);
         PipeBarrier<PIPE_V>();

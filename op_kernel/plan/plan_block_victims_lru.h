@@ -64,7 +64,7 @@ public:
                 const uint32_t id = off / sl.wlen;
                 PipeBarrier<PIPE_V>();            // the copy's Casts; the previous chunk's GatherMasks
                 for (uint32_t i = 0; i < k; ++i)
-                    CompareScalar(masks[i * maskBytes], ctx_.sHalf_[off], static_cast<half>(static_cast<float>(t[i])),
+                    avsg::CompareScalarAll(masks[i * maskBytes], ctx_.sHalf_[off], static_cast<half>(static_cast<float>(t[i])),
                                   CMPMODE::GE, n);
                 PipeBarrier<PIPE_V>();
                 for (uint32_t i = 0; i < k; ++i) {
@@ -90,7 +90,7 @@ public:
                 Cast(af, sl.buf[off], RoundMode::CAST_RINT, n);   // ages in [-1, 1023]: exact
                 PipeBarrier<PIPE_V>();
                 for (uint32_t i = 0; i < k; ++i)
-                    CompareScalar(masks[i * maskBytes], af, static_cast<float>(t[i]), CMPMODE::GE, n);
+                    avsg::CompareScalarAll(masks[i * maskBytes], af, static_cast<float>(t[i]), CMPMODE::GE, n);
                 PipeBarrier<PIPE_V>();
                 for (uint32_t i = 0; i < k; ++i) {
                     uint64_t got = 0;
@@ -138,10 +138,10 @@ public:
                 Cast(af, sl.buf[off], RoundMode::CAST_RINT, n);
                 Adds(ids, lane, static_cast<int32_t>(base), n);
                 PipeBarrier<PIPE_V>();
-                CompareScalar(ctx_.mA_, af, older, CMPMODE::GT, n);
-                CompareScalar(ctx_.mB_, af, tie, CMPMODE::EQ, n);
+                avsg::CompareScalarAll(ctx_.mA_, af, older, CMPMODE::GT, n);
+                avsg::CompareScalarAll(ctx_.mB_, af, tie, CMPMODE::EQ, n);
                 const bool freeOlder = !freeLevel && hasFree;   // free: older than any age
-                if (freeOlder) CompareScalar(ctx_.mC_, af, -1.0f, CMPMODE::EQ, n);
+                if (freeOlder) avsg::CompareScalarAll(ctx_.mC_, af, -1.0f, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
                 if (freeOlder) Or(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mC_), n / 16);
                 uint64_t e = 0;
@@ -153,7 +153,7 @@ public:
                     PipeBarrier<PIPE_V>();
                     Cast(idsF, ids, RoundMode::CAST_RINT, n);   // slot ids < 2^15: exact
                     PipeBarrier<PIPE_V>();
-                    CompareScalar(ctx_.mC_, idsF, last, CMPMODE::LE, n);
+                    avsg::CompareScalarAll(ctx_.mC_, idsF, last, CMPMODE::LE, n);
                     PipeBarrier<PIPE_V>();
                     And(ctx_.U16(ctx_.mB_), ctx_.U16(ctx_.mB_), ctx_.U16(ctx_.mC_), n / 16);
                     ties = 0;

@@ -69,11 +69,11 @@ public:
         Cast(fa, a, RoundMode::CAST_RINT, n);
         Cast(fb, age, RoundMode::CAST_RINT, n);                   // age in [-1, 1023]: exact
         PipeBarrier<PIPE_V>();
-        CompareScalar(ctx_.mA_, fb, 0.0f, CMPMODE::NE, n);             // used this step: pinned
+        avsg::CompareScalarAll(ctx_.mA_, fb, 0.0f, CMPMODE::NE, n);             // used this step: pinned
         PipeBarrier<PIPE_V>();
         Select(fa, ctx_.mA_, fa, static_cast<float>(avsg::kScorePinned), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
         PipeBarrier<PIPE_V>();
-        CompareScalar(ctx_.mA_, fb, -1.0f, CMPMODE::NE, n);            // free: first
+        avsg::CompareScalarAll(ctx_.mA_, fb, -1.0f, CMPMODE::NE, n);            // free: first
         PipeBarrier<PIPE_V>();
         Select(fa, ctx_.mA_, fa, static_cast<float>(avsg::kScoreFree), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
         Sync<HardEvent::V_MTE3>();
@@ -108,7 +108,7 @@ public:
             const LocalTensor<float> sc = LoadScores(base, n);
             uint64_t got[kThresholdsPerPass] = {};
             for (uint32_t i = 0; i < k; ++i) {
-                CompareScalar(ctx_.mA_, sc, static_cast<float>(theta[i]), CMPMODE::LE, n);
+                avsg::CompareScalarAll(ctx_.mA_, sc, static_cast<float>(theta[i]), CMPMODE::LE, n);
                 PipeBarrier<PIPE_V>();
                 GatherMask(ctx_.V(5), sc.ReinterpretCast<int32_t>(), ctx_.U32(ctx_.mA_), true, n,
                            GatherMaskParams(1, 1, 8, 0), got[i]);
@@ -154,8 +154,8 @@ public:
         for (uint32_t base = 0; base < ctx_.activeCap_ && have < m; base += nc) {
             const uint32_t n = MinU(nc, ctx_.t_.capPad - base);
             const LocalTensor<float> sc = LoadScores(base, n);
-            CompareScalar(ctx_.mA_, sc, theta, CMPMODE::LT, n);
-            CompareScalar(ctx_.mB_, sc, theta, CMPMODE::EQ, n);
+            avsg::CompareScalarAll(ctx_.mA_, sc, theta, CMPMODE::LT, n);
+            avsg::CompareScalarAll(ctx_.mB_, sc, theta, CMPMODE::EQ, n);
             Adds(ids, ctx_.vLane_, static_cast<int32_t>(base), n);
             PipeBarrier<PIPE_V>();
             uint64_t e = 0;
@@ -166,7 +166,7 @@ public:
                 Sync<HardEvent::S_V>();
                 Cast(idsF, ids, RoundMode::CAST_RINT, n);
                 PipeBarrier<PIPE_V>();
-                CompareScalar(ctx_.mC_, idsF, last, CMPMODE::LE, n);
+                avsg::CompareScalarAll(ctx_.mC_, idsF, last, CMPMODE::LE, n);
                 PipeBarrier<PIPE_V>();
                 And(ctx_.U16(ctx_.mB_), ctx_.U16(ctx_.mB_), ctx_.U16(ctx_.mC_), n / 16);
                 PipeBarrier<PIPE_V>();

@@ -323,7 +323,7 @@ public:
         Cast(wordH, word, RoundMode::CAST_NONE, count);
         PipeBarrier<PIPE_V>();
         // lanes past count compare whatever they hold: the counter-mode compaction reads count bits
-        CompareScalar(mKey_, wordH, static_cast<half>(0.0f), CMPMODE::EQ, lanes);
+        avsg::CompareScalarAll(mKey_, wordH, static_cast<half>(0.0f), CMPMODE::EQ, lanes);
         PipeBarrier<PIPE_V>();
         uint64_t fresh = 0;
         GatherMask(out, hit16, U16(mKey_), true, count, GatherMaskParams(1, 1, 8, 0), fresh);
@@ -343,7 +343,7 @@ public:
             const uint32_t n = MinU(piece, total - base);   // a multiple of 128
             Cast(tmp, hitBytes_[base], RoundMode::CAST_NONE, n);
             PipeBarrier<PIPE_V>();
-            CompareScalar(bits[base / 8], tmp, static_cast<half>(0.0f), CMPMODE::GT, n);
+            avsg::CompareScalarAll(bits[base / 8], tmp, static_cast<half>(0.0f), CMPMODE::GT, n);
             PipeBarrier<PIPE_V>();
         }
         Sync<HardEvent::V_S>();

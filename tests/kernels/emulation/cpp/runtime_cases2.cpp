@@ -247,6 +247,67 @@ CASE(bad_select_partial_overlap) {
         Select(f[8], mask, f, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, 64);  // dst starts 32 B into src0
     });
 }
+// A2's count-form compares issue under the mask the last GatherMask (or Gather with a tail) left
+CASE(bad_compare_after_gathermask) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto x = b.Get<float>(64);
+        auto kept = b.GetWithOffset<float>(64, 256);
+        auto pattern = b.GetWithOffset<uint32_t>(8, 512);
+        auto bits = b.GetWithOffset<uint8_t>(32, 1024);
+        Duplicate(x, 1.0f, 64);
+        Duplicate(pattern, 0xFFFFFFFFu, 8);
+        PipeBarrier<PIPE_V>();
+        uint64_t n = 0;
+        GatherMask(kept, x, pattern, true, 64, GatherMaskParams(1, 1, 8, 0), n);
+        PipeBarrier<PIPE_V>();
+        CompareScalar(bits, x, 0.0f, CMPMODE::GT, 64);
+    });
+}
+CASE(bad_compare_after_gather_tail) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto x = b.Get<float>(64);
+        auto g = b.GetWithOffset<float>(64, 256);
+        auto off = b.GetWithOffset<uint32_t>(64, 512);
+        auto bits = b.GetWithOffset<uint8_t>(32, 1024);
+        Duplicate(x, 1.0f, 64);
+        Duplicate(off, 0u, 64);
+        PipeBarrier<PIPE_V>();
+        Gather(g, x, off, 0u, 40);   // 40 of 64 lanes: a tail repeat
+        PipeBarrier<PIPE_V>();
+        Compare(bits, x, g, CMPMODE::EQ, 64);
+    });
+}
+CASE(compare_after_reset_mask_ok) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto x = b.Get<float>(64);
+        auto kept = b.GetWithOffset<float>(64, 256);
+        auto pattern = b.GetWithOffset<uint32_t>(8, 512);
+        auto bits = b.GetWithOffset<uint8_t>(32, 1024);
+        auto off = b.GetWithOffset<uint32_t>(64, 1536);
+        Duplicate(x, 1.0f, 64);
+        Duplicate(pattern, 0xFFFFFFFFu, 8);
+        Duplicate(off, 0u, 64);
+        PipeBarrier<PIPE_V>();
+        uint64_t n = 0;
+        GatherMask(kept, x, pattern, true, 64, GatherMaskParams(1, 1, 8, 0), n);
+        PipeBarrier<PIPE_V>();
+        ResetMask();
+        CompareScalar(bits, x, 0.0f, CMPMODE::GT, 64);
+        PipeBarrier<PIPE_V>();
+        Gather(kept, x, off, 0u, 64);   // whole repeats: the mask stays full
+        PipeBarrier<PIPE_V>();
+        Compare(bits, x, kept, CMPMODE::EQ, 64);
+    });
+}
 CASE(bad_gathermask_partial_overlap) {
     run1([] {
         TPipe pipe;
