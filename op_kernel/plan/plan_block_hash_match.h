@@ -232,8 +232,8 @@ public:
         probe_.MatchBits(sp, ctx_.vWant_, false, ctx_.mOwn_);      // slot_pos[slot] == p
         // an invalid lane (-2) matches nothing, whatever a corrupted slot_pos holds
         avsg::CompareScalarAll(ctx_.mKey_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);
-        if (ctx_.split_ > 1 && ctx_.t_.dropPast) {          // nor, in a split row, one the owner drops
-            avsg::CompareScalarAll(ctx_.mTmp_, ctx_.vWantF_, ctx_.dropLimitF_, CMPMODE::LT, nc);   // (plan_block_drop.h)
+        if (ctx_.split_ > 1 && ctx_.t_.dropPast) {   // nor, in a split row, one the owner drops (drop block)
+            avsg::CompareScalarAll(ctx_.mTmp_, ctx_.vWantF_, ctx_.dropLimitF_, CMPMODE::LT, nc);
             PipeBarrier<PIPE_V>();
             And(ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mTmp_), nc / 16);
         }

@@ -64,8 +64,8 @@ public:
                 const uint32_t id = off / sl.wlen;
                 PipeBarrier<PIPE_V>();            // the copy's Casts; the previous chunk's GatherMasks
                 for (uint32_t i = 0; i < k; ++i)
-                    avsg::CompareScalarAll(masks[i * maskBytes], ctx_.sHalf_[off], static_cast<half>(static_cast<float>(t[i])),
-                                  CMPMODE::GE, n);
+                    avsg::CompareScalarAll(masks[i * maskBytes], ctx_.sHalf_[off],
+                                           static_cast<half>(static_cast<float>(t[i])), CMPMODE::GE, n);
                 PipeBarrier<PIPE_V>();
                 for (uint32_t i = 0; i < k; ++i) {
                     uint64_t got = 0;
