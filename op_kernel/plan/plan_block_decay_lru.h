@@ -72,9 +72,8 @@ public:
     // (wPair_), not window by window, is clamped there (in float: exact at the bounds, monotone
     // elsewhere, so the same as clamping the int32), and the ageing and the pins run at most a
     // window (and Wide() lanes, the masks' width) at a time, whose free candidates it records,
-    // straight into the half copy. The new ages go back from the stretch at once (the search's
-    // scratch covers the sort region once it has counted), and the search loads the windows that
-    // hold its victims; the window is left empty here.
+    // straight into the half copy. The search counts and takes its victims there and installs
+    // into it; the section goes back from it once (WriteBackHalfCopy); the window is left empty.
     __aicore__ inline void DecayInHalf() {
         Win& sl = ctx_.win_[avsg::SEC_SL];
         const uint32_t lanes = 2 * probe_.Wide();
@@ -87,7 +86,7 @@ public:
         for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
             const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
             // clamped to [-1, 1022]: age + 1 needs no upper clamp (as in AgeAndPin)
-            victims_.HalfCopyLoad(base, n, static_cast<float>(avsg::kReuseAgeMax - 1), true);
+            victims_.HalfCopyLoad(base, n, static_cast<float>(avsg::kReuseAgeMax - 1), false);
             for (uint32_t off = 0; off < n; off += sub) {
                 const uint32_t k = MinU(sub, n - off), at = base + off;
                 const LocalTensor<float> life = x[off];
@@ -113,13 +112,8 @@ public:
                 victims_.freeSlots_ += static_cast<uint32_t>(nFree);
                 PipeBarrier<PIPE_V>();            // the next part's temporaries and masks
             }
-            Cast(stage, x, RoundMode::CAST_RINT, n);   // ages in [-1, 1023]: exact
-            Sync<HardEvent::V_MTE3>();
-            DataCopy(sl.gm[base], stage, n);
         }
-        // the stores read the stage (wIdx_ below): one MTE3_S, as the scalar unit issues every
-        // later instruction, vector and MTE2 alike (emulation/emu_hazard.h, "Scalar issue")
-        Sync<HardEvent::MTE3_S>();
+        PipeBarrier<PIPE_V>();                    // the casts into the copy; the sinks' GatherMasks
         ReduceMax(ctx_.wIdx_.ReinterpretCast<half>(), ctx_.sHalf_, ctx_.wSlot_.ReinterpretCast<half>(),
                   static_cast<int32_t>(ctx_.t_.capPad));
         Sync<HardEvent::V_S>();

@@ -15,7 +15,10 @@ public:
                                             PlanBlockVictims& victims)
         : ctx_(ctx), probe_(probe), heat_(heat), victims_(victims) {}
     // the m victims to miss_slots, each miss installed in its victim as they are found
-    __aicore__ inline void Assign(uint32_t r, uint32_t m) { AllocateLru(r, m); }
+    __aicore__ inline void Assign(uint32_t r, uint32_t m) {
+        AllocateLru(r, m);
+        if (victims_.HalfCopyFits()) victims_.WriteBackHalfCopy();   // the ages, with the installs
+    }
 
     // The lru victims are the m lowest (score, slot) of reference.lru_scores: with the key
     // x = age (0: used this step, pinned), x = 1024 for a free slot (age -1), the m highest
@@ -103,85 +106,120 @@ public:
         }
     }
     // The victims at threshold theta (ties: how many slots at theta to take), in slot order ->
-    // miss_slots[0:m], each installed while its slot_life window is resident (slot_pos = its
-    // position, age 0) as Allocate does; a slot installed in one chunk is not read again. Only
-    // windows that hold a victim are loaded: a free slot (lruFreeWins_), an age above theta
-    // (olderWins) or, while ties are still taken, one at theta (tieWins: ages >= theta).
+    // miss_slots[0:m], each installed as Allocate does (slot_pos = its position, age 0); a slot
+    // installed in one chunk is not read again. The ages come from DecayAndPin's half copy where
+    // it fits (installs write it; WriteBackHalfCopy stores the section once), else from the
+    // slot_life windows, of which only those that hold a victim are loaded: a free slot
+    // (lruFreeWins_), an age above theta (olderWins) or, while ties are still taken, one at theta
+    // (tieWins: ages >= theta). Either way a chunk is Wide() slots (or a shorter window) and
+    // TakeChunk picks its victims.
     __aicore__ inline void SelectLru(uint32_t r, uint32_t m, int32_t theta, uint32_t ties, const uint32_t* tieWins,
                                      const uint32_t* olderWins) {
         const uint32_t W = probe_.Wide(), nc = ctx_.t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         Win& sl = ctx_.win_[avsg::SEC_SL];
-        const bool freeLevel = theta == PlanBlockVictims::kLruFreeKey;   // only free slots are taken
+        const bool compact = victims_.HalfCopyFits();
+        Chunk ch;
+        ch.freeLevel = theta == PlanBlockVictims::kLruFreeKey;   // only free slots are taken
         // age > older: taken
-        const float older = static_cast<float>(freeLevel ? PlanBlockVictims::kLruFreeKey : theta);
-        const float tie = freeLevel ? -1.0f : static_cast<float>(theta);
-        const LocalTensor<float> af = ctx_.wWin_.ReinterpretCast<float>();
-        const LocalTensor<int32_t> lane = ctx_.wKey_, ids = ctx_.wSlot_, tieIds = ctx_.wTmp_, out = ctx_.wIdx_;
-        const LocalTensor<float> idsF = ctx_.wTmp_.ReinterpretCast<float>();   // after tieIds is read
+        ch.older = static_cast<float>(ch.freeLevel ? PlanBlockVictims::kLruFreeKey : theta);
+        ch.tie = ch.freeLevel ? -1.0f : static_cast<float>(theta);
+        ch.ties = ties;
+        const LocalTensor<float> af = ctx_.wTmp_.ReinterpretCast<float>();   // windows only: no half copy
         Sync<HardEvent::S_V>();
         Sync<HardEvent::V_S>();                   // CreateVecIndex starts with scalar writes (of a count sink)
-        CreateVecIndex(lane, 0, W);
+        CreateVecIndex(ctx_.wSlot_, 0, W);        // lane ids
         uint32_t have = 0;
-        for (uint32_t id = 0; id < sl.nwin && have < m; ++id) {
-            const uint32_t start = id * sl.wlen, cntW = WinCount(sl, static_cast<int32_t>(id));
-            if (start >= ctx_.activeCap_) break;
-            const bool hasFree = PlanBlockVictims::WinSetHas(victims_.lruFreeWins_, id);
-            const bool hasOlder = PlanBlockVictims::WinSetHas(olderWins, id);
-            const bool hasTie = ties != 0 && PlanBlockVictims::WinSetHas(tieWins, id);
-            if (!hasFree && (freeLevel || (!hasOlder && !hasTie))) continue;
-            ctx_.Ensure(sl, static_cast<int32_t>(id));
-            for (uint32_t off = 0; off < cntW && start + off < ctx_.activeCap_ && have < m; off += W) {
-                const uint32_t base = start + off, n = MinU(W, cntW - off), live = MinU(n, ctx_.activeCap_ - base);
-                Sync<HardEvent::S_V>();           // the previous chunk's installs and scalar reads
-                PipeBarrier<PIPE_V>();            // and its vector readers of af / ids / the masks
-                Cast(af, sl.buf[off], RoundMode::CAST_RINT, n);
-                Adds(ids, lane, static_cast<int32_t>(base), n);
-                PipeBarrier<PIPE_V>();
-                avsg::CompareScalarAll(ctx_.mA_, af, older, CMPMODE::GT, n);
-                avsg::CompareScalarAll(ctx_.mB_, af, tie, CMPMODE::EQ, n);
-                const bool freeOlder = !freeLevel && hasFree;   // free: older than any age
-                if (freeOlder) avsg::CompareScalarAll(ctx_.mC_, af, -1.0f, CMPMODE::EQ, n);
-                PipeBarrier<PIPE_V>();
-                if (freeOlder) Or(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mC_), n / 16);
-                uint64_t e = 0;
-                GatherMask(tieIds, ids, ctx_.U32(ctx_.mB_), true, live, GatherMaskParams(1, 1, 8, 0), e);
-                if (static_cast<uint32_t>(e) > ties) {   // the tie boundary lies in this chunk
-                    Sync<HardEvent::V_S>();
-                    const float last = ties == 0 ? -1.0f : static_cast<float>(tieIds.GetValue(ties - 1));
-                    Sync<HardEvent::S_V>();
-                    PipeBarrier<PIPE_V>();
-                    Cast(idsF, ids, RoundMode::CAST_RINT, n);   // slot ids < 2^15: exact
-                    PipeBarrier<PIPE_V>();
-                    avsg::CompareScalarAll(ctx_.mC_, idsF, last, CMPMODE::LE, n);
-                    PipeBarrier<PIPE_V>();
-                    And(ctx_.U16(ctx_.mB_), ctx_.U16(ctx_.mB_), ctx_.U16(ctx_.mC_), n / 16);
-                    ties = 0;
-                } else {
-                    ties -= static_cast<uint32_t>(e);
-                }
-                PipeBarrier<PIPE_V>();
-                Or(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), n / 16);
-                PipeBarrier<PIPE_V>();
-                uint64_t got = 0;
-                GatherMask(out, ids, ctx_.U32(ctx_.mA_), true, live, GatherMaskParams(1, 1, 8, 0), got);
-                const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
-                if (take == 0) continue;
-                Sync<HardEvent::V_S>();
-                Sync<HardEvent::V_MTE3>();
-                StoreInts(ctx_.missSlotsGm_[rowN + have], out, take);
-                Sync<HardEvent::MTE3_V>();
-                for (uint32_t q = 0; q < take; ++q) {
-                    const uint32_t j = have + q;
-                    ctx_.LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
-                    const uint32_t s = static_cast<uint32_t>(out.GetValue(q));
-                    ctx_.Put(ctx_.win_[avsg::SEC_SP], s, ctx_.vWant_.GetValue(j % nc));
-                    ctx_.Put(sl, s, 0);                  // an age: used this step
-                }
-                have += take;
+        const uint32_t grid = compact ? W : MinU(W, sl.wlen);
+        for (uint32_t base = 0; base < ctx_.activeCap_ && have < m; base += grid) {
+            const uint32_t id = base / sl.wlen, last = MinU(base + grid, ctx_.activeCap_) - 1;
+            bool hasFree = false, hasOlder = false, hasTie = false;   // in the windows the chunk spans
+            for (uint32_t w = id; w <= last / sl.wlen; ++w) {
+                hasFree = hasFree || PlanBlockVictims::WinSetHas(victims_.lruFreeWins_, w);
+                hasOlder = hasOlder || PlanBlockVictims::WinSetHas(olderWins, w);
+                hasTie = hasTie || (ch.ties != 0 && PlanBlockVictims::WinSetHas(tieWins, w));
             }
+            if (!hasFree && (ch.freeLevel || (!hasOlder && !hasTie))) continue;
+            ch.freeOlder = !ch.freeLevel && hasFree;   // free: older than any age
+            uint32_t n, got;
+            Sync<HardEvent::S_V>();               // the previous chunk's installs and scalar reads
+            PipeBarrier<PIPE_V>();                // and its vector readers of the ids and the masks
+            if (compact) {
+                n = MinU(grid, ctx_.t_.capPad - base);
+                got = TakeChunk(ctx_.sHalf_[base], avsg::RoundUp(n, PlanBlockVictims::kHalfCopyLanes), base, n,
+                                MinU(n, ctx_.activeCap_ - base), ch);
+            } else {
+                ctx_.Ensure(sl, static_cast<int32_t>(id));
+                const uint32_t off = base - id * sl.wlen;
+                n = MinU(grid, WinCount(sl, static_cast<int32_t>(id)) - off);
+                Cast(af, sl.buf[off], RoundMode::CAST_RINT, n);   // ages in [-1, 1023]: exact
+                PipeBarrier<PIPE_V>();
+                got = TakeChunk(af, n, base, n, MinU(n, ctx_.activeCap_ - base), ch);
+            }
+            const uint32_t take = MinU(got, m - have);
+            if (take == 0) continue;
+            const LocalTensor<int32_t> out = ctx_.wIdx_;
+            Sync<HardEvent::V_S>();
+            Sync<HardEvent::V_MTE3>();
+            StoreInts(ctx_.missSlotsGm_[rowN + have], out, take);
+            Sync<HardEvent::MTE3_V>();
+            for (uint32_t q = 0; q < take; ++q) {
+                const uint32_t j = have + q;
+                ctx_.LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
+                const uint32_t s = static_cast<uint32_t>(out.GetValue(q));
+                ctx_.Put(ctx_.win_[avsg::SEC_SP], s, ctx_.vWant_.GetValue(j % nc));
+                if (compact) ctx_.sHalf_.SetValue(s, static_cast<half>(0.0f));   // an age: used this step
+                else ctx_.Put(sl, s, 0);
+            }
+            have += take;
         }
         ctx_.missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
+    }
+    // What SelectLru's chunks share: the threshold, the ties still to take, whether free slots
+    // count as older (they do unless only free slots are taken).
+    struct Chunk {
+        bool freeLevel = false, freeOlder = false;
+        float older = 0.0f, tie = 0.0f;
+        uint32_t ties = 0;
+    };
+    // One chunk's victims, slots base .. base + live - 1 (ages[0:cmp] its ages, cmp >= n lanes
+    // compared: the half copy compares whole 256 B), in slot order -> wIdx_; returns how many.
+    // Victims: age > older, free slots where they count as older, and the first ch.ties slots
+    // at age tie (ch.ties falls by those taken). UB: wSlot_ (lane ids, read), wWin_ (slot ids),
+    // wIdx_ (the ties, then the slot ids as float, then the victims), mA_ / mB_ / mC_.
+    template <class T>
+    __aicore__ inline uint32_t TakeChunk(const LocalTensor<T>& ages, uint32_t cmp, uint32_t base, uint32_t n,
+                                         uint32_t live, Chunk& ch) {
+        const LocalTensor<int32_t> ids = ctx_.wWin_, out = ctx_.wIdx_;
+        const LocalTensor<float> idsF = ctx_.wIdx_.ReinterpretCast<float>();   // after the ties are read
+        Adds(ids, ctx_.wSlot_, static_cast<int32_t>(base), n);
+        avsg::CompareScalarAll(ctx_.mA_, ages, static_cast<T>(ch.older), CMPMODE::GT, cmp);
+        avsg::CompareScalarAll(ctx_.mB_, ages, static_cast<T>(ch.tie), CMPMODE::EQ, cmp);
+        if (ch.freeOlder) avsg::CompareScalarAll(ctx_.mC_, ages, static_cast<T>(-1.0f), CMPMODE::EQ, cmp);
+        PipeBarrier<PIPE_V>();
+        if (ch.freeOlder) Or(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mC_), n / 16);
+        uint64_t e = 0;
+        GatherMask(out, ids, ctx_.U32(ctx_.mB_), true, live, GatherMaskParams(1, 1, 8, 0), e);
+        if (static_cast<uint32_t>(e) > ch.ties) {   // the tie boundary lies in this chunk
+            Sync<HardEvent::V_S>();
+            const float last = ch.ties == 0 ? -1.0f : static_cast<float>(out.GetValue(ch.ties - 1));
+            Sync<HardEvent::S_V>();
+            PipeBarrier<PIPE_V>();
+            Cast(idsF, ids, RoundMode::CAST_RINT, n);   // slot ids < 2^15: exact
+            PipeBarrier<PIPE_V>();
+            avsg::CompareScalarAll(ctx_.mC_, idsF, last, CMPMODE::LE, n);
+            PipeBarrier<PIPE_V>();
+            And(ctx_.U16(ctx_.mB_), ctx_.U16(ctx_.mB_), ctx_.U16(ctx_.mC_), n / 16);
+            ch.ties = 0;
+        } else {
+            ch.ties -= static_cast<uint32_t>(e);
+        }
+        PipeBarrier<PIPE_V>();
+        Or(ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mA_), ctx_.U16(ctx_.mB_), n / 16);
+        PipeBarrier<PIPE_V>();
+        uint64_t got = 0;
+        GatherMask(out, ids, ctx_.U32(ctx_.mA_), true, live, GatherMaskParams(1, 1, 8, 0), got);
+        return static_cast<uint32_t>(got);
     }
     __aicore__ inline void AllocateLru(uint32_t r, uint32_t m) {
         if (m == 0) return;
