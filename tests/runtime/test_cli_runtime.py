@@ -40,11 +40,19 @@ def test_run_small_end_to_end(tiny_trace, tmp_path, capsys):
         for key in ("tpot_ms", "tpot_p50_ms", "tpot_p99_ms", "tokens_per_s", "hit_rate",
                     "h2d_bytes_per_token", "mtp_acceptance", "phase_ms"):
             assert key in m
-        assert set(m["phase_ms"]) == {"index_select", "plan", "gather", "attention", "rest"}
+        assert set(m["phase_ms"]) == {"index_select", "plan", "plan_gather", "gather", "attention",
+                                      "rest"}
     by_mode = {m["mode"]: m for m in result["modes"]}
     assert by_mode["device"]["h2d_bytes_per_token"] == 0
     assert 0 < by_mode["avsg"]["h2d_bytes_per_token"] < by_mode["offload"]["h2d_bytes_per_token"]
     assert "simulated" in result["workload"]["acceptance"]
+    # on CPU the avsg store's plan and copy are one launch: timed as one phase, shown as such
+    avsg_ms = by_mode["avsg"]["phase_ms"]
+    assert avsg_ms["plan_gather"] > 0 and avsg_ms["gather"] == 0
+    assert by_mode["offload"]["phase_ms"]["plan_gather"] == 0
+    row = next(line for line in printed.splitlines() if line.startswith("avsg ") and "|" in line)
+    assert row.split()[-3] == "-"
+    assert "avsg: plan and gather are one launch (plan_gather)" in printed
 
 
 def test_run_with_split_attention_keeps_the_tokens_and_the_copies(tiny_trace, tmp_path,

@@ -259,7 +259,8 @@ class SparseOffloadManager:
             requests that bypass the buffer are always dropped ("Stale copies").
         check: value checks (default: on for CPU, off elsewhere, where they would sync).
         timers: optional ``timers(phase) -> context manager`` wrapped around the ``"plan"`` and
-            ``"gather"`` phases of ``begin_step`` / ``retrieve`` (not while tracing).
+            ``"gather"`` phases of ``begin_step`` / ``retrieve`` (not while tracing); where plan
+            and copy are one launch (``fuse_copy``) that launch is one phase, ``"plan_gather"``.
         gather_cores: cores the copy's gather launch takes (``avsg.gather``'s ``num_cores``;
             default ``avsg.get_num_cores()``): fewer leave cores to an attention kernel that
             should run beside the copy (``step(split=True)``, docs/overlap.md).
@@ -899,7 +900,7 @@ class SparseOffloadManager:
                     self.write_through_rows += fresh.sum()
                 settle(plan, counts)
 
-        # the package's own copy of every miss: plan and copy in one launch (timed as the plan)
+        # the package's own copy of every miss: plan and copy in one launch, one phase
         fused = serving_launches(news is not None, split, self.fuse_copy) == SERVING_LAUNCHES
         if fused:
             copy = self.paged.miss_copy(layer, meta.block_table)
@@ -908,7 +909,7 @@ class SparseOffloadManager:
             plan = self.residency.step(layer, topk_pos, meta.seq_lens, copy, stable)
         else:
             with plan_phase:
-                plan_phase.enter_context(self._timers("plan"))
+                plan_phase.enter_context(self._timers("plan_gather" if fused else "plan"))
                 plan = self.residency.step(layer, topk_pos, meta.seq_lens, copy, stable)
         if fused:
             settle(plan, plan.miss_counts)
