@@ -743,8 +743,8 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
 }
 
 // ---------------------------------------------------------------------------
-// Cast (card §5): the A2 pairs of interest plus half<->float and uint8->half (CAST_NONE, exact:
-// vconv_u82f16 in the A2 headers).
+// Cast (card §5): the A2 pairs of interest plus half<->float, half->int32 (vconv_f162s32* in the
+// A2 headers) and uint8->half (CAST_NONE, exact: vconv_u82f16 in the A2 headers).
 // ---------------------------------------------------------------------------
 namespace emu_detail {
 inline const char* round_name(RoundMode m) {
@@ -805,7 +805,9 @@ void check_cast_mode(RoundMode m) {
     } else if constexpr ((std::is_same<S, float>::value && std::is_same<D, int32_t>::value) ||
                          (std::is_same<S, float>::value && std::is_same<D, int16_t>::value) ||
                          (std::is_same<S, int64_t>::value && std::is_same<D, float>::value) ||
-                         (std::is_same<S, float>::value && std::is_same<D, int64_t>::value)) {
+                         (std::is_same<S, float>::value && std::is_same<D, int64_t>::value) ||
+                         (std::is_same<S, half>::value && std::is_same<D, int32_t>::value)) {
+        // half -> int32: vconv_f162s32{r,f,c,a,z} in the A2 headers, no CAST_NONE
         if (none || odd) bad("RINT/FLOOR/CEIL/ROUND/TRUNC");
     } else if constexpr (std::is_same<S, float>::value && std::is_same<D, half>::value) {
         if (!(none || m == RoundMode::CAST_RINT)) bad("CAST_NONE/CAST_RINT (other modes are not emulated)");
@@ -904,6 +906,8 @@ void cast_loop(T* d, const U* s, uint32_t count, RoundMode roundMode) {
             d[i] = int_to_float(static_cast<long double>(v), roundMode);
         else if constexpr (std::is_integral<T>::value && std::is_same<U, float>::value)
             d[i] = sat_from_double<T>(round_to_int(static_cast<double>(v), roundMode));
+        else if constexpr (std::is_integral<T>::value && std::is_same<U, half>::value)
+            d[i] = sat_from_double<T>(round_to_int(static_cast<double>(static_cast<float>(v)), roundMode));
         else if constexpr (std::is_integral<T>::value && std::is_integral<U>::value) {
             if (v < static_cast<U>(std::numeric_limits<T>::min()) && sizeof(U) > sizeof(T)) d[i] = std::numeric_limits<T>::min();
             else if (v > static_cast<U>(std::numeric_limits<T>::max()) && sizeof(U) > sizeof(T)) d[i] = std::numeric_limits<T>::max();
@@ -928,10 +932,11 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
                       (std::is_same<U, float>::value && std::is_same<T, int16_t>::value) ||
                       (std::is_same<U, int16_t>::value && std::is_same<T, half>::value) ||
                       (std::is_same<U, half>::value && std::is_same<T, float>::value) ||
+                      (std::is_same<U, half>::value && std::is_same<T, int32_t>::value) ||
                       (std::is_same<U, float>::value && std::is_same<T, half>::value) ||
                       (std::is_same<U, uint8_t>::value && std::is_same<T, half>::value),
                   "Cast: dtype pair not in the emulated A2 list (int32<->float, int32<->int64, int64<->float, "
-                  "int32->int16, int16<->float, int16->half, half<->float, uint8->half; card §5)");
+                  "int32->int16, int16<->float, int16->half, half<->float, half->int32, uint8->half; card §5)");
     const char* api = "Cast";
     emu_detail::check_cast_mode<T, U>(roundMode);
     emu_detail::check_ub(api, "dst", dst, count);

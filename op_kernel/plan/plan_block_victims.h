@@ -22,22 +22,20 @@ namespace avsg_kernel {
 class PlanBlockVictims {
 public:
     __aicore__ inline explicit PlanBlockVictims(PlanContext& ctx, PlanBlockProbe& probe) : ctx_(ctx), probe_(probe) {}
-    // slot_life = the half copy (lives in [-1, L+1], ages in [-1, 1023]: exact in half), in
-    // stretches of 2 * Wide() slots through wPair_, straight to GM: every entry is overwritten,
-    // so the section moves in once (DecayInHalf) and out once, and its window stays empty.
+    // slot_life = the half copy (lives in [-1, L+1], ages in [-1, 1023]: exact in half, so one
+    // half -> int32 Cast), in stretches of 2 * Wide() slots through wPair_, straight to GM: every
+    // entry is overwritten, so the section moves in once (DecayInHalf) and out once, and its
+    // window stays empty.
     __aicore__ inline void WriteBackHalfCopy() {
         const Win& sl = ctx_.win_[avsg::SEC_SL];
         const LocalTensor<int32_t> stage = ctx_.wPair_;
-        const LocalTensor<float> lifeF = stage.ReinterpretCast<float>();
         const uint32_t lanes = 2 * probe_.Wide();
         Sync<HardEvent::S_V>();                   // the installs' scalar writes of the half copy
         PipeBarrier<PIPE_V>();                    // and the search's vector readers of the wide vectors
         for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
             const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
             if (base) Sync<HardEvent::MTE3_V>();  // the previous stretch's store reads the stage
-            Cast(lifeF, ctx_.sHalf_[base], RoundMode::CAST_NONE, n);
-            PipeBarrier<PIPE_V>();
-            Cast(stage, lifeF, RoundMode::CAST_RINT, n);
+            Cast(stage, ctx_.sHalf_[base], RoundMode::CAST_RINT, n);
             Sync<HardEvent::V_MTE3>();
             DataCopy(sl.gm[base], stage, n);
         }

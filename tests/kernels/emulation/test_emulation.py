@@ -135,6 +135,7 @@ RUNTIME = {
     "compare_after_reset_mask_ok": None,
     "cast_ok": None,
     "bad_cast_mode": ["Cast: RoundMode::CAST_NONE not allowed"],
+    "bad_cast_mode_half_int32": ["Cast: RoundMode::CAST_NONE not allowed"],
     "reduce_sort_ok": None,
     "bad_sort32_repeat": ["Sort32: repeatTime 256 outside 0..255"],
     "bad_sort_dst_unaligned": ["Sort: dst UB address", "is not 256-byte aligned"],

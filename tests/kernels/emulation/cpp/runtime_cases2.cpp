@@ -370,6 +370,33 @@ CASE_UNSYNCED(cast_ok) {
         CHECK(static_cast<float>(hh.GetValue(0)) == 2.0f);
         CHECK(static_cast<float>(hh.GetValue(6)) == -1.0f);
         CHECK(static_cast<float>(hh.GetValue(7)) == 7.0f);
+        auto back = b.GetWithOffset<int32_t>(16, 2560);   // half -> int32 (vconv_f162s32r)
+        Cast(back, hh, RoundMode::CAST_RINT, 8);
+        CHECK_EQ(back.GetValue(0), 2);
+        CHECK_EQ(back.GetValue(6), -1);
+        CHECK_EQ(back.GetValue(7), 7);
+        const float halves[8] = {1.25f, -1.25f, 1.75f, 2.5f, -2.5f, 0.5f, -0.5f, 3.0f};   // exact in half
+        for (int k = 0; k < 8; ++k) f.SetValue(k, halves[k]);
+        Cast(hh, f, RoundMode::CAST_NONE, 8);
+        Cast(back, hh, RoundMode::CAST_FLOOR, 8);
+        CHECK_EQ(back.GetValue(0), 1);
+        CHECK_EQ(back.GetValue(1), -2);
+        Cast(back, hh, RoundMode::CAST_RINT, 8);   // ties to even
+        CHECK_EQ(back.GetValue(2), 2);
+        CHECK_EQ(back.GetValue(3), 2);
+        CHECK_EQ(back.GetValue(4), -2);
+        CHECK_EQ(back.GetValue(7), 3);
+    });
+}
+CASE(bad_cast_mode_half_int32) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto h = b.Get<half>(16);
+        auto i = b.GetWithOffset<int32_t>(16, 256);
+        Duplicate(h, static_cast<half>(1.0f), 16);
+        Cast(i, h, RoundMode::CAST_NONE, 16);  // A2: f162s32 has r/f/c/a/z forms only
     });
 }
 CASE(bad_cast_mode) {
