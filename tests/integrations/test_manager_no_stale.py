@@ -59,14 +59,16 @@ class Driver:
 
     def run_pass(self, q_lens: Sequence[int], selections, num_tokens: Optional[int] = None,
                  retrieve: bool = True, skip_layers: Sequence[int] = (),
-                 retrieve_first: Sequence[int] = ()):
+                 retrieve_first: Sequence[int] = (), refused: Sequence[int] = ()):
         """One pass: request ``r`` writes ``q_lens[r]`` tokens at ``computed[r]...``;
         ``selections(r, pos, layer)`` gives a token's top-k (distinct, ``< pos + 1``).
         ``retrieve=False``: the engine only writes KV (a pass it runs on its prefill path);
         ``skip_layers``: layers whose KV the pass writes but which call no retrieve in it;
         ``retrieve_first``: layers that retrieve before they write the pass's KV (what their
         attention reads of the pass's own positions is then the engine's business: not
-        checked in this pass, but every later pass must read the new bytes)."""
+        checked in this pass, but every later pass must read the new bytes); ``refused``:
+        layers whose retrieve is refused because another thread holds their buffer (the engine
+        goes on with the pass without them)."""
         qsl = [0]
         for q in q_lens:
             qsl.append(qsl[-1] + q)
@@ -99,6 +101,15 @@ class Driver:
                 if p >= 0:
                     picked = list(selections(r, p, layer))
                     topk[t, 0, :len(picked)] = torch.tensor(picked, dtype=torch.int32)
+            if layer in refused:
+                busy = self.mgr.buffers[layer]._busy
+                busy.acquire()                        # another thread inside the buffer
+                try:
+                    with pytest.raises(RuntimeError, match="in use by another thread"):
+                        self.mgr.retrieve(layer, topk, meta, new_kv=new)
+                finally:
+                    busy.release()
+                continue
             out = self.mgr.retrieve(layer, topk, meta, new_kv=new)
             if late:
                 self.mgr.write_kv(layer, slot_mapping, new)
@@ -228,6 +239,26 @@ def test_layers_that_skip_a_retrieve_or_write_after_it_never_read_stale_kv(polic
         if max(d.computed) >= MAX_LEN - T:
             break
     assert d.planned_reads > 100
+
+
+@pytest.mark.parametrize("write_through", [False, True], ids=["host-gather", "write-through"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_refused_retrieve_keeps_the_drops_it_owed(policy, write_through):
+    """A layer's retrieve refused before its launch (another thread holds the buffer) dropped
+    nothing: the positions its pass rewrote (rejected drafts 41 and 42 here) must still wait for
+    the layer's next plan. They were lost: the refused call counted as the layer's retrieve, so
+    the end of the pass recorded nothing for it, and the next pass read the drafts' old bytes."""
+    d = Driver(policy, write_through, rows=1)
+    d.run_pass([40], lambda r, p, layer: [])              # prefill 0..39 (bypasses)
+    d.computed = [40]
+    d.run_pass([3], lambda r, p, layer: [q for q in (41, 42, 7, 3) if q <= p][:K])
+    d.computed = [41]                                     # drafts 41 and 42 rejected
+    assert {41, 42} <= set(d.mgr.resident(0, 0))
+    d.run_pass([3], lambda r, p, layer: [q for q in (41, 42, 7) if q <= p], refused=[0])
+    assert not {41, 42} & set(d.mgr.resident(0, 0))      # rewritten: no plan may hit them
+    d.computed = [44]                                     # the engine went on
+    d.run_pass([1], lambda r, p, layer: [41, 42, 7, 3])
+    assert d.planned_reads == 2 * (2 + 3 + 4) + 1 * (2 + 3 + 3) + 2 * 4
 
 
 @pytest.mark.parametrize("policy", POLICIES)

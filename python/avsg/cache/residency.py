@@ -88,11 +88,15 @@ class Residency:
         """One layer: drop what is recorded for it (and positions ``>= stable_lens[s]``, this
         pass's own), plan ``topk_pos`` int32 ``[rows, T, K]`` (state-row order), ``copy(plan)``.
         One buffer call (``SparseKVBuffer.step``)."""
-        limit = self._drop_from[layer]
+        # this pass's own positions join the layer's record before the step runs and the record
+        # is cleared only once the step succeeded: a step refused before its launch (another
+        # thread holds the buffer, a check) leaves every drop it owed for the layer's next step
+        # (one applied twice only costs misses)
+        pending = self._drop_from[layer]
         if stable_lens is not None:
-            limit = torch.minimum(limit, stable_lens)
-        plan = self.buffers[layer].step(topk_pos, seq_lens, copy, drop_from=limit)
-        self._drop_from[layer].fill_(NO_LIMIT)     # applied (a failed step keeps them: harmless)
+            torch.minimum(pending, stable_lens, out=pending)
+        plan = self.buffers[layer].step(topk_pos, seq_lens, copy, drop_from=pending)
+        pending.fill_(NO_LIMIT)
         return plan
 
     # ------------------------------------------------------------------------ statistics
