@@ -154,3 +154,61 @@ def test_keys_and_batch_rows_do_not_mix():
     with pytest.raises(ValueError, match="requests: a key appears twice"):
         engine.mgr.begin_step(torch.tensor([0, 1, 2], dtype=I32), torch.tensor([1, 1], dtype=I32),
                               torch.zeros(2, 8, dtype=I32), 2, requests=[7, 7])
+
+
+def test_invalidate_after_release_reaches_the_requests_of_the_last_pass():
+    """``invalidate`` takes the last pass's batch order. ``release`` of another key between the
+    pass and the invalidate used to renumber the batch positions (as if no pass had run), so
+    with ``auto_invalidate`` off the rejected draft of "a" was dropped from "b"'s row and "a"
+    read the draft's old bytes in its next pass."""
+    T2, rows = 2, 3
+    mgr = SparseOffloadManager(num_layers=1, max_rows=rows, capacity=S, topk=K,
+                               queries_per_step=T2, kv_format="fp32", resident_block_size=BS,
+                               latent_dim=WIDTH, rope_dim=WIDTH, auto_invalidate=False, check=True)
+    host = [tuple(torch.zeros(3 * 4, HOST_BS, 1, WIDTH) for _ in range(2))]
+    mgr.register_host_kv(host)
+    blocks = {key: [4 * i + b for b in range(4)] for i, key in enumerate("abc")}
+    gen = torch.Generator().manual_seed(0)
+
+    def host_row(key, pos):
+        return blocks[key][pos // HOST_BS] * HOST_BS + pos % HOST_BS
+
+    for key in blocks:                                   # a prompt of 10 positions each
+        for pos in range(10):
+            for part in host[0]:
+                part.view(-1, 1, WIDTH)[host_row(key, pos)] = torch.randn(1, WIDTH, generator=gen)
+
+    def run(order, start, q, picks):
+        """One pass: ``q`` tokens of each key from ``start[key]``; token ``j`` selects the
+        positions of ``picks[key]`` it can see. Every read is checked against the host."""
+        seq = torch.tensor([start[k] + q for k in order], dtype=I32)
+        qsl = torch.arange(len(order) + 1, dtype=I32) * q
+        table = torch.tensor([blocks[k] for k in order], dtype=I32)
+        meta = mgr.begin_step(qsl, seq, table, len(order) * q, requests=list(order))
+        mapping = torch.tensor([host_row(k, start[k] + j) for k in order for j in range(q)])
+        mgr.write_kv(0, mapping, [torch.randn(len(order) * q, 1, WIDTH, generator=gen)
+                                  for _ in range(2)])
+        topk = torch.full((len(order) * q, 1, K), -1, dtype=I32)
+        for i, k in enumerate(order):
+            for j in range(q):
+                seen = [p for p in picks[k] if p <= start[k] + j]
+                topk[i * q + j, 0, :len(seen)] = torch.tensor(seen, dtype=I32)
+        out = mgr.retrieve(0, topk, meta)
+        for t in range(len(order) * q):
+            key, state_row = order[t // q], int(out.block_table[t // q, 0]) // (S // BS)
+            slots, picked = out.slots[t, 0], topk[t, 0]
+            for slot, pos in zip(slots[slots >= 0].tolist(), picked[picked >= 0].tolist()):
+                for c in range(2):
+                    want = host[0][c].view(-1, 1, WIDTH)[host_row(key, pos)]
+                    assert torch.equal(mgr.kv[0][c][state_row, slot], want), \
+                        f"{key} pos {pos}: stale KV"
+
+    run(["a", "b", "c"], {k: 10 for k in "abc"}, 1, {"a": [1, 2], "b": [3], "c": [4]})
+    # MTP: tokens at 11 and 12; 12 is a draft that the second token selects
+    run(["b", "a", "c"], {k: 11 for k in "abc"}, T2, {"a": [12, 5], "b": [12, 6], "c": [7]})
+    assert 12 in mgr.resident(0, 1)                      # "a" (batch position 1) holds it
+    mgr.release(["c"])                                    # c finished
+    # a's draft rejected, b's accepted: in the last pass's order (b, a, c)
+    mgr.invalidate(torch.tensor([13, 12, 2 ** 24], dtype=I32))
+    assert 12 not in mgr.resident(0, 1)
+    run(["b", "a"], {"a": 12, "b": 13}, T2, {"a": [12, 5], "b": [13, 6]})

@@ -421,6 +421,7 @@ class SparseOffloadManager:
         if positions is None:
             positions = list(range(R))
         positions = list(positions) + [None] * (R - len(positions))
+        self._positions = positions
         state_of = {b: self.rows.row_of(k) for b, k in enumerate(positions)
                     if k is not None and k in self.rows}
         free_batch = [b for b in range(R) if b not in state_of]
@@ -493,7 +494,8 @@ class SparseOffloadManager:
         (default: all) will be written again, e.g. rejected drafts: each of those layers drops
         them in its next step, in the same launch as its plan. Nothing is launched here: only a
         plan reads a resident copy ("Stale copies"). Free rows should pass ``2**24`` (or
-        anything)."""
+        anything). A manager that follows request keys takes ``valid_lens`` in the order of the
+        last ``begin_step``'s ``requests`` (``release`` keeps it)."""
         require_tensor("valid_lens", valid_lens, torch.int32, (self.max_rows,), self.device)
         if layers is not None:
             if not isinstance(layers, (list, tuple, range)):
@@ -608,7 +610,10 @@ class SparseOffloadManager:
                              "called); use free(row)")
         self._keyed = True
         if self.rows.release(list(requests)):
-            self._sync_tables(positions=[])      # a StepMeta made before is superseded
+            # a StepMeta made before is superseded; every other request keeps the batch
+            # position of the last pass, the order invalidate's valid_lens are in until the next
+            # begin_step (the released ones leave theirs free)
+            self._sync_tables(positions=self._positions)
 
     def begin_step_rtk(self, seq_lens: torch.Tensor, queries: int, block_table: torch.Tensor,
                        active: Optional[torch.Tensor] = None,
