@@ -212,3 +212,28 @@ def test_invalidate_after_release_reaches_the_requests_of_the_last_pass():
     mgr.invalidate(torch.tensor([13, 12, 2 ** 24], dtype=I32))
     assert 12 not in mgr.resident(0, 1)
     run(["b", "a"], {"a": 12, "b": 13}, T2, {"a": [12, 5], "b": [13, 6]})
+
+
+def test_a_keyed_pass_without_its_keys_is_refused():
+    """Once the manager follows keys, a pass without them would map its batch positions to the
+    last pass's rows: here "b" moved to position 0 and would have read "a"'s KV. Refused,
+    naming ``requests`` (``begin_step_rtk``: itself), and nothing changes."""
+    engine = KeyedEngine("lifetime", 0)
+    engine.admit("a", prefix=8)
+    engine.admit("b", prefix=8)
+    engine.run_pass(["a", "b"])
+    mgr = engine.mgr
+    before = (mgr.rows.held(), mgr._generation, mgr.state_row_of_batch_row.clone(),
+              [b.state.clone() for b in mgr.buffers])
+    table = torch.tensor([engine.seqs[s][0] for s in ("b", "a")], dtype=I32)
+    seq = torch.tensor([10, 10], dtype=I32)
+    with pytest.raises(ValueError, match=r"^requests: this manager follows request keys"):
+        mgr.begin_step(torch.tensor([0, 1, 2], dtype=I32), seq, table, 2)
+    full = torch.zeros(R, MAX_LEN // HOST_BS, dtype=I32)
+    with pytest.raises(ValueError, match=r"^begin_step_rtk: this manager follows request keys"):
+        mgr.begin_step_rtk(torch.full((R,), 10, dtype=I32), 1, full)
+    after = (mgr.rows.held(), mgr._generation, mgr.state_row_of_batch_row,
+             [b.state for b in mgr.buffers])
+    assert before[:2] == after[:2] and torch.equal(before[2], after[2])
+    assert all(torch.equal(x, y) for x, y in zip(before[3], after[3]))
+    engine.run_pass(["b", "a"])                  # with its keys: each reads its own KV

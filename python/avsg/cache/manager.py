@@ -545,6 +545,11 @@ class SparseOffloadManager:
         R = self.max_rows
         if requests is not None:
             self._follow_requests(requests, query_start_loc)
+        elif self._keyed:
+            # only the keys say which row a batch position reads: the last pass's mapping
+            # would give a request whose position changed another request's KV
+            raise ValueError("requests: this manager follows request keys (an earlier "
+                             "begin_step's requests); give every pass its keys, in batch order")
         require_int("num_tokens", num_tokens, low=0, high=_MAX_TOKENS)
         require_bool("check", check, optional=True)
         require_fits("num_tokens", num_tokens * (_TOKEN_BYTES + 4 * self.topk), self.device,
@@ -627,6 +632,10 @@ class SparseOffloadManager:
         meta). ``queries > T`` bypasses the buffer (a prefill: no ``retrieve``, its rewrites are
         recorded)."""
         R = self.max_rows
+        if self._keyed:
+            raise ValueError("begin_step_rtk: this manager follows request keys (begin_step's "
+                             "requests), so a batch row is not a state row; call "
+                             "begin_step(..., requests=...) for every pass")
         require_int("queries", queries, low=1, high=_MAX_TOKENS // R)
         require_bool("check", check, optional=True)
         num_tokens = R * queries
