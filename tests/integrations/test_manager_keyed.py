@@ -237,3 +237,30 @@ def test_a_keyed_pass_without_its_keys_is_refused():
     assert before[:2] == after[:2] and torch.equal(before[2], after[2])
     assert all(torch.equal(x, y) for x, y in zip(before[3], after[3]))
     engine.run_pass(["b", "a"])                  # with its keys: each reads its own KV
+
+
+def test_a_refused_keyed_begin_step_changes_nothing():
+    """The row table followed a pass's keys before its checks ran: a refused pass had already
+    freed the rows of the keys absent from it and given (reset) rows to its new keys."""
+    engine = KeyedEngine("lifetime", 0)
+    for sid in ("a", "b"):
+        engine.admit(sid, prefix=8)
+    engine.run_pass(["a", "b"])
+    engine.admit("c", prefix=8)
+    mgr = engine.mgr
+    before = (mgr.rows.held(), mgr.rows.free_rows(), mgr._generation,
+              mgr.state_row_of_batch_row.clone(), [b.state.clone() for b in mgr.buffers])
+    table = torch.tensor([engine.seqs[s][0] for s in ("c", "b")], dtype=I32)
+    qsl = torch.tensor([0, 1, 2], dtype=I32)
+    with pytest.raises(ValueError, match=r"^seq_lens\[1\] = -1"):
+        mgr.begin_step(qsl, torch.tensor([9, -1], dtype=I32), table, 2, requests=["c", "b"])
+    with pytest.raises(ValueError, match=r"^block_table\[0, 1\] = -1"):
+        mgr.begin_step(qsl, torch.tensor([9, 10], dtype=I32),
+                       torch.cat([table[:, :1], -torch.ones(2, 7, dtype=I32)], 1), 2,
+                       requests=["c", "b"])
+    after = (mgr.rows.held(), mgr.rows.free_rows(), mgr._generation,
+             mgr.state_row_of_batch_row, [b.state for b in mgr.buffers])
+    assert before[:3] == after[:3] and torch.equal(before[3], after[3])
+    assert all(torch.equal(x, y) for x, y in zip(before[4], after[4]))
+    engine.run_pass(["c", "b"])
+    assert mgr.rows.row_of("a") is None

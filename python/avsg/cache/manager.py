@@ -543,8 +543,9 @@ class SparseOffloadManager:
         Such an engine calls no ``add`` / ``free`` / ``move_row`` / ``swap_rows``.
         """
         R = self.max_rows
+        keys = None
         if requests is not None:
-            self._follow_requests(requests, query_start_loc)
+            keys = self._request_keys(requests, query_start_loc)
         elif self._keyed:
             # only the keys say which row a batch position reads: the last pass's mapping
             # would give a request whose position changed another request's KV
@@ -570,14 +571,19 @@ class SparseOffloadManager:
         seq_lens, block_table = seq_lens[:Q], block_table[:Q]
         checked = (self.check if check is None else check) and not tracing()
         if checked:
-            self._check_step(query_start_loc, seq_lens, block_table, num_tokens)
+            # keyed: every key of the pass holds a row once the table follows them
+            self._check_step(query_start_loc, seq_lens, block_table, num_tokens,
+                             occupied=None if keys is None else [k is not None for k in keys])
+        if keys is not None:
+            self._follow_requests(keys)      # every check passed: the row table changes now
 
         qsl = query_start_loc.to(torch.int64)
         req, j, live = token_layout.requests_of_tokens(query_start_loc, num_tokens)
         return self._step_meta(qsl[:-1], qsl[1:] - qsl[:-1], seq_lens, block_table, req, j, live,
                                query_start_loc, checked)
 
-    def _follow_requests(self, requests: Sequence, query_start_loc: torch.Tensor) -> None:
+    def _request_keys(self, requests: Sequence, query_start_loc: torch.Tensor) -> List:
+        """``begin_step``'s ``requests`` checked (nothing changes here): the keys, a list."""
         if not isinstance(requests, (list, tuple)):
             raise TypeError(f"requests: expected a list of request keys in batch order, got "
                             f"{type(requests).__name__}")
@@ -591,6 +597,10 @@ class SparseOffloadManager:
         keys = list(requests)
         if len({k for k in keys if k is not None}) != sum(k is not None for k in keys):
             raise ValueError("requests: a key appears twice in one pass")
+        return keys
+
+    def _follow_requests(self, keys: List) -> None:
+        """The row table follows a pass's keys (checked by ``_request_keys``)."""
         self._keyed = True
         state_rows, fresh = self.rows.assign(keys)
         if fresh:
@@ -725,10 +735,14 @@ class SparseOffloadManager:
             self.residency.record_drops(self._pass[1], layers)
 
     def _check_step(self, qsl, seq_lens, block_table, num_tokens,
-                    rows_from: str = "query_start_loc") -> None:
+                    rows_from: str = "query_start_loc",
+                    occupied: Optional[Sequence[bool]] = None) -> None:
         """``rows_from``: the argument that says which batch rows have tokens (the caller's:
         ``query_start_loc``, or ``active`` for ``begin_step_rtk``), named when one of them
-        holds no request."""
+        holds no request. ``occupied``: which batch rows hold a request (default: the row
+        table's now)."""
+        if occupied is None:
+            occupied = self._occupied_host
         q = qsl.tolist()
         if q[0] != 0:
             raise ValueError(f"query_start_loc[0] = {q[0]}: expected 0")
@@ -749,7 +763,7 @@ class SparseOffloadManager:
             buffered.append(0 < q_len <= self.queries_per_step)
             if q_len == 0:
                 continue
-            if not self._occupied_host[i]:
+            if not occupied[i]:
                 if rows_from == "active":
                     raise ValueError(f"active[{i}]: batch row {i} is active but holds no request "
                                      f"(add(row) first, or pass active[{i}] = False)")
