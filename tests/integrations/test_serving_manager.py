@@ -441,3 +441,68 @@ def test_gather_cores_is_the_copy_launch_core_count(fuse_copy):
     assert Cores.seen == [avsg.get_num_cores(), 3] and all(torch.equal(a, b) for a, b in zip(*kv))
     with pytest.raises(ValueError, match="gather_cores"):
         make(gather_cores=0)
+
+
+def test_the_split_copy_marks_every_tensor_of_the_caller_it_reads():
+    """With the split the copy runs on its own stream (an NPU's side stream): every tensor it
+    reads that the caller's stream made (and may free once step returns) must be marked as in
+    use by that stream (``CopyStream.copying``'s tensors), else the allocator may hand its memory
+    out while the copy still reads it. The write-through's new KV was not marked: its rows could
+    be overwritten before the copy wrote them into their slots, silently. Checked on CPU by
+    recording what the copy's ops read."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from avsg.cache.overlap import CopyStream
+
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    class Reads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.read, self.made = set(), set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+                if isinstance(a, torch.Tensor) and storage(a) not in self.made:
+                    self.read.add(storage(a))
+            for o in torch.utils._pytree.tree_leaves(out):
+                if isinstance(o, torch.Tensor) and not any(o is a for a in
+                                                          torch.utils._pytree.tree_leaves(args)):
+                    self.made.add(storage(o))
+            return out
+
+    class Recording(CopyStream):
+        def __init__(self, device):
+            super().__init__(device)
+            self.unmarked = []
+
+        def copying(self, *tensors):
+            import contextlib
+
+            @contextlib.contextmanager
+            def run():
+                with Reads() as reads:
+                    yield
+                marked = {storage(t) for t in tensors}
+                self.unmarked.append(reads.read - marked)
+            return run()
+
+    mgr, host = make(write_through=True)
+    for r in range(R):
+        mgr.add(r)
+    mgr.copy_stream = Recording(mgr.device)
+    own = {storage(t) for layer in mgr.paged._storage for t in layer}
+    own |= {storage(t) for layer in host for t in layer}
+    own |= {storage(mgr.h2d_rows), storage(mgr.write_through_rows)}
+    for step in range(3):
+        seq = torch.full((R,), 20 + step, dtype=torch.int32)
+        meta = mgr.begin_step_rtk(seq, T, block_table())
+        new_kv = [torch.randn(R * T, 1, c.width).to(c.dtype) for c in mgr.kv_format.components]
+        pos = seq[:, None, None] - 1 - torch.arange(T * K).view(1, T, K) % (K + 2 * step)
+        topk = torch.where(pos >= 0, pos, -1).to(torch.int32)
+        mgr.step(0, topk, meta, new_kv=new_kv, split=True)
+        read = mgr.copy_stream.unmarked[-1] - own
+        assert not read & {storage(t) for t in new_kv}, "new_kv read by the copy, not marked"
+        assert not read, "the copy reads tensors of the caller's stream it does not mark"

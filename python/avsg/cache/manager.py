@@ -913,10 +913,12 @@ class SparseOffloadManager:
         def copy(plan: Plan) -> None:
             if plan_phase is not None:
                 plan_phase.close()
-            # with the split the copy (and what reads its counts) goes to the copy stream
+            # with the split the copy (and what reads its counts) goes to the copy stream; every
+            # tensor of the caller's stream it reads is marked in use there, the write-through's
+            # new KV too (the caller may free it as soon as step returns)
             stream = self.copy_stream.copying(plan.miss_pos, plan.miss_slots, plan.miss_counts,
                                               meta.block_table, meta.stable_lens,
-                                              meta.token_base) if split \
+                                              meta.token_base, *(news or ())) if split \
                 else contextlib.nullcontext()
             with self._phase("gather"), stream:
                 fresh = None
