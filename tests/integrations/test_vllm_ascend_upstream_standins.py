@@ -1047,3 +1047,45 @@ def test_standin_split_attention_within_the_bf16_bound(tp_size, monkeypatch, tmp
     monkeypatch.delenv("AVSG_SPLIT_ATTENTION")
     plain = Engine(monkeypatch, tmp_path / "plain", seed=3)
     assert not plain.managers[0].avsg_split
+
+
+def test_split_operator_waits_for_the_copies_before_a_call_it_does_not_split():
+    """With the split on, a layer's step leaves its misses' copy running on the copy stream. A
+    decode call over the manager's slots that the operator cannot split (the caller asks for
+    the LSE itself, or passes more positional arguments) runs over every slot at once, misses
+    included: it must wait for the copy stream first (it did not, and would have read slots the
+    copy had not filled yet). A call over other slots, or with the split off, waits for nothing."""
+    from avsg.integrations.vllm_ascend_plugin import split_operator
+
+    events = []
+
+    class Stock:
+        @classmethod
+        def execute_sparse_flash_attention_process(cls, *args, **kwargs):
+            events.append("attention")
+            return "out"
+
+    class Streams:
+        def wait(self):
+            events.append("wait")
+
+    slots = torch.zeros(4, 1, 8, dtype=torch.int32)
+    manager = SimpleNamespace(avsg_split=True, avsg_copy_stream=Streams(),
+                              reads_current_slots=lambda t: t is slots,
+                              split_attention=lambda attend, n: events.append("split") or "out")
+    op = split_operator(Stock, lambda: manager)
+    fixed = (None, torch.zeros(4, 2), None, None)
+    for extra, kwargs, other, expected in (
+            ((), {"return_lse": True}, False, ["wait", "attention"]),
+            (("extra",), {}, False, ["wait", "attention"]),
+            ((), {}, False, ["split"]),
+            ((), {"return_lse": True}, True, ["attention"])):
+        events.clear()
+        indices = torch.zeros_like(slots) if other else slots
+        assert op.execute_sparse_flash_attention_process(*fixed, indices, None, None, None,
+                                                         *extra, **kwargs) == "out"
+        assert events == expected, (extra, kwargs, other)
+    manager.avsg_split = False
+    events.clear()
+    op.execute_sparse_flash_attention_process(*fixed, slots, None, None, None, return_lse=True)
+    assert events == ["attention"]

@@ -307,8 +307,10 @@ def split_operator(stock, get_manager):
     sees it once the plugin is installed: its decode call of sparse flash attention over the
     manager's slot lists goes through ``manager.split_attention`` when the split is on (option
     ``split_attention``); every other call (split off, prefill, a caller asking for the LSE
-    itself, another manager's slots) is the stock op's, unchanged. The op itself is looked up
-    at call time (tests replace it on ``stock``)."""
+    itself, another manager's slots) is the stock op's, unchanged, except that a call over the
+    manager's slots with the split on first waits for the copy stream (the step queued the
+    misses' copy there). The op itself is looked up at call time (tests replace it on
+    ``stock``)."""
     class AVSGDeviceOperator(stock):
         _avsg = True
         _stock = stock
@@ -322,8 +324,13 @@ def split_operator(stock, get_manager):
             fixed = (sfa_impl, ql_nope, q_pe, kv_cache)
             lengths = (attn_metadata, actual_seq_lengths_query, actual_seq_lengths_key)
             manager = get_manager()
-            if args or kwargs.get("return_lse") or not getattr(manager, "avsg_split", False) \
-                    or not manager.reads_current_slots(topk_indices):
+            ours = getattr(manager, "avsg_split", False) and \
+                manager.reads_current_slots(topk_indices)
+            if args or kwargs.get("return_lse") or not ours:
+                if ours:
+                    # over all of the manager's slots in one call: the misses among them are
+                    # filled by the copy stream, which this layer's step left running
+                    manager.avsg_copy_stream.wait()
                 return run(*fixed, topk_indices, *lengths, *args, **kwargs)
 
             def attend(indices):
