@@ -218,3 +218,30 @@ def test_begin_step_rtk_names_active_for_a_free_row():
                            torch.tensor([[0, 1], [2, 3]], dtype=I32))
     mgr.begin_step_rtk(torch.tensor([8, 8], dtype=I32), 1, torch.tensor([[0, 1], [2, 3]], dtype=I32),
                        active=torch.tensor([True, False]))
+
+
+def test_another_host_pool_forgets_what_the_old_one_filled():
+    """The host pool is the truth: a pool registered in place of another (other tensors, other
+    bytes) makes every resident copy a copy of the old pool. They were kept, and a plan hit
+    them; now every row starts cold (its request keeps it). The same tensors again keep it."""
+    mgr = _manager(capacity=8, topk=2, check=True)
+    mgr.register_host_kv(_pool(2, seed=0))
+    mgr.add(0)
+    table, topk = torch.tensor([[0, 1]], dtype=I32), torch.tensor([[[10, 1]]], dtype=I32)
+
+    def retrieve():
+        meta = mgr.begin_step(torch.tensor([0, 1], dtype=I32), torch.tensor([12], dtype=I32),
+                              table, 1)
+        out = mgr.retrieve(0, topk, meta)
+        host = mgr.host_kv[0][0].view(-1, 4)
+        for pos, slot in zip((10, 1), out.slots[0, 0].tolist()):
+            row = int(table[0, pos // 8]) * 8 + pos % 8
+            assert torch.equal(mgr.kv[0][0][0, slot, 0], host[row])
+        return out
+
+    retrieve()
+    assert set(mgr.resident(0, 0)) == {1, 10}
+    mgr.register_host_kv(mgr.host_kv)                 # the same tensors: residency kept
+    assert int(retrieve().plan.miss_counts[0]) == 0
+    mgr.register_host_kv(_pool(2, seed=1))            # another pool: its bytes are read
+    assert int(retrieve().plan.miss_counts[0]) == 2 and mgr.holds_request(0)

@@ -376,9 +376,16 @@ class SparseOffloadManager:
 
     # ------------------------------------------------------------------------- host pool
     def register_host_kv(self, host_kv: Sequence[Sequence[torch.Tensor]]) -> None:
-        """Per layer, the host pool's components ``[num_blocks, block_size, (1,) width]``."""
+        """Per layer, the host pool's components ``[num_blocks, block_size, (1,) width]``.
+        Another pool than the one registered forgets every row's residency (the rows stay
+        with their requests): each resident copy was read from the old pool."""
+        previous = self.paged.host_kv
         self.paged.register_host_kv(host_kv)
         self._blocks_checked = None          # checked against another pool, or not at all
+        if previous is not None and not all(
+                a is b for old, new in zip(previous, self.paged.host_kv)
+                for a, b in zip(old, new)):
+            self.residency.reset(range(self.max_rows))
 
     @property
     def host_kv(self) -> Optional[List[Tuple[torch.Tensor, ...]]]:
