@@ -549,14 +549,19 @@ struct BlockContext {
     void* live_pipe = nullptr;            // the one TPipe allowed (card §3)
     bool flag_set[12][8] = {};            // SetFlag state per (event, id) (card §6)
     uint32_t sync_all_calls = 0;          // soft SyncAll call count
-    // The vector mask register as the count-form compares find it: GatherMask leaves it at its
-    // element count and a Gather with a tail at the tail (dav_c220 kernel_operator_vec_gather_mask_impl.h,
-    // kernel_operator_vec_gather_intf_impl.h), and A2's count-form Compare / Compares issue under
-    // whatever mask is set (dav_c220 kernel_operator_vec_cmp_impl.h, CompareScalarCompute: no mask
-    // of its own), so a compare after them works only some lanes. ResetMask restores it. Other
-    // instructions are taken to leave it as they found it (most restore it on the NPU: the model
-    // only asks for more ResetMask calls than needed, never fewer).
-    bool vector_mask_full = true;
+    // The vector mask register (norm mode: bit i of lo / hi enables lane i / 64 + i of a repeat) as
+    // A2's count-form Compare / Compares find it: they issue under whatever mask is set (dav_c220
+    // kernel_operator_vec_cmp_impl.h, CompareCompute / CompareScalarCompute pass MASK_PLACEHOLDER and
+    // the level-0 calls write no mask). The instructions that leave it partial, as their A2 code
+    // ends (asc-devkit dav_c220): GatherMask (0, its count), Gather (its last repeat's lanes: the
+    // tail, or 64 lanes of a 32-bit type, which leaves hi 0), CreateVecIndex past its first 32 B
+    // (its last level-0 Adds), ReduceMax / ReduceMin (their last vcmax / vcmin step) and Extract
+    // (two GatherMasks in normal mode, (0, 0)). It starts full (TPipe's constructor, InitSocState)
+    // and ResetMask sets it full. Every other instruction is taken to leave it as it found it
+    // (the level-2 count forms restore it full on the NPU: the model only asks for more ResetMask
+    // calls than needed, never fewer). vector_mask_by names the API that last left it partial.
+    uint64_t vector_mask_hi = ~0ull, vector_mask_lo = ~0ull;
+    const char* vector_mask_by = nullptr;
     // DMA atomic add (SetAtomicAdd<T>): accumulate function for UB->GM copies, or null.
     void (*atomic_add)(uint8_t* dst, const uint8_t* src, size_t bytes) = nullptr;
     std::unique_ptr<Scoreboard> hz;       // pipe-hazard scoreboard, null when checks are off

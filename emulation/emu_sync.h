@@ -23,9 +23,13 @@ __aicore__ inline void PipeBarrier() {
 }
 
 // Restores the full vector mask (include/basic_api/kernel_common.h; see BlockContext::
-// vector_mask_full). A scalar write of the mask register: no pipe, no counted cost.
+// vector_mask_hi). A scalar write of the mask register: no pipe, no counted cost.
 __aicore__ inline void ResetMask() {
-    if constexpr (avsg_emu::kStrict) avsg_emu::ctx("ResetMask").vector_mask_full = true;
+    if constexpr (avsg_emu::kStrict) {
+        avsg_emu::BlockContext& c = avsg_emu::ctx("ResetMask");
+        c.vector_mask_hi = c.vector_mask_lo = ~0ull;
+        c.vector_mask_by = nullptr;
+    }
 }
 
 namespace emu_detail {

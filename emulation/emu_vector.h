@@ -6,6 +6,7 @@
 #include "emu_tensor.h"
 
 #include <cfloat>
+#include <cstdio>
 
 namespace AscendC {
 inline namespace AVSG_EMU_VARIANT {
@@ -18,6 +19,26 @@ template <class T>
 constexpr bool is_arith_v = is_one_of_v<T, int16_t, half, int32_t, float>;  // Add/Sub/Mul/Adds/Muls/Maxs/Mins/Max/Min
 template <class T>
 constexpr bool is_hf_v = is_one_of_v<T, half, float>;
+
+// An instruction leaves the vector mask register at (hi, lo) (BlockContext::vector_mask_hi; the
+// count-form compares check it: check_full_mask).
+inline void leave_mask(const char* api, uint64_t hi, uint64_t lo) {
+    if constexpr (!avsg_emu::kStrict) return;
+    avsg_emu::BlockContext& c = avsg_emu::ctx(api);
+    c.vector_mask_hi = hi;
+    c.vector_mask_lo = lo;
+    c.vector_mask_by = (hi == ~0ull && lo == ~0ull) ? nullptr : api;
+}
+// ... at `len` lanes of T, as AscendCUtils::SetMask<T>(int32_t len) writes them (asc-devkit
+// impl/basic_api/kernel_utils_base.h): 64 lanes -> (0, all), a whole repeat or >= 128 -> full.
+template <class T>
+inline void leave_mask_lanes(const char* api, uint32_t len) {
+    constexpr uint64_t kAll = ~0ull;
+    if (len == 64) return leave_mask(api, 0, kAll);
+    if (len == 256 / sizeof(T) || len >= 128) return leave_mask(api, kAll, kAll);
+    if (len > 64) return leave_mask(api, (1ull << (len - 64)) - 1, kAll);
+    leave_mask(api, 0, (1ull << len) - 1);
+}
 
 inline void vec_issue(const char* api, uint64_t repeats) {
     if constexpr (!avsg_emu::kStrict) return;  // fast build: nothing is counted
@@ -186,6 +207,13 @@ __aicore__ inline void CreateVecIndex(LocalTensor<T> dst, const T& firstValue, u
     }
     if constexpr (avsg_emu::kStrict) avsg_emu::ctx(api).counters.scalar_ub_writes += std::min<uint32_t>(count, 32 / sizeof(T));
     emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * sizeof(T)));
+    // Each level-0 Adds of the chain sets its own lanes (SetMask<T>(mask)) and the last one's stay
+    // (dav_c220 CreateVecIndexCalc): the tail, else 32 B when the count fits one repeat, else a
+    // whole repeat. Within the first 32 B no vector instruction runs: the register is untouched.
+    constexpr uint32_t blk = 32 / sizeof(T), rep = 256 / sizeof(T);
+    if (count > blk)
+        emu_detail::leave_mask_lanes<T>(api, count <= rep ? (count % blk ? count % blk : blk)
+                                                          : (count % rep ? count % rep : rep));
 }
 
 // ---------------------------------------------------------------------------
@@ -291,17 +319,22 @@ __aicore__ inline void ShiftRight(const LocalTensor<T>& dst, const LocalTensor<T
 // ---------------------------------------------------------------------------
 namespace emu_detail {
 // A count-form compare on A2 runs under the mask the last instruction left (BlockContext::
-// vector_mask_full): after GatherMask or a Gather with a tail, without ResetMask, some lanes
-// would keep whatever the mask bytes held.
+// vector_mask_hi / _lo): after a clobber listed there, without ResetMask, some lanes of its result
+// would keep whatever the mask bytes held. A repeat of T has 256 / sizeof(T) lanes: a 32-bit
+// compare reads lo only, a 16-bit one lo and hi.
+template <class T>
 inline void check_full_mask(const char* api) {
     if constexpr (!avsg_emu::kStrict) return;
-    if (!avsg_emu::ctx(api).vector_mask_full)
-        avsg_emu::fail(std::string(api) + ": issued under a partial vector mask (the last GatherMask or Gather "
-                       "with a tail set it; A2's count-form compares do not set their own: dav_c220 "
-                       "kernel_operator_vec_cmp_impl.h, CompareScalarCompute). Call ResetMask() first");
-}
-inline void partial_mask(const char* api) {
-    if constexpr (avsg_emu::kStrict) avsg_emu::ctx(api).vector_mask_full = false;
+    const avsg_emu::BlockContext& c = avsg_emu::ctx(api);
+    if (c.vector_mask_lo == ~0ull && (sizeof(T) == 4 || c.vector_mask_hi == ~0ull)) return;
+    char bits[64];
+    std::snprintf(bits, sizeof bits, "(hi %#llx, lo %#llx)", static_cast<unsigned long long>(c.vector_mask_hi),
+                  static_cast<unsigned long long>(c.vector_mask_lo));
+    avsg_emu::fail(std::string(api) + ": issued under a partial vector mask " + bits + " for " +
+                   std::to_string(256 / sizeof(T)) + " lanes (the last " +
+                   (c.vector_mask_by ? c.vector_mask_by : "?") +
+                   " set it; A2's count-form compares do not set their own: dav_c220 "
+                   "kernel_operator_vec_cmp_impl.h, CompareScalarCompute). Call ResetMask() first");
 }
 template <class T>
 bool cmp(T a, T b, CMPMODE m) {
@@ -401,7 +434,7 @@ __aicore__ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& 
                   "Compare: T must be half/float (or int32 with EQ only) on A2 (card §5)");
     static_assert(emu_detail::is_one_of_v<U, int8_t, uint8_t>, "Compare: mask type U must be int8/uint8 (card §5)");
     const char* api = "Compare";
-    emu_detail::check_full_mask(api);
+    emu_detail::check_full_mask<T>(api);
     emu_detail::check_cmp<T>(api, cmpMode, count);
     emu_detail::check_ub(api, "src1", src1, count);
     const T* b = src1.ptr();
@@ -428,7 +461,7 @@ __aicore__ inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>&
                   "Compares: T must be half/float (or int32 with EQ only) on A2 (card §5)");
     static_assert(std::is_same<U, uint8_t>::value, "Compares: mask type U must be uint8 on A2 (card §5)");
     const char* api = "Compares";
-    emu_detail::check_full_mask(api);
+    emu_detail::check_full_mask<T>(api);
     emu_detail::check_cmp<T>(api, cmpMode, count);
     if constexpr (std::is_same<T, half>::value) {
         const uint16_t yb = src1Scalar.bits;
@@ -639,7 +672,9 @@ void gather_mask_impl(const char* api, const LocalTensor<T>& dst, const LocalTen
     if (end > nkept)  // dst beyond rsvdCnt is undefined (card §5): poison it
         avsg_emu::detail::poison(dst.bytes() + nkept * sizeof(T), (end - nkept) * sizeof(T));
     rsvdCnt = nkept;
-    partial_mask(api);   // the mask register keeps GatherMask's element count
+    // Both modes end with the register at (0, mask) (dav_c220 kernel_operator_vec_gather_mask_impl.h,
+    // GatherMaskImpl: set_vector_mask(0, mask) on the NPU, then SetMaskNorm).
+    leave_mask(api, 0, mask);
 }
 // Built-in patterns 1..7 (card §5 table), on the element index within a repeat.
 inline bool builtin_pattern_keeps(uint8_t pattern, uint32_t j) {
@@ -739,7 +774,10 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
     const uint8_t* base = src.bytes() + static_cast<uint64_t>(srcBaseAddr);
     for (uint32_t i = 0; i < count; ++i) std::memcpy(&d[i], base + o[i], sizeof(T));
     emu_detail::vec_issue(api, emu_detail::reps_for(static_cast<uint64_t>(count) * sizeof(T)));
-    if (count % E != 0) emu_detail::partial_mask(api);   // the tail's repeat leaves its mask set
+    // The count form is level-0 Gathers of whole repeats, then the tail, each setting its lanes
+    // (kernel_operator_vec_gather_intf_impl.h, dav_c220 GatherImpl: SetMask<T>(mask)); the last
+    // one's stay: the tail, else a whole repeat (hi 0 for a 32-bit type).
+    emu_detail::leave_mask_lanes<T>(api, count % E != 0 ? count % E : E);
 }
 
 // ---------------------------------------------------------------------------
@@ -1036,6 +1074,14 @@ void reduce_minmax(const char* api, const LocalTensor<T>& dst, const LocalTensor
     }
     avsg_emu::detail::poison(tmp.bytes(), std::min<uint64_t>(tmp.GetLength(), 32));
     vec_issue(api, reps_for(static_cast<uint64_t>(n) * sizeof(T)));
+    // Every vcmax / vcmin step sets its own mask (dav_c220 kernel_operator_vec_reduce_impl.h,
+    // ReduceOperation: SetMask<T>(highMask, lowMask)) and the last one's stay: the 2-lane merge of
+    // a tail (ReduceTailCompute), else one repeat's `n` lanes, else a 0101... pattern of the
+    // second / third steps (CreateSpecialFormatMask).
+    constexpr uint32_t E = 256 / sizeof(T);
+    if (n % E != 0 && n > E) leave_mask(api, 0, 3);
+    else if (n <= E) leave_mask_lanes<T>(api, n);
+    else leave_mask(api, sizeof(T) == 2 ? 0x5555555555555555ull : 0, 0x5555555555555555ull);
 }
 }  // namespace emu_detail
 
@@ -1250,6 +1296,9 @@ __aicore__ inline void Extract(const LocalTensor<T>& dstValueLocal, const LocalT
     emu_detail::check_ub(api, "dstValue", dstValueLocal, n);
     emu_detail::check_ub(api, "dstIndex", dstIndexLocal, n);
     emu_detail::check_ub(api, "sorted", sortedLocal, 2 * n);
+    // A2's Extract is two GatherMasks in normal mode with mask 0 (kernel_operator_proposal_intf_impl.h):
+    // the register stays at (0, 0) (dav_c220 GatherMaskImpl).
+    emu_detail::leave_mask(api, 0, 0);
     if (n == 0) return;
     {
         avsg_emu::hz::Instr hi(avsg_emu::kHzV, api);

@@ -38,11 +38,13 @@ __aicore__ inline uint64_t UbAddr(const AscendC::LocalTensor<T>& t)
 }
 
 // A2's count-form Compare / CompareScalar issue under whatever vector mask is set (dav_c220
-// kernel_operator_vec_cmp_impl.h, CompareScalarCompute passes no mask of its own), and a
-// GatherMask or a Gather with a tail leaves it partial: a compare after them would fill only
-// some lanes of its result. Every compare of ours restores the full mask first (ResetMask, a
-// scalar write of the mask register); the strict emulation fails a compare issued under a
-// partial mask.
+// kernel_operator_vec_cmp_impl.h, CompareCompute / CompareScalarCompute pass no mask of their own),
+// and GatherMask, Gather, CreateVecIndex past its first 32 B, ReduceMax / ReduceMin and Extract
+// leave it partial (docs/npu.md, "The vector mask"): a compare after them would fill only some
+// lanes of its result. The other count forms the kernels use set their own mask and restore it
+// full, and no other instruction of ours reads it, so the compares are the one place to guard:
+// every compare restores the full mask first (ResetMask, a scalar write of the mask register);
+// the strict emulation fails a compare issued under a partial mask.
 template <typename T, typename U>
 __aicore__ inline void CompareAll(const AscendC::LocalTensor<U>& dst, const AscendC::LocalTensor<T>& src0,
                                   const AscendC::LocalTensor<T>& src1, AscendC::CMPMODE mode, uint32_t count)

@@ -308,6 +308,136 @@ CASE(compare_after_reset_mask_ok) {
         Compare(bits, x, kept, CMPMODE::EQ, 64);
     });
 }
+// The other A2 clobbers: CreateVecIndex past 32 B, ReduceMax / ReduceMin, Extract, and a 32-bit
+// Gather of whole repeats before a 16-bit compare (it leaves the high 64 lanes off)
+CASE(bad_compare_after_createvecindex) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto x = b.Get<float>(64);
+        auto bits = b.GetWithOffset<uint8_t>(32, 1024);
+        CreateVecIndex(x, 0.0f, 64);   // its last Adds sets 8 lanes
+        PipeBarrier<PIPE_V>();
+        CompareScalar(bits, x, 3.0f, CMPMODE::GT, 64);
+    });
+}
+CASE(bad_compare_after_reducemax) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto x = b.Get<float>(128);
+        auto d = b.GetWithOffset<float>(8, 512);
+        auto tmp = b.GetWithOffset<float>(64, 1024);
+        auto bits = b.GetWithOffset<uint8_t>(32, 1536);
+        Duplicate(x, 1.0f, 128);
+        PipeBarrier<PIPE_V>();
+        ReduceMax(d, x, tmp, 72);   // a tail: the last step merges 2 lanes
+        PipeBarrier<PIPE_V>();
+        CompareScalar(bits, x, 0.0f, CMPMODE::GT, 128);
+    });
+}
+CASE(bad_compare_after_extract) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 8192);
+        const uint32_t pad = static_cast<uint32_t>((256 - b.Get<uint8_t>().GetPhyAddr() % 256) % 256);
+        auto sc = b.GetWithOffset<float>(64, pad + 2048);
+        auto ix = b.GetWithOffset<uint32_t>(64, pad + 2304);
+        auto sd = b.GetWithOffset<float>(128, pad + 2560);
+        auto st = b.GetWithOffset<float>(128, pad + 3072);
+        auto ov = b.GetWithOffset<float>(64, pad + 3584);
+        auto oi = b.GetWithOffset<uint32_t>(64, pad + 3840);
+        auto bits = b.GetWithOffset<uint8_t>(32, pad + 4096);
+        Duplicate(sc, 1.0f, 64);
+        CreateVecIndex(ix.ReinterpretCast<int32_t>(), 0, 64);
+        PipeBarrier<PIPE_V>();
+        ResetMask();   // CreateVecIndex's mask: this case is about Extract's
+        Sort<float, true>(sd, sc, ix, st, 2);
+        PipeBarrier<PIPE_V>();
+        Extract(ov, oi, sd, 2);   // GatherMasks in normal mode: the mask register stays (0, 0)
+        PipeBarrier<PIPE_V>();
+        CompareScalar(bits, ov, 0.0f, CMPMODE::GT, 64);
+    });
+}
+CASE(bad_half_compare_after_b32_gather) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 4096);
+        auto x = b.Get<float>(64);
+        auto g = b.GetWithOffset<float>(64, 256);
+        auto off = b.GetWithOffset<uint32_t>(64, 512);
+        auto h = b.GetWithOffset<half>(128, 1024);
+        auto bits = b.GetWithOffset<uint8_t>(32, 1536);
+        Duplicate(x, 1.0f, 64);
+        Duplicate(off, 0u, 64);
+        Duplicate(h, half(1.0f), 128);
+        PipeBarrier<PIPE_V>();
+        Gather(g, x, off, 0u, 64);   // one whole 32-bit repeat: SetMask<float>(64) = (0, all)
+        PipeBarrier<PIPE_V>();
+        CompareScalar(bits, h, half(0.0f), CMPMODE::GT, 128);
+    });
+}
+// Each clobber above followed by ResetMask; and where the headers leave the mask full for the
+// compare's width, no reset is needed: CreateVecIndex within 32 B (no vector instruction), a
+// ReduceMax of exactly one half repeat, a 16-bit Gather of whole repeats.
+CASE(compare_after_clobbers_reset_ok) {
+    run1([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> b;
+        pipe.InitBuffer(b, 8192);
+        const uint32_t pad = static_cast<uint32_t>((256 - b.Get<uint8_t>().GetPhyAddr() % 256) % 256);
+        auto x = b.GetWithOffset<float>(128, pad);
+        auto d = b.GetWithOffset<float>(8, pad + 512);
+        auto tmp = b.GetWithOffset<float>(64, pad + 768);
+        auto bits = b.GetWithOffset<uint8_t>(32, pad + 1024);
+        auto sc = b.GetWithOffset<float>(64, pad + 2048);
+        auto ix = b.GetWithOffset<uint32_t>(64, pad + 2304);
+        auto sd = b.GetWithOffset<float>(128, pad + 2560);
+        auto st = b.GetWithOffset<float>(128, pad + 3072);
+        auto ov = b.GetWithOffset<float>(64, pad + 3584);
+        auto oi = b.GetWithOffset<uint32_t>(64, pad + 3840);
+        auto h = b.GetWithOffset<half>(128, pad + 4096);
+        auto hd = b.GetWithOffset<half>(16, pad + 4352);
+        auto ht = b.GetWithOffset<half>(128, pad + 4608);
+        auto off = b.GetWithOffset<uint32_t>(128, pad + 4864);
+        auto hg = b.GetWithOffset<half>(128, pad + 5376);
+        auto y = b.GetWithOffset<float>(64, pad + 5632);
+        CreateVecIndex(x, 0.0f, 128);
+        Duplicate(sc, 1.0f, 64);
+        Duplicate(h, half(1.0f), 128);
+        Duplicate(off, 0u, 128);
+        PipeBarrier<PIPE_V>();
+        ResetMask();
+        CompareScalar(bits, x, 3.0f, CMPMODE::GT, 64);
+        ReduceMax(d, x, tmp, 72);
+        PipeBarrier<PIPE_V>();
+        ResetMask();
+        CompareScalar(bits, x, 0.0f, CMPMODE::GT, 64);
+        CreateVecIndex(ix.ReinterpretCast<int32_t>(), 0, 64);
+        PipeBarrier<PIPE_V>();
+        ResetMask();
+        Sort<float, true>(sd, sc, ix, st, 2);
+        PipeBarrier<PIPE_V>();
+        Extract(ov, oi, sd, 2);
+        PipeBarrier<PIPE_V>();
+        ResetMask();
+        CompareScalar(bits, ov, 0.0f, CMPMODE::GT, 64);
+        PipeBarrier<PIPE_V>();
+        CreateVecIndex(y, 0.0f, 8);   // scalar writes only
+        CompareScalar(bits, y, 3.0f, CMPMODE::GT, 64);
+        ReduceMax(hd, h, ht, 128);   // one whole half repeat
+        PipeBarrier<PIPE_V>();
+        CompareScalar(bits, h, half(0.0f), CMPMODE::GT, 128);
+        PipeBarrier<PIPE_V>();
+        Gather(hg, h, off, 0u, 128);   // one whole 16-bit repeat
+        PipeBarrier<PIPE_V>();
+        CompareScalar(bits, hg, half(0.0f), CMPMODE::GT, 128);
+    });
+}
 CASE(bad_gathermask_partial_overlap) {
     run1([] {
         TPipe pipe;
