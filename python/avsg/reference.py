@@ -130,7 +130,10 @@ Index (hash table + stash)
 * Why a stash: with 4 probes an adversary (or bad luck) can make all of a position's buckets
   hold positions pinned by the current step. The stash (capacity ``S``, never more than one
   valid entry per slot) makes insertion always succeed, so invariant 3 (miss-only) holds whatever
-  the collisions. With ``H >= 2S`` the stash holds a few entries at most in practice.
+  the collisions. It is not small: at ``H = 2S`` about half the buckets hold a live entry, so
+  about one miss in 16 finds all four probes taken, and an entry leaves only with its slot. On
+  the shipped ``asyncio_32k`` trace (S 8192, H 16384, K 2048, one query token) a row's stash
+  holds 98-130 entries on average after 128 steps (layers 0 and 1).
 
 Lifetime and allocation (per slot, not per bucket)
 --------------------------------------------------
