@@ -28,8 +28,6 @@ public:
     // the lives fits, the compares read it instead (no window moves per level; the installs
     // write it too, and move the slot_pos / slot_life windows only to where victims are).
     __aicore__ inline void Allocate(uint32_t r, uint32_t m) {
-        const uint32_t nc = ctx_.t_.nc;
-        const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         Win& sl = ctx_.win_[avsg::SEC_SL];
         constexpr uint32_t kHandWord = avsg::kHeaderHand - avsg::kHeaderStashCount;
         const int32_t handWord = ctx_.countUb_.GetValue(kHandWord);
@@ -82,22 +80,9 @@ public:
                     const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
                     if (take) {
                         touched = true;
-                        Sync<HardEvent::V_S>();
-                        Sync<HardEvent::V_MTE3>();
-                        StoreInts(ctx_.missSlotsGm_[rowN + have], found, take);
-                        Sync<HardEvent::MTE3_V>();
-                        for (uint32_t q = 0; q < take; ++q) {
-                            const uint32_t j = have + q;
-                            ctx_.LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
-                            const uint32_t s = static_cast<uint32_t>(found.GetValue(q));
-                            ctx_.Put(ctx_.win_[avsg::SEC_SP], s, ctx_.vWant_.GetValue(j % nc));
-                            // fresh: above every level
-                            if (compact)
-                                ctx_.sHalf_.SetValue(s, static_cast<half>(static_cast<float>(ctx_.t_.lifetime + 1)));
-                            else
-                                ctx_.Put(sl, s, static_cast<int32_t>(ctx_.t_.lifetime) + 1);
-                            lastSlot = s;
-                        }
+                        // fresh (L + 1): above every level
+                        const int32_t fresh = static_cast<int32_t>(ctx_.t_.lifetime) + 1;
+                        lastSlot = victims_.Install(r, have, take, m, found, fresh);
                         have += take;
                     }
                 }

@@ -115,8 +115,7 @@ public:
     // TakeChunk picks its victims.
     __aicore__ inline void SelectLru(uint32_t r, uint32_t m, int32_t theta, uint32_t ties, const uint32_t* tieWins,
                                      const uint32_t* olderWins) {
-        const uint32_t W = probe_.Wide(), nc = ctx_.t_.nc;
-        const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
+        const uint32_t W = probe_.Wide();
         Win& sl = ctx_.win_[avsg::SEC_SL];
         const bool compact = victims_.HalfCopyFits();
         Chunk ch;
@@ -158,19 +157,7 @@ public:
             }
             const uint32_t take = MinU(got, m - have);
             if (take == 0) continue;
-            const LocalTensor<int32_t> out = ctx_.wIdx_;
-            Sync<HardEvent::V_S>();
-            Sync<HardEvent::V_MTE3>();
-            StoreInts(ctx_.missSlotsGm_[rowN + have], out, take);
-            Sync<HardEvent::MTE3_V>();
-            for (uint32_t q = 0; q < take; ++q) {
-                const uint32_t j = have + q;
-                ctx_.LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
-                const uint32_t s = static_cast<uint32_t>(out.GetValue(q));
-                ctx_.Put(ctx_.win_[avsg::SEC_SP], s, ctx_.vWant_.GetValue(j % nc));
-                if (compact) ctx_.sHalf_.SetValue(s, static_cast<half>(0.0f));   // an age: used this step
-                else ctx_.Put(sl, s, 0);
-            }
+            victims_.Install(r, have, take, m, ctx_.wIdx_, 0);   // an age: used this step
             have += take;
         }
         ctx_.missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
