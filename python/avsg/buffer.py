@@ -11,7 +11,8 @@ Two kinds of checks:
   inside the pool): when ``check=True``, the default on CPU. They read the data, which on an NPU
   means a host sync, so the NPU default is ``check=False``. Unchecked, an out-of-range position is
   treated as ``-1`` and a duplicate shares its slot; a miss whose host row lies outside the pool
-  is not copied. Under ``torch.compile`` tracing the value checks are skipped (they would need
+  is not copied, yet its slot counts as resident (later plans hit its old bytes: an engine must
+  not pass such a block table; docs/api.md, "Bad input"). Under ``torch.compile`` tracing the value checks are skipped (they would need
   the data, a graph break); the structural checks and the ops' own checks still run.
 
 Whatever the state holds, the ops stay inside it (reference.py, "Whatever the state holds"): the
