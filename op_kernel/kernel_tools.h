@@ -98,7 +98,7 @@ __aicore__ inline void StoreIntPair(const GlobalTensor<int32_t>& dst, const Loca
 // 512 blocks: a bucket_slot or slot_pos window of 8192 entries goes back in 64 B blocks, so the
 // few dozen entries a step's misses write cost a few KB of MTE3, not one 512 B block each.
 constexpr uint32_t kWinBlocks = 512, kWinBlockWords = kWinBlocks / 32;
-constexpr uint32_t kWinMergeGap = 256;   // entries (1 KB): clean blocks copied along inside a run
+constexpr uint32_t kWinMergeGap = 448;   // entries (1.75 KB): clean blocks copied along inside a run
 struct Win {
     LocalTensor<int32_t> buf;
     GlobalTensor<int32_t> gm;

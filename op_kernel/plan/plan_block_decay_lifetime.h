@@ -83,8 +83,9 @@ public:
         victims_.lowestLife_ = static_cast<int32_t>(ctx_.wIdx_.ReinterpretCast<float>().GetValue(0));
     }
     // Where the half copy fits: slot_life moves in as whole stretches of 2 * Wide() slots
-    // (wPair_), not window by window, is clamped there (in float: exact at the bounds, monotone
-    // elsewhere, so the same as clamping the int32), and the decay and the pins run Wide() lanes
+    // (wPair_), not window by window, is clamped there from below (in float: exact at -1,
+    // monotone elsewhere, so the same as clamping the int32; from above the fresh test clamps:
+    // whatever decays to L or more is fresh), and the decay and the pins run Wide() lanes
     // at a time (the masks' width) straight into the half copy. The level scan reads and installs
     // into the half copy, and the section goes back from it once (WriteBackHalfCopy); the window
     // is left empty here.
@@ -98,20 +99,23 @@ public:
         victims_.HalfCopyBegin(lifeL);
         for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
             const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
-            victims_.HalfCopyLoad(base, n, lifeL + 1.0f, false);
+            // from below only: a life above L + 1 decays to L or more, which the fresh test
+            // below maps as it maps L + 1 (the reference clamps to L + 1 first: the same)
+            victims_.HalfCopyLoad(base, n, false, 0.0f);
             for (uint32_t off = 0; off < n; off += sub) {
                 const uint32_t k = MinU(sub, n - off), at = base + off;
                 const LocalTensor<float> life = x[off];
                 Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[at / 16], k / 16);
-                // decay: max(life - 1, min(life, 0)); a fresh slot (L+1) decays to L
+                // decay: max(life - 1, min(life, 0)); a fresh slot (L+1, or above) decays to L
+                // or more
                 Adds(tmp, life, -1.0f, k);
                 PipeBarrier<PIPE_V>();            // Mins below writes what Adds reads (write-after-read)
                 Mins(life, life, 0.0f, k);
                 PipeBarrier<PIPE_V>();
                 Max(life, life, tmp, k);
                 PipeBarrier<PIPE_V>();
-                // only a fresh slot decays to L: its probation (reference.first_life)
-                avsg::CompareScalarAll(ctx_.mC_, life, lifeL, CMPMODE::NE, k);
+                // only a fresh slot decays to L or more: its probation (reference.first_life)
+                avsg::CompareScalarAll(ctx_.mC_, life, lifeL, CMPMODE::LT, k);
                 PipeBarrier<PIPE_V>();
                 Select(life, ctx_.mC_, life, static_cast<float>(avsg::FirstLife(ctx_.t_.lifetime)) - 1.0f,
                        SELMODE::VSEL_TENSOR_SCALAR_MODE, k);

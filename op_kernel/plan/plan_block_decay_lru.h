@@ -86,7 +86,7 @@ public:
         for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
             const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
             // clamped to [-1, 1022]: age + 1 needs no upper clamp (as in AgeAndPin)
-            victims_.HalfCopyLoad(base, n, static_cast<float>(avsg::kReuseAgeMax - 1), false);
+            victims_.HalfCopyLoad(base, n, true, static_cast<float>(avsg::kReuseAgeMax - 1));
             for (uint32_t off = 0; off < n; off += sub) {
                 const uint32_t k = MinU(sub, n - off), at = base + off;
                 const LocalTensor<float> life = x[off];

@@ -86,6 +86,13 @@ public:
                 c += n;
                 continue;
             }
+            if (n == stashCount_ && n <= sk.wlen && n <= ss.wlen) {
+                // the whole stash in this one chunk and in window 0 of both sections (resident
+                // since CopySection): it goes back by vector, not one scalar store per entry
+                CompactedBack(static_cast<uint32_t>(cnt), n);
+                stashCount_ = static_cast<uint32_t>(cnt);
+                return;
+            }
             for (uint32_t q = 0; q < static_cast<uint32_t>(cnt); ++q, ++c) {
                 ctx_.Put(sk, c, liveKeys.GetValue(q));
                 ctx_.Put(ss, c, liveSlots.GetValue(q));
@@ -96,6 +103,26 @@ public:
             ctx_.Put(ss, k, 0);
         }
         stashCount_ = c;
+    }
+    // CompactStash's write-back where the stash [0, n) is one chunk in window 0 of stash_key and
+    // stash_slot: entries [0, live) = the live ones (vFoundI_ / vFirst_, in order), [live, n) =
+    // (-1, 0), entries past n untouched, as the scalar stores would leave them; the blocks marked
+    // for write-back. Ends with the windows readable by the scalar unit and the vector pipe.
+    __aicore__ inline void CompactedBack(uint32_t live, uint32_t n) {
+        Win& sk = ctx_.win_[avsg::SEC_SK];
+        Win& ss = ctx_.win_[avsg::SEC_SS];
+        PipeBarrier<PIPE_V>();                    // CopySection read the windows; GatherMask wrote the lists
+        Duplicate(sk.buf, -1, n);
+        Duplicate(ss.buf, 0, n);
+        PipeBarrier<PIPE_V>();
+        if (live) {
+            Adds(sk.buf, ctx_.vFoundI_, 0, live);
+            Adds(ss.buf, ctx_.vFirst_, 0, live);
+        }
+        for (uint32_t idx = 0; idx < n; idx += sk.blen) WinMark(sk, idx);
+        for (uint32_t idx = 0; idx < n; idx += ss.blen) WinMark(ss, idx);
+        PipeBarrier<PIPE_V>();
+        Sync<HardEvent::V_S>();
     }
     __aicore__ inline void AppendPending(uint32_t r, uint32_t m) {
         for (uint32_t j0 = 0; j0 < m; j0 += ctx_.t_.nc) {

@@ -104,17 +104,15 @@ public:
             Duplicate(ctx_.sHalf_[ctx_.t_.capPad], static_cast<half>(tail), padded - ctx_.t_.capPad);
     }
     // Its stretch [base, base + n): slot_life moves into wPair_ and, as float there, is clamped to
-    // [-1, hi] (exact at the bounds, monotone elsewhere: the same as clamping the int32). stored:
-    // the previous stretch went back to GM from wPair_ (lru), after a V_MTE3, so one MTE3_MTE2
-    // orders its vector reads too (V -> MTE3 -> MTE2); the stretches touch no UB by scalar.
-    __aicore__ inline void HalfCopyLoad(uint32_t base, uint32_t n, float hi, bool stored) {
+    // [-1, hi] (exact at the bounds, monotone elsewhere: the same as clamping the int32), or only
+    // to -1 from below where the caller's pass bounds it from above itself (upper = false). The
+    // stretches touch no UB by scalar.
+    __aicore__ inline void HalfCopyLoad(uint32_t base, uint32_t n, bool upper, float hi) {
         const LocalTensor<int32_t> stage = ctx_.wPair_;
         const LocalTensor<float> x = stage.ReinterpretCast<float>();
         if (base == 0) {
             Sync<HardEvent::V_MTE2>();            // the step's vector reads of the wide vectors
             Sync<HardEvent::S_MTE2>();            // and its scalar reads / writes
-        } else if (stored) {
-            Sync<HardEvent::MTE3_MTE2>();         // the previous stretch's store and vector reads
         } else {
             Sync<HardEvent::V_MTE2>();            // the previous stretch's vector reads
         }
@@ -124,8 +122,10 @@ public:
         PipeBarrier<PIPE_V>();
         Maxs(x, x, -1.0f, n);
         PipeBarrier<PIPE_V>();
-        Mins(x, x, hi, n);
-        PipeBarrier<PIPE_V>();
+        if (upper) {
+            Mins(x, x, hi, n);
+            PipeBarrier<PIPE_V>();
+        }
     }
     static constexpr uint32_t kLruThresholds = 8;          // per pass: V(1) holds 8 wide masks
     static constexpr int32_t kLruFreeKey = avsg::kReuseAgeMax + 1;
