@@ -28,6 +28,14 @@ public:
         Win& sp = ctx_.win_[avsg::SEC_SP];
         Win& sl = ctx_.win_[avsg::SEC_SL];
         Win& sc = ctx_.win_[avsg::SEC_SC];
+        // Most passes drop nothing (one query token, or every draft accepted). Where slot_pos is
+        // whole in UB one pass over it says so (a lane-wise maximum on wide chunks, one
+        // reduction and one scalar read), instead of a reduction and a sync pair per chunk.
+        if (sp.nwin == 1 && !AnyAtLeast(sp, top, limit)) {
+            upkeep_.DropRest(keep, notKeep, top, limit);
+            Sync<HardEvent::V_S>();   // the scalar steps that follow read the windows
+            return;
+        }
         // chunks never straddle a window: every paged window is a power of two >= 256
         uint32_t step = ctx_.t_.nc;
         const Win* sections[] = {&sp, &sl, &sc};
@@ -55,6 +63,27 @@ public:
         }
         upkeep_.DropRest(keep, notKeep, top, limit);
         Sync<HardEvent::V_S>();   // the scalar steps that follow read the windows
+    }
+
+    // Whether a real slot (below S) of the resident slot_pos window holds a position >= limit.
+    // int32 -> float is monotone and exact below 2^24 >= limit, so the float maximum answers it
+    // unclamped. Scratch: wWin_ and wIdx_ (idle at a row's start).
+    __aicore__ inline bool AnyAtLeast(Win& sp, const LocalTensor<float>& top, float limit) {
+        const uint32_t W = avsg::kPlanProbes * ctx_.t_.nc;   // the wide vectors' lanes
+        const LocalTensor<float> acc = ctx_.wIdx_.ReinterpretCast<float>(), x = ctx_.wWin_.ReinterpretCast<float>();
+        ctx_.Ensure(sp, 0);
+        const uint32_t S = ctx_.t_.capacity, first = MinU(W, S);
+        Sync<HardEvent::S_V>();                   // the row start's scalar accesses
+        PipeBarrier<PIPE_V>();
+        Cast(acc, sp.buf, RoundMode::CAST_RINT, first);
+        for (uint32_t off = first; off < S; off += W) {
+            const uint32_t n = MinU(W, S - off);
+            PipeBarrier<PIPE_V>();                // the previous Max reads x
+            Cast(x, sp.buf[off], RoundMode::CAST_RINT, n);
+            PipeBarrier<PIPE_V>();
+            Max(acc, acc, x, n);
+        }
+        return DropAnyAtLeast(top, acc, x, first, limit);
     }
 
     // the context and the blocks this one calls

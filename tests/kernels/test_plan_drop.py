@@ -136,6 +136,28 @@ def test_kernel_fused_real_sizes(build, policy, R, T, K, S, split):
             twin.plan(draw(gen, R, T, K, seq, hot=2 * S, pad=0.02, repeat=0.4, wild=0.01), seq, lens)
 
 
+@pytest.mark.parametrize("build", ["strict", "fast"])
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("slot", [0, 2047, 2048, 6143, 6144, 8191])
+def test_kernel_drop_finds_one_position_anywhere(build, policy, slot):
+    """Where slot_pos is whole in UB the kernel first asks, in one pass over wide chunks of the
+    section, whether anything is at or past the limit, and skips the drop if not: a single such
+    position, in any chunk (first, last, either side of a chunk boundary), is still dropped."""
+    S, K = 8192, 2048
+    twin = Twin(1, S, reference.default_buckets(S), 30,
+                max_context=(1 << 22) if policy == "reuse" else 0, policy=policy)
+    seq = torch.full((1,), 4 * S, dtype=I32)
+    with backend.emulation(build):
+        for step in range(4):                    # every slot filled, positions below S
+            twin.plan(torch.arange(step * K, (step + 1) * K, dtype=I32).view(1, 1, K), seq)
+        far = 10 * S                             # the only position at or past the limit
+        for state, layout in ((twin.state, twin.layout), (twin.ref_state, twin.layout)):
+            reference.view_state(state, layout).slot_pos[0, slot] = far
+        twin.plan(torch.arange(K, dtype=I32).view(1, 1, K), seq,
+                  torch.full((1,), far, dtype=I32))
+        assert reference.view_state(twin.state, twin.layout).slot_pos[0, slot] != far
+
+
 def test_fused_plan_rejects_bad_valid_lens_untouched():
     """A bad valid_lens is refused naming it, with the state and stats untouched."""
     R, T, K, S = 2, 1, 8, 32
