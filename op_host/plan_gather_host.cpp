@@ -102,9 +102,19 @@ PlanGatherOut PlanGather(const at::Tensor& topk_pos, const at::Tensor& seq_lens,
     const Addresses addr = check_launch(a, miss_pos, miss_slots, miss_counts, src, dst, /*values=*/false);
 
     // The plan on max(its blocks, the copy's cores) blocks: a non-split plan spreads its rows over
-    // all of them, a split plan's extra blocks only join its SyncAll. One workspace slice per block,
-    // then the soft SyncAll counters (the split's and the one before the copy: one region).
-    const uint32_t blockDim = std::max<uint32_t>(PlanBlocks(planTiling), static_cast<uint32_t>(num_cores));
+    // all of them, a split plan's extra blocks only join its SyncAll. Where every block plans at
+    // most one row (a split plan's parts, or no more rows than cores), the plan publishes each
+    // row's miss lists once its victims are chosen and meets the other blocks there, and the copy
+    // runs on the blocks after the rows' owners while they finish their rows: the launch then takes
+    // the owners plus the copy's cores, as far as the device has cores (else the owners take the
+    // copy's last shares after their rows). One workspace slice per block, then the soft SyncAll
+    // counters (the split's and the one before the copy: one region).
+    const int64_t cores = CoreCount();
+    const bool publishEarly = planTiling.split > 1 || static_cast<int64_t>(planTiling.rows) <= cores;
+    uint32_t blockDim = std::max<uint32_t>(PlanBlocks(planTiling), static_cast<uint32_t>(num_cores));
+    if (publishEarly)
+        blockDim = std::max<uint32_t>(blockDim, static_cast<uint32_t>(std::min<int64_t>(
+                                                    cores, static_cast<int64_t>(planTiling.rows) + num_cores)));
     const auto opts = topk_pos.options().dtype(at::kInt);
     const int64_t slices = static_cast<int64_t>(blockDim) * planTiling.wsPerCore;
     const int64_t syncWords = static_cast<int64_t>(blockDim) * kPlanSyncWords;
@@ -119,6 +129,7 @@ PlanGatherOut PlanGather(const at::Tensor& topk_pos, const at::Tensor& seq_lens,
     PlanGatherTiling tiling;
     std::memset(&tiling, 0, sizeof(tiling));
     tiling.plan = planTiling;
+    tiling.plan.publishSync = publishEarly ? 1u : 0u;
     tiling.gather = make_tiling(a, 0, std::min<size_t>(kGatherMaxPairs, src.size()), addr.src, addr.dst);
     LaunchPlanGather(blockDim, tiling, topk_pos, seq_lens, lens, state, stats, rows, workspace, bt, out, sync);
     // More pairs than one tiling holds: the same miss lists, copied by gather launches of their own

@@ -99,6 +99,11 @@ struct PlanTiling {
     // that starts at or past it belongs to a later query token, whose hits are mostly slots an
     // earlier token already hit: Classify marks only the new ones (PlanContext::UnmarkedHits).
     uint32_t topk;
+    // 1 (plan_gather, every block plans at most one row): the plan publishes each row's miss
+    // lists as soon as its victims are chosen, then every block meets in one soft SyncAll (the
+    // split's counters), so the composed gather copies while the owners finish their rows
+    // (op_kernel/plan_gather.cpp). 0: the plan op, or blocks with several rows.
+    uint32_t publishSync;
 };
 
 // resize (op_kernel/resize_kernel.h): the plan geometry (N = T*K, the smallest active capacity),

@@ -8,7 +8,8 @@
 //   paged pool [num_blocks, block_size, row]: host row = block_table[r, pos / bs] * bs + pos % bs
 // and the row must be < src.shape[0] * src.shape[1]. Entries outside the pool are skipped.
 //
-// Partitions (docs/design.md §4), C = GetBlockNum(), total = sum(miss_counts):
+// Partitions (docs/design.md §4), C = the tiling's cores, total = sum(miss_counts); core c runs on
+// block c unless a composed launch rotates them (Init's firstBlock):
 //   miss     entries in (row, pos) order, core c takes [c*total/C, (c+1)*total/C)
 //   request  core c takes every row r with r % C == c
 //   topk     the fixed R*N layout, core c takes [c*R*N/C, (c+1)*R*N/C); padding is a no-op
@@ -80,11 +81,15 @@ class GatherKernel {
 public:
     __aicore__ inline GatherKernel() {}
 
+    // firstBlock: the block that runs core 0; core c runs on block (firstBlock + c) mod blocks.
+    // A composed launch (plan_gather) starts the copy on the blocks that own no plan row, so the
+    // owners, still finishing their rows, get the last cores' shares or none.
     __aicore__ inline void Init(GM_ADDR missPos, GM_ADDR missSlots, GM_ADDR missCounts, GM_ADDR blockTable,
-                                GM_ADDR countOut, GM_ADDR tiling, AscendC::TPipe* pipe)
+                                GM_ADDR countOut, GM_ADDR tiling, AscendC::TPipe* pipe, uint32_t firstBlock = 0)
     {
         pipe_ = pipe;
-        blockIdx_ = static_cast<uint64_t>(AscendC::GetBlockIdx());
+        const uint64_t blocks = static_cast<uint64_t>(AscendC::GetBlockNum());
+        blockIdx_ = (static_cast<uint64_t>(AscendC::GetBlockIdx()) + blocks - firstBlock % blocks) % blocks;
         LoadTiling(tiling);
 
         const uint64_t R = t_.rows, N = t_.entriesPerRow;

@@ -11,13 +11,19 @@
 //      per launch; the host passes the split lookup's counters, which follow the workspace slices,
 //      so a split plan's blocks call SyncAll twice on one region, as the soft form counts: each
 //      block's counter is the number of its calls): the copy below reads every row's miss lists,
-//      which other blocks wrote. The
-//      SyncAll starts with PipeBarrier<PIPE_ALL>, so this block's own output DMAs are complete
-//      before it arrives; the other blocks' are complete before they arrive.
+//      which other blocks wrote. The SyncAll starts with PipeBarrier<PIPE_ALL>, so a block's
+//      own output DMAs are complete before it arrives. Where every block plans at most one row
+//      (tiling publishSync, set by the host) the plan itself calls it, as soon as each row's
+//      miss lists are final (after the victims: PlanBlockOutput::PublishMisses); the owners of
+//      rows then finish them (insert, stash, slots, state) while the other blocks already copy.
+//      The copy reads only the miss lists, host rows and block table; the rest of the plan writes
+//      only the slots output, the stats and the state: nothing one side writes, the other reads.
 //   3. the gather (gather_kernel.h) of the miss lists the plan wrote, on a reset pipe (the plan
-//      held all of UB), by blocks [0, numCores) of its own tiling; it clamps miss_counts to [0, N],
-//      so a rejected row (-1) copies nothing, and copies a row's misses only, so no slot the plan
-//      did not reserve for a position this step is written.
+//      held all of UB), by numCores of its own tiling's cores; where the plan published early,
+//      core c on block (rows + c) mod blocks, so the copy starts on the blocks that own no row
+//      (the host sizes the launch for them: op_host/plan_gather_host.cpp). It clamps miss_counts
+//      to [0, N], so a rejected row (-1) copies nothing, and copies a row's misses only, so no
+//      slot the plan did not reserve for a position this step is written.
 // Launched with the batch schedule mode on the NPU (it waits across cores: op_host/npu/split_launch.h).
 #include "kernel_operator.h"
 #include "plan_kernel.h"
@@ -31,15 +37,15 @@ extern "C" __global__ __aicore__ void avsg_plan_gather(GM_ADDR topk, GM_ADDR seq
                                                        GM_ADDR tiling) {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
     AscendC::TPipe pipe;
-    avsg_kernel::PlanOnPipe<avsg_kernel::MatchHash>(&pipe, topk, seq, validLens, state, stats, slots, missPos,
-                                                    missSlots, missCounts, workspace, tiling);
+    const uint32_t owners = avsg_kernel::PlanOnPipe<avsg_kernel::MatchHash>(
+        &pipe, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace, tiling);
     // Every pipe idle before the plan's buffers are given up. TPipe::Reset returns the pipe to its
     // initial state, buffers and event ids free (A2 supported: asc-devkit 82b89a15f,
     // docs/zh/api/SIMD-API/基础API/资源管理/TPipe/Reset.md; include/basic_api/kernel_tpipe.h:278,
     // impl/basic_api/kernel_tpipe_impl.h:606 first waits for the buffers' pending free events).
     AscendC::PipeBarrier<PIPE_ALL>();
     pipe.Reset();
-    {
+    if (owners == 0) {                            // the plan has not met the other blocks yet
         const uint32_t blocks = static_cast<uint32_t>(AscendC::GetBlockNum());
         AscendC::TBuf<AscendC::TPosition::VECCALC> syncBuf;
         pipe.InitBuffer(syncBuf, blocks * avsg::kPlanSyncWords * sizeof(int32_t));
@@ -49,6 +55,7 @@ extern "C" __global__ __aicore__ void avsg_plan_gather(GM_ADDR topk, GM_ADDR seq
     }
     pipe.Reset();
     avsg::GatherKernel copy;
-    copy.Init(missPos, missSlots, missCounts, blockTable, countOut, tiling + avsg::kPlanGatherGatherOffset, &pipe);
+    copy.Init(missPos, missSlots, missCounts, blockTable, countOut, tiling + avsg::kPlanGatherGatherOffset, &pipe,
+              owners);
     copy.Process();
 }

@@ -52,6 +52,9 @@
 //      (PlanBlockDecay<Policy>): decay (Mins/Adds/Max) + hits to L (Not + Select).
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
+//      the miss lists published: their -1 tails and miss_counts out (PublishMisses; in
+//      plan_gather with one row per block, then the SyncAll after which the copy runs beside
+//      the rest of this row: op_kernel/plan_gather.cpp);
 //      insert: freeness of all 4 buckets of every miss (all-probe gathers of the position each
 //      bucket's slot holds, hashed: a bucket is occupied when that position probes it), 4 scalar
 //      rounds (lowest-j claims, winner bits), winners written window by window (GatherMask lists);
@@ -101,7 +104,17 @@ public:
         ctx_.CarveUb(pipe);
     }
 
+    // Every block plans its rows; with publishSync (plan_gather, at most one row per block) every
+    // block also meets the others exactly once in the SyncAll after the miss lists are out: a row's
+    // owner at its publish point, every other block (helpers, blocks without a row, rejected
+    // rows) once its part is done.
     __aicore__ inline void Process() {
+        PlanRows();
+        if (ctx_.t_.publishSync && !published_) ctx_.SyncAllBlocks();
+    }
+
+private:
+    __aicore__ inline void PlanRows() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
         if (ctx_.split_ > 1) {                         // one (row, part) per core: rows * split blocks
             const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
@@ -123,7 +136,6 @@ public:
         for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < ctx_.t_.rows; r += blocks) Row(r);
     }
 
-private:
     // AVSG_PHASE: each step's counted work by phase in the strict emulation (plan/plan_phases.h)
     __aicore__ inline void Row(uint32_t r) {
         AVSG_PHASE(PlanPhase::kStart);
@@ -189,6 +201,12 @@ private:
         // 3. allocate and install, index the new residents, stash the rest
         AVSG_PHASE(PlanPhase::kVictims);
         victimSearch_.Assign(r, m);
+        AVSG_PHASE(PlanPhase::kPublish);
+        output_.PublishMisses(r, m);
+        if (ctx_.t_.publishSync) {                // the composed copy starts; this core goes on
+            ctx_.SyncAllBlocks();
+            published_ = true;
+        }
         AVSG_PHASE(PlanPhase::kInsert);
         insert_.Insert(r, m);
         AVSG_PHASE(PlanPhase::kStashPending);
@@ -218,14 +236,17 @@ private:
     PlanBlockSplit splitLookup_{ctx_, probe_, hashMatch_, classify_};
     PolicyUpkeep<Policy> upkeep_{ctx_, heat_};
     PlanBlockDrop<Policy> drop_{ctx_, upkeep_};
+    bool published_ = false;                      // this block met the others after its publish
 };
 
 // The entries' body on the caller's pipe: the tiling into the pipe's first buffer (UB offset
 // 0), then the policy it names picks the instantiation, once per launch. An unknown id plans as
 // lifetime (the host rejects it before a launch). A kernel that composes the plan with more work
-// (op_kernel/plan_gather.cpp) calls this and then resets the pipe for its next block.
+// (op_kernel/plan_gather.cpp) calls this and then resets the pipe for its next block. Returns
+// the blocks that own a row when the plan met every block after publishing its miss lists
+// (tiling publishSync: blocks [0, rows) own rows 0 .. rows - 1), else 0 (no SyncAll yet).
 template <class Matcher>
-__aicore__ inline void PlanOnPipe(TPipe* pipe, GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens, GM_ADDR state,
+__aicore__ inline uint32_t PlanOnPipe(TPipe* pipe, GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens, GM_ADDR state,
                                   GM_ADDR stats, GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots,
                                   GM_ADDR missCounts, GM_ADDR workspace, GM_ADDR tiling) {
     TBuf<TPosition::VECCALC> tilingBuf;
@@ -244,6 +265,7 @@ __aicore__ inline void PlanOnPipe(TPipe* pipe, GM_ADDR topk, GM_ADDR seq, GM_ADD
         op.Init(pipe, t, topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         op.Process();
     }
+    return t.publishSync ? t.rows : 0u;
 }
 
 // The plan entries' body: a pipe of its own.

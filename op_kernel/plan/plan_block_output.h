@@ -2,7 +2,8 @@
 // chunks from miss_slots (OutputMisses: one pass per chunk with misses, no second lookup), then
 // the row's results and its state go back to GM (StoreRow).
 // UB: wKey_ (a chunk's slots), vT1_/vT2_/vMS_, statsUb_, scalarUb_, countUb_ and every window;
-// GM: slots, miss_pos / miss_slots tails, stats, miss_counts, the state row.
+// GM: slots, miss_pos / miss_slots tails and miss_counts (PublishMisses, before the insert), stats,
+// the state row.
 #pragma once
 #include "plan_block_insert.h"
 
@@ -88,25 +89,35 @@ public:
     __aicore__ inline void LoadStats(uint32_t r) {
         DataCopy(ctx_.statsUb_, ctx_.statsGm_[static_cast<uint64_t>(r) * 4], 4);
     }
-    // Step 4: the unused tails of miss_pos / miss_slots, every selection's slot, the stats, miss
-    // count and stash count staged in UB; the policy's upkeep may stage more (reuse: the step
-    // word in countUb_) before WriteBack. The tails' -1s fill the aligned region that holds
-    // OutputMisses' buffers, so they go first: its loads wait for their stores anyway (the
-    // chunks' slots, stored by classify).
-    __aicore__ inline void StoreResults(uint32_t r, uint32_t m) {
+    // Step 4's miss lists, final once the victims are chosen (merge stored miss_pos[0:m], the
+    // victim search miss_slots[0:m]): their -1 tails and miss_counts[r] go out now, before the
+    // insert, so that a copy composed after the plan (plan_gather) can read them while this core
+    // finishes the row. The tails' -1s fill the aligned region, which the insert reuses: every
+    // pipe waits for these stores (the insert also reloads miss list blocks from GM).
+    __aicore__ inline void PublishMisses(uint32_t r, uint32_t m) {
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         const GlobalTensor<int32_t> tails[] = {ctx_.missPosGm_, ctx_.missSlotsGm_};
         Sync<HardEvent::S_V>();                   // scalar accesses of the aligned region so far
         ctx_.FillTails(tails, 2, rowN, m, ctx_.t_.N);
+        ctx_.scalarUb_.SetValue(0, static_cast<int32_t>(m));
+        Sync<HardEvent::S_MTE3>();
+        StoreInts(ctx_.missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], ctx_.scalarUb_, 1);
+        Sync<HardEvent::MTE3_V>();
+        Sync<HardEvent::MTE3_MTE2>();
+        Sync<HardEvent::MTE3_S>();
+    }
+    // Step 4: every selection's slot, the stats and stash count staged in UB; the policy's upkeep
+    // may stage more (reuse: the step word in countUb_) before WriteBack.
+    __aicore__ inline void StoreResults(uint32_t r, uint32_t m) {
+        Sync<HardEvent::S_V>();                   // scalar accesses of the aligned region so far
         OutputMisses(r, m);
         ctx_.statsUb_.SetValue(0, ctx_.statsUb_.GetValue(0) + ctx_.lookups_);
         ctx_.statsUb_.SetValue(1, ctx_.statsUb_.GetValue(1) + ctx_.hits_);
         ctx_.statsUb_.SetValue(2, ctx_.statsUb_.GetValue(2) + ctx_.misses_);
         ctx_.statsUb_.SetValue(3, ctx_.statsUb_.GetValue(3) + static_cast<int64_t>(m));
-        ctx_.scalarUb_.SetValue(0, static_cast<int32_t>(m));
         ctx_.countUb_.SetValue(0, static_cast<int32_t>(stash_.stashCount_));
     }
-    // The row's end: the staged stats, miss count and stash count, and every dirty window written
+    // The row's end: the staged stats and stash count, and every dirty window written
     // back, all behind one pair of syncs. One MTE3_S after them: the scalar unit issues every
     // later instruction, so whatever comes next on any pipe starts after the stores
     // (emulation/emu_hazard.h, "Scalar issue"); the vector pipe may still be reading a buffer
@@ -116,7 +127,6 @@ public:
         Sync<HardEvent::V_MTE3>();                // windows a vector wrote
         Sync<HardEvent::S_MTE3>();
         DataCopy(ctx_.statsGm_[static_cast<uint64_t>(r) * 4], ctx_.statsUb_, 4);
-        StoreInts(ctx_.missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], ctx_.scalarUb_, 1);
         DataCopy(ctx_.stateGm_[rowState + ctx_.t_.stashCountOff], ctx_.countUb_, avsg::kStashCountPad);
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) WinCopyBack(ctx_.win_[s]);
         Sync<HardEvent::MTE3_S>();

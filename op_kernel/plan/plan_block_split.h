@@ -17,13 +17,7 @@ public:
     // Every core of a split launch calls this exactly once (rejected rows included): the soft
     // form (zeroed counters after the cores' slices, wIdx_ as its UB scratch) needs no mixed
     // kernel type. Its PipeBarrier<PIPE_ALL> completes the helpers' stores before the owner loads.
-    __aicore__ inline void SyncParts() {
-        const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
-        GlobalTensor<int32_t> counters;
-        counters.SetGlobalBuffer(ctx_.wsBase_ + static_cast<uint64_t>(blocks) * ctx_.t_.wsPerCore,
-                                 blocks * avsg::kPlanSyncWords);
-        SyncAll(counters, ctx_.wIdx_, 0);
-    }
+    __aicore__ inline void SyncParts() { ctx_.SyncAllBlocks(); }
     // Lookup part of a split row (helper core): its chunks looked up and classified as the owner
     // does its own; slots to the row's output, miss runs to the owner's workspace slice; then its
     // counts, run lengths and hit bitmap to its part region there. Reads of the row's state only.

@@ -218,6 +218,17 @@ public:
             for (uint32_t j = from; j < to; j += lanes) StoreInts(g[k][rowN + j], fillUb_, MinU(lanes, to - j));
     }
 
+    // The launch's soft SyncAll over every block (the split lookup's, and plan_gather's after the
+    // miss lists are published): counters after the cores' workspace slices (zeroed by the host per
+    // launch; each block's counter counts its calls), wIdx_ as UB scratch (idle at both callers:
+    // after the lookup parts, and between the victims and the insert).
+    __aicore__ inline void SyncAllBlocks() {
+        const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
+        GlobalTensor<int32_t> counters;
+        counters.SetGlobalBuffer(wsBase_ + static_cast<uint64_t>(blocks) * t_.wsPerCore, blocks * avsg::kPlanSyncWords);
+        SyncAll(counters, wIdx_, 0);
+    }
+
     // ---------------------------------------------------------------------- row framing
     // The row was built (reset) with the geometry and lifetime of this call, and its active
     // capacity (resize) lets a step's N selections fit without leaving the allocation; it is

@@ -64,6 +64,8 @@ class Trio:
         bs = self.block_size or 0
         fused = torch.ops.avsg.plan_gather(*self._args(0, topk, seq, lens), self.src, self.dst[0],
                                            self.block_table, bs, self.partition, self.cores)
+        if backend.get_emulation() == "strict":
+            self.fused_phases = backend.last_launch_phases()
         planned = torch.ops.avsg.plan(*self._args(1, topk, seq, lens))
         copied = torch.ops.avsg.gather(planned[1], planned[2], planned[3], self.src, self.dst[1],
                                        self.block_table, bs, self.partition, self.cores)
@@ -156,6 +158,32 @@ def test_the_split_lookup_composes():
         for cores in (1, 7):
             trio = Trio(1, 2, 600, 1400, "lifetime", gen, cores=cores, max_len=4000)
             session(trio, gen, steps=3)
+
+
+@pytest.mark.parametrize("emulated, early", [(2, False), (4, True), (40, True)])
+def test_the_copy_starts_beside_the_rows_it_waits_for(emulated, early):
+    """With at most one row per block the plan publishes each row's miss lists after its victims
+    and meets every block there (phase "publish"); the copy then runs on the blocks after the
+    owners while they finish their rows. 3 rows on 4 cores: the launch takes the 4, and the copy's
+    third core's share goes to an owner after its row; on 40: 3 + 4 blocks, none does. More rows
+    than cores (2): one SyncAll after the whole plan, as before. All bit for bit as plan, then
+    gather, and the reference."""
+    gen = torch.Generator().manual_seed(21)
+    saved = backend.emulated_cores()
+    backend.set_emulated_cores(emulated)
+    try:
+        with backend.emulation("strict"):
+            trio = Trio(3, 2, 8, 24, "lifetime", gen, cores=min(4, emulated))
+            session(trio, gen, steps=4)
+    finally:
+        backend.set_emulated_cores(saved)
+    phases = trio.fused_phases
+    publish = phases.phase("publish")["sync_alls"]
+    blocks = min(emulated, 3 + 4) if early else max(2, min(4, emulated))
+    assert phases.per_block.shape[0] == blocks
+    # the owners meet the others at their publish point, and only there (one SyncAll a block)
+    assert publish[:3].tolist() == ([1, 1, 1] if early else [0, 0, 0])[:min(3, blocks)]
+    assert int(phases.per_block[:, :, phases.fields.index("sync_alls")].sum()) == blocks
 
 
 def test_more_pairs_than_one_launch_holds():
