@@ -171,6 +171,15 @@ def split_slots(plan: Plan) -> reference.SplitSlots:
     return reference.SplitSlots(hits, misses)
 
 
+def copy_cores_beside_plan(cores: int, rows: int) -> int:
+    """The cores ``plan_gather`` copies on by default: the ``cores - rows`` its plan leaves free
+    when the rows take at most half of them, else all. There, each row's owner block finishes its
+    row (insert, stash, slots, state) after publishing its misses while the copy already runs on
+    the other blocks (op_kernel/plan_gather.cpp); a copy share on an owner would start only
+    after that."""
+    return cores - rows if 2 * rows <= cores else cores
+
+
 class MissCopy(NamedTuple):
     """The package's own copy of a plan's misses, as ``copy_misses(plan, src, dst, block_table,
     block_size, num_cores)`` makes it (balanced over cores), described instead of called: given
@@ -184,7 +193,7 @@ class MissCopy(NamedTuple):
     dst: TensorList
     block_table: Optional[torch.Tensor] = None
     block_size: Optional[int] = None
-    num_cores: Optional[int] = None
+    num_cores: Optional[int] = None   # None: the cores the plan leaves (copy_cores_beside_plan)
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -404,6 +413,8 @@ class SparseKVBuffer:
         srcs, dsts, cores, paged = _check_copy_args(
             self.device, self.rows, self.capacity, copy.src, copy.dst, copy.block_table,
             copy.block_size, "miss", copy.num_cores, ("copy", "copy.src", "copy.dst"))
+        if copy.num_cores is None:
+            cores = copy_cores_beside_plan(cores, self.rows)
         held = self._hold("step")
         try:
             (slots, miss_pos, miss_slots, miss_counts, _), source, generation = self._apply(

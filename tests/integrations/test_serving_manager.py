@@ -418,7 +418,8 @@ def test_step_with_the_split_changes_nothing_but_adds_the_split_lists():
 @pytest.mark.parametrize("fuse_copy", [None, False])
 def test_gather_cores_is_the_copy_launch_core_count(fuse_copy):
     """gather_cores reaches the copy's launch (num_cores of plan_gather, or of the gather when
-    the plan and the copy are apart) and changes no byte; bad values are named."""
+    the plan and the copy are apart) and changes no byte; bad values are named. Its default in
+    plan_gather leaves the plan's row owners out of the copy."""
     from torch.utils._python_dispatch import TorchDispatchMode
     import avsg
 
@@ -438,7 +439,12 @@ def test_gather_cores_is_the_copy_launch_core_count(fuse_copy):
         with Cores():
             run_step(mgr, 0)
         kv.append([k.clone() for k in mgr.kv[0]])
-    assert Cores.seen == [avsg.get_num_cores(), 3] and all(torch.equal(a, b) for a, b in zip(*kv))
+    # by default plan_gather copies on the cores its plan leaves (the rows' owners finish their
+    # rows meanwhile); a separate gather takes them all
+    default = (avsg.get_num_cores() if fuse_copy is False
+               else avsg.buffer.copy_cores_beside_plan(avsg.get_num_cores(), R))
+    assert default != 3 and (fuse_copy is False or default == avsg.get_num_cores() - R)
+    assert Cores.seen == [default, 3] and all(torch.equal(a, b) for a, b in zip(*kv))
     with pytest.raises(ValueError, match="gather_cores"):
         make(gather_cores=0)
 

@@ -194,3 +194,10 @@ def test_a_bad_miss_copy_names_itself_and_touches_nothing():
             buf.step(topk, seq, copy, drop_from=drop)
         assert torch.equal(buf.state, state) and buf._generation == generation, name
         assert torch.equal(kv, before), name
+
+
+def test_plan_gather_copies_beside_the_rows_owners_by_default():
+    """MissCopy without num_cores: the fused step copies on the cores its plan leaves while the
+    rows take at most half of them (their owners finish the rows meanwhile), else on all."""
+    from avsg.buffer import copy_cores_beside_plan
+    assert [copy_cores_beside_plan(40, rows) for rows in (1, 8, 20, 21, 64)] == [39, 32, 20, 40, 40]

@@ -262,8 +262,10 @@ class SparseOffloadManager:
             ``"gather"`` phases of ``begin_step`` / ``retrieve`` (not while tracing); where plan
             and copy are one launch (``fuse_copy``) that launch is one phase, ``"plan_gather"``.
         gather_cores: cores the copy's gather launch takes (``avsg.gather``'s ``num_cores``;
-            default ``avsg.get_num_cores()``): fewer leave cores to an attention kernel that
-            should run beside the copy (``step(split=True)``, docs/overlap.md).
+            default ``avsg.get_num_cores()``, or in the one-launch ``plan_gather`` the cores its
+            plan leaves, ``avsg.buffer.copy_cores_beside_plan``): fewer leave cores to an
+            attention kernel that should run beside the copy (``step(split=True)``,
+            docs/overlap.md).
         fuse_copy: run a layer's plan and its copy as one launch (``plan_gather``) wherever the
             copy is the package's own gather of every miss (not with write-through, nor
             ``step(split=True)``). Default: on CPU; on an NPU only where the plan's split may run

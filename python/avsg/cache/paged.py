@@ -40,7 +40,8 @@ class PagedKV:
                       f"capacity = {capacity} rows of {kv_format.name}")
         self.num_layers, self.rows, self.capacity = num_layers, rows, capacity
         self.kv_format, self.device = kv_format, device
-        # cores the copy's gather launch takes (None: avsg.get_num_cores()); a copy that should
+        # cores the copy's gather launch takes (None: avsg.get_num_cores(), in plan_gather the
+        # cores its plan leaves: avsg.buffer.copy_cores_beside_plan); a copy that should
         # overlap attention leaves the attention kernel its cores (docs/overlap.md)
         self.gather_cores = gather_cores
         self.resident_block_size = resident_block_size

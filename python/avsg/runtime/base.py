@@ -99,7 +99,8 @@ class StoreSpec:
     # (avsg.cache.split_rule) chooses it, with split_policy's inputs
     split_attention: Union[bool, str] = False
     split_policy: Optional[SplitPolicy] = None
-    gather_cores: Optional[int] = None  # avsg: cores of the copy's gather (None: get_num_cores())
+    gather_cores: Optional[int] = None  # avsg: cores of the copy's gather (None: the default of
+                                        # avsg.buffer.MissCopy / gather)
     timers: Timers = NULL_TIMERS
 
 
