@@ -57,8 +57,10 @@ def _traffic(drafts=0):
 
 
 def _costs(plan=100.0):
+    # a quarter of the plan after its miss lists are out (avsg's plan_gather copies beside it)
     return plan_cost.Costs({m: {T: plan * T for T in range(1, 5)}
-                         for m in ("avsg", "lru-device", "slotmap-device")}, 30.0, "test")
+                            for m in ("avsg", "lru-device", "slotmap-device")}, 30.0, "test",
+                           {m: {T: plan * T / 4 for T in range(1, 5)} for m in ("avsg", "lru-device")})
 
 
 def test_memory_is_the_sum_of_its_parts_and_decides_feasibility():
@@ -118,7 +120,9 @@ def test_projection_is_monotone_and_device_is_the_floor():
     hidden = projection.project(CONFIG, hw, traffic, costs, 8, 32768, 32, overlap_avsg=True,
                             modes=("avsg",))
     assert hidden["avsg"]["step_s"] <= p["avsg"]["step_s"]
-    assert hidden["avsg"]["plan_us_per_layer"] == p["avsg"]["plan_us_per_layer"]
+    # avsg's one launch (plan_gather) pays a SyncAll; a copy beside attention launches the plan alone
+    sync_us = hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e3)
+    assert hidden["avsg"]["plan_us_per_layer"] == pytest.approx(p["avsg"]["plan_us_per_layer"] - sync_us)
 
 
 def test_sensitivity_profiles_scale_the_named_constants():
@@ -240,12 +244,12 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
             assert a[0] < a[1] < a[2]
     # the same run with the kernel's counted work doubled: plan's cost doubles, copies do not move
     from avsg import backend
-    real = backend.last_launch_counters
+    real = backend.last_launch_phases
 
     def doubled():
         c = real()
-        return backend.LaunchCounters(c.fields, c.per_block * 2, c.vector_apis)
-    monkeypatch.setattr(backend, "last_launch_counters", doubled)
+        return backend.LaunchPhases(c.names, c.fields, c.per_block * 2)
+    monkeypatch.setattr(backend, "last_launch_phases", doubled)
     patched = _run(tmp_path, trace, "patched")
     pby = {(r["mode"], r["batch"], r["mtp"], r["profile"]): r for r in patched["records"]
            if r["launch_us"] == 1e6 * hw["launch_graph_s"]}
@@ -285,7 +289,8 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
     from avsg.commands.run import project_on_npu
     seen = {}
     monkeypatch.setattr(plan_cost, "counted_plan_on", lambda *a, **k: (seen.update(k), ["counted"])[1])
-    monkeypatch.setattr(plan_cost, "counted_us", lambda counters, hw, statistic="median": 123.0)
+    monkeypatch.setattr(plan_cost, "counted_plan_us",
+                        lambda launches, hw, statistic="mean": (123.0, 7.0))
     records = [NS(emitted=[1, 1]) for _ in range(10)]
     outputs = {0: [1] * 15, 1: [1] * 15}
     kv_layers, iterations = 5, 10 * 2 * 5
@@ -298,12 +303,15 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
     copies = copy_traffic.Traffic(1, 0.0, 30 / 20, 8192, 4096,
                              {"offload": [3000.0], "avsg": [200.0]}, "test")
     direct = projection.project(CONFIG, hardware.load_profile(), copies,
-                                plan_cost.Costs({"avsg": {2: 123.0}}, 0.0, ""), 4, 32768, 32,
+                                plan_cost.Costs({"avsg": {2: 123.0}}, 0.0, "", {"avsg": {2: 7.0}}),
+                                4, 32768, 32,
                                 modes=("device", "offload", "avsg"))
     for mode in ("device", "offload", "avsg"):
         assert line[mode]["feasible"] == direct[mode]["feasible"]
         assert line[mode]["tpot_s"] == pytest.approx(direct[mode]["tpot_s"])
-    assert line["avsg"]["plan_us_per_layer"] == pytest.approx(123.0)
+    hw = hardware.load_profile()       # the counted plan and plan_gather's SyncAll
+    assert line["avsg"]["plan_us_per_layer"] == pytest.approx(
+        123.0 + hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e3))
     assert seen["accept_mean"] == pytest.approx(30 / 20 - 1)    # the run's own acceptance
 
 
@@ -383,3 +391,25 @@ def test_slotmap_counted_work_grows_with_rejected_drafts():
     hw = hardware.load_profile()
     t = lambda r: hardware.launch_estimate(plan_cost.slotmap_counters(4096, 150, r), hw)["serial_pipe_us"]  # noqa: E731
     assert t(0.0) < t(1.0) < t(2.0)
+
+
+def test_avsgs_copy_runs_beside_the_end_of_its_plan():
+    """avsg's one launch (plan_gather): a SyncAll, and, with a core per row and the copy on the
+    cores the plan leaves, the copy beside the plan's phases after its miss lists are out: the
+    layer takes plan + SyncAll + max(copy on those cores, what runs beside) - beside."""
+    from avsg.buffer import copy_cores_beside_plan
+    hw = hardware.load_profile()
+    fmt = projection.kv_format(hw)
+    sync = hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e9)
+    P = int(hw["aiv_cores"])
+    for batch, rows in ((1, 130.0), (8, 130.0), (8, 4.0), (32, 130.0)):
+        for beside_us in (0.0, 6.0):
+            costs = plan_cost.Costs({"avsg": {1: 20.0}}, 0.0, "test", {"avsg": {1: beside_us}})
+            o = projection.layer_overhead_s("avsg", hw, fmt, costs, rows, batch, 1, 2048, 0.0, False)
+            cores = copy_cores_beside_plan(P, batch)
+            link = projection._link_s(hw, rows * batch, fmt.row_bytes, cores=cores)
+            assert o["match_s"] == pytest.approx(20e-6 + sync)
+            if cores < P:
+                assert o["copy_s"] == pytest.approx(max(0.0, link - beside_us * 1e-6))
+            else:       # every core holds a row's owner: the copy waits for the rows
+                assert o["copy_s"] == pytest.approx(projection._link_s(hw, rows * batch, fmt.row_bytes))

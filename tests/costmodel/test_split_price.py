@@ -1,6 +1,8 @@
 """The decode model's split modes: priced by the serving core's rule (avsg.cache.split_rule),
 never slower than avsg, no overlap where the cores do not allow it, the contention of a gather
 on fewer cores, and device-resident KV's modelled TPOT kept where it does not fit."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -39,8 +41,10 @@ def test_the_split_is_never_slower_than_avsg_and_without_overlap_is_avsg(drafts,
 
 def test_the_split_step_is_avsgs_less_the_rules_gain():
     """Where the rule splits every layer, the iteration is avsg's less each layer's gain (main
-    pass) and each draft pass's, as split_rule.price states them."""
-    hw, costs = _hw(False), _costs()
+    pass) and each draft pass's, as split_rule.price states them against avsg's one launch (its
+    copy beside the end of the plan, its SyncAll)."""
+    hw = _hw(False)
+    costs = dataclasses.replace(_costs(), after_publish_us={})   # nothing beside: the rule splits
     tr = _traffic(1)
     rows = 600.0
     tr = copy_traffic.Traffic(**{**tr.__dict__, "rows": {**tr.rows, "avsg": [rows] * 3}})
@@ -53,8 +57,13 @@ def test_the_split_step_is_avsgs_less_the_rules_gain():
     prof = projection.split_profile(CONFIG, hw, fmt, mla, batch * T, True)
     K = CONFIG.index_topk
     added = manager.split_added_launches()
-    main = split_rule.price(prof, batch, T, K, rows * batch, launch_s, True, added)
-    draft = split_rule.price(prof, batch, 1, K, rows * batch / T, launch_s, True, added)
+    # the rule weighs the split against avsg's one launch: its copy beside the end of the plan
+    # and its SyncAll
+    o = projection.layer_overhead_s("avsg", hw, fmt, costs, rows, batch, T, K, mla, False)
+    one_launch = o["copy_s"] + o["sync_s"]
+    main = split_rule.price(prof, batch, T, K, rows * batch, launch_s, True, added, one_launch)
+    draft = split_rule.price(prof, batch, 1, K, rows * batch / T, launch_s, True, added,
+                             one_launch / T)
     assert main.chosen and draft.chosen
     L = CONFIG.num_hidden_layers
     want = p["avsg"]["step_s"] - L * main.gain_s - tr.drafts * draft.gain_s

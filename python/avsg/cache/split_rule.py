@@ -114,11 +114,14 @@ class SplitPrice:
 
 def price(profile: SplitProfile, rows: int, tokens_per_row: int, topk: int, misses: float,
           launch_s: float, overlap_established: bool,
-          launches: Optional[int] = None) -> SplitPrice:
+          launches: Optional[int] = None, unsplit_copy_s: Optional[float] = None) -> SplitPrice:
     """One layer step of ``rows`` requests with ``tokens_per_row`` query tokens each (``topk``
     selections per token) copying ``misses`` rows in all, unsplit and split (module doc).
     ``launches``: the launches the split adds (default ``len(SPLIT_LAUNCHES)``: an unsplit path
-    whose plan and gather are apart)."""
+    whose plan and gather are apart). ``unsplit_copy_s``: what the unsplit step's copy costs
+    beside its plan, where the caller knows it (the decode model: avsg's one launch copies beside
+    the end of its plan and pays a SyncAll); default: the whole copy on every core, after the
+    plan."""
     if launches is None:
         launches = len(SPLIT_LAUNCHES)
     _positive("launches", launches, whole=True, allow_zero=True)
@@ -136,7 +139,10 @@ def price(profile: SplitProfile, rows: int, tokens_per_row: int, topk: int, miss
     o = int(overlap_established and profile.cores_allow_overlap())
     hit_attention = attention_s(profile, selections - miss_selections)
     copy_split = copy_s(profile, misses, profile.gather_cores)
-    unsplit = copy_s(profile, misses, profile.aiv_cores) + attention_s(profile, selections)
+    if unsplit_copy_s is None:
+        unsplit_copy_s = copy_s(profile, misses, profile.aiv_cores)
+    _positive("unsplit_copy_s", unsplit_copy_s, allow_zero=True)
+    unsplit = unsplit_copy_s + attention_s(profile, selections)
     first = max(hit_attention, copy_split) if o else hit_attention + copy_split
     split = (first + attention_s(profile, miss_selections) + tokens * profile.merge_s_per_token
              + launches * launch_s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -136,6 +136,30 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
     return out
 
 
+#: The plan's phases after its miss lists are published (op_kernel/plan/plan_phases.h): what a
+#: row's owner block still does while plan_gather's copy runs on the other blocks.
+AFTER_PUBLISH = ("insert", "stash pending", "output+store")
+
+
+def counted_plan_us(launches: Sequence, hw: hardware.Profile,
+                    statistic: str = "mean") -> Tuple[float, float]:
+    """``(plan, after_publish)`` of counted plan launches (``backend.LaunchPhases`` each, from
+    ``counted_plan_on(..., phases=True)``): the serial-pipe us of each launch's slowest block, as
+    :func:`counted_us` prices it, and of that block's AFTER_PUBLISH phases; the median or the
+    ``"mean"`` over the launches."""
+    if statistic not in ("median", "mean"):
+        raise ValueError(f"statistic: expected 'median' or 'mean', got {statistic!r}")
+    whole, after = [], []
+    for launch in launches:
+        per_phase = {n: _phase_values(launch.phase(n), hw)["serial_us"] for n in launch.names}
+        total = sum(per_phase.values())
+        b = int(total.argmax())
+        whole.append(float(total[b]))
+        after.append(sum(float(per_phase[n][b]) for n in AFTER_PUBLISH))
+    pick = np.median if statistic == "median" else np.mean
+    return float(pick(whole)), float(pick(after))
+
+
 def counted_us(counters: Sequence, hw: hardware.Profile, statistic: str = "median") -> float:
     """Serial-pipe estimate (us per row: the launch's slowest block) of counted launches, their
     median (a typical launch) or ``"mean"`` (the expected cost: what the decode model adds up,
@@ -240,6 +264,9 @@ class Costs:
     plan_us: Dict[str, Dict[int, float]]        # mode -> T -> us per row
     host_us_per_row: float
     host_source: str
+    # mode -> T -> us of plan_us after the plan publishes its miss lists (AFTER_PUBLISH): where the
+    # plan and its copy are one launch (avsg's plan_gather), the copy runs beside it. Absent: 0.
+    after_publish_us: Dict[str, Dict[int, float]] = dataclasses.field(default_factory=dict)
 
 
 def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer: int,
@@ -249,9 +276,10 @@ def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer
     counters = counters or plan_counters(trace_path, Ts, capacity, topk_buffer,
                                          {T: traffic[T - 1].accept_mean for T in Ts})
     plan_us: Dict[str, Dict[int, float]] = {m: {} for m in ("avsg", "lru-device", "slotmap-device")}
+    after: Dict[str, Dict[int, float]] = {m: {} for m in PLAN_POLICY}
     for T in Ts:
         for mode, policy in PLAN_POLICY.items():
-            plan_us[mode][T] = counted_us(counters[(policy, T)], hw, "mean")
+            plan_us[mode][T], after[mode][T] = counted_plan_us(counters[(policy, T)], hw, "mean")
         K = counters["k"]
         tr = traffic[T - 1]
         plan_us["slotmap-device"][T] = hardware.launch_estimate(
@@ -261,7 +289,8 @@ def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer
     return Costs(plan_us, host["us_per_row"] * hw["host_cpu_time_factor"],
                  f"host LRU timed on this machine: {host['us_per_row']:.1f} us per query-token "
                  f"row (median of {host['calls']} calls x {host['rows']} rows, {host['capacity']} "
-                 f"slots, K {host['k']}), x {hw['host_cpu_time_factor']:g} (host_cpu_time_factor)")
+                 f"slots, K {host['k']}), x {hw['host_cpu_time_factor']:g} (host_cpu_time_factor)",
+                 after)
 
 
 def plan_counters(trace_path: str, Ts: Sequence[int], capacity: int,
@@ -278,7 +307,8 @@ def plan_counters(trace_path: str, Ts: Sequence[int], capacity: int,
         if accept is None:
             raise ValueError(f"accept_means: expected the mean accepted drafts at T = {T}")
         for policy in sorted(set(PLAN_POLICY.values())):
-            out[(policy, T)] = counted_plan(trace_path, policy, T, capacity, accept_mean=accept)
+            out[(policy, T)] = counted_plan(trace_path, policy, T, capacity, accept_mean=accept,
+                                            phases=True)
     from ..traces import format as trace_format
     layers = trace_format.load_trace(trace_path, check_values=False).layers
     sel, positions, context = load_selections(trace_path, layers, 48)

@@ -283,11 +283,13 @@ def mla_time_s(c, hw, fmt: KVFormat, tokens: int) -> float:
                                     * (2 * c.kv_lora_rank + c.qk_rope_head_dim), 16))
 
 
-def _link_s(hw, rows: float, row_bytes: int, dmas_per_row: int = 1) -> float:
-    """H2D of ``rows`` rows: bandwidth- or per-DMA-latency-bound, whichever is slower."""
+def _link_s(hw, rows: float, row_bytes: int, dmas_per_row: int = 1,
+            cores: Optional[int] = None) -> float:
+    """H2D of ``rows`` rows on ``cores`` cores (default all): bandwidth- or per-DMA-latency-bound,
+    whichever is slower."""
     bandwidth = rows * row_bytes / hw["link_bytes_per_s"]
     latency = rows * dmas_per_row * hw["host_dma_latency_s"] / (
-        hw["aiv_cores"] * hw["dma_in_flight_per_core"])
+        (cores or hw["aiv_cores"]) * hw["dma_in_flight_per_core"])
     return max(bandwidth, latency)
 
 
@@ -325,8 +327,20 @@ def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, ba
                 "copy_s": _link_s(hw, rows * batch, fmt.row_bytes, dmas_per_row=2)}
     match = waves * costs.plan_us[mode][T] * 1e-6
     overlaps = mode in ("lru-device", "slotmap-device") or overlap_avsg
-    exposed = max(0.0, link - mla_s) if overlaps else link
-    return {"match_s": match, "copy_s": exposed}
+    if overlaps or mode != "avsg":
+        return {"match_s": match, "copy_s": max(0.0, link - mla_s) if overlaps else link}
+    # avsg's serving step is one plan_gather: its SyncAll, and, where every row has a core of its
+    # own and its default copy cores (copy_cores_beside_plan) leave the owners out, the copy on
+    # those cores while the owners finish their rows after publishing the misses (AFTER_PUBLISH)
+    from ...buffer import copy_cores_beside_plan
+    sync = hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e9)
+    cores = copy_cores_beside_plan(int(hw["aiv_cores"]), batch)
+    if waves == 1 and cores < hw["aiv_cores"]:
+        beside = costs.after_publish_us.get(mode, {}).get(T, 0.0) * 1e-6
+        exposed = max(0.0, _link_s(hw, rows * batch, fmt.row_bytes, cores=cores) - beside)
+    else:
+        exposed = link
+    return {"match_s": match + sync, "copy_s": exposed, "sync_s": sync}
 
 
 def split_profile(c, hw: hardware.Profile, fmt: KVFormat, mla_s: float, tokens: int,
@@ -481,10 +495,13 @@ def _project_split(c, hw, fmt: KVFormat, traffic: Traffic, costs: Optional[Costs
                              context)
         passes = []
         # the main pass, then one draft pass (its share of the copies; avsg's convention)
-        for tokens_per_row, misses, unsplit_copy in ((T, rows * batch, o["copy_s"]),
-                                                     (1, rows * batch / T, o["copy_s"] / T)):
+        # the rule weighs the split (plan and gather apart) against avsg's one launch as priced
+        # here: its copy beside the end of the plan, and its SyncAll, which a split layer does
+        # not pay (so extra takes it back out of match_s)
+        for tokens_per_row, misses, share in ((T, rows * batch, 1.0), (1, rows * batch / T, 1.0 / T)):
+            unsplit_copy = o["copy_s"] * share
             forced = split_rule.price(profile, batch, tokens_per_row, K, misses, launch_s, overlap,
-                                      added)
+                                      added, unsplit_copy + o["sync_s"] * share)
             extra = forced.split_s - forced.unsplit_s - added * launch_s
             passes.append({"copy": unsplit_copy + (extra if forced.chosen else 0.0),
                            "forced_copy": unsplit_copy + extra,
