@@ -52,9 +52,10 @@
 //      (PlanBlockDecay<Policy>): decay (Mins/Adds/Max) + hits to L (Not + Select).
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
-//      the miss lists published: their -1 tails and miss_counts out (PublishMisses; in
+//      the miss lists published: miss_counts out (PublishMisses; their -1 tails go with the
+//      output; in
 //      plan_gather with one row per block, then the SyncAll after which the copy runs beside
-//      the rest of this row: op_kernel/plan_gather.cpp);
+//      the rest of this row: op_kernel/plan_gather.cpp); slot_life back from its half copy;
 //      insert: freeness of all 4 buckets of every miss (all-probe gathers of the position each
 //      bucket's slot holds, hashed: a bucket is occupied when that position probes it), 4 scalar
 //      rounds (lowest-j claims, winner bits), winners written window by window (GatherMask lists);
@@ -207,6 +208,8 @@ private:
             ctx_.SyncAllBlocks();
             published_ = true;
         }
+        AVSG_PHASE(PlanPhase::kLivesBack);
+        victimSearch_.AfterPublish();
         AVSG_PHASE(PlanPhase::kInsert);
         insert_.Insert(r, m);
         AVSG_PHASE(PlanPhase::kStashPending);

@@ -2,7 +2,7 @@
 // chunks from miss_slots (OutputMisses: one pass per chunk with misses, no second lookup), then
 // the row's results and its state go back to GM (StoreRow).
 // UB: wKey_ (a chunk's slots), vT1_/vT2_/vMS_, statsUb_, scalarUb_, countUb_ and every window;
-// GM: slots, miss_pos / miss_slots tails and miss_counts (PublishMisses, before the insert), stats,
+// GM: miss_counts (PublishMisses, before the insert), slots, miss_pos / miss_slots tails, stats,
 // the state row.
 #pragma once
 #include "plan_block_insert.h"
@@ -89,27 +89,27 @@ public:
     __aicore__ inline void LoadStats(uint32_t r) {
         DataCopy(ctx_.statsUb_, ctx_.statsGm_[static_cast<uint64_t>(r) * 4], 4);
     }
-    // Step 4's miss lists, final once the victims are chosen (merge stored miss_pos[0:m], the
-    // victim search miss_slots[0:m]): their -1 tails and miss_counts[r] go out now, before the
-    // insert, so that a copy composed after the plan (plan_gather) can read them while this core
-    // finishes the row. The tails' -1s fill the aligned region, which the insert reuses: every
-    // pipe waits for these stores (the insert also reloads miss list blocks from GM).
+    // Step 4's miss lists are final once the victims are chosen (merge stored miss_pos[0:m], the
+    // victim search miss_slots[0:m]): miss_counts[r] goes out now, before the insert, so that a
+    // copy composed after the plan (plan_gather) can read the m misses while this core finishes
+    // the row. The copy reads entries [0, m) only (gather_kernel.h clamps to the count), so the
+    // -1 tails [m, N) follow later (StoreResults), by exact-byte stores that leave [0, m) alone.
     __aicore__ inline void PublishMisses(uint32_t r, uint32_t m) {
+        ctx_.scalarUb_.SetValue(0, static_cast<int32_t>(m));
+        Sync<HardEvent::S_MTE3>();
+        StoreInts(ctx_.missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], ctx_.scalarUb_, 1);
+        Sync<HardEvent::MTE3_S>();
+    }
+    // Step 4: the unused tails of miss_pos / miss_slots, every selection's slot, the stats and
+    // stash count staged in UB; the policy's upkeep may stage more (reuse: the step word in
+    // countUb_) before WriteBack. The tails' -1s fill the aligned region that holds OutputMisses'
+    // buffers, so they go first: its loads wait for their stores anyway (the chunks' slots,
+    // stored by classify).
+    __aicore__ inline void StoreResults(uint32_t r, uint32_t m) {
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         const GlobalTensor<int32_t> tails[] = {ctx_.missPosGm_, ctx_.missSlotsGm_};
         Sync<HardEvent::S_V>();                   // scalar accesses of the aligned region so far
         ctx_.FillTails(tails, 2, rowN, m, ctx_.t_.N);
-        ctx_.scalarUb_.SetValue(0, static_cast<int32_t>(m));
-        Sync<HardEvent::S_MTE3>();
-        StoreInts(ctx_.missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], ctx_.scalarUb_, 1);
-        Sync<HardEvent::MTE3_V>();
-        Sync<HardEvent::MTE3_MTE2>();
-        Sync<HardEvent::MTE3_S>();
-    }
-    // Step 4: every selection's slot, the stats and stash count staged in UB; the policy's upkeep
-    // may stage more (reuse: the step word in countUb_) before WriteBack.
-    __aicore__ inline void StoreResults(uint32_t r, uint32_t m) {
-        Sync<HardEvent::S_V>();                   // scalar accesses of the aligned region so far
         OutputMisses(r, m);
         ctx_.statsUb_.SetValue(0, ctx_.statsUb_.GetValue(0) + ctx_.lookups_);
         ctx_.statsUb_.SetValue(1, ctx_.statsUb_.GetValue(1) + ctx_.hits_);

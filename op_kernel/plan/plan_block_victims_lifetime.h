@@ -102,7 +102,11 @@ public:
             ctx_.countUb_.SetValue(kHandWord, static_cast<int32_t>(hand));
         }
         ctx_.missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
-        if (compact) victims_.WriteBackHalfCopy();
+    }
+    // After the miss lists are published: the lives go back to GM from the half copy (the miss
+    // lists do not depend on it, so plan_gather's copy already runs beside it).
+    __aicore__ inline void AfterPublish() {
+        if (victims_.HalfCopyFits()) victims_.WriteBackHalfCopy();
     }
     // The lowest life a candidate (a slot below the active capacity) holds, -1 if one is free:
     // over the half copy, which DecayAndPin's casts and Allocate's installs wrote.

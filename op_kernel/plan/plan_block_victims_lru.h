@@ -15,9 +15,10 @@ public:
                                             PlanBlockVictims& victims)
         : ctx_(ctx), probe_(probe), heat_(heat), victims_(victims) {}
     // the m victims to miss_slots, each miss installed in its victim as they are found
-    __aicore__ inline void Assign(uint32_t r, uint32_t m) {
-        AllocateLru(r, m);
-        if (victims_.HalfCopyFits()) victims_.WriteBackHalfCopy();   // the ages, with the installs
+    __aicore__ inline void Assign(uint32_t r, uint32_t m) { AllocateLru(r, m); }
+    // After the miss lists are published: the ages (with the installs) go back from the half copy.
+    __aicore__ inline void AfterPublish() {
+        if (victims_.HalfCopyFits()) victims_.WriteBackHalfCopy();
     }
 
     // The lru victims are the m lowest (score, slot) of reference.lru_scores: with the key

@@ -20,6 +20,9 @@ public:
         AllocateByScore(r, m);
         ScatterVictimsReuse(r, m);
     }
+    // After the miss lists are published: nothing (the ages live in their window, written back
+    // with the row).
+    __aicore__ inline void AfterPublish() {}
 
     // x (int32 >= 0, n lanes) -> log8(x) (shift 20) or log4(x) (shift 21) from float32 bits
     __aicore__ inline void LogBits(const LocalTensor<int32_t>& x, const LocalTensor<float>& tmp, int32_t shift,

@@ -21,7 +21,8 @@ enum class PlanPhase : uint32_t {
     kHeat,          // reuse policy: heat cooled at the row's start, heated by its used blocks
     kDecay,         // decay of slot_life and hits pinned
     kVictims,       // victims chosen, slot_pos / slot_life scattered
-    kPublish,       // the miss lists' tails and count out (and plan_gather's SyncAll)
+    kPublish,       // the miss count out (and plan_gather's SyncAll)
+    kLivesBack,     // slot_life back from its half copy (lifetime, lru), after the publish
     kInsert,        // bucket insert rounds of the misses
     kStashPending,  // stash compaction #2 and append
     kStore,         // outputs, stats, state write-back
@@ -33,7 +34,7 @@ enum class PlanPhase : uint32_t {
 inline const ::avsg_emu::PhaseTable& PhaseTableOf(PlanPhase) {
     static constexpr const char* kNames[] = {
         "setup", "row start", "stash runs", "lookup", "classify", "split sync+fold", "merge misses",
-        "heat", "decay+pin", "victims", "publish", "insert", "stash pending", "output+store", "split helper"};
+        "heat", "decay+pin", "victims", "publish", "lives back", "insert", "stash pending", "output+store", "split helper"};
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<uint32_t>(PlanPhase::kCount),
                   "one name per PlanPhase");
     static constexpr ::avsg_emu::PhaseTable kTable{kNames, static_cast<uint32_t>(PlanPhase::kCount)};

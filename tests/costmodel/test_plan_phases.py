@@ -19,7 +19,7 @@ from avsg.lab.traces.format import save_trace
 from helpers.plan_cases import I32, Twin, draw, split_lookup
 
 PHASES = ("setup", "row start", "stash runs", "lookup", "classify", "split sync+fold",
-          "merge misses", "heat", "decay+pin", "victims", "publish", "insert", "stash pending",
+          "merge misses", "heat", "decay+pin", "victims", "publish", "lives back", "insert", "stash pending",
           "output+store", "split helper")
 SUMMED = tuple(f for f in backend.counter_fields() if not f.endswith("_max"))
 

@@ -138,7 +138,7 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
 
 #: The plan's phases after its miss lists are published (op_kernel/plan/plan_phases.h): what a
 #: row's owner block still does while plan_gather's copy runs on the other blocks.
-AFTER_PUBLISH = ("insert", "stash pending", "output+store")
+AFTER_PUBLISH = ("lives back", "insert", "stash pending", "output+store")
 
 
 def counted_plan_us(launches: Sequence, hw: hardware.Profile,
