@@ -104,7 +104,7 @@ PlanGatherOut PlanGather(const at::Tensor& topk_pos, const at::Tensor& seq_lens,
     // The plan on max(its blocks, the copy's cores) blocks: a non-split plan spreads its rows over
     // all of them, a split plan's extra blocks only join its SyncAll. Where every block plans at
     // most one row (a split plan's parts, or no more rows than cores), the plan publishes each
-    // row's miss lists once its victims are chosen and meets the other blocks there, and the copy
+    // row's miss count once its victims are chosen and meets the other blocks there, and the copy
     // runs on the blocks after the rows' owners while they finish their rows: the launch then takes
     // the owners plus the copy's cores, as far as the device has cores (else the owners take the
     // copy's last shares after their rows). One workspace slice per block, then the soft SyncAll

@@ -14,10 +14,12 @@
 //      which other blocks wrote. The SyncAll starts with PipeBarrier<PIPE_ALL>, so a block's
 //      own output DMAs are complete before it arrives. Where every block plans at most one row
 //      (tiling publishSync, set by the host) the plan itself calls it, as soon as each row's
-//      miss lists are final (after the victims: PlanBlockOutput::PublishMisses); the owners of
-//      rows then finish them (insert, stash, slots, state) while the other blocks already copy.
-//      The copy reads only the miss lists, host rows and block table; the rest of the plan writes
-//      only the slots output, the stats and the state: nothing one side writes, the other reads.
+//      miss lists are final (after the victims, miss_counts out: PlanBlockOutput::PublishMisses);
+//      the owners of rows then finish them (lives, insert, stash, slots, state) while the other
+//      blocks already copy. The copy reads only the counts, the first count entries of each miss
+//      list, host rows and the block table; the rest of the plan writes the slots output, the
+//      lists' -1 tails past the count (exact-byte stores), the stats and the state: nothing one
+//      side writes after the SyncAll, the other reads.
 //   3. the gather (gather_kernel.h) of the miss lists the plan wrote, on a reset pipe (the plan
 //      held all of UB), by numCores of its own tiling's cores; where the plan published early,
 //      core c on block (rows + c) mod blocks, so the copy starts on the blocks that own no row

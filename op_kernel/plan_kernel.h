@@ -53,9 +53,8 @@
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
 //      the miss lists published: miss_counts out (PublishMisses; their -1 tails go with the
-//      output; in
-//      plan_gather with one row per block, then the SyncAll after which the copy runs beside
-//      the rest of this row: op_kernel/plan_gather.cpp); slot_life back from its half copy;
+//      output; in plan_gather with one row per block, then the SyncAll after which the copy runs
+//      beside the rest of this row: op_kernel/plan_gather.cpp); slot_life back from its half copy;
 //      insert: freeness of all 4 buckets of every miss (all-probe gathers of the position each
 //      bucket's slot holds, hashed: a bucket is occupied when that position probes it), 4 scalar
 //      rounds (lowest-j claims, winner bits), winners written window by window (GatherMask lists);
