@@ -239,7 +239,10 @@ class SparseOffloadManager:
 
     Args:
         num_layers: attention layers that keep KV (MTP layers included).
-        max_rows: rows of the engine's persistent batch (``max_num_seqs``).
+        max_rows: rows of the engine's persistent batch (``max_num_seqs``). Every layer's launch
+            plans every row, a row without a request too (about half an active row's plan), and
+            the copy starts beside the plan only while the rows fit the cores one each
+            (docs/decode-model.md, "Left out"): keep it near the running batch.
         capacity: buffer slots per request (``S``), a multiple of ``resident_block_size`` and at
             least ``topk * queries_per_step``.
         topk: selections per query token (``K``, 2048 for DeepSeek-V3.2).
