@@ -119,7 +119,24 @@ def test_split_probe_keeps_the_split_off_in_every_build(monkeypatch, launch):
         else:
             monkeypatch.setenv("AVSG_NPU_SPLIT", env)
         check = doctor.split_lookup_probe(9, launch)
-        assert (check.status, check.detail) == ("ok", f"a split plan{mode} matched the reference on this device; {tail}")
+        assert (check.status, check.detail) == ("ok", f"a split plan{mode} and a plan_gather matched the reference "
+                                                      f"on this device; {tail}")
+
+
+def test_plan_gather_probe_is_exact_here_and_names_a_difference(monkeypatch):
+    """The child's plan_gather probe (run on the NPU there) on the CPU emulation: exact. A
+    reference that copies one byte differently is reported, in one line naming what differs."""
+    assert doctor.plan_gather_probe("cpu") is None
+    from avsg import reference
+    real = reference.plan_gather
+
+    def off_by_one(*args, **kwargs):
+        out = real(*args, **kwargs)
+        dst = args[7][0]
+        dst.view(-1)[0] ^= 1
+        return out
+    monkeypatch.setattr(reference, "plan_gather", off_by_one)
+    assert doctor.plan_gather_probe("cpu") == "plan_gather step 0: copied bytes differ from the reference"
 
 
 def test_split_launch_note_names_the_launch_once(monkeypatch):

@@ -7,8 +7,9 @@ many rows per DMA with each UB row padded to 32 B, matches the reference byte fo
 backend present: the CPU emulation models the documented padding, the NPU is the check); how the
 NPU library launches a split plan (with the batch schedule
 mode and a launch timeout where CANN has the config launch) and whether the plan's split lookup
-works on this NPU (it waits across cores, so it is off on the NPU in every build until proven:
-tried in a child process killed after a time limit, then AVSG_NPU_SPLIT=1 turns it on); then a
+works on this NPU, with a plan_gather (plan and copy in one launch) beside it (both wait across
+cores, so the split and the fused step are off on the NPU in every build until proven: tried in a
+child process killed after a time limit, then AVSG_NPU_SPLIT=1 turns them on); then a
 self-test: plan +
 gather over a small multi-step session on every backend present, compared bit for bit with the
 reference on CPU (the NPU part is bounded by ``--seconds``, 30 by default). The last line is a
@@ -390,10 +391,60 @@ def split_launch_note(launch: Optional[str]) -> str:
             f"the split is off unless {SPLIT_ENV}=1")
 
 
+def plan_gather_probe(device: str, steps: int = 3) -> Optional[str]:
+    """``plan_gather`` (plan and copy in one launch, the serving step where the copy is the
+    package's) on ``device`` against ``reference.plan_gather`` over a small session: 2 rows, so
+    every block plans at most one row, the plan meets the other blocks in a SyncAll as soon as
+    its victims are chosen and the copy runs on the blocks that own no row while the owners finish
+    (op_kernel/plan_gather.cpp). Compares the plan's outputs, the state, the statistics, the
+    per-core counts and every copied byte. Returns what differs, or None."""
+    from .. import backend, reference
+    from ..buffer import copy_cores_beside_plan, get_num_cores, kv_slots
+    R, S, L, T, K, row_bytes, context = 2, 1024, 4, 2, 256, 656, 4096
+    H = reference.default_buckets(S)
+    layout = reference.Layout(S, H, 0)
+    ref_state = reference.new_state(R, layout, L)
+    ref_stats = torch.zeros(R, len(reference.STAT_NAMES), dtype=torch.int64)
+    state, stats = ref_state.clone().to(device), ref_stats.clone().to(device)
+    gen = torch.Generator().manual_seed(5)
+    host = torch.randint(0, 256, (R, context, row_bytes), dtype=torch.uint8, generator=gen)
+    src = host
+    if device != "cpu":
+        src = backend.alloc_host_pool(host.shape, host.dtype)
+        src.copy_(host)
+        backend.register_host_pool(src)
+    dst = kv_slots(R * S, (row_bytes,), torch.uint8, device).view(R, S, row_bytes)
+    ref_dst = dst.cpu().clone()
+    cores = copy_cores_beside_plan(get_num_cores(), R)
+    try:
+        for step in range(steps):
+            seq = torch.full((R,), context - steps + step + 1, dtype=torch.int32)
+            topk = torch.randint(0, int(seq[0]), (R, T, K), dtype=torch.int32, generator=gen)
+            got = torch.ops.avsg.plan_gather(topk.to(device), seq.to(device), state, stats, S, H, L, 0, 0,
+                                             None, [src], [dst], None, 0, "miss", cores)
+            want = reference.plan_gather(ref_state, ref_stats, topk, seq, layout, L, [host], [ref_dst],
+                                         None, None, "miss", cores)
+            for name, a, b in zip(("slots", "miss_pos", "miss_slots", "miss_counts", "per-core counts"),
+                                  got, want):
+                if not torch.equal(a.cpu(), b):
+                    return f"plan_gather step {step}: {name} differs from the reference"
+            if not torch.equal(state.cpu(), ref_state) or not torch.equal(stats.cpu(), ref_stats):
+                return f"plan_gather step {step}: the state differs from the reference"
+            if not torch.equal(dst.cpu(), ref_dst):
+                return f"plan_gather step {step}: copied bytes differ from the reference"
+    finally:
+        if device != "cpu":
+            torch.npu.synchronize()
+            backend.unregister_host_pool(src)
+    return None
+
+
 def split_probe_child() -> int:
     """Run in a child process with AVSG_NPU_SPLIT=1: a one-row hash plan with 8 selection chunks
     (so its lookup is split over idle cores and waits in a soft SyncAll) on the NPU, twice,
-    against the reference. Exit 0 when exact; prints what differs otherwise."""
+    against the reference, then ``plan_gather_probe`` (the other launch that waits across cores,
+    which the serving core fuses where the split may run). Exit 0 when exact; prints what
+    differs otherwise."""
     from .. import backend, reference
     if not backend.load_npu_backend():
         print(f"the NPU backend is not loaded: {backend.backend_info()['npu_error']}")
@@ -418,6 +469,10 @@ def split_probe_child() -> int:
             print(f"step {step}: the state differs from the reference")
             return 1
         seq += T
+    bad = plan_gather_probe("npu")
+    if bad:
+        print(bad)
+        return 1
     return 0
 
 
@@ -442,7 +497,7 @@ def split_lookup_probe(seconds: float, launch: Optional[str] = None) -> Check:
         return Check("split lookup", "fail", f"stays off: {why}")
     mode = " (batch schedule mode)" if launch == "batch" else ""
     on = os.environ.get(SPLIT_ENV) == "1"
-    return Check("split lookup", "ok", f"a split plan{mode} matched the reference on this device; "
+    return Check("split lookup", "ok", f"a split plan{mode} and a plan_gather matched the reference on this device; "
                  + (f"on ({SPLIT_ENV}=1)" if on else f"turn it on with {SPLIT_ENV}=1"))
 
 
