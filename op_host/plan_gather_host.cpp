@@ -102,7 +102,7 @@ PlanGatherOut PlanGather(const at::Tensor& topk_pos, const at::Tensor& seq_lens,
     const Addresses addr = check_launch(a, miss_pos, miss_slots, miss_counts, src, dst, /*values=*/false);
 
     // The plan on max(its blocks, the copy's cores) blocks: a non-split plan spreads its rows over
-    // all of them, a split plan's extra blocks only join its SyncAll. Where every block plans at
+    // all of them, a split plan's extra blocks only join its SyncAlls. Where every block plans at
     // most one row (a split plan's parts, or no more rows than cores), the plan publishes each
     // row's miss count once its victims are chosen and meets the other blocks there, and the copy
     // runs on the blocks after the rows' owners while they finish their rows: the launch then takes
@@ -115,6 +115,11 @@ PlanGatherOut PlanGather(const at::Tensor& topk_pos, const at::Tensor& seq_lens,
     if (publishEarly)
         blockDim = std::max<uint32_t>(blockDim, static_cast<uint32_t>(std::min<int64_t>(
                                                     cores, static_cast<int64_t>(planTiling.rows) + num_cores)));
+    // the kernel's SyncAll count rests on this: with the early publish no block plans two rows
+    TORCH_CHECK(!publishEarly || blockDim >= (planTiling.split > 1 ? planTiling.rows * planTiling.split
+                                                                  : planTiling.rows),
+                "avsg.plan_gather: internal: ", blockDim, " blocks for ", planTiling.rows, " rows x ",
+                planTiling.split, " parts with the early publish");
     const auto opts = topk_pos.options().dtype(at::kInt);
     const int64_t slices = static_cast<int64_t>(blockDim) * planTiling.wsPerCore;
     const int64_t syncWords = static_cast<int64_t>(blockDim) * kPlanSyncWords;

@@ -5,7 +5,7 @@
 // gather of its outputs).
 //   1. the plan (plan_kernel.h, PlanOnPipe) on every block: rows r = block, block + blocks, ...
 //      or, with the split lookup, one (row, part) per block; blocks past the plan's only join the
-//      split's SyncAll. It writes slots, miss_pos, miss_slots, miss_counts (-1 for a rejected
+//      SyncAlls. It writes slots, miss_pos, miss_slots, miss_counts (-1 for a rejected
 //      row) and the state, all by DMA.
 //   2. one soft SyncAll over every block (counters `sync`, int32 [blocks, 8], zeroed by the host
 //      per launch; the host passes the split lookup's counters, which follow the workspace slices,

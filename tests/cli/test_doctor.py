@@ -124,9 +124,13 @@ def test_split_probe_keeps_the_split_off_in_every_build(monkeypatch, launch):
 
 
 def test_plan_gather_probe_is_exact_here_and_names_a_difference(monkeypatch):
-    """The child's plan_gather probe (run on the NPU there) on the CPU emulation: exact. A
-    reference that copies one byte differently is reported, in one line naming what differs."""
+    """The child's plan_gather probe (run on the NPU there) on the CPU emulation, with the lookup
+    split and without: exact. A reference that copies one byte differently is reported, in one
+    line naming what differs."""
+    from helpers.plan_cases import split_lookup
     assert doctor.plan_gather_probe("cpu") is None
+    with split_lookup():                  # the child's AVSG_NPU_SPLIT=1: the lookup split too
+        assert doctor.plan_gather_probe("cpu") is None
     from avsg import reference
     real = reference.plan_gather
 

@@ -290,7 +290,7 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
     seen = {}
     monkeypatch.setattr(plan_cost, "counted_plan_on", lambda *a, **k: (seen.update(k), ["counted"])[1])
     monkeypatch.setattr(plan_cost, "counted_plan_us",
-                        lambda launches, hw, statistic="mean": (123.0, 7.0))
+                        lambda launches, hw, statistic="mean", synced=False: (123.0, 7.0))
     records = [NS(emitted=[1, 1]) for _ in range(10)]
     outputs = {0: [1] * 15, 1: [1] * 15}
     kv_layers, iterations = 5, 10 * 2 * 5
@@ -413,3 +413,26 @@ def test_avsgs_copy_runs_beside_the_end_of_its_plan():
                 assert o["copy_s"] == pytest.approx(max(0.0, link - beside_us * 1e-6))
             else:       # every core holds a row's owner: the copy waits for the rows
                 assert o["copy_s"] == pytest.approx(projection._link_s(hw, rows * batch, fmt.row_bytes))
+
+
+def test_counted_plan_us_prices_plan_gathers_mid_plan_sync():
+    """Two blocks: one slow before the publish, the other slow after it. Alone (the plan op) a
+    launch takes its slowest block; in plan_gather every block meets the others after the
+    publish, so it takes the slowest "before" plus the slowest "after"."""
+    import torch
+    from avsg import backend
+    hw = hardware.load_profile()
+    fields = backend.counter_fields()
+    names = ("lookup", "victims", *plan_cost.AFTER_PUBLISH)
+    per_block = torch.zeros(2, len(names), len(fields), dtype=torch.int64)
+    reads = fields.index("scalar_ub_reads")
+    us = hw["scalar_ub_cycles"] / (hw["clock_ghz"] * 1e3)      # one scalar UB read, in us
+    per_block[0, names.index("lookup"), reads] = 1000           # block 0: 1000 reads before
+    per_block[1, names.index("lookup"), reads] = 200
+    per_block[0, names.index("insert"), reads] = 100            # block 1: 600 reads after
+    per_block[1, names.index("insert"), reads] = 600
+    launch = backend.LaunchPhases(names, fields, per_block)
+    alone, after = plan_cost.counted_plan_us([launch], hw)
+    assert alone == pytest.approx(1100 * us) and after == pytest.approx(600 * us)
+    synced, after = plan_cost.counted_plan_us([launch], hw, synced=True)
+    assert synced == pytest.approx(1600 * us) and after == pytest.approx(600 * us)

@@ -63,7 +63,7 @@ def test_the_split_step_is_avsgs_less_the_rules_gain():
     one_launch = o["copy_s"] + o["sync_s"]
     main = split_rule.price(prof, batch, T, K, rows * batch, launch_s, True, added, one_launch)
     draft = split_rule.price(prof, batch, 1, K, rows * batch / T, launch_s, True, added,
-                             one_launch / T)
+                             o["copy_s"] / T + o["sync_s"])   # a draft pass launches: a whole SyncAll
     assert main.chosen and draft.chosen
     L = CONFIG.num_hidden_layers
     want = p["avsg"]["step_s"] - L * main.gain_s - tr.drafts * draft.gain_s

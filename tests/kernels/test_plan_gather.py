@@ -165,7 +165,7 @@ def test_the_copy_starts_beside_the_rows_it_waits_for(emulated, early):
     """With at most one row per block the plan publishes each row's miss lists after its victims
     and meets every block there (phase "publish"); the copy then runs on the blocks after the
     owners while they finish their rows. 3 rows on 4 cores: the launch takes the 4, and the copy's
-    third core's share goes to an owner after its row; on 40: 3 + 4 blocks, none does. More rows
+    cores 1 to 3 run on owner blocks after their rows; on 40: 3 + 4 blocks, no owner copies. More rows
     than cores (2): one SyncAll after the whole plan, as before. All bit for bit as plan, then
     gather, and the reference."""
     gen = torch.Generator().manual_seed(21)

@@ -14,7 +14,7 @@ on ``C`` cores (``t_row``: one row's host read on one core, the DMA latency over
 core keeps in flight), ``t_merge`` the LSE merge, ``P`` the AIV cores and ``A`` those the hits'
 attention holds:
 
-    unsplit  T1 = t_copy(misses, P) + t_attn(K_all)
+    unsplit  T1 = t_copy(misses, P) + t_attn(K_all)      (or unsplit_copy_s + t_attn(K_all))
     split    T2 = o·max(t_attn(K_hit), t_copy(misses, C)) + (1 - o)·(t_attn(K_hit) + t_copy(misses, C))
                   + t_attn(K_miss) + t_merge + n_L·t_L
 
@@ -26,7 +26,9 @@ default), since the split's copy runs on its own stream and leaves that launch
 ``o = 1`` only when the overlap is established (a measurement on the card and kernel in use, or
 the model's premise "the cores allow it") **and** ``A + C <= P`` (section 4: two streams divide
 the AI cores; nothing documented runs two kernels' blocks on one core). The plan is the same in
-both and left out. ``K_miss``, the selections that read a miss, is taken at its upper bound
+both and left out; a caller that prices the unsplit step as one launch whose copy runs beside
+the end of its plan (the decode model, for ``plan_gather``) passes that copy as
+``unsplit_copy_s``. ``K_miss``, the selections that read a miss, is taken at its upper bound
 ``min(T·misses, tokens·K)`` (every query token of a row selects every position the row
 missed; exact at ``T = 1``): the hits' attention, which the copy may hide behind, is then never
 overstated. The split is chosen only when ``T1 - T2 > 0``, so a caller that follows the rule

@@ -396,11 +396,13 @@ def plan_gather_probe(device: str, steps: int = 3) -> Optional[str]:
     package's) on ``device`` against ``reference.plan_gather`` over a small session: 2 rows, so
     every block plans at most one row, the plan meets the other blocks in a SyncAll as soon as
     its victims are chosen and the copy runs on the blocks that own no row while the owners finish
-    (op_kernel/plan_gather.cpp). Compares the plan's outputs, the state, the statistics, the
-    per-core counts and every copied byte. Returns what differs, or None."""
+    (op_kernel/plan_gather.cpp); 2 selection chunks per row, so with ``AVSG_NPU_SPLIT=1`` (the
+    doctor's child) the lookup is split too and every block meets the others twice. Compares the
+    plan's outputs, the state, the statistics, the per-core counts and every copied byte.
+    Returns what differs, or None."""
     from .. import backend, reference
     from ..buffer import copy_cores_beside_plan, get_num_cores, kv_slots
-    R, S, L, T, K, row_bytes, context = 2, 1024, 4, 2, 256, 656, 4096
+    R, S, L, T, K, row_bytes, context = 2, 2048, 4, 2, 512, 656, 4096
     H = reference.default_buckets(S)
     layout = reference.Layout(S, H, 0)
     ref_state = reference.new_state(R, layout, L)

@@ -602,7 +602,7 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
         sel, positions, context_max = synthetic_selections(2, steps, config.index_topk, 32768)
     launches = plan_cost.counted_plan_on(sel, positions, int(context_max), args.policy, T,
                                         capacity, accept_mean=accept, phases=True)
-    plan_us, after_us = plan_cost.counted_plan_us(launches, hw, "mean")
+    plan_us, after_us = plan_cost.counted_plan_us(launches, hw, "mean", synced=True)
     costs = plan_cost.Costs({"avsg": {T: plan_us}}, 0.0, "", {"avsg": {T: after_us}})
     context = int(np.mean([r.context_len for r in workload.requests]))
     projected = projection.project(config, hw, traffic, costs, workload.rows, context, cards=32,

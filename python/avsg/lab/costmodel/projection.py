@@ -328,6 +328,8 @@ def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, ba
     match = waves * costs.plan_us[mode][T] * 1e-6
     overlaps = mode in ("lru-device", "slotmap-device") or overlap_avsg
     if overlaps or mode != "avsg":
+        # --overlap: avsg's copy beside attention, on a stream of its own: plan and copy are two
+        # launches, no plan_gather SyncAll
         return {"match_s": match, "copy_s": max(0.0, link - mla_s) if overlaps else link}
     # avsg's serving step is one plan_gather: its SyncAll, and, where every row has a core of its
     # own and its default copy cores (copy_cores_beside_plan) leave the owners out, the copy on
@@ -406,7 +408,9 @@ def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], b
     iteration would take if it fitted (device-resident KV's is the floor every ratio is read
     against, wherever it fits). The split modes (``SPLIT_MODES``) take ``attention_cores`` and
     ``gather_cores`` (:func:`split_profile`) and decide per layer and pass with the serving
-    core's rule (``split_rule.price``)."""
+    core's rule (``split_rule.price``), told what avsg's one launch costs here (its copy beside
+    the end of its plan, its SyncAll: ``unsplit_copy_s``), which the serving core's
+    ``choose_split`` is not."""
     if launch_s is None:
         launch_s = hw["launch_graph_s"]
     fmt = kv_format(hw)
@@ -437,13 +441,15 @@ def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], b
         for rows in (traffic.rows[mode] if mode != "device" else [0.0]):
             o = layer_overhead_s(mode, hw, fmt, costs, rows, batch, T, K, mla_s, overlap_avsg,
                                  traffic, context)
-            per_layer.append((o["match_s"], o["copy_s"]))
-        match_s = float(np.mean([m for m, _ in per_layer]))
-        copy_s = float(np.mean([cp for _, cp in per_layer]))
-        # a draft pass: one token per request through the MTP layer, its share of the copies
+            per_layer.append((o["match_s"], o["copy_s"], o.get("sync_s", 0.0)))
+        match_s = float(np.mean([m for m, _, _ in per_layer]))
+        copy_s = float(np.mean([cp for _, cp, _ in per_layer]))
+        sync_s = float(np.mean([sy for _, _, sy in per_layer]))
+        # a draft pass: one token per request through the MTP layer, its share of the plan and
+        # the copies; a launch's SyncAll whole (every pass launches)
         launches = launches_per_layer(mode)
         launch_layer_s = launches * launch_s
-        draft = traffic.drafts * (draft_s + (match_s + copy_s) / T + launch_layer_s)
+        draft = traffic.drafts * (draft_s + (match_s - sync_s + copy_s) / T + sync_s + launch_layer_s)
         step = L * (compute_s + match_s + copy_s + launch_layer_s) + draft
         rec.update(step_s=step, compute_s=L * compute_s, match_s=L * match_s, copy_s=L * copy_s,
                    draft_s=draft, launches_per_layer=launches, launch_us=1e6 * launch_s,
@@ -501,7 +507,7 @@ def _project_split(c, hw, fmt: KVFormat, traffic: Traffic, costs: Optional[Costs
         for tokens_per_row, misses, share in ((T, rows * batch, 1.0), (1, rows * batch / T, 1.0 / T)):
             unsplit_copy = o["copy_s"] * share
             forced = split_rule.price(profile, batch, tokens_per_row, K, misses, launch_s, overlap,
-                                      added, unsplit_copy + o["sync_s"] * share)
+                                      added, unsplit_copy + o["sync_s"])
             extra = forced.split_s - forced.unsplit_s - added * launch_s
             passes.append({"copy": unsplit_copy + (extra if forced.chosen else 0.0),
                            "forced_copy": unsplit_copy + extra,
@@ -509,9 +515,10 @@ def _project_split(c, hw, fmt: KVFormat, traffic: Traffic, costs: Optional[Costs
                            "forced_launches": base + added,
                            "chosen": forced.chosen, "gain": forced.gain_s,
                            "overlap": forced.overlap})
-        per_layer.append((o["match_s"], passes))
-    mean = lambda f: float(np.mean([f(m, p) for m, p in per_layer]))  # noqa: E731
+        per_layer.append((o["match_s"], passes, o["sync_s"]))
+    mean = lambda f: float(np.mean([f(m, p) for m, p, _ in per_layer]))  # noqa: E731
     match_s = mean(lambda m, p: m)
+    sync_s = float(np.mean([sy for _, _, sy in per_layer]))
     steps = {}
     for key, copy, launches in (("chosen", "copy", "launches"),
                                 ("forced", "forced_copy", "forced_launches")):
@@ -519,7 +526,8 @@ def _project_split(c, hw, fmt: KVFormat, traffic: Traffic, costs: Optional[Costs
         draft_copy = mean(lambda m, p: p[1][copy])
         main_launches = mean(lambda m, p: p[0][launches])
         draft_launches = mean(lambda m, p: p[1][launches])
-        draft = traffic.drafts * (draft_s + match_s / T + draft_copy + draft_launches * launch_s)
+        draft = traffic.drafts * (draft_s + (match_s - sync_s) / T + sync_s + draft_copy
+                                  + draft_launches * launch_s)
         step = L * (compute_s + match_s + main_copy + main_launches * launch_s) + draft
         steps[key] = (step, main_copy, draft, main_launches, draft_launches)
     step, main_copy, draft, main_launches, draft_launches = steps["chosen"]
