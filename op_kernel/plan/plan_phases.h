@@ -34,7 +34,8 @@ enum class PlanPhase : uint32_t {
 inline const ::avsg_emu::PhaseTable& PhaseTableOf(PlanPhase) {
     static constexpr const char* kNames[] = {
         "setup", "row start", "stash runs", "lookup", "classify", "split sync+fold", "merge misses",
-        "heat", "decay+pin", "victims", "publish", "lives back", "insert", "stash pending", "output+store", "split helper"};
+        "heat", "decay+pin", "victims", "publish", "lives back", "insert", "stash pending", "output+store",
+        "split helper"};
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<uint32_t>(PlanPhase::kCount),
                   "one name per PlanPhase");
     static constexpr ::avsg_emu::PhaseTable kTable{kNames, static_cast<uint32_t>(PlanPhase::kCount)};
