@@ -61,6 +61,8 @@
 //      stash compaction #2 + append (scalar).
 //   4. output: missed lanes get miss_slots[j] (OutputMisses), patched into the stored chunks;
 //      stats via 32 B DMA of the int64 row.
+// An idle row (seq_len <= 0, nothing to drop: reference.idle_rows) is left out after its header:
+// state and stats untouched, outputs -1, miss_counts[r] = 0 (an engine's rows without a request).
 // Whatever the state holds (reference.py, "Whatever the state holds"): the row's header must
 // match the tiling (else the row is left untouched, miss_counts[r] = -1); stash_count is clamped
 // to [0, S]; every slot read from bucket_slot / stash_slot is clamped to [0, S-1] before it
@@ -139,8 +141,9 @@ private:
     // AVSG_PHASE: each step's counted work by phase in the strict emulation (plan/plan_phases.h)
     __aicore__ inline void Row(uint32_t r) {
         AVSG_PHASE(PlanPhase::kStart);
-        if (!ctx_.StartRow(r)) {
-            ctx_.RejectRow(r);
+        const bool matches = ctx_.StartRow(r);
+        if (!matches || ctx_.IsIdle()) {          // a rejected or idle row is left out whole
+            ctx_.LeaveRow(r, matches ? 0 : -1);
             if (ctx_.split_ > 1) {
                 AVSG_PHASE(PlanPhase::kSplitSync);
                 splitLookup_.SyncParts();

@@ -22,7 +22,7 @@ public:
     // does its own; slots to the row's output, miss runs to the owner's workspace slice; then its
     // counts, run lengths and hit bitmap to its part region there. Reads of the row's state only.
     __aicore__ inline void HelpRow(uint32_t r) {
-        if (ctx_.StartRow(r)) {
+        if (ctx_.StartRow(r) && !ctx_.IsIdle()) {   // the owner leaves out a rejected or idle row
             for (uint32_t c = ctx_.part_; c < ctx_.t_.numChunks;) {   // only the hash plan splits a row
                 const uint32_t g = hashMatch_.LookupGroup(r, c, ctx_.split_);
                 for (uint32_t k = 0; k < g; ++k, c += ctx_.split_) classify_.Classify(r, c, hashMatch_.TakeChunk(c, k), true);

@@ -237,14 +237,15 @@ public:
         activeCap_ = static_cast<uint32_t>(headerUb_.GetValue(avsg::kHeaderActive));
         return activeCap_ >= t_.N && activeCap_ <= t_.capacity && HeaderGeometryMatches(headerUb_, t_);
     }
-    // A row whose header does not match: state and stats untouched; no selection, no miss, and
-    // miss_counts[r] = -1 so the caller can tell (the CPU host raises before this point).
-    __aicore__ inline void RejectRow(uint32_t r) {
+    // A row left out of the step: state and stats untouched, every output -1 and miss_counts[r] =
+    // count: -1 for a row whose header does not match (so the caller can tell; the CPU host
+    // raises before this point), 0 for an idle row (IsIdle).
+    __aicore__ inline void LeaveRow(uint32_t r, int32_t count) {
         const uint64_t rowN = static_cast<uint64_t>(r) * t_.outPitch;
         Sync<HardEvent::S_V>();
         const GlobalTensor<int32_t> outs[] = {slotsGm_, missPosGm_, missSlotsGm_};
         FillTails(outs, 3, rowN, 0, t_.N);
-        scalarUb_.SetValue(0, -1);
+        scalarUb_.SetValue(0, count);
         Sync<HardEvent::S_MTE3>();
         StoreInts(missCountsGm_[static_cast<uint64_t>(r) * avsg::kPlanCountPitch], scalarUb_, 1);
         Sync<HardEvent::MTE3_S>();
@@ -271,14 +272,19 @@ public:
         if (t_.maxContext && seq > static_cast<int32_t>(t_.maxContext)) seq = static_cast<int32_t>(t_.maxContext);
         boundF_ = static_cast<float>(seq);
         lookups_ = hits_ = misses_ = 0;
+        idle_ = seq <= 0;
         if (t_.dropPast) {                        // the row's valid length, once seq_len is read
             Sync<HardEvent::S_MTE2>();
             LoadInts(scalarUb_, lensGm_[r], 1, 0);
             Sync<HardEvent::MTE2_S>();
             dropLimitF_ = DropLimit(scalarUb_.GetValue(0));
+            idle_ = idle_ && dropLimitF_ >= static_cast<float>(avsg::kMaxPosition);
         }
         return true;
     }
+    // After StartRow: the row is idle (reference.idle_rows: seq_len <= 0, nothing to drop), so the
+    // step leaves it out (LeaveRow(r, 0)): an engine's rows without a request cost their header.
+    __aicore__ inline bool IsIdle() const { return idle_; }
     // Hits are marked in a byte map by the scalar unit (MarkHits: one store per hit, four hit
     // slots per load, as int16: S <= 2^15; A2 has no vector scatter) and turned into the hit
     // bitmap here by Cast u8->half + compare (HitBytesToBits), once the row's (or the part's)
@@ -402,6 +408,7 @@ public:
     LocalTensor<int32_t> scalarUb_, headerUb_, countUb_;
     float boundF_ = 0.0f;
     float dropLimitF_ = 0.0f;                // clamp(valid_len, -1, 2^24) when the tiling has dropPast
+    bool idle_ = false;                      // StartRow's row is idle (IsIdle)
     __gm__ int32_t* wsBase_ = nullptr;
     GlobalTensor<int32_t> rowWs_;                 // the row's workspace: the owner core's slice
     uint32_t split_ = 1, part_ = 0;           // lookup parts of a row (1: not split), this core's part

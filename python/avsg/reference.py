@@ -189,6 +189,13 @@ One ``plan`` step, per row (all rows independently, all in parallel):
    often as it was selected, as attention over ``slots`` reads it), so attention over the hits
    and attention over the misses, merged by log-sum-exp, is attention over ``slots``.
 
+An *idle* row, ``seq_len <= 0`` with nothing to drop (no ``valid_lens``, or ``valid_lens[r] >=
+2**24``), is left out of the step: it can select nothing, so its outputs are ``-1`` and
+``miss_counts[r] = 0``, and its state and statistics stay exactly as they are (no decay, no
+clamps, the hand and the reuse step counter unchanged). An engine's persistent batch keeps rows
+without a request, and such a row costs the kernels its header, not a plan. A row with
+``seq_len <= 0`` and a drop to apply runs the whole step.
+
 MTP: the ``T`` query tokens of a row are one set of lookups against one table, so a later token
 that selects what an earlier token missed shares the reserved slot (invariant 2) and the position
 is fetched once. ``invalidate(valid_lens)`` frees every slot whose position is ``>= valid_lens``:
@@ -1097,6 +1104,15 @@ def _reuse_install(v: StateView, layout: Layout, miss_pos: torch.Tensor,
     v.slot_count[rr, slots] = (fresh + REUSE_GAIN_RETURN).clamp(max=REUSE_COUNT_MAX)
 
 
+def idle_rows(seq_lens: torch.Tensor, valid_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """bool ``[R]``: the rows a plan leaves out, ``seq_len <= 0`` and nothing to drop (module
+    docstring, "One plan step")."""
+    idle = seq_lens <= 0
+    if valid_lens is not None:
+        idle &= valid_lens.to(torch.int64) >= MAX_POSITION
+    return idle
+
+
 def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
          seq_lens: torch.Tensor, layout: Layout, lifetime: int, matcher: str = "hash",
          policy: str = "lifetime", valid_lens: Optional[torch.Tensor] = None):
@@ -1119,6 +1135,22 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     reuse = policy == "reuse"
     lru = policy == "lru"
     check_header(state, layout, lifetime, policy, min_active=N)
+    idle = idle_rows(seq_lens, valid_lens)
+    if bool(idle.any()):
+        # idle rows are left out (module docstring, "One plan step"): the others plan alone
+        busy = (~idle).nonzero().flatten()
+        slots = torch.full((R, T, K), -1, dtype=torch.int32, device=dev)
+        miss_pos = torch.full((R, N), -1, dtype=torch.int32, device=dev)
+        miss_slots = torch.full((R, N), -1, dtype=torch.int32, device=dev)
+        miss_counts = torch.zeros(R, dtype=torch.int32, device=dev)
+        if busy.numel():
+            sub_state, sub_stats = state[busy], stats[busy]
+            out = plan(sub_state, sub_stats, topk_pos[busy], seq_lens[busy], layout, lifetime,
+                       matcher, policy, None if valid_lens is None else valid_lens[busy])
+            state[busy], stats[busy] = sub_state, sub_stats
+            for whole, part in zip((slots, miss_pos, miss_slots, miss_counts), out):
+                whole[busy] = part.to(whole.dtype)
+        return slots, miss_pos, miss_slots, miss_counts
     v = view_state(state, layout)
     if valid_lens is not None:
         _drop_past(v, layout, valid_lens)

@@ -2,7 +2,7 @@
 kernels (on any device) and the reference (on CPU) in lockstep and compares every output, the
 whole state and the stats after every call; ``draw`` makes adversarial top-k (hot-window reuse,
 MTP repeats, -1 padding, out-of-range junk); ``geometry`` / ``session`` are the hypothesis
-strategies of a random session, ``run_session`` drives one; ``colliding`` gives positions that
+strategies of a random session, ``run_session`` drives one (``idle_some`` leaves rows idle); ``colliding`` gives positions that
 share one probe sequence; ``split_lookup`` turns the hash plan's split lookup on for a block.
 """
 from __future__ import annotations
@@ -141,6 +141,14 @@ def valid_lens_near(gen, seq, T, state=None, layout=None):
     return torch.where(pick > 0.9, wild, lens)
 
 
+def idle_some(gen, seq, share=0.2):
+    """``seq`` with about ``share`` of the rows idle this step (an engine's rows without a
+    request): seq_len 0, or negative junk. With no drop, or a drop of nothing (valid_lens >=
+    2**24), the plan leaves such a row out (reference.idle_rows); with a real drop it plans it."""
+    idle = torch.rand(seq.shape[0], generator=gen) < share
+    return torch.where(idle, torch.randint(-3, 1, seq.shape, generator=gen, dtype=I32), seq)
+
+
 def run_session(twin, ops, seed, R, T, K, S):
     """Drive a twin through a drawn sequence of plan / plan with a drop / invalidate / reset."""
     gen = torch.Generator().manual_seed(seed)
@@ -149,7 +157,7 @@ def run_session(twin, ops, seed, R, T, K, S):
         if op in ("plan", "plan_drop"):
             lens = valid_lens_near(gen, seq, T, twin.ref_state, twin.layout) if op == "plan_drop" else None
             seq = seq + torch.randint(0, T + 1, (R,), generator=gen, dtype=I32)
-            twin.plan(draw(gen, R, T, K, seq, hot=2 * T * K), seq, lens)
+            twin.plan(draw(gen, R, T, K, seq, hot=2 * T * K), idle_some(gen, seq), lens)
         elif op == "invalidate":
             twin.invalidate(seq - torch.randint(-2, T + 3, (R,), generator=gen, dtype=I32))
         else:

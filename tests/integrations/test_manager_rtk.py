@@ -237,3 +237,29 @@ def test_step_bad_input_names_the_argument_and_touches_nothing():
     with pytest.raises(ValueError, match="new_kv: write_through=True needs this pass's KV"):
         mgr.step(0, good, meta)
     assert all(torch.equal(buf.state, s) for buf, s in zip(mgr.buffers, state))
+
+
+def test_a_row_without_a_request_keeps_its_state():
+    """A state row whose request sits out passes (inactive in the pass) is idle in every layer's
+    plan: its state, the lives and the hand included, stays byte for byte what its last planned
+    pass left, however many passes go by; planned again, it serves what it held (the truth
+    check of run_pass). With a bypassing pass in between (a drop recorded for every layer) its
+    next plan applies the drop, so the state moves then."""
+    twins = Twins("lifetime", False, True, seed=3)
+    for _ in range(2):
+        twins.run_pass(T, [True] * R)
+        twins.accept(T, [True] * R)
+    row = twins.rtk.state_row(1)
+    held = [buf.state[row].clone() for buf in twins.rtk.buffers]
+    for _ in range(3):
+        twins.run_pass(T, [True, False, True])
+        twins.accept(T, [True, False, True])
+    for buf, before in zip(twins.rtk.buffers, held):
+        assert torch.equal(buf.state[row], before)
+    twins.run_pass(T + 1, [False, True, False], retrieve=False)     # row 1 bypasses: a drop
+    twins.accept(T + 1, [False, True, False])
+    twins.run_pass(T, [True, False, True])
+    assert any(not torch.equal(buf.state[row], before) for buf, before in zip(twins.rtk.buffers, held))
+    reads = twins.reads
+    twins.run_pass(T, [True] * R)
+    assert twins.reads > reads

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import avsg  # noqa: F401  (loads the op library)
 from avsg import _ops, reference
-from avsg.backend import emulation
+from avsg.backend import emulation, last_launch_counters
 
 # plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
 # a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
@@ -210,6 +210,49 @@ def test_largest_geometry_once_small_batch():
     seq = torch.full((R,), 5000, dtype=I32)
     for _ in range(3):
         twin.plan(draw(gen, R, T, K, seq, hot=3000), seq)
+
+
+@pytest.mark.parametrize("build", ["strict", "fast"])
+@pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
+@pytest.mark.parametrize("split", [False, True])
+def test_idle_rows_are_left_out(build, policy, split):
+    """A row with seq_len <= 0 and nothing to drop (an engine's row without a request) keeps its
+    state and stats byte for byte, lives and hand included, and gets -1 outputs and a 0 count;
+    with a drop to apply it runs the whole step (its lives decay). Both builds, with and without
+    the split lookup (the idle row's helpers skip it too), bit for bit with the reference; the
+    strict build shows the idle row's block loading its header and seq_len only."""
+    R, T, K, S = 4, 2, 600, 1400
+    C = 4 * S if policy == "reuse" else 0
+    gen = torch.Generator().manual_seed(31)
+    with emulation(build), split_lookup(split):
+        twin = Twin(R, S, 2048, 5, max_context=C, policy=None if policy == "reuse" else policy)
+        seq = torch.full((R,), 3 * S, dtype=I32)
+        for _ in range(3):
+            twin.plan(draw(gen, R, T, K, seq, hot=2 * S), seq)
+            seq += T
+        before, stats_before = twin.state.clone(), twin.stats.clone()
+        idle_seq = torch.tensor([int(seq[0]), 0, int(seq[2]), -5], dtype=I32)
+        out = twin.plan(draw(gen, R, T, K, seq, hot=2 * S), idle_seq)
+        for r in (1, 3):
+            assert torch.equal(twin.state[r], before[r]) and torch.equal(twin.stats[r], stats_before[r])
+            assert int(out[3][r]) == 0
+            assert all(bool((o[r] == -1).all()) for o in out[:3])
+        assert not torch.equal(twin.state[0], before[0])
+        if build == "strict":
+            work = last_launch_counters()
+            blocks = R * min(40 // R, -(-T * K // 512)) if split else R
+            assert work.blocks == blocks
+            # row r's owner is block r; an idle row's helpers (blocks r + 4, ...) load its header too
+            idle = [b for b in range(blocks) if b % R in (1, 3)]
+            busy = [b for b in range(R) if b not in (1, 3)]
+            assert max(int(work["mte2_bytes"][b]) for b in idle) <= 512
+            assert min(int(work["mte2_bytes"][b]) for b in busy) > 16 * 1024
+        # a drop to apply: the row plans (its lives decay) though it selects nothing
+        lens = torch.tensor([reference.MAX_POSITION, (1 << 31) - 1, int(seq[2]), 3 * S], dtype=I32)
+        held = twin.state.clone()
+        twin.plan(draw(gen, R, T, K, seq, hot=2 * S), idle_seq, lens)
+        assert torch.equal(twin.state[1], held[1])
+        assert not torch.equal(twin.state[3], held[3])
 
 
 def test_more_rows_than_cores():

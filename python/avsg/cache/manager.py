@@ -240,9 +240,12 @@ class SparseOffloadManager:
     Args:
         num_layers: attention layers that keep KV (MTP layers included).
         max_rows: rows of the engine's persistent batch (``max_num_seqs``). Every layer's launch
-            plans every row, a row without a request too (about half an active row's plan), and
-            the copy starts beside the plan only while the rows fit the cores one each
-            (docs/decode-model.md, "Left out"): keep it near the running batch.
+            takes every row; a row without a request is idle (``reference.idle_rows``): the plan
+            reads its header, writes ``-1`` outputs and leaves its state as it is (counted
+            serial-pipe model, K 2048, S 8192: about 1.3 us at T = 1 and 3.2 at T = 4, against
+            21.5 and 42.1 for an active row, README's plan table).
+            The copy starts beside the plan only while the rows fit the cores one each
+            (docs/decode-model.md, "Left out"), so more rows than cores still costs.
         capacity: buffer slots per request (``S``), a multiple of ``resident_block_size`` and at
             least ``topk * queries_per_step``.
         topk: selections per query token (``K``, 2048 for DeepSeek-V3.2).
