@@ -102,24 +102,21 @@ PlanGatherOut PlanGather(const at::Tensor& topk_pos, const at::Tensor& seq_lens,
     const Addresses addr = check_launch(a, miss_pos, miss_slots, miss_counts, src, dst, /*values=*/false);
 
     // The plan on max(its blocks, the copy's cores) blocks: a non-split plan spreads its rows over
-    // all of them, a split plan's extra blocks only join its SyncAlls. Where every block plans at
-    // most one row (a split plan's parts, or no more rows than cores), the plan publishes each
-    // row's miss count once its victims are chosen and meets the other blocks there, and the copy
-    // runs on the blocks after the rows' owners while they finish their rows: the launch then takes
-    // the owners plus the copy's cores, as far as the device has cores (else the owners take the
-    // copy's last shares after their rows). One workspace slice per block, then the soft SyncAll
-    // counters (the split's and the one before the copy: one region).
+    // all of them, a split plan's extra blocks only join its SyncAlls. The plan publishes each
+    // row's miss count once its victims are chosen, and every block meets the others once all its
+    // rows have published (at the last planned row's publish: plan_kernel.h, PlanRows), so the
+    // copy runs beside the rows' ends: core c on block (rows + c) mod blocks, the blocks after the
+    // rows' owners first. The launch takes the owners plus the copy's cores, as far as the device
+    // has cores (else owners take copy shares after their rows). One workspace slice per block,
+    // then the soft SyncAll counters (the split's and the one before the copy: one region).
     const int64_t cores = CoreCount();
-    const bool publishEarly = planTiling.split > 1 || static_cast<int64_t>(planTiling.rows) <= cores;
     uint32_t blockDim = std::max<uint32_t>(PlanBlocks(planTiling), static_cast<uint32_t>(num_cores));
-    if (publishEarly)
-        blockDim = std::max<uint32_t>(blockDim, static_cast<uint32_t>(std::min<int64_t>(
-                                                    cores, static_cast<int64_t>(planTiling.rows) + num_cores)));
-    // the kernel's SyncAll count rests on this: with the early publish no block plans two rows
-    TORCH_CHECK(!publishEarly || blockDim >= (planTiling.split > 1 ? planTiling.rows * planTiling.split
-                                                                  : planTiling.rows),
+    blockDim = std::max<uint32_t>(blockDim, static_cast<uint32_t>(std::min<int64_t>(
+                                                cores, static_cast<int64_t>(planTiling.rows) + num_cores)));
+    // the kernel's SyncAll count rests on this: a split plan gives no block two (row, part)s
+    TORCH_CHECK(planTiling.split <= 1 || blockDim >= planTiling.rows * planTiling.split,
                 "avsg.plan_gather: internal: ", blockDim, " blocks for ", planTiling.rows, " rows x ",
-                planTiling.split, " parts with the early publish");
+                planTiling.split, " parts");
     const auto opts = topk_pos.options().dtype(at::kInt);
     const int64_t slices = static_cast<int64_t>(blockDim) * planTiling.wsPerCore;
     const int64_t syncWords = static_cast<int64_t>(blockDim) * kPlanSyncWords;
@@ -134,7 +131,7 @@ PlanGatherOut PlanGather(const at::Tensor& topk_pos, const at::Tensor& seq_lens,
     PlanGatherTiling tiling;
     std::memset(&tiling, 0, sizeof(tiling));
     tiling.plan = planTiling;
-    tiling.plan.publishSync = publishEarly ? 1u : 0u;
+    tiling.plan.publishSync = 1u;
     tiling.gather = make_tiling(a, 0, std::min<size_t>(kGatherMaxPairs, src.size()), addr.src, addr.dst);
     LaunchPlanGather(blockDim, tiling, topk_pos, seq_lens, lens, state, stats, rows, workspace, bt, out, sync);
     // More pairs than one tiling holds: the same miss lists, copied by gather launches of their own

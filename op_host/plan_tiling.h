@@ -99,10 +99,11 @@ struct PlanTiling {
     // that starts at or past it belongs to a later query token, whose hits are mostly slots an
     // earlier token already hit: Classify marks only the new ones (PlanContext::UnmarkedHits).
     uint32_t topk;
-    // 1 (plan_gather, every block plans at most one row): the plan publishes each row's miss
-    // lists as soon as its victims are chosen, then every block meets in one soft SyncAll (the
-    // split's counters), so the composed gather copies while the owners finish their rows
-    // (op_kernel/plan_gather.cpp). 0: the plan op, or blocks with several rows.
+    // 1 (plan_gather): the plan publishes each row's miss lists as soon as its victims are
+    // chosen, and every block meets the others in one soft SyncAll (the split's counters) once
+    // all its rows have (idle rows first, then at its last row's publish), so the composed
+    // gather copies while the owners finish their last rows (op_kernel/plan_gather.cpp). 0: the
+    // plan op.
     uint32_t publishSync;
 };
 

@@ -12,18 +12,20 @@
 //      so a split plan's blocks call SyncAll twice on one region, as the soft form counts: each
 //      block's counter is the number of its calls): the copy below reads every row's miss lists,
 //      which other blocks wrote. The SyncAll starts with PipeBarrier<PIPE_ALL>, so a block's
-//      own output DMAs are complete before it arrives. Where every block plans at most one row
-//      (tiling publishSync, set by the host) the plan itself calls it, as soon as each row's
-//      miss lists are final (after the victims, miss_counts out: PlanBlockOutput::PublishMisses);
-//      the owners of rows then finish them (lives, insert, stash, slots, state) while the other
-//      blocks already copy. The copy reads only the counts, the first count entries of each miss
-//      list, host rows and the block table; the rest of the plan writes the slots output, the
-//      lists' -1 tails past the count (exact-byte stores), the stats and the state: nothing one
-//      side writes after the SyncAll, the other reads.
+//      own output DMAs are complete before it arrives. The plan itself calls it (tiling
+//      publishSync, always set by the host) once every row of the block has its miss lists final
+//      (after the victims, miss_counts out: PlanBlockOutput::PublishMisses): a block of several
+//      rows plans its idle rows first and meets the others at the publish of its last other row
+//      (PlanKernel::PlanRows); that row's owner then finishes it (lives, insert, stash, slots,
+//      state) while the other blocks already copy. The copy reads only the counts, the first count
+//      entries of each miss list, host rows and the block table; the rest of the plan writes the
+//      slots output, the lists' -1 tails past the count (exact-byte stores), the stats and the
+//      state: nothing one side writes after the SyncAll, the other reads. (A tiling without
+//      publishSync, which no host makes, would meet the blocks here, after the whole plan.)
 //   3. the gather (gather_kernel.h) of the miss lists the plan wrote, on a reset pipe (the plan
-//      held all of UB), by numCores of its own tiling's cores; where the plan published early,
-//      core c on block (rows + c) mod blocks, so the copy starts on the blocks that own no row
-//      (the host sizes the launch for them: op_host/plan_gather_host.cpp). It clamps miss_counts
+//      held all of UB), by numCores of its own tiling's cores: core c on block (rows + c) mod
+//      blocks, so the copy starts on the blocks past the rows' owners (the host sizes the launch
+//      for them: op_host/plan_gather_host.cpp). It clamps miss_counts
 //      to [0, N], so a rejected row (-1) copies nothing, and copies a row's misses only, so no
 //      slot the plan did not reserve for a position this step is written.
 // Launched with the batch schedule mode on the NPU (it waits across cores: op_host/npu/split_launch.h).

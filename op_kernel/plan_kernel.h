@@ -53,7 +53,7 @@
 //   3. allocate: for life level -1..L-1: Compares EQ + GatherMask over slot ids (victims in
 //      (life, slot) order) until M -> miss_slots; scalar scatter slot_pos / slot_life;
 //      the miss lists published: miss_counts out (PublishMisses; their -1 tails go with the
-//      output; in plan_gather with one row per block, then the SyncAll after which the copy runs
+//      output; in plan_gather, at the block's last row, then the SyncAll after which the copy runs
 //      beside the rest of this row: op_kernel/plan_gather.cpp); slot_life back from its half copy;
 //      insert: freeness of all 4 buckets of every miss (all-probe gathers of the position each
 //      bucket's slot holds, hashed: a bucket is occupied when that position probes it), 4 scalar
@@ -61,8 +61,10 @@
 //      stash compaction #2 + append (scalar).
 //   4. output: missed lanes get miss_slots[j] (OutputMisses), patched into the stored chunks;
 //      stats via 32 B DMA of the int64 row.
-// An idle row (seq_len <= 0, nothing to drop: reference.idle_rows) is left out after its header:
-// state and stats untouched, outputs -1, miss_counts[r] = 0 (an engine's rows without a request).
+// An idle row (seq_len <= 0: reference.idle_rows) selects nothing and does not age: after its
+// header only its drop runs, if it has one (valid length below 2^24: the drop, the padding slots
+// freed, the dirty windows back); outputs -1, miss_counts[r] = 0, stats untouched (an engine's
+// rows without a request).
 // Whatever the state holds (reference.py, "Whatever the state holds"): the row's header must
 // match the tiling (else the row is left untouched, miss_counts[r] = -1); stash_count is clamped
 // to [0, S]; every slot read from bucket_slot / stash_slot is clamped to [0, S-1] before it
@@ -106,10 +108,12 @@ public:
         ctx_.CarveUb(pipe);
     }
 
-    // Every block plans its rows; with publishSync (plan_gather, at most one row per block) every
-    // block also meets the others exactly once in the SyncAll after the miss lists are out: a row's
-    // owner at its publish point, every other block (helpers, blocks without a row, rejected
-    // rows) once its part is done.
+    // Every block plans its rows; with publishSync (plan_gather) every block also meets the others
+    // exactly once in the SyncAll after the miss lists are out: at the publish point of the last
+    // row it plans (syncRow_), or, where that row is rejected or the block plans none (helpers,
+    // blocks without a row, idle rows only), once its part is done. The copy after the SyncAll
+    // reads every row's count and lists, so a block meets the others only once all its rows have
+    // published theirs: its idle rows (count 0) go first, the others after them in row order.
     __aicore__ inline void Process() {
         PlanRows();
         if (ctx_.t_.publishSync && !published_) ctx_.SyncAllBlocks();
@@ -118,8 +122,8 @@ public:
 private:
     __aicore__ inline void PlanRows() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
+        const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
         if (ctx_.split_ > 1) {                         // one (row, part) per core: rows * split blocks
-            const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
             ctx_.part_ = b / ctx_.t_.rows;
             if (ctx_.part_ >= ctx_.split_) {           // a block of a composed launch past the plan's
                 splitLookup_.SyncParts();              // (plan_gather): only its one SyncAll
@@ -128,21 +132,47 @@ private:
             const uint64_t rowWs = static_cast<uint64_t>(b % ctx_.t_.rows) * ctx_.t_.wsPerCore;
             ctx_.rowWs_.SetGlobalBuffer(ctx_.wsBase_ + rowWs, ctx_.t_.wsPerCore);
             if (ctx_.part_ == 0) {
-                Row(b % ctx_.t_.rows);
+                syncRow_ = b % ctx_.t_.rows;
+                Row(syncRow_);
             } else {
                 AVSG_PHASE(PlanPhase::kHelper);
                 splitLookup_.HelpRow(b % ctx_.t_.rows);
             }
             return;
         }
-        for (uint32_t r = static_cast<uint32_t>(GetBlockIdx()); r < ctx_.t_.rows; r += blocks) Row(r);
+        if (!ctx_.t_.publishSync || b + blocks >= ctx_.t_.rows) {   // no SyncAll, or one row at most
+            syncRow_ = b;
+            for (uint32_t r = b; r < ctx_.t_.rows; r += blocks) Row(r);
+            return;
+        }
+        // plan_gather, several rows on this block: the idle ones first, the SyncAll at the last
+        // other row's publish (RowIsIdle reads seq_len again in the second pass: an input,
+        // unchanged by the launch)
+        for (uint32_t r = b; r < ctx_.t_.rows; r += blocks) {
+            AVSG_PHASE(PlanPhase::kStart);
+            if (ctx_.RowIsIdle(r)) {
+                Row(r);
+            } else {
+                syncRow_ = r;
+            }
+        }
+        if (syncRow_ == kNoRow) return;
+        for (uint32_t r = b; r <= syncRow_; r += blocks) {
+            AVSG_PHASE(PlanPhase::kStart);
+            if (!ctx_.RowIsIdle(r)) Row(r);
+        }
     }
 
     // AVSG_PHASE: each step's counted work by phase in the strict emulation (plan/plan_phases.h)
     __aicore__ inline void Row(uint32_t r) {
         AVSG_PHASE(PlanPhase::kStart);
         const bool matches = ctx_.StartRow(r);
-        if (!matches || ctx_.IsIdle()) {          // a rejected or idle row is left out whole
+        if (!matches || ctx_.IsIdle()) {          // a rejected row is left out whole, an idle
+            if (matches && ctx_.IdleDrops()) {    // one but for its drop (and, as every plan
+                drop_.DropPast();                 // that writes a row, its padding slots freed)
+                ctx_.FreePadding(upkeep_);
+                output_.WriteBackWindows();
+            }
             ctx_.LeaveRow(r, matches ? 0 : -1);
             if (ctx_.split_ > 1) {
                 AVSG_PHASE(PlanPhase::kSplitSync);
@@ -206,7 +236,7 @@ private:
         victimSearch_.Assign(r, m);
         AVSG_PHASE(PlanPhase::kPublish);
         output_.PublishMisses(r, m);
-        if (ctx_.t_.publishSync) {                // the composed copy starts; this core goes on
+        if (ctx_.t_.publishSync && r == syncRow_) {   // the composed copy starts; this core goes on
             ctx_.SyncAllBlocks();
             published_ = true;
         }
@@ -242,14 +272,17 @@ private:
     PolicyUpkeep<Policy> upkeep_{ctx_, heat_};
     PlanBlockDrop<Policy> drop_{ctx_, upkeep_};
     bool published_ = false;                      // this block met the others after its publish
+    static constexpr uint32_t kNoRow = ~0u;
+    uint32_t syncRow_ = kNoRow;                   // with publishSync: the row whose publish meets them
 };
 
 // The entries' body on the caller's pipe: the tiling into the pipe's first buffer (UB offset
 // 0), then the policy it names picks the instantiation, once per launch. An unknown id plans as
 // lifetime (the host rejects it before a launch). A kernel that composes the plan with more work
 // (op_kernel/plan_gather.cpp) calls this and then resets the pipe for its next block. Returns
-// the blocks that own a row when the plan met every block after publishing its miss lists
-// (tiling publishSync: blocks [0, rows) own rows 0 .. rows - 1), else 0 (no SyncAll yet).
+// the plan's rows when the plan met every block after publishing its miss lists (tiling
+// publishSync: row r is on block r mod blocks, so the copy's rotation starts past them), else 0
+// (no SyncAll yet).
 template <class Matcher>
 __aicore__ inline uint32_t PlanOnPipe(TPipe* pipe, GM_ADDR topk, GM_ADDR seq, GM_ADDR validLens, GM_ADDR state,
                                   GM_ADDR stats, GM_ADDR slots, GM_ADDR missPos, GM_ADDR missSlots,

@@ -131,6 +131,14 @@ public:
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) WinCopyBack(ctx_.win_[s]);
         Sync<HardEvent::MTE3_S>();
     }
+    // An idle row's end after its drop (PlanKernel::Row): the dirty windows back, nothing else of
+    // the row (no stats, no stash count: the step left them as they were).
+    __aicore__ inline void WriteBackWindows() {
+        Sync<HardEvent::V_MTE3>();
+        Sync<HardEvent::S_MTE3>();
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) WinCopyBack(ctx_.win_[s]);
+        Sync<HardEvent::MTE3_S>();
+    }
 
     // the context and the blocks this one calls
     PlanContext& ctx_;

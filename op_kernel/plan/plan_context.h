@@ -272,19 +272,33 @@ public:
         if (t_.maxContext && seq > static_cast<int32_t>(t_.maxContext)) seq = static_cast<int32_t>(t_.maxContext);
         boundF_ = static_cast<float>(seq);
         lookups_ = hits_ = misses_ = 0;
-        idle_ = seq <= 0;
         if (t_.dropPast) {                        // the row's valid length, once seq_len is read
             Sync<HardEvent::S_MTE2>();
             LoadInts(scalarUb_, lensGm_[r], 1, 0);
             Sync<HardEvent::MTE2_S>();
             dropLimitF_ = DropLimit(scalarUb_.GetValue(0));
-            idle_ = idle_ && dropLimitF_ >= static_cast<float>(avsg::kMaxPosition);
         }
+        idle_ = seq <= 0;                         // the clamps above keep its sign
         return true;
     }
-    // After StartRow: the row is idle (reference.idle_rows: seq_len <= 0, nothing to drop), so the
-    // step leaves it out (LeaveRow(r, 0)): an engine's rows without a request cost their header.
+    // After StartRow: the row is idle (reference.idle_rows: seq_len <= 0, so it selects
+    // nothing), and the step only applies its drop (IdleDrops) and writes its outputs
+    // (LeaveRow(r, 0)): an engine's rows without a request cost their header.
     __aicore__ inline bool IsIdle() const { return idle_; }
+    // An idle row's drop: valid lengths below 2^24 (at 2^24 a drop frees only positions no
+    // selection can name, and the idle row is left whole)
+    __aicore__ inline bool IdleDrops() const {
+        return t_.dropPast && dropLimitF_ < static_cast<float>(avsg::kMaxPosition);
+    }
+    // Before StartRow (plan_gather's blocks of several rows): whether row r is idle, from its
+    // seq_len alone, exactly as StartRow will find it.
+    __aicore__ inline bool RowIsIdle(uint32_t r) {
+        Sync<HardEvent::S_MTE2>();
+        Sync<HardEvent::MTE3_MTE2>();
+        LoadInts(scalarUb_, seqGm_[r], 1, 0);
+        Sync<HardEvent::MTE2_S>();
+        return scalarUb_.GetValue(0) <= 0;
+    }
     // Hits are marked in a byte map by the scalar unit (MarkHits: one store per hit, four hit
     // slots per load, as int16: S <= 2^15; A2 has no vector scatter) and turned into the hit
     // bitmap here by Cast u8->half + compare (HitBytesToBits), once the row's (or the part's)

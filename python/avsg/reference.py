@@ -75,12 +75,14 @@ dual-pointer kernel may resolve differently):
 * the insert's freeness test clamps the position a bucket's slot holds to ``[-1, 2**24]`` (so
   the kernels can blend it in float exactly) before hashing it; the stash lookup compares keys
   exactly; a negative stash key never matches; an invalid selection (negative or past the bound) never matches a slot;
-* every ``plan`` sets the ``Sp - S`` padding entries of ``slot_pos`` and ``slot_life`` to -1, and
+* every ``plan`` that writes a row (all but an idle row without a drop: "One plan step") sets
+  the ``Sp - S`` padding entries of ``slot_pos`` and ``slot_life`` to -1, and
   the decay clamps every lifetime to ``[-1, L-1]`` before the hits are set to ``L``. Then every
   slot not hit in the step is a victim candidate, so reservation cannot run short (see
   "Allocate"), whatever ``slot_life`` held or whatever lifetime it was built with;
 * ``invalidate`` drops ``slot_pos >= clamp(valid_len, -1, 2**24)``: positions ``>= 2**24`` are out
-  of range and always dropped;
+  of range and always dropped (a plan's drop likewise, except in an idle row given
+  ``valid_len >= 2**24``, which the plan leaves whole: no selection can name such a position);
 * ``gather`` clamps ``miss_counts`` to ``[0, T*K]`` and skips entries whose slot lies outside
   ``[0, S)`` or whose host row lies outside the pool (``check=True`` rejects both up front).
 
@@ -189,12 +191,13 @@ One ``plan`` step, per row (all rows independently, all in parallel):
    often as it was selected, as attention over ``slots`` reads it), so attention over the hits
    and attention over the misses, merged by log-sum-exp, is attention over ``slots``.
 
-An *idle* row, ``seq_len <= 0`` with nothing to drop (no ``valid_lens``, or ``valid_lens[r] >=
-2**24``), is left out of the step: it can select nothing, so its outputs are ``-1`` and
-``miss_counts[r] = 0``, and its state and statistics stay exactly as they are (no decay, no
-clamps, the hand and the reuse step counter unchanged). An engine's persistent batch keeps rows
-without a request, and such a row costs the kernels its header, not a plan. A row with
-``seq_len <= 0`` and a drop to apply runs the whole step.
+An *idle* row, ``seq_len <= 0``, selects nothing and does not age: its outputs are ``-1`` and
+``miss_counts[r] = 0``, its statistics stay as they are, and so does its state (no decay, no
+clamps, the hand and the reuse step counter unchanged), except for its drop: with
+``valid_lens[r] < 2**24`` the step frees what ``invalidate`` would and, as every step that
+writes a row, the padding slots. So ``plan(valid_lens=...)`` equals ``invalidate`` then ``plan``
+on every state the ops build. An engine's persistent batch keeps rows without a request, and
+such a row costs the kernels its header, not a plan.
 
 MTP: the ``T`` query tokens of a row are one set of lookups against one table, so a later token
 that selects what an earlier token missed shares the reserved slot (invariant 2) and the position
@@ -1104,13 +1107,22 @@ def _reuse_install(v: StateView, layout: Layout, miss_pos: torch.Tensor,
     v.slot_count[rr, slots] = (fresh + REUSE_GAIN_RETURN).clamp(max=REUSE_COUNT_MAX)
 
 
-def idle_rows(seq_lens: torch.Tensor, valid_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """bool ``[R]``: the rows a plan leaves out, ``seq_len <= 0`` and nothing to drop (module
-    docstring, "One plan step")."""
-    idle = seq_lens <= 0
-    if valid_lens is not None:
-        idle &= valid_lens.to(torch.int64) >= MAX_POSITION
-    return idle
+def idle_rows(seq_lens: torch.Tensor) -> torch.Tensor:
+    """bool ``[R]``: the rows a plan selects nothing for and does not age, ``seq_len <= 0``
+    (module docstring, "One plan step")."""
+    return seq_lens <= 0
+
+
+def _free_padding(state: torch.Tensor, layout: Layout) -> None:
+    """The ``Sp - S`` padding slots free (``slot_pos``, ``slot_life`` -1; reuse: counts 0), as
+    every plan that writes a row leaves them."""
+    S = layout.capacity
+    padding = layout.padded_capacity - S
+    if padding:
+        state[:, layout.slot_pos + S:layout.slot_pos + S + padding] = -1
+        state[:, layout.slot_life + S:layout.slot_life + S + padding] = -1
+        if layout.reuse:
+            view_state(state, layout).slot_count[:, S:] = 0
 
 
 def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
@@ -1135,9 +1147,16 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     reuse = policy == "reuse"
     lru = policy == "lru"
     check_header(state, layout, lifetime, policy, min_active=N)
-    idle = idle_rows(seq_lens, valid_lens)
+    idle = idle_rows(seq_lens)
     if bool(idle.any()):
-        # idle rows are left out (module docstring, "One plan step"): the others plan alone
+        # idle rows apply their drop alone (module docstring, "One plan step"); the others plan
+        if valid_lens is not None:
+            dropping = (idle & (valid_lens.to(torch.int64) < MAX_POSITION)).nonzero().flatten()
+            if dropping.numel():
+                sub = state[dropping]
+                _drop_past(view_state(sub, layout), layout, valid_lens[dropping])
+                _free_padding(sub, layout)
+                state[dropping] = sub
         busy = (~idle).nonzero().flatten()
         slots = torch.full((R, T, K), -1, dtype=torch.int32, device=dev)
         miss_pos = torch.full((R, N), -1, dtype=torch.int32, device=dev)
@@ -1158,12 +1177,7 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     beyond = torch.arange(S, device=dev)[None, :] >= state[:, HEADER_ACTIVE].long()[:, None]
     # whatever the state holds: counts into range, padding slots free (module docstring)
     v.stash_count.clamp_(0, S)
-    padding = layout.padded_capacity - S
-    if padding:
-        state[:, layout.slot_pos + S:layout.slot_pos + S + padding] = -1
-        state[:, layout.slot_life + S:layout.slot_life + S + padding] = -1
-        if reuse:
-            v.slot_count[:, S:] = 0
+    _free_padding(state, layout)
 
     sel = topk_pos.reshape(R, N).to(torch.int32)
     bound = seq_lens.to(torch.int64).clamp(max=MAX_POSITION)

@@ -143,8 +143,8 @@ def valid_lens_near(gen, seq, T, state=None, layout=None):
 
 def idle_some(gen, seq, share=0.2):
     """``seq`` with about ``share`` of the rows idle this step (an engine's rows without a
-    request): seq_len 0, or negative junk. With no drop, or a drop of nothing (valid_lens >=
-    2**24), the plan leaves such a row out (reference.idle_rows); with a real drop it plans it."""
+    request): seq_len 0, or negative junk. The plan selects nothing for such a row and does not
+    age it; only a drop (valid_lens < 2**24) changes its state (reference.idle_rows)."""
     idle = torch.rand(seq.shape[0], generator=gen) < share
     return torch.where(idle, torch.randint(-3, 1, seq.shape, generator=gen, dtype=I32), seq)
 

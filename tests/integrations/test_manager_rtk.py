@@ -243,8 +243,9 @@ def test_a_row_without_a_request_keeps_its_state():
     """A state row whose request sits out passes (inactive in the pass) is idle in every layer's
     plan: its state, the lives and the hand included, stays byte for byte what its last planned
     pass left, however many passes go by; planned again, it serves what it held (the truth
-    check of run_pass). With a bypassing pass in between (a drop recorded for every layer) its
-    next plan applies the drop, so the state moves then."""
+    check of run_pass). A bypassing pass in between records a drop for every layer: the row's
+    next (idle) plan applies that drop and nothing else, exactly as invalidate would."""
+    from avsg import reference
     twins = Twins("lifetime", False, True, seed=3)
     for _ in range(2):
         twins.run_pass(T, [True] * R)
@@ -256,10 +257,18 @@ def test_a_row_without_a_request_keeps_its_state():
         twins.accept(T, [True, False, True])
     for buf, before in zip(twins.rtk.buffers, held):
         assert torch.equal(buf.state[row], before)
-    twins.run_pass(T + 1, [False, True, False], retrieve=False)     # row 1 bypasses: a drop
+    # row 1 bypasses (a prefill-like pass rewriting its positions >= first_new): a drop, which
+    # the drafts its last pass left resident make visible
+    first_new = twins.computed[twins.req_of_row[1]]
+    assert any(p >= first_new for p in twins.rtk.resident(0, 1))
+    twins.run_pass(T + 1, [False, True, False], retrieve=False)
     twins.accept(T + 1, [False, True, False])
     twins.run_pass(T, [True, False, True])
-    assert any(not torch.equal(buf.state[row], before) for buf, before in zip(twins.rtk.buffers, held))
+    for buf, before in zip(twins.rtk.buffers, held):
+        want = before[None].clone()
+        reference.invalidate(want, buf.layout, torch.tensor([first_new], dtype=I32))
+        assert not torch.equal(want[0], before)
+        assert torch.equal(buf.state[row], want[0])
     reads = twins.reads
     twins.run_pass(T, [True] * R)
     assert twins.reads > reads

@@ -216,10 +216,10 @@ def test_largest_geometry_once_small_batch():
 @pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
 @pytest.mark.parametrize("split", [False, True])
 def test_idle_rows_are_left_out(build, policy, split):
-    """A row with seq_len <= 0 and nothing to drop (an engine's row without a request) keeps its
-    state and stats byte for byte, lives and hand included, and gets -1 outputs and a 0 count;
-    with a drop to apply it runs the whole step (its lives decay). Both builds, with and without
-    the split lookup (the idle row's helpers skip it too), bit for bit with the reference; the
+    """A row with seq_len <= 0 (an engine's row without a request) keeps its state and stats byte
+    for byte, lives and hand included, and gets -1 outputs and a 0 count; given a drop, the
+    drop is all that changes (exactly invalidate's: no decay). Both builds, with and without the
+    split lookup (the idle row's helpers skip it too), bit for bit with the reference; the
     strict build shows the idle row's block loading its header and seq_len only."""
     R, T, K, S = 4, 2, 600, 1400
     C = 4 * S if policy == "reuse" else 0
@@ -247,12 +247,15 @@ def test_idle_rows_are_left_out(build, policy, split):
             busy = [b for b in range(R) if b not in (1, 3)]
             assert max(int(work["mte2_bytes"][b]) for b in idle) <= 512
             assert min(int(work["mte2_bytes"][b]) for b in busy) > 16 * 1024
-        # a drop to apply: the row plans (its lives decay) though it selects nothing
-        lens = torch.tensor([reference.MAX_POSITION, (1 << 31) - 1, int(seq[2]), 3 * S], dtype=I32)
+        # a drop to apply: the idle row applies it and nothing else (invalidate's result)
+        lens = torch.tensor([reference.MAX_POSITION, (1 << 31) - 1, int(seq[2]), 2 * S], dtype=I32)
         held = twin.state.clone()
         twin.plan(draw(gen, R, T, K, seq, hot=2 * S), idle_seq, lens)
         assert torch.equal(twin.state[1], held[1])
-        assert not torch.equal(twin.state[3], held[3])
+        dropped = held[3:4].cpu().clone()
+        reference.invalidate(dropped, twin.layout, lens[3:4])
+        assert not torch.equal(dropped[0], held[3].cpu())
+        assert torch.equal(twin.state[3].cpu(), dropped[0])
 
 
 def test_more_rows_than_cores():

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from avsg import backend, reference
-from helpers.plan_cases import I32, Twin, colliding, draw, split_lookup, valid_lens_near
+from helpers.plan_cases import I32, Twin, colliding, draw, idle_some, split_lookup, valid_lens_near
 
 POLICIES = ("lifetime", "lru", "reuse")
 
@@ -66,7 +66,8 @@ drop_geometry = st.tuples(
 def test_reference_fused_equals_invalidate_then_plan(geo, policy, matcher, seed, steps):
     """MTP repeats, -1 padding and junk (draw), full buffers, small tables (collisions), small
     ghost tables under reuse (a short max_context bound keeps positions in few ghost entries),
-    limits exactly at held positions, and far out of range."""
+    limits exactly at held positions, and far out of range; idle rows (seq_len <= 0: the drop
+    alone, no decay, whether it comes in the plan or before it)."""
     R, T, K, ratio, hdiv, L = geo
     S = max(T * K, int(T * K * ratio))
     H = max(64, reference.default_buckets(S) // hdiv)
@@ -77,7 +78,7 @@ def test_reference_fused_equals_invalidate_then_plan(geo, policy, matcher, seed,
     for _ in range(steps):
         lens = valid_lens_near(gen, seq, T, pair.state["one"], pair.layout)
         seq = seq + torch.randint(0, T + 1, (R,), generator=gen, dtype=I32)
-        pair.step(draw(gen, R, T, K, seq, hot=2 * T * K), seq, lens)
+        pair.step(draw(gen, R, T, K, seq, hot=2 * T * K), idle_some(gen, seq), lens)
         if torch.rand(1, generator=gen) < 0.1:
             pair.reset(torch.rand(R, generator=gen) < 0.5)
 
@@ -111,7 +112,7 @@ def test_kernel_fused_sessions_bit_exact(geo, policy, matcher, seed, build, spli
         for step in range(8):
             lens = valid_lens_near(gen, seq, T, twin.ref_state, twin.layout) if step % 3 else None
             seq = seq + torch.randint(0, T + 1, (R,), generator=gen, dtype=I32)
-            twin.plan(draw(gen, R, T, K, seq, hot=2 * T * K), seq, lens)
+            twin.plan(draw(gen, R, T, K, seq, hot=2 * T * K), idle_some(gen, seq), lens)
 
 
 @pytest.mark.parametrize("build", ["strict", "fast"])

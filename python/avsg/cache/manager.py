@@ -244,8 +244,8 @@ class SparseOffloadManager:
             reads its header, writes ``-1`` outputs and leaves its state as it is (counted
             serial-pipe model, K 2048, S 8192: about 1.3 us at T = 1 and 3.2 at T = 4, against
             21.5 and 42.1 for an active row, README's plan table).
-            The copy starts beside the plan only while the rows fit the cores one each
-            (docs/decode-model.md, "Left out"), so more rows than cores still costs.
+            More rows than cores means waves (a core plans its idle rows, then its others),
+            and the copy then takes every core (docs/decode-model.md, "Left out").
         capacity: buffer slots per request (``S``), a multiple of ``resident_block_size`` and at
             least ``topk * queries_per_step``.
         topk: selections per query token (``K``, 2048 for DeepSeek-V3.2).

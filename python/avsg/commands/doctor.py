@@ -393,9 +393,9 @@ def split_launch_note(launch: Optional[str]) -> str:
 
 def plan_gather_probe(device: str, steps: int = 3) -> Optional[str]:
     """``plan_gather`` (plan and copy in one launch, the serving step where the copy is the
-    package's) on ``device`` against ``reference.plan_gather`` over a small session: 2 rows, so
-    every block plans at most one row, the plan meets the other blocks in a SyncAll as soon as
-    its victims are chosen and the copy runs on the blocks that own no row while the owners finish
+    package's) on ``device`` against ``reference.plan_gather`` over a small session: 2 rows, one
+    a block, the plan meets the other blocks in a SyncAll as soon as its victims are chosen and
+    the copy runs on the blocks that own no row while the owners finish
     (op_kernel/plan_gather.cpp); 2 selection chunks per row, so with ``AVSG_NPU_SPLIT=1`` (the
     doctor's child) the lookup is split too and every block meets the others twice. Compares the
     plan's outputs, the state, the statistics, the per-core counts and every copied byte.
