@@ -138,6 +138,16 @@ PlanRows AllocPlanRows(const at::Tensor& topk_pos, const PlanTiling& tiling) {
     out.miss_pos = at::empty({R, pitch}, opts);
     out.miss_slots = at::empty({R, pitch}, opts);
     out.miss_counts = at::empty({R, static_cast<int64_t>(kPlanCountPitch)}, opts);
+#ifdef AVSG_CPU_EMULATION
+    // Under the emulation the outputs start poisoned, not as whatever memory held: every list
+    // entry 0 and every count the most a row can have. plan_gather's copy reading a row's lists
+    // before its plan wrote them (its SyncAll in the wrong place) then copies host position 0
+    // into slot 0, over and over, which every test against the reference sees.
+    out.slots.zero_();
+    out.miss_pos.zero_();
+    out.miss_slots.zero_();
+    out.miss_counts.fill_(static_cast<int32_t>(pitch));
+#endif
     return out;
 }
 

@@ -122,24 +122,25 @@ public:
     // later instruction, so whatever comes next on any pipe starts after the stores
     // (emulation/emu_hazard.h, "Scalar issue"); the vector pipe may still be reading a buffer
     // the stores read, which is a read too.
-    __aicore__ inline void WriteBack(uint32_t r) {
-        const uint64_t rowState = static_cast<uint64_t>(r) * ctx_.t_.width;
-        Sync<HardEvent::V_MTE3>();                // windows a vector wrote
-        Sync<HardEvent::S_MTE3>();
-        DataCopy(ctx_.statsGm_[static_cast<uint64_t>(r) * 4], ctx_.statsUb_, 4);
-        DataCopy(ctx_.stateGm_[rowState + ctx_.t_.stashCountOff], ctx_.countUb_, avsg::kStashCountPad);
-        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) WinCopyBack(ctx_.win_[s]);
-        Sync<HardEvent::MTE3_S>();
-    }
+    __aicore__ inline void WriteBack(uint32_t r) { StoreBack(true, r); }
     // An idle row's end after its drop (PlanKernel::Row): the dirty windows back, nothing else of
     // the row (no stats, no stash count: the step left them as they were).
-    __aicore__ inline void WriteBackWindows() {
-        Sync<HardEvent::V_MTE3>();
+    __aicore__ inline void WriteBackWindows() { StoreBack(false, 0); }
+
+private:
+    __aicore__ inline void StoreBack(bool results, uint32_t r) {
+        Sync<HardEvent::V_MTE3>();                // windows a vector wrote
         Sync<HardEvent::S_MTE3>();
+        if (results) {
+            const uint64_t rowState = static_cast<uint64_t>(r) * ctx_.t_.width;
+            DataCopy(ctx_.statsGm_[static_cast<uint64_t>(r) * 4], ctx_.statsUb_, 4);
+            DataCopy(ctx_.stateGm_[rowState + ctx_.t_.stashCountOff], ctx_.countUb_, avsg::kStashCountPad);
+        }
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) WinCopyBack(ctx_.win_[s]);
         Sync<HardEvent::MTE3_S>();
     }
 
+public:
     // the context and the blocks this one calls
     PlanContext& ctx_;
     PlanBlockStash& stash_;

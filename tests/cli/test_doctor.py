@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import avsg
 from avsg.commands import doctor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,8 +126,9 @@ def test_split_probe_keeps_the_split_off_in_every_build(monkeypatch, launch):
 
 def test_plan_gather_probe_is_exact_here_and_names_a_difference(monkeypatch):
     """The child's plan_gather probe (run on the NPU there) on the CPU emulation, with the lookup
-    split and without: exact. A reference that copies one byte differently is reported, in one
-    line naming what differs."""
+    split and without: exact, its two sessions (2 rows; more rows than cores, with idle rows and
+    an idle row's drop). A reference that copies one byte differently is reported, in one line
+    naming the session and what differs, in either session."""
     from helpers.plan_cases import split_lookup
     assert doctor.plan_gather_probe("cpu") is None
     with split_lookup():                  # the child's AVSG_NPU_SPLIT=1: the lookup split too
@@ -134,13 +136,20 @@ def test_plan_gather_probe_is_exact_here_and_names_a_difference(monkeypatch):
     from avsg import reference
     real = reference.plan_gather
 
-    def off_by_one(*args, **kwargs):
-        out = real(*args, **kwargs)
-        dst = args[7][0]
-        dst.view(-1)[0] ^= 1
-        return out
-    monkeypatch.setattr(reference, "plan_gather", off_by_one)
-    assert doctor.plan_gather_probe("cpu") == "plan_gather step 0: copied bytes differ from the reference"
+    def off_by_one(rows):
+        def planted(*args, **kwargs):
+            out = real(*args, **kwargs)
+            if args[0].shape[0] == rows:
+                args[7][0].view(-1)[-1] ^= 1
+            return out
+        return planted
+    monkeypatch.setattr(reference, "plan_gather", off_by_one(2))
+    assert doctor.plan_gather_probe("cpu") == ("plan_gather (2 rows) step 0: copied bytes differ "
+                                               "from the reference")
+    many = avsg.get_num_cores() + 3
+    monkeypatch.setattr(reference, "plan_gather", off_by_one(many))
+    assert doctor.plan_gather_probe("cpu") == (f"plan_gather ({many} rows) step 0: copied bytes "
+                                               f"differ from the reference")
 
 
 def test_split_launch_note_names_the_launch_once(monkeypatch):

@@ -233,6 +233,19 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
             assert r["h2d_bytes_per_token"] == 0 and r["plan_us_per_layer"] == 0
     by = {(r["mode"], r["batch"], r["mtp"], r["profile"]): r for r in records}
     assert set(base["launches_per_layer"]) == set(projection.MODES)
+    # avsg-apart (an NPU's serving core before avsg doctor verified the cross-core wait): avsg's
+    # plan without plan_gather's SyncAll, the same rows, all of its copy after the plan, and the
+    # plan and the gather as two launches
+    for (mode, b, n, p), r in by.items():
+        if mode != projection.APART_MODE:
+            continue
+        a, hwp = by[("avsg", b, n, p)], projection.profile_variant(hw, p)
+        sync_us = 1e6 * hwp["sync_all_cycles"] / (hwp["clock_ghz"] * 1e9)
+        assert (r["launches_per_layer"], a["launches_per_layer"]) == (2, 1)
+        assert r["rows_per_layer"] == a["rows_per_layer"]
+        assert r["plan_us_per_layer"] == pytest.approx(a["plan_us_per_layer"] - sync_us)
+        if b == 1:      # 39 cores copy beside the end of avsg's plan; avsg-apart's 40 after it
+            assert r["copy_us_per_layer"] > a["copy_us_per_layer"]
     for n in (0, 1):
         tr = base["traffic"][str(n)]["rows"]
         assert len(tr["avsg"]) == 2                      # every layer of the trace

@@ -393,16 +393,34 @@ def split_launch_note(launch: Optional[str]) -> str:
 
 def plan_gather_probe(device: str, steps: int = 3) -> Optional[str]:
     """``plan_gather`` (plan and copy in one launch, the serving step where the copy is the
-    package's) on ``device`` against ``reference.plan_gather`` over a small session: 2 rows, one
-    a block, the plan meets the other blocks in a SyncAll as soon as its victims are chosen and
-    the copy runs on the blocks that own no row while the owners finish
-    (op_kernel/plan_gather.cpp); 2 selection chunks per row, so with ``AVSG_NPU_SPLIT=1`` (the
-    doctor's child) the lookup is split too and every block meets the others twice. Compares the
-    plan's outputs, the state, the statistics, the per-core counts and every copied byte.
-    Returns what differs, or None."""
+    package's) on ``device`` against ``reference.plan_gather``, in two small sessions:
+
+    * 2 rows, one a block: the plan meets the other blocks in a SyncAll as soon as its victims
+      are chosen and the copy runs on the blocks that own no row while the owners finish
+      (op_kernel/plan_gather.cpp); 2 selection chunks per row, so with ``AVSG_NPU_SPLIT=1`` (the
+      doctor's child) the lookup is split too and every block meets the others twice;
+    * 3 rows more than the cores, so some blocks plan two rows: a block plans its idle rows
+      first and meets the others at its last row's victims; every third row is idle
+      (``seq_len`` 0), one of them with a drop to apply.
+
+    Compares the plan's outputs, the state, the statistics, the per-core counts and every copied
+    byte. Returns what differs, or None."""
+    from ..buffer import get_num_cores
+    bad = _plan_gather_session(device, 2, 2048, 2, 512, 4096, steps, idle_every=0)
+    if bad is None:
+        bad = _plan_gather_session(device, get_num_cores() + 3, 256, 1, 64, 1024, steps,
+                                   idle_every=3)
+    return bad
+
+
+def _plan_gather_session(device: str, R: int, S: int, T: int, K: int, context: int, steps: int,
+                         idle_every: int) -> Optional[str]:
+    """``plan_gather_probe``'s session of ``R`` rows over a host pool of ``context`` positions per
+    row: every ``idle_every``-th row idle (0: none), the first idle row dropping what it holds
+    past position 100 from the second step on."""
     from .. import backend, reference
     from ..buffer import copy_cores_beside_plan, get_num_cores, kv_slots
-    R, S, L, T, K, row_bytes, context = 2, 2048, 4, 2, 512, 656, 4096
+    L, row_bytes = 4, 656
     H = reference.default_buckets(S)
     layout = reference.Layout(S, H, 0)
     ref_state = reference.new_state(R, layout, L)
@@ -418,22 +436,31 @@ def plan_gather_probe(device: str, steps: int = 3) -> Optional[str]:
     dst = kv_slots(R * S, (row_bytes,), torch.uint8, device).view(R, S, row_bytes)
     ref_dst = dst.cpu().clone()
     cores = copy_cores_beside_plan(get_num_cores(), R)
+    idle = torch.zeros(R, dtype=torch.bool)
+    if idle_every:
+        idle[1::idle_every] = True
     try:
         for step in range(steps):
             seq = torch.full((R,), context - steps + step + 1, dtype=torch.int32)
             topk = torch.randint(0, int(seq[0]), (R, T, K), dtype=torch.int32, generator=gen)
+            lens = None
+            if idle_every and step:          # the idle rows sit this step out, one drops
+                seq = torch.where(idle, torch.zeros_like(seq), seq)
+                lens = torch.full((R,), reference.MAX_POSITION, dtype=torch.int32)
+                lens[1] = 100
             got = torch.ops.avsg.plan_gather(topk.to(device), seq.to(device), state, stats, S, H, L, 0, 0,
-                                             None, [src], [dst], None, 0, "miss", cores)
+                                             None if lens is None else lens.to(device), [src], [dst],
+                                             None, 0, "miss", cores)
             want = reference.plan_gather(ref_state, ref_stats, topk, seq, layout, L, [host], [ref_dst],
-                                         None, None, "miss", cores)
+                                         None, None, "miss", cores, valid_lens=lens)
             for name, a, b in zip(("slots", "miss_pos", "miss_slots", "miss_counts", "per-core counts"),
                                   got, want):
                 if not torch.equal(a.cpu(), b):
-                    return f"plan_gather step {step}: {name} differs from the reference"
+                    return f"plan_gather ({R} rows) step {step}: {name} differs from the reference"
             if not torch.equal(state.cpu(), ref_state) or not torch.equal(stats.cpu(), ref_stats):
-                return f"plan_gather step {step}: the state differs from the reference"
+                return f"plan_gather ({R} rows) step {step}: the state differs from the reference"
             if not torch.equal(dst.cpu(), ref_dst):
-                return f"plan_gather step {step}: copied bytes differ from the reference"
+                return f"plan_gather ({R} rows) step {step}: copied bytes differ from the reference"
     finally:
         if device != "cpu":
             torch.npu.synchronize()

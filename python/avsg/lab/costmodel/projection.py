@@ -87,10 +87,19 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 V32_CONFIG = os.path.join(_HERE, "profiles", "deepseek_v32_config.json")
 MAX_BATCH = 4096
 MODES = ("device", "offload", "lru-host", "lru-device", "slotmap-device", "fused-2048",
-         "fused-4096", "avsg", "avsg-split", "avsg-split-o0")
+         "fused-4096", "avsg", "avsg-apart", "avsg-split", "avsg-split-o0")
 # avsg with the hit/miss split: priced with the overlap where the cores allow it (o = 1), and
 # without it (o = 0); both copy what avsg copies and hold what it holds
 SPLIT_MODES = {"avsg-split": True, "avsg-split-o0": False}
+# avsg as the serving core runs it on an NPU until `avsg doctor` has verified the cross-core
+# wait there (AVSG_NPU_SPLIT=1, manager.default_fuse_copy): plan, then gather, two launches, no
+# SyncAll, the copy after the plan. It copies what avsg copies and holds what it holds.
+APART_MODE = "avsg-apart"
+
+
+def priced_as(mode: str) -> str:
+    """The mode whose traffic, plan cost and memory ``mode`` shares: avsg for its variants."""
+    return "avsg" if mode in SPLIT_MODES or mode == APART_MODE else mode
 PEERS = ("offload", "lru-host", "lru-device", "slotmap-device", "fused-2048", "fused-4096")
 LAUNCH_SENSITIVITY_US = (0.0, 2.0, 5.0, 10.0)   # the launch costs every ratio is also given at
 # Kernel launches per layer and pass beside attention, for the peers (avsg's and lru-device's
@@ -118,6 +127,9 @@ def launches_per_layer(mode: str, split_chosen: bool = False) -> int:
     if mode in ("avsg", "lru-device"):
         from ...cache import manager
         return len(manager.SERVING_LAUNCHES)
+    if mode == APART_MODE:
+        from ...cache import manager
+        return len(manager.SERVING_LAUNCHES_APART)
     return PEER_LAUNCHES[mode]
 
 
@@ -217,7 +229,7 @@ def memory_per_card(c, hw: hardware.Profile, mode: str, batch: int, context: int
     # the split holds what avsg holds, plus one layer's hit and miss lists (int32 [T, K] each,
     # per request) among the activations
     split_lists = 2 * T * K * 4 if mode in SPLIT_MODES else 0
-    mode = "avsg" if mode in SPLIT_MODES else mode
+    mode = priced_as(mode)
     per_request = {
         "device": L * context * row,
         # one layer's copy target at a time, double-buffered
@@ -325,11 +337,11 @@ def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, ba
                 * costs.host_us_per_row * 1e-6)
         return {"match_s": small + d2h + h2d + host,
                 "copy_s": _link_s(hw, rows * batch, fmt.row_bytes, dmas_per_row=2)}
-    match = waves * costs.plan_us[mode][T] * 1e-6
+    match = waves * costs.plan_us[priced_as(mode)][T] * 1e-6
     overlaps = mode in ("lru-device", "slotmap-device") or overlap_avsg
     if overlaps or mode != "avsg":
         # --overlap: avsg's copy beside attention, on a stream of its own: plan and copy are two
-        # launches, no plan_gather SyncAll
+        # launches, no plan_gather SyncAll; avsg-apart: the two launches, the copy after the plan
         return {"match_s": match, "copy_s": max(0.0, link - mla_s) if overlaps else link}
     # avsg's serving step is one plan_gather: its SyncAll, and, where every row has a core of its
     # own and its default copy cores (copy_cores_beside_plan) leave the owners out, the copy on
@@ -426,19 +438,20 @@ def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], b
                                            launch_s, compute_s, mla_s, draft_s, attention_cores,
                                            gather_cores)
             continue
-        if mode not in traffic.rows and mode not in ("device",):
+        priced = priced_as(mode)
+        if priced not in traffic.rows and mode not in ("device",):
             continue
         mem = memory_per_card(c, hw, mode, batch, context, T, traffic.capacity,
                               traffic.topk_buffer, cards)
         rec = {"feasible": bool(mem["feasible"]), "memory": mem,
-               "h2d_bytes_per_token": (L * traffic.mean(mode) * fmt.row_bytes
+               "h2d_bytes_per_token": (L * traffic.mean(priced) * fmt.row_bytes
                                        / traffic.tokens_per_iteration) if mode != "device" else 0.0}
         if costs is None and mode not in ("device", "offload"):
             continue
         if mode.startswith("fused") and mode not in traffic.fused:
             continue
         per_layer = []
-        for rows in (traffic.rows[mode] if mode != "device" else [0.0]):
+        for rows in (traffic.rows[priced] if mode != "device" else [0.0]):
             o = layer_overhead_s(mode, hw, fmt, costs, rows, batch, T, K, mla_s, overlap_avsg,
                                  traffic, context)
             per_layer.append((o["match_s"], o["copy_s"], o.get("sync_s", 0.0)))
@@ -455,7 +468,7 @@ def project(c, hw: hardware.Profile, traffic: Traffic, costs: Optional[Costs], b
                    draft_s=draft, launches_per_layer=launches, launch_us=1e6 * launch_s,
                    launch_s=(L + traffic.drafts) * launch_layer_s,
                    plan_us_per_layer=1e6 * match_s,
-                   rows_per_layer=traffic.mean(mode) if mode != "device" else 0.0)
+                   rows_per_layer=traffic.mean(priced) if mode != "device" else 0.0)
         _times(rec, step, batch, traffic)
         out[mode] = rec
     return out

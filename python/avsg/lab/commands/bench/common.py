@@ -248,6 +248,8 @@ def add_tables_argument(parser: argparse.ArgumentParser, example: str) -> None:
 def markdown_table(name: str, header: List[str], rows: List[List[str]], align: str = "") -> str:
     """One table between '<!-- results:NAME -->' markers (tests/test_docs.py matches these)."""
     align = align or "l" + "r" * (len(header) - 1)
+    if len(align) != len(header):
+        raise ValueError(f"markdown_table {name}: {len(align)} alignments for {len(header)} columns")
     sep = ["---:" if a == "r" else "---" for a in align]
     lines = [f"<!-- results:{name} -->", "| " + " | ".join(header) + " |", "|" + "|".join(sep) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -13,13 +13,16 @@ against, also where it does not fit one card), ``h2d_bytes_per_token``,
 ``plan_us_per_layer`` (the mode's matching cost per layer: plan or the slot-map lookup for the
 device modes, the D2H + host LRU + descriptor copies for ``lru-host``, the selection update for
 the fused modes), ``copy_us_per_layer`` (its exposed copy time), the rows it copies and its
-memory per card (GB). The fused path is two modes, ``fused-2048`` and ``fused-4096``; avsg with
-the hit/miss split is two, ``avsg-split`` (overlap where the cores allow it, o = 1) and
+memory per card (GB). The fused path is two modes, ``fused-2048`` and ``fused-4096``;
+``avsg-apart`` is avsg as the serving core runs it on an NPU until ``avsg doctor`` has verified
+the cross-core wait there (plan, then gather: two launches, no SyncAll, the copy after the plan);
+avsg with the hit/miss split is two, ``avsg-split`` (overlap where the cores allow it, o = 1) and
 ``avsg-split-o0`` (no overlap), whose records add ``split``: the cores (``attention_cores``
 assumed), ``overlap``, the share of layers the rule split, the gain per layer and
 ``forced_tpot_ms`` (the split switched on in every layer). ``summary`` rows also hold
 ``by_launch_us`` (avsg against the best peer at each launch cost) and ``vs_fused_by_launch_us``
-(avsg and the split modes against the better fused variant, and against device's modelled TPOT);
+(avsg, avsg-apart and the split modes against the better fused variant, and against device's
+modelled TPOT);
 ``at_memory`` every mode at its largest batch per card, with device-resident KV at avsg's batch.
 """
 from __future__ import annotations
@@ -34,9 +37,10 @@ from typing import Dict, List
 from ....cli_util import UsageError, float_in, int_in, read_input, size_list, writing
 from ...costmodel import hardware
 from ...costmodel.plan_cost import counted_plan_steps, measure_costs, plan_counters
-from ...costmodel.projection import (LAUNCH_SENSITIVITY_US, MAX_BATCH, MODES, PEERS, PROFILES,
-                                     SENSITIVE, SPLIT_MODES, V32_CONFIG, best_peer, kv_format,
-                                     launches_per_layer, max_batch, profile_variant, project)
+from ...costmodel.projection import (APART_MODE, LAUNCH_SENSITIVITY_US, MAX_BATCH, MODES, PEERS,
+                                     PROFILES, SENSITIVE, SPLIT_MODES, V32_CONFIG, best_peer,
+                                     kv_format, launches_per_layer, max_batch, profile_variant,
+                                     project)
 from ...costmodel.traffic import Traffic, load_trace_cut, measure_traffic
 from ...traces.lookup import read_trace
 
@@ -374,7 +378,7 @@ def summarize(point: Dict[str, Dict[str, Dict]], mtp: int, batch: int, context: 
                  for m in FUSED},
               "better_fused": better, "device_tpot_ms": 1e3 * dev,
               "device_feasible": p["device"]["feasible"]}
-        for mode in ("avsg", *SPLIT_MODES):
+        for mode in ("avsg", APART_MODE, *SPLIT_MODES):
             if mode not in p:
                 continue
             r = p[mode]
@@ -530,6 +534,7 @@ FUSED = ("fused-2048", "fused-4096")
 VS_FUSED_HEADER = ["MTP", "batch", "context", "avsg TPOT", "fused-2048 TPOT", "fused-4096 TPOT",
                    "avsg / better fused",
                    "at " + " / ".join(f"{u:g}" for u in LAUNCH_SENSITIVITY_US) + " us per launch",
+                   "avsg-apart / better fused (plan, then gather)",
                    "avsg-split TPOT (o=1)", "avsg-split / better fused: o=1 / o=0 (split forced)",
                    "layers split (o=1)", "device TPOT", "avsg / device", "avsg-split / device"]
 
@@ -550,6 +555,7 @@ def _vs_fused_row(r: Dict, launch_us: float) -> List[str]:
             ms(v["fused-2048_tpot_ms"]), ms(v["fused-4096_tpot_ms"]), ratio(v["tpot_ratio"]),
             " / ".join(ratio(r["vs_fused_by_launch_us"][u]["tpot_ratio"])
                        for u in LAUNCH_SENSITIVITY_US),
+            ratio(v.get(f"{APART_MODE}_tpot_ratio")),
             ms(v.get("avsg-split_tpot_ms")), split_ratio,
             f"{100 * layers:.0f}%" if layers is not None else "-",
             _device_cell({"device_tpot_ms": v["device_tpot_ms"],
@@ -587,7 +593,7 @@ def _tables(rows, limits, mtps, contexts, hw, cards, at_memory=()) -> List[str]:
     vs_fused = _vs_fused_rows(rows, round(1e6 * hw["launch_graph_s"], 6))
     if vs_fused:
         blocks.insert(1, common.markdown_table("decode-vs-fused", VS_FUSED_HEADER, vs_fused,
-                                               "rrrrrrrrrrrrrr"))
+                                               "r" * len(VS_FUSED_HEADER)))
     if at_memory:
         blocks.append(common.markdown_table("decode-at-memory", AT_MEMORY_HEADER,
                                             [_at_memory_row(e) for e in at_memory],
