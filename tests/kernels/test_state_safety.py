@@ -180,12 +180,12 @@ def header_ok(state: torch.Tensor, g: Geometry, lifetime=True) -> torch.Tensor:
         (active >= g.N) & (active <= g.S) if lifetime else ok
 
 
-def run_plan(op, state, stats, topk, seq, g):
+def run_plan(op, state, stats, topk, seq, g, lens=None):
     """The op on guarded copies: returns (outputs or the exception, state, stats)."""
     big_state, state_view = guarded(state, GUARD_STATE)
     big_stats, stats_view = guarded(stats, GUARD_STATS)
     try:
-        out = op(topk, seq, state_view, stats_view, g.S, g.H, g.L, g.policy_id, g.C)
+        out = op(topk, seq, state_view, stats_view, g.S, g.H, g.L, g.policy_id, g.C, lens)
     except (ValueError, TypeError) as e:
         out = e
     assert guards_intact(big_state, GUARD_STATE), "a write landed outside the state tensor"
@@ -193,7 +193,7 @@ def run_plan(op, state, stats, topk, seq, g):
     return out, state_view.clone(), stats_view.clone()
 
 
-def expected_plan(state, stats, topk, seq, g, matcher):
+def expected_plan(state, stats, topk, seq, g, matcher, lens=None):
     """The reference on the rows whose header matches; the others rejected as the kernels do."""
     state, stats = state.clone(), stats.clone()
     ok = header_ok(state, g)
@@ -202,7 +202,7 @@ def expected_plan(state, stats, topk, seq, g, matcher):
     if bool(ok.any()):
         sub_state, sub_stats = state[ok], stats[ok]
         got = reference.plan(sub_state, sub_stats, topk[ok], seq[ok], g.layout, g.L, matcher,
-                             g.policy)
+                             g.policy, None if lens is None else lens[ok])
         for o, x in zip(out, got):
             o[ok] = x
         state[ok], stats[ok] = sub_state, sub_stats
@@ -215,12 +215,12 @@ def slot_pos_has_repeats(state, g, row) -> bool:
     return pos.unique().numel() != pos.numel()
 
 
-def check_plan_outcome(op, matcher, clean, dirty, stats, g, row, topk, seq, checked):
+def check_plan_outcome(op, matcher, clean, dirty, stats, g, row, topk, seq, checked, lens=None):
     """Run ``op`` on the clean and the corrupted state; assert an allowed outcome."""
-    clean_out, clean_state, clean_stats = run_plan(op, clean, stats, topk, seq, g)
+    clean_out, clean_state, clean_stats = run_plan(op, clean, stats, topk, seq, g, lens)
     assert not isinstance(clean_out, Exception), clean_out
     with host_checks(checked):
-        out, state, new_stats = run_plan(op, dirty, stats, topk, seq, g)
+        out, state, new_stats = run_plan(op, dirty, stats, topk, seq, g, lens)
     if isinstance(out, Exception):
         assert isinstance(out, ValueError) and checked, out
         assert not bool(header_ok(dirty, g)[row]), f"rejected a row with a good header: {out}"
@@ -252,7 +252,7 @@ def check_plan_outcome(op, matcher, clean, dirty, stats, g, row, topk, seq, chec
     # the kernels are the reference, bit for bit (the dual pointer may pick another of two slots
     # holding one position)
     if matcher == "hash" or not slot_pos_has_repeats(dirty, g, row):
-        want, want_state, want_stats = expected_plan(dirty, stats, topk, seq, g, matcher)
+        want, want_state, want_stats = expected_plan(dirty, stats, topk, seq, g, matcher, lens)
         for name, a, b in zip(("slots", "miss_pos", "miss_slots", "miss_counts"), out, want):
             assert torch.equal(a, b), f"{name} differs from the reference"
         assert torch.equal(state, want_state), (state != want_state).nonzero()[:8].tolist()
@@ -288,6 +288,34 @@ def fuzz_plan(g, seed, row, edits, whole, matcher, checked):
        whole=st.one_of(st.none(), st.sampled_from(SECTIONS)), checked=st.booleans())
 def test_plan_survives_corrupted_state(matcher, g, seed, row, edits, whole, checked):
     fuzz_plan(g, seed, row, edits, whole, matcher, checked)
+
+
+@pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
+@FAST
+@given(g=geometries, seed=st.integers(0, 2**16), row=st.integers(0, 1), edits=corruptions,
+       whole=st.one_of(st.none(), st.sampled_from(SECTIONS)), checked=st.booleans(),
+       limit=st.sampled_from([-(1 << 31), -1, 0, 5, "held", (1 << 24) - 1, 1 << 24, (1 << 31) - 1]))
+def test_idle_row_survives_corrupted_state(matcher, g, seed, row, edits, whole, checked, limit):
+    """The corrupted row idle (seq_len 0) with a drop (valid_lens: out of range either way, at a
+    position the row holds, or at 2**24 and past it, where the idle row is left whole), the
+    other row planning with no drop: everything stays in bounds, the other row is what it is
+    without the corruption, and the kernels are the reference."""
+    clean, stats, gen = lived_in_state(g, seed)
+    dirty = clean.clone()
+    corrupt(dirty, g, row, edits, gen, whole)
+    op = PLAN_OPS[matcher]()
+    drawn = torch.full((g.R,), 3 * g.S + 4, dtype=I32)      # what the selections are drawn below
+    seq = drawn.clone()
+    seq[row] = 0
+    lens = torch.full((g.R,), reference.MAX_POSITION, dtype=I32)
+    if limit == "held":
+        held = reference.view_state(clean, g.layout).slot_pos[row]
+        held = held[(held >= 0) & (held < (1 << 24))]
+        limit = int(held[0]) if held.numel() else 0
+    lens[row] = limit
+    for _ in range(2):
+        clean, dirty = check_plan_outcome(op, matcher, clean, dirty, stats, g, row,
+                                          selections(gen, g, drawn), seq, checked, lens)
 
 
 @pytest.mark.slow
