@@ -1147,6 +1147,8 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
     reuse = policy == "reuse"
     lru = policy == "lru"
     check_header(state, layout, lifetime, policy, min_active=N)
+    if matcher not in ("hash", "dual_pointer"):
+        raise ValueError(f"matcher must be 'hash' or 'dual_pointer', got {matcher!r}")
     idle = idle_rows(seq_lens)
     if bool(idle.any()):
         # idle rows apply their drop alone (module docstring, "One plan step"); the others plan
@@ -1198,10 +1200,8 @@ def plan(state: torch.Tensor, stats: torch.Tensor, topk_pos: torch.Tensor,
         life.sub_((life > 0).to(torch.int32)).masked_fill_(fresh, first_life(lifetime) - 1)
     if matcher == "hash":
         hit_slot = index_lookup(v, sel, layout.buckets)
-    elif matcher == "dual_pointer":
-        hit_slot = dual_pointer_lookup(v, sel)
     else:
-        raise ValueError(f"matcher must be 'hash' or 'dual_pointer', got {matcher!r}")
+        hit_slot = dual_pointer_lookup(v, sel)
     hit = hit_slot >= 0
     rr, nn = hit.nonzero(as_tuple=True)
     life[rr, hit_slot[rr, nn].long()] = 0 if reuse or lru else lifetime
