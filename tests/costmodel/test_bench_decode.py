@@ -123,6 +123,14 @@ def test_projection_is_monotone_and_device_is_the_floor():
     # avsg's one launch (plan_gather) pays a SyncAll; a copy beside attention launches the plan alone
     sync_us = hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e3)
     assert hidden["avsg"]["plan_us_per_layer"] == pytest.approx(p["avsg"]["plan_us_per_layer"] - sync_us)
+    # avsg-apart's copy follows its plan on the main stream, --overlap or not: its whole link
+    apart = [projection.project(CONFIG, hw, traffic, costs, 8, 32768, 32, overlap_avsg=o,
+                                modes=(projection.APART_MODE,))[projection.APART_MODE]
+             for o in (False, True)]
+    assert apart[0]["step_s"] == apart[1]["step_s"] > 0
+    assert apart[0]["copy_s"] == pytest.approx(
+        CONFIG.num_hidden_layers * np.mean([projection._link_s(hw, rows * 8, projection.kv_format(hw).row_bytes)
+                                             for rows in traffic.rows["avsg"]]))
 
 
 def test_sensitivity_profiles_scale_the_named_constants():
@@ -220,8 +228,10 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
                      for m in ("fused-2048", "fused-4096")]
             fused = [f["tpot_ms"] for f in fused if f["feasible"]]
             mine = by_launch[("avsg", row["batch"], row["mtp"], "bundled", float(u))]
+            apart = by_launch[(projection.APART_MODE, row["batch"], row["mtp"], "bundled", float(u))]
             if fused and mine["feasible"]:
                 assert got["tpot_ratio"] == pytest.approx(mine["tpot_ms"] / min(fused))
+                assert got["avsg-apart_tpot_ratio"] == pytest.approx(apart["tpot_ms"] / min(fused))
     records = [r for r in records if r["launch_us"] == 1e6 * hw["launch_graph_s"]]
     for r in records:
         assert all(k in r for k in RECORD_KEYS)
@@ -242,8 +252,10 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
         a, hwp = by[("avsg", b, n, p)], projection.profile_variant(hw, p)
         sync_us = 1e6 * hwp["sync_all_cycles"] / (hwp["clock_ghz"] * 1e9)
         assert (r["launches_per_layer"], a["launches_per_layer"]) == (2, 1)
-        assert r["rows_per_layer"] == a["rows_per_layer"]
-        assert r["plan_us_per_layer"] == pytest.approx(a["plan_us_per_layer"] - sync_us)
+        assert r["rows_per_layer"] == a["rows_per_layer"] and r["memory_gb"] == a["memory_gb"]
+        # its plan is a launch of its own: the slowest block whole, at most plan_gather's blocks
+        # meeting after the publish (slowest before + slowest after), without the SyncAll
+        assert 0 < r["plan_us_per_layer"] <= a["plan_us_per_layer"] - sync_us + 1e-6
         if b == 1:      # 39 cores copy beside the end of avsg's plan; avsg-apart's 40 after it
             assert r["copy_us_per_layer"] > a["copy_us_per_layer"]
     for n in (0, 1):

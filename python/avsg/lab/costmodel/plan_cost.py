@@ -281,11 +281,15 @@ def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer
                                          {T: traffic[T - 1].accept_mean for T in Ts})
     plan_us: Dict[str, Dict[int, float]] = {m: {} for m in ("avsg", "lru-device", "slotmap-device")}
     after: Dict[str, Dict[int, float]] = {m: {} for m in PLAN_POLICY}
+    plan_us["avsg-apart"] = {}
     for T in Ts:
         for mode, policy in PLAN_POLICY.items():
             # avsg's serving step is plan_gather: its blocks meet after the publish
             plan_us[mode][T], after[mode][T] = counted_plan_us(counters[(policy, T)], hw, "mean",
                                                                synced=mode == "avsg")
+        # before avsg doctor on an NPU the plan is a launch of its own (projection.APART_MODE)
+        plan_us["avsg-apart"][T] = counted_plan_us(counters[(PLAN_POLICY["avsg"], T)], hw,
+                                                   "mean")[0]
         K = counters["k"]
         tr = traffic[T - 1]
         plan_us["slotmap-device"][T] = hardware.launch_estimate(

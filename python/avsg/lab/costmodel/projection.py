@@ -337,11 +337,14 @@ def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, ba
                 * costs.host_us_per_row * 1e-6)
         return {"match_s": small + d2h + h2d + host,
                 "copy_s": _link_s(hw, rows * batch, fmt.row_bytes, dmas_per_row=2)}
-    match = waves * costs.plan_us[priced_as(mode)][T] * 1e-6
-    overlaps = mode in ("lru-device", "slotmap-device") or overlap_avsg
+    # avsg-apart: the plan as a launch of its own (its slowest block whole, not plan_gather's
+    # blocks meeting after the publish) where measured, else avsg's
+    match = waves * costs.plan_us.get(mode, costs.plan_us[priced_as(mode)])[T] * 1e-6
+    overlaps = mode in ("lru-device", "slotmap-device") or (overlap_avsg and mode == "avsg")
     if overlaps or mode != "avsg":
         # --overlap: avsg's copy beside attention, on a stream of its own: plan and copy are two
         # launches, no plan_gather SyncAll; avsg-apart: the two launches, the copy after the plan
+        # on the main stream (--overlap or not)
         return {"match_s": match, "copy_s": max(0.0, link - mla_s) if overlaps else link}
     # avsg's serving step is one plan_gather: its SyncAll, and, where every row has a core of its
     # own and its default copy cores (copy_cores_beside_plan) leave the owners out, the copy on
