@@ -137,6 +137,8 @@ private:
             } else {
                 AVSG_PHASE(PlanPhase::kHelper);
                 splitLookup_.HelpRow(b % ctx_.t_.rows);
+                AVSG_PHASE(PlanPhase::kSplitSync);
+                splitLookup_.SyncParts();
             }
             return;
         }
@@ -223,8 +225,7 @@ private:
             AVSG_PHASE(PlanPhase::kSplitSync);
             splitLookup_.SyncParts();
             splitLookup_.FoldParts();
-            AVSG_PHASE(PlanPhase::kStart);   // the padding slots, freed here once helpers read them
-            ctx_.FreePadding(upkeep_);
+            ctx_.FreePadding(upkeep_);       // the padding slots, freed once the helpers read them
         }
         AVSG_PHASE(PlanPhase::kMerge);
         const uint32_t m = classify_.MergeMisses(r);

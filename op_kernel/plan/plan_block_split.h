@@ -21,6 +21,7 @@ public:
     // Lookup part of a split row (helper core): its chunks looked up and classified as the owner
     // does its own; slots to the row's output, miss runs to the owner's workspace slice; then its
     // counts, run lengths and hit bitmap to its part region there. Reads of the row's state only.
+    // The caller then meets the owner in SyncParts.
     __aicore__ inline void HelpRow(uint32_t r) {
         if (ctx_.StartRow(r) && !ctx_.IsIdle()) {   // the owner leaves out a rejected or idle row
             for (uint32_t c = ctx_.part_; c < ctx_.t_.numChunks;) {   // only the hash plan splits a row
@@ -46,7 +47,6 @@ public:
             Sync<HardEvent::MTE3_S>();
             Sync<HardEvent::MTE3_V>();
         }
-        SyncParts();
     }
     // Owner, after the SyncAll: the helpers' counts and run lengths, their hit bits or-ed in.
     __aicore__ inline void FoldParts() {

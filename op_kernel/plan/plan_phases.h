@@ -12,11 +12,13 @@ namespace avsg_kernel {
 enum class PlanPhase : uint32_t {
     kSetup = 0,     // the launch's prologue before its first row: tiling, UB carve
     kStart,         // a row's header check (or rejection), stash count, padding slots freed
+                    // (after the split's SyncAll: in kSplitSync)
     kStash,         // stash compaction #1 and the sorted stash runs (hash matcher)
     kLookup,        // per chunk: PrepareWant + HashLookup / DualFound; the dual pointer's
                     // resident runs and two-pointer match
     kClassify,      // per chunk: misses compacted, sorted, run to the workspace
-    kSplitSync,     // split lookup, owner: the SyncAll and the fold of the helpers' parts
+    kSplitSync,     // split lookup: the SyncAll; the owner's fold of the helpers' parts and
+                    // its padding slots freed
     kMerge,         // k-way merge of the miss runs (and the stash) into miss_pos
     kHeat,          // reuse policy: heat cooled at the row's start, heated by its used blocks
     kDecay,         // decay of slot_life and hits pinned
@@ -26,7 +28,7 @@ enum class PlanPhase : uint32_t {
     kInsert,        // bucket insert rounds of the misses
     kStashPending,  // stash compaction #2 and append
     kStore,         // outputs, stats, state write-back
-    kHelper,        // split lookup, helper core: its whole part of a row (HelpRow)
+    kHelper,        // split lookup, helper core: its part of a row (HelpRow), before the SyncAll
     kCount
 };
 

@@ -180,6 +180,23 @@ def copy_cores_beside_plan(cores: int, rows: int) -> int:
     return cores - rows if 2 * rows <= cores else cores
 
 
+#: selections per lookup chunk of the hash plan (op_host/plan_tiling.h kPlanChunk) and probe
+#: buckets per position (kPlanProbes): what lookup_split reads
+PLAN_CHUNK, PLAN_PROBES = 512, 4
+
+
+def lookup_split(cores: int, rows: int, selections: int, capacity: int) -> int:
+    """The cores each row's lookup spreads over in a hash ``plan`` or ``plan_gather`` launched
+    with ``AVSG_NPU_SPLIT=1`` (op_host/state_host.cpp ApplySplit): ``min(cores // rows, chunks)``
+    for ``selections = T * K`` in chunks of PLAN_CHUNK, 1 (no split) where that is below 2 or the
+    buffer's hit bitmap outgrows the owner's fold vector. Without the switch (every build's
+    default) and for ``plan_dual_pointer`` it is 1. The decode model prices avsg's plan at this
+    split (:mod:`avsg.lab.costmodel.projection`)."""
+    split = min(cores // max(rows, 1), -(-selections // PLAN_CHUNK))
+    padded = -(-capacity // 64) * 64
+    return split if split >= 2 and padded // 8 <= PLAN_PROBES * PLAN_CHUNK * 4 else 1
+
+
 class MissCopy(NamedTuple):
     """The package's own copy of a plan's misses, as ``copy_misses(plan, src, dst, block_table,
     block_size, num_cores)`` makes it (balanced over cores), described instead of called: given

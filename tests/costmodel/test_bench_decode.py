@@ -1,5 +1,6 @@
 """The decode projection: the link bounds every modelled copy, memory decides feasibility, the plan
 cost follows the kernel's counted work, and ``avsg bench decode`` writes its records."""
+import dataclasses
 import json
 import math
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from avsg import cli
+from avsg.buffer import lookup_split
 from avsg.lab.costmodel import hardware, host_lru, plan_cost, projection
 from avsg.lab.costmodel import traffic as copy_traffic
 from avsg.model_config import from_hf_config
@@ -253,9 +255,21 @@ def test_bench_decode_writes_every_record_and_follows_the_counted_work(tmp_path,
         sync_us = 1e6 * hwp["sync_all_cycles"] / (hwp["clock_ghz"] * 1e9)
         assert (r["launches_per_layer"], a["launches_per_layer"]) == (2, 1)
         assert r["rows_per_layer"] == a["rows_per_layer"] and r["memory_gb"] == a["memory_gb"]
-        # its plan is a launch of its own: the slowest block whole, at most plan_gather's blocks
-        # meeting after the publish (slowest before + slowest after), without the SyncAll
-        assert 0 < r["plan_us_per_layer"] <= a["plan_us_per_layer"] - sync_us + 1e-6
+        # its plan is a launch of its own, one core per row (no split before avsg doctor): the
+        # slowest block whole, at most plan_gather's blocks meeting after the publish (slowest
+        # before + slowest after) one core per row, without the SyncAll
+        unsplit = base["matching_us_per_row"][p]["avsg"][str(1 + n)]
+        assert 0 < r["plan_us_per_layer"] <= unsplit + 1e-6
+        # avsg's: plan_gather's SyncAll and its plan with the lookup split over the cores the
+        # rows leave (T x 2048 selections in chunks of 512: 4 or 8 at batch 1, 4 or 5 at 8)
+        split = lookup_split(int(hwp["aiv_cores"]), b, (1 + n) * CONFIG.index_topk, 8192)
+        assert split == {(1, 0): 4, (1, 1): 8, (8, 0): 4, (8, 1): 5}[(b, n)]
+        counted = {(e["T"], e["split"]): e["plan_us"] for e in base["split_plan_us"][p]["avsg"]}
+        assert a["plan_us_per_layer"] == pytest.approx(sync_us + counted[(1 + n, split)])
+        # lru-device, the op's lru policy, is given the same split (its plan alone: no SyncAll)
+        lru = {(e["T"], e["split"]): e["plan_us"] for e in base["split_plan_us"][p]["lru-device"]}
+        assert by[("lru-device", b, n, p)]["plan_us_per_layer"] == pytest.approx(
+            lru[(1 + n, split)])
         if b == 1:      # 39 cores copy beside the end of avsg's plan; avsg-apart's 40 after it
             assert r["copy_us_per_layer"] > a["copy_us_per_layer"]
     for n in (0, 1):
@@ -315,7 +329,8 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
     seen = {}
     monkeypatch.setattr(plan_cost, "counted_plan_on", lambda *a, **k: (seen.update(k), ["counted"])[1])
     monkeypatch.setattr(plan_cost, "counted_plan_us",
-                        lambda launches, hw, statistic="mean", synced=False: (123.0, 7.0))
+                        lambda launches, hw, statistic="mean", synced=False, split=1:
+                        (123.0 - 10.0 * (split > 1), 7.0))
     records = [NS(emitted=[1, 1]) for _ in range(10)]
     outputs = {0: [1] * 15, 1: [1] * 15}
     kv_layers, iterations = 5, 10 * 2 * 5
@@ -327,16 +342,19 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
     line = project_on_npu(results, workload, args, kv_layers)
     copies = copy_traffic.Traffic(1, 0.0, 30 / 20, 8192, 4096,
                              {"offload": [3000.0], "avsg": [200.0]}, "test")
+    # 4 rows of 2 x 2048 selections on 40 cores: the lookup split 8 ways (buffer.lookup_split)
     direct = projection.project(CONFIG, hardware.load_profile(), copies,
-                                plan_cost.Costs({"avsg": {2: 123.0}}, 0.0, "", {"avsg": {2: 7.0}}),
+                                plan_cost.Costs({"avsg": {2: 123.0}}, 0.0, "", {"avsg": {2: 7.0}},
+                                                {"avsg": {(2, 8): (113.0, 7.0)}}),
                                 4, 32768, 32,
                                 modes=("device", "offload", "avsg"))
     for mode in ("device", "offload", "avsg"):
         assert line[mode]["feasible"] == direct[mode]["feasible"]
         assert line[mode]["tpot_s"] == pytest.approx(direct[mode]["tpot_s"])
-    hw = hardware.load_profile()       # the counted plan and plan_gather's SyncAll
+    hw = hardware.load_profile()       # the counted split plan and plan_gather's SyncAll
     assert line["avsg"]["plan_us_per_layer"] == pytest.approx(
-        123.0 + hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e3))
+        113.0 + hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e3))
+    assert seen["split"] == 8
     assert seen["accept_mean"] == pytest.approx(30 / 20 - 1)    # the run's own acceptance
 
 
@@ -461,3 +479,59 @@ def test_counted_plan_us_prices_plan_gathers_mid_plan_sync():
     assert alone == pytest.approx(1100 * us) and after == pytest.approx(600 * us)
     synced, after = plan_cost.counted_plan_us([launch], hw, synced=True)
     assert synced == pytest.approx(1600 * us) and after == pytest.approx(600 * us)
+
+
+def test_counted_plan_us_waits_for_a_rows_slowest_lookup_part():
+    """A split launch (2 rows x 2 parts: block b works on row b % 2): a row's owner goes on from
+    the split's SyncAll once its slowest part is in, then finishes the row alone; a helper's
+    part of another row does not hold this one."""
+    from avsg import backend
+    hw = hardware.load_profile()
+    fields = backend.counter_fields()
+    names = ("lookup", "split sync+fold", "victims", "split helper", *plan_cost.AFTER_PUBLISH)
+    per_block = torch.zeros(4, len(names), len(fields), dtype=torch.int64)
+    reads = fields.index("scalar_ub_reads")
+    us = hw["scalar_ub_cycles"] / (hw["clock_ghz"] * 1e3)
+    work = {(0, "lookup"): 100, (0, "victims"): 300, (0, "insert"): 50,      # row 0's owner
+            (2, "split helper"): 700,                                       # row 0's helper
+            (1, "lookup"): 400, (1, "victims"): 100, (1, "insert"): 200,     # row 1's owner
+            (3, "split helper"): 100}                                       # row 1's helper
+    for (b, name), n in work.items():
+        per_block[b, names.index(name), reads] = n
+    launch = backend.LaunchPhases(names, fields, per_block)
+    # row 0: 700 (its helper) + 300 + 50; row 1: 400 + 100 + 200
+    alone, after = plan_cost.counted_plan_us([launch], hw, split=2)
+    assert alone == pytest.approx(1050 * us) and after == pytest.approx(200 * us)
+    synced, _ = plan_cost.counted_plan_us([launch], hw, synced=True, split=2)
+    assert synced == pytest.approx((1000 + 200) * us)
+    # read as four rows of one block each, the helpers' parts would be rows of their own
+    assert plan_cost.counted_plan_us([launch], hw)[0] == pytest.approx(700 * us)
+    with pytest.raises(ValueError, match="split"):
+        plan_cost.counted_plan_us([launch], hw, split=3)
+
+
+def test_avsgs_plan_is_priced_at_its_lookup_split():
+    """avsg's plan_gather runs with AVSG_NPU_SPLIT=1, so its plan's lookup spreads over the cores
+    its rows leave (buffer.lookup_split); avsg-apart runs before avsg doctor, one core per row.
+    Costs counted without the split price avsg one core per row; a split they lack is an
+    error, not the unsplit figure."""
+    hw = hardware.load_profile()
+    fmt = projection.kv_format(hw)
+    sync = hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e9)
+    costs = plan_cost.Costs({"avsg": {1: 20.0}}, 0.0, "test", {"avsg": {1: 5.0}},
+                            {"avsg": {(1, 4): (15.0, 4.0), (1, 2): (18.0, 4.5)}})
+    tr = _traffic()
+    for batch, plan_us in ((1, 15.0), (10, 15.0), (20, 18.0), (21, 20.0), (41, 2 * 20.0)):
+        o = projection.layer_overhead_s("avsg", hw, fmt, costs, 100.0, batch, 1, 2048, 0.0,
+                                        False, tr)
+        assert o["match_s"] == pytest.approx(plan_us * 1e-6 + sync), batch
+    apart = projection.layer_overhead_s(projection.APART_MODE, hw, fmt, costs, 100.0, 1, 1, 2048,
+                                        0.0, False, tr)
+    assert apart["match_s"] == pytest.approx(20e-6)
+    unsplit = dataclasses.replace(costs, split_plan_us=None)
+    o = projection.layer_overhead_s("avsg", hw, fmt, unsplit, 100.0, 1, 1, 2048, 0.0, False, tr)
+    assert o["match_s"] == pytest.approx(20e-6 + sync)
+    with pytest.raises(ValueError, match="split: no counted avsg plan at T = 1 .* 3 ways"):
+        projection.layer_overhead_s("avsg", hw, fmt, costs, 100.0, 13, 1, 2048, 0.0, False, tr)
+    assert plan_cost.serving_splits(40, (1, 8, 13, 20, 21, 64), (1, 2), 2048, 8192) == {
+        1: [2, 3, 4], 2: [2, 3, 5, 8]}

@@ -73,9 +73,15 @@ def test_phases_add_up_to_the_launch_counters(matcher, policy, split):
                 assert bool((helper_work[owners] == 0).all())
                 if splits:
                     assert bool((helper_work[helpers] > 0).all())
-                    # a helper does nothing but its part
+                    # a helper does nothing but its part, then meets the owner in the SyncAll
+                    # (under "split sync+fold": plan_cost.counted_plan_us waits for the slowest
+                    # part there)
+                    meet = phases.phase("split sync+fold")
+                    assert bool((meet["sync_alls"][helpers] == 1).all())
                     assert bool((helper_work[helpers] + _work(phases, "setup")[helpers]
+                                 + _work(phases, "split sync+fold")[helpers]
                                  == sum(counters[f] for f in SUMMED)[helpers]).all())
+                    assert bool((phases.phase("split helper")["sync_alls"] == 0).all())
                 seq += T
     finally:
         backend.set_emulated_cores(saved)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import avsg  # noqa: F401  (loads the op library)
 from avsg import _ops, reference
 from avsg.backend import emulation, last_launch_counters
+from avsg.buffer import lookup_split
 
 # plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
 # a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
@@ -240,7 +241,7 @@ def test_idle_rows_are_left_out(build, policy, split):
         assert not torch.equal(twin.state[0], before[0])
         if build == "strict":
             work = last_launch_counters()
-            blocks = R * min(40 // R, -(-T * K // 512)) if split else R
+            blocks = R * lookup_split(40, R, T * K, S) if split else R
             assert work.blocks == blocks
             # row r's owner is block r; an idle row's helpers (blocks r + 4, ...) load its header too
             idle = [b for b in range(blocks) if b % R in (1, 3)]
@@ -274,7 +275,7 @@ def test_more_rows_than_cores():
                                        (8, 2, 640, 1400, 2048), (20, 1, 600, 640, 1024)])
 def test_split_lookup_bit_exact(build, policy, R, T, K, S, H):
     """Few rows, several selection chunks: each row's lookup is spread over min(40 / R, chunks)
-    cores (one SyncAll). Buckets as few as slots, so the stash is in use and stash hits are
+    cores (one SyncAll; buffer.lookup_split says how many). Buckets as few as slots, so the stash is in use and stash hits are
     folded with the helpers' hits; MTP repeats across tokens put one slot's hits on several
     cores; -1 and junk lanes; an invalidate. Every output, the state and the stats stay the
     reference's in both builds; the strict build also shows the split launch."""
@@ -286,9 +287,8 @@ def test_split_lookup_bit_exact(build, policy, R, T, K, S, H):
         seq = torch.randint(S, 3 * S, (R,), generator=gen, dtype=I32)
         for step in range(4):
             twin.plan(draw(gen, R, T, K, seq, hot=2 * S, pad=0.05, repeat=0.5, wild=0.02), seq)
-            if build == "strict":
-                split = min(40 // R, -(-T * K // 512))
-                assert last_launch_counters().blocks == R * split
+            if build == "strict":   # the rule the decode model prices avsg's plan at
+                assert last_launch_counters().blocks == R * lookup_split(40, R, T * K, S)
             seq += T
             if step == 1:
                 twin.invalidate(seq - 3)
@@ -396,6 +396,20 @@ def test_invalidate_stores_only_the_chunks_it_changes(policy):
         ghosts = reference.view_state(buf.state, buf.layout).ghost.clone()
         invalidate(min(evicted))
         assert not torch.equal(reference.view_state(buf.state, buf.layout).ghost, ghosts)
+
+
+@pytest.mark.parametrize("R,T,K,S,split", [(21, 1, 600, 640, 1), (1, 1, 500, 600, 1),
+                                           (13, 1, 2048, 8192, 3), (2, 4, 2048, 8192, 16)])
+def test_lookup_split_is_the_ops(R, T, K, S, split):
+    """buffer.lookup_split (what the decode model prices avsg's plan at) against the op's launch
+    on 40 cores: too many rows for two cores each, or one chunk, and the plan does not split."""
+    assert lookup_split(40, R, T * K, S) == split
+    gen = torch.Generator().manual_seed(R)
+    with emulation("strict"), split_lookup():
+        twin = Twin(R, S, max(64, 1 << (S - 1).bit_length()), 4)
+        seq = torch.randint(T * K, 2 * T * K, (R,), generator=gen, dtype=I32)
+        twin.plan(draw(gen, R, T, K, seq, hot=S), seq)
+        assert last_launch_counters().blocks == R * split
 
 
 def test_split_lookup_off_by_default_and_switch_checked():

@@ -577,6 +577,7 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
     scale = config.index_topk / args.topk
     # (the op's largest buffer bounds it: a small model's buffer of many top-k's scales past it)
     from .. import reference
+    from ..buffer import lookup_split
     capacity = min(max(args.capacity * config.index_topk // args.topk, T * config.index_topk),
                    reference.MAX_BUCKETS)
     per_iteration = tokens / (iterations / kv_layers)
@@ -603,7 +604,16 @@ def project_on_npu(results: List[ModeResult], workload: Workload, args,
     launches = plan_cost.counted_plan_on(sel, positions, int(context_max), args.policy, T,
                                         capacity, accept_mean=accept, phases=True)
     plan_us, after_us = plan_cost.counted_plan_us(launches, hw, "mean", synced=True)
-    costs = plan_cost.Costs({"avsg": {T: plan_us}}, 0.0, "", {"avsg": {T: after_us}})
+    # and as the model prices avsg at this run's rows: its lookup split over the cores they leave
+    split = lookup_split(int(hw["aiv_cores"]), workload.rows, T * config.index_topk, capacity)
+    split_plan = {}
+    if split > 1:
+        split_plan[(T, split)] = plan_cost.counted_plan_us(
+            plan_cost.counted_plan_on(sel, positions, int(context_max), args.policy, T, capacity,
+                                      accept_mean=accept, phases=True, split=split),
+            hw, "mean", synced=True, split=split)
+    costs = plan_cost.Costs({"avsg": {T: plan_us}}, 0.0, "", {"avsg": {T: after_us}},
+                            {"avsg": split_plan})
     context = int(np.mean([r.context_len for r in workload.requests]))
     projected = projection.project(config, hw, traffic, costs, workload.rows, context, cards=32,
                                modes=("device", "offload", "avsg"))

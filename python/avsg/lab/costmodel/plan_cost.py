@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -16,6 +17,10 @@ from .traffic import Traffic
 from ..traces.lookup import load_selections
 
 PLAN_POLICY = {"avsg": reference.DEFAULT_POLICY, "lru-device": "lru"}
+# the modes priced at the op's split lookup where idle cores allow it: avsg's plan_gather runs
+# with AVSG_NPU_SPLIT=1, and lru-device, the op's lru policy, is given the same
+SPLIT_PRICED = tuple(PLAN_POLICY)
+SPLIT_SWITCH = "AVSG_NPU_SPLIT"   # read by every plan launch (op_host/state_host.cpp ApplySplit)
 
 
 # ---------------------------------------------------------------- counted matching costs
@@ -47,24 +52,27 @@ def counted_plan_steps(queries: int, mtp: bool, warmup: int = COUNTED_WARMUP) ->
 
 def counted_plan(trace_path: str, policy: str, queries: int, capacity: int,
                  warmup: int = COUNTED_WARMUP, measured: Optional[int] = None,
-                 rows: int = 2, phases: bool = False, accept_mean: Optional[float] = None) -> List:
+                 rows: int = 2, phases: bool = False, accept_mean: Optional[float] = None,
+                 split: int = 1) -> List:
     """Counters of the matching on the trace's first ``rows`` layers (see
     :func:`counted_plan_on`)."""
     sel, positions, context = load_selections(
         trace_path, rows, counted_plan_steps(queries, accept_mean is not None, warmup)
         if measured is None else warmup + (measured + 1) * queries)
     return counted_plan_on(sel, positions, int(context), policy, queries, capacity, warmup,
-                           measured, phases=phases, accept_mean=accept_mean)
+                           measured, phases=phases, accept_mean=accept_mean, split=split)
 
 
 def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy: str,
                     queries: int, capacity: int, warmup: int = COUNTED_WARMUP,
                     measured: Optional[int] = None, phases: bool = False,
-                    accept_mean: Optional[float] = None) -> List:
+                    accept_mean: Optional[float] = None, split: int = 1) -> List:
     """Counters of ``measured`` matching iterations of the real kernels (strict emulation, one row
     per emulated core: ``sel`` int [rows, steps, K]), ``queries`` query tokens per row from
     consecutive steps, after uncounted iterations (fast emulation) over ``warmup`` steps so the
-    buffers are warm.
+    buffers are warm. ``split`` > 1: the plan launched as ``AVSG_NPU_SPLIT=1`` launches it on
+    ``rows * split`` cores (``buffer.lookup_split``), each row's lookup spread over ``split``
+    blocks (block ``b`` works on row ``b % rows``); the launch is checked to have that many.
 
     Two kinds of iteration:
 
@@ -86,9 +94,12 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
     :func:`phase_breakdown`)."""
     import torch
     from ... import backend
-    from ...buffer import SparseKVBuffer
+    from ...buffer import SparseKVBuffer, lookup_split
     from ..traces.mtp import draw_accepted
     rows, steps, K = sel.shape
+    if split != 1 and lookup_split(rows * split, rows, queries * K, capacity) != split:
+        raise ValueError(f"split: {rows} rows of {queries} x top-{K} at capacity {capacity} "
+                         f"split no lookup into {split} parts (buffer.lookup_split)")
     serving = accept_mean is not None
     mtp = serving and queries > 1
     if measured is None:
@@ -119,7 +130,9 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
         iteration += 1
         return work
     saved = backend.emulated_cores()
-    backend.set_emulated_cores(rows)
+    saved_switch = os.environ.get(SPLIT_SWITCH)
+    backend.set_emulated_cores(rows * split)
+    os.environ[SPLIT_SWITCH] = "1" if split > 1 else "0"
     try:
         with backend.emulation("fast"):
             while step + queries <= warmup:
@@ -133,33 +146,60 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
                 out.append(launch(True))
     finally:
         backend.set_emulated_cores(saved)
+        if saved_switch is None:
+            os.environ.pop(SPLIT_SWITCH, None)
+        else:
+            os.environ[SPLIT_SWITCH] = saved_switch
+    blocks = int(backend.last_launch_counters().per_block.shape[0])
+    if blocks != rows * split:
+        raise RuntimeError(f"the counted plan ran on {blocks} blocks, expected {rows} rows x "
+                           f"{split} (buffer.lookup_split disagrees with the op's split)")
     return out
 
 
 #: The plan's phases after its miss lists are published (op_kernel/plan/plan_phases.h): what a
 #: row's owner block still does while plan_gather's copy runs on the other blocks.
 AFTER_PUBLISH = ("lives back", "insert", "stash pending", "output+store")
+#: From the split lookup's SyncAll to the publish: the row's owner alone, once every part of the
+#: row's lookup is in (a helper block's share here is only the SyncAll itself).
+AFTER_PARTS = ("split sync+fold", "merge misses", "heat", "decay+pin", "victims", "publish")
 
 
 def counted_plan_us(launches: Sequence, hw: hardware.Profile, statistic: str = "mean",
-                    synced: bool = False) -> Tuple[float, float]:
+                    synced: bool = False, split: int = 1) -> Tuple[float, float]:
     """``(plan, after_publish)`` of counted plan launches (``backend.LaunchPhases`` each, from
-    ``counted_plan_on(..., phases=True)``), serial-pipe us, the median or the ``"mean"`` over the
-    launches. ``plan``: each launch's slowest block, as :func:`counted_us` prices it; with
-    ``synced`` (the plan as plan_gather runs it: every block meets the others in a SyncAll after
-    its publish) the slowest block's phases before the publish plus the slowest block's
-    AFTER_PUBLISH phases, which may be two blocks. ``after_publish``: the slowest block's
-    AFTER_PUBLISH phases (what runs beside plan_gather's copy). The SyncAll itself is not in the
-    counted plan op; the caller adds it."""
+    ``counted_plan_on(..., phases=True, split=split)``: block ``b`` works on row
+    ``b % (blocks // split)``), serial-pipe us, the median or the ``"mean"`` over the launches.
+
+    Per row: its parts' slowest lookup (the phases before AFTER_PARTS; one part without a split),
+    then its owner's AFTER_PARTS (the blocks meet there in the split's SyncAll), then its
+    AFTER_PUBLISH. ``plan``: the launch's slowest row, as the plan op runs (:func:`counted_us`
+    prices a launch without a split the same way); with ``synced`` (the plan as plan_gather runs
+    it: every block meets the others in a SyncAll after its publish) the slowest row up to the
+    publish plus the slowest AFTER_PUBLISH, which may be two rows. ``after_publish``: the slowest
+    AFTER_PUBLISH (what runs beside plan_gather's copy). plan_gather's own SyncAll is not in the
+    counted plan op; the caller adds it (the split's is counted: it is the plan op's)."""
+    import torch
     if statistic not in ("median", "mean"):
         raise ValueError(f"statistic: expected 'median' or 'mean', got {statistic!r}")
     plans, afters = [], []
     for launch in launches:
+        blocks = int(launch.per_block.shape[0])
+        if split < 1 or blocks % split:
+            raise ValueError(f"split: expected a divisor of the launch's {blocks} blocks, got "
+                             f"{split}")
+        rows = blocks // split
         per_phase = {n: _phase_values(launch.phase(n), hw)["serial_us"] for n in launch.names}
-        after = sum(per_phase[n] for n in AFTER_PUBLISH)
-        before = sum(per_phase[n] for n in launch.names if n not in AFTER_PUBLISH)
-        plans.append(float(before.max() + after.max()) if synced else float((before + after).max()))
-        afters.append(float(after.max()))
+
+        def summed(names):       # [split, rows]: part p of row r is block p * rows + r
+            return sum((per_phase[n] for n in names if n in per_phase),
+                       torch.zeros(blocks, dtype=torch.float64)).reshape(split, rows)
+        parts = summed([n for n in launch.names if n not in AFTER_PUBLISH + AFTER_PARTS])
+        owner, after = summed(AFTER_PARTS), summed(AFTER_PUBLISH)
+        before = parts.max(dim=0).values + owner.max(dim=0).values
+        ends = after.max(dim=0).values
+        plans.append(float(before.max() + ends.max()) if synced else float((before + ends).max()))
+        afters.append(float(ends.max()))
     pick = np.median if statistic == "median" else np.mean
     return float(pick(plans)), float(pick(afters))
 
@@ -271,12 +311,38 @@ class Costs:
     # mode -> T -> us of plan_us after the plan publishes its miss lists (AFTER_PUBLISH): where the
     # plan and its copy are one launch (avsg's plan_gather), the copy runs beside it. Absent: 0.
     after_publish_us: Dict[str, Dict[int, float]] = dataclasses.field(default_factory=dict)
+    # the op's plan with its lookup split over idle cores (buffer.lookup_split, AVSG_NPU_SPLIT=1:
+    # on wherever avsg's plan_gather is), per mode of SPLIT_PRICED: mode -> (T, split) ->
+    # (plan, after_publish) us per row. None: costs counted without the split, so every mode is
+    # priced one core per row at every batch.
+    split_plan_us: Optional[Dict[str, Dict[Tuple[int, int], Tuple[float, float]]]] = None
+
+    def plan(self, mode: str, T: int, split: int = 1) -> Tuple[float, float]:
+        """``(plan, after_publish)`` us per row of ``mode`` at ``T`` query tokens, its lookup
+        split ``split`` ways (without ``split_plan_us``, one core per row)."""
+        if split == 1 or self.split_plan_us is None:
+            return self.plan_us[mode][T], self.after_publish_us.get(mode, {}).get(T, 0.0)
+        counted = self.split_plan_us.get(mode, {})
+        if (T, split) not in counted:
+            raise ValueError(f"split: no counted {mode} plan at T = {T} with its lookup split "
+                             f"{split} ways (counted: {sorted(counted)})")
+        return counted[(T, split)]
+
+
+def serving_splits(cores: int, batches: Sequence[int], Ts: Sequence[int], k: int,
+                   capacity: int) -> Dict[int, List[int]]:
+    """T -> the lookup splits above 1 (``buffer.lookup_split``) the op's plan runs at for
+    ``batches`` rows on ``cores`` cores: the counted plans the decode model needs."""
+    from ...buffer import lookup_split
+    return {T: sorted({lookup_split(cores, b, T * k, capacity) for b in batches} - {1})
+            for T in Ts}
 
 
 def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer: int,
                   traffic: Dict[int, Traffic], hw: hardware.Profile,
                   counters: Optional[Dict] = None) -> Costs:
-    """Costs under ``hw``; ``counters`` (from :func:`plan_counters`) are profile-independent."""
+    """Costs under ``hw``; ``counters`` (from :func:`plan_counters`) are profile-independent, and
+    give avsg's split plans where they hold them."""
     counters = counters or plan_counters(trace_path, Ts, capacity, topk_buffer,
                                          {T: traffic[T - 1].accept_mean for T in Ts})
     plan_us: Dict[str, Dict[int, float]] = {m: {} for m in ("avsg", "lru-device", "slotmap-device")}
@@ -295,21 +361,29 @@ def measure_costs(trace_path: str, Ts: Sequence[int], capacity: int, topk_buffer
         plan_us["slotmap-device"][T] = hardware.launch_estimate(
             slotmap_counters(T * K, tr.mean("slotmap-device"), tr.drafts - tr.accept_mean),
             hw)["serial_pipe_us"]
+    split_plan = {mode: {(T, split): counted_plan_us(launches, hw, "mean",
+                                                     synced=mode == "avsg", split=split)
+                         for (policy, T, split), launches in counters.get("split", {}).items()
+                         if policy == PLAN_POLICY[mode]}
+                  for mode in SPLIT_PRICED}
     host = counters["host"]
     return Costs(plan_us, host["us_per_row"] * hw["host_cpu_time_factor"],
                  f"host LRU timed on this machine: {host['us_per_row']:.1f} us per query-token "
                  f"row (median of {host['calls']} calls x {host['rows']} rows, {host['capacity']} "
                  f"slots, K {host['k']}), x {hw['host_cpu_time_factor']:g} (host_cpu_time_factor)",
-                 after)
+                 after, split_plan)
 
 
 def plan_counters(trace_path: str, Ts: Sequence[int], capacity: int,
                   topk_buffer: int = 4096,
-                  accept_means: Optional[Dict[int, float]] = None) -> Dict:
-    """The op's counted matching per policy and T, as the serving manager launches it (an
+                  accept_means: Optional[Dict[int, float]] = None,
+                  splits: Optional[Dict[int, Sequence[int]]] = None) -> Dict:
+    """The op's counted matching per policy and T, as the serving manager launches it (a
     plan carrying the drop per layer and pass, on the MTP schedule of ``accept_means``: T -> mean
-    accepted drafts, needed for every T > 1; see :func:`counted_plan_on`), and the host LRU's
-    time per row, timed here."""
+    accepted drafts, needed for every T > 1; see :func:`counted_plan_on`), the host LRU's
+    time per row, timed here, and under ``"split"`` the plan with its lookup split, keyed
+    ``(policy, T, split)`` for every split in ``splits[T]`` (:func:`serving_splits`), for the
+    policies of SPLIT_PRICED."""
     from . import host_lru
     out: Dict = {}
     for T in Ts:
@@ -319,6 +393,11 @@ def plan_counters(trace_path: str, Ts: Sequence[int], capacity: int,
         for policy in sorted(set(PLAN_POLICY.values())):
             out[(policy, T)] = counted_plan(trace_path, policy, T, capacity, accept_mean=accept,
                                             phases=True)
+        for split in (splits or {}).get(T, ()):
+            for policy in sorted({PLAN_POLICY[m] for m in SPLIT_PRICED}):
+                out.setdefault("split", {})[(policy, T, split)] = counted_plan(
+                    trace_path, policy, T, capacity, accept_mean=accept, phases=True,
+                    split=split)
     from ..traces import format as trace_format
     layers = trace_format.load_trace(trace_path, check_values=False).layers
     sel, positions, context = load_selections(trace_path, layers, 48)

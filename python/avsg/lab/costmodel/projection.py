@@ -80,7 +80,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from . import fused, hardware
-from .plan_cost import Costs
+from .plan_cost import SPLIT_PRICED, Costs
 from .traffic import Traffic
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -337,9 +337,19 @@ def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, ba
                 * costs.host_us_per_row * 1e-6)
         return {"match_s": small + d2h + h2d + host,
                 "copy_s": _link_s(hw, rows * batch, fmt.row_bytes, dmas_per_row=2)}
-    # avsg-apart: the plan as a launch of its own (its slowest block whole, not plan_gather's
-    # blocks meeting after the publish) where measured, else avsg's
-    match = waves * costs.plan_us.get(mode, costs.plan_us[priced_as(mode)])[T] * 1e-6
+    if mode in SPLIT_PRICED:
+        # the op's plan (avsg: plan_gather's), its lookup split over the cores the rows leave
+        # (buffer.lookup_split: on wherever plan_gather is, AVSG_NPU_SPLIT=1)
+        from ...buffer import lookup_split
+        split = lookup_split(int(hw["aiv_cores"]), batch, T * K,
+                             traffic.capacity if traffic is not None else 0)
+        plan_us, beside_us = costs.plan(mode, T, split)
+    else:
+        # avsg-apart: the plan as a launch of its own (its slowest block whole, not plan_gather's
+        # blocks meeting after the publish; before avsg doctor, so no split) where measured,
+        # else avsg's
+        plan_us, beside_us = costs.plan_us.get(mode, costs.plan_us[priced_as(mode)])[T], 0.0
+    match = waves * plan_us * 1e-6
     overlaps = mode in ("lru-device", "slotmap-device") or (overlap_avsg and mode == "avsg")
     if overlaps or mode != "avsg":
         # --overlap: avsg's copy beside attention, on a stream of its own: plan and copy are two
@@ -353,7 +363,7 @@ def layer_overhead_s(mode: str, hw, fmt: KVFormat, costs: Costs, rows: float, ba
     sync = hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e9)
     cores = copy_cores_beside_plan(int(hw["aiv_cores"]), batch)
     if waves == 1 and cores < hw["aiv_cores"]:
-        beside = costs.after_publish_us.get(mode, {}).get(T, 0.0) * 1e-6
+        beside = beside_us * 1e-6
         exposed = max(0.0, _link_s(hw, rows * batch, fmt.row_bytes, cores=cores) - beside)
     else:
         exposed = link

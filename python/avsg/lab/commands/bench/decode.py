@@ -24,6 +24,9 @@ assumed), ``overlap``, the share of layers the rule split, the gain per layer an
 (avsg, avsg-apart and the split modes against the better fused variant, and against device's
 modelled TPOT);
 ``at_memory`` every mode at its largest batch per card, with device-resident KV at avsg's batch.
+``matching_us_per_row`` holds each mode's counted plan one core per row; ``split_plan_us``
+avsg's and lru-device's at each lookup split (``T``, ``split``) the batches need
+(``buffer.lookup_split``), which is what their records are priced at.
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ from typing import Dict, List
 
 from ....cli_util import UsageError, float_in, int_in, read_input, size_list, writing
 from ...costmodel import hardware
-from ...costmodel.plan_cost import counted_plan_steps, measure_costs, plan_counters
+from ...costmodel.plan_cost import (SPLIT_PRICED, counted_plan_steps, measure_costs,
+                                     plan_counters, serving_splits)
 from ...costmodel.projection import (APART_MODE, LAUNCH_SENSITIVITY_US, MAX_BATCH, MODES, PEERS,
                                      PROFILES, SENSITIVE, SPLIT_MODES, V32_CONFIG, best_peer,
                                      kv_format, launches_per_layer, max_batch, profile_variant,
@@ -182,17 +186,33 @@ def main(args: argparse.Namespace) -> int:
     print("    fused-2048 hits on bytes rewritten after their copy (rejected drafts; the merged "
           "kernel drops nothing), per query-token row and iteration: " + ", ".join(
               f"MTP-{n} {v:.2f}" for n, v in stale.items()))
+    limits = {(m, ctx, n): max_batch(config, hw, m, ctx, 1 + n, args.capacity,
+                                     args.topk_buffer_size, args.cards)
+              for m in MODES for ctx in contexts for n in mtps}
+    # the op's plan (avsg's, lru-device's) at each batch it is projected at: its lookup split
+    # over the cores the rows leave (buffer.lookup_split), counted once per (T, split)
+    splits = {}
+    for n in mtps:
+        planned = {*batches, *(limits[(m, ctx, n)] for m in (*SPLIT_PRICED, *SPLIT_MODES)
+                               for ctx in contexts)} - {0}
+        splits.update(serving_splits(int(hw["aiv_cores"]), planned, [1 + n],
+                                     config.index_topk, args.capacity))
     counters = plan_counters(trace, [1 + n for n in mtps], args.capacity, args.topk_buffer_size,
-                             {1 + n: traffic[n].accept_mean for n in mtps})
+                             {1 + n: traffic[n].accept_mean for n in mtps}, splits)
     # traffic keyed by T - 1 = drafts for the slot map's miss count
     costs = {name: measure_costs(trace, [1 + n for n in mtps], args.capacity,
                                  args.topk_buffer_size, traffic, profile_variant(hw, name), counters)
              for name in PROFILES}
     b = costs["bundled"]
     print("  matching per row and layer, us (counted work, serial-pipe, bundled profile): " +
-          "; ".join(f"T={1 + n}: avsg {b.plan_us['avsg'][1 + n]:.0f}, lru-device "
-                    f"{b.plan_us['lru-device'][1 + n]:.0f}, slotmap {b.plan_us['slotmap-device'][1 + n]:.0f}"
-                    for n in mtps))
+          "; ".join(f"T={1 + n}: " + ", ".join(
+                        f"{m} {b.plan_us[m][1 + n]:.0f}" + (" (lookup split " + ", ".join(
+                            f"{p} ways {b.plan(m, 1 + n, p)[0]:.0f}" for p in splits[1 + n])
+                            + ")" if splits[1 + n] else "") for m in SPLIT_PRICED)
+                    + f", slotmap {b.plan_us['slotmap-device'][1 + n]:.0f}" for n in mtps)
+          + "; the op's lookup splits over the cores the rows leave (avsg's plan_gather runs "
+          "with AVSG_NPU_SPLIT=1; lru-device is given the same), one core per row where they "
+          "leave too few")
     print(f"  {b.host_source}")
     from ...costmodel import fused as fused_model
     fmt_rows = (fmt.row_bytes, fmt.latent_bytes)
@@ -250,9 +270,6 @@ def main(args: argparse.Namespace) -> int:
                                         "memory_gb": {k: v / 1e9 for k, v in r["memory"].items()
                                                       if k != "feasible"}})
                 rows.append(summarize(point, n, batch, context, by_launch))
-    limits = {(m, ctx, n): max_batch(config, hw, m, ctx, 1 + n, args.capacity,
-                                     args.topk_buffer_size, args.cards)
-              for m in MODES for ctx in contexts for n in mtps}
     at_memory = []
     for n in mtps:
         for context in contexts:
@@ -307,6 +324,11 @@ def main(args: argparse.Namespace) -> int:
                              **split_cores},
                    "traffic": {n: dataclasses.asdict(t) for n, t in traffic.items()},
                    "matching_us_per_row": {name: c.plan_us for name, c in costs.items()},
+                   "split_plan_us": {name: {mode: [
+                       {"T": T, "split": p, "plan_us": v[0], "after_publish_us": v[1]}
+                       for (T, p), v in sorted(by_split.items())]
+                       for mode, by_split in c.split_plan_us.items()}
+                       for name, c in costs.items()},
                    "host_lru": counters["host"], "max_batch": [
                        {"mode": m, "context": ctx, "mtp": n, "max_batch": v}
                        for (m, ctx, n), v in limits.items()],
