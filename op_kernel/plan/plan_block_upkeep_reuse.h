@@ -16,7 +16,7 @@ class PolicyUpkeep<PolicyReuse> {
 public:
     __aicore__ inline explicit PolicyUpkeep(PlanContext& ctx, PlanBlockHeat& heat) : ctx_(ctx), heat_(heat) {}
     __aicore__ inline void StartRow() {
-        AVSG_PHASE(PlanPhase::kHeat);
+        AVSG_PHASE(PlanPhase::kStart);   // before the lookup (and a split's SyncAll): the row's start
         heat_.CoolHeat();
     }
     __aicore__ inline void AfterMerge(uint32_t r, uint32_t m) {

@@ -12,7 +12,7 @@ namespace avsg_kernel {
 enum class PlanPhase : uint32_t {
     kSetup = 0,     // the launch's prologue before its first row: tiling, UB carve
     kStart,         // a row's header check (or rejection), stash count, padding slots freed
-                    // (after the split's SyncAll: in kSplitSync)
+                    // (after the split's SyncAll: in kSplitSync), the reuse policy's heat cooled
     kStash,         // stash compaction #1 and the sorted stash runs (hash matcher)
     kLookup,        // per chunk: PrepareWant + HashLookup / DualFound; the dual pointer's
                     // resident runs and two-pointer match
@@ -20,7 +20,8 @@ enum class PlanPhase : uint32_t {
     kSplitSync,     // split lookup: the SyncAll; the owner's fold of the helpers' parts and
                     // its padding slots freed
     kMerge,         // k-way merge of the miss runs (and the stash) into miss_pos
-    kHeat,          // reuse policy: heat cooled at the row's start, heated by its used blocks
+    kHeat,          // reuse policy: heat raised by the row's used blocks (its cooling at the
+                    // row's start is in kStart)
     kDecay,         // decay of slot_life and hits pinned
     kVictims,       // victims chosen, slot_pos / slot_life scattered
     kPublish,       // the miss count out (and plan_gather's SyncAll)

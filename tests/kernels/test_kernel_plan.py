@@ -399,10 +399,12 @@ def test_invalidate_stores_only_the_chunks_it_changes(policy):
 
 
 @pytest.mark.parametrize("R,T,K,S,split", [(21, 1, 600, 640, 1), (1, 1, 500, 600, 1),
-                                           (13, 1, 2048, 8192, 3), (2, 4, 2048, 8192, 16)])
+                                           (13, 1, 2048, 8192, 3), (2, 4, 2048, 8192, 16),
+                                           (8, 2, 640, 2048, 3)])
 def test_lookup_split_is_the_ops(R, T, K, S, split):
     """buffer.lookup_split (what the decode model prices avsg's plan at) against the op's launch
-    on 40 cores: too many rows for two cores each, or one chunk, and the plan does not split."""
+    on 40 cores: too many rows for two cores each, or one chunk, and the plan does not split; a
+    last chunk short of 512 selections is a chunk."""
     assert lookup_split(40, R, T * K, S) == split
     gen = torch.Generator().manual_seed(R)
     with emulation("strict"), split_lookup():

@@ -150,10 +150,11 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
             os.environ.pop(SPLIT_SWITCH, None)
         else:
             os.environ[SPLIT_SWITCH] = saved_switch
-    blocks = int(backend.last_launch_counters().per_block.shape[0])
-    if blocks != rows * split:
-        raise RuntimeError(f"the counted plan ran on {blocks} blocks, expected {rows} rows x "
-                           f"{split} (buffer.lookup_split disagrees with the op's split)")
+    for work in out:
+        blocks = int(work.per_block.shape[0])
+        if blocks != rows * split:
+            raise RuntimeError(f"the counted plan ran on {blocks} blocks, expected {rows} rows x "
+                               f"{split} (buffer.lookup_split disagrees with the op's split)")
     return out
 
 
@@ -171,14 +172,16 @@ def counted_plan_us(launches: Sequence, hw: hardware.Profile, statistic: str = "
     ``counted_plan_on(..., phases=True, split=split)``: block ``b`` works on row
     ``b % (blocks // split)``), serial-pipe us, the median or the ``"mean"`` over the launches.
 
-    Per row: its parts' slowest lookup (the phases before AFTER_PARTS; one part without a split),
-    then its owner's AFTER_PARTS (the blocks meet there in the split's SyncAll), then its
-    AFTER_PUBLISH. ``plan``: the launch's slowest row, as the plan op runs (:func:`counted_us`
-    prices a launch without a split the same way); with ``synced`` (the plan as plan_gather runs
-    it: every block meets the others in a SyncAll after its publish) the slowest row up to the
-    publish plus the slowest AFTER_PUBLISH, which may be two rows. ``after_publish``: the slowest
-    AFTER_PUBLISH (what runs beside plan_gather's copy). plan_gather's own SyncAll is not in the
-    counted plan op; the caller adds it (the split's is counted: it is the plan op's)."""
+    Per row: its lookup (the phases before AFTER_PARTS), then its owner's AFTER_PARTS, then its
+    AFTER_PUBLISH. With a split every block of the launch meets the others in the split's
+    SyncAll (SyncParts is a SyncAll, not a barrier of the row's parts), so every owner goes on
+    from the slowest lookup part of any row; without one a row's lookup is its own block's.
+    ``plan``: the launch's slowest row, as the plan op runs (:func:`counted_us` prices a launch
+    without a split the same way); with ``synced`` (the plan as plan_gather runs it: every block
+    meets the others in a SyncAll after its publish) the slowest row up to the publish plus the
+    slowest AFTER_PUBLISH, which may be two rows. ``after_publish``: the slowest AFTER_PUBLISH
+    (what runs beside plan_gather's copy). plan_gather's own SyncAll is not in the counted plan
+    op; the caller adds it (the split's is counted: it is the plan op's)."""
     import torch
     if statistic not in ("median", "mean"):
         raise ValueError(f"statistic: expected 'median' or 'mean', got {statistic!r}")
@@ -196,7 +199,8 @@ def counted_plan_us(launches: Sequence, hw: hardware.Profile, statistic: str = "
                        torch.zeros(blocks, dtype=torch.float64)).reshape(split, rows)
         parts = summed([n for n in launch.names if n not in AFTER_PUBLISH + AFTER_PARTS])
         owner, after = summed(AFTER_PARTS), summed(AFTER_PUBLISH)
-        before = parts.max(dim=0).values + owner.max(dim=0).values
+        lookup = parts.max() if split > 1 else parts[0]
+        before = lookup + owner.max(dim=0).values
         ends = after.max(dim=0).values
         plans.append(float(before.max() + ends.max()) if synced else float((before + ends).max()))
         afters.append(float(ends.max()))
