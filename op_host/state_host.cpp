@@ -206,8 +206,11 @@ uint32_t BlockDimFor(int64_t rows) {
 
 // Hash plan with idle cores: every row's lookup chunks spread over up to cores / rows cores (at
 // most one chunk each). The lookup is 35-45% of a row's modelled time at K 2048 and pays for one
-// soft SyncAll and the owner's fold from two chunks on. Workspace: the parts' regions in each
-// slice, and 8 int32 of sync counters per core after the slices (zeroed per launch).
+// soft SyncAll and the owner's fold from two chunks on. With a core to spare beside one per chunk
+// the row takes chunks + 1: the owner looks up none and gets its row ready (the drop, the stash,
+// the index loaded) while the helpers look up (PlanContext::OwnerLooksUp). Workspace: the parts'
+// regions in each slice, and 8 int32 of sync counters per core after the slices (zeroed per
+// launch). python/avsg/buffer.py lookup_split states the same rule (the decode model's).
 void ApplySplit(PlanTiling& t, int64_t rows) {
     // On the NPU the split waits across cores in a soft SyncAll, which has no timeout: launched
     // without the batch schedule mode it can deadlock when other streams hold some of its cores.
@@ -221,10 +224,11 @@ void ApplySplit(PlanTiling& t, int64_t rows) {
     const std::string bad = npu::ParseSplitSwitch(std::getenv(npu::kSplitEnv), enabled);
     TORCH_CHECK_VALUE(bad.empty(), "avsg.plan: ", bad);
     if (!enabled) return;
-    const int64_t split = std::min<int64_t>(CoreCount() / rows, t.numChunks);
+    const int64_t perRow = CoreCount() / rows;
+    const int64_t split = std::min<int64_t>(perRow, t.numChunks);
     // the owner folds a part's hit bitmap through the all-probe vector wIdx_
     if (split < 2 || t.capPad / 8 > kPlanProbes * t.nc * 4) return;
-    t.split = static_cast<uint32_t>(split);
+    t.split = static_cast<uint32_t>(perRow > t.numChunks ? t.numChunks + 1 : split);
     t.wsPerCore = t.wsPartOff + t.split * t.partWords;
 }
 

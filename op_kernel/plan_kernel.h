@@ -15,8 +15,11 @@
 // With fewer rows the hash plan splits each row's lookup (step 1 and the per-chunk part of step 2,
 // a third to a half of a row's modelled time at K 2048) over split = min(cores / rows, chunks)
 // cores: core b works on row b % rows as part b / rows; part 0 owns the row and does everything
-// else. Helpers check the row's header themselves (a rejected row is skipped by every part), look
-// up chunks part, part + split, ... (in groups, as the owner does), store the chunks' slots to the
+// else. Where a core is left beside one per chunk the row takes chunks + 1 cores and its owner
+// looks up none (PlanContext::OwnerLooksUp): it drops, compacts its stash and loads the
+// sections it reads next while the helpers look up. Helpers check the row's header themselves
+// (a rejected row is skipped by every part), look up their chunks (PlanContext::FirstChunk, then
+// every ChunkStride()-th; in groups, as the owner does), store the chunks' slots to the
 // row's output and their sorted miss runs to the owner's workspace slice (DMA only: scalar GM goes
 // through the non-coherent DCache), then their counts, run lengths and hit bitmap to their part
 // region there.
@@ -209,15 +212,22 @@ private:
                 classify_.Classify(r, c, n, true);
             }
         } else {
-            for (uint32_t c = 0; c < ctx_.t_.numChunks;) {   // a group of chunks, then each classified
+            const uint32_t stride = ctx_.ChunkStride();
+            for (uint32_t c = ctx_.FirstChunk(0); c < ctx_.t_.numChunks;) {   // a group of chunks, then each classified
                 AVSG_PHASE(PlanPhase::kLookup);
-                const uint32_t g = hashMatch_.LookupGroup(r, c, ctx_.split_);
-                for (uint32_t k = 0; k < g; ++k, c += ctx_.split_) {
+                const uint32_t g = hashMatch_.LookupGroup(r, c, stride);
+                for (uint32_t k = 0; k < g; ++k, c += stride) {
                     AVSG_PHASE(PlanPhase::kLookup);
                     const uint32_t n = hashMatch_.TakeChunk(c, k);
                     AVSG_PHASE(PlanPhase::kClassify);
                     classify_.Classify(r, c, n, k + 1 == g);
                 }
+            }
+            if (!ctx_.OwnerLooksUp()) {   // no chunk of its own: while the helpers look up, the
+                AVSG_PHASE(PlanPhase::kLookup);   // sections it reads after the SyncAll load
+                ctx_.LoadWhole(avsg::SEC_BS);      // (the insert's index, the decay's lives)
+                ctx_.LoadWhole(avsg::SEC_SP);
+                ctx_.LoadWhole(avsg::SEC_SL);
             }
         }
         ctx_.HitBytesToBits();

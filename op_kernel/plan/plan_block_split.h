@@ -24,9 +24,10 @@ public:
     // The caller then meets the owner in SyncParts.
     __aicore__ inline void HelpRow(uint32_t r) {
         if (ctx_.StartRow(r) && !ctx_.IsIdle()) {   // the owner leaves out a rejected or idle row
-            for (uint32_t c = ctx_.part_; c < ctx_.t_.numChunks;) {   // only the hash plan splits a row
-                const uint32_t g = hashMatch_.LookupGroup(r, c, ctx_.split_);
-                for (uint32_t k = 0; k < g; ++k, c += ctx_.split_) classify_.Classify(r, c, hashMatch_.TakeChunk(c, k), true);
+            const uint32_t stride = ctx_.ChunkStride();
+            for (uint32_t c = ctx_.FirstChunk(ctx_.part_); c < ctx_.t_.numChunks;) {   // only the hash plan splits a row
+                const uint32_t g = hashMatch_.LookupGroup(r, c, stride);
+                for (uint32_t k = 0; k < g; ++k, c += stride) classify_.Classify(r, c, hashMatch_.TakeChunk(c, k), true);
             }
             ctx_.HitBytesToBits();
             const LocalTensor<int32_t> head = ctx_.vFoundI_;
@@ -67,7 +68,7 @@ public:
             ctx_.lookups_ += head.GetValue(0);
             ctx_.hits_ += head.GetValue(1);
             ctx_.misses_ += head.GetValue(2);
-            for (uint32_t c = p; c < ctx_.t_.numChunks; c += ctx_.split_) {   // a part's run: one chunk
+            for (uint32_t c = ctx_.FirstChunk(p); c < ctx_.t_.numChunks; c += ctx_.ChunkStride()) {   // a part's run: one chunk
                 classify_.missRuns_.len[c] = static_cast<uint32_t>(head.GetValue(avsg::kPlanPartHead + c));
                 classify_.runChunks_[c] = 1;
             }

@@ -160,6 +160,10 @@ public:
     __aicore__ inline int32_t Get(Win& w, uint32_t idx) { return WinGet<true>(w, idx); }
     __aicore__ inline void Put(Win& w, uint32_t idx, int32_t v) { WinPut<true>(w, idx, v); }
     __aicore__ inline void BindRow(uint32_t r) { BindWindows(win_, stateGm_, t_, r); }
+    // Section s into UB ahead of its use, where it is whole there (one window); else nothing
+    __aicore__ inline void LoadWhole(uint32_t s) {
+        if (win_[s].nwin == 1) Ensure(win_[s], 0);
+    }
     // x = clamp(x, lo, hi) on n int32 lanes
     __aicore__ inline void ClampInts(const LocalTensor<int32_t>& x, int32_t lo, int32_t hi, uint32_t n) {
         Maxs(x, x, lo, n);
@@ -168,6 +172,16 @@ public:
         PipeBarrier<PIPE_V>();
     }
     __aicore__ inline int32_t SlotMax() const { return static_cast<int32_t>(t_.capacity) - 1; }
+    // Which chunks a part of a split row looks up: part p takes FirstChunk(p), then every
+    // ChunkStride()-th. With a core beside one per chunk (split = chunks + 1, the host's rule)
+    // the owner (part 0) takes none and gets the rest of its row ready meanwhile; otherwise
+    // every part looks up, the owner too. Unsplit (split 1): the owner takes every chunk.
+    __aicore__ inline bool OwnerLooksUp() const { return split_ <= t_.numChunks; }
+    __aicore__ inline uint32_t ChunkStride() const { return OwnerLooksUp() ? split_ : split_ - 1; }
+    __aicore__ inline uint32_t FirstChunk(uint32_t part) const {
+        if (OwnerLooksUp()) return part;
+        return part == 0 ? t_.numChunks : part - 1;
+    }
     // window buffer of section w holding entries [base, base + nc) (windows are >= nc or whole)
     __aicore__ inline LocalTensor<int32_t> ChunkOf(Win& w, uint32_t base) {
         const int32_t id = static_cast<int32_t>(base >> w.wlog);

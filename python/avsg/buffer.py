@@ -186,15 +186,19 @@ PLAN_CHUNK, PLAN_PROBES = 512, 4
 
 
 def lookup_split(cores: int, rows: int, selections: int, capacity: int) -> int:
-    """The cores each row's lookup spreads over in a hash ``plan`` or ``plan_gather`` launched
-    with ``AVSG_NPU_SPLIT=1`` (op_host/state_host.cpp ApplySplit): ``min(cores // rows, chunks)``
-    for ``selections = T * K`` in chunks of PLAN_CHUNK, 1 (no split) where that is below 2 or the
-    buffer's hit bitmap outgrows the owner's fold vector. Without the switch (every build's
+    """The cores each row takes in a hash ``plan`` or ``plan_gather`` launched with
+    ``AVSG_NPU_SPLIT=1`` (op_host/state_host.cpp ApplySplit), its lookup spread over them:
+    ``min(cores // rows, chunks)`` for ``selections = T * K`` in chunks of PLAN_CHUNK, and
+    ``chunks + 1`` where a core is left beside one per chunk (the row's owner then looks up none
+    and gets the rest of its row ready meanwhile); 1 (no split) where that minimum is below 2 or
+    the buffer's hit bitmap outgrows the owner's fold vector. Without the switch (every build's
     default) and for ``plan_dual_pointer`` it is 1. The decode model prices avsg's plan at this
     split (:mod:`avsg.lab.costmodel.projection`)."""
-    split = min(cores // max(rows, 1), -(-selections // PLAN_CHUNK))
+    per_row, chunks = cores // max(rows, 1), -(-selections // PLAN_CHUNK)
     padded = -(-capacity // 64) * 64
-    return split if split >= 2 and padded // 8 <= PLAN_PROBES * PLAN_CHUNK * 4 else 1
+    if min(per_row, chunks) < 2 or padded // 8 > PLAN_PROBES * PLAN_CHUNK * 4:
+        return 1
+    return chunks + 1 if per_row > chunks else per_row
 
 
 class MissCopy(NamedTuple):

@@ -342,10 +342,12 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
     line = project_on_npu(results, workload, args, kv_layers)
     copies = copy_traffic.Traffic(1, 0.0, 30 / 20, 8192, 4096,
                              {"offload": [3000.0], "avsg": [200.0]}, "test")
-    # 4 rows of 2 x 2048 selections on 40 cores: the lookup split 8 ways (buffer.lookup_split)
+    # 4 rows of 2 x 2048 selections (8 chunks) on 40 cores: each row on 9 (buffer.lookup_split)
+    split = lookup_split(40, 4, 2 * 2048, 8192)
+    assert split == 9
     direct = projection.project(CONFIG, hardware.load_profile(), copies,
                                 plan_cost.Costs({"avsg": {2: 123.0}}, 0.0, "", {"avsg": {2: 7.0}},
-                                                {"avsg": {(2, 8): (113.0, 7.0)}}),
+                                                {"avsg": {(2, split): (113.0, 7.0)}}),
                                 4, 32768, 32,
                                 modes=("device", "offload", "avsg"))
     for mode in ("device", "offload", "avsg"):
@@ -355,7 +357,7 @@ def test_avsg_runs_projection_line_is_the_decode_model(monkeypatch):
     assert line["avsg"]["plan_us_per_layer"] == pytest.approx(
         113.0 + hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e3))
     # counted one core per row, then at the rows' split; both at the run's own acceptance
-    assert [k.get("split", 1) for k in seen] == [1, 8]
+    assert [k.get("split", 1) for k in seen] == [1, split]
     assert all(k["accept_mean"] == pytest.approx(30 / 20 - 1) for k in seen)
 
 
@@ -525,9 +527,12 @@ def test_avsgs_plan_is_priced_at_its_lookup_split():
     fmt = projection.kv_format(hw)
     sync = hw["sync_all_cycles"] / (hw["clock_ghz"] * 1e9)
     costs = plan_cost.Costs({"avsg": {1: 20.0}}, 0.0, "test", {"avsg": {1: 5.0}},
-                            {"avsg": {(1, 4): (15.0, 4.0), (1, 2): (18.0, 4.5)}})
+                            {"avsg": {(1, 5): (15.0, 4.0), (1, 4): (16.0, 4.0),
+                                      (1, 2): (18.0, 4.5)}})
     tr = _traffic()
-    for batch, plan_us in ((1, 15.0), (10, 15.0), (20, 18.0), (21, 20.0), (41, 2 * 20.0)):
+    # 4 chunks per row: 40 cores give one row 5 (its owner looks up none), 10 rows 4 each
+    for batch, plan_us in ((1, 15.0), (8, 15.0), (10, 16.0), (20, 18.0), (21, 20.0),
+                           (41, 2 * 20.0)):
         o = projection.layer_overhead_s("avsg", hw, fmt, costs, 100.0, batch, 1, 2048, 0.0,
                                         False, tr)
         assert o["match_s"] == pytest.approx(plan_us * 1e-6 + sync), batch
@@ -540,4 +545,4 @@ def test_avsgs_plan_is_priced_at_its_lookup_split():
     with pytest.raises(ValueError, match="split: no counted avsg plan at T = 1 .* 3 ways"):
         projection.layer_overhead_s("avsg", hw, fmt, costs, 100.0, 13, 1, 2048, 0.0, False, tr)
     assert plan_cost.serving_splits(40, (1, 8, 13, 20, 21, 64), (1, 2), 2048, 8192) == {
-        1: [2, 3, 4], 2: [2, 3, 5, 8]}
+        1: [2, 3, 5], 2: [2, 3, 5, 9]}

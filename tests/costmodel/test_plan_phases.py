@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from avsg import backend, cli
+from avsg.buffer import lookup_split
 from avsg.lab.costmodel import hardware, plan_cost
 from avsg.lab.traces import synth
 from avsg.lab.traces.format import save_trace
@@ -42,13 +43,16 @@ def _work(phases: backend.LaunchPhases, name: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("matcher", ["hash", "dual_pointer"])
 @pytest.mark.parametrize("policy", ["lifetime", "reuse", "lru"])
-@pytest.mark.parametrize("split", [True, False], ids=["split", "unsplit"])
-def test_phases_add_up_to_the_launch_counters(matcher, policy, split):
-    R, T, K, S, H = 2, 2, 1000, 2048, 2048        # 4 chunks of 512: a hash row splits over 4 cores
+@pytest.mark.parametrize("cores", [2, 8, 40], ids=["unsplit", "split", "spare"])
+def test_phases_add_up_to_the_launch_counters(matcher, policy, cores):
+    # 4 chunks of 512 per row: on 2 cores no split (rows * 2 > cores); on 8 a hash row splits
+    # over 4 cores, its owner looking up a chunk; on 40 over 5, its owner looking up none
+    R, T, K, S, H = 2, 2, 1000, 2048, 2048
     C = 4 * S if policy == "reuse" else 0
+    split = cores > R
     gen = torch.Generator().manual_seed(7)
     saved = backend.emulated_cores()
-    backend.set_emulated_cores(40 if split else R)   # R cores: rows * 2 > cores, no split
+    backend.set_emulated_cores(cores)
     try:
         with backend.emulation("strict"), split_lookup():
             twin = Twin(R, S, H, 4, matcher=matcher, max_context=C, policy=policy)
@@ -59,11 +63,14 @@ def test_phases_add_up_to_the_launch_counters(matcher, policy, split):
                 assert phases.names == PHASES
                 _check_sums(phases, counters)
                 splits = matcher == "hash" and split
-                assert counters.blocks == (R * 4 if splits else R)
+                parts = lookup_split(cores, R, T * K, S) if splits else 1
+                assert counters.blocks == R * parts == R * {2: 1, 8: 4, 40: 5}[cores if splits else 2]
                 owners, helpers = slice(0, R), slice(R, None)
-                for name in ("setup", "row start", "lookup", "classify", "decay+pin",
-                             "output+store"):
+                for name in ("setup", "row start", "lookup", "decay+pin", "output+store"):
                     assert bool((_work(phases, name)[owners] > 0).all()), name
+                # an owner with a core to spare beside one per chunk classifies no chunk
+                looks_up = parts <= 4
+                assert bool((_work(phases, "classify")[owners] > 0).all()) == looks_up
                 if step > 0:   # misses of a filled buffer: merged, victims, inserted
                     for name in ("merge misses", "victims", "insert"):
                         assert bool((_work(phases, name)[owners] > 0).all()), name

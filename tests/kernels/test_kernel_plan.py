@@ -399,12 +399,14 @@ def test_invalidate_stores_only_the_chunks_it_changes(policy):
 
 
 @pytest.mark.parametrize("R,T,K,S,split", [(21, 1, 600, 640, 1), (1, 1, 500, 600, 1),
-                                           (13, 1, 2048, 8192, 3), (2, 4, 2048, 8192, 16),
-                                           (8, 2, 640, 2048, 3)])
+                                           (13, 1, 2048, 8192, 3), (10, 1, 2048, 8192, 4),
+                                           (2, 4, 2048, 8192, 17), (8, 2, 640, 2048, 4),
+                                           (20, 2, 640, 2048, 2)])
 def test_lookup_split_is_the_ops(R, T, K, S, split):
     """buffer.lookup_split (what the decode model prices avsg's plan at) against the op's launch
-    on 40 cores: too many rows for two cores each, or one chunk, and the plan does not split; a
-    last chunk short of 512 selections is a chunk."""
+    on 40 cores: too many rows for two cores each, or one chunk, and the plan does not split;
+    as many cores as chunks and the owner looks up one; a core more and it looks up none
+    (chunks + 1); a last chunk short of 512 selections is a chunk."""
     assert lookup_split(40, R, T * K, S) == split
     gen = torch.Generator().manual_seed(R)
     with emulation("strict"), split_lookup():
@@ -424,7 +426,7 @@ def test_split_lookup_off_by_default_and_switch_checked():
     seq = torch.full((R,), 3000, dtype=I32)
     with emulation("strict"):
         twin = Twin(R, S, H, 4)
-        for on, blocks in ((None, R), (False, R), (True, 3 * R)):
+        for on, blocks in ((None, R), (False, R), (True, R * lookup_split(40, R, T * K, S))):
             with split_lookup(on):
                 twin.plan(draw(gen, R, T, K, seq, hot=2500), seq)
             assert last_launch_counters().blocks == blocks
@@ -453,7 +455,7 @@ def test_split_lookup_rejected_row():
     try:
         with split_lookup(), emulation("strict"):
             got = torch.ops.avsg.plan(topk, seq, twin.state, twin.stats, S, H, 4, 0, 0)
-            assert last_launch_counters().blocks == R * 3
+            assert last_launch_counters().blocks == R * lookup_split(40, R, T * K, S)
     finally:
         torch.ops.avsg._set_host_value_checks(old)
     assert int(got[3][1]) == -1 and bool((got[0][1] == -1).all())
