@@ -152,6 +152,38 @@ def test_plan_gather_probe_is_exact_here_and_names_a_difference(monkeypatch):
                                                f"differ from the reference")
 
 
+def test_split_plan_probe_covers_both_splits_and_names_a_difference(monkeypatch):
+    """The child's split plan probe (run on the NPU there) on the CPU emulation with the lookup
+    split: exact in both sessions, one whose row takes a core per chunk and one more (its own
+    core looks up none) and one where every row's own core looks up a chunk
+    (buffer.lookup_split). A reference that differs is reported in one line naming the session
+    and what differs."""
+    from avsg import reference
+    from avsg.buffer import lookup_split
+    from helpers.plan_cases import split_lookup
+    cores = avsg.get_num_cores()
+    chunks = 2 * 2048 // 512
+    assert lookup_split(cores, 1, 2 * 2048, 8192) == chunks + 1
+    assert 2 <= lookup_split(cores, cores // 4, 2048, 8192) <= 2048 // 512
+    with split_lookup():
+        assert doctor.split_plan_probe("cpu") is None
+        real = reference.plan
+
+        def off_by_one(rows):
+            def planted(*args, **kwargs):
+                out = real(*args, **kwargs)
+                if args[0].shape[0] == rows:
+                    out[3][0] += 1
+                return out
+            return planted
+        monkeypatch.setattr(reference, "plan", off_by_one(1))
+        assert doctor.split_plan_probe("cpu") == ("split plan (1 row of 2 x top-2048) step 0: "
+                                                  "miss_counts differs from the reference")
+        monkeypatch.setattr(reference, "plan", off_by_one(cores // 4))
+        assert doctor.split_plan_probe("cpu") == (f"split plan ({cores // 4} rows of 1 x top-2048) "
+                                                  f"step 0: miss_counts differs from the reference")
+
+
 def test_split_launch_note_names_the_launch_once(monkeypatch):
     monkeypatch.delenv("AVSG_NPU_SPLIT_TIMEOUT", raising=False)
     assert doctor.split_launch_note("batch") == ("split plan launch: batch schedule mode, timeout 30 s "

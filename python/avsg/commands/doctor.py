@@ -468,37 +468,46 @@ def _plan_gather_session(device: str, R: int, S: int, T: int, K: int, context: i
     return None
 
 
+def split_plan_probe(device: str) -> Optional[str]:
+    """The hash plan with its lookup split (run with AVSG_NPU_SPLIT=1) on ``device`` against the
+    reference, two steps in each of two sessions: one row of 8 selection chunks (T 2, K 2048),
+    which takes a core per chunk and one more (its own core looks up none) wherever the device
+    has 9 cores; and ``cores // 4`` rows of 4 chunks (T 1), where every row's own core looks
+    up a chunk too (``buffer.lookup_split``). Returns what differs, in one line, or None."""
+    from .. import reference
+    from ..buffer import get_num_cores
+    S, H, L, K = 8192, 8192, 4, 2048
+    layout = reference.Layout(S, H, 0)
+    gen = torch.Generator().manual_seed(3)
+    for R, T in ((1, 2), (max(1, get_num_cores() // 4), 1)):
+        ref_state = reference.new_state(R, layout, L)
+        ref_stats = torch.zeros(R, len(reference.STAT_NAMES), dtype=torch.int64)
+        state, stats = ref_state.clone().to(device), ref_stats.clone().to(device)
+        seq = torch.full((R,), 3 * S, dtype=torch.int32)
+        for step in range(2):
+            topk = torch.randint(0, 2 * S, (R, T, K), dtype=torch.int32, generator=gen)
+            got = torch.ops.avsg.plan(topk.to(device), seq.to(device), state, stats, S, H, L, 0, 0)
+            want = reference.plan(ref_state, ref_stats, topk, seq, layout, L)
+            where = f"split plan ({R} row{'s' if R > 1 else ''} of {T} x top-{K}) step {step}"
+            for name, a, b in zip(("slots", "miss_pos", "miss_slots", "miss_counts"), got, want):
+                if not torch.equal(a.cpu(), b):
+                    return f"{where}: {name} differs from the reference"
+            if not torch.equal(state.cpu(), ref_state):
+                return f"{where}: the state differs from the reference"
+            seq += T
+    return None
+
+
 def split_probe_child() -> int:
-    """Run in a child process with AVSG_NPU_SPLIT=1: a one-row hash plan with 8 selection chunks
-    (so its lookup is split over idle cores and waits in a soft SyncAll) on the NPU, twice,
-    against the reference, then ``plan_gather_probe`` (the other launch that waits across cores,
-    which the serving core fuses where the split may run). Exit 0 when exact; prints what
-    differs otherwise."""
-    from .. import backend, reference
+    """Run in a child process with AVSG_NPU_SPLIT=1: ``split_plan_probe`` (the hash plan whose
+    lookup is split over idle cores and waits in a soft SyncAll) on the NPU, then
+    ``plan_gather_probe`` (the other launch that waits across cores, which the serving core
+    fuses where the split may run). Exit 0 when exact; prints what differs otherwise."""
+    from .. import backend
     if not backend.load_npu_backend():
         print(f"the NPU backend is not loaded: {backend.backend_info()['npu_error']}")
         return 1
-    S, H, L, T, K = 8192, 8192, 4, 2, 2048
-    layout = reference.Layout(S, H, 0)
-    ref_state = reference.new_state(1, layout, L)
-    ref_stats = torch.zeros(1, 4, dtype=torch.int64)
-    state, stats = ref_state.clone().npu(), ref_stats.clone().npu()
-    gen = torch.Generator().manual_seed(3)
-    seq = torch.tensor([3 * S], dtype=torch.int32)
-    for step in range(2):
-        topk = torch.randint(0, 2 * S, (1, T, K), dtype=torch.int32, generator=gen)
-        got = torch.ops.avsg.plan(topk.npu(), seq.npu(), state, stats, S, H, L, 0, 0)
-        torch.npu.synchronize()
-        want = reference.plan(ref_state, ref_stats, topk, seq, layout, L)
-        for name, a, b in zip(("slots", "miss_pos", "miss_slots", "miss_counts"), got, want):
-            if not torch.equal(a.cpu(), b):
-                print(f"step {step}: {name} differs from the reference")
-                return 1
-        if not torch.equal(state.cpu(), ref_state):
-            print(f"step {step}: the state differs from the reference")
-            return 1
-        seq += T
-    bad = plan_gather_probe("npu")
+    bad = split_plan_probe("npu") or plan_gather_probe("npu")
     if bad:
         print(bad)
         return 1
