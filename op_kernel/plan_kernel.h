@@ -108,6 +108,9 @@ public:
         ctx_.t_ = tiling;
         ctx_.BindGm(topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         ctx_.split_ = Matcher::kDual ? 1u : ctx_.t_.split;
+        // every chunk has exactly one part (PlanContext::FirstChunk): a core per chunk at most,
+        // and one more for an owner that looks up none (op_host/state_host.cpp ApplySplit)
+        ascendc_assert(ctx_.split_ >= 1 && ctx_.split_ <= ctx_.t_.numChunks + 1);
         ctx_.CarveUb(pipe);
     }
 
@@ -189,6 +192,7 @@ private:
         stash_.LoadStashCount();
         if (ctx_.split_ == 1) ctx_.FreePadding(upkeep_);
         upkeep_.StartRow();
+        classify_.ClearRuns();                    // every chunk's run empty until classified or folded
 
         // 0. stash compaction #1, and the sorted stash (hash plan) or the matches (dual pointer)
         AVSG_PHASE(PlanPhase::kStash);
@@ -224,10 +228,9 @@ private:
                 }
             }
             if (!ctx_.OwnerLooksUp()) {   // no chunk of its own: while the helpers look up, the
-                AVSG_PHASE(PlanPhase::kLookup);   // sections it reads after the SyncAll load
-                ctx_.LoadWhole(avsg::SEC_BS);      // (the insert's index, the decay's lives)
+                AVSG_PHASE(PlanPhase::kLookup);   // index the merge and the insert read loads
+                ctx_.LoadWhole(avsg::SEC_BS);
                 ctx_.LoadWhole(avsg::SEC_SP);
-                ctx_.LoadWhole(avsg::SEC_SL);
             }
         }
         ctx_.HitBytesToBits();

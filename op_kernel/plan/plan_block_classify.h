@@ -72,6 +72,17 @@ public:
         Sync<HardEvent::MTE3_V>();                // the slots' store before vFoundI_ is rewritten
     }
 
+    // No run for any chunk yet (a row's start): a chunk's run is set when it is classified here
+    // or, in a split row, folded from its part (PlanBlockSplit::FoldParts), so a chunk that
+    // neither reaches (none, by the chunk-to-part mapping) merges as empty, not as a stale length.
+    __aicore__ inline void ClearRuns() {
+        for (uint32_t c = 0; c < ctx_.t_.numChunks; ++c) {
+            missRuns_.len[c] = 0;
+            runChunks_[c] = 1;
+        }
+        runFirst_ = -1;
+    }
+
     // ---------------------------------------------------------------------- runs of a group
     // A sorted run costs a sort (a chain of 8 vector instructions, whatever its length) and a
     // copy, and each run is one more way for MergeMisses and one more copy each way for

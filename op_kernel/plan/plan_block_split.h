@@ -1,7 +1,7 @@
 // plan_block_split.h: the split lookup (hash plan, fewer rows than cores). Helper cores look up
-// and classify chunks part, part + split, ... of a row (HelpRow) and leave their counts, run
-// lengths and hit bits in the owner's workspace slice; one soft SyncAll (SyncParts) later the
-// owner folds them in (FoldParts) and finishes the row alone.
+// and classify their chunks of a row (PlanContext::FirstChunk, then every ChunkStride()-th:
+// HelpRow) and leave their counts, run lengths and hit bits in the owner's workspace slice; one
+// soft SyncAll (SyncParts) later the owner folds them in (FoldParts) and finishes the row alone.
 // UB: vFoundI_ / wIdx_ (staging), hitBits_; GM: the owner's workspace slice and the SyncAll
 // counters after the cores' slices.
 #pragma once

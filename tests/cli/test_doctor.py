@@ -126,10 +126,15 @@ def test_split_probe_keeps_the_split_off_in_every_build(monkeypatch, launch):
 
 def test_plan_gather_probe_is_exact_here_and_names_a_difference(monkeypatch):
     """The child's plan_gather probe (run on the NPU there) on the CPU emulation, with the lookup
-    split and without: exact, its two sessions (2 rows; more rows than cores, with idle rows and
-    an idle row's drop). A reference that copies one byte differently is reported, in one line
-    naming the session and what differs, in either session."""
+    split and without: exact, its three sessions (2 rows, whose own cores look up no chunk with
+    the split; cores // 3 rows, whose own cores look up chunks too; more rows than cores, with
+    idle rows and an idle row's drop). A reference that copies one byte differently is
+    reported, in one line naming the session and what differs, in any session."""
+    from avsg.buffer import lookup_split
     from helpers.plan_cases import split_lookup
+    cores = avsg.get_num_cores()
+    assert lookup_split(cores, 2, 2 * 512, 2048) == 2 * 512 // 512 + 1
+    assert 2 <= lookup_split(cores, cores // 3, 2 * 1024, 2048) <= 2 * 1024 // 512 - 1
     assert doctor.plan_gather_probe("cpu") is None
     with split_lookup():                  # the child's AVSG_NPU_SPLIT=1: the lookup split too
         assert doctor.plan_gather_probe("cpu") is None
@@ -146,7 +151,10 @@ def test_plan_gather_probe_is_exact_here_and_names_a_difference(monkeypatch):
     monkeypatch.setattr(reference, "plan_gather", off_by_one(2))
     assert doctor.plan_gather_probe("cpu") == ("plan_gather (2 rows) step 0: copied bytes differ "
                                                "from the reference")
-    many = avsg.get_num_cores() + 3
+    monkeypatch.setattr(reference, "plan_gather", off_by_one(cores // 3))
+    assert doctor.plan_gather_probe("cpu") == (f"plan_gather ({cores // 3} rows) step 0: copied "
+                                               f"bytes differ from the reference")
+    many = cores + 3
     monkeypatch.setattr(reference, "plan_gather", off_by_one(many))
     assert doctor.plan_gather_probe("cpu") == (f"plan_gather ({many} rows) step 0: copied bytes "
                                                f"differ from the reference")

@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import avsg  # noqa: F401  (loads the op library)
-from avsg import _ops, reference
+from avsg import _ops, backend, reference
 from avsg.backend import emulation, last_launch_counters
 from avsg.buffer import lookup_split
 
 # plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
 # a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
 
-from helpers.plan_cases import (I32, Twin, colliding, draw, geometry, run_session, session,  # noqa: F401
-                                split_lookup)
+from helpers.plan_cases import (I32, Twin, colliding, draw, geometry, idle_some,  # noqa: F401
+                                run_session, session, split_lookup, valid_lens_near)
 
 
 
@@ -414,6 +414,42 @@ def test_lookup_split_is_the_ops(R, T, K, S, split):
         seq = torch.randint(T * K, 2 * T * K, (R,), generator=gen, dtype=I32)
         twin.plan(draw(gen, R, T, K, seq, hot=S), seq)
         assert last_launch_counters().blocks == R * split
+
+
+@pytest.mark.parametrize("build", ["strict", "fast"])
+@pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
+@pytest.mark.parametrize("S", [8192, 16384, 32768])
+@pytest.mark.parametrize("per_row, split", [(4, 4), (6, 6), (40, 9)])
+def test_both_forms_of_the_split_with_drops(build, policy, S, per_row, split):
+    """2 rows of 2 x 2048 selections (8 chunks) on 4, 6 and 40 cores a row: the row's own core
+    looking up chunks with its helpers (parts of two chunks each), or none (9 cores a row). The
+    index and the lives whole in the Unified Buffer or in windows (S 16384, 32768); drops near
+    the lengths, at held positions, far out, and a third of the buffer back; idle rows; padding,
+    repeats across query tokens and junk. Bit for bit with the reference in both builds."""
+    R, T, K = 2, 2, 2048
+    H = reference.default_buckets(S)
+    gen = torch.Generator().manual_seed(S + K + per_row)
+    saved = backend.emulated_cores()
+    backend.set_emulated_cores(R * per_row)
+    try:
+        assert lookup_split(R * per_row, R, T * K, S) == split
+        with emulation(build), split_lookup():
+            twin = Twin(R, S, H, 6, max_context=(1 << 22) if policy == "reuse" else 0,
+                        policy=policy)
+            seq = torch.full((R,), 3 * S, dtype=I32)
+            for step in range(6):
+                lens = None
+                if step >= 2:
+                    lens = (valid_lens_near(gen, seq, T, twin.ref_state, twin.layout) if step % 2
+                            else seq - S // 3)
+                seq = seq + T
+                planned = idle_some(gen, seq) if step >= 2 else seq
+                twin.plan(draw(gen, R, T, K, seq, hot=2 * S, pad=0.03, repeat=0.4, wild=0.01),
+                          planned, lens)
+                if build == "strict":
+                    assert last_launch_counters().blocks == R * split
+    finally:
+        backend.set_emulated_cores(saved)
 
 
 def test_split_lookup_off_by_default_and_switch_checked():

@@ -163,6 +163,31 @@ def test_the_split_lookup_composes():
 
 
 @pytest.mark.parametrize("build", ["strict", "fast"])
+@pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
+@pytest.mark.parametrize("rows, emulated, split", [(1, 2, 2), (1, 3, 3), (1, 4, 4), (2, 6, 3),
+                                                   (2, 40, 4)])
+def test_both_forms_of_the_split_compose(build, policy, rows, emulated, split):
+    """plan_gather with each form of the split lookup (3 chunks a row): a row's own core looking
+    up chunks too (on 2 cores it takes 2 of them, on 3 one), or, with a core beside one per
+    chunk, none. Sessions with drops and junk selections, then without, bit for bit as plan,
+    then gather, and the reference."""
+    from avsg.buffer import lookup_split
+    gen = torch.Generator().manual_seed(7 * emulated + rows)
+    saved = backend.emulated_cores()
+    backend.set_emulated_cores(emulated)
+    try:
+        assert lookup_split(emulated, rows, 2 * 600, 1400) == split
+        with backend.emulation(build), split_lookup():
+            trio = Trio(rows, 2, 600, 1400, policy, gen, cores=min(3, emulated), max_len=4000)
+            session(trio, gen, steps=6)
+            session(trio, gen, steps=3, wild=0)
+            if build == "strict":   # the plan's blocks, and the copy's past them
+                assert trio.fused_phases.per_block.shape[0] >= rows * split
+    finally:
+        backend.set_emulated_cores(saved)
+
+
+@pytest.mark.parametrize("build", ["strict", "fast"])
 @pytest.mark.parametrize("emulated, rows", [(2, 3), (4, 3), (40, 3), (3, 8), (2, 7)])
 def test_the_copy_starts_beside_the_rows_it_waits_for(build, emulated, rows):
     """The plan publishes each row's miss lists after its victims, and every block meets the others

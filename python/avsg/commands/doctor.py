@@ -393,12 +393,15 @@ def split_launch_note(launch: Optional[str]) -> str:
 
 def plan_gather_probe(device: str, steps: int = 3) -> Optional[str]:
     """``plan_gather`` (plan and copy in one launch, the serving step where the copy is the
-    package's) on ``device`` against ``reference.plan_gather``, in two small sessions:
+    package's) on ``device`` against ``reference.plan_gather``, in three small sessions:
 
     * 2 rows, one a block: the plan meets the other blocks in a SyncAll as soon as its victims
       are chosen and the copy runs on the blocks that own no row while the owners finish
       (op_kernel/plan_gather.cpp); 2 selection chunks per row, so with ``AVSG_NPU_SPLIT=1`` (the
-      doctor's child) the lookup is split too and every block meets the others twice;
+      doctor's child) the lookup is split too (a row's own core looking up none) and every
+      block meets the others twice;
+    * ``cores // 3`` rows of 4 chunks: with the switch, every row's own core looks up chunks
+      with its helpers (``buffer.lookup_split``), two of them;
     * 3 rows more than the cores, so some blocks plan two rows: a block plans its idle rows
       first and meets the others at its last row's victims; every third row is idle
       (``seq_len`` 0), one of them with a drop to apply.
@@ -406,10 +409,13 @@ def plan_gather_probe(device: str, steps: int = 3) -> Optional[str]:
     Compares the plan's outputs, the state, the statistics, the per-core counts and every copied
     byte. Returns what differs, or None."""
     from ..buffer import get_num_cores
+    cores = get_num_cores()
     bad = _plan_gather_session(device, 2, 2048, 2, 512, 4096, steps, idle_every=0)
     if bad is None:
-        bad = _plan_gather_session(device, get_num_cores() + 3, 256, 1, 64, 1024, steps,
-                                   idle_every=3)
+        bad = _plan_gather_session(device, max(1, cores // 3), 2048, 2, 1024, 4096, steps,
+                                   idle_every=0)
+    if bad is None:
+        bad = _plan_gather_session(device, cores + 3, 256, 1, 64, 1024, steps, idle_every=3)
     return bad
 
 
