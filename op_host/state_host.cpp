@@ -226,8 +226,8 @@ void ApplySplit(PlanTiling& t, int64_t rows) {
     if (!enabled) return;
     const int64_t perRow = CoreCount() / rows;
     const int64_t split = std::min<int64_t>(perRow, t.numChunks);
-    // the owner folds a part's hit bitmap through the all-probe vector wIdx_
-    if (split < 2 || t.capPad / 8 > kPlanProbes * t.nc * 4) return;
+    // the owner folds the parts through the all-probe vector wIdx_: one part's region at least
+    if (split < 2 || t.partWords > kPlanProbes * t.nc) return;
     t.split = static_cast<uint32_t>(perRow > t.numChunks ? t.numChunks + 1 : split);
     t.wsPerCore = t.wsPartOff + t.split * t.partWords;
 }

@@ -50,29 +50,34 @@ public:
         }
     }
     // Owner, after the SyncAll: the helpers' counts and run lengths, their hit bits or-ed in.
+    // The parts' regions lie one after another in the owner's workspace slice (partWords each),
+    // so one copy brings as many as the all-probe vector wIdx_ holds (the host splits only where
+    // it holds one: op_host/state_host.cpp ApplySplit).
     __aicore__ inline void FoldParts() {
-        const LocalTensor<int32_t> head = ctx_.vFoundI_, bits = ctx_.wIdx_;
-        const uint32_t headLen = avsg::kPlanPartHead + ctx_.t_.numChunks;
-        for (uint32_t p = 1; p < ctx_.split_; ++p) {
-            const uint32_t off = ctx_.t_.wsPartOff + p * ctx_.t_.partWords;
+        const LocalTensor<int32_t> stage = ctx_.wIdx_;
+        const LocalTensor<uint16_t> hit16 = ctx_.hitBits_.ReinterpretCast<uint16_t>();
+        const uint32_t words = ctx_.t_.partWords;
+        const uint32_t bitsOff = avsg::RoundUp(avsg::kPlanPartHead + ctx_.t_.numChunks, 8);
+        const uint32_t perCopy = probe_.Wide() / words;
+        for (uint32_t p0 = 1; p0 < ctx_.split_; p0 += perCopy) {
+            const uint32_t parts = MinU(perCopy, ctx_.split_ - p0);
             Sync<HardEvent::S_MTE2>();
-            Sync<HardEvent::V_MTE2>();
+            Sync<HardEvent::V_MTE2>();            // the previous copy's parts or-ed in
             Sync<HardEvent::MTE3_MTE2>();
-            LoadInts(head, ctx_.rowWs_[off], headLen, 0);
-            LoadInts(bits, ctx_.rowWs_[off + avsg::RoundUp(headLen, 8)], ctx_.t_.capPad / 32, 0);
+            LoadInts(stage, ctx_.rowWs_[ctx_.t_.wsPartOff + p0 * words], parts * words, 0);
             Sync<HardEvent::MTE2_S>();
             Sync<HardEvent::MTE2_V>();
             Sync<HardEvent::S_V>();               // the owner's scalar writes of the bitmap
-            Or(ctx_.hitBits_.ReinterpretCast<uint16_t>(), ctx_.hitBits_.ReinterpretCast<uint16_t>(),
-               bits.ReinterpretCast<uint16_t>(), ctx_.t_.capPad / 16);
-            ctx_.lookups_ += head.GetValue(0);
-            ctx_.hits_ += head.GetValue(1);
-            ctx_.misses_ += head.GetValue(2);
-            for (uint32_t c = ctx_.FirstChunk(p); c < ctx_.t_.numChunks; c += ctx_.ChunkStride()) {   // a part's run: one chunk
-                classify_.missRuns_.len[c] = static_cast<uint32_t>(head.GetValue(avsg::kPlanPartHead + c));
-                classify_.runChunks_[c] = 1;
+            for (uint32_t k = 0; k < parts; ++k) {
+                const LocalTensor<int32_t> head = stage[k * words];
+                Or(hit16, hit16, stage[k * words + bitsOff].ReinterpretCast<uint16_t>(), ctx_.t_.capPad / 16);
+                PipeBarrier<PIPE_V>();
+                ctx_.lookups_ += head.GetValue(0);
+                ctx_.hits_ += head.GetValue(1);
+                ctx_.misses_ += head.GetValue(2);
+                for (uint32_t c = ctx_.FirstChunk(p0 + k); c < ctx_.t_.numChunks; c += ctx_.ChunkStride())
+                    classify_.missRuns_.len[c] = static_cast<uint32_t>(head.GetValue(avsg::kPlanPartHead + c));
             }
-            PipeBarrier<PIPE_V>();
             Sync<HardEvent::V_S>();
         }
     }

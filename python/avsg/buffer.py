@@ -180,9 +180,10 @@ def copy_cores_beside_plan(cores: int, rows: int) -> int:
     return cores - rows if 2 * rows <= cores else cores
 
 
-#: selections per lookup chunk of the hash plan (op_host/plan_tiling.h kPlanChunk) and probe
-#: buckets per position (kPlanProbes): what lookup_split reads
-PLAN_CHUNK, PLAN_PROBES = 512, 4
+#: selections per lookup chunk of the hash plan (op_host/plan_tiling.h kPlanChunk), probe
+#: buckets per position (kPlanProbes) and the words of a lookup part's counts (kPlanPartHead):
+#: what lookup_split reads
+PLAN_CHUNK, PLAN_PROBES, PLAN_PART_HEAD = 512, 4, 4
 
 
 def lookup_split(cores: int, rows: int, selections: int, capacity: int) -> int:
@@ -191,12 +192,13 @@ def lookup_split(cores: int, rows: int, selections: int, capacity: int) -> int:
     ``min(cores // rows, chunks)`` for ``selections = T * K`` in chunks of PLAN_CHUNK, and
     ``chunks + 1`` where a core is left beside one per chunk (the row's owner then looks up none
     and gets the rest of its row ready meanwhile); 1 (no split) where that minimum is below 2 or
-    the buffer's hit bitmap outgrows the owner's fold vector. Without the switch (every build's
-    default) and for ``plan_dual_pointer`` it is 1. The decode model prices avsg's plan at this
-    split (:mod:`avsg.lab.costmodel.projection`)."""
+    a part's counts and hit bitmap outgrow the owner's fold vector. Without the switch (every
+    build's default) and for ``plan_dual_pointer`` it is 1. The decode model prices avsg's plan
+    at this split (:mod:`avsg.lab.costmodel.projection`)."""
     per_row, chunks = cores // max(rows, 1), -(-selections // PLAN_CHUNK)
-    padded = -(-capacity // 64) * 64
-    if min(per_row, chunks) < 2 or padded // 8 > PLAN_PROBES * PLAN_CHUNK * 4:
+    round8 = lambda n: -(-n // 8) * 8  # noqa: E731
+    part_words = round8(PLAN_PART_HEAD + chunks) + round8(-(-capacity // 64) * 64 // 32)
+    if min(per_row, chunks) < 2 or part_words > PLAN_PROBES * PLAN_CHUNK:
         return 1
     return chunks + 1 if per_row > chunks else per_row
 
