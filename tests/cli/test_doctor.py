@@ -124,6 +124,17 @@ def test_split_probe_keeps_the_split_off_in_every_build(monkeypatch, launch):
                                                       f"on this device; {tail}")
 
 
+def _planted(real, rows, plant):
+    """``real`` (a reference function), except that on a call of ``rows`` rows ``plant(args,
+    out)`` changes what it wrote or returns: a difference the probe must name."""
+    def planted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if args[0].shape[0] == rows:
+            plant(args, out)
+        return out
+    return planted
+
+
 def test_plan_gather_probe_is_exact_here_and_names_a_difference(monkeypatch):
     """The child's plan_gather probe (run on the NPU there) on the CPU emulation, with the lookup
     split and without: exact, its three sessions (2 rows, whose own cores look up no chunk with
@@ -141,23 +152,12 @@ def test_plan_gather_probe_is_exact_here_and_names_a_difference(monkeypatch):
     from avsg import reference
     real = reference.plan_gather
 
-    def off_by_one(rows):
-        def planted(*args, **kwargs):
-            out = real(*args, **kwargs)
-            if args[0].shape[0] == rows:
-                args[7][0].view(-1)[-1] ^= 1
-            return out
-        return planted
-    monkeypatch.setattr(reference, "plan_gather", off_by_one(2))
-    assert doctor.plan_gather_probe("cpu") == ("plan_gather (2 rows) step 0: copied bytes differ "
-                                               "from the reference")
-    monkeypatch.setattr(reference, "plan_gather", off_by_one(cores // 3))
-    assert doctor.plan_gather_probe("cpu") == (f"plan_gather ({cores // 3} rows) step 0: copied "
-                                               f"bytes differ from the reference")
-    many = cores + 3
-    monkeypatch.setattr(reference, "plan_gather", off_by_one(many))
-    assert doctor.plan_gather_probe("cpu") == (f"plan_gather ({many} rows) step 0: copied bytes "
-                                               f"differ from the reference")
+    def off_by_one(rows):             # the last byte the reference copies to its dst
+        return _planted(real, rows, lambda args, out: args[7][0].view(-1)[-1:].bitwise_xor_(1))
+    for rows in (2, cores // 3, cores + 3):
+        monkeypatch.setattr(reference, "plan_gather", off_by_one(rows))
+        assert doctor.plan_gather_probe("cpu") == (f"plan_gather ({rows} rows) step 0: copied "
+                                                   f"bytes differ from the reference")
 
 
 def test_split_plan_probe_covers_both_splits_and_names_a_difference(monkeypatch):
@@ -177,19 +177,12 @@ def test_split_plan_probe_covers_both_splits_and_names_a_difference(monkeypatch)
         assert doctor.split_plan_probe("cpu") is None
         real = reference.plan
 
-        def off_by_one(rows):
-            def planted(*args, **kwargs):
-                out = real(*args, **kwargs)
-                if args[0].shape[0] == rows:
-                    out[3][0] += 1
-                return out
-            return planted
-        monkeypatch.setattr(reference, "plan", off_by_one(1))
-        assert doctor.split_plan_probe("cpu") == ("split plan (1 row of 2 x top-2048) step 0: "
-                                                  "miss_counts differs from the reference")
-        monkeypatch.setattr(reference, "plan", off_by_one(cores // 4))
-        assert doctor.split_plan_probe("cpu") == (f"split plan ({cores // 4} rows of 1 x top-2048) "
-                                                  f"step 0: miss_counts differs from the reference")
+        def off_by_one(rows):         # the first row's miss count
+            return _planted(real, rows, lambda args, out: out[3][:1].add_(1))
+        for rows, session in ((1, "1 row of 2"), (cores // 4, f"{cores // 4} rows of 1")):
+            monkeypatch.setattr(reference, "plan", off_by_one(rows))
+            assert doctor.split_plan_probe("cpu") == (f"split plan ({session} x top-2048) step 0: "
+                                                      f"miss_counts differs from the reference")
 
 
 def test_split_launch_note_names_the_launch_once(monkeypatch):
