@@ -16,8 +16,8 @@
 // a third to a half of a row's modelled time at K 2048) over split = min(cores / rows, chunks)
 // cores: core b works on row b % rows as part b / rows; part 0 owns the row and does everything
 // else. Where a core is left beside one per chunk the row takes chunks + 1 cores and its owner
-// looks up none (PlanContext::OwnerLooksUp): it drops, compacts its stash and loads the
-// sections it reads next while the helpers look up. Helpers check the row's header themselves
+// looks up none (PlanContext::OwnerLooksUp): it drops, compacts its stash and loads the index
+// (bucket_slot, slot_pos) while the helpers look up. Helpers check the row's header themselves
 // (a rejected row is skipped by every part), look up their chunks (PlanContext::FirstChunk, then
 // every ChunkStride()-th; in groups, as the owner does), store the chunks' slots to the
 // row's output and their sorted miss runs to the owner's workspace slice (DMA only: scalar GM goes

@@ -16,7 +16,7 @@ enum class PlanPhase : uint32_t {
     kStash,         // stash compaction #1 and the sorted stash runs (hash matcher)
     kLookup,        // per chunk: PrepareWant + HashLookup / DualFound; the dual pointer's
                     // resident runs and two-pointer match; a split row's owner with no chunk
-                    // of its own: its sections loaded meanwhile
+                    // of its own: its index loaded meanwhile
     kClassify,      // per chunk: misses compacted, sorted, run to the workspace
     kSplitSync,     // split lookup: the SyncAll; the owner's fold of the helpers' parts and
                     // its padding slots freed

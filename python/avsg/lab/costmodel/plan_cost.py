@@ -70,9 +70,10 @@ def counted_plan_on(sel: np.ndarray, positions: np.ndarray, context: int, policy
     """Counters of ``measured`` matching iterations of the real kernels (strict emulation, one row
     per emulated core: ``sel`` int [rows, steps, K]), ``queries`` query tokens per row from
     consecutive steps, after uncounted iterations (fast emulation) over ``warmup`` steps so the
-    buffers are warm. ``split`` > 1: the plan launched as ``AVSG_NPU_SPLIT=1`` launches it on
-    ``rows * split`` cores (``buffer.lookup_split``), each row's lookup spread over ``split``
-    blocks (block ``b`` works on row ``b % rows``); the launch is checked to have that many.
+    buffers are warm. ``split`` > 1: the plan as ``AVSG_NPU_SPLIT=1`` launches it where the
+    cores give each row ``split`` (``buffer.lookup_split``): on ``rows * split`` emulated cores,
+    block ``b`` working on row ``b % rows``; every counted launch is checked to have that many
+    blocks.
 
     Two kinds of iteration:
 
