@@ -109,8 +109,10 @@ public:
         ctx_.BindGm(topk, seq, validLens, state, stats, slots, missPos, missSlots, missCounts, workspace);
         ctx_.split_ = Matcher::kDual ? 1u : ctx_.t_.split;
         // every chunk has exactly one part (PlanContext::FirstChunk): a core per chunk at most,
-        // and one more for an owner that looks up none (op_host/state_host.cpp ApplySplit)
-        ascendc_assert(ctx_.split_ >= 1 && ctx_.split_ <= ctx_.t_.numChunks + 1);
+        // and one more for an owner that looks up none; the owner's fold copies at least one
+        // part's region at a time into wIdx_ (op_host/state_host.cpp ApplySplit)
+        ascendc_assert(ctx_.split_ >= 1 && ctx_.split_ <= ctx_.t_.numChunks + 1 &&
+                       (ctx_.split_ == 1 || ctx_.t_.partWords <= avsg::kPlanProbes * ctx_.t_.nc));
         ctx_.CarveUb(pipe);
     }
 
