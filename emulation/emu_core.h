@@ -577,7 +577,13 @@ inline thread_local BlockContext* tls_block = nullptr;
 
 [[noreturn]] inline void fail(const std::string& msg) {
     std::string prefix = "AscendC emulation";
-    if (tls_block) prefix += " [block " + std::to_string(tls_block->idx) + "]";
+    if (tls_block) {
+        prefix += " [block " + std::to_string(tls_block->idx);
+        // the kernel's phase (AVSG_PHASE, strict build): where in the kernel the failure arose
+        if (tls_block->phase_table && tls_block->phase < tls_block->phase_table->count)
+            prefix += std::string(", phase ") + tls_block->phase_table->names[tls_block->phase];
+        prefix += "]";
+    }
     throw AscendC::EmuError(prefix + ": " + msg);
 }
 

@@ -56,8 +56,11 @@ public:
         StoreInts(ctx_.slotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + c * nc], ctx_.vFoundI_, n);
         const uint32_t misses = static_cast<uint32_t>(nMiss);
         const LocalTensor<uint32_t> lanes = ctx_.vT2_.ReinterpretCast<uint32_t>();
+        // MarkHits' scalar reads (of `fresh`, in the sort region, for a later query token's
+        // chunk) before the vector writes below: this chunk's run, or the open run a chunk
+        // without misses closes (its sort writes the sort region too)
+        if (misses > 0 || (groupEnds && runFirst_ >= 0)) Sync<HardEvent::S_V>();
         if (misses > 0) {
-            Sync<HardEvent::S_V>();               // MarkHits' scalar reads before vector writes
             if (ctx_.split_ > 1 || misses > kRunSlot) {   // a run of its own: a split row's chunks
                 CloseRun();                                // are not consecutive; too many to stage
                 StoreRun(c, 1, ctx_.vSlot_, lanes, misses, misses);

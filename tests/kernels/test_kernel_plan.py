@@ -631,3 +631,23 @@ def test_stash_first_entry_wins_across_runs():
     topk[0, 0, 1:100] = v.slot_pos[0, :99]
     slots, *_ = twin.plan(topk, seq)
     assert int(slots[0, 0, 0]) == hi
+
+
+@pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
+def test_a_later_token_without_misses_closes_the_open_run(policy):
+    """One lookup group holds both query tokens (T 2, K 512: chunks 0 and 1, bucket_slot and
+    slot_pos whole in UB). Token 0 misses a few positions, so its chunk opens a run; token 1 hits
+    only, some slots token 0 did not hit: its chunk marks them from the sort region by scalar and
+    then, ending the group, closes the open run with a sort into that region. The strict
+    emulation raises on a missing S_V there (write-after-read); the results equal the reference."""
+    R, T, K, S, H, L = 1, 2, 512, 2048, 4096, 8
+    assert torch.ops.avsg.plan_ub_plan(T, K, S, H)[2] == H * 4, "bucket_slot is not whole in UB"
+    twin = Twin(R, S, H, L, max_context=4096 if policy == "reuse" else 0, policy=policy)
+    seq = torch.full((R,), 4000, dtype=I32)
+    resident = torch.arange(0, 2 * K, dtype=I32)            # both tokens' positions, resident
+    twin.plan(resident.view(1, T, K), seq)
+    token0 = torch.cat([resident[:K - 16], torch.arange(3000, 3016, dtype=I32)])   # 16 misses
+    token1 = resident[K // 2:K // 2 + K]                     # hits only, half of them fresh
+    with emulation("strict"):
+        twin.plan(torch.stack([token0, token1]).view(1, T, K), seq)
+    assert twin.ref_stats[0, 2] == 2 * K + 16, "the second step missed other than token 0's 16"
