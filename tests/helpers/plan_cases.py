@@ -3,7 +3,9 @@ kernels (on any device) and the reference (on CPU) in lockstep and compares ever
 whole state and the stats after every call; ``draw`` makes adversarial top-k (hot-window reuse,
 MTP repeats, -1 padding, out-of-range junk); ``geometry`` / ``session`` are the hypothesis
 strategies of a random session, ``run_session`` drives one (``idle_some`` leaves rows idle); ``colliding`` gives positions that
-share one probe sequence; ``split_lookup`` turns the hash plan's split lookup on for a block.
+share one probe sequence; ``split_lookup`` turns the hash plan's split lookup on for a block;
+``chunk_mix`` builds a step chunk by chunk from what the state holds (hits only, a few misses,
+many, padding, repeats, stash pressure), the per-chunk paths of the lookup groups.
 """
 from __future__ import annotations
 
@@ -166,3 +168,84 @@ def run_session(twin, ops, seed, R, T, K, S):
 
 def colliding(buckets, count, base=5, offset=0):
     return [base + (offset + n) * buckets * buckets for n in range(count)]
+
+
+CHUNK = 512   # the plan's selection chunk (kPlanChunk): lookup groups and miss runs are made of them
+CHUNK_KINDS = ("hits", "fresh", "few", "run_edge", "new", "pad", "some_pad", "repeat", "collide",
+               "stashed", "junk")
+
+
+def chunk_mix(gen, state, layout, seq, T, K, kinds):
+    """Selections ``[R, T, K]`` built chunk by chunk (CHUNK selections, counted across the query
+    tokens), chunk c of every row of kind ``kinds[c % len(kinds)]``, from what ``state`` (the
+    reference's) holds before the step:
+
+    * ``hits``: resident positions only (repeats included); ``fresh``: residents no earlier chunk
+      of the row selected (a later query token's chunk then marks new slots);
+    * ``few``: hits and 1-40 new positions; ``run_edge``: hits and 127-200 new positions (a chunk's
+      misses around the 128 a shared miss run stages per chunk); ``new``: new positions only;
+    * ``pad``: all -1; ``some_pad``: hits, -1 and a few new positions; ``repeat``: the previous
+      chunk again (MTP repeats across tokens); ``collide``: new positions sharing one probe
+      sequence (stash pressure) among hits; ``stashed``: the positions the stash holds;
+      ``junk``: out-of-range values among hits.
+
+    New positions lie in [0, seq) and are not resident (a kind without residents falls back to
+    new positions)."""
+    R, N = seq.shape[0], T * K
+    v = reference.view_state(state, layout)
+    out = torch.full((R, N), -1, dtype=I32)
+    for r in range(R):
+        held = v.slot_pos[r, :layout.capacity]
+        held = held[held >= 0]
+        stash = v.stash_key[r, :int(v.stash_count[r])]
+        stash = stash[stash >= 0]
+        bound = max(1, int(seq[r]))
+
+        def new(n):
+            if n == 0:
+                return torch.empty(0, dtype=I32)
+            fresh = torch.randint(0, bound, (2 * n + 64,), generator=gen, dtype=I32)
+            fresh = fresh[~torch.isin(fresh, held)][:n]
+            return torch.cat([fresh, torch.full((n - fresh.numel(),), -1, dtype=I32)])
+
+        def pick(pool, n):
+            if pool.numel() == 0:
+                return new(n)
+            return pool[torch.randint(0, pool.numel(), (n,), generator=gen)]
+
+        for c in range(-(-N // CHUNK)):
+            n = min(CHUNK, N - c * CHUNK)
+            kind = kinds[c % len(kinds)]
+            lo = c * CHUNK
+            if kind == "hits":
+                chunk = pick(held, n)
+            elif kind == "fresh":
+                chunk = pick(held[~torch.isin(held, out[r, :lo])], n)
+            elif kind in ("few", "run_edge", "some_pad", "collide", "junk"):
+                chunk = pick(held, n)
+                m = min(n, int(torch.randint(*((1, 41) if kind != "run_edge" else (127, 201)), (1,),
+                                             generator=gen)))
+                lanes = torch.randperm(n, generator=gen)[:m]
+                if kind in ("few", "run_edge"):
+                    chunk[lanes] = new(m)
+                elif kind == "some_pad":
+                    chunk[torch.rand(n, generator=gen) < 0.5] = -1
+                    chunk[lanes[:m // 4]] = new(m // 4)
+                elif kind == "collide":
+                    family = colliding(layout.buckets, m, base=int(lanes[0]) + 1)
+                    chunk[lanes] = torch.tensor([p if p < bound else -1 for p in family], dtype=I32)
+                else:
+                    junk = torch.tensor([-5, -2, bound + 3, 1 << 24, (1 << 31) - 1], dtype=I32)
+                    chunk[lanes] = junk[torch.randint(0, junk.numel(), (m,), generator=gen)]
+            elif kind == "new":
+                chunk = new(n)
+            elif kind == "pad":
+                chunk = torch.full((n,), -1, dtype=I32)
+            elif kind == "repeat":
+                chunk = out[r, lo - n:lo].clone() if lo >= n else pick(held, n)
+            elif kind == "stashed":
+                chunk = pick(stash if stash.numel() else held, n)
+            else:
+                raise ValueError(f"kinds: unknown chunk kind {kind!r}")
+            out[r, lo:lo + n] = chunk
+    return out.view(R, T, K)

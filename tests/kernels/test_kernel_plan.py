@@ -20,8 +20,8 @@ from avsg.buffer import lookup_split
 # plan-only buffers hold no KV: track_copies=False keeps a plan's misses resident without
 # a gather (what these tests specify); tests/ops/test_uncopied.py covers the tracking
 
-from helpers.plan_cases import (I32, Twin, colliding, draw, geometry, idle_some,  # noqa: F401
-                                run_session, session, split_lookup, valid_lens_near)
+from helpers.plan_cases import (I32, Twin, chunk_mix, colliding, draw, geometry,  # noqa: F401
+                                idle_some, run_session, session, split_lookup, valid_lens_near)
 
 
 
@@ -651,3 +651,76 @@ def test_a_later_token_without_misses_closes_the_open_run(policy):
     with emulation("strict"):
         twin.plan(torch.stack([token0, token1]).view(1, T, K), seq)
     assert twin.ref_stats[0, 2] == 2 * K + 16, "the second step missed other than token 0's 16"
+
+
+# Steps by chunk kind (helpers.plan_cases.chunk_mix; chunk c of a row takes kinds[c % len]): misses
+# in an early query token's chunks and hits only in later ones, none at all, miss counts around
+# a staged run's 128, padding, repeats, stash pressure, with drops and an idle row between.
+CHUNK_STEPS = (("new",), ("few", "hits", "fresh", "fresh"), ("hits",), ("hits", "few"),
+               ("run_edge", "fresh", "pad", "few"), ("collide", "hits"), ("stashed", "few", "repeat"),
+               ("some_pad", "junk", "new", "hits"), ("new",))
+
+
+def run_chunk_steps(twin, gen, T, K, seq, steps=CHUNK_STEPS):
+    """Drive ``twin`` through ``steps`` (chunk kinds each); from the fourth step on, every other
+    step drops (valid_lens: near the lengths, at a held position, or a third of the buffer back)
+    and one row may be idle."""
+    for i, kinds in enumerate(steps):
+        lens = None
+        if i >= 3 and i % 2:
+            lens = (valid_lens_near(gen, seq, T, twin.ref_state, twin.layout) if i % 4 == 1
+                    else seq - twin.S // 3)
+        topk = chunk_mix(gen, twin.ref_state, twin.layout, seq, T, K, kinds)
+        twin.plan(topk, idle_some(gen, seq) if i >= 2 else seq, lens)
+        seq = seq + T
+
+
+def test_reuse_mtp_with_bucket_slot_paged_and_slot_pos_whole():
+    """The reuse policy at T 4, K 2048, capacity 8192 (a full buffer), 16384 buckets: its policy
+    sections leave bucket_slot paged in UB windows while slot_pos stays whole, so the hash lookup
+    and the insert page the buckets but not the slots (lifetime and lru keep both whole here,
+    and page both from capacity 16384 on; no other test builds this). Steps chunk by chunk
+    (CHUNK_STEPS) with drops and idle rows, bit for bit with the reference under the strict
+    emulation's hazard checks."""
+    R, T, K, S, H = 2, 4, 2048, 8192, 16384
+    _, _, bs, sp, *_ = torch.ops.avsg.plan_ub_plan(T, K, S, H, 1 << 22)
+    assert bs < H * 4 and sp == S * 4, "bucket_slot is not paged, or slot_pos not whole"
+    gen = torch.Generator().manual_seed(41)
+    with emulation("strict"):
+        twin = Twin(R, S, H, 6, max_context=1 << 22)
+        run_chunk_steps(twin, gen, T, K, torch.full((R,), 3 * S, dtype=I32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("policy", ["lifetime", "lru", "reuse"])
+@pytest.mark.parametrize("T,K,S,H", [
+    (2, 512, 2048, 4096),      # wide lookup groups: one group of both tokens' chunks
+    (3, 700, 4096, 8192),      # a group of 4 chunks and one of 1; chunks straddle query tokens
+    (4, 1024, 4096, 4096),     # two groups, a full buffer, as many buckets as slots
+    (4, 256, 1024, 1024),      # each chunk holds two query tokens; a full buffer
+    (1, 2048, 8192, 8192),     # stash windows paged, the index whole
+    (4, 2048, 8192, 16384),    # slot_life paged (reuse: bucket_slot paged, slot_pos whole)
+    (2, 2048, 16384, 16384),   # every section paged: one chunk per lookup
+    (4, 2048, 32768, 32768)])
+def test_chunk_kinds_across_layouts(T, K, S, H, policy, split):
+    """CHUNK_STEPS on every UB layout class the host picks (whole or paged bucket_slot /
+    slot_pos / slot_life / stash windows), every policy, with and without the split lookup (2 rows
+    on 2 + chunks cores: the owner looks up none), bit for bit with the reference under the
+    strict emulation's hazard checks. The hazards it looks for hang on a layout and a per-chunk
+    pattern together (a run left open by an early token's misses, closed by a later token's
+    hits), which random selections over a few geometries rarely build."""
+    R = 2
+    chunks = -(-T * K // 512)
+    gen = torch.Generator().manual_seed(T * K + S + H)
+    saved = backend.emulated_cores()
+    backend.set_emulated_cores(max(saved, R * (chunks + 1)))
+    try:
+        with emulation("strict"), split_lookup(split):
+            twin = Twin(R, S, H, 6, max_context=(1 << 22) if policy == "reuse" else 0, policy=policy)
+            seq = torch.full((R,), 3 * S, dtype=I32)
+            for _ in range(S // (T * K) - 1):          # near full before the steps
+                twin.plan(chunk_mix(gen, twin.ref_state, twin.layout, seq, T, K, ("new",)), seq)
+            run_chunk_steps(twin, gen, T, K, seq)
+    finally:
+        backend.set_emulated_cores(saved)
