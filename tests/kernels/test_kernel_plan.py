@@ -678,8 +678,8 @@ def run_chunk_steps(twin, gen, T, K, seq, steps=CHUNK_STEPS):
 def test_reuse_mtp_with_bucket_slot_paged_and_slot_pos_whole():
     """The reuse policy at T 4, K 2048, capacity 8192 (a full buffer), 16384 buckets: its policy
     sections leave bucket_slot paged in UB windows while slot_pos stays whole, so the hash lookup
-    and the insert page the buckets but not the slots (lifetime and lru keep both whole here,
-    and page both from capacity 16384 on; no other test builds this). Steps chunk by chunk
+    and the insert page the buckets but not the slots (lifetime and lru keep both whole here;
+    32768 buckets over a capacity up to 8192 do the same under every policy). Steps chunk by chunk
     (CHUNK_STEPS) with drops and idle rows, bit for bit with the reference under the strict
     emulation's hazard checks."""
     R, T, K, S, H = 2, 4, 2048, 8192, 16384
@@ -700,6 +700,7 @@ def test_reuse_mtp_with_bucket_slot_paged_and_slot_pos_whole():
     (4, 1024, 4096, 4096),     # two groups, a full buffer, as many buckets as slots
     (4, 256, 1024, 1024),      # each chunk holds two query tokens; a full buffer
     (1, 2048, 8192, 8192),     # stash windows paged, the index whole
+    (2, 512, 2048, 32768),     # bucket_slot paged, slot_pos whole
     (4, 2048, 8192, 16384),    # slot_life paged (reuse: bucket_slot paged, slot_pos whole)
     (2, 2048, 16384, 16384),   # every section paged: one chunk per lookup
     (4, 2048, 32768, 32768)])
