@@ -4,7 +4,8 @@
 // accept it. All sizes are in int32 elements unless named *Bytes.
 //
 // State row layout (python/avsg/reference.py): a 64-int32 header (magic, S, H, L at words 0..3,
-// stash_count at word 8), then sections BS bucket_slot [H], SP slot_pos [Sp],
+// stash_count at word 8), then sections BS bucket_slot [Hw = BucketWords(H): H int16 entries,
+// two per word, bucket 2w in the low half of word w], SP slot_pos [Sp],
 // SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp], and for the reuse policy SC
 // slot_count [Sp], PC ghost [G] (evicted counts, tag << 8 | count), HT block_heat [B] (empty
 // for the lifetime and lru policies). Each section is reached through one UB "window" of winLen elements (a power
@@ -35,7 +36,7 @@ constexpr uint32_t kPlanSortVectors = 8;    // concat 1 + index 1 + dst 2 + tmp 
 constexpr uint32_t kStashCountPad = 8;      // the stash_count block: 8 int32 (32 B) of the header
 constexpr uint32_t kStateHeaderLen = 64;    // int32 header at the start of every state row
 constexpr uint32_t kHeaderWords = 8;        // geometry block read by the kernels (32 B)
-constexpr uint32_t kHeaderMagic = 0x41565332u;   // "AVS2" (reference.HEADER_MAGIC)
+constexpr uint32_t kHeaderMagic = 0x41565333u;   // "AVS3" (reference.HEADER_MAGIC)
 constexpr uint32_t kHeaderCapacity = 1, kHeaderBuckets = 2, kHeaderLifetime = 3;
 constexpr uint32_t kHeaderPolicy = 4, kHeaderMaxContext = 5;
 constexpr uint32_t kHeaderActive = 6;       // active capacity in [N, S] (resize; reset writes S)
@@ -54,6 +55,10 @@ constexpr int32_t kGhostCountBits = 8, kGhostCountMask = 255;   // a ghost: tag 
 constexpr uint32_t kHeatBlocksPerBucketLog = 4;                  // B = max(64, H / 16)
 constexpr int32_t kLruScoreFree = -kReuseAgeMax - 1, kLruScorePinned = 1;   // lru scores: -age
 
+// int32 words of the bucket_slot section: H int16 entries (slot ids < S <= 2^15), rounded up to
+// 64 words like every section (reference.Layout.bucket_words).
+constexpr uint32_t BucketWords(uint32_t buckets) { return (buckets / 2 + 63) / 64 * 64; }
+
 struct PlanTiling {
     uint32_t rows, N;                    // N = T*K selections per row
     uint32_t outPitch;                   // int32 per row of slots / miss_pos / miss_slots: N rounded up
@@ -66,7 +71,7 @@ struct PlanTiling {
     uint32_t maxContext;                 // positions with per-position state (0: none)
     uint32_t width;                      // int32 per state row
     uint32_t secOff[SEC_COUNT];          // section offsets in a state row
-    uint32_t secLen[SEC_COUNT];          // section lengths (H or Sp; multiples of 64)
+    uint32_t secLen[SEC_COUNT];          // section lengths in int32 words (multiples of 64)
     uint32_t winLog[SEC_COUNT];          // window = 2^winLog elements (multi-window sections)
     uint32_t winLen[SEC_COUNT];          // UB buffer length = min(2^winLog, secLen)
     uint32_t stashCountOff;              // kHeaderStashCount

@@ -70,7 +70,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.lifetime = lifetime;
     t.policy = policy;
     t.maxContext = maxContext;
-    const uint32_t H = buckets, Sp = t.capPad, hd = kStateHeaderLen;
+    const uint32_t H = buckets, Hw = BucketWords(buckets), Sp = t.capPad, hd = kStateHeaderLen;
     // reuse policy state, sized by S and H only (reference.Layout): counts per slot, ghosts
     // (evicted counts, one per bucket), heat per 64-position block modulo B
     const bool reuse = policy == kPolicyReuse;
@@ -80,16 +80,16 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.ghostLog = CeilLog2(GhostEntries(H));
     t.heatMask = HeatEntries(H) - 1;
     t.secOff[SEC_BS] = hd;
-    t.secOff[SEC_SP] = hd + H;
-    t.secOff[SEC_SL] = hd + H + Sp;
-    t.secOff[SEC_SK] = hd + H + 2 * Sp;
-    t.secOff[SEC_SS] = hd + H + 3 * Sp;
-    t.secOff[SEC_SC] = hd + H + 4 * Sp;
+    t.secOff[SEC_SP] = hd + Hw;
+    t.secOff[SEC_SL] = hd + Hw + Sp;
+    t.secOff[SEC_SK] = hd + Hw + 2 * Sp;
+    t.secOff[SEC_SS] = hd + Hw + 3 * Sp;
+    t.secOff[SEC_SC] = hd + Hw + 4 * Sp;
     t.secOff[SEC_PC] = t.secOff[SEC_SC] + slotCountLen;
     t.secOff[SEC_HT] = t.secOff[SEC_PC] + ctxPad;
     t.stashCountOff = kHeaderStashCount;
     t.width = t.secOff[SEC_HT] + heatLen;
-    t.secLen[SEC_BS] = H;
+    t.secLen[SEC_BS] = Hw;   // words: two int16 buckets each
     for (uint32_t s = SEC_SP; s <= SEC_SS; ++s) t.secLen[s] = Sp;
     t.secLen[SEC_SC] = slotCountLen;
     t.secLen[SEC_PC] = ctxPad;
@@ -264,7 +264,7 @@ int64_t StateWidth(int64_t capacity, int64_t buckets, bool reuse) {
     const int64_t Sp = RoundUp(static_cast<uint32_t>(capacity), 64);
     const uint32_t H = static_cast<uint32_t>(buckets);
     const int64_t policyState = reuse ? Sp + GhostEntries(H) + HeatEntries(H) : 0;
-    return kStateHeaderLen + buckets + 4 * Sp + policyState;
+    return kStateHeaderLen + BucketWords(H) + 4 * Sp + policyState;
 }
 
 // The state of an op told its policy: the reuse policy's sections make the only width choice, so

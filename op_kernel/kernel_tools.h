@@ -203,6 +203,22 @@ __aicore__ inline void WinPut(Win& w, uint32_t idx, int32_t v) {
     w.buf.SetValue(idx - static_cast<uint32_t>(id) * w.wlen, v);
     WinMark(w, idx - static_cast<uint32_t>(id) * w.wlen);
 }
+// Entry idx of a section of int16 entries (bucket_slot: two per int32 word, entry 2w in the low
+// half of word w), through the window of its word; the write marks the word's block.
+template <bool kVector>
+__aicore__ inline int32_t WinGet16(Win& w, uint32_t idx) {
+    const int32_t id = static_cast<int32_t>((idx >> 1) >> w.wlog);
+    WinEnsure<kVector>(w, id);
+    return w.buf.template ReinterpretCast<int16_t>().GetValue(idx - static_cast<uint32_t>(id) * 2 * w.wlen);
+}
+template <bool kVector>
+__aicore__ inline void WinPut16(Win& w, uint32_t idx, int32_t v) {
+    const int32_t id = static_cast<int32_t>((idx >> 1) >> w.wlog);
+    WinEnsure<kVector>(w, id);
+    const uint32_t at = idx - static_cast<uint32_t>(id) * 2 * w.wlen;
+    w.buf.template ReinterpretCast<int16_t>().SetValue(at, static_cast<int16_t>(v));
+    WinMark(w, at >> 1);
+}
 // Points every section's window at row r of the state, nothing resident.
 __aicore__ inline void BindWindows(Win* win, const GlobalTensor<int32_t>& stateGm, const PlanTiling& t, uint32_t r) {
     const uint64_t base = static_cast<uint64_t>(r) * t.width;

@@ -48,7 +48,7 @@ public:
             const uint64_t base = static_cast<uint64_t>(r) * t_.width;
             DataCopy(stateGm_[base], hdr, avsg::kHeaderWords);
             Fill(base + avsg::kHeaderWords, avsg::kStateHeaderLen - avsg::kHeaderWords, zero);
-            Fill(base + t_.secOff[avsg::SEC_BS], t_.buckets, neg);   // never used
+            Fill(base + t_.secOff[avsg::SEC_BS], t_.secLen[avsg::SEC_BS], neg);   // never used (int16 -1 pairs)
             Fill(base + t_.secOff[avsg::SEC_SP], t_.capPad, neg);
             Fill(base + t_.secOff[avsg::SEC_SL], t_.capPad, neg);
             Fill(base + t_.secOff[avsg::SEC_SK], t_.capPad, neg);

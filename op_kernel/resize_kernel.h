@@ -98,6 +98,9 @@ private:
     __aicore__ inline void Flush(Win& w) { WinFlush<false>(w); }
     __aicore__ inline int32_t Get(Win& w, uint32_t idx) { return WinGet<false>(w, idx); }
     __aicore__ inline void Put(Win& w, uint32_t idx, int32_t v) { WinPut<false>(w, idx, v); }
+    // bucket_slot's int16 entries (op_host/plan_tiling.h)
+    __aicore__ inline int32_t GetBucket(uint32_t b) { return WinGet16<false>(win_[avsg::SEC_BS], b); }
+    __aicore__ inline void PutBucket(uint32_t b, int32_t slot) { WinPut16<false>(win_[avsg::SEC_BS], b, slot); }
     __aicore__ inline void BindRow(uint32_t r) { BindWindows(win_, stateGm_, rt_.plan, r); }
 
     // ------------------------------------------------------------------------- ranks
@@ -325,7 +328,7 @@ private:
     // reference.occupied_buckets for one bucket: its slot holds a position that probes it
     __aicore__ inline bool Occupied(uint32_t b) {
         const int32_t slotMax = static_cast<int32_t>(rt_.plan.capacity) - 1;
-        const int32_t slot = Clamp(Get(win_[avsg::SEC_BS], b), -1, slotMax);   // -1: never used
+        const int32_t slot = Clamp(GetBucket(b), -1, slotMax);   // -1: never used
         if (slot < 0) return false;
         const int32_t owner = Clamp(Get(win_[avsg::SEC_SP], static_cast<uint32_t>(slot)), -1,
                                     static_cast<int32_t>(avsg::kMaxPosition));
@@ -338,7 +341,6 @@ private:
     // reference._insert over the moves in order: 4 rounds, a free bucket to the lowest pending
     // j, the rest appended to the stash while it has room
     __aicore__ inline void Insert(uint32_t r, uint32_t moves) {
-        Win& bs = win_[avsg::SEC_BS];
         Win& sp = win_[avsg::SEC_SP];
         for (uint32_t w = 0; w < (moves + 31) / 32; ++w) {
             const uint32_t lo = w * 32;
@@ -350,7 +352,7 @@ private:
             const uint32_t dst = MoveDst(r, j);
             const int32_t pos = Get(sp, dst);
             for (uint32_t k = 0; k < avsg::kPlanProbes; ++k) {
-                const int32_t slot = Clamp(Get(bs, Probe(pos, k)), -1, slotMax);
+                const int32_t slot = Clamp(GetBucket(Probe(pos, k)), -1, slotMax);
                 if (slot >= 0 && Get(sp, static_cast<uint32_t>(slot)) == pos) {
                     pend_.SetValue(j / 32, pend_.GetValue(j / 32) & ~(1u << (j % 32)));
                     break;
@@ -367,7 +369,7 @@ private:
                 if ((claim_.GetValue(b / 32) >> (b % 32)) & 1u) continue;   // a lower j won it
                 if (Occupied(b)) continue;
                 claim_.SetValue(b / 32, claim_.GetValue(b / 32) | (1u << (b % 32)));
-                Put(bs, b, static_cast<int32_t>(dst));
+                PutBucket(b, static_cast<int32_t>(dst));
                 pend_.SetValue(j / 32, pend_.GetValue(j / 32) & ~(1u << (j % 32)));
             }
         }

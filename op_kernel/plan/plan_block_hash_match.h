@@ -107,7 +107,7 @@ public:
         PipeBarrier<PIPE_V>();
         // probe 0: b = first bucket, x = the slot it names (clamped), z = the position that slot holds
         probe_.HashInto<false>({x, b, y, {}, z, {}, b, {}}, want, n);   // hmask: z
-        SlotsAndOwners(b, y, x, z, slotF, n);
+        SlotsAndOwners(b, y, z, slotF, n);
         avsg::CompareAll(ctx_.mOwn_, z, want, CMPMODE::EQ, n);
         PipeBarrier<PIPE_V>();
         And(ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mKey_), n / 16);   // found at probe 0
@@ -128,23 +128,32 @@ public:
             LateLookup(j0, MinU(kLate, static_cast<uint32_t>(late) - j0));
     }
 
-    // The probe step both lookups share, on n lanes of whole sections: slot = bucket_slot[bucket]
-    // clamped to [0, S-1] (whatever the state holds), slotF the same as float, owner =
-    // slot_pos[slot]. off: scratch for the byte offsets (it may be `buckets` itself).
+    // The probe step both lookups share, on n lanes of whole sections: slotF = bucket_slot[bucket]
+    // clamped to [0, S-1] (whatever the state holds) as float, owner = slot_pos[that slot].
+    // off: scratch for the byte offsets (it may be `buckets` itself).
     __aicore__ inline void SlotsAndOwners(const LocalTensor<int32_t>& buckets, const LocalTensor<int32_t>& off,
-                                          const LocalTensor<int32_t>& slot, const LocalTensor<int32_t>& owner,
-                                          const LocalTensor<float>& slotF, uint32_t n) {
+                                          const LocalTensor<int32_t>& owner, const LocalTensor<float>& slotF,
+                                          uint32_t n) {
         Win& bs = ctx_.win_[avsg::SEC_BS];
         Win& sp = ctx_.win_[avsg::SEC_SP];
-        ShiftLeft(off, buckets, 2, n);
+        // bucket_slot's int16 entries land in owner's lanes (free until the second gather), widen
+        // to float (exact) and are clamped there; the slot as int32 only for its byte offset
+        const LocalTensor<int16_t> entry = owner.ReinterpretCast<int16_t>();
+        ShiftLeft(off, buckets, 1, n);
         PipeBarrier<PIPE_V>();
-        Gather(slot, bs.buf, off.ReinterpretCast<uint32_t>(), 0u, n);
+        Gather(entry, bs.buf.ReinterpretCast<int16_t>(), off.ReinterpretCast<uint32_t>(), 0u, n);
         PipeBarrier<PIPE_V>();
-        ctx_.ClampInts(slot, 0, ctx_.SlotMax(), n);
-        ShiftLeft(off, slot, 2, n);
+        Cast(slotF, entry, RoundMode::CAST_NONE, n);
+        PipeBarrier<PIPE_V>();
+        Maxs(slotF, slotF, 0.0f, n);
+        PipeBarrier<PIPE_V>();
+        Mins(slotF, slotF, static_cast<float>(ctx_.SlotMax()), n);
+        PipeBarrier<PIPE_V>();
+        Cast(off, slotF, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+        ShiftLeft(off, off, 2, n);
         PipeBarrier<PIPE_V>();
         Gather(owner, sp.buf, off.ReinterpretCast<uint32_t>(), 0u, n);
-        Cast(slotF, slot, RoundMode::CAST_RINT, n);
         PipeBarrier<PIPE_V>();
     }
 
@@ -176,7 +185,7 @@ public:
         for (uint32_t i = 0; i < kLateProbes; ++i) probe_.AndMask(bkt[i * kLate], bkt[i * kLate], ctx_.vHMask_, kLate);
         PipeBarrier<PIPE_V>();
         Duplicate(found, -1.0f, kLate);
-        SlotsAndOwners(bkt, bkt, slot, owner, slotF, n);
+        SlotsAndOwners(bkt, bkt, owner, slotF, n);
         for (uint32_t i = 0; i < kLateProbes; ++i)
             avsg::CompareAll(ctx_.mOwn_[i * kLate / 8], owner[i * kLate], w, CMPMODE::EQ, kLate);
         PipeBarrier<PIPE_V>();
@@ -219,8 +228,8 @@ public:
         Sync<HardEvent::S_V>();                   // scalar writes of the windows / inputs
         probe_.Hash(ctx_.vWant_, nc);
         probe_.Buckets();
-        probe_.SplitIdx(bs, ctx_.wIdx_);
-        probe_.GatherVals(bs, ctx_.wSlot_, 0, ctx_.SlotMax());     // the slot each probe bucket names
+        probe_.SplitBucketIdx(bs, ctx_.wIdx_);
+        probe_.GatherBuckets(bs, ctx_.wSlot_, 0, ctx_.SlotMax());  // the slot each probe bucket names
         if (sp.nwin == 1) {                       // SplitIdx of one window: the byte offsets
             ShiftLeft(ctx_.wIdx_, ctx_.wSlot_, 2, n);
             PipeBarrier<PIPE_V>();

@@ -51,8 +51,8 @@ public:
             probe_.Hash(ctx_.vWant_, ps);
             probe_.Buckets();
             Adds(ctx_.wKey_, ctx_.wIdx_, 0, n);             // the buckets, kept for FreeBuckets
-            probe_.SplitIdx(bs, ctx_.wIdx_);
-            probe_.GatherVals(bs, ctx_.wSlot_, -1, ctx_.SlotMax());   // the slot each bucket names, -1: never used
+            probe_.SplitBucketIdx(bs, ctx_.wIdx_);
+            probe_.GatherBuckets(bs, ctx_.wSlot_, -1, ctx_.SlotMax());   // the slot each bucket names, -1: never used
             avsg::CompareScalarAll(ctx_.mKey_, ctx_.wSlot_, -1, CMPMODE::EQ, n);   // FreeBuckets ORs it in
             Maxs(ctx_.wIdx_, ctx_.wSlot_, 0, n);
             PipeBarrier<PIPE_V>();
@@ -133,7 +133,7 @@ public:
             } else {
                 probe_.Buckets();
             }
-            probe_.SplitIdx(bs, ctx_.wIdx_);
+            probe_.SplitBucketIdx(bs, ctx_.wIdx_);
             WriteWinners(bs, ctx_.vMS_, cnt);          // their slots to bucket_slot
         }
         ctx_.probeStride_ = nc;
@@ -251,9 +251,9 @@ public:
         }
         if (any) Sync<HardEvent::V_S>();
     }
-    // One bucket section's entries of this chunk's winners (mKey_: per-probe winner bits; wIdx_:
-    // the probe buckets as in-window byte offsets of w, wWin_: their windows): values[j] for the
-    // winner j, resident window first.
+    // bucket_slot's entries of this chunk's winners (mKey_: per-probe winner bits; wIdx_: the
+    // probe buckets as in-window byte offsets of w's int16 entries, wWin_: their windows):
+    // values[j] for the winner j, resident window first.
     __aicore__ inline void WriteWinners(Win& w, const LocalTensor<int32_t>& values, uint32_t cnt) {
         const uint32_t ps = ctx_.probeStride_, n = probe_.ProbeLanes();
         const int32_t first = probe_.FirstWin(w);
@@ -272,10 +272,12 @@ public:
             for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
                 if (got[i] == 0) continue;
                 ctx_.Ensure(w, id);
+                const LocalTensor<int16_t> entries = w.buf.template ReinterpretCast<int16_t>();
                 for (uint32_t q = 0; q < got[i]; ++q) {
-                    const uint32_t idx = static_cast<uint32_t>(ctx_.wSlot_.GetValue(i * ps + q)) >> 2;
-                    w.buf.SetValue(idx, ctx_.wTmp_.GetValue(i * ps + q));
-                    WinMark(w, idx);
+                    // the bucket's in-window byte offset (SplitBucketIdx) -> its int16 entry
+                    const uint32_t at = static_cast<uint32_t>(ctx_.wSlot_.GetValue(i * ps + q)) >> 1;
+                    entries.SetValue(at, static_cast<int16_t>(ctx_.wTmp_.GetValue(i * ps + q)));   // a slot < 2^15
+                    WinMark(w, at >> 1);
                 }
             }
         }

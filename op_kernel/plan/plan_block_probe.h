@@ -117,6 +117,70 @@ public:
         Cast(dst, dstF, RoundMode::CAST_RINT, n);
         PipeBarrier<PIPE_V>();
     }
+    // bucket_slot's int16 entries (two per word, op_host/plan_tiling.h): bucket ids idx (W lanes)
+    // -> byte offsets inside their window (in place) and window ids (wWin_, multi-window only);
+    // a window of 2^wlog words holds 2^(wlog+1) entries. Scratch: wTmp_.
+    __aicore__ inline void SplitBucketIdx(const Win& w, const LocalTensor<int32_t>& idx) {
+        const uint32_t n = ProbeLanes();
+        if (w.nwin > 1) {
+            const int32_t entriesLog = static_cast<int32_t>(w.wlog) + 1;
+            ShiftRight(ctx_.wWin_, idx, entriesLog, n);
+            PipeBarrier<PIPE_V>();
+            ShiftLeft(ctx_.wTmp_, ctx_.wWin_, entriesLog, n);
+            PipeBarrier<PIPE_V>();
+            Sub(idx, idx, ctx_.wTmp_, n);
+            PipeBarrier<PIPE_V>();
+        }
+        ShiftLeft(idx, idx, 1, n);
+        PipeBarrier<PIPE_V>();
+    }
+    // dst (W lanes) = clamp(bucket_slot[bucket], lo, hi) as int32, at the offsets in wIdx_ (from
+    // SplitBucketIdx): the int16 entries widen through float, where every int16 is exact, so the
+    // clamp after the windows' blend equals one on the raw entries. Several windows take half the
+    // lanes at a time, so that the entries and their float values share wTmp_. Scratch: wTmp_.
+    __aicore__ inline void GatherBuckets(Win& w, const LocalTensor<int32_t>& dst, int32_t lo, int32_t hi) {
+        const uint32_t n = ProbeLanes();
+        const LocalTensor<uint32_t> off = ctx_.wIdx_.ReinterpretCast<uint32_t>();
+        const LocalTensor<float> dstF = dst.ReinterpretCast<float>();
+        const LocalTensor<int16_t> entries = w.buf.template ReinterpretCast<int16_t>();
+        if (w.nwin == 1) {
+            const LocalTensor<int16_t> raw = ctx_.wTmp_.ReinterpretCast<int16_t>();
+            ctx_.Ensure(w, 0);
+            Gather(raw, entries, off, 0u, n);
+            PipeBarrier<PIPE_V>();
+            Cast(dstF, raw, RoundMode::CAST_NONE, n);
+            PipeBarrier<PIPE_V>();
+        } else {
+            const uint32_t half = n / 2;
+            const LocalTensor<float> tmpF = ctx_.wTmp_.ReinterpretCast<float>();            // bytes [0, 2n)
+            const LocalTensor<int16_t> raw = ctx_.wTmp_[half].ReinterpretCast<int16_t>();   // bytes [2n, 3n)
+            const int32_t first = FirstWin(w);
+            for (uint32_t k = 0; k < w.nwin; ++k) {
+                const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
+                ctx_.Ensure(w, id);
+                if (k > 0) avsg::CompareScalarAll(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
+                for (uint32_t at = 0; at < n; at += half) {
+                    PipeBarrier<PIPE_V>();    // the previous part's readers of wTmp_
+                    Gather(raw, entries, off[at], 0u, half);
+                    PipeBarrier<PIPE_V>();
+                    if (k == 0) {             // every lane takes the first window's entry
+                        Cast(dstF[at], raw, RoundMode::CAST_NONE, half);
+                        continue;
+                    }
+                    Cast(tmpF, raw, RoundMode::CAST_NONE, half);
+                    PipeBarrier<PIPE_V>();
+                    Select(dstF[at], ctx_.mWin_[at / 8], tmpF, dstF[at], SELMODE::VSEL_TENSOR_TENSOR_MODE, half);
+                }
+            }
+            PipeBarrier<PIPE_V>();
+        }
+        Maxs(dstF, dstF, static_cast<float>(lo), n);
+        PipeBarrier<PIPE_V>();
+        Mins(dstF, dstF, static_cast<float>(hi), n);
+        PipeBarrier<PIPE_V>();
+        Cast(dst, dstF, RoundMode::CAST_RINT, n);
+        PipeBarrier<PIPE_V>();
+    }
     // x & m on int32 lanes: And is 16-bit only on A2 (card §5), so both run as u16 with twice the
     // count; an int32 mask vector holding H-1 reads as [H-1, 0] per lane, i.e. x mod H.
     __aicore__ inline void AndMask(const LocalTensor<int32_t>& dst, const LocalTensor<int32_t>& x,

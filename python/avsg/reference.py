@@ -9,14 +9,17 @@ Memory layout (one int32 state row per request row, one state tensor per layer)
 -------------------------------------------------------------------------------
 A buffer with ``S`` slots and ``H`` hash buckets keeps, per row, one contiguous int32 region so a
 vector core can move a row's whole state GM<->UB with a few DMA copies. Each section is padded to
-a multiple of 64 int32 (one 256-byte vector repeat)::
+a multiple of 64 int32 (one 256-byte vector repeat). ``bucket_slot`` holds int16 entries, two per
+int32 word (bucket ``2w`` in the low half of word ``w``: little-endian), in ``Hw = H/2`` words
+rounded up to 64: a slot id lies below ``S <= 2**15``, and the index, the largest section, is what
+every plan loads whole::
 
     [0,        64)          header       the row's geometry and scalars (below)
-    [64,       64+H)        bucket_slot  slot the bucket names, -1 = never used
-    [64+H,     64+H+Sp)     slot_pos     position held by each slot, -1 = free
-    [.. +Sp,   64+H+2Sp)    slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
-    [.. +2Sp,  64+H+3Sp)    stash_key    overflow index: positions no probe bucket could take
-    [.. +3Sp,  64+H+4Sp)    stash_slot   their slots
+    [64,       64+Hw)       bucket_slot  int16: slot the bucket names, -1 = never used
+    [64+Hw,    64+Hw+Sp)    slot_pos     position held by each slot, -1 = free
+    [.. +Sp,   64+Hw+2Sp)   slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
+    [.. +2Sp,  64+Hw+3Sp)   stash_key    overflow index: positions no probe bucket could take
+    [.. +3Sp,  64+Hw+4Sp)   stash_slot   their slots
     reuse policy only (the lifetime and lru policies have none of these):
     [.. +4Sp,  .. +5Sp)     slot_count   use count of the position each slot holds, 0..255
     [.. +5Sp,  .. +G)       ghost        counts of evicted positions: ``tag << 8 | count``
@@ -294,8 +297,9 @@ DEFAULT_LIFETIME = 255
 PROBATION_STEPS = 4
 INT32_MAX = (1 << 31) - 1
 STATE_HEADER = 64                      # int32 words of the per-row header
-HEADER_MAGIC = 0x41565332              # "AVS2": a row written by reset, layout version 2
-#: (version 1 also kept a bucket_key section, before bucket_slot; such rows fail the magic check)
+HEADER_MAGIC = 0x41565333              # "AVS3": a row written by reset, layout version 3
+#: (version 2 kept bucket_slot as int32, version 1 also a bucket_key section before it; such rows
+#: fail the magic check)
 HEADER_MAGIC_WORD, HEADER_CAPACITY, HEADER_BUCKETS, HEADER_LIFETIME = range(4)
 HEADER_POLICY, HEADER_MAX_CONTEXT = 4, 5
 HEADER_ACTIVE = 6                      # active capacity: resident slots all lie below it (resize)
@@ -408,8 +412,13 @@ class Layout(NamedTuple):
         return STATE_HEADER
 
     @property
+    def bucket_words(self) -> int:
+        """int32 words of ``bucket_slot``: ``H`` int16 entries, rounded up to 64 words."""
+        return round_up(self.buckets // 2, VECTOR_INT32)
+
+    @property
     def slot_pos(self) -> int:
-        return STATE_HEADER + self.buckets
+        return STATE_HEADER + self.bucket_words
 
     @property
     def slot_life(self) -> int:
@@ -447,7 +456,7 @@ class Layout(NamedTuple):
 class StateView(NamedTuple):
     """Named, writable views into a state tensor ``[R, Layout.width]`` (unpadded lengths)."""
 
-    bucket_slot: torch.Tensor     # [R, H]
+    bucket_slot: torch.Tensor     # [R, H] int16
     slot_pos: torch.Tensor        # [R, S]
     slot_life: torch.Tensor       # [R, S]
     stash_key: torch.Tensor       # [R, S]
@@ -465,7 +474,7 @@ def view_state(state: torch.Tensor, layout: Layout) -> StateView:
     S, H = layout.capacity, layout.buckets
     has_policy_state = layout.reuse
     return StateView(
-        bucket_slot=state[:, layout.bucket_slot:layout.bucket_slot + H],
+        bucket_slot=state[:, layout.bucket_slot:layout.bucket_slot + H // 2].view(torch.int16),
         slot_pos=state[:, layout.slot_pos:layout.slot_pos + S],
         slot_life=state[:, layout.slot_life:layout.slot_life + S],
         stash_key=state[:, layout.stash_key:layout.stash_key + S],
@@ -845,7 +854,8 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
     ordered = v.slot_pos.sort(1).values
     fail("slot_pos", (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0),
          "a position is held by two slots (sorted index shown)")
-    fail("bucket_slot", (v.bucket_slot < -1) | (v.bucket_slot >= S),
+    buckets = v.bucket_slot.int()                  # int16 entries: S = 2**15 is no int16
+    fail("bucket_slot", (buckets < -1) | (buckets >= S),
          f"expected -1 (never used) or a slot in [0, {S})")
     in_use = torch.arange(S, device=state.device)[None, :] < v.stash_count[:, None]
     fail("stash_key", in_use & ((v.stash_key < -1) | (v.stash_key >= MAX_POSITION)),
@@ -976,7 +986,7 @@ def _insert(v: StateView, miss_pos: torch.Tensor, miss_slots: torch.Tensor,
         winner.scatter_reduce_(0, flat, j[propose], reduce="amin")
         won = propose & (winner[(row_base + cand)] == j)
         rr, jj = won.nonzero(as_tuple=True)
-        v.bucket_slot[rr, cand[rr, jj]] = miss_slots[rr, jj]
+        v.bucket_slot[rr, cand[rr, jj]] = miss_slots[rr, jj].to(torch.int16)   # < S <= 2**15
         pending &= ~won
     rows = torch.nonzero((v.stash_count > 0) | pending.any(1)).flatten().tolist()
     compact_stash(v, rows, miss_pos, miss_slots, pending)

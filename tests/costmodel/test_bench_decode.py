@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from avsg import cli
+from avsg import cli, reference
 from avsg.buffer import lookup_split
 from avsg.lab.costmodel import hardware, host_lru, plan_cost, projection
 from avsg.lab.costmodel import traffic as copy_traffic
@@ -71,7 +71,9 @@ def test_memory_is_the_sum_of_its_parts_and_decides_feasibility():
     L = CONFIG.num_hidden_layers + CONFIG.num_nextn_predict_layers
     batch, context, T, capacity, cards = 5, 65536, 2, 8192, 32
     m = projection.memory_per_card(CONFIG, hw, "avsg", batch, context, T, capacity, 4096, cards)
-    hand_kv = batch * L * (capacity * (fmt.row_bytes + 16) + 4 * context)
+    # the op's state per slot: its layout at H = 2S (int16 buckets, four int32 slot sections)
+    state = (reference.Layout(capacity, 2 * capacity).width - reference.STATE_HEADER) * 4 // capacity
+    hand_kv = batch * L * (capacity * (fmt.row_bytes + state) + 4 * context)
     hand_index = batch * L * context * fmt.index_row_bytes
     assert m["kv_buffers"] == hand_kv and m["indexer_keys"] == hand_index
     assert m["total"] == pytest.approx(m["weights"] + hand_kv + hand_index + m["activations"])

@@ -44,10 +44,13 @@ def test_ub_plan_fits_and_covers_whole_sections_when_small():
             assert total <= budget and fixed < total and all(w >= 256 for w in windows[:5])
             assert all(w >= 256 for w in windows[5:]) if max_context else windows[5:] == [0] * 3
             assert total == fixed + sum(windows)
+    # bucket_slot: H int16 entries (H / 2 words, rounded up to 64)
     total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128)
-    assert windows == [128 * 4] + [64 * 4] * 4 + [0] * 3
+    assert windows == [128 * 2] + [64 * 4] * 4 + [0] * 3
+    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 64)
+    assert windows[0] == 64 * 4, "a section is at least 64 words"
     total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128, 4096)
-    assert windows == [128 * 4] + [64 * 4] * 5 + [256 * 4, 64 * 4]   # G = 2H, B = 64
+    assert windows == [128 * 2] + [64 * 4] * 5 + [256 * 4, 64 * 4]   # G = 2H, B = 64
     # the fixed part holds the hit byte map (one byte per padded slot, whole 128-slot compares)
     # beside the hit bitmap: 4096 more slots cost 4096 + 512 bytes of it
     fixed4k = torch.ops.avsg.plan_ub_plan(1, 2048, 4096, 16384)[1]
@@ -57,7 +60,7 @@ def test_ub_plan_fits_and_covers_whole_sections_when_small():
     # the lifetime policy
     for T in (1, 2, 4):
         total, fixed, *windows = torch.ops.avsg.plan_ub_plan(T, 2048, 8192, 16384)
-        assert windows[0:2] == [16384 * 4, 8192 * 4]
+        assert windows[0:2] == [16384 * 2, 8192 * 4]
     # the reuse sections are sized by the buffer: the context changes no window
     for T, K, S, H in [(1, 2048, 8192, 16384), (4, 8192, 32768, 32768)]:
         plans = {tuple(torch.ops.avsg.plan_ub_plan(T, K, S, H, c)) for c in (1, 32768, 1 << 24)}
@@ -124,10 +127,10 @@ def test_real_size_steps(matcher):
 
 @pytest.mark.parametrize("policy", ["lifetime", "lru"])
 def test_few_and_many_misses_at_the_benchmark_geometry(policy):
-    """S 8192, H 16384 (bucket_slot and slot_pos whole in UB, slot_life paged): steps with a few
+    """S 8192, H 16384 (bucket_slot, slot_pos and slot_life whole in UB): steps with a few
     misses and steps with many equal the reference, state included."""
     R, T, K, S, H, L = 2, 1, 2048, 8192, 16384, 16
-    assert torch.ops.avsg.plan_ub_plan(T, K, S, H)[4] < S * 4, "slot_life is not paged here"
+    assert torch.ops.avsg.plan_ub_plan(T, K, S, H)[2:5] == [H * 2, S * 4, S * 4], "a section is paged"
     twin = Twin(R, S, H, L, policy=policy)
     gen = torch.Generator().manual_seed(21)
     seq = torch.full((R,), 30000, dtype=I32)
@@ -641,7 +644,7 @@ def test_a_later_token_without_misses_closes_the_open_run(policy):
     then, ending the group, closes the open run with a sort into that region. The strict
     emulation raises on a missing S_V there (write-after-read); the results equal the reference."""
     R, T, K, S, H, L = 1, 2, 512, 2048, 4096, 8
-    assert torch.ops.avsg.plan_ub_plan(T, K, S, H)[2] == H * 4, "bucket_slot is not whole in UB"
+    assert torch.ops.avsg.plan_ub_plan(T, K, S, H)[2] == H * 2, "bucket_slot is not whole in UB"
     twin = Twin(R, S, H, L, max_context=4096 if policy == "reuse" else 0, policy=policy)
     seq = torch.full((R,), 4000, dtype=I32)
     resident = torch.arange(0, 2 * K, dtype=I32)            # both tokens' positions, resident
@@ -675,19 +678,18 @@ def run_chunk_steps(twin, gen, T, K, seq, steps=CHUNK_STEPS):
         seq = seq + T
 
 
-def test_reuse_mtp_with_bucket_slot_paged_and_slot_pos_whole():
-    """The reuse policy at T 4, K 2048, capacity 8192 (a full buffer), 16384 buckets: its policy
-    sections leave bucket_slot paged in UB windows while slot_pos stays whole, so the hash lookup
-    and the insert page the buckets but not the slots (lifetime and lru keep both whole here;
-    32768 buckets over a capacity up to 8192 do the same under every policy). Steps chunk by chunk
-    (CHUNK_STEPS) with drops and idle rows, bit for bit with the reference under the strict
-    emulation's hazard checks."""
-    R, T, K, S, H = 2, 4, 2048, 8192, 16384
-    _, _, bs, sp, *_ = torch.ops.avsg.plan_ub_plan(T, K, S, H, 1 << 22)
-    assert bs < H * 4 and sp == S * 4, "bucket_slot is not paged, or slot_pos not whole"
+def test_bucket_slot_whole_with_slot_pos_paged():
+    """T 2, K 2048, capacity 16384, 16384 buckets: bucket_slot (int16 entries, 32 KB) stays whole
+    in UB while slot_pos is paged, so the hash lookup takes one chunk at a time (no wide groups),
+    gathering the buckets from one window and their slots from several, and the insert does the
+    same. Steps chunk by chunk (CHUNK_STEPS) with drops and idle rows, bit for bit with the
+    reference under the strict emulation's hazard checks."""
+    R, T, K, S, H = 2, 2, 2048, 16384, 16384
+    _, _, bs, sp, *_ = torch.ops.avsg.plan_ub_plan(T, K, S, H)
+    assert bs == H * 2 and sp < S * 4, "bucket_slot is not whole, or slot_pos not paged"
     gen = torch.Generator().manual_seed(41)
     with emulation("strict"):
-        twin = Twin(R, S, H, 6, max_context=1 << 22)
+        twin = Twin(R, S, H, 6)
         run_chunk_steps(twin, gen, T, K, torch.full((R,), 3 * S, dtype=I32))
 
 
@@ -700,10 +702,10 @@ def test_reuse_mtp_with_bucket_slot_paged_and_slot_pos_whole():
     (4, 1024, 4096, 4096),     # two groups, a full buffer, as many buckets as slots
     (4, 256, 1024, 1024),      # each chunk holds two query tokens; a full buffer
     (1, 2048, 8192, 8192),     # stash windows paged, the index whole
-    (2, 512, 2048, 32768),     # bucket_slot paged, slot_pos whole
-    (4, 2048, 8192, 16384),    # slot_life paged (reuse: bucket_slot paged, slot_pos whole)
-    (2, 2048, 16384, 16384),   # every section paged: one chunk per lookup
-    (4, 2048, 32768, 32768)])
+    (2, 512, 2048, 32768),     # a large index, whole (reuse: its ghosts and heat paged)
+    (4, 2048, 8192, 16384),    # stash windows paged (reuse: its sections too)
+    (2, 2048, 16384, 16384),   # bucket_slot whole, slot_pos paged: one chunk per lookup
+    (4, 2048, 32768, 32768)])  # every section paged
 def test_chunk_kinds_across_layouts(T, K, S, H, policy, split):
     """CHUNK_STEPS on every UB layout class the host picks (whole or paged bucket_slot /
     slot_pos / slot_life / stash windows), every policy, with and without the split lookup (2 rows

@@ -153,11 +153,12 @@ def test_state_records_its_policy():
 
 def test_reuse_state_is_sized_by_the_buffer():
     """No max_context needed, and none changes the state: S + G + B int32 beyond the lifetime
-    layout (G = 2H ghosts, B = max(64, H / 16) heat blocks), whatever the context."""
+    layout (H int16 buckets, then 4S; G = 2H ghosts, B = max(64, H / 16) heat blocks), whatever
+    the context."""
     S, K = 8192, 2048
     buf = avsg.SparseKVBuffer(rows=4, capacity=S, topk=K, policy="reuse", track_copies=False)
     H = buf.hash_buckets
-    assert buf.layout.width == reference.STATE_HEADER + H + 5 * S + 2 * H + H // 16
+    assert buf.layout.width == reference.STATE_HEADER + H // 2 + 5 * S + 2 * H + H // 16
     assert buf.layout.width == avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy="reuse",
                                                    max_context=1 << 24, track_copies=False).layout.width
     seq = torch.full((4,), 1 << 22, dtype=I32)
@@ -207,7 +208,7 @@ def test_max_context_is_a_check_for_every_policy(policy):
 def test_lifetime_policy_state_is_unchanged():
     """The lifetime policy has no policy sections, words 4-5 zero."""
     buf = avsg.SparseKVBuffer(rows=1, capacity=64, topk=8, policy="lifetime", track_copies=False)
-    assert buf.layout.width == reference.STATE_HEADER + 128 + 4 * 64
+    assert buf.layout.width == reference.STATE_HEADER + 128 // 2 + 4 * 64   # 128 int16 buckets
     assert int(buf.state[0, 4]) == 0 and int(buf.state[0, 5]) == 0
 
 

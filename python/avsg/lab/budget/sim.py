@@ -47,7 +47,6 @@ from .workload import LocalityRow, Request
 __all__ = ["SimConfig", "CostModel", "simulate", "VARIANTS"]
 
 VARIANTS = ("fixed", "spin", "elastic", "elastic-oracle")
-STATE_BYTES_PER_SLOT = 16
 
 
 @dataclasses.dataclass
@@ -130,7 +129,8 @@ class CostModel:
 
     def bytes_per_slot(self) -> int:
         """Buffer bytes one slot costs across the model's layers."""
-        return self.L * (self.fmt.row_bytes + STATE_BYTES_PER_SLOT)
+        from ..costmodel.projection import OP_STATE_BYTES_PER_SLOT
+        return self.L * (self.fmt.row_bytes + OP_STATE_BYTES_PER_SLOT)
 
 
 @dataclasses.dataclass
