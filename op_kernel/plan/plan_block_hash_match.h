@@ -105,7 +105,7 @@ public:
             And(ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mTmp_), n / 16);
         }
         PipeBarrier<PIPE_V>();
-        // probe 0: b = first bucket, x = the slot it names (clamped), z = the position that slot holds
+        // probe 0: b = first bucket, x = the slot it names (clamped, as float), z = the position that slot holds
         probe_.HashInto<false>({x, b, y, {}, z, {}, b, {}}, want, n);   // hmask: z
         SlotsAndOwners(b, y, z, slotF, n);
         avsg::CompareAll(ctx_.mOwn_, z, want, CMPMODE::EQ, n);
