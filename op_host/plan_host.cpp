@@ -203,8 +203,10 @@ std::vector<int64_t> PlanUbPlan(int64_t T, int64_t K, int64_t capacity, int64_t 
     PlanTiling t = MakeTiling(1, static_cast<uint32_t>(T * K), static_cast<uint32_t>(capacity),
                               static_cast<uint32_t>(buckets), 1, static_cast<uint32_t>(policy),
                               static_cast<uint32_t>(max_context));
-    std::vector<int64_t> out{t.ubBytes, MakePlanUbLayout(t).fixed};
+    const PlanUbLayout ub = MakePlanUbLayout(t);
+    std::vector<int64_t> out{t.ubBytes, ub.fixed};
     for (uint32_t s = 0; s < SEC_COUNT; ++s) out.push_back(static_cast<int64_t>(t.winLen[s]) * 4);
+    out.push_back(ub.slots);   // the resident slots' bytes (part of fixed; 0: stored per chunk)
     return out;
 }
 #endif

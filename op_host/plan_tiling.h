@@ -110,6 +110,11 @@ struct PlanTiling {
     // gather copies while the owners finish their last rows (op_kernel/plan_gather.cpp). 0: the
     // plan op.
     uint32_t publishSync;
+    // 1: the row's slots stay in UB from Classify to the output (PlanContext::outSlots_), stored
+    // once at the row's end instead of per chunk and patched in place. MakeTiling sets it where
+    // the buffer fits beside every window the lookup and the insert gather from, as whole as
+    // without it; a split row (its helpers' chunks reach the owner through GM) stores per chunk.
+    uint32_t slotsResident;
 };
 
 // resize (op_kernel/resize_kernel.h): the plan geometry (N = T*K, the smallest active capacity),
@@ -148,6 +153,14 @@ AVSG_PLAN_SHARED_FN uint32_t RoundUp(uint32_t x, uint32_t m) { return (x + m - 1
 // Lifetime policy: a fetched position starts kProbationSteps short of a hit's life, or at half of it
 // (rounded up) when L < 2 * kProbationSteps (reference.first_life).
 AVSG_PLAN_SHARED_FN uint32_t FirstLife(uint32_t L) { return L - (L / 2 < kProbationSteps ? L / 2 : kProbationSteps); }
+// Lifetime and lru: the step's lives are kept as half in the plan kernel's sort region, in whole
+// 128-lane half compares, where the padded slots fit it (PlanBlockVictims): slot_life then moves
+// in and out of GM once per step in stretches, and its window is read only by a drop and the
+// padding's reset.
+constexpr uint32_t kPlanHalfCopyLanes = 128;
+AVSG_PLAN_SHARED_FN bool HalfCopyFits(const PlanTiling& t) {
+    return t.policy != kPolicyReuse && RoundUp(t.capPad, kPlanHalfCopyLanes) <= 2 * kPlanSortVectors * t.nc;
+}
 // Reuse policy sections, sized by the buckets H (a power of two >= 64) only.
 AVSG_PLAN_SHARED_FN uint32_t GhostEntries(uint32_t H) { return 2 * H; }   // reference.ghost_entries
 AVSG_PLAN_SHARED_FN uint32_t HeatEntries(uint32_t H) {

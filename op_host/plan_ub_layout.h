@@ -8,8 +8,8 @@
 // multiple of 32): tiling copy, the aligned region (sort buffers + the three wide vectors, one
 // buffer with slack because Sort32 wants 256 B / 128 B boundaries that TPipe does not promise),
 // the nc-element work vectors, the wide compare masks, the bitmaps (hit slots, the hit byte map,
-// claimed buckets, pending misses), the merge heads and loser trees, stats / scalars / header, then one window per
-// state section (a section the policy lacks has none).
+// claimed buckets, pending misses), the merge heads and loser trees, stats / scalars / header, the
+// resident slots (if any), then one window per state section (a section the policy lacks has none).
 #pragma once
 #include "plan_tiling.h"
 
@@ -24,6 +24,7 @@ struct PlanUbLayout {
     uint32_t hitBits, hitBytes, claimBits, pendBits;   // hitBytes: one byte per padded slot
     uint32_t heads, trees;           // merge head space (kPlanMergeRegions), two merges' loser trees
     uint32_t stats, scalars, header;  // int64 stats row, scalar staging, header (+ stash count block)
+    uint32_t slots;                  // the row's slots, whole chunks (t.slotsResident; 0: stored per chunk)
     uint32_t window[SEC_COUNT];      // 0: the section has no window (its policy lacks it)
     // byte offsets inside the aligned region, from its first kPlanSortAlign boundary
     uint32_t sortBytes;              // kPlanSortVectors nc-element float vectors (Sort / Extract)
@@ -58,8 +59,9 @@ AVSG_PLAN_SHARED_FN PlanUbLayout MakePlanUbLayout(const PlanTiling& t) {
     l.stats = 32;
     l.scalars = 32;
     l.header = 64;
+    l.slots = t.slotsResident ? RoundUp(t.numChunks * t.nc * 4, 32) : 0;   // Classify writes whole chunks
     l.fixed = l.tiling + l.aligned + kPlanVectors * l.vector + kPlanMasks * l.mask + l.hitBits + l.hitBytes + l.claimBits +
-              l.pendBits + l.heads + l.trees + l.stats + l.scalars + l.header;
+              l.pendBits + l.heads + l.trees + l.stats + l.scalars + l.header + l.slots;
     l.total = l.fixed;
     for (uint32_t s = 0; s < SEC_COUNT; ++s) {
         l.window[s] = RoundUp(t.winLen[s] * 4, 32);

@@ -51,6 +51,69 @@ void SetWindow(PlanTiling& t, uint32_t s, uint32_t wlog) {
 
 constexpr int64_t kMaxContext = kMaxPosition;
 
+// The section windows of t (whole, then halved while the UB plan exceeds the budget, then grown
+// into what is left); false if no plan fits. slotsFirst (the plan with the row's slots resident,
+// t.slotsResident): the stash windows stay at their minimum (a row's stash is the overflow of
+// four probes, a few entries if any, and a window is loaded whole whatever the stash holds), and
+// slot_life's window gives way first (MakeTiling keeps such a plan only where slot_life's step
+// runs on the half copy, HalfCopyFits, or where it stayed whole).
+bool PlanWindows(PlanTiling& t, bool slotsFirst = false) {
+    for (uint32_t s = 0; s < SEC_COUNT; ++s) SetWindow(t, s, CeilLog2(std::max<uint32_t>(t.secLen[s], 1)));
+    if (t.secLen[SEC_SC] == 0)   // lifetime policy: no policy sections, no windows
+        for (uint32_t s = SEC_SC; s <= SEC_HT; ++s) t.winLen[s] = 0;
+    // Shrink order while the plan exceeds the budget: the stash (touched only in rows whose stash
+    // is not empty, sequentially), then slot_life (streamed by decay / victim passes), then the
+    // larger of the sections every lookup and insert gathers from: slot_pos or bucket_slot.
+    // slot_pos keeps at least nc entries (BuildResidentRuns, see MakeTiling's checks); so do
+    // slot_life and slot_count under the reuse policy (its score pass reads them in nc-slot
+    // chunks). The per-position counts (touched by scalar loops over misses only) and the heat
+    // go first.
+    const bool scored = t.policy != kPolicyLifetime;   // reuse, lru: victims by score
+    auto minWin = [&](uint32_t s) {
+        return s == SEC_SP || (scored && (s == SEC_SL || s == SEC_SC)) ? std::max(kPlanMinWindow, t.nc)
+                                                                       : kPlanMinWindow;
+    };
+    auto shrinkable = [&](uint32_t s) { return t.winLen[s] > minWin(s); };
+    auto halve = [&](PlanTiling& p, uint32_t s) {
+        uint32_t wlog = p.winLog[s];   // a section that fitted whole gets a power-of-two window below it
+        while ((1u << wlog) >= p.winLen[s] && wlog > 0) --wlog;
+        SetWindow(p, s, wlog);
+    };
+    if (slotsFirst)
+        for (uint32_t s : {SEC_SK, SEC_SS})
+            while (shrinkable(s)) halve(t, s);
+    while (MakePlanUbLayout(t).total > kPlanUbBudget) {
+        int pick = -1;
+        const uint32_t order[2][6] = {{SEC_PC, SEC_HT, SEC_SK, SEC_SS, SEC_SC, SEC_SL},
+                                      {SEC_PC, SEC_HT, SEC_SL, SEC_SK, SEC_SS, SEC_SC}};
+        for (uint32_t s : order[slotsFirst])
+            if (pick < 0 && t.winLen[s] > 0 && shrinkable(s)) pick = static_cast<int>(s);
+        if (pick < 0) {
+            const bool sp = shrinkable(SEC_SP), bs = shrinkable(SEC_BS);
+            if (sp && (!bs || t.winLen[SEC_SP] >= t.winLen[SEC_BS])) pick = SEC_SP;
+            else if (bs) pick = SEC_BS;
+        }
+        if (pick < 0) return false;
+        halve(t, static_cast<uint32_t>(pick));
+    }
+    // hand leftover UB back: slot_life first (fewer window switches in the decay and victim
+    // passes), then the stash windows (kept small in the slotsFirst plan)
+    for (bool grown = true; grown;) {
+        grown = false;
+        for (uint32_t s : {SEC_SL, SEC_SC, SEC_HT, SEC_SK, SEC_SS, SEC_PC}) {
+            if (slotsFirst && (s == SEC_SK || s == SEC_SS)) continue;
+            if (t.winLen[s] >= t.secLen[s]) continue;
+            PlanTiling trial = t;
+            SetWindow(trial, s, t.winLog[s] + 1);
+            if (MakePlanUbLayout(trial).total <= kPlanUbBudget) {
+                t = trial;
+                grown = true;
+            }
+        }
+    }
+    return true;
+}
+
 }  // namespace
 
 // Geometry, section offsets, workspace and the UB plan. Windows start whole and are halved while
@@ -116,54 +179,22 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.hashA2 = kHashA2 & (H - 1);
     t.hashB2 = kHashB2 & (H - 1);
     t.fillChunk = std::min<uint32_t>(8192, RoundUp(std::max(Sp, H), 64));
-    for (uint32_t s = 0; s < SEC_COUNT; ++s) SetWindow(t, s, CeilLog2(std::max<uint32_t>(t.secLen[s], 1)));
-    if (t.secLen[SEC_SC] == 0)   // lifetime policy: no policy sections, no windows
-        for (uint32_t s = SEC_SC; s <= SEC_HT; ++s) t.winLen[s] = 0;
-    // Shrink order while the plan exceeds the budget: the stash (touched only in rows whose stash
-    // is not empty, sequentially), then slot_life (streamed by decay / victim passes), then the
-    // larger of the sections every lookup and insert gathers from: slot_pos or bucket_slot.
-    // slot_pos keeps at least nc entries (BuildResidentRuns, see the checks below); so do
-    // slot_life and slot_count under the reuse policy (its score pass reads them in nc-slot
-    // chunks). The per-position counts (touched by scalar loops over misses only) and the heat
-    // go first.
-    const bool scored = policy != kPolicyLifetime;   // reuse, lru: victims by score
-    auto minWin = [&](uint32_t s) {
-        return s == SEC_SP || (scored && (s == SEC_SL || s == SEC_SC)) ? std::max(kPlanMinWindow, t.nc)
-                                                                       : kPlanMinWindow;
-    };
-    auto shrinkable = [&](uint32_t s) { return t.winLen[s] > minWin(s); };
-    auto halve = [&](PlanTiling& p, uint32_t s) {
-        uint32_t wlog = p.winLog[s];   // a section that fitted whole gets a power-of-two window below it
-        while ((1u << wlog) >= p.winLen[s] && wlog > 0) --wlog;
-        SetWindow(p, s, wlog);
-    };
-    while (MakePlanUbLayout(t).total > kPlanUbBudget) {
-        int pick = -1;
-        for (uint32_t s : {SEC_PC, SEC_HT, SEC_SK, SEC_SS, SEC_SC, SEC_SL})
-            if (pick < 0 && t.winLen[s] > 0 && shrinkable(s)) pick = static_cast<int>(s);
-        if (pick < 0) {
-            const bool sp = shrinkable(SEC_SP), bs = shrinkable(SEC_BS);
-            if (sp && (!bs || t.winLen[SEC_SP] >= t.winLen[SEC_BS])) pick = SEC_SP;
-            else if (bs) pick = SEC_BS;
-        }
-        TORCH_CHECK(pick >= 0, "avsg.plan: no UB plan fits ", kPlanUbBudget, " bytes for capacity=", capacity,
-                    " buckets=", buckets, " T*K=", t.N);
-        halve(t, static_cast<uint32_t>(pick));
-    }
-    // hand leftover UB back: slot_life first (fewer window switches in the decay and victim
-    // passes), then the stash windows
-    for (bool grown = true; grown;) {
-        grown = false;
-        for (uint32_t s : {SEC_SL, SEC_SC, SEC_HT, SEC_SK, SEC_SS, SEC_PC}) {
-            if (t.winLen[s] >= t.secLen[s]) continue;
-            PlanTiling trial = t;
-            SetWindow(trial, s, t.winLog[s] + 1);
-            if (MakePlanUbLayout(trial).total <= kPlanUbBudget) {
-                t = trial;
-                grown = true;
-            }
-        }
-    }
+    PlanTiling perChunk = t;
+    TORCH_CHECK(PlanWindows(perChunk), "avsg.plan: no UB plan fits ", kPlanUbBudget, " bytes for capacity=",
+                capacity, " buckets=", buckets, " T*K=", t.N);
+    // The row's slots resident in UB where that leaves every section a step reads through its
+    // window as whole as without it: a store and a reload of every chunk with misses saved, not
+    // a window switch added. The stash's are read only in rows whose stash is not empty (and
+    // then only a few entries: small windows load less); slot_life's, where the half copy fits
+    // (lifetime, lru), only by a drop.
+    const bool lifeStreamed = HalfCopyFits(t);
+    PlanTiling resident = t;
+    resident.slotsResident = 1u;
+    bool keeps = PlanWindows(resident, true);
+    for (uint32_t s = 0; s < SEC_COUNT; ++s)
+        if (s != SEC_SK && s != SEC_SS && !(s == SEC_SL && lifeStreamed))
+            keeps = keeps && resident.winLen[s] == perChunk.winLen[s];
+    t = keeps ? resident : perChunk;
     // Assumptions of the kernels, checked here for every geometry the ops accept:
     //  * the scalar k-way merges (PlanMerger, op_kernel/plan/plan_block_merge.h) hold at most
     //    kPlanMaxRuns runs: one miss or selection run per selection chunk, one stash run per nc
@@ -182,7 +213,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
                 "-entry chunk the resident runs assume");
     TORCH_CHECK(Sp - capacity < 64 && t.nc % 64 == 0, "avsg.plan: padding / chunk geometry");
     for (uint32_t s : {SEC_SL, SEC_SC})
-        TORCH_CHECK(!scored || t.winLen[s] >= t.nc || t.winLen[s] == t.secLen[s], "avsg.plan: the score pass needs ",
+        TORCH_CHECK(policy == kPolicyLifetime || t.winLen[s] >= t.nc || t.winLen[s] == t.secLen[s], "avsg.plan: the score pass needs ",
                     t.nc, "-slot windows");
     t.ubBytes = MakePlanUbLayout(t).total;
     return t;

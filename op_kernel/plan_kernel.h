@@ -62,8 +62,9 @@
 //      bucket's slot holds, hashed: a bucket is occupied when that position probes it), 4 scalar
 //      rounds (lowest-j claims, winner bits), winners written window by window (GatherMask lists);
 //      stash compaction #2 + append (scalar).
-//   4. output: missed lanes get miss_slots[j] (OutputMisses), patched into the stored chunks;
-//      stats via 32 B DMA of the int64 row.
+//   4. output: missed lanes get miss_slots[j] (OutputMisses), patched into the chunks classify
+//      stored, or in place where the row's slots stay in UB (the tiling's slotsResident) and go
+//      out in one copy; stats via 32 B DMA of the int64 row.
 // An idle row (seq_len <= 0: reference.idle_rows) selects nothing and does not age: after its
 // header only its drop runs, if it has one (valid length below 2^24: the drop, the padding slots
 // freed, the dirty windows back); outputs -1, miss_counts[r] = 0, stats untouched (an engine's

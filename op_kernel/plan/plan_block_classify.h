@@ -1,9 +1,9 @@
 // plan_block_classify.h: classify. Per chunk, the match is split into hits (hit bitmap, stats)
-// and misses (the chunk's slots stored as they are); the misses of up to kPlanProbes consecutive
-// chunks of a lookup group make one sorted run in the workspace; then the runs are merged with
-// dedup into miss_pos, looking each distinct miss up in the sorted stash on the way
-// (MergeMisses).
-// UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_, hitBytes_ (hitBits_ in MergeMisses),
+// and misses (the chunk's slots kept as they are: stored, or left in the row's resident slots);
+// the misses of up to kPlanProbes consecutive chunks of a lookup group make one sorted run in the
+// workspace; then the runs are merged with dedup into miss_pos, looking each distinct miss up in
+// the sorted stash on the way (MergeMisses).
+// UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_ or outSlots_, hitBytes_ (hitBits_ in MergeMisses),
 // vT1_/vT2_/vKey_/vSlot_, the upper half of wSlot_ (a run being gathered, across the chunks of a
 // group) and the sort region. GM: slots, miss_pos, the workspace's miss runs and their lanes.
 #pragma once
@@ -22,7 +22,10 @@ public:
     // caller looks up no more chunks of this group (a run never spans two groups).
     __aicore__ inline void Classify(uint32_t r, uint32_t c, uint32_t n, bool groupEnds) {
         const uint32_t nc = ctx_.t_.nc;
-        Cast(ctx_.vFoundI_, ctx_.vFoundF_, RoundMode::CAST_RINT, nc);
+        // the chunk's slots: in place in the row's resident slots, or staged for their store
+        const bool resident = ctx_.SlotsResident();
+        const LocalTensor<int32_t> found = resident ? ctx_.outSlots_[c * nc] : ctx_.vFoundI_;
+        Cast(found, ctx_.vFoundF_, RoundMode::CAST_RINT, nc);
         avsg::CompareScalarAll(ctx_.mA_, ctx_.vWantF_, 0.0f, CMPMODE::GE, nc);     // valid
         avsg::CompareScalarAll(ctx_.mB_, ctx_.vFoundF_, 0.0f, CMPMODE::GE, nc);    // hit
         avsg::CompareScalarAll(ctx_.mC_, ctx_.vFoundF_, 0.0f, CMPMODE::LT, nc);    // not hit
@@ -31,7 +34,7 @@ public:
         PipeBarrier<PIPE_V>();
         // a hit is valid (no matcher finds an invalid lane), so the valid lanes are hits + misses
         uint64_t nHit = 0, nMiss = 0, nLanes = 0;
-        GatherMask(ctx_.vKey_, ctx_.vFoundI_, ctx_.U32(ctx_.mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
+        GatherMask(ctx_.vKey_, found, ctx_.U32(ctx_.mB_), true, nc, GatherMaskParams(1, 1, 8, 0), nHit);
         GatherMask(ctx_.vSlot_, ctx_.vWant_, ctx_.U32(ctx_.mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nMiss);
         GatherMask(ctx_.vT2_, ctx_.vLane_, ctx_.U32(ctx_.mC_), true, nc, GatherMaskParams(1, 1, 8, 0), nLanes);
         // the hit slots as int16 (S <= 2^15), four per scalar load in MarkHits; all nc lanes, so
@@ -52,8 +55,10 @@ public:
         }
         missRuns_.len[c] = 0;
         runChunks_[c] = 1;
-        Sync<HardEvent::V_MTE3>();
-        StoreInts(ctx_.slotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + c * nc], ctx_.vFoundI_, n);
+        if (!resident) {
+            Sync<HardEvent::V_MTE3>();
+            StoreInts(ctx_.slotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + c * nc], found, n);
+        }
         const uint32_t misses = static_cast<uint32_t>(nMiss);
         const LocalTensor<uint32_t> lanes = ctx_.vT2_.ReinterpretCast<uint32_t>();
         // MarkHits' scalar reads (of `fresh`, in the sort region, for a later query token's
@@ -72,7 +77,7 @@ public:
             }
         }
         if (groupEnds) CloseRun();
-        Sync<HardEvent::MTE3_V>();                // the slots' store before vFoundI_ is rewritten
+        if (!resident) Sync<HardEvent::MTE3_V>();   // the slots' store before vFoundI_ is rewritten
     }
 
     // No run for any chunk yet (a row's start): a chunk's run is set when it is classified here

@@ -75,9 +75,8 @@ public:
     // straight into the half copy. The search counts and takes its victims there and installs
     // into it; the section goes back from it once (WriteBackHalfCopy); the window is left empty.
     __aicore__ inline void DecayInHalf() {
-        Win& sl = ctx_.win_[avsg::SEC_SL];
-        const uint32_t lanes = 2 * probe_.Wide();
-        const uint32_t sub = MinU(probe_.Wide(), sl.wlen);
+        const uint32_t lanes = 2 * probe_.Wide(), setLen = victims_.LruSetLen();
+        const uint32_t sub = MinU(probe_.Wide(), setLen);
         const LocalTensor<int32_t> stage = ctx_.wPair_, sink = ctx_.wSlot_;
         const LocalTensor<float> x = stage.ReinterpretCast<float>(), tmp = ctx_.wSlot_.ReinterpretCast<float>();
         PlanBlockVictims::WinSetClear(victims_.lruFreeWins_, false);
@@ -108,7 +107,7 @@ public:
                 uint64_t nFree = 0;
                 if (live)
                     GatherMask(sink, stage[off], ctx_.U32(ctx_.mB_), true, live, GatherMaskParams(1, 1, 8, 0), nFree);
-                if (nFree) PlanBlockVictims::WinSetAdd(victims_.lruFreeWins_, at / sl.wlen);
+                if (nFree) PlanBlockVictims::WinSetAdd(victims_.lruFreeWins_, at / setLen);
                 victims_.freeSlots_ += static_cast<uint32_t>(nFree);
                 PipeBarrier<PIPE_V>();            // the next part's temporaries and masks
             }

@@ -1,7 +1,7 @@
 // plan_block_output.h: output. The slots of the missed lanes are patched into the stored
 // chunks from miss_slots (OutputMisses: one pass per chunk with misses, no second lookup), then
 // the row's results and its state go back to GM (StoreRow).
-// UB: wKey_ (a chunk's slots), vT1_/vT2_/vMS_, statsUb_, scalarUb_, countUb_ and every window;
+// UB: wKey_ (a group's slots) or outSlots_, vT1_/vT2_/vMS_, statsUb_, scalarUb_, countUb_ and every window;
 // GM: miss_counts (PublishMisses, before the insert), slots, miss_pos / miss_slots tails, stats,
 // the state row.
 #pragma once
@@ -24,12 +24,16 @@ public:
     // misses to its last, one store back, and one set of syncs, not one per chunk. The stats ride
     // on the first group's loads. miss_slots block: vMS_ holds one already where the insert or the
     // stash left it (LoadMisses), the only one when m <= nc.
+    // Resident slots (PlanContext::SlotsResident) are patched in place and go out in one copy at
+    // the end instead of a load and a store per group.
     __aicore__ inline void OutputMisses(uint32_t r, uint32_t m) {
         const uint32_t nc = ctx_.t_.nc, group = avsg::kPlanProbes;
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
+        const bool resident = ctx_.SlotsResident();
+        if (resident) Sync<HardEvent::V_S>();     // Classify's vector writes of the slots
         // js and lanes: wIdx_ and wWin_, one Wide() after the other (wPair_), so a run's two
         // loads are one copy
-        const LocalTensor<int32_t> out = ctx_.wKey_, js = ctx_.wPair_, lanes = ctx_.wWin_, block = ctx_.vMS_;
+        const LocalTensor<int32_t> js = ctx_.wPair_, lanes = ctx_.wWin_, block = ctx_.vMS_;
         int32_t cur = ctx_.missChunk_;            // miss_slots block in `block`, -1: none
         ctx_.missChunk_ = -1;                     // vMS_ may move to another block below
         bool statsLoaded = false;
@@ -42,10 +46,11 @@ public:
             }
             if (lo >= hi) continue;
             const uint32_t first = lo * nc, n = MinU(hi * nc, ctx_.t_.N) - first;
+            const LocalTensor<int32_t> out = resident ? ctx_.outSlots_[first] : ctx_.wKey_;   // the group's slots
             if (!statsLoaded) Sync<HardEvent::V_MTE2>();   // vector work on these buffers so far
             Sync<HardEvent::S_MTE2>();            // the previous group's scalar accesses
             Sync<HardEvent::MTE3_MTE2>();         // the chunks' stores (classify; the previous group's)
-            LoadInts(out, ctx_.slotsGm_[rowN + first], n, 0);
+            if (!resident) LoadInts(out, ctx_.slotsGm_[rowN + first], n, 0);
             for (uint32_t c = lo; c < hi; ++c) {
                 const uint32_t len = classify_.missRuns_.len[c];
                 // the run's indices and lanes in one copy
@@ -76,6 +81,7 @@ public:
                     out.SetValue(lane, block.GetValue(j - static_cast<uint32_t>(blk) * nc));
                 }
             }
+            if (resident) continue;
             Sync<HardEvent::S_MTE3>();
             StoreInts(ctx_.slotsGm_[rowN + first], out, n);
         }
@@ -83,6 +89,11 @@ public:
             Sync<HardEvent::S_MTE2>();
             LoadStats(r);
             Sync<HardEvent::MTE2_S>();
+        }
+        if (resident) {                           // the row's end writes back behind MTE3_S
+            Sync<HardEvent::S_MTE3>();
+            Sync<HardEvent::V_MTE3>();
+            StoreInts(ctx_.slotsGm_[rowN], ctx_.outSlots_, ctx_.t_.N);
         }
     }
     // statsUb_ = the row's stats (int64 x 4, one 32 B copy)

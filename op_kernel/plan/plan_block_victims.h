@@ -137,9 +137,13 @@ public:
     // region: every padded slot, rounded up to whole 256 B compares (128 half lanes), when that
     // fits; otherwise the searches read the slot_life windows. Its count passes work in chunks of
     // half a wide vector (sinks below).
-    static constexpr uint32_t kHalfCopyLanes = 128;
-    __aicore__ inline bool HalfCopyFits() const {
-        return avsg::RoundUp(ctx_.t_.capPad, kHalfCopyLanes) <= 2 * avsg::kPlanSortVectors * ctx_.t_.nc;
+    static constexpr uint32_t kHalfCopyLanes = avsg::kPlanHalfCopyLanes;
+    __aicore__ inline bool HalfCopyFits() const { return avsg::HalfCopyFits(ctx_.t_); }
+    // lru's sets of slots (lruFreeWins_, the counts' window sets): slot_life's windows, or where
+    // the half copy fits one set for the whole section, as its search moves no window then (and
+    // slot_life's window may be short: the host gives its UB to the resident slots first)
+    __aicore__ inline uint32_t LruSetLen() const {
+        return HalfCopyFits() ? ctx_.t_.capPad : ctx_.win_[avsg::SEC_SL].wlen;
     }
     __aicore__ static inline void WinSetClear(uint32_t* set, bool all) {
         for (uint32_t w = 0; w < kLruWinWords; ++w) set[w] = all ? ~0u : 0u;

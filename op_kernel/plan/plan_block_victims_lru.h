@@ -59,13 +59,14 @@ public:
             PlanBlockVictims::WinSetClear(seen[i], false);
         }
         if (victims_.HalfCopyFits()) {
-            const uint32_t chunk = MinU(W / 2, sl.wlen);   // both powers of two, or one window
+            const uint32_t setLen = victims_.LruSetLen();
+            const uint32_t chunk = MinU(W / 2, setLen);   // both powers of two, or one set
             const LocalTensor<uint16_t> ages = ctx_.sHalf_.ReinterpretCast<uint16_t>();
             Sync<HardEvent::S_V>();               // scalar reads of the sinks (DecayAndPin's maximum)
             for (uint32_t off = 0; off < ctx_.activeCap_; off += chunk) {
                 const uint32_t live = MinU(chunk, ctx_.activeCap_ - off);
                 const uint32_t n = avsg::RoundUp(live, PlanBlockVictims::kHalfCopyLanes);
-                const uint32_t id = off / sl.wlen;
+                const uint32_t id = off / setLen;
                 PipeBarrier<PIPE_V>();            // the copy's Casts; the previous chunk's GatherMasks
                 for (uint32_t i = 0; i < k; ++i)
                     avsg::CompareScalarAll(masks[i * maskBytes], ctx_.sHalf_[off],
@@ -130,11 +131,11 @@ public:
         Sync<HardEvent::V_S>();                   // CreateVecIndex starts with scalar writes (of a count sink)
         CreateVecIndex(ctx_.wSlot_, 0, W);        // lane ids
         uint32_t have = 0;
-        const uint32_t grid = compact ? W : MinU(W, sl.wlen);
+        const uint32_t grid = compact ? W : MinU(W, sl.wlen), setLen = victims_.LruSetLen();
         for (uint32_t base = 0; base < ctx_.activeCap_ && have < m; base += grid) {
             const uint32_t id = base / sl.wlen, last = MinU(base + grid, ctx_.activeCap_) - 1;
-            bool hasFree = false, hasOlder = false, hasTie = false;   // in the windows the chunk spans
-            for (uint32_t w = id; w <= last / sl.wlen; ++w) {
+            bool hasFree = false, hasOlder = false, hasTie = false;   // in the sets the chunk spans
+            for (uint32_t w = base / setLen; w <= last / setLen; ++w) {
                 hasFree = hasFree || PlanBlockVictims::WinSetHas(victims_.lruFreeWins_, w);
                 hasOlder = hasOlder || PlanBlockVictims::WinSetHas(olderWins, w);
                 hasTie = hasTie || (ch.ties != 0 && PlanBlockVictims::WinSetHas(tieWins, w));

@@ -67,6 +67,10 @@ public:
         pipe->InitBuffer(statsBuf_, ub.stats);
         pipe->InitBuffer(scalarBuf_, ub.scalars);
         pipe->InitBuffer(headerBuf_, ub.header);
+        if (ub.slots != 0) {
+            pipe->InitBuffer(slotsBuf_, ub.slots);
+            outSlots_ = slotsBuf_.Get<int32_t>();
+        }
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
             win_[s].len = t_.secLen[s];
             win_[s].wlog = t_.winLog[s];
@@ -134,6 +138,7 @@ public:
     // UB byte address just past the last buffer CarveUb allocated (its consistency check only).
     __aicore__ inline uint64_t UbEnd(const avsg::PlanUbLayout& ub) {
         uint64_t end = avsg::UbAddr(headerBuf_.Get<uint8_t>()) + ub.header;
+        if (ub.slots != 0) end = avsg::UbAddr(slotsBuf_.Get<uint8_t>()) + ub.slots;
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s)
             if (ub.window[s] != 0) end = avsg::UbAddr(winBuf_[s].Get<uint8_t>()) + ub.window[s];
         return end;
@@ -171,6 +176,9 @@ public:
         Mins(x, x, hi, n);
         PipeBarrier<PIPE_V>();
     }
+    // The row's slots stay in UB until the output (the tiling's slotsResident), except in a
+    // split row, whose helpers' chunks reach the owner through GM.
+    __aicore__ inline bool SlotsResident() const { return t_.slotsResident != 0 && split_ == 1; }
     __aicore__ inline int32_t SlotMax() const { return static_cast<int32_t>(t_.capacity) - 1; }
     // Which chunks a part of a split row looks up: part p takes FirstChunk(p), then every
     // ChunkStride()-th. With a core beside one per chunk (split = chunks + 1, the host's rule)
@@ -414,7 +422,8 @@ public:
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
     TBuf<TPosition::VECCALC> alignedBuf_, hitBuf_, hitByteBuf_, claimBuf_, pendBuf_, headBuf_, treeBuf_;
-    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_;
+    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_, slotsBuf_;
+    LocalTensor<int32_t> outSlots_;           // the row's slots (SlotsResident), chunk c at c * nc
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];
     LocalTensor<int32_t> vWant_, vFirst_, vStride_, vFoundI_, vMS_, vLane_, vHMask_;   // nc lanes

@@ -40,16 +40,16 @@ def test_ub_plan_fits_and_covers_whole_sections_when_small():
                        (4, 2048, 8192, 16384), (2, 4096, 8192, 8192), (4, 8192, 32768, 32768),
                        (1, 32768, 32768, 32768), (1, 100, 32768, 32768)]:
         for max_context in (0, 1, 32768, 1 << 20, 1 << 24):   # lifetime, then reuse
-            total, fixed, *windows = torch.ops.avsg.plan_ub_plan(T, K, S, H, max_context)
+            total, fixed, *windows, slots = torch.ops.avsg.plan_ub_plan(T, K, S, H, max_context)
             assert total <= budget and fixed < total and all(w >= 256 for w in windows[:5])
             assert all(w >= 256 for w in windows[5:]) if max_context else windows[5:] == [0] * 3
             assert total == fixed + sum(windows)
     # bucket_slot: H int16 entries (H / 2 words, rounded up to 64)
-    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128)
+    total, fixed, *windows, slots = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128)
     assert windows == [128 * 2] + [64 * 4] * 4 + [0] * 3
-    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 64)
+    total, fixed, *windows, slots = torch.ops.avsg.plan_ub_plan(1, 64, 64, 64)
     assert windows[0] == 64 * 4, "a section is at least 64 words"
-    total, fixed, *windows = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128, 4096)
+    total, fixed, *windows, slots = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128, 4096)
     assert windows == [128 * 2] + [64 * 4] * 5 + [256 * 4, 64 * 4]   # G = 2H, B = 64
     # the fixed part holds the hit byte map (one byte per padded slot, whole 128-slot compares)
     # beside the hit bitmap: 4096 more slots cost 4096 + 512 bytes of it
@@ -57,10 +57,17 @@ def test_ub_plan_fits_and_covers_whole_sections_when_small():
     fixed8k = torch.ops.avsg.plan_ub_plan(1, 2048, 8192, 16384)[1]
     assert fixed8k - fixed4k == 4096 + 4096 // 8
     # S 8192: the lookup's and the insert's two sections (bucket_slot, slot_pos) stay whole for
-    # the lifetime policy
+    # the lifetime policy, and the row's slots stay in UB (slot_life's window gives way: the
+    # step runs on its half copy); reuse has no room for them
     for T in (1, 2, 4):
-        total, fixed, *windows = torch.ops.avsg.plan_ub_plan(T, 2048, 8192, 16384)
-        assert windows[0:2] == [16384 * 2, 8192 * 4]
+        total, fixed, *windows, slots = torch.ops.avsg.plan_ub_plan(T, 2048, 8192, 16384)
+        assert windows[0:2] == [16384 * 2, 8192 * 4] and slots == T * 2048 * 4
+        assert windows[2] < 8192 * 4
+        assert torch.ops.avsg.plan_ub_plan(T, 2048, 8192, 16384, 32768)[-1] == 0
+    # where everything fits, the slots are resident beside whole sections, in whole chunks (the
+    # kernels' 512 selections: Classify writes a chunk's every lane)
+    total, fixed, *windows, slots = torch.ops.avsg.plan_ub_plan(1, 64, 64, 128)
+    assert slots == 512 * 4
     # the reuse sections are sized by the buffer: the context changes no window
     for T, K, S, H in [(1, 2048, 8192, 16384), (4, 8192, 32768, 32768)]:
         plans = {tuple(torch.ops.avsg.plan_ub_plan(T, K, S, H, c)) for c in (1, 32768, 1 << 24)}
@@ -127,10 +134,10 @@ def test_real_size_steps(matcher):
 
 @pytest.mark.parametrize("policy", ["lifetime", "lru"])
 def test_few_and_many_misses_at_the_benchmark_geometry(policy):
-    """S 8192, H 16384 (bucket_slot, slot_pos and slot_life whole in UB): steps with a few
-    misses and steps with many equal the reference, state included."""
+    """S 8192, H 16384 (bucket_slot and slot_pos whole in UB; the row's slots resident under
+    lifetime): steps with a few misses and steps with many equal the reference, state included."""
     R, T, K, S, H, L = 2, 1, 2048, 8192, 16384, 16
-    assert torch.ops.avsg.plan_ub_plan(T, K, S, H)[2:5] == [H * 2, S * 4, S * 4], "a section is paged"
+    assert torch.ops.avsg.plan_ub_plan(T, K, S, H)[2:4] == [H * 2, S * 4], "a section is paged"
     twin = Twin(R, S, H, L, policy=policy)
     gen = torch.Generator().manual_seed(21)
     seq = torch.full((R,), 30000, dtype=I32)
