@@ -213,8 +213,8 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
                 "-entry chunk the resident runs assume");
     TORCH_CHECK(Sp - capacity < 64 && t.nc % 64 == 0, "avsg.plan: padding / chunk geometry");
     for (uint32_t s : {SEC_SL, SEC_SC})
-        TORCH_CHECK(policy == kPolicyLifetime || t.winLen[s] >= t.nc || t.winLen[s] == t.secLen[s], "avsg.plan: the score pass needs ",
-                    t.nc, "-slot windows");
+        TORCH_CHECK(policy == kPolicyLifetime || t.winLen[s] >= t.nc || t.winLen[s] == t.secLen[s],
+                    "avsg.plan: the score pass needs ", t.nc, "-slot windows");
     t.ubBytes = MakePlanUbLayout(t).total;
     return t;
 }

@@ -3,9 +3,10 @@
 // the misses of up to kPlanProbes consecutive chunks of a lookup group make one sorted run in the
 // workspace; then the runs are merged with dedup into miss_pos, looking each distinct miss up in
 // the sorted stash on the way (MergeMisses).
-// UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_ or outSlots_, hitBytes_ (hitBits_ in MergeMisses),
-// vT1_/vT2_/vKey_/vSlot_, the upper half of wSlot_ (a run being gathered, across the chunks of a
-// group) and the sort region. GM: slots, miss_pos, the workspace's miss runs and their lanes.
+// UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_ or outSlots_, hitBytes_ (hitBits_ in
+// MergeMisses), vT1_/vT2_/vKey_/vSlot_, the upper half of wSlot_ (a run being gathered, across
+// the chunks of a group) and the sort region. GM: slots, miss_pos, the workspace's miss runs and
+// their lanes.
 #pragma once
 #include "plan_block_dual_match.h"
 

@@ -1,7 +1,8 @@
 // plan_block_output.h: output. The slots of the missed lanes are patched into the stored
 // chunks from miss_slots (OutputMisses: one pass per chunk with misses, no second lookup), then
 // the row's results and its state go back to GM (StoreRow).
-// UB: wKey_ (a group's slots) or outSlots_, vT1_/vT2_/vMS_, statsUb_, scalarUb_, countUb_ and every window;
+// UB: wKey_ (a group's slots) or outSlots_, vT1_/vT2_/vMS_, statsUb_, scalarUb_, countUb_ and
+// every window;
 // GM: miss_counts (PublishMisses, before the insert), slots, miss_pos / miss_slots tails, stats,
 // the state row.
 #pragma once
@@ -90,7 +91,7 @@ public:
             LoadStats(r);
             Sync<HardEvent::MTE2_S>();
         }
-        if (resident) {                           // the row's end writes back behind MTE3_S
+        if (resident) {   // one copy; StoreBack's MTE3_S orders it before the next row's Classify
             Sync<HardEvent::S_MTE3>();
             Sync<HardEvent::V_MTE3>();
             StoreInts(ctx_.slotsGm_[rowN], ctx_.outSlots_, ctx_.t_.N);
