@@ -844,7 +844,8 @@ void check_cast_mode(RoundMode m) {
                          (std::is_same<S, float>::value && std::is_same<D, int16_t>::value) ||
                          (std::is_same<S, int64_t>::value && std::is_same<D, float>::value) ||
                          (std::is_same<S, float>::value && std::is_same<D, int64_t>::value) ||
-                         (std::is_same<S, half>::value && std::is_same<D, int32_t>::value)) {
+                         (std::is_same<S, half>::value && std::is_same<D, int32_t>::value) ||
+                         (std::is_same<S, half>::value && std::is_same<D, int16_t>::value)) {
         // half -> int32: vconv_f162s32{r,f,c,a,z} in the A2 headers, no CAST_NONE
         if (none || odd) bad("RINT/FLOOR/CEIL/ROUND/TRUNC");
     } else if constexpr (std::is_same<S, float>::value && std::is_same<D, half>::value) {
@@ -971,6 +972,7 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
                       (std::is_same<U, int16_t>::value && std::is_same<T, half>::value) ||
                       (std::is_same<U, half>::value && std::is_same<T, float>::value) ||
                       (std::is_same<U, half>::value && std::is_same<T, int32_t>::value) ||
+                      (std::is_same<U, half>::value && std::is_same<T, int16_t>::value) ||
                       (std::is_same<U, float>::value && std::is_same<T, half>::value) ||
                       (std::is_same<U, uint8_t>::value && std::is_same<T, half>::value),
                   "Cast: dtype pair not in the emulated A2 list (int32<->float, int32<->int64, int64<->float, "

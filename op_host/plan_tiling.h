@@ -6,7 +6,7 @@
 // State row layout (python/avsg/reference.py): a 64-int32 header (magic, S, H, L at words 0..3,
 // stash_count at word 8), then sections BS bucket_slot [Hw = BucketWords(H): H int16 entries,
 // two per word, bucket 2w in the low half of word w], SP slot_pos [Sp],
-// SL slot_life [Sp], SK stash_key [Sp], SS stash_slot [Sp], and for the reuse policy SC
+// SL slot_life [LifeWords(Sp): Sp int16 entries, two per word], SK stash_key [Sp], SS stash_slot [Sp], and for the reuse policy SC
 // slot_count [Sp], PC ghost [G] (evicted counts, tag << 8 | count), HT block_heat [B] (empty
 // for the lifetime and lru policies). Each section is reached through one UB "window" of winLen elements (a power
 // of two, or the whole section when it fits): see plan_ub_layout.h for the UB plan.
@@ -36,7 +36,7 @@ constexpr uint32_t kPlanSortVectors = 8;    // concat 1 + index 1 + dst 2 + tmp 
 constexpr uint32_t kStashCountPad = 8;      // the stash_count block: 8 int32 (32 B) of the header
 constexpr uint32_t kStateHeaderLen = 64;    // int32 header at the start of every state row
 constexpr uint32_t kHeaderWords = 8;        // geometry block read by the kernels (32 B)
-constexpr uint32_t kHeaderMagic = 0x41565333u;   // "AVS3" (reference.HEADER_MAGIC)
+constexpr uint32_t kHeaderMagic = 0x41565334u;   // "AVS4" (reference.HEADER_MAGIC)
 constexpr uint32_t kHeaderCapacity = 1, kHeaderBuckets = 2, kHeaderLifetime = 3;
 constexpr uint32_t kHeaderPolicy = 4, kHeaderMaxContext = 5;
 constexpr uint32_t kHeaderActive = 6;       // active capacity in [N, S] (resize; reset writes S)
@@ -58,6 +58,8 @@ constexpr int32_t kLruScoreFree = -kReuseAgeMax - 1, kLruScorePinned = 1;   // l
 // int32 words of the bucket_slot section: H int16 entries (slot ids < S <= 2^15), rounded up to
 // 64 words like every section (reference.Layout.bucket_words).
 constexpr uint32_t BucketWords(uint32_t buckets) { return (buckets / 2 + 63) / 64 * 64; }
+// slot_life: Sp int16 entries, two per word, rounded up to 64 words (reference.Layout.life_words)
+constexpr uint32_t LifeWords(uint32_t capPad) { return (capPad / 2 + 63) / 64 * 64; }
 
 struct PlanTiling {
     uint32_t rows, N;                    // N = T*K selections per row
@@ -161,6 +163,10 @@ constexpr uint32_t kPlanHalfCopyLanes = 128;
 AVSG_PLAN_SHARED_FN bool HalfCopyFits(const PlanTiling& t) {
     return t.policy != kPolicyReuse && RoundUp(t.capPad, kPlanHalfCopyLanes) <= 2 * kPlanSortVectors * t.nc;
 }
+// The entries a section's window counts: slot_life's are its slots (int16 in GM, widened to int32
+// in its UB window: PlanContext), every other section's its int32 words (bucket_slot's words
+// hold two int16 entries each and are read as such: WinGet16).
+AVSG_PLAN_SHARED_FN uint32_t WinEntries(const PlanTiling& t, uint32_t s) { return s == SEC_SL ? t.capPad : t.secLen[s]; }
 // Reuse policy sections, sized by the buckets H (a power of two >= 64) only.
 AVSG_PLAN_SHARED_FN uint32_t GhostEntries(uint32_t H) { return 2 * H; }   // reference.ghost_entries
 AVSG_PLAN_SHARED_FN uint32_t HeatEntries(uint32_t H) {

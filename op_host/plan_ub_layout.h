@@ -25,6 +25,7 @@ struct PlanUbLayout {
     uint32_t heads, trees;           // merge head space (kPlanMergeRegions), two merges' loser trees
     uint32_t stats, scalars, header;  // int64 stats row, scalar staging, header (+ stash count block)
     uint32_t slots;                  // the row's slots, whole chunks (t.slotsResident; 0: stored per chunk)
+    uint32_t lifeStage;              // slot_life's window as int16, on its way to and from GM
     uint32_t window[SEC_COUNT];      // 0: the section has no window (its policy lacks it)
     // byte offsets inside the aligned region, from its first kPlanSortAlign boundary
     uint32_t sortBytes;              // kPlanSortVectors nc-element float vectors (Sort / Extract)
@@ -60,8 +61,9 @@ AVSG_PLAN_SHARED_FN PlanUbLayout MakePlanUbLayout(const PlanTiling& t) {
     l.scalars = 32;
     l.header = 64;
     l.slots = t.slotsResident ? RoundUp(t.numChunks * t.nc * 4, 32) : 0;   // Classify writes whole chunks
+    l.lifeStage = RoundUp(t.winLen[SEC_SL] * 2, 32);
     l.fixed = l.tiling + l.aligned + kPlanVectors * l.vector + kPlanMasks * l.mask + l.hitBits + l.hitBytes + l.claimBits +
-              l.pendBits + l.heads + l.trees + l.stats + l.scalars + l.header + l.slots;
+              l.pendBits + l.heads + l.trees + l.stats + l.scalars + l.header + l.slots + l.lifeStage;
     l.total = l.fixed;
     for (uint32_t s = 0; s < SEC_COUNT; ++s) {
         l.window[s] = RoundUp(t.winLen[s] * 4, 32);

@@ -46,7 +46,7 @@ uint32_t CeilLog2(uint32_t x) {
 
 void SetWindow(PlanTiling& t, uint32_t s, uint32_t wlog) {
     t.winLog[s] = wlog;
-    t.winLen[s] = std::min<uint32_t>(1u << wlog, t.secLen[s]);
+    t.winLen[s] = std::min<uint32_t>(1u << wlog, WinEntries(t, s));
 }
 
 constexpr int64_t kMaxContext = kMaxPosition;
@@ -58,7 +58,7 @@ constexpr int64_t kMaxContext = kMaxPosition;
 // slot_life's window gives way first (MakeTiling keeps such a plan only where slot_life's step
 // runs on the half copy, HalfCopyFits, or where it stayed whole).
 bool PlanWindows(PlanTiling& t, bool slotsFirst = false) {
-    for (uint32_t s = 0; s < SEC_COUNT; ++s) SetWindow(t, s, CeilLog2(std::max<uint32_t>(t.secLen[s], 1)));
+    for (uint32_t s = 0; s < SEC_COUNT; ++s) SetWindow(t, s, CeilLog2(std::max<uint32_t>(WinEntries(t, s), 1)));
     if (t.secLen[SEC_SC] == 0)   // lifetime policy: no policy sections, no windows
         for (uint32_t s = SEC_SC; s <= SEC_HT; ++s) t.winLen[s] = 0;
     // Shrink order while the plan exceeds the budget: the stash (touched only in rows whose stash
@@ -102,7 +102,7 @@ bool PlanWindows(PlanTiling& t, bool slotsFirst = false) {
         grown = false;
         for (uint32_t s : {SEC_SL, SEC_SC, SEC_HT, SEC_SK, SEC_SS, SEC_PC}) {
             if (slotsFirst && (s == SEC_SK || s == SEC_SS)) continue;
-            if (t.winLen[s] >= t.secLen[s]) continue;
+            if (t.winLen[s] >= WinEntries(t, s)) continue;
             PlanTiling trial = t;
             SetWindow(trial, s, t.winLog[s] + 1);
             if (MakePlanUbLayout(trial).total <= kPlanUbBudget) {
@@ -145,15 +145,16 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.secOff[SEC_BS] = hd;
     t.secOff[SEC_SP] = hd + Hw;
     t.secOff[SEC_SL] = hd + Hw + Sp;
-    t.secOff[SEC_SK] = hd + Hw + 2 * Sp;
-    t.secOff[SEC_SS] = hd + Hw + 3 * Sp;
-    t.secOff[SEC_SC] = hd + Hw + 4 * Sp;
+    t.secOff[SEC_SK] = t.secOff[SEC_SL] + LifeWords(Sp);
+    t.secOff[SEC_SS] = t.secOff[SEC_SK] + Sp;
+    t.secOff[SEC_SC] = t.secOff[SEC_SK] + 2 * Sp;
     t.secOff[SEC_PC] = t.secOff[SEC_SC] + slotCountLen;
     t.secOff[SEC_HT] = t.secOff[SEC_PC] + ctxPad;
     t.stashCountOff = kHeaderStashCount;
     t.width = t.secOff[SEC_HT] + heatLen;
     t.secLen[SEC_BS] = Hw;   // words: two int16 buckets each
     for (uint32_t s = SEC_SP; s <= SEC_SS; ++s) t.secLen[s] = Sp;
+    t.secLen[SEC_SL] = LifeWords(Sp);   // words: two int16 lives each
     t.secLen[SEC_SC] = slotCountLen;
     t.secLen[SEC_PC] = ctxPad;
     t.secLen[SEC_HT] = heatLen;
@@ -213,7 +214,7 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
                 "-entry chunk the resident runs assume");
     TORCH_CHECK(Sp - capacity < 64 && t.nc % 64 == 0, "avsg.plan: padding / chunk geometry");
     for (uint32_t s : {SEC_SL, SEC_SC})
-        TORCH_CHECK(policy == kPolicyLifetime || t.winLen[s] >= t.nc || t.winLen[s] == t.secLen[s],
+        TORCH_CHECK(policy == kPolicyLifetime || t.winLen[s] >= t.nc || t.winLen[s] == WinEntries(t, s),
                     "avsg.plan: the score pass needs ", t.nc, "-slot windows");
     t.ubBytes = MakePlanUbLayout(t).total;
     return t;
@@ -295,7 +296,7 @@ int64_t StateWidth(int64_t capacity, int64_t buckets, bool reuse) {
     const int64_t Sp = RoundUp(static_cast<uint32_t>(capacity), 64);
     const uint32_t H = static_cast<uint32_t>(buckets);
     const int64_t policyState = reuse ? Sp + GhostEntries(H) + HeatEntries(H) : 0;
-    return kStateHeaderLen + BucketWords(H) + 4 * Sp + policyState;
+    return kStateHeaderLen + BucketWords(H) + 3 * Sp + LifeWords(static_cast<uint32_t>(Sp)) + policyState;
 }
 
 // The state of an op told its policy: the reuse policy's sections make the only width choice, so

@@ -24,6 +24,8 @@ public:
         const uint32_t ch = t_.fillChunk;
         pipe->InitBuffer(posBuf_, ch * 4);
         pipe->InitBuffer(lifeBuf_, ch * 4);
+        pipe->InitBuffer(life16Buf_, ch * 2);   // slot_life's int16 entries, widened in lifeBuf_
+        state16Gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int16_t*>(state), 2 * static_cast<uint64_t>(t_.rows) * t_.width);
         pipe->InitBuffer(keepBuf_, ch * 4);
         pipe->InitBuffer(notKeepBuf_, ch * 4);
         pipe->InitBuffer(maskBuf_, avsg::RoundUp(ch / 8, 32));
@@ -34,6 +36,7 @@ public:
     __aicore__ inline void Process() {
         const uint32_t blocks = static_cast<uint32_t>(GetBlockNum());
         LocalTensor<int32_t> pos = posBuf_.Get<int32_t>(), life = lifeBuf_.Get<int32_t>();
+        const LocalTensor<int16_t> life16 = life16Buf_.Get<int16_t>();
         LocalTensor<int32_t> keep = keepBuf_.Get<int32_t>(), notKeep = notKeepBuf_.Get<int32_t>();
         const LocalTensor<float> top = scalarBuf_.Get<float>();   // DropTest's result (after the length's read)
         LocalTensor<uint8_t> drop = maskBuf_.Get<uint8_t>();
@@ -63,10 +66,15 @@ public:
                 // ReduceMax's work area is life's buffer, whose chunk is read only when needed
                 if (!DropTest(pos, keep, life.ReinterpretCast<float>(), top, n, real, limit)) continue;
                 Sync<HardEvent::V_MTE2>();
-                DataCopy(life, stateGm_[base + t_.secOff[avsg::SEC_SL] + off], n);
+                const uint64_t life16Off = 2 * (base + t_.secOff[avsg::SEC_SL]) + off;   // int16 entries
+                Sync<HardEvent::MTE3_MTE2>();         // the previous chunk's store of life16
+                DataCopy(life16, state16Gm_[life16Off], n);
                 if (reuse_) DataCopy(count, stateGm_[base + t_.secOff[avsg::SEC_SC] + off], n);
                 Duplicate(notKeep.ReinterpretCast<float>(), 0.0f, n);
                 Sync<HardEvent::MTE2_V>();
+                Cast(life.ReinterpretCast<float>(), life16, RoundMode::CAST_NONE, n);   // exact
+                PipeBarrier<PIPE_V>();
+                Cast(life, life.ReinterpretCast<float>(), RoundMode::CAST_RINT, n);
                 DropMask(keep, notKeep, drop, n, limit);
                 DropClear(pos, keep, n);
                 DropClear(life, keep, n);
@@ -74,10 +82,12 @@ public:
                 PipeBarrier<PIPE_V>();
                 DropFill(pos, notKeep, n);
                 DropFill(life, notKeep, n);
+                PipeBarrier<PIPE_V>();
+                Cast(life16, life, RoundMode::CAST_NONE, n);   // int16 values, and -1: exact
                 Sync<HardEvent::V_MTE3>();
                 DataCopyExtParams p(1, real * 4, 0, 0, 0);
                 DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SP] + off], pos, p);
-                DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SL] + off], life, p);
+                DataCopyPad(state16Gm_[life16Off], life16, DataCopyExtParams(1, real * 2, 0, 0, 0));
                 if (reuse_) DataCopyPad(stateGm_[base + t_.secOff[avsg::SEC_SC] + off], count, p);
                 Sync<HardEvent::MTE3_V>();
             }
@@ -113,7 +123,8 @@ private:
     bool reuse_ = false;
     PlanTiling t_;
     GlobalTensor<int32_t> stateGm_, lensGm_;
-    TBuf<TPosition::VECCALC> tilingBuf_, posBuf_, lifeBuf_, keepBuf_, notKeepBuf_, maskBuf_, scalarBuf_, headerBuf_;
+    GlobalTensor<int16_t> state16Gm_;
+    TBuf<TPosition::VECCALC> tilingBuf_, posBuf_, lifeBuf_, life16Buf_, keepBuf_, notKeepBuf_, maskBuf_, scalarBuf_, headerBuf_;
     TBuf<TPosition::VECCALC> countBuf_;
 };
 

@@ -99,6 +99,12 @@ __aicore__ inline void StoreIntPair(const GlobalTensor<int32_t>& dst, const Loca
 // few dozen entries a step's misses write cost a few KB of MTE3, not one 512 B block each.
 constexpr uint32_t kWinBlocks = 512, kWinBlockWords = kWinBlocks / 32;
 constexpr uint32_t kWinMergeGap = 448;   // entries (1.75 KB): clean blocks copied along inside a run
+// A narrow window (slot_life in the plan kernel) holds int32 entries in UB over a section of
+// int16 entries in GM: a move widens them (int16 -> float -> int32, exact for every int16) and the
+// write-back narrows them (int32 -> int16, exact: every value a plan writes is a small life or
+// age, and every other entry came in as an int16) through `stage`, so the vector passes, the
+// drop and the scalar installs work on int32 lanes as for every other section. Plan kernel
+// only (vector casts): the scalar resize kernel reads the section by word (WinGet16).
 struct Win {
     LocalTensor<int32_t> buf;
     GlobalTensor<int32_t> gm;
@@ -107,6 +113,9 @@ struct Win {
     int32_t cur = -1;
     bool dirty = false;
     uint32_t blocks[kWinBlockWords] = {};   // dirty blocks of the current window (when !dirty)
+    bool narrow = false;
+    LocalTensor<int16_t> stage;           // narrow: wlen int16 entries
+    GlobalTensor<int16_t> gm16;           // narrow: the section as int16 entries
 };
 
 // Window moves. kVector: the window buffers are also vector operands (plan), so a move waits
@@ -116,8 +125,8 @@ __aicore__ inline uint32_t WinCount(const Win& w, int32_t id) {
 }
 // The dirty block length of a window of wlen entries: ceil(wlen / kWinBlocks) rounded up to 8.
 __aicore__ inline void WinSetBlockLen(Win& w) {
-    const uint32_t b = (w.wlen + kWinBlocks - 1) / kWinBlocks;
-    w.blen = b < 8 ? 8u : (b + 7) / 8 * 8;
+    const uint32_t b = (w.wlen + kWinBlocks - 1) / kWinBlocks, g = w.narrow ? 16u : 8u;   // 32 B in GM
+    w.blen = b < g ? g : (b + g - 1) / g * g;
 }
 __aicore__ inline bool WinBlocksAny(const Win& w) {
     uint32_t any = 0;
@@ -142,6 +151,32 @@ __aicore__ inline void WinMark(Win& w, uint32_t idx) {
     const uint32_t b = idx / w.blen;
     w.blocks[b >> 5] |= 1u << (b & 31);
 }
+// A narrow window's write-back: the window narrowed into its stage (after the writers the caller
+// ordered for the copies: their scalar and vector writes of the window), then the dirty runs (or
+// all of it) copied from there, as WinCopyBack copies an int32 window.
+__aicore__ inline void WinNarrowBack(Win& w, uint32_t cnt) {
+    Sync<HardEvent::S_V>();
+    Sync<HardEvent::MTE3_V>();                // the stage's previous copies
+    PipeBarrier<PIPE_V>();
+    Cast(w.stage, w.buf, RoundMode::CAST_NONE, cnt);
+    Sync<HardEvent::V_MTE3>();
+    const GlobalTensor<int16_t> gm = w.gm16[static_cast<uint32_t>(w.cur) * w.wlen];
+    if (w.dirty) {
+        DataCopy(gm, w.stage, cnt);
+    } else {
+        const uint32_t nb = (cnt + w.blen - 1) / w.blen;
+        for (uint32_t b = WinNextDirty(w, 0, nb); b < nb;) {
+            uint32_t last = b, next = WinNextDirty(w, b + 1, nb);
+            for (; next < nb && (next - last - 1) * w.blen <= 2 * kWinMergeGap; next = WinNextDirty(w, next + 1, nb))
+                last = next;
+            const uint32_t lo = b * w.blen, hi = MinU((last + 1) * w.blen, cnt);
+            DataCopy(gm[lo], w.stage[lo], hi - lo);
+            b = next;
+        }
+    }
+    w.dirty = false;
+    for (uint32_t k = 0; k < kWinBlockWords; ++k) w.blocks[k] = 0;
+}
 // Issues the current window's write-back copies, no syncs: whole if a vector wrote it, else each
 // run of dirty blocks as one copy; the window is clean after. The caller orders the writers
 // (vector, scalar) before the copies and the copies before the buffer's next writers (WinFlush
@@ -149,6 +184,10 @@ __aicore__ inline void WinMark(Win& w, uint32_t idx) {
 __aicore__ inline void WinCopyBack(Win& w) {
     if (!w.dirty && !WinBlocksAny(w)) return;
     const uint32_t cnt = WinCount(w, w.cur);
+    if (w.narrow) {
+        WinNarrowBack(w, cnt);
+        return;
+    }
     const GlobalTensor<int32_t> gm = w.gm[static_cast<uint32_t>(w.cur) * w.wlen];
     if (w.dirty) {
         DataCopy(gm, w.buf, cnt);
@@ -185,9 +224,21 @@ __aicore__ inline void WinEnsure(Win& w, int32_t id) {
     WinFlush<kVector>(w);
     if (kVector) Sync<HardEvent::V_MTE2>();
     Sync<HardEvent::S_MTE2>();
-    DataCopy(w.buf, w.gm[static_cast<uint32_t>(id) * w.wlen], WinCount(w, id));
-    if (kVector) Sync<HardEvent::MTE2_V>();
-    Sync<HardEvent::MTE2_S>();
+    const uint32_t cnt = WinCount(w, id);
+    if (kVector && w.narrow) {                // int16 in GM: widened through float (exact)
+        DataCopy(w.stage, w.gm16[static_cast<uint32_t>(id) * w.wlen], cnt);
+        Sync<HardEvent::MTE2_V>();
+        const LocalTensor<float> f = w.buf.template ReinterpretCast<float>();
+        Cast(f, w.stage, RoundMode::CAST_NONE, cnt);
+        PipeBarrier<PIPE_V>();
+        Cast(w.buf, f, RoundMode::CAST_RINT, cnt);
+        PipeBarrier<PIPE_V>();
+        Sync<HardEvent::V_S>();
+    } else {
+        DataCopy(w.buf, w.gm[static_cast<uint32_t>(id) * w.wlen], cnt);
+        if (kVector) Sync<HardEvent::MTE2_V>();
+        Sync<HardEvent::MTE2_S>();
+    }
     w.cur = id;
 }
 template <bool kVector>
@@ -224,6 +275,8 @@ __aicore__ inline void BindWindows(Win* win, const GlobalTensor<int32_t>& stateG
     const uint64_t base = static_cast<uint64_t>(r) * t.width;
     for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
         win[s].gm = stateGm[base + t.secOff[s]];
+        if (win[s].narrow)
+            win[s].gm16.SetGlobalBuffer(reinterpret_cast<__gm__ int16_t*>(win[s].gm.GetPhyAddr(0)), 2 * t.secLen[s]);
         win[s].cur = -1;
         win[s].dirty = false;
         for (uint32_t k = 0; k < kWinBlockWords; ++k) win[s].blocks[k] = 0;

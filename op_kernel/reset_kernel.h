@@ -50,7 +50,7 @@ public:
             Fill(base + avsg::kHeaderWords, avsg::kStateHeaderLen - avsg::kHeaderWords, zero);
             Fill(base + t_.secOff[avsg::SEC_BS], t_.secLen[avsg::SEC_BS], neg);   // never used (int16 -1 pairs)
             Fill(base + t_.secOff[avsg::SEC_SP], t_.capPad, neg);
-            Fill(base + t_.secOff[avsg::SEC_SL], t_.capPad, neg);
+            Fill(base + t_.secOff[avsg::SEC_SL], t_.secLen[avsg::SEC_SL], neg);   // int16 -1 pairs
             Fill(base + t_.secOff[avsg::SEC_SK], t_.capPad, neg);
             Fill(base + t_.secOff[avsg::SEC_SS], t_.capPad, zero);
             for (uint32_t sec = avsg::SEC_SC; sec <= avsg::SEC_HT; ++sec)   // reuse policy state

@@ -101,6 +101,9 @@ private:
     // bucket_slot's int16 entries (op_host/plan_tiling.h)
     __aicore__ inline int32_t GetBucket(uint32_t b) { return WinGet16<false>(win_[avsg::SEC_BS], b); }
     __aicore__ inline void PutBucket(uint32_t b, int32_t slot) { WinPut16<false>(win_[avsg::SEC_BS], b, slot); }
+    // slot_life: int16 entries, two per word, like bucket_slot
+    __aicore__ inline int32_t GetLife(uint32_t s) { return WinGet16<false>(win_[avsg::SEC_SL], s); }
+    __aicore__ inline void PutLife(uint32_t s, int32_t life) { WinPut16<false>(win_[avsg::SEC_SL], s, life); }
     __aicore__ inline void BindRow(uint32_t r) { BindWindows(win_, stateGm_, rt_.plan, r); }
 
     // ------------------------------------------------------------------------- ranks
@@ -116,7 +119,7 @@ private:
     }
     // Eviction rank of an occupied slot as a histogram bin (reference.eviction_order: lower goes first)
     __aicore__ inline uint32_t Bin(uint32_t s, int32_t pos) {
-        const int32_t life = Get(win_[avsg::SEC_SL], s);
+        const int32_t life = GetLife(s);
         if (policy_ == avsg::kPolicyLifetime)
             return static_cast<uint32_t>(Clamp(life, -1, static_cast<int32_t>(rt_.plan.lifetime)) + 1);
         const int32_t age = Clamp(life, 0, avsg::kReuseAgeMax);
@@ -201,7 +204,6 @@ private:
         const uint32_t S = rt_.plan.capacity;
         const bool reuse = policy_ == avsg::kPolicyReuse;
         Win& sp = win_[avsg::SEC_SP];
-        Win& sl = win_[avsg::SEC_SL];
         Win& sc = win_[avsg::SEC_SC];
         // 1. occupancy and rank histogram
         Sync<HardEvent::S_V>();
@@ -243,7 +245,7 @@ private:
                     Put(sc, s, 0);
                 }
                 Put(sp, s, -1);
-                Put(sl, s, -1);
+                PutLife(s, -1);
             }
         }
         // 3. survivors past c into the lowest free slots below it
@@ -254,7 +256,7 @@ private:
             while (d < c && Get(sp, d) >= 0) ++d;
             if (d >= c) break;                     // cannot happen (counting); keeps d inside the row
             Put(sp, d, pos);
-            Put(sl, d, Get(sl, s));
+            PutLife(d, GetLife(s));
             if (reuse) Put(sc, d, Get(sc, s));
             Stage(r, s, d);
             ++d;
@@ -263,7 +265,7 @@ private:
         StoreStaged(r);
         for (uint32_t s = c; s < S; ++s) {
             if (Get(sp, s) != -1) Put(sp, s, -1);
-            if (Get(sl, s) != -1) Put(sl, s, -1);
+            if (GetLife(s) != -1) PutLife(s, -1);
             if (reuse && Get(sc, s) != 0) Put(sc, s, 0);
         }
         if (moves == 0) return 0;

@@ -23,21 +23,21 @@ class PlanBlockVictims {
 public:
     __aicore__ inline explicit PlanBlockVictims(PlanContext& ctx, PlanBlockProbe& probe) : ctx_(ctx), probe_(probe) {}
     // slot_life = the half copy (lives in [-1, L+1], ages in [-1, 1023]: exact in half, so one
-    // half -> int32 Cast), in stretches of 2 * Wide() slots through wPair_, straight to GM: every
+    // half -> int16 Cast), in stretches of 2 * Wide() slots through wPair_, straight to GM: every
     // entry is overwritten, so the section moves in once (DecayInHalf) and out once, and its
     // window stays empty.
     __aicore__ inline void WriteBackHalfCopy() {
         const Win& sl = ctx_.win_[avsg::SEC_SL];
-        const LocalTensor<int32_t> stage = ctx_.wPair_;
+        const LocalTensor<int16_t> stage16 = ctx_.wPair_.ReinterpretCast<int16_t>();
         const uint32_t lanes = 2 * probe_.Wide();
         Sync<HardEvent::S_V>();                   // the installs' scalar writes of the half copy
         PipeBarrier<PIPE_V>();                    // and the search's vector readers of the wide vectors
         for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
             const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
             if (base) Sync<HardEvent::MTE3_V>();  // the previous stretch's store reads the stage
-            Cast(stage, ctx_.sHalf_[base], RoundMode::CAST_RINT, n);
+            Cast(stage16, ctx_.sHalf_[base], RoundMode::CAST_RINT, n);   // integers: exact
             Sync<HardEvent::V_MTE3>();
-            DataCopy(sl.gm[base], stage, n);
+            DataCopy(sl.gm16[base], stage16, n);
         }
         // one MTE3_S: the scalar unit issues every later instruction, vector and MTE2 alike
         // (emulation/emu_hazard.h, "Scalar issue")
@@ -116,9 +116,12 @@ public:
         } else {
             Sync<HardEvent::V_MTE2>();            // the previous stretch's vector reads
         }
-        DataCopy(stage, ctx_.win_[avsg::SEC_SL].gm[base], n);
+        // int16 lives land in the half copy's own lanes (rewritten from x after the decay) and
+        // widen to float there: exact for every int16
+        const LocalTensor<int16_t> raw = ctx_.sHalf_[base].template ReinterpretCast<int16_t>();
+        DataCopy(raw, ctx_.win_[avsg::SEC_SL].gm16[base], n);
         Sync<HardEvent::MTE2_V>();
-        Cast(x, stage, RoundMode::CAST_RINT, n);
+        Cast(x, raw, RoundMode::CAST_NONE, n);
         PipeBarrier<PIPE_V>();
         Maxs(x, x, -1.0f, n);
         PipeBarrier<PIPE_V>();

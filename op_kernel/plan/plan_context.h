@@ -71,16 +71,19 @@ public:
             pipe->InitBuffer(slotsBuf_, ub.slots);
             outSlots_ = slotsBuf_.Get<int32_t>();
         }
+        pipe->InitBuffer(lifeStageBuf_, ub.lifeStage);
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
-            win_[s].len = t_.secLen[s];
+            win_[s].len = avsg::WinEntries(t_, s);
             win_[s].wlog = t_.winLog[s];
             win_[s].wlen = t_.winLen[s];
+            win_[s].narrow = s == avsg::SEC_SL;
+            if (win_[s].narrow) win_[s].stage = lifeStageBuf_.Get<int16_t>();
             WinSetBlockLen(win_[s]);
             win_[s].nwin = 0;
             if (ub.window[s] == 0) continue;   // a policy section the lifetime policy lacks
             pipe->InitBuffer(winBuf_[s], ub.window[s]);
             win_[s].buf = winBuf_[s].Get<int32_t>();
-            win_[s].nwin = (t_.secLen[s] + t_.winLen[s] - 1) / t_.winLen[s];
+            win_[s].nwin = (win_[s].len + t_.winLen[s] - 1) / t_.winLen[s];
         }
         // TPipe carves in order, so the buffers end where the layout says: what the host budgets
         // is what was allocated (the tiling copy before alignedBuf_ is ub.tiling by construction).
@@ -139,6 +142,7 @@ public:
     __aicore__ inline uint64_t UbEnd(const avsg::PlanUbLayout& ub) {
         uint64_t end = avsg::UbAddr(headerBuf_.Get<uint8_t>()) + ub.header;
         if (ub.slots != 0) end = avsg::UbAddr(slotsBuf_.Get<uint8_t>()) + ub.slots;
+        end = avsg::UbAddr(lifeStageBuf_.Get<uint8_t>()) + ub.lifeStage;
         for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s)
             if (ub.window[s] != 0) end = avsg::UbAddr(winBuf_[s].Get<uint8_t>()) + ub.window[s];
         return end;
@@ -422,7 +426,7 @@ public:
     TBuf<TPosition::VECCALC> vecBuf_[avsg::kPlanVectors];
     TBuf<TPosition::VECCALC> maskBuf_[avsg::kPlanMasks];
     TBuf<TPosition::VECCALC> alignedBuf_, hitBuf_, hitByteBuf_, claimBuf_, pendBuf_, headBuf_, treeBuf_;
-    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_, slotsBuf_;
+    TBuf<TPosition::VECCALC> statsBuf_, scalarBuf_, headerBuf_, slotsBuf_, lifeStageBuf_;
     LocalTensor<int32_t> outSlots_;           // the row's slots (SlotsResident), chunk c at c * nc
     TBuf<TPosition::VECCALC> winBuf_[avsg::SEC_COUNT];
     Win win_[avsg::SEC_COUNT];

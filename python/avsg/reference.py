@@ -9,20 +9,21 @@ Memory layout (one int32 state row per request row, one state tensor per layer)
 -------------------------------------------------------------------------------
 A buffer with ``S`` slots and ``H`` hash buckets keeps, per row, one contiguous int32 region so a
 vector core can move a row's whole state GM<->UB with a few DMA copies. Each section is padded to
-a multiple of 64 int32 (one 256-byte vector repeat). ``bucket_slot`` holds int16 entries, two per
-int32 word (bucket ``2w`` in the low half of word ``w``: little-endian), in ``Hw = H/2`` words
-rounded up to 64: a slot id lies below ``S <= 2**15``, and the index, the largest section, is what
-every plan loads whole::
+a multiple of 64 int32 (one 256-byte vector repeat). ``bucket_slot`` and ``slot_life`` hold int16
+entries, two per int32 word (entry ``2w`` in the low half of word ``w``: little-endian), in
+``Hw = H/2`` and ``Lw = Sp/2`` words rounded up to 64: a slot id lies below ``S <= 2**15`` and a
+life or age below 1024, and the index, the largest section, is what every plan loads whole, the
+lives what every plan loads and stores whole::
 
     [0,        64)          header       the row's geometry and scalars (below)
     [64,       64+Hw)       bucket_slot  int16: slot the bucket names, -1 = never used
     [64+Hw,    64+Hw+Sp)    slot_pos     position held by each slot, -1 = free
-    [.. +Sp,   64+Hw+2Sp)   slot_life    lifetime of each slot: -1 free, 0 reclaimable, 1..L live
-    [.. +2Sp,  64+Hw+3Sp)   stash_key    overflow index: positions no probe bucket could take
-    [.. +3Sp,  64+Hw+4Sp)   stash_slot   their slots
+    [.. +Sp,   .. +Lw)      slot_life    int16: lifetime of each slot: -1 free, 0 reclaimable, 1..L live
+    [.. +Lw,   .. +Sp)      stash_key    overflow index: positions no probe bucket could take
+    [.. ,      .. +Sp)      stash_slot   their slots
     reuse policy only (the lifetime and lru policies have none of these):
-    [.. +4Sp,  .. +5Sp)     slot_count   use count of the position each slot holds, 0..255
-    [.. +5Sp,  .. +G)       ghost        counts of evicted positions: ``tag << 8 | count``
+    [.. ,      .. +Sp)      slot_count   use count of the position each slot holds, 0..255
+    [.. ,      .. +G)       ghost        counts of evicted positions: ``tag << 8 | count``
     [.. ,      .. +B)       block_heat   selection density per 64-position block, 0..255
 
     header[0] = HEADER_MAGIC   header[1] = S   header[2] = H   header[3] = L
@@ -297,7 +298,7 @@ DEFAULT_LIFETIME = 255
 PROBATION_STEPS = 4
 INT32_MAX = (1 << 31) - 1
 STATE_HEADER = 64                      # int32 words of the per-row header
-HEADER_MAGIC = 0x41565333              # "AVS3": a row written by reset, layout version 3
+HEADER_MAGIC = 0x41565334              # "AVS4": a row written by reset, layout version 4
 #: (version 2 kept bucket_slot as int32, version 1 also a bucket_key section before it; such rows
 #: fail the magic check)
 HEADER_MAGIC_WORD, HEADER_CAPACITY, HEADER_BUCKETS, HEADER_LIFETIME = range(4)
@@ -425,16 +426,21 @@ class Layout(NamedTuple):
         return self.slot_pos + self.padded_capacity
 
     @property
+    def life_words(self) -> int:
+        """int32 words of ``slot_life``: ``Sp`` int16 entries, rounded up to 64 words."""
+        return round_up(self.padded_capacity // 2, VECTOR_INT32)
+
+    @property
     def stash_key(self) -> int:
-        return self.slot_pos + 2 * self.padded_capacity
+        return self.slot_life + self.life_words
 
     @property
     def stash_slot(self) -> int:
-        return self.slot_pos + 3 * self.padded_capacity
+        return self.stash_key + self.padded_capacity
 
     @property
     def slot_count(self) -> int:
-        return self.slot_pos + 4 * self.padded_capacity
+        return self.stash_key + 2 * self.padded_capacity
 
     @property
     def ghost(self) -> int:
@@ -458,7 +464,7 @@ class StateView(NamedTuple):
 
     bucket_slot: torch.Tensor     # [R, H] int16
     slot_pos: torch.Tensor        # [R, S]
-    slot_life: torch.Tensor       # [R, S]
+    slot_life: torch.Tensor       # [R, S] int16
     stash_key: torch.Tensor       # [R, S]
     stash_slot: torch.Tensor      # [R, S]
     stash_count: torch.Tensor     # [R]
@@ -476,7 +482,7 @@ def view_state(state: torch.Tensor, layout: Layout) -> StateView:
     return StateView(
         bucket_slot=state[:, layout.bucket_slot:layout.bucket_slot + H // 2].view(torch.int16),
         slot_pos=state[:, layout.slot_pos:layout.slot_pos + S],
-        slot_life=state[:, layout.slot_life:layout.slot_life + S],
+        slot_life=life_entries(state, layout)[:, :S],
         stash_key=state[:, layout.stash_key:layout.stash_key + S],
         stash_slot=state[:, layout.stash_slot:layout.stash_slot + S],
         stash_count=state[:, layout.stash_count],
@@ -488,6 +494,12 @@ def view_state(state: torch.Tensor, layout: Layout) -> StateView:
         active=state[:, HEADER_ACTIVE],
         hand=state[:, HEADER_HAND],
     )
+
+
+def life_entries(state: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """int16 ``[R, Sp]``: ``slot_life`` with its padding entries (a writable view)."""
+    Sp = layout.padded_capacity
+    return state[:, layout.slot_life:layout.slot_life + Sp // 2].view(torch.int16)
 
 
 def lifetime_hand(v: StateView) -> torch.Tensor:
@@ -849,7 +861,7 @@ def check_state(state: torch.Tensor, layout: Layout, lifetime: int,
     fail("slot_life", (v.slot_life == -1) != (v.slot_pos == -1),
          "a slot is free (-1) in slot_pos exactly when it is free in slot_life")
     padding = torch.cat([state[:, layout.slot_pos + S:layout.slot_pos + Sp],
-                         state[:, layout.slot_life + S:layout.slot_life + Sp]], 1)
+                         life_entries(state, layout)[:, S:].int()], 1)
     fail("padding", padding != -1, "slot_pos / slot_life padding must be -1")
     ordered = v.slot_pos.sort(1).values
     fail("slot_pos", (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0),
@@ -1130,7 +1142,7 @@ def _free_padding(state: torch.Tensor, layout: Layout) -> None:
     padding = layout.padded_capacity - S
     if padding:
         state[:, layout.slot_pos + S:layout.slot_pos + S + padding] = -1
-        state[:, layout.slot_life + S:layout.slot_life + S + padding] = -1
+        life_entries(state, layout)[:, S:S + padding] = -1
         if layout.reuse:
             view_state(state, layout).slot_count[:, S:] = 0
 

@@ -31,15 +31,15 @@ def _craft(twin: Twin, row: int, case: str, gen: torch.Generator, S: int) -> Non
         if case == "ties":
             life[pos >= 0] = 5
         elif case == "spread":
-            life[pos >= 0] = torch.randint(1, 1024, (S,), generator=g, dtype=I32)[pos >= 0]
+            life[pos >= 0] = torch.randint(1, 1024, (S,), generator=g, dtype=torch.int16)[pos >= 0]
         elif case == "free":
-            life[pos >= 0] = torch.randint(1, 40, (S,), generator=g, dtype=I32)[pos >= 0]
+            life[pos >= 0] = torch.randint(1, 40, (S,), generator=g, dtype=torch.int16)[pos >= 0]
             free = torch.randperm(S, generator=g)[:300]
             life[free] = -1                   # resident slots among them: hit slots holding -1
         elif case == "shrunk":
             active = S - 1500
             state[row, reference.HEADER_ACTIVE] = active
-            life[:active] = torch.randint(1, 300, (active,), generator=g, dtype=I32)
+            life[:active] = torch.randint(1, 300, (active,), generator=g, dtype=torch.int16)
             life[active:] = 1023              # the oldest, but never victims
             pos[active:] = -1
 

@@ -153,12 +153,12 @@ def test_state_records_its_policy():
 
 def test_reuse_state_is_sized_by_the_buffer():
     """No max_context needed, and none changes the state: S + G + B int32 beyond the lifetime
-    layout (H int16 buckets, then 4S; G = 2H ghosts, B = max(64, H / 16) heat blocks), whatever
-    the context."""
+    layout (H int16 buckets, S positions, S int16 lives, 2S stash; G = 2H ghosts, B = max(64,
+    H / 16) heat blocks), whatever the context."""
     S, K = 8192, 2048
     buf = avsg.SparseKVBuffer(rows=4, capacity=S, topk=K, policy="reuse", track_copies=False)
     H = buf.hash_buckets
-    assert buf.layout.width == reference.STATE_HEADER + H // 2 + 5 * S + 2 * H + H // 16
+    assert buf.layout.width == reference.STATE_HEADER + H // 2 + S // 2 + 4 * S + 2 * H + H // 16
     assert buf.layout.width == avsg.SparseKVBuffer(rows=1, capacity=S, topk=K, policy="reuse",
                                                    max_context=1 << 24, track_copies=False).layout.width
     seq = torch.full((4,), 1 << 22, dtype=I32)

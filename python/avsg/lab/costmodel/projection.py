@@ -148,10 +148,10 @@ PROFILES = ("bundled", "pessimistic", "optimistic")
 # the constants the sensitivity profiles scale (3x pessimistic, 1/3x optimistic)
 SENSITIVE = ("scalar_ub_cycles", "scalar_gm_cycles", "vec_issue_cycles", "host_dma_latency_s",
              "copy_launch_latency_s", "host_callback_latency_s")
-# per slot, the op's state (the lifetime and lru layout at H = 2S: two int16 hash buckets, then
-# slot pos, slot life, stash key and stash slot, int32; reference.Layout) and the slot map's
-# reverse table (slot -> pos, int32)
-OP_STATE_BYTES_PER_SLOT = 2 * 2 + 4 * 4
+# per slot, the op's state (the lifetime and lru layout at H = 2S: two int16 hash buckets, the
+# slot's position (int32), its life (int16), its stash key and stash slot (int32);
+# reference.Layout) and the slot map's reverse table (slot -> pos, int32)
+OP_STATE_BYTES_PER_SLOT = 2 * 2 + 4 + 2 + 2 * 4
 SLOTMAP_STATE_BYTES_PER_SLOT = 4
 DESCRIPTOR_BYTES = 20          # host address, device address (int64), size (int32)
 
