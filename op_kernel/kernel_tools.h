@@ -151,61 +151,44 @@ __aicore__ inline void WinMark(Win& w, uint32_t idx) {
     const uint32_t b = idx / w.blen;
     w.blocks[b >> 5] |= 1u << (b & 31);
 }
-// A narrow window's write-back: the window narrowed into its stage (after the writers the caller
-// ordered for the copies: their scalar and vector writes of the window), then the dirty runs (or
-// all of it) copied from there, as WinCopyBack copies an int32 window.
-__aicore__ inline void WinNarrowBack(Win& w, uint32_t cnt) {
-    Sync<HardEvent::S_V>();
-    Sync<HardEvent::MTE3_V>();                // the stage's previous copies
-    PipeBarrier<PIPE_V>();
-    Cast(w.stage, w.buf, RoundMode::CAST_NONE, cnt);
-    Sync<HardEvent::V_MTE3>();
-    const GlobalTensor<int16_t> gm = w.gm16[static_cast<uint32_t>(w.cur) * w.wlen];
+// The copies of a window's write-back from src (the window, or a narrow window's stage) to gm:
+// whole if a vector wrote it, else each run of dirty blocks as one copy; the window is clean
+// after. A run ends at a clean stretch longer than 1.75 KB (kWinMergeGap int32 entries):
+// copying a shorter one along costs less than starting another copy.
+template <class T>
+__aicore__ inline void WinCopyRuns(Win& w, uint32_t cnt, const GlobalTensor<T>& gm, const LocalTensor<T>& src) {
     if (w.dirty) {
-        DataCopy(gm, w.stage, cnt);
+        DataCopy(gm, src, cnt);
     } else {
-        const uint32_t nb = (cnt + w.blen - 1) / w.blen;
+        const uint32_t nb = (cnt + w.blen - 1) / w.blen, gap = kWinMergeGap * 4 / sizeof(T);
         for (uint32_t b = WinNextDirty(w, 0, nb); b < nb;) {
             uint32_t last = b, next = WinNextDirty(w, b + 1, nb);
-            for (; next < nb && (next - last - 1) * w.blen <= 2 * kWinMergeGap; next = WinNextDirty(w, next + 1, nb))
-                last = next;
+            for (; next < nb && (next - last - 1) * w.blen <= gap; next = WinNextDirty(w, next + 1, nb)) last = next;
             const uint32_t lo = b * w.blen, hi = MinU((last + 1) * w.blen, cnt);
-            DataCopy(gm[lo], w.stage[lo], hi - lo);
+            DataCopy(gm[lo], src[lo], hi - lo);
             b = next;
         }
     }
     w.dirty = false;
     for (uint32_t k = 0; k < kWinBlockWords; ++k) w.blocks[k] = 0;
 }
-// Issues the current window's write-back copies, no syncs: whole if a vector wrote it, else each
-// run of dirty blocks as one copy; the window is clean after. The caller orders the writers
+// Issues the current window's write-back copies, no syncs: the caller orders the writers
 // (vector, scalar) before the copies and the copies before the buffer's next writers (WinFlush
-// for one window; a row's end flushes all of them between one pair of syncs).
+// for one window; a row's end flushes all of them between one pair of syncs). A narrow window
+// is narrowed into its stage first, after its scalar and vector writers.
 __aicore__ inline void WinCopyBack(Win& w) {
     if (!w.dirty && !WinBlocksAny(w)) return;
-    const uint32_t cnt = WinCount(w, w.cur);
-    if (w.narrow) {
-        WinNarrowBack(w, cnt);
+    const uint32_t cnt = WinCount(w, w.cur), at = static_cast<uint32_t>(w.cur) * w.wlen;
+    if (!w.narrow) {
+        WinCopyRuns(w, cnt, w.gm[at], w.buf);
         return;
     }
-    const GlobalTensor<int32_t> gm = w.gm[static_cast<uint32_t>(w.cur) * w.wlen];
-    if (w.dirty) {
-        DataCopy(gm, w.buf, cnt);
-    } else {
-        const uint32_t nb = (cnt + w.blen - 1) / w.blen;
-        for (uint32_t b = WinNextDirty(w, 0, nb); b < nb;) {
-            // a run ends at a clean stretch longer than kWinMergeGap entries: copying a shorter one
-            // along costs less than starting another copy
-            uint32_t last = b, next = WinNextDirty(w, b + 1, nb);
-            for (; next < nb && (next - last - 1) * w.blen <= kWinMergeGap; next = WinNextDirty(w, next + 1, nb))
-                last = next;
-            const uint32_t lo = b * w.blen, hi = MinU((last + 1) * w.blen, cnt);
-            DataCopy(gm[lo], w.buf[lo], hi - lo);
-            b = next;
-        }
-    }
-    w.dirty = false;
-    for (uint32_t k = 0; k < kWinBlockWords; ++k) w.blocks[k] = 0;
+    Sync<HardEvent::S_V>();
+    Sync<HardEvent::MTE3_V>();                // the stage's previous copies
+    PipeBarrier<PIPE_V>();
+    Cast(w.stage, w.buf, RoundMode::CAST_NONE, cnt);
+    Sync<HardEvent::V_MTE3>();
+    WinCopyRuns(w, cnt, w.gm16[at], w.stage);
 }
 // Writes the current window back (WinCopyBack) between its syncs.
 template <bool kVector>
