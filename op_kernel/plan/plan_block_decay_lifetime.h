@@ -82,50 +82,36 @@ public:
         Sync<HardEvent::V_S>();
         victims_.lowestLife_ = static_cast<int32_t>(ctx_.wIdx_.ReinterpretCast<float>().GetValue(0));
     }
-    // Where the half copy fits: slot_life moves in as whole stretches of 2 * Wide() slots
-    // (wPair_), not window by window, is clamped there from below (in float: exact at -1,
-    // monotone elsewhere, so the same as clamping the int32; from above the fresh test clamps:
-    // whatever decays to L or more is fresh), and the decay and the pins run Wide() lanes
-    // at a time (the masks' width) straight into the half copy. The level scan reads and installs
-    // into the half copy, and the section goes back from it once (WriteBackHalfCopy); the window
-    // is left empty here.
+    // Where the half copy fits: slot_life moves into it whole and the decay and the pins run
+    // on it in half precision, every instruction over the whole section (the lives are small
+    // integers, exact in half; the instructions and their barriers, not the lanes, are most of
+    // a pass's cost). The level scan reads and installs into the half copy, and the section goes
+    // back from it once (WriteBackHalfCopy); the window is left empty.
     __aicore__ inline void DecayInHalf() {
-        const uint32_t lanes = 2 * probe_.Wide();
-        const uint32_t sub = probe_.Wide();
-        const LocalTensor<int32_t> stage = ctx_.wPair_;
-        const LocalTensor<float> x = stage.ReinterpretCast<float>(), tmp = ctx_.wSlot_.ReinterpretCast<float>();
-        const float lifeL = static_cast<float>(ctx_.t_.lifetime);
-        // the copy's tail past the padded slots: pinned (L, no level's)
-        victims_.HalfCopyBegin(lifeL);
-        for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
-            const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
-            // from below only: a life above L + 1 decays to L or more, which the fresh test
-            // below maps as it maps L + 1 (the reference clamps to L + 1 first: the same)
-            victims_.HalfCopyLoad(base, n, false, 0.0f);
-            for (uint32_t off = 0; off < n; off += sub) {
-                const uint32_t k = MinU(sub, n - off), at = base + off;
-                const LocalTensor<float> life = x[off];
-                Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[at / 16], k / 16);
-                // decay: max(life - 1, min(life, 0)); a fresh slot (L+1, or above) decays to L
-                // or more
-                Adds(tmp, life, -1.0f, k);
-                PipeBarrier<PIPE_V>();            // Mins below writes what Adds reads (write-after-read)
-                Mins(life, life, 0.0f, k);
-                PipeBarrier<PIPE_V>();
-                Max(life, life, tmp, k);
-                PipeBarrier<PIPE_V>();
-                // only a fresh slot decays to L or more: its probation (reference.first_life)
-                avsg::CompareScalarAll(ctx_.mC_, life, lifeL, CMPMODE::LT, k);
-                PipeBarrier<PIPE_V>();
-                Select(life, ctx_.mC_, life, static_cast<float>(avsg::FirstLife(ctx_.t_.lifetime)) - 1.0f,
-                       SELMODE::VSEL_TENSOR_SCALAR_MODE, k);
-                PipeBarrier<PIPE_V>();
-                Select(life, ctx_.mA_, life, lifeL, SELMODE::VSEL_TENSOR_SCALAR_MODE, k);   // hits -> L
-                PipeBarrier<PIPE_V>();
-                Cast(ctx_.sHalf_[at], life, RoundMode::CAST_NONE, k);   // [-1, L]: exact
-                PipeBarrier<PIPE_V>();            // the next part's temporaries and masks
-            }
-        }
+        const LocalTensor<half> life = victims_.HalfCopyLoad(), x = ctx_.sHalf_;
+        const uint32_t n = victims_.HalfCopyLanes();
+        const LocalTensor<uint8_t> notHit = victims_.HalfMask(0), fresh = victims_.HalfMask(1);
+        const half lifeL = static_cast<half>(static_cast<float>(ctx_.t_.lifetime));
+        Not(notHit.ReinterpretCast<uint16_t>(), ctx_.hitBits_.ReinterpretCast<uint16_t>(), n / 16);
+        // decay: max(life - 1, min(life, 0)) on lives clamped to -1 from below; a fresh slot (L+1,
+        // or above: the reference clamps to L + 1 first, which decays the same) decays to L or
+        // more. x (the copy's int16 lanes, cast into life) is scratch until the last Select.
+        Maxs(life, life, static_cast<half>(-1.0f), n);
+        PipeBarrier<PIPE_V>();
+        Adds(x, life, static_cast<half>(-1.0f), n);
+        PipeBarrier<PIPE_V>();                    // Mins below writes what Adds reads (write-after-read)
+        Mins(life, life, static_cast<half>(0.0f), n);
+        PipeBarrier<PIPE_V>();
+        Max(life, life, x, n);
+        PipeBarrier<PIPE_V>();
+        // only a fresh slot decays to L or more: its probation (reference.first_life)
+        avsg::CompareScalarAll(fresh, life, lifeL, CMPMODE::LT, n);
+        PipeBarrier<PIPE_V>();
+        Select(life, fresh, life, static_cast<half>(static_cast<float>(avsg::FirstLife(ctx_.t_.lifetime)) - 1.0f),
+               SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+        PipeBarrier<PIPE_V>();
+        Select(x, notHit, life, lifeL, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // hits -> L
+        victims_.HalfCopyTail(lifeL);             // past the padded slots: pinned (L, no level's)
         Sync<HardEvent::V_S>();
     }
 

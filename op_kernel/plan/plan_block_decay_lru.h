@@ -68,52 +68,46 @@ public:
         Sync<HardEvent::V_S>();
         victims_.maxAge_ = static_cast<int32_t>(ctx_.wIdx_.ReinterpretCast<float>().GetValue(0));
     }
-    // Where the half copy fits: slot_life moves in as whole stretches of 2 * Wide() slots
-    // (wPair_), not window by window, is clamped there (in float: exact at the bounds, monotone
-    // elsewhere, so the same as clamping the int32), and the ageing and the pins run at most a
-    // window (and Wide() lanes, the masks' width) at a time, whose free candidates it records,
-    // straight into the half copy. The search counts and takes its victims there and installs
-    // into it; the section goes back from it once (WriteBackHalfCopy); the window is left empty.
+    // Where the half copy fits: slot_life moves into it whole and the ageing and the pins run
+    // on it in half precision, every instruction over the whole section (ages in [-1, 1023] are
+    // exact in half; the instructions and their barriers, not the lanes, are most of a pass's
+    // cost), as do the free count (one set: LruSetLen) and the oldest age. The search counts and
+    // takes its victims there and installs into it; the section goes back from it once
+    // (WriteBackHalfCopy); the window is left empty.
     __aicore__ inline void DecayInHalf() {
-        const uint32_t lanes = 2 * probe_.Wide(), setLen = victims_.LruSetLen();
-        const uint32_t sub = MinU(probe_.Wide(), setLen);
-        const LocalTensor<int32_t> stage = ctx_.wPair_, sink = ctx_.wSlot_;
-        const LocalTensor<float> x = stage.ReinterpretCast<float>(), tmp = ctx_.wSlot_.ReinterpretCast<float>();
+        const LocalTensor<half> age = victims_.HalfCopyLoad(), x = ctx_.sHalf_;
+        const uint32_t n = victims_.HalfCopyLanes();
+        const LocalTensor<uint8_t> notHit = victims_.HalfMask(0), freeMask = victims_.HalfMask(1);
         PlanBlockVictims::WinSetClear(victims_.lruFreeWins_, false);
-        // the copy's tail past the padded slots: free (counted nowhere: past the active capacity)
-        victims_.HalfCopyBegin(-1.0f);
-        for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
-            const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
-            // clamped to [-1, 1022]: age + 1 needs no upper clamp (as in AgeAndPin)
-            victims_.HalfCopyLoad(base, n, true, static_cast<float>(avsg::kReuseAgeMax - 1));
-            for (uint32_t off = 0; off < n; off += sub) {
-                const uint32_t k = MinU(sub, n - off), at = base + off;
-                const LocalTensor<float> life = x[off];
-                Not(ctx_.U16(ctx_.mA_), ctx_.hitBits_.ReinterpretCast<uint16_t>()[at / 16], k / 16);
-                // one step older: (age + 1) + min(age, 0), free slots (-1) stay free
-                Adds(tmp, life, 1.0f, k);
-                PipeBarrier<PIPE_V>();            // Mins below writes what Adds reads (write-after-read)
-                Mins(life, life, 0.0f, k);
-                PipeBarrier<PIPE_V>();
-                Add(life, life, tmp, k);
-                PipeBarrier<PIPE_V>();
-                Select(life, ctx_.mA_, life, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, k);   // hits: age 0
-                PipeBarrier<PIPE_V>();
-                // the free candidates (below the active capacity), counted after the pins
-                avsg::CompareScalarAll(ctx_.mB_, life, -1.0f, CMPMODE::EQ, k);
-                Cast(ctx_.sHalf_[at], life, RoundMode::CAST_NONE, k);   // [-1, 1023]: exact
-                PipeBarrier<PIPE_V>();
-                const uint32_t live = at < ctx_.activeCap_ ? MinU(k, ctx_.activeCap_ - at) : 0u;
-                uint64_t nFree = 0;
-                if (live)
-                    GatherMask(sink, stage[off], ctx_.U32(ctx_.mB_), true, live, GatherMaskParams(1, 1, 8, 0), nFree);
-                if (nFree) PlanBlockVictims::WinSetAdd(victims_.lruFreeWins_, at / setLen);
-                victims_.freeSlots_ += static_cast<uint32_t>(nFree);
-                PipeBarrier<PIPE_V>();            // the next part's temporaries and masks
-            }
-        }
-        PipeBarrier<PIPE_V>();                    // the casts into the copy; the sinks' GatherMasks
-        ReduceMax(ctx_.wIdx_.ReinterpretCast<half>(), ctx_.sHalf_, ctx_.wSlot_.ReinterpretCast<half>(),
+        Not(notHit.ReinterpretCast<uint16_t>(), ctx_.hitBits_.ReinterpretCast<uint16_t>(), n / 16);
+        // clamped to [-1, 1022] (age + 1 needs no upper clamp, as in AgeAndPin), then one step
+        // older: (age + 1) + min(age, 0), free slots (-1) stay free. x (the copy's int16 lanes,
+        // cast into age) is scratch until the pins write the result there.
+        Maxs(age, age, static_cast<half>(-1.0f), n);
+        PipeBarrier<PIPE_V>();
+        Mins(age, age, static_cast<half>(static_cast<float>(avsg::kReuseAgeMax - 1)), n);
+        PipeBarrier<PIPE_V>();
+        Adds(x, age, static_cast<half>(1.0f), n);
+        PipeBarrier<PIPE_V>();                    // Mins below writes what Adds reads (write-after-read)
+        Mins(age, age, static_cast<half>(0.0f), n);
+        PipeBarrier<PIPE_V>();
+        Add(age, age, x, n);
+        PipeBarrier<PIPE_V>();
+        Select(x, notHit, age, static_cast<half>(0.0f), SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // hits: age 0
+        victims_.HalfCopyTail(static_cast<half>(-1.0f));   // past the padded slots: free, counted nowhere
+        PipeBarrier<PIPE_V>();
+        // the free candidates (below the active capacity), counted after the pins; the sink is
+        // the widened ages' lanes, idle now
+        avsg::CompareScalarAll(freeMask, x, static_cast<half>(-1.0f), CMPMODE::EQ, n);
+        PipeBarrier<PIPE_V>();
+        uint64_t nFree = 0;
+        if (ctx_.activeCap_)
+            GatherMask(age.ReinterpretCast<uint16_t>(), x.ReinterpretCast<uint16_t>(), ctx_.U16(freeMask), true,
+                       ctx_.activeCap_, GatherMaskParams(1, 1, 8, 0), nFree);
+        if (nFree) PlanBlockVictims::WinSetAdd(victims_.lruFreeWins_, 0);
+        victims_.freeSlots_ = static_cast<uint32_t>(nFree);
+        PipeBarrier<PIPE_V>();                    // the sink's GatherMask; the masks' last reader
+        ReduceMax(ctx_.wIdx_.ReinterpretCast<half>(), x, ctx_.wSlot_.ReinterpretCast<half>(),
                   static_cast<int32_t>(ctx_.t_.capPad));
         Sync<HardEvent::V_S>();
         // the search's first vector writer of wIdx_ waits on S_V (CountAgesAtLeast, SelectLru)

@@ -23,22 +23,17 @@ class PlanBlockVictims {
 public:
     __aicore__ inline explicit PlanBlockVictims(PlanContext& ctx, PlanBlockProbe& probe) : ctx_(ctx), probe_(probe) {}
     // slot_life = the half copy (lives in [-1, L+1], ages in [-1, 1023]: exact in half, so one
-    // half -> int16 Cast), in stretches of 2 * Wide() slots through wPair_, straight to GM: every
-    // entry is overwritten, so the section moves in once (DecayInHalf) and out once, and its
-    // window stays empty.
+    // half -> int16 Cast), in one stretch through wPair_ (it holds 4 * Wide() int16 entries, as
+    // many as the half copy), straight to GM: every entry is overwritten, so the section moves in
+    // once (HalfCopyLoad) and out once, and its window stays empty.
     __aicore__ inline void WriteBackHalfCopy() {
         const Win& sl = ctx_.win_[avsg::SEC_SL];
         const LocalTensor<int16_t> stage16 = ctx_.wPair_.ReinterpretCast<int16_t>();
-        const uint32_t lanes = 2 * probe_.Wide();
         Sync<HardEvent::S_V>();                   // the installs' scalar writes of the half copy
         PipeBarrier<PIPE_V>();                    // and the search's vector readers of the wide vectors
-        for (uint32_t base = 0; base < ctx_.t_.capPad; base += lanes) {
-            const uint32_t n = MinU(lanes, ctx_.t_.capPad - base);
-            if (base) Sync<HardEvent::MTE3_V>();  // the previous stretch's store reads the stage
-            Cast(stage16, ctx_.sHalf_[base], RoundMode::CAST_RINT, n);   // integers: exact
-            Sync<HardEvent::V_MTE3>();
-            DataCopy(sl.gm16[base], stage16, n);
-        }
+        Cast(stage16, ctx_.sHalf_, RoundMode::CAST_RINT, ctx_.t_.capPad);   // integers: exact
+        Sync<HardEvent::V_MTE3>();
+        DataCopy(sl.gm16, stage16, ctx_.t_.capPad);
         // one MTE3_S: the scalar unit issues every later instruction, vector and MTE2 alike
         // (emulation/emu_hazard.h, "Scalar issue")
         Sync<HardEvent::MTE3_S>();
@@ -90,45 +85,45 @@ public:
         Select(lifeF, ctx_.mA_, lifeF, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, n);   // hits: age 0
         PipeBarrier<PIPE_V>();
     }
-    // The half copy's pass (DecayInHalf of lifetime and lru), its start: slot_life's window
-    // written back (a drop or a freed padding slot) and left empty, as the section moves in as
-    // whole stretches; the copy's tail past the padded slots set to `tail` (no candidate).
-    __aicore__ inline void HalfCopyBegin(float tail) {
+    // The half copy's pass (DecayInHalf of lifetime and lru) works on whole-section vectors of
+    // HalfCopyLanes() half lanes: every padded slot, rounded up to whole 256 B compares.
+    __aicore__ inline uint32_t HalfCopyLanes() const { return avsg::RoundUp(ctx_.t_.capPad, kHalfCopyLanes); }
+    // Its start: slot_life's window written back (a drop or a freed padding slot) and left empty,
+    // as the section moves in whole; the int16 lives land in the half copy's own lanes and widen
+    // to half into wPair_ (exact for every value a plan writes; any other int16 rounds
+    // monotonically, so whatever the passes clamp stays clamped). Returns the widened lives;
+    // the half copy's lanes are the pass's scratch until it writes its result there. The pass
+    // touches no UB by scalar.
+    __aicore__ inline LocalTensor<half> HalfCopyLoad() {
         Win& sl = ctx_.win_[avsg::SEC_SL];
         freeSlots_ = 0;
         ctx_.Flush(sl);
         sl.cur = -1;
-        const uint32_t padded = avsg::RoundUp(ctx_.t_.capPad, kHalfCopyLanes);
-        Sync<HardEvent::S_V>();
-        if (padded > ctx_.t_.capPad)
-            Duplicate(ctx_.sHalf_[ctx_.t_.capPad], static_cast<half>(tail), padded - ctx_.t_.capPad);
-    }
-    // Its stretch [base, base + n): slot_life moves into wPair_ and, as float there, is clamped to
-    // [-1, hi] (exact at the bounds, monotone elsewhere: the same as clamping the int32), or only
-    // to -1 from below where the caller's pass bounds it from above itself (upper = false). The
-    // stretches touch no UB by scalar.
-    __aicore__ inline void HalfCopyLoad(uint32_t base, uint32_t n, bool upper, float hi) {
-        const LocalTensor<int32_t> stage = ctx_.wPair_;
-        const LocalTensor<float> x = stage.ReinterpretCast<float>();
-        if (base == 0) {
-            Sync<HardEvent::V_MTE2>();            // the step's vector reads of the wide vectors
-            Sync<HardEvent::S_MTE2>();            // and its scalar reads / writes
-        } else {
-            Sync<HardEvent::V_MTE2>();            // the previous stretch's vector reads
-        }
-        // int16 lives land in the half copy's own lanes (rewritten from x after the decay) and
-        // widen to float there: exact for every int16
-        const LocalTensor<int16_t> raw = ctx_.sHalf_[base].template ReinterpretCast<int16_t>();
-        DataCopy(raw, ctx_.win_[avsg::SEC_SL].gm16[base], n);
+        const LocalTensor<half> lives = ctx_.wPair_.ReinterpretCast<half>();
+        const LocalTensor<int16_t> raw = ctx_.sHalf_.template ReinterpretCast<int16_t>();
+        Sync<HardEvent::V_MTE2>();                // the step's vector reads of the wide vectors
+        Sync<HardEvent::S_MTE2>();                // and its scalar reads / writes
+        DataCopy(raw, sl.gm16, ctx_.t_.capPad);
         Sync<HardEvent::MTE2_V>();
-        Cast(x, raw, RoundMode::CAST_NONE, n);
+        Cast(lives, raw, RoundMode::CAST_NONE, HalfCopyLanes());   // lanes past capPad: garbage, overwritten
         PipeBarrier<PIPE_V>();
-        Maxs(x, x, -1.0f, n);
+        return lives;
+    }
+    // The half copy's lanes past the padded slots (read by the searches' whole-256 B compares)
+    // set to `tail`, after the pass's last write of the copy.
+    __aicore__ inline void HalfCopyTail(half tail) {
+        const uint32_t padded = HalfCopyLanes();
+        if (padded == ctx_.t_.capPad) return;
         PipeBarrier<PIPE_V>();
-        if (upper) {
-            Mins(x, x, hi, n);
-            PipeBarrier<PIPE_V>();
-        }
+        Duplicate(ctx_.sHalf_[ctx_.t_.capPad], tail, padded - ctx_.t_.capPad);
+    }
+    // Mask i < kLruThresholds (bits of HalfCopyLanes() lanes) of a pass over the half copy, in
+    // wSlot_ (idle then): the copy is at most 16 nc lanes (HalfCopyFits), so a mask is at most
+    // 2 nc bytes and eight of them fill wSlot_'s 4 nc words.
+    __aicore__ inline LocalTensor<uint8_t> HalfMask(uint32_t i) {
+        const uint32_t bytes = avsg::RoundUp(HalfCopyLanes() / 8, 32u);
+        ascendc_assert(i < kLruThresholds && (i + 1) * bytes <= 16 * ctx_.t_.nc);
+        return ctx_.wSlot_.ReinterpretCast<uint8_t>()[i * bytes];
     }
     static constexpr uint32_t kLruThresholds = 8;          // per pass: V(1) holds 8 wide masks
     static constexpr int32_t kLruFreeKey = avsg::kReuseAgeMax + 1;

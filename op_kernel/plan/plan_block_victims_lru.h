@@ -36,10 +36,6 @@ public:
         const LocalTensor<int32_t>& w = i < 2 ? ctx_.wIdx_ : i < 4 ? ctx_.wSlot_ : i < 6 ? ctx_.wTmp_ : ctx_.wKey_;
         return w.ReinterpretCast<uint16_t>()[(i % 2) * probe_.Wide()];
     }
-    // the same for the half copy's chunks (Wide() / 2 lanes), clear of the sort region that holds it
-    __aicore__ inline LocalTensor<uint16_t> CountSinkHalf(uint32_t i) {
-        return (i < 4 ? ctx_.wIdx_ : ctx_.wSlot_).ReinterpretCast<uint16_t>()[(i % 4) * (probe_.Wide() / 2)];
-    }
     // cnt[i] = count(age >= t[i]) over the slots below the active capacity, t[i] >= 1 (free and
     // pinned slots never count), k <= kLruThresholds, in one pass over the slot_life windows:
     // the resident one first, then those above it, then those below it, down to window 0.
@@ -59,26 +55,22 @@ public:
             PlanBlockVictims::WinSetClear(seen[i], false);
         }
         if (victims_.HalfCopyFits()) {
-            const uint32_t setLen = victims_.LruSetLen();
-            const uint32_t chunk = MinU(W / 2, setLen);   // both powers of two, or one set
+            // the whole copy per compare, each into its own mask (wSlot_, one HalfMask each);
+            // the counts share one sink as large as the copy (wPair_), a barrier apart
+            const uint32_t n = victims_.HalfCopyLanes(), live = ctx_.activeCap_;
             const LocalTensor<uint16_t> ages = ctx_.sHalf_.ReinterpretCast<uint16_t>();
+            const LocalTensor<uint16_t> sink = ctx_.wPair_.ReinterpretCast<uint16_t>();
             Sync<HardEvent::S_V>();               // scalar reads of the sinks (DecayAndPin's maximum)
-            for (uint32_t off = 0; off < ctx_.activeCap_; off += chunk) {
-                const uint32_t live = MinU(chunk, ctx_.activeCap_ - off);
-                const uint32_t n = avsg::RoundUp(live, PlanBlockVictims::kHalfCopyLanes);
-                const uint32_t id = off / setLen;
-                PipeBarrier<PIPE_V>();            // the copy's Casts; the previous chunk's GatherMasks
-                for (uint32_t i = 0; i < k; ++i)
-                    avsg::CompareScalarAll(masks[i * maskBytes], ctx_.sHalf_[off],
-                                           static_cast<half>(static_cast<float>(t[i])), CMPMODE::GE, n);
-                PipeBarrier<PIPE_V>();
-                for (uint32_t i = 0; i < k; ++i) {
-                    uint64_t got = 0;
-                    GatherMask(CountSinkHalf(i), ages[off], ctx_.U16(masks[i * maskBytes]), true, live,
-                               GatherMaskParams(1, 1, 8, 0), got);
-                    cnt[i] += static_cast<uint32_t>(got);
-                    if (got) PlanBlockVictims::WinSetAdd(seen[i], id);
-                }
+            PipeBarrier<PIPE_V>();                // the copy's last writers; earlier readers of the masks
+            for (uint32_t i = 0; i < k; ++i)
+                avsg::CompareScalarAll(victims_.HalfMask(i), ctx_.sHalf_, static_cast<half>(static_cast<float>(t[i])),
+                                       CMPMODE::GE, n);
+            for (uint32_t i = 0; i < k && live; ++i) {
+                PipeBarrier<PIPE_V>();            // the compares; the sink's previous GatherMask
+                uint64_t got = 0;
+                GatherMask(sink, ages, ctx_.U16(victims_.HalfMask(i)), true, live, GatherMaskParams(1, 1, 8, 0), got);
+                cnt[i] = static_cast<uint32_t>(got);
+                if (got) PlanBlockVictims::WinSetAdd(seen[i], 0);   // one set: LruSetLen
             }
             return;
         }
