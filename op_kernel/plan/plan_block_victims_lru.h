@@ -37,13 +37,14 @@ public:
         return w.ReinterpretCast<uint16_t>()[(i % 2) * probe_.Wide()];
     }
     // cnt[i] = count(age >= t[i]) over the slots below the active capacity, t[i] >= 1 (free and
-    // pinned slots never count), k <= kLruThresholds, in one pass over the slot_life windows:
-    // the resident one first, then those above it, then those below it, down to window 0.
-    // seen[i]: the windows where that count is not 0. From the half copy of the ages where
-    // DecayAndPin wrote one (no window moves; chunks inside one window each).
+    // pinned slots never count), t ascending, k <= kLruThresholds, in one pass over the slot_life
+    // windows: the resident one first, then those above it, then those below it, down to window
+    // 0. seen[i]: the windows where that count is not 0. From the half copy of the ages where
+    // DecayAndPin wrote one (no window moves, one set), from the top down: below the first
+    // count that reaches `need`, cnt[i] is `need` (a lower bound; AllocateLru reads none of them).
     // GatherMask counts the set bits of each compare mask; its source is only a count, so it
     // runs on 16-bit lanes (half the repeats of a 32-bit one).
-    __aicore__ inline void CountAgesAtLeast(const int32_t* t, uint32_t k, uint32_t* cnt,
+    __aicore__ inline void CountAgesAtLeast(const int32_t* t, uint32_t k, uint32_t need, uint32_t* cnt,
                                             uint32_t (*seen)[PlanBlockVictims::kLruWinWords]) {
         const uint32_t W = probe_.Wide(), maskBytes = W / 8;
         Win& sl = ctx_.win_[avsg::SEC_SL];
@@ -55,22 +56,30 @@ public:
             PlanBlockVictims::WinSetClear(seen[i], false);
         }
         if (victims_.HalfCopyFits()) {
-            // the whole copy per compare, each into its own mask (wSlot_, one HalfMask each);
-            // the counts share one sink as large as the copy (wPair_), a barrier apart
+            // one compare of the whole copy per threshold, from the highest down until a count
+            // reaches `need`: the caller reads no count below it, and each below it is at least
+            // `need` (counts fall as t rises), which is what it is given. One mask (wSlot_) and
+            // one sink as large as the copy (wPair_), a barrier apart.
             const uint32_t n = victims_.HalfCopyLanes(), live = ctx_.activeCap_;
             const LocalTensor<uint16_t> ages = ctx_.sHalf_.ReinterpretCast<uint16_t>();
             const LocalTensor<uint16_t> sink = ctx_.wPair_.ReinterpretCast<uint16_t>();
-            Sync<HardEvent::S_V>();               // scalar reads of the sinks (DecayAndPin's maximum)
-            PipeBarrier<PIPE_V>();                // the copy's last writers; earlier readers of the masks
-            for (uint32_t i = 0; i < k; ++i)
-                avsg::CompareScalarAll(victims_.HalfMask(i), ctx_.sHalf_, static_cast<half>(static_cast<float>(t[i])),
-                                       CMPMODE::GE, n);
-            for (uint32_t i = 0; i < k && live; ++i) {
-                PipeBarrier<PIPE_V>();            // the compares; the sink's previous GatherMask
+            const LocalTensor<uint8_t> mask = victims_.HalfMask(0);
+            Sync<HardEvent::S_V>();               // scalar reads of the sink (DecayAndPin's maximum)
+            bool reached = false;
+            for (uint32_t i = k; i-- > 0;) {
+                if (reached) {
+                    cnt[i] = need;
+                    PlanBlockVictims::WinSetAdd(seen[i], 0);
+                    continue;
+                }
+                PipeBarrier<PIPE_V>();            // the copy's writers; the previous GatherMask
+                avsg::CompareScalarAll(mask, ctx_.sHalf_, static_cast<half>(static_cast<float>(t[i])), CMPMODE::GE, n);
+                PipeBarrier<PIPE_V>();
                 uint64_t got = 0;
-                GatherMask(sink, ages, ctx_.U16(victims_.HalfMask(i)), true, live, GatherMaskParams(1, 1, 8, 0), got);
+                if (live) GatherMask(sink, ages, ctx_.U16(mask), true, live, GatherMaskParams(1, 1, 8, 0), got);
                 cnt[i] = static_cast<uint32_t>(got);
                 if (got) PlanBlockVictims::WinSetAdd(seen[i], 0);   // one set: LruSetLen
+                reached = cnt[i] >= need;
             }
             return;
         }
@@ -224,7 +233,7 @@ public:
                 for (uint32_t i = 0; i < k; ++i)  // strictly increasing inside (lo, hi): span > k
                     t[i] = top ? hi - static_cast<int32_t>(k - i)
                                : lo + static_cast<int32_t>(span * (i + 1) / (k + 1));
-                CountAgesAtLeast(t, k, cnt, seen);
+                CountAgesAtLeast(t, k, m - victims_.freeSlots_, cnt, seen);
                 for (uint32_t i = k; i-- > 0;) {  // counts fall as t rises
                     if (cnt[i] + victims_.freeSlots_ >= m) {
                         lo = t[i];
