@@ -18,15 +18,17 @@ public:
     __aicore__ inline void Assign(uint32_t r, uint32_t m) { Allocate(r, m); }
 
     // Victims in (life, turn) order among life < L, turn = (slot - hand) mod S: per level the
-    // slots [hand, A) then [0, hand), one Compares EQ + GatherMask per chunk (the chunks that
-    // cross an end of the range also mask the slot ids to it: int32 Compares is EQ-only on A2,
-    // so through float), stopping at M -> miss_slots[0:M]. Each chunk's victims are installed
-    // while their slot_life window is resident (miss j takes the j-th victim: slot_pos = its
-    // position, slot_life = L+1, fresh), instead of in a second walk over the windows; a slot
-    // installed at level lv holds L+1, which no later level (< L) matches, so the victims are those of the
-    // decayed state. The hand then moves past the last victim. Where DecayAndPin's half copy of
-    // the lives fits, the compares read it instead (no window moves per level; the installs
-    // write it too, and move the slot_pos / slot_life windows only to where victims are).
+    // slots [hand, A) then [0, hand), stopping at M -> miss_slots[0:M]. Each chunk's victims are
+    // installed while their slot_life window is resident (miss j takes the j-th victim: slot_pos
+    // = its position, slot_life = L+1, fresh), instead of in a second walk over the windows; a
+    // slot installed at level lv holds L+1, which no later level (< L) matches, so the victims are
+    // those of the decayed state. The hand then moves past the last victim.
+    // Where DecayAndPin's half copy of the lives fits, a level is one compare of the whole copy,
+    // cut by two range masks built once ([hand, A) and [0, hand)), and each chunk one compaction
+    // of the lane ids by its slice (its victims' slot ids are the lane ids + the chunk's base):
+    // the victims spread over a few levels, each with a few slots in most chunks. Otherwise one
+    // compare per chunk of a window (the chunks that cross an end of the range also mask the
+    // slot ids to it: int32 Compares is EQ-only on A2, so through float).
     __aicore__ inline void Allocate(uint32_t r, uint32_t m) {
         Win& sl = ctx_.win_[avsg::SEC_SL];
         constexpr uint32_t kHandWord = avsg::kHeaderHand - avsg::kHeaderStashCount;
@@ -42,44 +44,52 @@ public:
         // free slots (level -1) it jumps again, to the lowest life held (below).
         const int32_t low = compact ? HalfCopyLowestLife() : victims_.lowestLife_;
         const int32_t lv0 = low < static_cast<int32_t>(ctx_.t_.lifetime) ? (low < -1 ? -1 : low) : 0;
-        // Chunks of Wide() slots (2,048 at nc 512; whole windows where they are shorter): each
-        // chunk is a compare, the slot ids and a compaction whatever its length, so four times
-        // fewer chunks than at nc lanes. Slot ids in wWin_ from the lane ids in wSlot_, the
-        // chunk's victims in wIdx_ (the wide vectors are idle here).
+        // Chunks of Wide() slots (2,048 at nc 512; whole windows where they are shorter): a
+        // compaction whatever its length, so four times fewer chunks than at nc lanes. The lane
+        // ids in wSlot_, the chunk's victims in wIdx_, the windows' slot ids in wWin_ or the half
+        // copy's masks there (the wide vectors are idle here).
         const LocalTensor<int32_t> ids = ctx_.wWin_, found = ctx_.wIdx_;
+        if (compact) RangeMasks(hand);
         SlotLanes();
         // A chunk that takes no victim touches no UB by scalar (GatherMask's count needs no
-        // sync): the next one then needs only a barrier (its Adds / compare rewrite what this
-        // one's GatherMask reads), not the S_V / V_S pair around the scalar installs.
+        // sync): the next one then needs only a barrier (its compaction rewrites what this one's
+        // reads), not the S_V / V_S pair around the scalar installs.
         bool touched = true;                      // scalar UB accesses since the last S_V
         for (int32_t lv = lv0; lv < static_cast<int32_t>(ctx_.t_.lifetime) && have < m; ++lv) {
+            if (compact) {
+                LevelMasks(lv, touched);
+                touched = false;
+            }
             for (uint32_t part = 0; part < 2 && have < m; ++part) {
                 const uint32_t lo = part == 0 ? hand : 0u, hi = part == 0 ? ctx_.activeCap_ : hand;
-                // chunks of nc slots, or of a whole window where windows are shorter
                 const uint32_t grid = compact ? probe_.Wide() : MinU(probe_.Wide(), sl.wlen);
                 for (uint32_t base = lo - lo % grid, n = 0; base < hi && have < m; base += n) {
                     if (touched) Sync<HardEvent::S_V>();   // the previous chunk's `found` reads, copy writes
                     else PipeBarrier<PIPE_V>();
                     touched = false;
+                    uint64_t got = 0;
                     if (compact) {
                         n = MinU(grid, ctx_.t_.capPad - base);
-                        avsg::CompareScalarAll(ctx_.mA_, ctx_.sHalf_[base], static_cast<half>(static_cast<float>(lv)),
-                                      CMPMODE::EQ, avsg::RoundUp(n, PlanBlockVictims::kHalfCopyLanes));
+                        GatherMask(found, ctx_.wSlot_, ctx_.U32(Mask(kLevelPart + part)[base / 8]), true, n,
+                                   GatherMaskParams(1, 1, 8, 0), got);
                     } else {
                         const int32_t id = static_cast<int32_t>(base >> sl.wlog);
                         ctx_.Ensure(sl, id);
                         const uint32_t off = base - static_cast<uint32_t>(id) * sl.wlen;
                         n = MinU(grid, WinCount(sl, id) - off);
                         avsg::CompareScalarAll(ctx_.mA_, sl.buf[off], lv, CMPMODE::EQ, n);
+                        Adds(ids, ctx_.wSlot_, static_cast<int32_t>(base), n);   // slot ids
+                        PipeBarrier<PIPE_V>();
+                        if (base < lo || base + n > hi) KeepSlotsIn(ids, lo, hi, n);
+                        GatherMask(found, ids, ctx_.U32(ctx_.mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
                     }
-                    Adds(ids, ctx_.wSlot_, static_cast<int32_t>(base), n);   // slot ids
-                    PipeBarrier<PIPE_V>();
-                    if (base < lo || base + n > hi) KeepSlotsIn(ids, lo, hi, n);
-                    uint64_t got = 0;
-                    GatherMask(found, ids, ctx_.U32(ctx_.mA_), true, n, GatherMaskParams(1, 1, 8, 0), got);
                     const uint32_t take = MinU(static_cast<uint32_t>(got), m - have);
                     if (take) {
                         touched = true;
+                        if (compact) {            // lane ids -> slot ids
+                            PipeBarrier<PIPE_V>();
+                            Adds(found, found, static_cast<int32_t>(base), take);
+                        }
                         // fresh (L + 1): above every level
                         const int32_t fresh = static_cast<int32_t>(ctx_.t_.lifetime) + 1;
                         lastSlot = victims_.Install(r, have, take, m, found, fresh);
@@ -102,6 +112,50 @@ public:
             ctx_.countUb_.SetValue(kHandWord, static_cast<int32_t>(hand));
         }
         ctx_.missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
+    }
+    // The half copy's masks (bits of its HalfCopyLanes() lanes) in wWin_ (idle here: 4 nc words,
+    // and a mask is at most 2 nc bytes, HalfCopyFits): the range of each part of a level, then
+    // the level's slots in each, then the level's slots.
+    static constexpr uint32_t kRangePart = 0, kLevelPart = 2, kLevel = 4;
+    __aicore__ inline LocalTensor<uint8_t> Mask(uint32_t i) {
+        const uint32_t bytes = avsg::RoundUp(victims_.HalfCopyLanes() / 8, 32u);
+        ascendc_assert(i <= kLevel && (i + 1) * bytes <= 16 * ctx_.t_.nc);
+        return ctx_.wWin_.ReinterpretCast<uint8_t>()[i * bytes];
+    }
+    // Part 0's range [hand, A) and part 1's [0, hand) as masks, once per step.
+    __aicore__ inline void RangeMasks(uint32_t hand) {
+        const LocalTensor<uint16_t> part0 = ctx_.U16(Mask(kRangePart)), part1 = ctx_.U16(Mask(kRangePart + 1));
+        const LocalTensor<uint16_t> active = ctx_.U16(Mask(kLevel));   // free until the first level
+        Sync<HardEvent::S_V>();                   // scalar reads of wWin_ (the victims' last lists)
+        PipeBarrier<PIPE_V>();
+        LanesBelow(part1, hand);
+        LanesBelow(active, ctx_.activeCap_);
+        const uint32_t words = victims_.HalfCopyLanes() / 16;
+        Not(part0, part1, words);
+        PipeBarrier<PIPE_V>();
+        And(part0, part0, active, words);
+    }
+    // bits = lanes [0, k) of the half copy's lanes: whole 32 B granules (256 lanes) by Duplicate,
+    // the granule k falls in by scalar. Leaves the mask to the vector pipe (S_V).
+    __aicore__ inline void LanesBelow(const LocalTensor<uint16_t>& bits, uint32_t k) {
+        const uint32_t words = victims_.HalfCopyLanes() / 16, full = k / 256 * 16;
+        if (full) Duplicate(bits, static_cast<uint16_t>(0xFFFF), full);
+        if (full < words) Duplicate(bits[full], static_cast<uint16_t>(0), words - full);
+        Sync<HardEvent::V_S>();
+        for (uint32_t w = full; w < (k + 15) / 16; ++w)
+            bits.SetValue(w, static_cast<uint16_t>(w < k / 16 ? 0xFFFFu : (1u << (k % 16)) - 1u));
+        Sync<HardEvent::S_V>();
+    }
+    // The slots at life lv (the half copy, one compare) in each part's range.
+    __aicore__ inline void LevelMasks(int32_t lv, bool touched) {
+        const uint32_t words = victims_.HalfCopyLanes() / 16;
+        if (touched) Sync<HardEvent::S_V>();      // the installs' scalar writes of the half copy
+        PipeBarrier<PIPE_V>();                    // the previous level's compactions read the masks
+        avsg::CompareScalarAll(Mask(kLevel), ctx_.sHalf_, static_cast<half>(static_cast<float>(lv)), CMPMODE::EQ,
+                               victims_.HalfCopyLanes());
+        PipeBarrier<PIPE_V>();
+        for (uint32_t part = 0; part < 2; ++part)
+            And(ctx_.U16(Mask(kLevelPart + part)), ctx_.U16(Mask(kLevel)), ctx_.U16(Mask(kRangePart + part)), words);
     }
     // After the miss lists are published: the lives go back to GM from the half copy (the miss
     // lists do not depend on it, so plan_gather's copy already runs beside it).
