@@ -223,6 +223,12 @@ private:
             for (uint32_t c = ctx_.FirstChunk(0); c < ctx_.t_.numChunks;) {   // a group of chunks, then each classified
                 AVSG_PHASE(PlanPhase::kLookup);
                 const uint32_t g = hashMatch_.LookupGroup(r, c, stride);
+                if (hashMatch_.WideGroups() && ctx_.SlotsResident()) {   // the group at once (stride 1)
+                    AVSG_PHASE(PlanPhase::kClassify);
+                    classify_.ClassifyGroup(c, g, hashMatch_.GroupWant(), hashMatch_.GroupFound());
+                    c += g;
+                    continue;
+                }
                 for (uint32_t k = 0; k < g; ++k, c += stride) {
                     AVSG_PHASE(PlanPhase::kLookup);
                     const uint32_t n = hashMatch_.TakeChunk(c, k);

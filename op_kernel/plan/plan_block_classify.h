@@ -60,12 +60,77 @@ public:
             Sync<HardEvent::V_MTE3>();
             StoreInts(ctx_.slotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + c * nc], found, n);
         }
-        const uint32_t misses = static_cast<uint32_t>(nMiss);
-        const LocalTensor<uint32_t> lanes = ctx_.vT2_.ReinterpretCast<uint32_t>();
         // MarkHits' scalar reads (of `fresh`, in the sort region, for a later query token's
-        // chunk) before the vector writes below: this chunk's run, or the open run a chunk
-        // without misses closes (its sort writes the sort region too)
-        if (misses > 0 || (groupEnds && runFirst_ >= 0)) Sync<HardEvent::S_V>();
+        // chunk) before the vector writes of the run
+        RunMisses(c, static_cast<uint32_t>(nMiss), groupEnds, true);
+        if (!resident) Sync<HardEvent::MTE3_V>();   // the slots' store before vFoundI_ is rewritten
+    }
+
+    // Classify for a whole group of the wide lookup (PlanBlockHashMatch::WideLookup, chunks c0 ..
+    // c0 + g - 1, consecutive) where the row's slots stay in UB: as Classify chunk by chunk, but
+    // each step over the group's lanes at once, straight from the group's selections and matches
+    // (GroupWant, GroupFound) and its validity mask (mKey_): one cast, compare and compaction of
+    // the hits for up to four chunks, so only the misses' compactions and runs go by chunk.
+    // UB: wSlot_ (the matches as float, then the hit slots, then the runs' stage), the upper half
+    // of wWin_ (the hit slots as int16), mB_ / mC_; the sort region (a later token's new hits).
+    __aicore__ inline void ClassifyGroup(uint32_t c0, uint32_t g, const LocalTensor<int32_t>& want,
+                                         const LocalTensor<int16_t>& found16) {
+        const uint32_t nc = ctx_.t_.nc, n = g * nc;
+        const LocalTensor<int32_t> slots = ctx_.outSlots_[c0 * nc], hits = ctx_.wSlot_;
+        const LocalTensor<float> foundF = ctx_.wSlot_.ReinterpretCast<float>();
+        const LocalTensor<int16_t> hit16 = found16[n];          // the upper half of wWin_
+        Cast(foundF, found16, RoundMode::CAST_NONE, n);   // the late lookup's writes: S_V there
+        PipeBarrier<PIPE_V>();
+        Cast(slots, foundF, RoundMode::CAST_RINT, n);
+        avsg::CompareScalarAll(ctx_.mB_, foundF, 0.0f, CMPMODE::GE, n);    // hit
+        avsg::CompareScalarAll(ctx_.mC_, foundF, 0.0f, CMPMODE::LT, n);    // not hit
+        PipeBarrier<PIPE_V>();
+        // miss = valid & not hit; a hit is valid (no matcher finds an invalid lane)
+        And(ctx_.U16(ctx_.mC_), ctx_.U16(ctx_.mC_), ctx_.U16(ctx_.mKey_), n / 16);
+        uint64_t nHit = 0;
+        GatherMask(hits, slots, ctx_.U32(ctx_.mB_), true, n, GatherMaskParams(1, 1, 8, 0), nHit);
+        PipeBarrier<PIPE_V>();
+        Cast(hit16, hits, RoundMode::CAST_NONE, n);
+        Sync<HardEvent::V_S>();
+        ctx_.hits_ += static_cast<int64_t>(nHit);
+        // the new hits of a group of later query tokens, nc at a time (UnmarkedHits' scratch)
+        const uint32_t h = static_cast<uint32_t>(nHit);
+        if (c0 * nc >= ctx_.t_.topk) {
+            const LocalTensor<int16_t> fresh = ctx_.wKey_.ReinterpretCast<int16_t>()[4 * nc];
+            for (uint32_t q = 0; q < h; q += nc) {
+                if (q) Sync<HardEvent::S_V>();    // MarkHits' reads of `fresh` before it is rewritten
+                ctx_.MarkHits(fresh, ctx_.UnmarkedHits(hits[q], hit16[q], MinU(nc, h - q), fresh));
+            }
+        } else {
+            ctx_.MarkHits(hit16, h);
+        }
+        Sync<HardEvent::S_V>();                   // MarkHits' scalar reads before the runs' vector writes
+        for (uint32_t k = 0; k < g; ++k) {
+            const uint32_t c = c0 + k;
+            uint64_t nMiss = 0, nLanes = 0;
+            PipeBarrier<PIPE_V>();                // the previous chunk's run read vSlot_ / vT2_
+            GatherMask(ctx_.vSlot_, want[k * nc], ctx_.U32(ctx_.mC_[k * nc / 8]), true, nc,
+                       GatherMaskParams(1, 1, 8, 0), nMiss);
+            GatherMask(ctx_.vT2_, ctx_.vLane_, ctx_.U32(ctx_.mC_[k * nc / 8]), true, nc,
+                       GatherMaskParams(1, 1, 8, 0), nLanes);
+            ctx_.lookups_ += static_cast<int64_t>(nMiss);
+            ctx_.misses_ += static_cast<int64_t>(nMiss);
+            missRuns_.len[c] = 0;
+            runChunks_[c] = 1;
+            PipeBarrier<PIPE_V>();
+            RunMisses(c, static_cast<uint32_t>(nMiss), k + 1 == g, false);
+        }
+        ctx_.lookups_ += static_cast<int64_t>(nHit);
+    }
+
+    // Chunk c's misses (positions in vSlot_, their lanes in vT2_) into a sorted run: a run of its
+    // own, or staged with the group's earlier chunks'; groupEnds closes the open run. scalarRead:
+    // the scalar unit read UB since the last S_V (the run's vector writes wait for it).
+    __aicore__ inline void RunMisses(uint32_t c, uint32_t misses, bool groupEnds, bool scalarRead) {
+        const LocalTensor<uint32_t> lanes = ctx_.vT2_.ReinterpretCast<uint32_t>();
+        // this chunk's run, or the open run a chunk without misses closes (its sort writes the
+        // sort region too)
+        if (scalarRead && (misses > 0 || (groupEnds && runFirst_ >= 0))) Sync<HardEvent::S_V>();
         if (misses > 0) {
             if (ctx_.split_ > 1 || misses > kRunSlot) {   // a run of its own: a split row's chunks
                 CloseRun();                                // are not consecutive; too many to stage
@@ -78,7 +143,6 @@ public:
             }
         }
         if (groupEnds) CloseRun();
-        if (!resident) Sync<HardEvent::MTE3_V>();   // the slots' store before vFoundI_ is rewritten
     }
 
     // No run for any chunk yet (a row's start): a chunk's run is set when it is classified here
