@@ -38,28 +38,41 @@ public:
         // (emulation/emu_hazard.h, "Scalar issue")
         Sync<HardEvent::MTE3_S>();
     }
-    // A chunk's victims found[0:take] -> miss_slots[have:have + take], each installed at once
-    // (lifetime and lru): miss j = have + q takes found[q]: slot_pos = its position, slot_life =
-    // life (the half copy where DecayAndPin wrote one, else the slot_life window). Returns the
-    // last slot installed. Leaves vWant_ / vMS_ holding a miss_pos chunk (LoadMisses).
+    // A chunk's victims found[0:take] -> misses have .. have + take - 1, each installed at once
+    // (lifetime and lru): miss j takes found[q]: slot_pos = its position, slot_life = life (the
+    // half copy where DecayAndPin wrote one, else the slot_life window). The victims are staged
+    // in vMS_, the miss_slots chunk LoadMisses holds with its positions in vWant_, and go out a
+    // chunk at a time (FlushInstalled; the search ends with it), not one store per call: the
+    // insert then finds the last chunk in vWant_ / vMS_ as LoadMisses would bring it back.
+    // Returns the last slot installed.
     __aicore__ inline uint32_t Install(uint32_t r, uint32_t have, uint32_t take, uint32_t m,
                                        const LocalTensor<int32_t>& found, int32_t life) {
         const uint32_t nc = ctx_.t_.nc;
         const bool compact = HalfCopyFits();
         Sync<HardEvent::V_S>();
-        Sync<HardEvent::V_MTE3>();
-        StoreInts(ctx_.missSlotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + have], found, take);
-        Sync<HardEvent::MTE3_V>();
         uint32_t s = 0;
         for (uint32_t q = 0; q < take; ++q) {
             const uint32_t j = have + q;
+            if (j % nc == 0 && j > 0) FlushInstalled(r, m);   // chunk j / nc - 1 is whole
             ctx_.LoadMisses(r, j - j % nc, m);   // miss_pos chunk of j in vWant_
             s = static_cast<uint32_t>(found.GetValue(q));
+            ctx_.vMS_.SetValue(j % nc, static_cast<int32_t>(s));
             ctx_.Put(ctx_.win_[avsg::SEC_SP], s, ctx_.vWant_.GetValue(j % nc));
             if (compact) ctx_.sHalf_.SetValue(s, static_cast<half>(static_cast<float>(life)));
             else ctx_.Put(ctx_.win_[avsg::SEC_SL], s, life);
         }
         return s;
+    }
+    // The staged miss_slots chunk (vMS_, chunk missChunk_ of the m misses) to GM; vMS_ stays
+    // that chunk's, readable and writable by every pipe after.
+    __aicore__ inline void FlushInstalled(uint32_t r, uint32_t m) {
+        const uint32_t j0 = static_cast<uint32_t>(ctx_.missChunk_) * ctx_.t_.nc;
+        if (ctx_.missChunk_ < 0 || j0 >= m) return;   // no install yet
+        Sync<HardEvent::S_MTE3>();
+        StoreInts(ctx_.missSlotsGm_[static_cast<uint64_t>(r) * ctx_.t_.outPitch + j0], ctx_.vMS_,
+                  MinU(ctx_.t_.nc, m - j0));
+        Sync<HardEvent::MTE3_V>();
+        Sync<HardEvent::MTE3_S>();
     }
     // lru and reuse: lifeF[0:n] = the ages in life one step older, the hits (hitBits_ from slot
     // base on) at age 0; aged[0:n] = the same before the pins (int32: reuse's CountHits reads

@@ -111,7 +111,7 @@ public:
             const uint32_t hand = lastSlot + 1 < ctx_.activeCap_ ? lastSlot + 1 : 0u;
             ctx_.countUb_.SetValue(kHandWord, static_cast<int32_t>(hand));
         }
-        ctx_.missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
+        victims_.FlushInstalled(r, m);   // the last chunk of miss_slots; vWant_ / vMS_ hold it
     }
     // The half copy's masks (bits of its HalfCopyLanes() lanes) in wWin_ (idle here: 4 nc words,
     // and a mask is at most 2 nc bytes, HalfCopyFits): the range of each part of a level, then

@@ -163,7 +163,7 @@ public:
             victims_.Install(r, have, take, m, ctx_.wIdx_, 0);   // an age: used this step
             have += take;
         }
-        ctx_.missChunk_ = -1;   // vMS_ was loaded before this step's victims were stored
+        victims_.FlushInstalled(r, m);   // the last chunk of miss_slots; vWant_ / vMS_ hold it
     }
     // What SelectLru's chunks share: the threshold, the ties still to take, whether free slots
     // count as older (they do unless only free slots are taken).
