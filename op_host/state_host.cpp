@@ -116,6 +116,33 @@ bool PlanWindows(PlanTiling& t, bool slotsFirst = false) {
 
 }  // namespace
 
+// A state row's sections (reference.Layout), in int32 words: the one place their offsets,
+// lengths and the row's width are computed (MakeTiling's tiling, StateWidth's op checks).
+// bucket_slot and slot_life hold two int16 entries per word; the reuse policy's sections (counts
+// per slot, ghosts, heat per block modulo B) are sized by S and H only.
+struct StateSections {
+    uint32_t off[SEC_COUNT], len[SEC_COUNT], width;
+};
+static StateSections MakeStateSections(uint32_t capacity, uint32_t buckets, bool reuse) {
+    StateSections sec{};
+    const uint32_t Sp = RoundUp(capacity, 64), H = buckets;
+    sec.len[SEC_BS] = BucketWords(H);
+    sec.len[SEC_SP] = Sp;
+    sec.len[SEC_SL] = LifeWords(Sp);
+    sec.len[SEC_SK] = Sp;
+    sec.len[SEC_SS] = Sp;
+    sec.len[SEC_SC] = reuse ? Sp : 0;
+    sec.len[SEC_PC] = reuse ? GhostEntries(H) : 0;
+    sec.len[SEC_HT] = reuse ? HeatEntries(H) : 0;
+    uint32_t at = kStateHeaderLen;
+    for (uint32_t s = 0; s < SEC_COUNT; ++s) {   // in layout order
+        sec.off[s] = at;
+        at += sec.len[s];
+    }
+    sec.width = at;
+    return sec;
+}
+
 // Geometry, section offsets, workspace and the UB plan. Windows start whole and are halved while
 // the plan exceeds the UB budget (order below).
 PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uint32_t buckets, uint32_t lifetime,
@@ -133,31 +160,17 @@ PlanTiling MakeTiling(uint32_t rows, uint32_t selections, uint32_t capacity, uin
     t.lifetime = lifetime;
     t.policy = policy;
     t.maxContext = maxContext;
-    const uint32_t H = buckets, Hw = BucketWords(buckets), Sp = t.capPad, hd = kStateHeaderLen;
-    // reuse policy state, sized by S and H only (reference.Layout): counts per slot, ghosts
-    // (evicted counts, one per bucket), heat per 64-position block modulo B
+    const uint32_t H = buckets, Sp = t.capPad;
     const bool reuse = policy == kPolicyReuse;
-    const uint32_t slotCountLen = reuse ? Sp : 0;
-    const uint32_t ctxPad = reuse ? GhostEntries(H) : 0;
-    const uint32_t heatLen = reuse ? HeatEntries(H) : 0;
+    const StateSections sec = MakeStateSections(capacity, buckets, reuse);
     t.ghostLog = CeilLog2(GhostEntries(H));
     t.heatMask = HeatEntries(H) - 1;
-    t.secOff[SEC_BS] = hd;
-    t.secOff[SEC_SP] = hd + Hw;
-    t.secOff[SEC_SL] = hd + Hw + Sp;
-    t.secOff[SEC_SK] = t.secOff[SEC_SL] + LifeWords(Sp);
-    t.secOff[SEC_SS] = t.secOff[SEC_SK] + Sp;
-    t.secOff[SEC_SC] = t.secOff[SEC_SK] + 2 * Sp;
-    t.secOff[SEC_PC] = t.secOff[SEC_SC] + slotCountLen;
-    t.secOff[SEC_HT] = t.secOff[SEC_PC] + ctxPad;
+    for (uint32_t s = 0; s < SEC_COUNT; ++s) {
+        t.secOff[s] = sec.off[s];
+        t.secLen[s] = sec.len[s];
+    }
     t.stashCountOff = kHeaderStashCount;
-    t.width = t.secOff[SEC_HT] + heatLen;
-    t.secLen[SEC_BS] = Hw;   // words: two int16 buckets each
-    for (uint32_t s = SEC_SP; s <= SEC_SS; ++s) t.secLen[s] = Sp;
-    t.secLen[SEC_SL] = LifeWords(Sp);   // words: two int16 lives each
-    t.secLen[SEC_SC] = slotCountLen;
-    t.secLen[SEC_PC] = ctxPad;
-    t.secLen[SEC_HT] = heatLen;
+    t.width = sec.width;
     t.nc = kPlanChunk;
     t.numChunks = (t.N + t.nc - 1) / t.nc;
     const uint32_t resChunks = (Sp + t.nc - 1) / t.nc;   // sorted resident runs (dual pointer)
@@ -293,10 +306,7 @@ void CheckGeometry(int64_t capacity, int64_t buckets, int64_t lifetime, int64_t 
 }
 
 int64_t StateWidth(int64_t capacity, int64_t buckets, bool reuse) {
-    const int64_t Sp = RoundUp(static_cast<uint32_t>(capacity), 64);
-    const uint32_t H = static_cast<uint32_t>(buckets);
-    const int64_t policyState = reuse ? Sp + GhostEntries(H) + HeatEntries(H) : 0;
-    return kStateHeaderLen + BucketWords(H) + 3 * Sp + LifeWords(static_cast<uint32_t>(Sp)) + policyState;
+    return MakeStateSections(static_cast<uint32_t>(capacity), static_cast<uint32_t>(buckets), reuse).width;
 }
 
 // The state of an op told its policy: the reuse policy's sections make the only width choice, so

@@ -67,8 +67,7 @@ public:
                 if (!DropTest(pos, keep, life.ReinterpretCast<float>(), top, n, real, limit)) continue;
                 Sync<HardEvent::V_MTE2>();
                 const uint64_t life16Off = 2 * (base + t_.secOff[avsg::SEC_SL]) + off;   // int16 entries
-                Sync<HardEvent::MTE3_MTE2>();         // the previous chunk's store of life16
-                DataCopy(life16, state16Gm_[life16Off], n);
+                DataCopy(life16, state16Gm_[life16Off], n);   // after the chunk's first MTE3_MTE2
                 if (reuse_) DataCopy(count, stateGm_[base + t_.secOff[avsg::SEC_SC] + off], n);
                 Duplicate(notKeep.ReinterpretCast<float>(), 0.0f, n);
                 Sync<HardEvent::MTE2_V>();
