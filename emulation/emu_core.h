@@ -98,9 +98,25 @@ enum event_t { EVENT_ID0 = 0, EVENT_ID1, EVENT_ID2, EVENT_ID3, EVENT_ID4, EVENT_
 // Storage is the IEEE binary16 / bfloat16 bit pattern; arithmetic goes through
 // float (round-to-nearest-even on the way back).
 // ---------------------------------------------------------------------------
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 namespace avsg_emu {
 namespace numeric {
-inline uint16_t f32_to_f16(float f) {
+// float <-> half, round to nearest even. Where the compiler targets F16C (the fast build for an
+// x86 host that has it: AVSG_FAST_ARCH=auto) the conversions are the hardware's, which round the
+// same way; the software path below is the reference for every other build. The two differ
+// only in a NaN's payload, which no kernel here produces.
+inline uint16_t f32_to_f16_soft(float f);
+inline float f16_to_f32_soft(uint16_t h);
+#if defined(__F16C__)
+inline uint16_t f32_to_f16(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+#else
+inline uint16_t f32_to_f16(float f) { return f32_to_f16_soft(f); }
+inline float f16_to_f32(uint16_t h) { return f16_to_f32_soft(h); }
+#endif
+inline uint16_t f32_to_f16_soft(float f) {
     uint32_t x;
     std::memcpy(&x, &f, 4);
     uint32_t sign = (x >> 16) & 0x8000u;
@@ -124,7 +140,7 @@ inline uint16_t f32_to_f16(float f) {
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
     return static_cast<uint16_t>(sign | h);
 }
-inline float f16_to_f32(uint16_t h) {
+inline float f16_to_f32_soft(uint16_t h) {
     uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t mant = h & 0x3ffu;

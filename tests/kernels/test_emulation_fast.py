@@ -340,3 +340,30 @@ def test_syncall_in_the_fast_build(fast_sync_binary, case):
     done = subprocess.run([str(fast_sync_binary), case], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().endswith("OK"), done.stdout
+
+
+# ------------------------------------------------------------------- half conversions
+
+HALF_CPP = ROOT / "tests" / "kernels" / "emulation" / "cpp" / "half_convert.cpp"
+
+
+def _cpu_has_f16c() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " f16c" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _cpu_has_f16c(), reason="this CPU has no F16C: the fast build converts halves in software")
+def test_f16c_half_conversions_equal_the_software_ones(tmp_path):
+    """The fast build for an F16C host converts float <-> half in hardware (emu_core.h), the
+    strict build in software: every half, every float at the rounding boundaries of its dropped
+    bits and 4M random floats convert the same way both ways (NaN payloads aside)."""
+    exe = tmp_path / "half_convert"
+    cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-mf16c", "-pthread", "-DAVSG_EMU_FAST=1",
+           f"-I{ROOT / 'emulation'}", str(HALF_CPP), "-o", str(exe)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stdout + done.stderr
