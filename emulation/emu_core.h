@@ -106,7 +106,11 @@ namespace numeric {
 // float <-> half, round to nearest even. Where the compiler targets F16C (the fast build for an
 // x86 host that has it: AVSG_FAST_ARCH=auto) the conversions are the hardware's, which round the
 // same way; the software path below is the reference for every other build. The two differ
-// only in a NaN's payload, which no kernel here produces.
+// only in a NaN's payload, which no kernel here produces. What both copies define outside their
+// renamed namespaces (these functions, the half type's conversions) is kept from the strict
+// objects, which link first (CMakeLists.txt): where the fast copy does not inline a conversion it
+// runs the software one, and no F16C instruction runs outside the fast copy
+// (tests/kernels/test_emulation_fast.py checks the library).
 inline uint16_t f32_to_f16_soft(float f);
 inline float f16_to_f32_soft(uint16_t h);
 #if defined(__F16C__)
