@@ -19,8 +19,11 @@ enum PlanSection : uint32_t { SEC_BS = 0, SEC_SP, SEC_SL, SEC_SK, SEC_SS, SEC_SC
 
 constexpr uint32_t kPlanChunk = 512;        // selections per vector chunk (NC): 8 repeats of int32
 constexpr uint32_t kPlanProbes = 4;         // 1 + RETRIES probe buckets per position
-constexpr uint32_t kPlanInsertStride = 256; // the insert's narrowest probe slice: its mask slice is 32 B
-static_assert(kPlanChunk % kPlanInsertStride == 0, "the insert's probe slices divide a chunk");
+// The insert's narrowest probe slice: whole 256 B repeats of int32 where bucket_slot is whole in
+// UB; 256 lanes where it has windows (a slice's window mask, and half of the four, start 32 B aligned)
+constexpr uint32_t kPlanInsertStride = 64, kPlanInsertWindowedStride = 256;
+static_assert(kPlanChunk % kPlanInsertWindowedStride == 0 && kPlanInsertWindowedStride % kPlanInsertStride == 0,
+              "the insert's probe slices divide a chunk");
 constexpr uint32_t kPlanMaxRuns = 64;       // sorted runs merged by one scalar k-way merge
 constexpr uint32_t kPlanHeadLen = 16;       // int32 per run and merge head space (x 2 x kPlanMaxRuns)
 constexpr uint32_t kPlanMergeRegions = 3;   // head space regions: two merges (one with payload) at once

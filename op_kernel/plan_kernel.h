@@ -199,6 +199,10 @@ private:
 
         // 0. stash compaction #1, and the sorted stash (hash plan) or the matches (dual pointer)
         AVSG_PHASE(PlanPhase::kStash);
+        if constexpr (!Matcher::kDual) {          // what the stash and the lookup read first, at once
+            const uint32_t stash = PlanContext::SectionBit(avsg::SEC_SK) | PlanContext::SectionBit(avsg::SEC_SS);
+            ctx_.LoadFirstWindows(ctx_.WholeSections(kIndexSections) | (stash_.stashCount_ > 0 ? stash : 0u));
+        }
         if (stash_.stashCount_ > 0) stash_.CompactStash();
         stash_.stashRuns_.runs = 0;
         if constexpr (Matcher::kDual) {
@@ -238,8 +242,7 @@ private:
             }
             if (!ctx_.OwnerLooksUp()) {   // no chunk of its own: while the helpers look up, the
                 AVSG_PHASE(PlanPhase::kLookup);   // index the merge and the insert read loads
-                ctx_.LoadWhole(avsg::SEC_BS);
-                ctx_.LoadWhole(avsg::SEC_SP);
+                ctx_.LoadFirstWindows(ctx_.WholeSections(kIndexSections));
             }
         }
         ctx_.HitBytesToBits();
@@ -277,6 +280,9 @@ private:
     }
 
 private:
+    // the hash index: bucket_slot and slot_pos, which the lookup, the stash and the insert read
+    static constexpr uint32_t kIndexSections =
+        PlanContext::SectionBit(avsg::SEC_BS) | PlanContext::SectionBit(avsg::SEC_SP);
     // the row's state (one per core) and the blocks, each given what it works on
     PlanContext ctx_;
     PlanBlockProbe probe_{ctx_};

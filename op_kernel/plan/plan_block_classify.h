@@ -5,7 +5,7 @@
 // the sorted stash on the way (MergeMisses).
 // UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_ or outSlots_, hitBytes_ (hitBits_ in
 // MergeMisses), vT1_/vT2_/vKey_/vSlot_, the upper half of wSlot_ (a run being gathered, across
-// the chunks of a group) and the sort region. GM: slots, miss_pos, the workspace's miss runs and
+// the chunks of a group) and the sort region; MergeMisses vWant_/vMS_ (the misses' first chunk). GM: slots, miss_pos, the workspace's miss runs and
 // their lanes.
 #pragma once
 #include "plan_block_dual_match.h"
@@ -105,10 +105,11 @@ public:
             ctx_.MarkHits(hit16, h);
         }
         Sync<HardEvent::S_V>();                   // MarkHits' scalar reads before the runs' vector writes
+        bool fenced = false;                      // the vector pipe is at a barrier
         for (uint32_t k = 0; k < g; ++k) {
             const uint32_t c = c0 + k;
             uint64_t nMiss = 0, nLanes = 0;
-            PipeBarrier<PIPE_V>();                // the previous chunk's run read vSlot_ / vT2_
+            if (!fenced) PipeBarrier<PIPE_V>();   // the previous chunk's run read vSlot_ / vT2_
             GatherMask(ctx_.vSlot_, want[k * nc], ctx_.U32(ctx_.mC_[k * nc / 8]), true, nc,
                        GatherMaskParams(1, 1, 8, 0), nMiss);
             GatherMask(ctx_.vT2_, ctx_.vLane_, ctx_.U32(ctx_.mC_[k * nc / 8]), true, nc,
@@ -118,31 +119,39 @@ public:
             missRuns_.len[c] = 0;
             runChunks_[c] = 1;
             PipeBarrier<PIPE_V>();
-            RunMisses(c, static_cast<uint32_t>(nMiss), k + 1 == g, false);
+            fenced = RunMisses(c, static_cast<uint32_t>(nMiss), k + 1 == g, false);
         }
         ctx_.lookups_ += static_cast<int64_t>(nHit);
     }
 
     // Chunk c's misses (positions in vSlot_, their lanes in vT2_) into a sorted run: a run of its
     // own, or staged with the group's earlier chunks'; groupEnds closes the open run. scalarRead:
-    // the scalar unit read UB since the last S_V (the run's vector writes wait for it).
-    __aicore__ inline void RunMisses(uint32_t c, uint32_t misses, bool groupEnds, bool scalarRead) {
+    // the scalar unit read UB since the last S_V (the run's vector writes wait for it). Returns
+    // whether it ends at a barrier of the vector pipe (nothing issued, or a join last).
+    __aicore__ inline bool RunMisses(uint32_t c, uint32_t misses, bool groupEnds, bool scalarRead) {
         const LocalTensor<uint32_t> lanes = ctx_.vT2_.ReinterpretCast<uint32_t>();
         // this chunk's run, or the open run a chunk without misses closes (its sort writes the
         // sort region too)
         if (scalarRead && (misses > 0 || (groupEnds && runFirst_ >= 0))) Sync<HardEvent::S_V>();
+        bool fenced = true;
         if (misses > 0) {
             if (ctx_.split_ > 1 || misses > kRunSlot) {   // a run of its own: a split row's chunks
                 CloseRun();                                // are not consecutive; too many to stage
                 StoreRun(c, 1, ctx_.vSlot_, lanes, misses, misses);
+                fenced = false;
             } else if (runFirst_ < 0 && groupEnds) {       // a run of this chunk alone: no staging
                 StoreRun(c, 1, ctx_.vSlot_, lanes, misses, misses);
+                fenced = false;
             } else {
                 if (runFirst_ >= 0 && c - static_cast<uint32_t>(runFirst_) >= avsg::kPlanProbes) CloseRun();
-                JoinRun(c, misses);
+                JoinRun(c, misses);               // ends with a barrier
             }
         }
-        if (groupEnds) CloseRun();
+        if (groupEnds && runFirst_ >= 0) {
+            CloseRun();
+            fenced = false;
+        }
+        return fenced;
     }
 
     // No run for any chunk yet (a row's start): a chunk's run is set when it is classified here
@@ -214,6 +223,14 @@ public:
         if (stash) merge_.Start(stash_.stashRuns_);
         merge_.Start(missRuns_);
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
+        // The positions are staged in vWant_ and stored a chunk at a time. Where they are one
+        // chunk (m <= nc: the usual few dozen misses), vWant_ and vMS_ are then what
+        // LoadMisses(r, 0, m) would bring back (the tail lanes 0): the victims' installs read the
+        // positions there and stage their slots in vMS_, with no reload.
+        const LocalTensor<int32_t> stage = ctx_.vWant_;
+        Duplicate(stage, 0, ctx_.t_.nc);
+        Duplicate(ctx_.vMS_, 0, ctx_.t_.nc);
+        Sync<HardEvent::V_S>();
         uint32_t m = 0, staged = 0;
         int32_t last = -1, code = -1;
         while (missRuns_.has) {
@@ -226,10 +243,10 @@ public:
                     ctx_.SetWordBit(ctx_.hitBits_, static_cast<uint32_t>(slot));
                 } else {
                     code = static_cast<int32_t>(m + staged);
-                    ctx_.vT1_.SetValue(staged++, v);
+                    stage.SetValue(staged++, v);
                     if (staged == ctx_.t_.nc) {
                         Sync<HardEvent::S_MTE3>();
-                        StoreInts(ctx_.missPosGm_[rowN + m], ctx_.vT1_, staged);
+                        StoreInts(ctx_.missPosGm_[rowN + m], stage, staged);
                         Sync<HardEvent::MTE3_S>();
                         m += staged;
                         staged = 0;
@@ -245,10 +262,11 @@ public:
         }
         if (staged) {
             Sync<HardEvent::S_MTE3>();
-            StoreInts(ctx_.missPosGm_[rowN + m], ctx_.vT1_, staged);
+            StoreInts(ctx_.missPosGm_[rowN + m], stage, staged);
             Sync<HardEvent::MTE3_S>();
             m += staged;
         }
+        ctx_.missChunk_ = m <= ctx_.t_.nc ? 0 : -1;   // several chunks: the stage holds the last one's, and stale lanes
         return m;
     }
 

@@ -82,7 +82,7 @@ public:
         while (selRuns_.has) {
             const int32_t want = selRuns_.key;
             while (resRuns_.has && resRuns_.key < want) merge_.Advance(resRuns_);
-            merge_.Emit(selRuns_, resRuns_.has && resRuns_.key == want ? resRuns_.val : -1);
+            merge_.Emit(selRuns_, resRuns_.has && resRuns_.key == want ? merge_.Val(resRuns_) : -1);
             merge_.Advance(selRuns_);
         }
     }

@@ -77,8 +77,8 @@ public:
         ctx_.missChunk_ = -1;                     // vWant_ / vMS_ are scratch below
         ctx_.Ensure(bs, 0);
         ctx_.Ensure(sp, 0);
-        // the selections: one load per run of consecutive chunks
-        Duplicate(want, -1, n);
+        // the selections: one load per run of consecutive chunks (-1 past a short last chunk)
+        if (ctx_.t_.N % nc != 0) Duplicate(want, -1, n);
         Duplicate(z, static_cast<int32_t>(ctx_.t_.buckets - 1), n);   // x mod H (AndMask)
         Sync<HardEvent::V_MTE2>();
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.N;
@@ -164,9 +164,8 @@ public:
     // buckets and slots are masked and clamped like any other), only the first cnt written back.
     // Scratch: vWant_ / vWantF_ / vFoundI_ / vMS_ (hash), vFirst_ / vStride_, wKey_ (buckets, then
     // their slots), the upper half of wWin_ (positions, then the match), mOwn_.
-    static constexpr uint32_t kLate = avsg::kPlanInsertStride;   // a slice's mask is 32 B
+    static constexpr uint32_t kLate = avsg::kPlanChunk / 2;   // a slice's mask is 32 B
     static constexpr uint32_t kLateProbes = avsg::kPlanProbes - 1;
-    static_assert(avsg::kPlanChunk == 2 * kLate, "WideLookup's late slices fill half a wide vector");
     __aicore__ inline void LateLookup(uint32_t j0, uint32_t cnt) {
         const LocalTensor<int32_t> w = ctx_.wTmp_[j0], lanes = ctx_.wSlot_[j0];
         const LocalTensor<int32_t> bkt = ctx_.wKey_, slot = ctx_.wKey_[4 * kLate], maskOdd = ctx_.wKey_[7 * kLate];

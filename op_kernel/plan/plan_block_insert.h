@@ -3,7 +3,8 @@
 // the scalar unit (lowest j claims a free bucket), the winners written window by window; what
 // stays pending goes to the stash afterwards.
 // UB: vWant_/vMS_ (misses and their slots), vFirst_/vStride_/vB_ (hash), wKey_ (one miss
-// chunk's buckets, kept through the rounds), mKey_ (free, then winner bits), claimBits_,
+// chunk's buckets, kept through the rounds), mKey_ (free, then winner bits; one chunk's winners
+// in mOwn_), mTmp_ (the drop of indexed misses), claimBits_,
 // pendBits_, the bucket_slot / slot_pos windows, the other wide vectors as scratch; GM: the
 // workspace's free / winner bits when there are several miss chunks.
 #pragma once
@@ -37,9 +38,11 @@ public:
         Win& sp = ctx_.win_[avsg::SEC_SP];
         const uint32_t chunks = (m + nc - 1) / nc;
         // One miss chunk (the usual few dozen misses): probe slices only as wide as the misses,
-        // rounded up so that every probe's mask slice starts 32 B aligned. Several: nc, the layout
-        // of the workspace copies. Restored to nc at the end, for every other block.
-        ctx_.probeStride_ = chunks == 1 ? MinU(nc, avsg::RoundUp(m, avsg::kPlanInsertStride)) : nc;
+        // rounded up to whole repeats (to 256 lanes where bucket_slot has windows: its window
+        // masks are sliced there). Several: nc, the layout of the workspace copies. Restored to
+        // nc at the end, for every other block.
+        const uint32_t grain = bs.nwin == 1 ? avsg::kPlanInsertStride : avsg::kPlanInsertWindowedStride;
+        ctx_.probeStride_ = chunks == 1 ? MinU(nc, avsg::RoundUp(m, grain)) : nc;
         const uint32_t ps = ctx_.probeStride_, n = probe_.ProbeLanes();
         const uint32_t freeWords = n / 32;
         const LocalTensor<int32_t> freeInts = ctx_.mKey_.ReinterpretCast<int32_t>();
@@ -72,10 +75,15 @@ public:
         // One miss chunk: its buckets, every probe's, are still in wKey_ (A kept them for
         // FreeBuckets, which only reads them), so the rounds read them there and C copies them
         // back: no per-probe pass (and its S_V / V_S pair) and no second Buckets.
+        // The winners of one kept chunk go to mOwn_ (idle from here), probe i's at word i * ws:
+        // each probe's bits start 32 B aligned for its compaction (WriteWinners) whatever ps is.
+        // Several chunks: over the free bits they spend, whose slices are aligned (ps = nc).
         const bool kept = chunks == 1;
+        const uint32_t ws = WinnerWords();
         Duplicate(ctx_.claimBits_.ReinterpretCast<uint16_t>(), static_cast<uint16_t>(0), ctx_.t_.buckets / 16);
         Sync<HardEvent::V_S>();
         const LocalTensor<uint32_t> bits = freeInts.ReinterpretCast<uint32_t>();
+        const LocalTensor<uint32_t> winners = kept ? ctx_.U32(ctx_.mOwn_) : bits;
         int32_t loaded = 0;
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
             const LocalTensor<int32_t> bucket = kept ? ctx_.wKey_[i * ps] : ctx_.vB_;
@@ -106,7 +114,7 @@ public:
                         ctx_.SetWordBit(ctx_.claimBits_, b);
                         won |= 1u << bit;
                     }
-                    bits.SetValue(fw, won);
+                    winners.SetValue(kept ? i * ws + w : fw, won);
                     if (won != 0) ctx_.pendBits_.SetValue(pw, pend & ~won);
                 }
                 if (chunks > 1) {                 // winners of (i, c) back over its free bits
@@ -134,30 +142,33 @@ public:
                 probe_.Buckets();
             }
             probe_.SplitBucketIdx(bs, ctx_.wIdx_);
-            WriteWinners(bs, ctx_.vMS_, cnt);          // their slots to bucket_slot
+            WriteWinners(bs, kept ? ctx_.mOwn_ : ctx_.mKey_, ctx_.vMS_, cnt);   // their slots to bucket_slot
         }
         ctx_.probeStride_ = nc;
     }
+    // Words per probe of the winner bits: ps bits rounded up to 32 B (ps / 32 where ps is a
+    // multiple of 256, as with windows or several chunks: then the layout of the free bits).
+    __aicore__ inline uint32_t WinnerWords() const { return avsg::RoundUp(ctx_.probeStride_ / 32, 8u); }
     // A miss one of whose probe buckets names the slot that holds it (wSlot_: the position each
     // probe's slot holds; mKey_: the probes that name no slot) is indexed already: its pending
-    // bit (chunk c) is cleared, so the rounds and the stash skip it.
+    // bit (chunk c) is cleared, so the rounds and the stash skip it. Each probe's compare goes to
+    // its own 32 B aligned slice of mTmp_ (WinnerWords apart: ps may be 64 lanes, whose bits
+    // would start 8 B apart); the probes are ORed and the pending bits cleared by the scalar unit,
+    // ps / 32 words per probe.
     __aicore__ inline void DropIndexed(uint32_t c) {
-        const uint32_t nc = ctx_.t_.nc, ps = ctx_.probeStride_, n = probe_.ProbeLanes();
+        const uint32_t nc = ctx_.t_.nc, ps = ctx_.probeStride_, ws = WinnerWords();
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i)
-            avsg::CompareAll(ctx_.mTmp_[i * ps / 8], ctx_.wSlot_[i * ps], ctx_.vWant_, CMPMODE::EQ, ps);
-        Not(ctx_.U16(ctx_.mOwn_), ctx_.U16(ctx_.mKey_), n / 16);
-        PipeBarrier<PIPE_V>();
-        And(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mOwn_), n / 16);
-        for (uint32_t i = 1; i < avsg::kPlanProbes; ++i) {
-            PipeBarrier<PIPE_V>();
-            Or(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_[i * ps / 8]), ps / 16);
+            avsg::CompareAll(ctx_.mTmp_[i * ws * 4], ctx_.wSlot_[i * ps], ctx_.vWant_, CMPMODE::EQ, ps);
+        Sync<HardEvent::V_S>();
+        const LocalTensor<uint32_t> same = ctx_.U32(ctx_.mTmp_), unnamed = ctx_.U32(ctx_.mKey_);
+        for (uint32_t w = 0; w < ps / 32; ++w) {
+            uint32_t indexed = 0;
+            for (uint32_t i = 0; i < avsg::kPlanProbes; ++i)
+                indexed |= same.GetValue(i * ws + w) & ~unnamed.GetValue(i * ps / 32 + w);
+            // pending bits past ps (past m) are 0 already
+            if (indexed) ctx_.pendBits_.SetValue(c * nc / 32 + w, ctx_.pendBits_.GetValue(c * nc / 32 + w) & ~indexed);
         }
-        PipeBarrier<PIPE_V>();
-        Not(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mTmp_), ps / 16);
-        PipeBarrier<PIPE_V>();
-        const LocalTensor<uint16_t> pend = ctx_.pendBits_[c * nc / 32].ReinterpretCast<uint16_t>();
-        And(pend, pend, ctx_.U16(ctx_.mTmp_), ps / 16);   // pending bits past ps (past m) are 0 already
-        PipeBarrier<PIPE_V>();
+        Sync<HardEvent::S_V>();
     }
     // mKey_ = free (W lanes): a bucket (wKey_) that names no slot (mKey_ set on entry) is free,
     // and so is one whose slot's position (wSlot_, clamped to [-1, 2^24]; -1: a free slot) does
@@ -235,14 +246,14 @@ public:
     // at once: probe i's wIdx_ lanes to wSlot_[i*ps, i*ps + got[i]), their values to wTmp_[i*ps, ...)
     // (got[i] <= cnt <= ps, so the lists stay apart; wTmp_ is idle once SplitIdx has run). One
     // S_V / V_S pair for all probes, not one per probe.
-    __aicore__ inline void CompactWinners(const LocalTensor<uint8_t>& bits, const LocalTensor<int32_t>& values,
+    __aicore__ inline void CompactWinners(const LocalTensor<uint8_t>& bits, uint32_t ws, const LocalTensor<int32_t>& values,
                                           uint32_t cnt, uint32_t* got) {
         const uint32_t ps = ctx_.probeStride_;
         Sync<HardEvent::S_V>();                   // scalar reads of the previous lists
         PipeBarrier<PIPE_V>();                    // and the previous GatherMasks' writes
         bool any = false;
         for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
-            const LocalTensor<uint32_t> pat = ctx_.U32(bits[i * ps / 8]);
+            const LocalTensor<uint32_t> pat = ctx_.U32(bits[i * ws * 4]);
             uint64_t n = 0, n2 = 0;
             GatherMask(ctx_.wSlot_[i * ps], ctx_.wIdx_[i * ps], pat, true, cnt, GatherMaskParams(1, 1, 8, 0), n);
             if (n) GatherMask(ctx_.wTmp_[i * ps], values, pat, true, cnt, GatherMaskParams(1, 1, 8, 0), n2);
@@ -251,24 +262,27 @@ public:
         }
         if (any) Sync<HardEvent::V_S>();
     }
-    // bucket_slot's entries of this chunk's winners (mKey_: per-probe winner bits; wIdx_: the
-    // probe buckets as in-window byte offsets of w's int16 entries, wWin_: their windows):
-    // values[j] for the winner j, resident window first.
-    __aicore__ inline void WriteWinners(Win& w, const LocalTensor<int32_t>& values, uint32_t cnt) {
-        const uint32_t ps = ctx_.probeStride_, n = probe_.ProbeLanes();
+    // bucket_slot's entries of this chunk's winners (won: per-probe winner bits, probe i's at
+    // word i * WinnerWords(); wIdx_: the probe buckets as in-window byte offsets of w's int16
+    // entries, wWin_: their windows): values[j] for the winner j, resident window first.
+    __aicore__ inline void WriteWinners(Win& w, const LocalTensor<uint8_t>& won, const LocalTensor<int32_t>& values,
+                                        uint32_t cnt) {
+        const uint32_t ps = ctx_.probeStride_, n = probe_.ProbeLanes(), ws = WinnerWords();
         const int32_t first = probe_.FirstWin(w);
+        // windows: the window masks cover the probe slices as laid out (ps a multiple of 256)
+        ascendc_assert(w.nwin == 1 || ws == ps / 32);
         for (uint32_t k = 0; k < w.nwin; ++k) {
             const int32_t id = static_cast<int32_t>((static_cast<uint32_t>(first) + k) % w.nwin);
-            LocalTensor<uint8_t> sel = ctx_.mKey_;
+            LocalTensor<uint8_t> sel = won;
             if (w.nwin > 1) {
                 avsg::CompareScalarAll(ctx_.mWin_, ctx_.wWin_, id, CMPMODE::EQ, n);
                 PipeBarrier<PIPE_V>();
-                And(ctx_.U16(ctx_.mTmp_), ctx_.U16(ctx_.mKey_), ctx_.U16(ctx_.mWin_), n / 16);
+                And(ctx_.U16(ctx_.mTmp_), ctx_.U16(won), ctx_.U16(ctx_.mWin_), n / 16);
                 PipeBarrier<PIPE_V>();
                 sel = ctx_.mTmp_;
             }
             uint32_t got[avsg::kPlanProbes];
-            CompactWinners(sel, values, cnt, got);
+            CompactWinners(sel, ws, values, cnt, got);
             for (uint32_t i = 0; i < avsg::kPlanProbes; ++i) {
                 if (got[i] == 0) continue;
                 ctx_.Ensure(w, id);

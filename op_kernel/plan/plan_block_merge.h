@@ -24,7 +24,7 @@ struct PlanMerger {
     uint32_t bpos[avsg::kPlanMaxRuns];
     uint32_t blen[avsg::kPlanMaxRuns];
     bool has = false;
-    int32_t key = 0, val = 0;
+    int32_t key = 0;                         // the current entry's key (its payload: PlanBlockMerge::Val)
     uint32_t best = 0;
 };
 
@@ -101,7 +101,11 @@ public:
         g.best = c;
         g.has = live;
         g.key = key;
-        if (live && g.pay) g.val = ctx_.heads_.GetValue(g.payBase + c * g.hlen + g.bpos[c]);
+    }
+    // The current entry's payload (a merge with one, while has): read only where a reader wants
+    // it, for a key it matched, not for every entry the merge passes.
+    __aicore__ inline int32_t Val(const PlanMerger& g) {
+        return ctx_.heads_.GetValue(g.payBase + g.best * g.hlen + g.bpos[g.best]);
     }
     // Few runs: a scan of the heads reads fewer keys than a replay through the tree (about two
     // accesses per level), so up to kScanRuns runs the winner is found by a scan.

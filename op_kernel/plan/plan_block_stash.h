@@ -23,12 +23,21 @@ public:
         Sync<HardEvent::S_V>();                   // CompactStash's scalar writes of the windows
         for (uint32_t q = 0; q < runs; ++q) {
             const uint32_t base = q * nc, n = MinU(nc, stashCount_ - base);
-            ctx_.CopySection(ctx_.win_[avsg::SEC_SK], base, n, ctx_.vKey_);
-            ctx_.CopySection(ctx_.win_[avsg::SEC_SS], base, n, ctx_.vSlot_);
+            // a stash of one chunk is still in CompactStash's lists of live entries
+            LocalTensor<int32_t> keys = ctx_.vFoundI_, slots = ctx_.vFirst_;
+            if (!liveListsHeld_) {
+                ctx_.CopySection(ctx_.win_[avsg::SEC_SK], base, n, ctx_.vKey_);
+                ctx_.CopySection(ctx_.win_[avsg::SEC_SS], base, n, ctx_.vSlot_);
+                keys = ctx_.vKey_;
+                slots = ctx_.vSlot_;
+            }
+            PipeBarrier<PIPE_V>();                // the lists' writers; the previous run's sort
+            Maxs(ctx_.vKey_, keys, -1, n);
+            Maxs(ctx_.vSlot_, slots, 0, n);
             Adds(ctx_.vT1_, ctx_.vLane_, static_cast<int32_t>(base), n);   // stash index k
             PipeBarrier<PIPE_V>();
-            ctx_.ClampInts(ctx_.vKey_, -1, static_cast<int32_t>(avsg::kMaxPosition), n);
-            ctx_.ClampInts(ctx_.vSlot_, 0, ctx_.SlotMax(), n);
+            Mins(ctx_.vKey_, ctx_.vKey_, static_cast<int32_t>(avsg::kMaxPosition), n);
+            Mins(ctx_.vSlot_, ctx_.vSlot_, ctx_.SlotMax(), n);
             ShiftLeft(ctx_.vT1_, ctx_.vT1_, 16, n);
             PipeBarrier<PIPE_V>();
             Add(ctx_.vSlot_, ctx_.vSlot_, ctx_.vT1_, n);
@@ -41,6 +50,7 @@ public:
             Sync<HardEvent::MTE3_V>();
             stashRuns_.len[q] = n;
         }
+        liveListsHeld_ = false;
         merge_.Configure(stashRuns_, runs, ctx_.t_.wsResKeyOff, ctx_.t_.wsResSlotOff, false, 1, 2, 1);
     }
     // Stash lookup of v (ascending over calls): the slot of the first stash entry (lowest k, the
@@ -49,8 +59,10 @@ public:
         PlanMerger& g = stashRuns_;
         while (g.has && g.key < v) merge_.Advance(g);
         int32_t first = -1;
-        for (; g.has && g.key == v; merge_.Advance(g))
-            if (first < 0 || g.val < first) first = g.val;
+        for (; g.has && g.key == v; merge_.Advance(g)) {
+            const int32_t val = merge_.Val(g);
+            if (first < 0 || val < first) first = val;
+        }
         return first < 0 ? -1 : (first & 0xFFFF);
     }
     // Drops stale stash entries, order kept. Liveness (slot_pos[clamped slot] == key) is tested
@@ -65,19 +77,15 @@ public:
         const LocalTensor<int32_t> keys = ctx_.vKey_, slots = ctx_.vSlot_;
         const LocalTensor<int32_t> liveKeys = ctx_.vFoundI_, liveSlots = ctx_.vFirst_;
         uint32_t c = 0;
+        // one chunk: the live lists below end up holding the whole compacted stash, in order
+        liveListsHeld_ = stashCount_ <= nc;
         for (uint32_t base = 0; base < stashCount_; base += nc) {
             const uint32_t n = MinU(nc, stashCount_ - base);
             Sync<HardEvent::S_V>();               // scalar writes of the windows / reads of the lists
             PipeBarrier<PIPE_V>();
             ctx_.CopySection(sk, base, n, keys);
             ctx_.CopySection(ss, base, n, slots);
-            Duplicate(ctx_.wIdx_, 0, W);
-            PipeBarrier<PIPE_V>();
-            Adds(ctx_.wIdx_, slots, 0, n);
-            PipeBarrier<PIPE_V>();
-            ctx_.ClampInts(ctx_.wIdx_, 0, ctx_.SlotMax(), n);
-            probe_.SplitIdx(ctx_.win_[avsg::SEC_SP], ctx_.wIdx_);
-            probe_.MatchBits(ctx_.win_[avsg::SEC_SP], keys, false, ctx_.mOwn_);   // first nc bits: live
+            LiveBits(keys, slots, n, W);          // mOwn_'s first n bits: live
             uint64_t cnt = 0, cnt2 = 0;
             GatherMask(liveKeys, keys, ctx_.U32(ctx_.mOwn_), true, n, GatherMaskParams(1, 1, 8, 0), cnt);
             GatherMask(liveSlots, slots, ctx_.U32(ctx_.mOwn_), true, n, GatherMaskParams(1, 1, 8, 0), cnt2);
@@ -103,6 +111,37 @@ public:
             ctx_.Put(ss, k, 0);
         }
         stashCount_ = c;
+    }
+    // mOwn_ bits [0, n): slot_pos[clamp(slots[q], 0, S-1)] == keys[q]. With slot_pos whole in
+    // UB (every S <= 8192) on the n entries alone: their offsets, one gather, one compare (the
+    // lanes up to the compare's whole repeats compare whatever wTmp_ holds; GatherMask reads n
+    // bits). Otherwise with the all-probe gather over its windows (the slots in the first nc
+    // lanes of W, the rest offset 0).
+    __aicore__ inline void LiveBits(const LocalTensor<int32_t>& keys, const LocalTensor<int32_t>& slots, uint32_t n,
+                                    uint32_t W) {
+        Win& sp = ctx_.win_[avsg::SEC_SP];
+        if (sp.nwin == 1) {
+            PipeBarrier<PIPE_V>();                // the copies of keys and slots
+            Maxs(ctx_.wIdx_, slots, 0, n);
+            PipeBarrier<PIPE_V>();
+            Mins(ctx_.wIdx_, ctx_.wIdx_, ctx_.SlotMax(), n);
+            PipeBarrier<PIPE_V>();
+            ShiftLeft(ctx_.wIdx_, ctx_.wIdx_, 2, n);   // byte offsets of the int32 entries
+            ctx_.Ensure(sp, 0);
+            PipeBarrier<PIPE_V>();
+            Gather(ctx_.wTmp_, sp.buf, ctx_.wIdx_.ReinterpretCast<uint32_t>(), 0u, n);
+            PipeBarrier<PIPE_V>();
+            avsg::CompareAll(ctx_.mOwn_, ctx_.wTmp_, keys, CMPMODE::EQ, avsg::RoundUp(n, 64u));
+            PipeBarrier<PIPE_V>();
+            return;
+        }
+        Duplicate(ctx_.wIdx_, 0, W);
+        PipeBarrier<PIPE_V>();
+        Adds(ctx_.wIdx_, slots, 0, n);
+        PipeBarrier<PIPE_V>();
+        ctx_.ClampInts(ctx_.wIdx_, 0, ctx_.SlotMax(), n);
+        probe_.SplitIdx(sp, ctx_.wIdx_);
+        probe_.MatchBits(sp, keys, false, ctx_.mOwn_);
     }
     // CompactStash's write-back where the stash [0, n) is one chunk in window 0 of stash_key and
     // stash_slot: entries [0, live) = the live ones (vFoundI_ / vFirst_, in order), [live, n) =
@@ -153,6 +192,9 @@ public:
 
     PlanMerger stashRuns_;                   // the sorted stash (hash plan), runs 0 when empty
     uint32_t stashCount_ = 0;
+    // CompactStash's last run left the stash [0, stashCount_) in vFoundI_ (keys) and vFirst_
+    // (slots): BuildStashRuns, called right after it, reads them there
+    bool liveListsHeld_ = false;
 
     // the context and the blocks this one calls
     PlanContext& ctx_;

@@ -55,11 +55,14 @@ public:
         // sync): the next one then needs only a barrier (its compaction rewrites what this one's
         // reads), not the S_V / V_S pair around the scalar installs.
         bool touched = true;                      // scalar UB accesses since the last S_V
+        bool fenced = true;                       // SlotLanes just ended with an S_V and a barrier
         for (int32_t lv = lv0; lv < static_cast<int32_t>(ctx_.t_.lifetime) && have < m; ++lv) {
             if (compact) {
-                LevelMasks(lv, touched);
+                if (!fenced) LevelMasks(lv, touched);
+                else LevelMasksFenced(lv);
                 touched = false;
             }
+            fenced = false;
             for (uint32_t part = 0; part < 2 && have < m; ++part) {
                 const uint32_t lo = part == 0 ? hand : 0u, hi = part == 0 ? ctx_.activeCap_ : hand;
                 const uint32_t grid = compact ? probe_.Wide() : MinU(probe_.Wide(), sl.wlen);
@@ -122,35 +125,47 @@ public:
         ascendc_assert(i <= kLevel && (i + 1) * bytes <= 16 * ctx_.t_.nc);
         return ctx_.wWin_.ReinterpretCast<uint8_t>()[i * bytes];
     }
-    // Part 0's range [hand, A) and part 1's [0, hand) as masks, once per step.
+    // Part 0's range [hand, A) and part 1's [0, hand) as masks, once per step. Where the active
+    // capacity A covers every lane of the copy, part 0 is part 1's complement.
     __aicore__ inline void RangeMasks(uint32_t hand) {
         const LocalTensor<uint16_t> part0 = ctx_.U16(Mask(kRangePart)), part1 = ctx_.U16(Mask(kRangePart + 1));
         const LocalTensor<uint16_t> active = ctx_.U16(Mask(kLevel));   // free until the first level
+        const uint32_t words = victims_.HalfCopyLanes() / 16;
+        const bool cut = ctx_.activeCap_ < victims_.HalfCopyLanes();
         Sync<HardEvent::S_V>();                   // scalar reads of wWin_ (the victims' last lists)
         PipeBarrier<PIPE_V>();
         LanesBelow(part1, hand);
-        LanesBelow(active, ctx_.activeCap_);
-        const uint32_t words = victims_.HalfCopyLanes() / 16;
+        if (cut) LanesBelow(active, ctx_.activeCap_);
+        Sync<HardEvent::V_S>();
+        PatchLanesBelow(part1, hand);
+        if (cut) PatchLanesBelow(active, ctx_.activeCap_);
+        Sync<HardEvent::S_V>();
         Not(part0, part1, words);
+        if (!cut) return;
         PipeBarrier<PIPE_V>();
         And(part0, part0, active, words);
     }
-    // bits = lanes [0, k) of the half copy's lanes: whole 32 B granules (256 lanes) by Duplicate,
-    // the granule k falls in by scalar. Leaves the mask to the vector pipe (S_V).
+    // bits = lanes [0, k) of the half copy's lanes: whole 32 B granules (256 lanes) by Duplicate
+    // here, the granule k falls in by scalar (PatchLanesBelow, after a V_S; the mask goes back to
+    // the vector pipe with an S_V).
     __aicore__ inline void LanesBelow(const LocalTensor<uint16_t>& bits, uint32_t k) {
         const uint32_t words = victims_.HalfCopyLanes() / 16, full = k / 256 * 16;
         if (full) Duplicate(bits, static_cast<uint16_t>(0xFFFF), full);
         if (full < words) Duplicate(bits[full], static_cast<uint16_t>(0), words - full);
-        Sync<HardEvent::V_S>();
-        for (uint32_t w = full; w < (k + 15) / 16; ++w)
+    }
+    __aicore__ inline void PatchLanesBelow(const LocalTensor<uint16_t>& bits, uint32_t k) {
+        for (uint32_t w = k / 256 * 16; w < (k + 15) / 16; ++w)
             bits.SetValue(w, static_cast<uint16_t>(w < k / 16 ? 0xFFFFu : (1u << (k % 16)) - 1u));
-        Sync<HardEvent::S_V>();
     }
     // The slots at life lv (the half copy, one compare) in each part's range.
     __aicore__ inline void LevelMasks(int32_t lv, bool touched) {
-        const uint32_t words = victims_.HalfCopyLanes() / 16;
         if (touched) Sync<HardEvent::S_V>();      // the installs' scalar writes of the half copy
         PipeBarrier<PIPE_V>();                    // the previous level's compactions read the masks
+        LevelMasksFenced(lv);
+    }
+    // The same where the scalar writes and the vector readers before it are ordered already
+    __aicore__ inline void LevelMasksFenced(int32_t lv) {
+        const uint32_t words = victims_.HalfCopyLanes() / 16;
         avsg::CompareScalarAll(Mask(kLevel), ctx_.sHalf_, static_cast<half>(static_cast<float>(lv)), CMPMODE::EQ,
                                victims_.HalfCopyLanes());
         PipeBarrier<PIPE_V>();

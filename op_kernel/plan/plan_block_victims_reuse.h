@@ -128,6 +128,7 @@ public:
     // tie count. The reuse policy's; lru searches its ages without scores (AllocateLru).
     __aicore__ inline void AllocateByScore(uint32_t r, uint32_t m) {
         if (m == 0) return;
+        ctx_.missChunk_ = -1;                     // vWant_ / vMS_ are scratch below
         const uint32_t nc = ctx_.t_.nc;
         const uint64_t rowN = static_cast<uint64_t>(r) * ctx_.t_.outPitch;
         for (uint32_t base = 0; base < ctx_.t_.capPad; base += nc) ScoreChunk(base, MinU(nc, ctx_.t_.capPad - base));

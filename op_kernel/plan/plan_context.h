@@ -169,10 +169,41 @@ public:
     __aicore__ inline int32_t Get(Win& w, uint32_t idx) { return WinGet<true>(w, idx); }
     __aicore__ inline void Put(Win& w, uint32_t idx, int32_t v) { WinPut<true>(w, idx, v); }
     __aicore__ inline void BindRow(uint32_t r) { BindWindows(win_, stateGm_, t_, r); }
-    // Section s into UB ahead of its use, where it is whole there (one window); else nothing
-    __aicore__ inline void LoadWhole(uint32_t s) {
-        if (win_[s].nwin == 1) Ensure(win_[s], 0);
+    // Window 0 of the sections in `sections` (bit s: section s) into UB ahead of their use, where
+    // it is not there yet: every copy behind one set of syncs (each set is four flag pairs, as
+    // much as a 16 KB copy's bytes; Ensure issues one per window). A narrow window is widened
+    // on its way in, by Ensure.
+    __aicore__ inline void LoadFirstWindows(uint32_t sections) {
+        uint32_t copies = 0;
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
+            Win& w = win_[s];
+            if (((sections >> s) & 1u) == 0 || w.cur == 0) continue;
+            if (w.narrow) {
+                Ensure(w, 0);
+                continue;
+            }
+            Flush(w);                             // another window of it, if written
+            copies |= 1u << s;
+        }
+        if (copies == 0) return;
+        Sync<HardEvent::V_MTE2>();
+        Sync<HardEvent::S_MTE2>();
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s) {
+            if (((copies >> s) & 1u) == 0) continue;
+            DataCopy(win_[s].buf, win_[s].gm, WinCount(win_[s], 0));
+            win_[s].cur = 0;
+        }
+        Sync<HardEvent::MTE2_V>();
+        Sync<HardEvent::MTE2_S>();
     }
+    // The sections of `sections` that are whole in UB (one window)
+    __aicore__ inline uint32_t WholeSections(uint32_t sections) const {
+        uint32_t whole = 0;
+        for (uint32_t s = 0; s < avsg::SEC_COUNT; ++s)
+            if (((sections >> s) & 1u) != 0 && win_[s].nwin == 1) whole |= 1u << s;
+        return whole;
+    }
+    __aicore__ static constexpr uint32_t SectionBit(uint32_t s) { return 1u << s; }
     // x = clamp(x, lo, hi) on n int32 lanes
     __aicore__ inline void ClampInts(const LocalTensor<int32_t>& x, int32_t lo, int32_t hi, uint32_t n) {
         Maxs(x, x, lo, n);
