@@ -71,7 +71,7 @@ public:
     // Where the half copy fits: slot_life moves into it whole and the ageing and the pins run
     // on it in half precision, every instruction over the whole section (ages in [-1, 1023] are
     // exact in half; the instructions and their barriers, not the lanes, are most of a pass's
-    // cost), as do the free count (one set: LruSetLen) and the oldest age. The search counts and
+    // cost), as do the free count (any: every set, LruSetLen) and the oldest age. The search counts and
     // takes its victims there and installs into it; the section goes back from it once
     // (WriteBackHalfCopy); the window is left empty.
     __aicore__ inline void DecayInHalf() {
@@ -104,7 +104,8 @@ public:
         if (ctx_.activeCap_)
             GatherMask(age.ReinterpretCast<uint16_t>(), x.ReinterpretCast<uint16_t>(), ctx_.U16(freeMask), true,
                        ctx_.activeCap_, GatherMaskParams(1, 1, 8, 0), nFree);
-        if (nFree) PlanBlockVictims::WinSetAdd(victims_.lruFreeWins_, 0);
+        // free slots are rare in steady state: where there are some, every set may hold one
+        if (nFree) PlanBlockVictims::WinSetClear(victims_.lruFreeWins_, true);
         victims_.freeSlots_ = static_cast<uint32_t>(nFree);
         PipeBarrier<PIPE_V>();                    // the sink's GatherMask; the masks' last reader
         ReduceMax(ctx_.wIdx_.ReinterpretCast<half>(), x, ctx_.wSlot_.ReinterpretCast<half>(),

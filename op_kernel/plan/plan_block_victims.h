@@ -151,10 +151,11 @@ public:
     static constexpr uint32_t kHalfCopyLanes = avsg::kPlanHalfCopyLanes;
     __aicore__ inline bool HalfCopyFits() const { return avsg::HalfCopyFits(ctx_.t_); }
     // lru's sets of slots (lruFreeWins_, the counts' window sets): slot_life's windows, or where
-    // the half copy fits one set for the whole section, as its search moves no window then (and
-    // slot_life's window may be short: the host gives its UB to the resident slots first)
+    // the half copy fits SelectLru's chunks of it (Wide() slots), whose victims it takes one
+    // compaction each: a chunk with no candidate is skipped (slot_life's window may be short:
+    // the host gives its UB to the resident slots first)
     __aicore__ inline uint32_t LruSetLen() const {
-        return HalfCopyFits() ? ctx_.t_.capPad : ctx_.win_[avsg::SEC_SL].wlen;
+        return HalfCopyFits() ? probe_.Wide() : ctx_.win_[avsg::SEC_SL].wlen;
     }
     __aicore__ static inline void WinSetClear(uint32_t* set, bool all) {
         for (uint32_t w = 0; w < kLruWinWords; ++w) set[w] = all ? ~0u : 0u;

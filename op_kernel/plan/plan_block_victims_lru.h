@@ -58,8 +58,10 @@ public:
         if (victims_.HalfCopyFits()) {
             // one compare of the whole copy per threshold, from the highest down until a count
             // reaches `need`: the caller reads no count below it, and each below it is at least
-            // `need` (counts fall as t rises), which is what it is given. One mask (wSlot_) and
-            // one sink as large as the copy (wPair_), a barrier apart.
+            // `need` (counts fall as t rises), which is what it is given (seen: every set). One
+            // mask (wSlot_) and one sink as large as the copy (wPair_), a barrier apart; the count
+            // by set (SelectLru's chunks, W slots each: no barrier between their compactions, each
+            // has its own part of the sink), so that SelectLru skips the chunks without one.
             const uint32_t n = victims_.HalfCopyLanes(), live = ctx_.activeCap_;
             const LocalTensor<uint16_t> ages = ctx_.sHalf_.ReinterpretCast<uint16_t>();
             const LocalTensor<uint16_t> sink = ctx_.wPair_.ReinterpretCast<uint16_t>();
@@ -69,16 +71,19 @@ public:
             for (uint32_t i = k; i-- > 0;) {
                 if (reached) {
                     cnt[i] = need;
-                    PlanBlockVictims::WinSetAdd(seen[i], 0);
+                    PlanBlockVictims::WinSetClear(seen[i], true);
                     continue;
                 }
-                PipeBarrier<PIPE_V>();            // the copy's writers; the previous GatherMask
+                PipeBarrier<PIPE_V>();            // the copy's writers; the previous GatherMasks
                 avsg::CompareScalarAll(mask, ctx_.sHalf_, static_cast<half>(static_cast<float>(t[i])), CMPMODE::GE, n);
                 PipeBarrier<PIPE_V>();
-                uint64_t got = 0;
-                if (live) GatherMask(sink, ages, ctx_.U16(mask), true, live, GatherMaskParams(1, 1, 8, 0), got);
-                cnt[i] = static_cast<uint32_t>(got);
-                if (got) PlanBlockVictims::WinSetAdd(seen[i], 0);   // one set: LruSetLen
+                for (uint32_t base = 0; base < live; base += W) {
+                    uint64_t got = 0;
+                    GatherMask(sink[base], ages[base], ctx_.U16(mask[base / 8]), true, MinU(W, live - base),
+                               GatherMaskParams(1, 1, 8, 0), got);
+                    cnt[i] += static_cast<uint32_t>(got);
+                    if (got) PlanBlockVictims::WinSetAdd(seen[i], base / W);   // LruSetLen: W
+                }
                 reached = cnt[i] >= need;
             }
             return;
@@ -234,7 +239,9 @@ public:
                     t[i] = top ? hi - static_cast<int32_t>(k - i)
                                : lo + static_cast<int32_t>(span * (i + 1) / (k + 1));
                 CountAgesAtLeast(t, k, m - victims_.freeSlots_, cnt, seen);
-                for (uint32_t i = k; i-- > 0;) {  // counts fall as t rises
+                // counts fall as t rises; read from the top down, stopping at the first that
+                // reaches the misses: CountAgesAtLeast fills the counts below it with a bound
+                for (uint32_t i = k; i-- > 0;) {
                     if (cnt[i] + victims_.freeSlots_ >= m) {
                         lo = t[i];
                         PlanBlockVictims::WinSetCopy(loWins, seen[i]);
@@ -246,6 +253,9 @@ public:
                 }
             }
             theta = lo;
+            // a pinned slot (age 0) is never a victim: the header check keeps A >= T*K, so at
+            // least m unpinned candidates have an age >= 1
+            ascendc_assert(theta >= 1);
         }
         SelectLru(r, m, theta, m - above, loWins, hiWins);   // hi = theta + 1 here
     }
