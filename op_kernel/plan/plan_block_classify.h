@@ -5,8 +5,8 @@
 // the sorted stash on the way (MergeMisses).
 // UB: reads vWant_/vWantF_/vFoundF_; writes vFoundI_ or outSlots_, hitBytes_ (hitBits_ in
 // MergeMisses), vT1_/vT2_/vKey_/vSlot_, the upper half of wSlot_ (a run being gathered, across
-// the chunks of a group) and the sort region; MergeMisses vWant_/vMS_ (the misses' first chunk). GM: slots, miss_pos, the workspace's miss runs and
-// their lanes.
+// the chunks of a group) and the sort region; MergeMisses vWant_/vMS_ (the misses' first
+// chunk). GM: slots, miss_pos, the workspace's miss runs and their lanes.
 #pragma once
 #include "plan_block_dual_match.h"
 
@@ -266,7 +266,8 @@ public:
             Sync<HardEvent::MTE3_S>();
             m += staged;
         }
-        ctx_.missChunk_ = m <= ctx_.t_.nc ? 0 : -1;   // several chunks: the stage holds the last one's, and stale lanes
+        // several chunks: the stage holds the last one's, with stale lanes past it
+        ctx_.missChunk_ = m <= ctx_.t_.nc ? 0 : -1;
         return m;
     }
 

@@ -21,7 +21,8 @@ public:
     // (in bounds whatever its window) and only the lanes of that window are kept (mWin_).
     // Probe i of lane l sits at i * probeStride_ + l. The stride is nc, except inside the insert,
     // which narrows it to its misses rounded up to kPlanInsertStride (kPlanInsertWindowedStride
-    // where bucket_slot has windows: fewer repeats for the usual few dozen misses); Wide() is the vectors' capacity, ProbeLanes() the lanes in use.
+    // where bucket_slot has windows: fewer repeats for the usual few dozen misses); Wide() is the
+    // vectors' capacity, ProbeLanes() the lanes in use.
     __aicore__ inline uint32_t Wide() const { return avsg::kPlanProbes * ctx_.t_.nc; }
     __aicore__ inline uint32_t ProbeLanes() const { return avsg::kPlanProbes * ctx_.probeStride_; }
     __aicore__ inline int32_t FirstWin(const Win& w) const { return w.cur < 0 ? 0 : w.cur; }
